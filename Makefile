@@ -1,0 +1,44 @@
+# The course's commands. `make setup` then `make test` is all a fresh machine needs.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+# The torch that CI tests (a small CPU wheel here). Any torch>=2.5 works: `make setup TORCH=torch`.
+TORCH  ?= torch==2.13.0
+
+.PHONY: setup system-packages test test-fast book release clean
+
+setup: system-packages
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet "$(TORCH)"
+	$(PIP) install --quiet -e ".[dev,book,gpu]"
+
+# Optional system tools: bubblewrap (the grader's sandbox) and Chromium (the book's browser
+# test). Installed when we are root with apt-get; otherwise the tests that need them say so.
+system-packages:
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    missing=""; \
+	    command -v bwrap >/dev/null || missing="$$missing bubblewrap"; \
+	    command -v chromium >/dev/null || missing="$$missing chromium"; \
+	    if [ -n "$$missing" ]; then \
+	        (apt-get install -y -q $$missing || (apt-get update -q && apt-get install -y -q $$missing)) >/dev/null \
+	        || echo "could not install$$missing: the tests that need them will be skipped"; \
+	    fi; \
+	else echo "not root with apt-get: install bubblewrap and chromium yourself for the sandbox and browser tests"; fi
+
+test:
+	$(PY) -m pytest -q
+
+# The quick loop while writing code: no notebooks, no grading runs, no book.
+test-fast:
+	$(PY) -m pytest -q -m "not slow"
+
+book:
+	$(PY) -m autograder book
+
+release:
+	$(PY) -m autograder release release
+
+clean:
+	rm -rf release submitted autograded feedback results book/_build book/_generated gradebook.db

@@ -1,0 +1,179 @@
+"""Lesson 06: making attention fast.
+
+FLOP counting, the online softmax, FlashAttention's tiled forward in torch, a fused QKV
+projection, and the same forward as a Triton kernel. Layout (B, H, T, Dh); the causal mask
+is bottom-right aligned (query i sees key j iff j <= i + Tk - Tq).
+"""
+import math
+
+import torch
+from torch import nn
+
+try:  # Triton is optional (Linux wheels only); the rest of the lesson works without it.
+    import triton
+    import triton.language as tl
+except ImportError:
+    triton = None
+
+
+def attention_flops(batch, n_heads, seq_q, seq_k, head_dim, causal=False):
+    """Matrix-multiply FLOPs of the attention forward: QK^T and PV, 2*Tq*Tk*Dh each (a
+    multiply-add is 2 FLOPs), per batch and head. A causal mask skips about half."""
+    flops = 4 * batch * n_heads * seq_q * seq_k * head_dim
+    return flops // 2 if causal else flops
+
+
+def online_softmax(x, block_size):
+    """softmax(x, dim=-1), reading the last dim once, block by block, with a running max and sum.
+
+    When the max grows from m to m', the sum so far was taken relative to m, so it is rescaled
+    by exp(m - m') before the new block's terms are added.
+    """
+    m = torch.full((*x.shape[:-1], 1), float("-inf"), dtype=x.dtype, device=x.device)
+    s = torch.zeros_like(m)
+    for start in range(0, x.size(-1), block_size):
+        block = x[..., start:start + block_size]
+        m_new = torch.maximum(m, block.amax(dim=-1, keepdim=True))
+        # A finite shift keeps exp() away from (-inf) - (-inf) while a row has seen only -inf.
+        shift = m_new.clamp(min=torch.finfo(x.dtype).min)
+        s = s * torch.exp(m - shift) + torch.exp(block - shift).sum(dim=-1, keepdim=True)
+        m = m_new
+    return torch.exp(x - m) / s
+
+
+def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):
+    """FlashAttention's forward (Dao et al. 2022) in torch: q (B, H, Tq, Dh), k and v
+    (B, H, Tk, Dh) -> (B, H, Tq, Dh), equal to scaled_dot_product_attention.
+
+    Each block_q tile of queries walks over block_k tiles of keys keeping a running max m,
+    a running sum l and an unnormalised output acc; no more than block_q x block_k scores
+    exist at once, so the extra memory is O(T), not O(T^2). Half precision accumulates in fp32.
+    """
+    if q.ndim != 4 or k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.size(3) != k.size(3):
+        raise ValueError(f"expected q (B, H, Tq, Dh), k and v (B, H, Tk, Dh); "
+                         f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if not (q.dtype == k.dtype == v.dtype and q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must share dtype and device; got {q.dtype}/{q.device}, "
+                         f"{k.dtype}/{k.device}, {v.dtype}/{v.device}")
+    Tq, Tk = q.size(2), k.size(2)
+    acc_dtype = torch.promote_types(q.dtype, torch.float32)
+    scale = 1 / math.sqrt(q.size(3))
+    out = torch.empty_like(q)
+    for qs in range(0, Tq, block_q):
+        qb = q[:, :, qs:qs + block_q].to(acc_dtype) * scale
+        n = qb.size(2)
+        m = torch.full((*qb.shape[:3], 1), float("-inf"), dtype=acc_dtype, device=q.device)
+        l = torch.zeros_like(m)
+        acc = torch.zeros_like(qb)
+        rows = torch.arange(qs, qs + n, device=q.device)[:, None] + (Tk - Tq)  # last key each query sees
+        # With a causal mask, key tiles past this query tile's last visible key are skipped.
+        k_end = min(Tk, qs + n + Tk - Tq) if causal else Tk
+        for ks in range(0, k_end, block_k):
+            kb = k[:, :, ks:ks + block_k].to(acc_dtype)
+            vb = v[:, :, ks:ks + block_k].to(acc_dtype)
+            s = qb @ kb.transpose(-2, -1)
+            if causal:
+                cols = torch.arange(ks, ks + kb.size(2), device=q.device)
+                s = s.masked_fill(cols > rows, float("-inf"))
+            m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
+            shift = m_new.clamp(min=torch.finfo(acc_dtype).min)
+            p = torch.exp(s - shift)
+            alpha = torch.exp(m - shift)  # rescales what was summed under the old max
+            l = l * alpha + p.sum(dim=-1, keepdim=True)
+            acc = acc * alpha + p @ vb
+            m = m_new
+        out[:, :, qs:qs + n] = (acc / l).to(q.dtype)
+    return out
+
+
+def fuse_qkv(attn):
+    """One nn.Linear (D -> 3D) equal to attn's q_proj, k_proj, v_proj stacked in that order:
+    q, k, v = fused(x).split(D, dim=-1). Biases are stacked too, if attn has them."""
+    projs = (attn.q_proj, attn.k_proj, attn.v_proj)
+    w = attn.q_proj.weight
+    fused = nn.Linear(w.size(1), sum(p.weight.size(0) for p in projs), bias=attn.q_proj.bias is not None,
+                      dtype=w.dtype, device=w.device)
+    with torch.no_grad():
+        fused.weight.copy_(torch.cat([p.weight for p in projs]))
+        if fused.bias is not None:
+            fused.bias.copy_(torch.cat([p.bias for p in projs]))
+    return fused
+
+
+if triton is not None:
+    @triton.jit
+    def _attention_kernel(Q, K, V, O, stride_b, stride_h, stride_t, stride_kb, stride_kh, stride_kt,
+                          n_heads, seq_q, seq_k, head_dim, qk_scale,
+                          CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+                          BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+        # One program: BLOCK_Q queries of one (batch, head). q/o and k/v are contiguous
+        # (B, H, T, Dh), so the last stride is 1; the pointers are raw offsets.
+        pid_q, bh = tl.program_id(0), tl.program_id(1)
+        b, h = bh // n_heads, bh % n_heads
+        rows = pid_q * BLOCK_Q + tl.arange(0, BLOCK_Q)
+        cols_d = tl.arange(0, BLOCK_D)
+        d_ok = cols_d < head_dim
+        q_off = b * stride_b + h * stride_h
+        kv_off = b * stride_kb + h * stride_kh
+        q = tl.load(Q + q_off + rows[:, None] * stride_t + cols_d[None, :],
+                    mask=(rows[:, None] < seq_q) & d_ok[None, :], other=0.0)
+        m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_Q], tl.float32)
+        acc = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
+        last_key = rows + (seq_k - seq_q)  # bottom-right causal: query i sees keys <= i + Tk - Tq
+        hi = seq_k
+        if CAUSAL:
+            hi = tl.minimum(seq_k, (pid_q + 1) * BLOCK_Q + seq_k - seq_q)
+        for start in range(0, hi, BLOCK_K):
+            keys = start + tl.arange(0, BLOCK_K)
+            k_ok = keys < seq_k
+            kt = tl.load(K + kv_off + keys[None, :] * stride_kt + cols_d[:, None],
+                         mask=k_ok[None, :] & d_ok[:, None], other=0.0)  # (BLOCK_D, BLOCK_K)
+            s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale  # log2 units: exp2 below
+            ok = k_ok[None, :]
+            if CAUSAL:
+                ok = ok & (keys[None, :] <= last_key[:, None])
+            s = tl.where(ok, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.math.exp2(s - shift[:, None])
+            alpha = tl.math.exp2(m_i - shift)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            vb = tl.load(V + kv_off + keys[:, None] * stride_kt + cols_d[None, :],
+                         mask=k_ok[:, None] & d_ok[None, :], other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb, input_precision=PRECISION)
+            m_i = m_new
+        acc = acc / l_i[:, None]
+        tl.store(O + q_off + rows[:, None] * stride_t + cols_d[None, :], acc.to(O.dtype.element_ty),
+                 mask=(rows[:, None] < seq_q) & d_ok[None, :])
+
+
+def triton_attention(q, k, v, causal=False):
+    """The FlashAttention forward as a Triton kernel: q (B, H, Tq, Dh), k and v (B, H, Tk, Dh),
+    float32 or float16 -> (B, H, Tq, Dh). Runs on a GPU, or on the CPU under TRITON_INTERPRET=1
+    (Triton's interpreter: small sizes only)."""
+    if triton is None:
+        raise RuntimeError("triton_attention needs Triton (pip install triton; Linux only)")
+    if q.ndim != 4 or k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.size(3) != k.size(3):
+        raise ValueError(f"expected q (B, H, Tq, Dh), k and v (B, H, Tk, Dh); "
+                         f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if not (q.dtype == k.dtype == v.dtype and q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must share dtype and device; got {q.dtype}/{q.device}, "
+                         f"{k.dtype}/{k.device}, {v.dtype}/{v.device}")
+    if q.dtype not in (torch.float32, torch.float16):
+        raise ValueError(f"triton_attention takes float32 or float16, got {q.dtype}")
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    B, H, Tq, Dh = q.shape
+    out = torch.empty_like(q)
+    on_gpu = q.is_cuda
+    block_q, block_k = (128, 64) if on_gpu else (16, 16)
+    block_d = max(16, triton.next_power_of_2(Dh))
+    grid = (triton.cdiv(Tq, block_q), B * H)
+    _attention_kernel[grid](q, k, v, out, q.stride(0), q.stride(1), q.stride(2),
+                            k.stride(0), k.stride(1), k.stride(2), H, Tq, k.size(2), Dh,
+                            math.log2(math.e) / math.sqrt(Dh), CAUSAL=causal,
+                            BLOCK_Q=block_q, BLOCK_K=block_k, BLOCK_D=block_d,
+                            # fp32 inputs: exact products, not TF32, so the result matches SDPA.
+                            PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+                            **({"num_warps": 8 if Dh > 64 else 4, "num_stages": 2} if on_gpu else {}))
+    return out
