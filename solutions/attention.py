@@ -3,6 +3,8 @@
 Shapes: q (..., Tq, Dk), k (..., Tk, Dk), v (..., Tk, Dv). Boolean masks broadcast against
 the scores (..., Tq, Tk); True means "may attend".
 """
+import math
+
 import numpy as np
 
 
@@ -34,7 +36,7 @@ def scaled_dot_product_attention(q, k, v, mask=None):
     if min(q.ndim, k.ndim, v.ndim) < 2 or q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
         raise ValueError(f"expected q (..., Tq, Dk), k (..., Tk, Dk), v (..., Tk, Dv); "
                          f"got q {q.shape}, k {k.shape}, v {v.shape}")
-    scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    scores = q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])  # a Python float keeps float32 float32
     if mask is not None:
         mask = np.asarray(mask)
         if mask.dtype != bool:

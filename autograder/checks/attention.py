@@ -1,0 +1,130 @@
+"""Hidden checks of lesson 01 (numpy): softmax, causal_mask, scaled_dot_product_attention."""
+import numpy as np
+
+from functools import partial
+
+from autograder.checks import Checks, expect_pair, reference
+from autograder.checks import expect_array as _expect_array
+from solutions import attention as ref
+
+# numpy widens float32 / np.sqrt(d) to float64; that is not what this lesson is about.
+expect_array = partial(_expect_array, upcast_ok=True)
+
+CHECKS = Checks()
+DTYPES = (np.float64, np.float32)
+
+
+def _softmax_wrong_axis(x, axis):
+    """What a softmax normalised over the other axis (or over everything) returns."""
+    e = np.exp(x - x.max())
+    other = 0 if axis % x.ndim == x.ndim - 1 else -1
+    return [("you normalised over the wrong axis: use the `axis` argument, the sums along it must be 1",
+             reference((e / e.sum(axis=other, keepdims=True)).astype(x.dtype))),
+            ("you normalised over the whole array: sum along `axis` only (keepdims=True)",
+             reference((e / e.sum()).astype(x.dtype)))]
+
+
+def _no_keepdims(x, axis):
+    """On a square input, dividing by a sum without keepdims broadcasts along the wrong axis."""
+    if x.ndim != 2 or x.shape[0] != x.shape[1]:
+        return []
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return [("divide by the sum with keepdims=True, so it broadcasts along `axis`",
+             reference((e / e.sum(axis=axis)).astype(x.dtype)))]
+
+
+@CHECKS.add("softmax")
+def softmax(s):
+    rng = s.rng
+    cases = [((6, 6), -1, 1.0), ((5, 5), 0, 2.0), ((4, 7), -1, 1.0), ((3, 5, 6), 1, 3.0), ((2, 3, 4), -1, 1.0),
+             ((3, 8), -1, 800.0)]  # the last: exp() overflows without a max shift
+    for dtype in DTYPES:
+        for shape, axis, scale in cases:
+            x = (rng.standard_normal(shape) * scale).astype(dtype)
+            got = s.call("softmax", x, axis=axis)
+            expect_array(got, reference(ref.softmax(x, axis=axis)), "softmax(x, axis)",
+                         mistakes=_softmax_wrong_axis(x, axis) + _no_keepdims(x, axis),
+                         nan_hint="subtract each row's max before exp() (softmax(x) = softmax(x - max)), "
+                                  "or exp() overflows for large inputs")
+    # masked entries: -inf must get weight 0, and must not turn the row into NaN
+    x = rng.standard_normal((4, 6))
+    x[:, ::2] = -np.inf
+    expect_array(s.call("softmax", x), reference(ref.softmax(x)), "softmax of a row with -inf entries",
+                 nan_hint="-inf entries must get weight exactly 0: subtract the row max, which is finite")
+    x = rng.standard_normal((3, 5))
+    expect_array(s.call("softmax", x), reference(ref.softmax(x)), "softmax(x) with the default axis",
+                 mistakes=_softmax_wrong_axis(x, -1))
+
+
+@CHECKS.add("causal_mask")
+def causal_mask(s):
+    for nq, nk in [(4, 4), (3, 7), (1, 6), (5, 9), (6, 6), (1, 1)]:
+        want = reference(ref.causal_mask(nq, nk))
+        top_left = np.tril(np.ones((nq, nk), dtype=bool))
+        expect_array(s.call("causal_mask", nq, nk), want, f"causal_mask(n_queries, n_keys)", mistakes=[
+            ("it is aligned top-left. With n_keys > n_queries the queries are the *last* n_queries positions "
+             "(a KV cache holds the earlier keys), so query i sees key j iff j <= i + (n_keys - n_queries)",
+             reference(top_left)),
+            ("True must mean 'may attend': you marked the hidden (future) keys instead", reference(~want.data)),
+            ("a query must be able to see its own position: keep the diagonal",
+             reference(np.tril(np.ones((nq, nk), dtype=bool), k=nk - nq - 1))),
+        ])
+    expect_array(s.call("causal_mask", 5), reference(ref.causal_mask(5)), "causal_mask(n) with n_keys left out",
+                 hint="n_keys defaults to n_queries")
+
+
+def _attention_cases(rng):
+    """(q, k, v, mask or None): leading dims, Tq != Tk, Dv != Dk, masks, large values, both dtypes."""
+    for dtype in DTYPES:
+        for lead, tq, tk, dk, dv, masked, scale in [((), 4, 4, 8, 8, False, 1.0), ((2,), 3, 6, 4, 5, True, 1.0),
+                                                    ((2, 3), 5, 5, 16, 4, True, 1.0), ((3,), 2, 7, 9, 3, False, 2.0),
+                                                    ((2,), 6, 3, 8, 8, False, 1.0), ((2,), 5, 5, 4, 4, False, 30.0)]:
+            q = (rng.standard_normal((*lead, tq, dk)) * scale).astype(dtype)
+            k = (rng.standard_normal((*lead, tk, dk)) * scale).astype(dtype)
+            v = rng.standard_normal((*lead, tk, dv)).astype(dtype)
+            mask = None
+            if masked:  # random, never a fully masked row, nor a fully visible one (so inverting matters)
+                mask = rng.random((tq, tk)) < 0.5
+                mask[:, 0], mask[:, -1] = True, False
+            yield q, k, v, mask
+
+
+def _sdpa_mistakes(q, k, v, mask):
+    """(message, (out, weights)) of the usual mistakes, on these inputs."""
+    def attend(scale, mask_mode="before", weights_axis=-1):
+        scores = q @ np.swapaxes(k, -1, -2) * scale
+        if mask is not None and mask_mode == "inverted":
+            scores = np.where(~mask, scores, -np.inf)
+        if mask is not None and mask_mode == "before":
+            scores = np.where(mask, scores, -np.inf)
+        w = ref.softmax(scores, axis=weights_axis)
+        if mask is not None and mask_mode == "after":
+            w = w * mask
+        return reference(((w @ v).astype(q.dtype), w.astype(q.dtype)))
+
+    dk, dv = q.shape[-1], v.shape[-1]
+    cases = [("did you scale the scores by 1/sqrt(d_k)? They are not scaled", attend(1.0)),
+             ("scale the scores by 1/sqrt(d_k), not 1/d_k", attend(1.0 / dk)),
+             ("the softmax must run over the keys (last axis): each query's weights sum to 1", attend(dk ** -0.5, weights_axis=-2))]
+    if dv != dk:
+        cases.append(("scale by the key width d_k = q.shape[-1], not the value width", attend(dv ** -0.5)))
+    if mask is not None:
+        cases += [("True in the mask means 'may attend': you hid the allowed keys instead", attend(dk ** -0.5, "inverted")),
+                  ("apply the mask before the softmax (masked scores -> -inf), so each row still sums to 1",
+                   attend(dk ** -0.5, "after"))]
+    return cases
+
+
+@CHECKS.add("scaled_dot_product_attention", isolate=["softmax"])
+def scaled_dot_product_attention(s):
+    for q, k, v, mask in _attention_cases(s.rng):
+        args = (q, k, v) if mask is None else (q, k, v, mask)
+        out, weights = expect_pair(s.call("scaled_dot_product_attention", *args), "scaled_dot_product_attention")
+        want_out, want_w = reference(ref.scaled_dot_product_attention(q, k, v, mask))
+        mistakes = _sdpa_mistakes(q, k, v, mask)
+        expect_array(weights, want_w, "the attention weights", [(m, w) for m, (o, w) in mistakes] + [
+            ("return the weights per query, (..., Tq, Tk); yours are transposed",
+             reference(np.swapaxes(want_w.data, -1, -2)))],
+            nan_hint="subtract the row max inside the softmax")
+        expect_array(out, want_out, "the attention output", [(m, o) for m, (o, w) in mistakes],
+                     hint="out = weights @ v")

@@ -1,0 +1,57 @@
+"""Student copies of the lessons: `python -m autograder release OUT [--lesson L ...]`.
+
+Each answer region becomes a stub that raises NotImplementedError, hidden tests disappear,
+outputs are cleared, and the lesson's data files come along. The result is checked: no
+solution marker, hidden test, or import of solutions/autograder may remain.
+"""
+import re
+import shutil
+from pathlib import Path
+
+from autograder import notebook as nbk
+
+LEAK = re.compile(r"BEGIN SOLUTION|END SOLUTION|HIDDEN TESTS|^\s*(from|import)\s+(solutions|autograder)\b", re.M)
+SKIP = {".ipynb_checkpoints", "__pycache__"}
+
+
+def student_copy(nb):
+    """The notebook dict as students get it (a new dict; nb is untouched)."""
+    out = dict(nb, cells=[])
+    for cell in nb["cells"]:
+        cell = dict(cell, metadata=dict(cell.get("metadata", {})))
+        text = nbk.source(cell)
+        if cell.get("cell_type") == "code":
+            cell["outputs"], cell["execution_count"] = [], None
+            if nbk.is_answer(cell):
+                text = nbk.strip_solutions(text)
+            if nbk.is_test(cell):
+                text = nbk.strip_hidden_tests(text)
+        elif nbk.is_answer(cell) and nbk.BEGIN_SOLUTION in text:
+            text = nbk.replace_regions(text, nbk.BEGIN_SOLUTION, nbk.END_SOLUTION, nbk.TEXT_STUB)
+        nbk.set_source(cell, text)
+        out["cells"].append(cell)
+    leaks = [m.group(0) for c in out["cells"] for m in [LEAK.search(nbk.source(c))] if m]
+    if leaks:
+        raise nbk.NotebookError(f"the student copy would still contain {leaks[0]!r}")
+    return out
+
+
+def release(out_dir, lessons=None, root=nbk.LESSONS_DIR):
+    """Write OUT/<lesson>/<lesson>.ipynb and the lesson's data files; returns the notebook paths."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise NotADirectoryError(f"{out_dir} exists and is not a folder")
+    written = []
+    for lesson in lessons or nbk.lesson_names(root):
+        src = nbk.lesson_path(lesson, root)
+        dest = out_dir / lesson
+        if dest.exists():
+            shutil.rmtree(dest)
+        dest.mkdir(parents=True)
+        for f in src.parent.iterdir():
+            if f.name in SKIP or f.suffix == ".ipynb":
+                continue
+            (shutil.copytree if f.is_dir() else shutil.copy2)(f, dest / f.name)
+        nbk.write(student_copy(nbk.read(src)), dest / src.name)
+        written.append(dest / src.name)
+    return written

@@ -1,0 +1,144 @@
+"""Objects the grader builds next to student code, so that one function can be checked
+without depending on the student's other answers (a correct cache for attend_with_cache, a
+stand-in model for generate, ...). Nothing here is a lesson's answer.
+"""
+import math
+
+import numpy as np
+import torch
+from torch import nn
+
+
+def torch_mha(d_model, n_heads, bias, state):
+    """torch.nn.MultiheadAttention(d_model, n_heads, bias, batch_first=True) holding `state`."""
+    mha = nn.MultiheadAttention(d_model, n_heads, bias=bias, batch_first=True)
+    mha.load_state_dict(state)
+    return mha.eval()
+
+
+class AttentionShell(nn.Module):
+    """Just the projections and sizes of an attention module (no forward): what mha_to_gqa,
+    attend_with_cache and fuse_qkv read. linears: {name: (weight, bias or None)}."""
+
+    def __init__(self, linears, **attrs):
+        super().__init__()
+        for name, (weight, bias) in linears.items():
+            layer = nn.Linear(weight.size(1), weight.size(0), bias=bias is not None, dtype=weight.dtype)
+            with torch.no_grad():
+                layer.weight.copy_(weight)
+                if bias is not None:
+                    layer.bias.copy_(bias)
+            setattr(self, name, layer)
+        for k, v in attrs.items():
+            setattr(self, k, v)
+
+
+class ListCache:
+    """A simple, correct key/value cache: update(k, v) appends along the time axis (dim 2)
+    and returns everything so far; len() is the number of cached positions."""
+
+    def __init__(self):
+        self.k = self.v = None
+
+    def update(self, k, v):
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
+        return self.k, self.v
+
+    def __len__(self):
+        return 0 if self.k is None else self.k.size(2)
+
+    def reset(self):
+        self.k = self.v = None
+
+
+class CountingCache:
+    """The state of ProbeDecoder at one layer: how many positions it has seen."""
+
+    def __init__(self, max_seq_len):
+        self.length, self.max_seq_len, self.state = 0, max_seq_len, None
+
+    def __len__(self):
+        return self.length
+
+
+class ProbeDecoder(nn.Module):
+    """A stand-in language model for checking generate(). The logits at position t are a fixed
+    function of tokens 0..t, computed the same way with caches (continuing from the cached
+    state) or without, so cached and uncached decoding agree exactly. self.calls logs each
+    forward as [number of ids, cached positions or None]."""
+
+    def __init__(self, vocab_size, max_seq_len, seed):
+        super().__init__()
+        gen = torch.Generator().manual_seed(seed)
+        self.emb = torch.randn(vocab_size, vocab_size, generator=gen, dtype=torch.float64)
+        self.pos = torch.randn(max_seq_len, vocab_size, generator=gen, dtype=torch.float64)
+        self.max_seq_len, self.calls = max_seq_len, []
+
+    def make_caches(self, batch_size):
+        return [CountingCache(self.max_seq_len)]
+
+    def forward(self, ids, caches=None):
+        if ids.dtype != torch.long or ids.ndim != 2:
+            raise ValueError(f"expected ids (B, T) of dtype torch.long, got {ids.dtype} {tuple(ids.shape)}")
+        start = len(caches[0]) if caches else 0
+        self.calls.append([ids.size(1), start if caches else None])
+        if start + ids.size(1) > self.max_seq_len:
+            raise ValueError(f"positions beyond max_seq_len={self.max_seq_len}")
+        state = caches[0].state if caches and start else torch.zeros(ids.size(0), self.emb.size(0), dtype=torch.float64)
+        logits = []
+        for t in range(ids.size(1)):
+            state = 0.5 * state + self.emb[ids[:, t]]
+            logits.append(state + self.pos[start + t])
+        if caches:
+            caches[0].state, caches[0].length = state, start + ids.size(1)
+        return torch.stack(logits, dim=1)
+
+
+# Correct stand-ins for answers that other answers call (see autograder.checks.Check.isolate).
+
+def softmax(x, axis=-1):
+    x = np.asarray(x)
+    shifted = x - x.max(axis=axis, keepdims=True)
+    return np.exp(shifted - np.log(np.exp(shifted).sum(axis=axis, keepdims=True)))
+
+
+def split_heads(x, n_heads):
+    if x.size(-1) % n_heads:
+        raise ValueError(f"d_model={x.size(-1)} is not divisible by n_heads={n_heads}")
+    return x.unflatten(-1, (n_heads, x.size(-1) // n_heads)).permute(0, 2, 1, 3)
+
+
+def attention(q, k, v, mask=None):
+    scores = torch.einsum("...qd,...kd->...qk", q, k) * (1.0 / math.sqrt(q.shape[-1]))
+    if mask is not None:
+        scores = torch.where(mask, scores, torch.tensor(float("-inf"), dtype=scores.dtype))
+    weights = scores.softmax(dim=-1)
+    return torch.einsum("...qk,...kd->...qd", weights, v), weights
+
+
+def repeat_kv(x, n_rep):
+    return torch.repeat_interleave(x, n_rep, dim=1)
+
+
+class GroupedQueryAttention(nn.Module):
+    """Only what mha_to_gqa builds: the projections and sizes."""
+
+    def __init__(self, d_model, n_heads, n_kv_heads, bias=False):
+        super().__init__()
+        self.d_model, self.n_heads, self.n_kv_heads = d_model, n_heads, n_kv_heads
+        self.head_dim = d_model // n_heads
+        kv = n_kv_heads * self.head_dim
+        self.q_proj, self.out_proj = nn.Linear(d_model, d_model, bias), nn.Linear(d_model, d_model, bias)
+        self.k_proj, self.v_proj = nn.Linear(d_model, kv, bias), nn.Linear(d_model, kv, bias)
+
+
+ISOLATED = {f.__name__: f for f in (softmax, split_heads, attention, repeat_kv, GroupedQueryAttention)}
+
+HELPERS = {
+    "torch_mha": torch_mha,
+    "AttentionShell": AttentionShell,
+    "ListCache": ListCache,
+    "ProbeDecoder": ProbeDecoder,
+    "len": len,
+}

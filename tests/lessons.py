@@ -1,0 +1,52 @@
+"""Shared helpers for the lesson tests: the lessons present, their code cells, running notebooks."""
+import functools
+import re
+
+from autograder import notebook as nbk
+from autograder.checks import checks_for
+
+LESSONS = nbk.lesson_names()
+
+
+def graded_names(lesson):
+    return [gid.removeprefix("test_") for gid, _ in nbk.graded_tests(nbk.read(nbk.lesson_path(lesson)))]
+
+
+@functools.lru_cache(maxsize=None)
+def namespace_source(lesson):
+    """The code the grader runs for a filled-in notebook: every code cell but tests and demos."""
+    nb = nbk.read(nbk.lesson_path(lesson))
+    cells = [nbk.without_markers(nbk.source(c)) for c in nbk.code_cells(nb) if not nbk.is_test(c) and not nbk.is_demo(c)]
+    return [re.sub(r"^\s*[%!].*$", "", c, flags=re.M) for c in cells]  # no magics in-process
+
+
+def fresh_namespace(lesson, replace=None):
+    """A namespace with the lesson's code run in it; replace: {graded name: answer cell code}."""
+    ns = {"__name__": "__lesson__"}
+    replace = replace or {}
+    nb = nbk.read(nbk.lesson_path(lesson))
+    for cell, code in zip([c for c in nbk.code_cells(nb) if not nbk.is_test(c) and not nbk.is_demo(c)],
+                          namespace_source(lesson)):
+        exec(compile(replace.get(nbk.grade_id(cell), code), f"<{lesson}:{nbk.grade_id(cell)}>", "exec"), ns)
+    return ns
+
+
+def checks(lesson):
+    return checks_for(lesson)
+
+
+def execute(path, allow_errors=False, timeout=300):
+    """Run a notebook top to bottom in a fresh kernel (cwd: its folder); returns the executed dict."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(str(path), as_version=4)
+    NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=allow_errors,
+                   resources={"metadata": {"path": str(path.parent)}}).execute()
+    return nb
+
+
+def errors(nb):
+    """[(cell index, exception name)] of the cells that raised."""
+    return [(i, o.get("ename")) for i, c in enumerate(nb.cells) if c.cell_type == "code"
+            for o in c.get("outputs", []) if o.get("output_type") == "error"]

@@ -1,0 +1,48 @@
+"""The hidden checks, in-process: solutions pass, known-wrong answers fail with a message that
+names the mistake (and cost no other function its points), correct variants pass."""
+import pytest
+
+from autograder.checks import verify
+from tests import mutants
+from tests.lessons import LESSONS, fresh_namespace, graded_names
+
+
+def cases(kind):
+    out = []
+    for lesson in LESSONS:
+        module = mutants.for_lesson(lesson)
+        for name, items in (getattr(module, kind, {}) if module else {}).items():
+            out += [pytest.param(lesson, name, item, id=f"{lesson}-{name}-{item[0]}") for item in items]
+    return out
+
+
+@pytest.mark.parametrize("lesson", LESSONS)
+def test_every_graded_name_has_a_check_and_the_solutions_pass(lesson):
+    ns = fresh_namespace(lesson)
+    for name in graded_names(lesson):
+        verify(lesson, name, ns)
+
+
+@pytest.mark.parametrize("lesson", LESSONS)
+def test_every_graded_name_has_at_least_three_mutants(lesson):
+    module = mutants.for_lesson(lesson)
+    assert module is not None, f"tests/mutants/m{lesson}.py is missing"
+    for name in graded_names(lesson):
+        assert len(module.MUTANTS.get(name, [])) >= 3, f"{lesson}: {name} needs at least three known-wrong answers"
+
+
+@pytest.mark.parametrize("lesson, name, mutant", cases("MUTANTS"))
+def test_mutant_fails_its_check_only(lesson, name, mutant):
+    what, keyword, code = mutant
+    ns = fresh_namespace(lesson, {name: code})
+    with pytest.raises(AssertionError) as caught:
+        verify(lesson, name, ns)
+    assert keyword.lower() in str(caught.value).lower(), f"feedback for '{what}' should mention {keyword!r}: {caught.value}"
+    for other in graded_names(lesson):
+        if other != name:
+            verify(lesson, other, ns)
+
+
+@pytest.mark.parametrize("lesson, name, variant", cases("VARIANTS"))
+def test_correct_variant_passes(lesson, name, variant):
+    verify(lesson, name, fresh_namespace(lesson, {name: variant[1]}))
