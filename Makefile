@@ -35,7 +35,7 @@ test-fast:
 	$(PY) -m pytest -q -m "not slow"
 
 book:
-	$(PY) -m autograder book
+	$(PY) book/build.py
 
 release:
 	$(PY) -m autograder release release

@@ -14,14 +14,16 @@ LEAK = re.compile(r"BEGIN SOLUTION|END SOLUTION|HIDDEN TESTS|^\s*(from|import)\s
 SKIP = {".ipynb_checkpoints", "__pycache__"}
 
 
-def student_copy(nb):
-    """The notebook dict as students get it (a new dict; nb is untouched)."""
+def student_copy(nb, keep_outputs=False):
+    """The notebook dict as students get it (a new dict; nb is untouched). keep_outputs keeps
+    the outputs of cells other than answers and tests (the book shows the reference's figures)."""
     out = dict(nb, cells=[])
     for cell in nb["cells"]:
         cell = dict(cell, metadata=dict(cell.get("metadata", {})))
         text = nbk.source(cell)
         if cell.get("cell_type") == "code":
-            cell["outputs"], cell["execution_count"] = [], None
+            if not keep_outputs or nbk.is_answer(cell) or nbk.is_test(cell):
+                cell["outputs"], cell["execution_count"] = [], None
             if nbk.is_answer(cell):
                 text = nbk.strip_solutions(text)
             if nbk.is_test(cell):
