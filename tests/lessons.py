@@ -50,3 +50,19 @@ def errors(nb):
     """[(cell index, exception name)] of the cells that raised."""
     return [(i, o.get("ename")) for i, c in enumerate(nb.cells) if c.cell_type == "code"
             for o in c.get("outputs", []) if o.get("output_type") == "error"]
+
+
+def fill(release_nb, lesson, replace=None):
+    """A submission: the release copy (a dict) with every answer cell filled from the source notebook's
+    solution, or from replace[grade_id]."""
+    import copy
+
+    replace = replace or {}
+    solved = {nbk.grade_id(c): nbk.without_markers(nbk.source(c))
+              for c in nbk.code_cells(nbk.read(nbk.lesson_path(lesson))) if nbk.is_answer(c)}
+    nb = copy.deepcopy(release_nb)
+    for cell in nbk.code_cells(nb):
+        gid = nbk.grade_id(cell)
+        if nbk.is_answer(cell):
+            nbk.set_source(cell, replace.get(gid, solved[gid]))
+    return nb

@@ -58,6 +58,10 @@ class Check:
                 if self.isolate:
                     subject.restore()
         except StudentError as e:
+            if e.type in UNCHECKED:
+                raise Unchecked(e.message) from None
+            if e.is_a("NotImplementedError"):
+                raise AssertionError("not implemented yet: replace `raise NotImplementedError()` with your code") from None
             raise AssertionError(f"your code raised {e.type}: {e.message}") from None
 
 
@@ -72,6 +76,13 @@ class Checks(dict):
             self[name] = Check(name, fn, isolate)
             return fn
         return register
+
+
+class Unchecked(Exception):
+    """The student's code could not be checked: it hung or ended its process (grader only)."""
+
+
+UNCHECKED = ("Timeout", "ProcessEnded")
 
 
 class StudentError(Exception):
