@@ -1,5 +1,8 @@
 """The nbgrader gradebook, filled from trusted results, so that `nbgrader export` and the
 formgrader show the scores the grader decided. Student code never touches it."""
+import os
+import shutil
+import sys
 from pathlib import Path
 
 
@@ -7,6 +10,8 @@ def update_gradebook(db_path, results, tests):
     """Create the lessons' structure (assignment, notebook, grade cells) and set every auto_score."""
     from nbgrader.api import Gradebook, MissingEntry
 
+    if not shutil.which("alembic"):  # nbgrader runs `alembic`; it sits next to this Python
+        os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     with Gradebook(f"sqlite:///{Path(db_path).resolve()}") as gb:
         for lesson, cells in tests.items():
             gb.update_or_create_assignment(lesson)

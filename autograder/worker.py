@@ -169,15 +169,23 @@ class Sandbox:
                 cmd += ["--setenv", k, v]
             if data_dir:
                 cmd += ["--ro-bind", str(data_dir), "/course"]
-            cmd += ["--"] + runner + ["--pidns"]
+            # The root (where bwrap made the mount points) read-only: only /tmp and /dev/shm are
+            # writable, and the worker wipes both after every submission.
+            cmd += ["--remount-ro", "/", "--"] + runner + ["/tmp", "--private-tmp", "--pidns"]
             popen_env = None
-        elif mode == "unshare":
-            cmd = _unshare_base() + runner + ["--pidns"]
-            popen_env = dict(env, PYTHONPATH=self._tmp)
         else:
-            cmd, popen_env = runner, dict(env, PYTHONPATH=self._tmp)
+            scratch = Path(self._tmp, "scratch")
+            scratch.mkdir()
+            local = dict(env, PYTHONPATH=self._tmp, HOME=str(scratch), MPLCONFIGDIR=str(scratch / ".mpl"),
+                         TRITON_CACHE_DIR=str(scratch / ".triton"))
+            if mode == "unshare":
+                cmd, popen_env = _unshare_base() + runner + [str(scratch), "--pidns"], local
+            else:
+                cmd, popen_env = runner + [str(scratch)], local
         self.course_dir = "/course" if mode == "bwrap" else (str(data_dir) if data_dir else None)
         self.cgroup = _PidsCgroup(self.limits["processes"])
+        if self.cgroup.path and mode != "bwrap":
+            cmd.append(f"--cgroup={self.cgroup.path}")
         self.proc = subprocess.Popen(cmd, pass_fds=[fd], env=popen_env, cwd=self._tmp, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                      start_new_session=True, preexec_fn=self.cgroup.join)

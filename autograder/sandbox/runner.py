@@ -1,4 +1,4 @@
-"""The sandboxed worker: python -m sandbox.runner CONTROL_FD [--pidns]
+"""The sandboxed worker: python -m sandbox.runner CONTROL_FD SCRATCH [--private-tmp] [--pidns] [--cgroup=DIR]
 
 It imports the heavy libraries and builds an IPython shell once, then, for each submission,
 forks a child that runs the student's cells and answers the grader's requests over a fresh
@@ -17,8 +17,7 @@ import signal
 import socket
 import sys
 
-WRITABLE = ("/tmp", "/dev/shm")
-SCRATCH = "/tmp/work"
+PRIVATE_TMP = ("/tmp", "/dev/shm")  # with --private-tmp (bubblewrap) these are ours alone
 
 
 def preload():
@@ -74,15 +73,15 @@ def set_limits(limits):
         resource.setrlimit(rlimit, (value, value))
 
 
-def child(data, shell, start):
+def child(data, shell, start, scratch):
     """Run the submission's cells, then serve requests until the grader closes the socket."""
     from .server import ObjectServer, describe
     from .wire import recv_frame, send_frame
 
     os.setsid()
-    os.makedirs(SCRATCH, exist_ok=True)
-    os.chdir(SCRATCH)
-    os.environ["HOME"] = SCRATCH
+    os.makedirs(scratch, exist_ok=True)
+    os.chdir(scratch)
+    os.environ["HOME"] = scratch
     for name in start.get("data_files", []):  # the lesson's data files, read-only
         os.symlink(os.path.join(start["data_dir"], name), name)
     set_limits(start["limits"])
@@ -106,8 +105,9 @@ def child(data, shell, start):
         send_frame(data, server.handle(request))
 
 
-def wipe():
-    for top in WRITABLE:
+def wipe(places):
+    """Empty the given folders (never the folders themselves)."""
+    for top in places:
         if not os.path.isdir(top):
             continue
         for name in os.listdir(top):
@@ -140,9 +140,21 @@ def supervise(ctl, pid):
                     sys.exit(0)
 
 
+def _cgroup_procs(cgroup):
+    try:
+        with open(os.path.join(cgroup, "cgroup.procs")) as f:
+            return f.read().split()
+    except (OSError, TypeError):
+        return []
+
+
 def main():
     ctl = socket.socket(fileno=int(sys.argv[1]))
+    scratch = sys.argv[2]
     pidns = "--pidns" in sys.argv
+    # Outside bubblewrap /tmp is shared with the machine: only our own scratch folder is wiped.
+    places = PRIVATE_TMP if "--private-tmp" in sys.argv else (scratch,)
+    cgroup = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--cgroup=")), None)
     shell = preload()
     ctl.send(json.dumps({"op": "ready"}).encode())
     while True:
@@ -158,7 +170,7 @@ def main():
             code = 0
             try:
                 ctl.close()
-                child(data, shell, start)
+                child(data, shell, start, os.path.join(scratch, "work"))
             except BaseException:
                 code = 1
             os._exit(code)
@@ -173,7 +185,13 @@ def main():
                 os.kill(-1, signal.SIGKILL)
             except OSError:
                 pass
-        wipe()
+        for pid_text in _cgroup_procs(cgroup):  # without one: whatever is left in our pids cgroup
+            if int(pid_text) != os.getpid():
+                try:
+                    os.kill(int(pid_text), signal.SIGKILL)
+                except OSError:
+                    pass
+        wipe(places)
         ctl.send(json.dumps({"op": "exited", "status": status}).encode())
 
 
