@@ -52,7 +52,7 @@ class DType:
 
 
 def encode_array(kind, dtype, arr, **extra):
-    arr = np.ascontiguousarray(arr)
+    arr = np.asarray(arr, order="C")  # (ascontiguousarray would make 0-d arrays 1-d)
     return {"$": kind, "dtype": dtype, "shape": list(arr.shape),
             "data": base64.b64encode(arr.tobytes()).decode("ascii"), **extra}
 

@@ -1,0 +1,99 @@
+"""The reference solutions against their baselines, measured in one run on this machine.
+
+    python benchmarks/solutions.py
+
+1. MultiHeadAttention forward vs torch.nn.MultiheadAttention (B=8, T=256, D=512, H=8, no weights),
+   with autograd on (training) and off (inference, where PyTorch takes its fused fast path).
+2. Tokens per second of generate() with and without the KV cache (lesson 05's decoder, 512 new tokens).
+3. Peak extra memory of flash_attention vs naive attention at T=4096: each in a fresh process,
+   the peak resident set size (VmHWM, reset through /proc/self/clear_refs) above the resident
+   size just before the call (Linux only).
+Targets (not tests): MHA at most 0.6x torch's time; cache at least 10x the tokens/s; flash at
+most 1/20 of naive's extra memory.
+"""
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.utils import benchmark
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from solutions.kv_cache import Decoder, generate  # noqa: E402
+from solutions.multi_head import MultiHeadAttention, load_torch_mha  # noqa: E402
+
+
+def mha_vs_torch(threads):
+    B, T, D, H = 8, 256, 512, 8
+    ref = torch.nn.MultiheadAttention(D, H, batch_first=True)
+    ours = load_torch_mha(MultiHeadAttention(D, H), ref)
+    x = torch.randn(B, T, D)
+    rows = []
+    for mode, grad in (("training (autograd on)", True), ("inference (no_grad, eval)", False)):
+        ref.train(grad), ours.train(grad)
+        times = {}
+        for name, stmt in (("ours", "ours(x)"), ("torch", "ref(x, x, x, need_weights=False)")):
+            with torch.set_grad_enabled(grad):
+                t = benchmark.Timer(stmt, globals=dict(ours=ours, ref=ref, x=x), num_threads=threads)
+                times[name] = t.blocked_autorange(min_run_time=1.0).median
+        rows.append((mode, times["ours"], times["torch"]))
+    return rows
+
+
+def generation(threads):
+    torch.manual_seed(0)
+    model = Decoder(vocab_size=256, d_model=128, n_layers=4, n_heads=8, n_kv_heads=2, max_seq_len=1024).eval()
+    prompt = torch.randint(256, (1, 16))
+    out = {}
+    for use_cache in (True, False):
+        start = time.perf_counter()
+        tokens = generate(model, prompt, 512, use_cache=use_cache)
+        out[use_cache] = (512 / (time.perf_counter() - start), tokens)
+    assert torch.equal(out[True][1], out[False][1]), "cached and uncached generation disagree"
+    return out[True][0], out[False][0]
+
+
+PEAK = """
+import sys, torch
+sys.path.insert(0, {repo!r})
+from solutions.gpu import flash_attention
+def status(key):
+    return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith(key))
+torch.manual_seed(0)
+q, k, v = (torch.randn(1, 4, 4096, 64) for _ in range(3))
+naive = lambda q, k, v: torch.softmax(q @ k.transpose(-2, -1) / 8.0, dim=-1) @ v
+fn = {{"naive": naive, "flash": flash_attention}}[{which!r}]
+fn(q[:, :, :64], k[:, :, :64], v[:, :, :64])  # load the kernels first
+open("/proc/self/clear_refs", "w").write("5")  # the peak RSS starts again from the current RSS
+before = status("VmRSS")
+out = fn(q, k, v)
+print(status("VmHWM") - before)
+"""
+
+
+def peak_extra_bytes(which):
+    code = PEAK.format(repo=str(REPO), which=which)
+    return int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+
+
+def main():
+    threads = torch.get_num_threads()
+    print(f"torch {torch.__version__}, {threads} threads\n")
+    print("1. MultiHeadAttention forward, B=8 T=256 D=512 H=8, need_weights=False")
+    for mode, ours, ref in mha_vs_torch(threads):
+        print(f"   {mode:27s} ours {ours * 1e3:7.2f} ms   torch {ref * 1e3:7.2f} ms   ratio {ours / ref:.2f}x (target <= 0.6x)")
+    cached, uncached = generation(threads)
+    print("\n2. generate(), 512 new tokens after a 16-token prompt (d_model 128, 4 layers, 8 heads, 2 KV heads)")
+    print(f"   with cache {cached:8.1f} tokens/s   without {uncached:8.1f} tokens/s   "
+          f"speedup {cached / uncached:.1f}x (target >= 10x); tokens identical")
+    naive, flash = peak_extra_bytes("naive"), peak_extra_bytes("flash")
+    print("\n3. Peak extra memory at T=4096 (B=1, H=4, Dh=64, float32)")
+    print(f"   naive {naive / 2**20:8.1f} MiB   flash_attention {flash / 2**20:8.1f} MiB   "
+          f"ratio 1/{naive / max(flash, 1):.0f} (target <= 1/20)")
+
+
+if __name__ == "__main__":
+    main()
