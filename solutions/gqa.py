@@ -65,7 +65,7 @@ class GroupedQueryAttention(nn.Module):
 
 
 def mha_to_gqa(mha, n_kv_heads):
-    """A GroupedQueryAttention from a MultiHeadAttention: each group's key and value heads
+    """A GroupedQueryAttention from a multi-head attention module: each group's key and value heads
     mean-pooled (the GQA paper's uptraining start); query and output projections copied.
 
     mha: q/k/v/out_proj (D -> D) with attributes d_model, n_heads, head_dim. Biases are kept
@@ -90,5 +90,7 @@ def mha_to_gqa(mha, n_kv_heads):
 
 
 def kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len, batch_size=1, bytes_per_element=2):
-    """Bytes of the key/value cache: 2 tensors (K and V) x layers x Hkv x Dh x T x B x bytes."""
+    """Bytes a key/value cache needs: every layer caches its keys and its values,
+    (batch_size, n_kv_heads, seq_len, head_dim) each, at bytes_per_element bytes a number
+    (2 for float16/bfloat16). Returns a Python int."""
     return 2 * n_layers * n_kv_heads * head_dim * seq_len * batch_size * bytes_per_element

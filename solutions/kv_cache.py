@@ -21,7 +21,9 @@ class KVCache:
         self.length = 0
 
     def update(self, k, v):
-        """Append k, v (B, Hkv, T_new, Dh); return all cached keys and values (B, Hkv, len, Dh)."""
+        """Append k, v (B, Hkv, T_new, Dh); return all cached keys and values (B, Hkv, len, Dh).
+
+        ValueError when len + T_new > max_seq_len (the cache is then left unchanged)."""
         B, Hkv, max_len, Dh = self.k.shape
         if k.shape != v.shape or k.ndim != 4 or (k.size(0), k.size(1), k.size(3)) != (B, Hkv, Dh):
             raise ValueError(f"expected k and v of shape ({B}, {Hkv}, T_new, {Dh}), "
@@ -37,9 +39,11 @@ class KVCache:
         return self.k[:, :, :end], self.v[:, :, :end]
 
     def __len__(self):
+        """The number of cached positions."""
         return self.length
 
     def reset(self):
+        """Empty the cache; the buffers stay allocated."""
         self.length = 0
 
 

@@ -1,0 +1,330 @@
+"""Hidden checks of lesson 04 (torch): repeat_kv, GroupedQueryAttention, mha_to_gqa, kv_cache_bytes.
+
+Forward passes are compared with solutions.gqa and with torch's own grouped-query attention,
+F.scaled_dot_product_attention(..., enable_gqa=True). Known mistakes are recomputed on the
+same inputs (mostly through that same PyTorch function) so the feedback can name them.
+"""
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from autograder.checks import Checks, expect_array, expect_error, expect_int, fail, kind_of, reference, tensor
+from autograder.checks import StudentError
+from autograder.sandbox.wire import Array, Handle
+from solutions import gqa as ref
+
+CHECKS = Checks()
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "out_proj")
+
+
+# ---- repeat_kv ---------------------------------------------------------------------------
+
+def _repeat_kv_mistakes(x, n_rep):
+    t = torch.from_numpy(x)
+    B, Hkv, T, Dh = t.shape
+    return [
+        ("you tiled the heads (h0, h1, h0, h1, ...), as .repeat does. Key/value head j must serve the adjacent "
+         "query heads j*n_rep ... (j+1)*n_rep - 1, so repeat each head in place (h0, h0, h1, h1, ...): "
+         "repeat_interleave along dim 1, or expand a new axis after the head axis and reshape",
+         reference(t.repeat(1, n_rep, 1, 1))),
+        ("repeat along the head axis (dim 1), not the time axis", reference(t.repeat_interleave(n_rep, dim=2))),
+        ("repeat along the head axis (dim 1), not the feature axis", reference(t.repeat_interleave(n_rep, dim=3))),
+        ("repeat along the head axis (dim 1), not the batch axis", reference(t.repeat_interleave(n_rep, dim=0))),
+        ("merge the repeat axis into the head axis: reshape (B, Hkv, n_rep, T, Dh) to (B, Hkv*n_rep, T, Dh)",
+         reference(t[:, :, None].expand(B, Hkv, n_rep, T, Dh))),
+    ]
+
+
+@CHECKS.add("repeat_kv")
+def repeat_kv(s):
+    rng = s.rng
+    for dtype in (np.float32, np.float64):
+        for B, Hkv, T, Dh, n_rep in [(2, 3, 5, 4, 2), (2, 2, 4, 3, 4), (3, 1, 6, 8, 5), (2, 4, 3, 5, 1), (1, 2, 7, 2, 3)]:
+            x = rng.standard_normal((B, Hkv, T, Dh)).astype(dtype)
+            got = s.call("repeat_kv", tensor(x), n_rep)
+            expect_array(got, reference(ref.repeat_kv(torch.from_numpy(x), n_rep)), "repeat_kv(x, n_rep)",
+                         mistakes=_repeat_kv_mistakes(x, n_rep) if n_rep > 1 else [],
+                         hint="the result's head h must be x's head h // n_rep")
+
+
+# ---- GroupedQueryAttention -----------------------------------------------------------------
+
+def _module(s, *args, **kwargs):
+    """Build the student's GroupedQueryAttention; a Handle."""
+    h = s.call("GroupedQueryAttention", *args, **kwargs)
+    if not isinstance(h, Handle):
+        fail(f"GroupedQueryAttention(...) should build a torch.nn.Module, but it gave {kind_of(h)}")
+    return h
+
+
+def _expect_attributes(s, h, want, what):
+    for name, value in want.items():
+        try:
+            got = s.get(h, name)
+        except StudentError:
+            fail(f"{what} has no attribute `{name}`: set self.{name} in __init__")
+        if type(got) is not int or got != value:
+            fail(f"{what}.{name} is not right: d_model and n_heads are what you were given, "
+                 f"n_kv_heads the number of key/value heads, head_dim = d_model // n_heads"
+                 + (f" (it is {kind_of(got)}, not an int)" if type(got) is not int else ""))
+
+
+def _expect_projections(s, h, D, H, Hkv, bias, what):
+    """The state_dict of a GroupedQueryAttention: the four projections with the right shapes."""
+    state = s.state(h)
+    Dh = D // H
+    shapes = {"q_proj": (D, D), "k_proj": (Hkv * Dh, D), "v_proj": (Hkv * Dh, D), "out_proj": (D, D)}
+    for name, shape in shapes.items():
+        weight = state.get(f"{name}.weight")
+        if weight is None:
+            fail(f"{what} should have nn.Linear members q_proj, k_proj, v_proj and out_proj: "
+                 f"its state_dict has no {name}.weight")
+        if weight.shape != shape:
+            if name in ("k_proj", "v_proj") and weight.shape == (D, D) and Hkv != H:
+                fail(f"{what}: k_proj and v_proj are sized D -> D, like multi-head attention. In grouped-query "
+                     f"attention they make only n_kv_heads key/value heads: nn.Linear(d_model, n_kv_heads * head_dim)")
+            fail(f"{what}: {name}.weight has shape {weight.shape}, but should have shape {shape} "
+                 f"(nn.Linear(in, out) stores its weight as (out, in))")
+        has_bias = f"{name}.bias" in state
+        if has_bias != bias:
+            fail(f"{what}: " + ("bias=True should give every projection a bias" if bias else
+                                "bias defaults to False (and bias=False means no biases): pass bias=bias to nn.Linear"))
+
+
+def _random_state(rng, D, H, Hkv, bias, dtype, std=0.3):
+    module = ref.GroupedQueryAttention(D, H, Hkv, bias=bias)
+    return {k: (rng.standard_normal(tuple(v.shape)) * std).astype(dtype) for k, v in module.state_dict().items()}
+
+
+def _reference_module(state, D, H, Hkv, bias, dtype):
+    module = ref.GroupedQueryAttention(D, H, Hkv, bias=bias).to(getattr(torch, np.dtype(dtype).name)).eval()
+    module.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()})
+    return module
+
+
+def _sdpa_forward(state, x, H, Hkv, mask=None, causal=True, tile=False, scale=None, project=True, merge=True):
+    """The layer written with torch's grouped-query SDPA, with switches that reproduce mistakes."""
+    W = {k: torch.from_numpy(v) for k, v in state.items()}
+    x = torch.from_numpy(x)
+    B, T, D = x.shape
+    Dh = D // H
+
+    def heads(name, n):
+        return F.linear(x, W[f"{name}.weight"], W.get(f"{name}.bias")).view(B, T, n, Dh).transpose(1, 2)
+
+    q, k, v = heads("q_proj", H), heads("k_proj", Hkv), heads("v_proj", Hkv)
+    if tile:
+        k, v = k.repeat(1, H // Hkv, 1, 1), v.repeat(1, H // Hkv, 1, 1)
+    mask = None if mask is None else torch.from_numpy(mask)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None,
+                                         scale=scale, enable_gqa=not tile)
+    merged = out.transpose(1, 2).reshape(B, T, D) if merge else out.reshape(B, T, D)
+    return F.linear(merged, W["out_proj.weight"], W.get("out_proj.bias")) if project else merged
+
+
+def _forward_mistakes(state, x, H, Hkv, mask):
+    D = x.shape[-1]
+    Dh = D // H
+    f = lambda **kw: reference(_sdpa_forward(state, x, H, Hkv, **{"mask": mask, **kw}))
+    cases = []
+    if mask is None:
+        cases.append(("with mask=None the layer must be causal: query i may see keys 0..i only "
+                      "(is_causal=True, or a lower-triangular boolean mask)", f(causal=False)))
+    else:
+        T = x.shape[1]
+        causal = np.tril(np.ones((T, T), dtype=bool))
+        cases += [("a given mask must be used: you ignored it and kept the causal mask", f(mask=None)),
+                  ("a given mask must be used: you ignored it", f(mask=None, causal=False)),
+                  ("a given mask replaces the causal mask: you applied both", f(mask=mask & causal)),
+                  ("True in the mask means 'may attend': you hid the allowed keys instead", f(mask=~mask))]
+    if 1 < Hkv < H:
+        cases.append(("query head h must use key/value head h // n_rep (adjacent query heads share a key/value "
+                      "head); yours used head h % n_kv_heads, as tiling with .repeat does: use repeat_kv",
+                      f(tile=True)))
+    cases += [("scale the scores by 1/sqrt(head_dim); they are not scaled", f(scale=1.0)),
+              ("scale the scores by 1/sqrt(head_dim), the width of one head, not 1/sqrt(d_model)", f(scale=D ** -0.5)),
+              ("apply out_proj to the merged heads", f(project=False)),
+              ("merge the heads back in order: transpose (B, H, T, Dh) to (B, T, H, Dh) before reshaping to (B, T, D)",
+               f(merge=False))]
+    return cases
+
+
+def _random_mask(rng, shape, T):
+    """Boolean, diagonal visible, some future keys visible, at least one hidden key per row."""
+    mask = rng.random(shape) < 0.5
+    idx = np.arange(T)
+    mask[..., idx, idx] = True
+    mask[..., 0, T - 1] = True
+    mask[..., idx, (idx + 1) % T] = False
+    return mask
+
+
+@CHECKS.add("GroupedQueryAttention", isolate=["repeat_kv"])
+def GroupedQueryAttention(s):
+    rng = s.rng
+    what = "GroupedQueryAttention(d_model, n_heads, n_kv_heads, bias)"
+
+    # construction: sizes, attributes, the bias default
+    for D, H, Hkv, bias in [(24, 6, 2, True), (32, 8, 1, False), (16, 4, 4, True)]:
+        h = _module(s, D, H, Hkv, bias=bias)
+        _expect_attributes(s, h, {"d_model": D, "n_heads": H, "n_kv_heads": Hkv, "head_dim": D // H}, what)
+        _expect_projections(s, h, D, H, Hkv, bias, what)
+    _expect_projections(s, _module(s, 24, 6, 3), 24, 6, 3, False, "GroupedQueryAttention(d_model, n_heads, n_kv_heads)")
+
+    # bad sizes
+    for D, H, Hkv in [(24, 6, 4), (32, 8, 3), (24, 6, 12)]:
+        with expect_error("ValueError", "GroupedQueryAttention with n_heads % n_kv_heads != 0 (the query heads "
+                                        "cannot be split into equal groups)"):
+            s.call("GroupedQueryAttention", D, H, Hkv)
+    for D, H, Hkv in [(24, 5, 1), (30, 4, 2), (24, 9, 3)]:
+        with expect_error("ValueError", "GroupedQueryAttention with d_model % n_heads != 0"):
+            s.call("GroupedQueryAttention", D, H, Hkv)
+
+    # forward: mask None (causal) and given masks; GQA, MHA (Hkv == H) and MQA (Hkv == 1)
+    for D, H, Hkv, bias, B, T, dtype, scale in [(24, 6, 2, True, 2, 7, np.float32, 1.0),
+                                                 (24, 6, 3, False, 3, 5, np.float64, 1.0),
+                                                 (32, 8, 8, True, 2, 6, np.float32, 1.0),
+                                                 (32, 8, 1, False, 2, 5, np.float64, 1.0),
+                                                 (48, 12, 4, True, 2, 9, np.float64, 4.0)]:
+        state = _random_state(rng, D, H, Hkv, bias, dtype)
+        module = _reference_module(state, D, H, Hkv, bias, dtype)
+        h = _module(s, D, H, Hkv, bias=bias)
+        _expect_projections(s, h, D, H, Hkv, bias, what)
+        if dtype == np.float64:
+            h = s.call((h, "double"))
+        # buffers of the student's own (a registered causal mask, say) keep their values
+        extra = {k: v.data for k, v in s.state(h).items() if k not in state and isinstance(v, Array)}
+        s.load(h, {**extra, **state})
+        x = (rng.standard_normal((B, T, D)) * scale).astype(dtype)
+        masks = [None, _random_mask(rng, (T, T), T)]
+        if Hkv not in (1, H):
+            masks.append(_random_mask(rng, (B, 1, T, T), T))
+        for mask in masks:
+            call = "attn(x)" if mask is None else f"attn(x, mask) with a mask of shape {mask.shape}"
+            got = s.call(h, tensor(x)) if mask is None else s.call(h, tensor(x), mask=tensor(mask))
+            with torch.no_grad():
+                want = reference(module(torch.from_numpy(x), mask=None if mask is None else torch.from_numpy(mask)))
+            expect_array(got, want, call, mistakes=_forward_mistakes(state, x, H, Hkv, mask),
+                         nan_hint="mask the scores with -inf before the softmax (no row here is fully masked)")
+            # the same layer through PyTorch's own grouped-query attention
+            expect_array(got, reference(_sdpa_forward(state, x, H, Hkv, mask=mask)),
+                         f"{call} compared with F.scaled_dot_product_attention(..., enable_gqa=True)")
+
+
+# ---- mha_to_gqa ------------------------------------------------------------------------------
+
+def _pool(t, Hkv, Dh, how):
+    """(H*Dh, ...) rows of heads -> (Hkv*Dh, ...), correctly or as a known mistake."""
+    H = t.shape[0] // Dh
+    G = H // Hkv
+    rest = t.shape[1:]
+    if how == "mean":
+        return t.reshape(Hkv, G, Dh, *rest).mean(1).reshape(Hkv * Dh, *rest)
+    if how == "first":
+        return t.reshape(Hkv, G, Dh, *rest)[:, 0].reshape(Hkv * Dh, *rest)
+    if how == "sum":
+        return t.reshape(Hkv, G, Dh, *rest).sum(1).reshape(Hkv * Dh, *rest)
+    if how == "strided":  # heads j, j + Hkv, j + 2*Hkv, ...: groups of a tiled repeat
+        return t.reshape(G, Hkv, Dh, *rest).mean(0).reshape(Hkv * Dh, *rest)
+    if how == "rows":  # consecutive rows, mixing the features inside a head
+        return t.reshape(Hkv * Dh, G, *rest).mean(1)
+    raise ValueError(how)
+
+
+POOL_MISTAKES = [
+    ("first", "you kept the first head of each group. Average (mean-pool) the group's heads instead: the mean is the "
+              "single head closest to all of them, and the GQA paper found it the best start for uptraining"),
+    ("sum", "average the heads of each group (mean), do not sum them"),
+    ("strided", "you pooled over the wrong axis: group j is the adjacent heads j*n_rep ... (j+1)*n_rep - 1, not every "
+                "n_kv_heads-th head. View the rows as (n_kv_heads, n_rep, head_dim, ...) and average over n_rep"),
+    ("rows", "you pooled over the wrong axis, mixing features inside a head: rows h*head_dim:(h+1)*head_dim belong to "
+             "head h. View the rows as (n_kv_heads, n_rep, head_dim, ...) and average over n_rep"),
+]
+
+
+@CHECKS.add("mha_to_gqa", isolate=["GroupedQueryAttention"])
+def mha_to_gqa(s):
+    rng = s.rng
+    # The first case has n_rep == n_kv_heads, where pooling over the wrong axis still has the right shape.
+    for D, H, Hkv, bias, dtype in [(24, 4, 2, True, np.float32), (24, 6, 2, True, np.float64),
+                                   (24, 6, 3, False, np.float64), (32, 8, 4, True, np.float32),
+                                   (32, 8, 1, True, np.float64), (16, 4, 4, False, np.float32)]:
+        Dh = D // H
+        weights = {n: (rng.standard_normal((D, D)) * 0.3).astype(dtype) for n in PROJECTIONS}
+        biases = {n: (rng.standard_normal(D) * 0.3).astype(dtype) if bias else None for n in PROJECTIONS}
+        shell = s.helper("AttentionShell", {n: (tensor(weights[n]), None if biases[n] is None else tensor(biases[n]))
+                                            for n in PROJECTIONS}, d_model=D, n_heads=H, head_dim=Dh)
+        mha = ref.GroupedQueryAttention(D, H, H, bias=bias).to(getattr(torch, np.dtype(dtype).name))
+        mha.load_state_dict({f"{n}.{p}": torch.from_numpy(a) for n in PROJECTIONS
+                             for p, a in (("weight", weights[n]), ("bias", biases[n])) if a is not None})
+        want = reference(dict(ref.mha_to_gqa(mha, Hkv).state_dict()))
+
+        got = s.call("mha_to_gqa", shell, Hkv)
+        what = "mha_to_gqa(mha, n_kv_heads)"
+        if not isinstance(got, Handle):
+            fail(f"{what} should return a GroupedQueryAttention module, but returned {kind_of(got)}")
+        _expect_attributes(s, got, {"d_model": D, "n_heads": H, "n_kv_heads": Hkv, "head_dim": Dh},
+                           f"the GroupedQueryAttention that {what} returns")
+        state = s.state(got)
+        if bias and "k_proj.bias" not in state:
+            fail(f"{what}: you dropped the biases. mha has biases, so the result must have them too (bias=True), "
+                 f"the key and value biases pooled like the weights")
+        if not bias and any(k.endswith(".bias") for k in state):
+            fail(f"{what}: mha has no biases, so the result must not have any (bias=False)")
+        for key, wanted in want.items():
+            got_t = state.get(key)
+            if isinstance(got_t, Array) and got_t.dtype != wanted.dtype:
+                fail(f"{what}: the result holds {got_t.dtype} weights, but mha's are {wanted.dtype}: build it in "
+                     f"mha's dtype (and device), e.g. with .to(mha.q_proj.weight)")
+            name, part = key.split(".")
+            mistakes = []
+            if name in ("k_proj", "v_proj"):
+                src = torch.from_numpy(weights[name] if part == "weight" else biases[name])
+                other = torch.from_numpy((weights if part == "weight" else biases)["v_proj" if name == "k_proj" else "k_proj"])
+                mistakes = [(m, reference(_pool(src, Hkv, Dh, how))) for how, m in POOL_MISTAKES]
+                mistakes.append((f"{name} must be pooled from mha.{name}; you swapped keys and values",
+                                 reference(_pool(other, Hkv, Dh, "mean"))))
+                hint = f"{name} holds the mean of each group's {name} heads"
+            else:
+                hint = f"copy {name} unchanged from mha"
+            if got_t is None:
+                fail(f"{what}: the result's state_dict has no {key}")
+            expect_array(got_t, wanted, f"{what}: {key}", mistakes=mistakes, hint=hint)
+        # mha itself stays as it was
+        after = s.state(shell)
+        for n in PROJECTIONS:
+            for p, a in (("weight", weights[n]), ("bias", biases[n])):
+                if a is not None and not np.array_equal(after[f"{n}.{p}"].data, a):
+                    fail(f"{what} changed mha's own {n}.{p}: build a new module and leave mha as it was")
+
+
+# ---- kv_cache_bytes ----------------------------------------------------------------------------
+
+@CHECKS.add("kv_cache_bytes")
+def kv_cache_bytes(s):
+    # Factors chosen so that each mistake gives a different number.
+    cases = [((5, 3, 7, 11), dict(batch_size=3, bytes_per_element=4)),
+             ((80, 8, 128, 1), {}),                                    # Llama 2 70B, one token, fp16
+             ((32, 8, 128, 8192), dict(batch_size=7, bytes_per_element=1)),
+             ((2, 1, 64, 100), dict(batch_size=5, bytes_per_element=8)),
+             ((96, 96, 128, 2048), dict(batch_size=3)),
+             ((12, 12, 64, 1024), dict(bytes_per_element=4)),
+             ((3, 5, 6, 7), dict(batch_size=11, bytes_per_element=2))]
+    for args, kwargs in cases:
+        L, Hkv, Dh, T = args
+        B, nbytes = kwargs.get("batch_size", 1), kwargs.get("bytes_per_element", 2)
+        want = ref.kv_cache_bytes(*args, **kwargs)
+        call = "kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len" + "".join(f", {k}" for k in kwargs) + ")"
+        mistakes = [("keys and values are 2 tensors: every layer caches both", want // 2),
+                    ("multiply by bytes_per_element: the cache size is in bytes, not in numbers", want // nbytes),
+                    ("multiply by batch_size: every sequence of the batch has its own cache", want // B),
+                    ("multiply by n_layers: every layer has its own cache", want // L),
+                    ("count bytes, not bits", want * 8)]
+        if not kwargs:
+            mistakes.append(("the defaults are batch_size=1 and bytes_per_element=2 (float16/bfloat16)", want * 2))
+        got = s.call("kv_cache_bytes", *args, **kwargs)
+        if isinstance(got, float) and got == want:
+            fail(f"{call} should return a Python int (a count of bytes), not a float: avoid '/' or wrap it in int()")
+        if isinstance(got, Array) and got.data.size == 1 and got.data.item() == want:
+            fail(f"{call} should return a Python int, not {kind_of(got)}: wrap it in int()")
+        expect_int(got, want, call, mistakes=[(m, w) for m, w in mistakes if w != want])

@@ -1,0 +1,358 @@
+"""Hidden checks of lesson 05 (decoding with a key/value cache): KVCache, attend_with_cache, generate.
+
+Isolation: attend_with_cache runs on an AttentionShell (just the projections) and a ListCache (a
+correct cache), generate on a ProbeDecoder (a stand-in model that logs its calls), all built next
+to the student's code with s.helper(...), so none of them depends on the student's KVCache or
+GroupedQueryAttention.
+"""
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from autograder.checks import Checks, StudentError, close, expect_array, expect_int, fail, kind_of, reference, tensor
+from autograder.sandbox import helpers
+from autograder.sandbox.wire import Array, DType
+from solutions import gqa as ref_gqa
+from solutions import kv_cache as ref
+
+CHECKS = Checks()
+
+
+def _tensor(array):
+    """A numpy array as the Array a returned torch tensor is compared with."""
+    return reference(torch.from_numpy(np.ascontiguousarray(array)))
+
+
+def _pair(got, what):
+    if not isinstance(got, (tuple, list)) or len(got) != 2:
+        fail(f"{what} should return a pair (k_all, v_all), but returned {kind_of(got)}"
+             + (f" of length {len(got)}" if isinstance(got, (tuple, list)) else ""))
+    return got
+
+
+# ---- KVCache ---------------------------------------------------------------------------------
+
+def _update(s, cache, k, v):
+    return _pair(s.call((cache, "update"), tensor(k), tensor(v)), "update(k, v)")
+
+
+def _expect_update(got, cached_k, cached_v, k, v, max_len, overwritten, dtype):
+    """got: what update(k, v) returned; cached_*: what was cached before (B, Hkv, n, Dh);
+    overwritten: (k, v) buffers of a cache that writes every update from position 0."""
+    got_k, got_v = got
+    for part, name in ((got_k, "keys"), (got_v, "values")):
+        if isinstance(part, Array) and part.kind == "tensor" and part.dtype != dtype:
+            fail(f"update returned {name} of dtype {part.dtype}, but the cache was made with dtype={dtype}: "
+                 "allocate the buffers with the dtype (and device) given to KVCache(...)")
+    n = cached_k.shape[2] + k.shape[2]
+    for part, prev, new, buf, name in ((got_k, cached_k, k, overwritten[0], "keys"),
+                                       (got_v, cached_v, v, overwritten[1], "values")):
+        want = np.concatenate([prev, new], axis=2)
+        pad = np.zeros(want.shape[:2] + (max_len - n,) + want.shape[3:], want.dtype)
+        mistakes = [
+            ("it returned the whole preallocated buffer (B, Hkv, max_seq_len, Dh): return only the cached "
+             "positions, buffer[:, :, :len(cache)]", _tensor(np.concatenate([want, pad], axis=2))),
+            ("it returned only the new entries, not everything cached so far: write them after the cached ones "
+             "and advance the length by T_new (self.length += T_new)", _tensor(new)),
+            ("the new entries overwrote the cache from position 0: write them at positions "
+             "len(cache) ... len(cache) + T_new - 1", _tensor(buf[:, :, :n])),
+        ]
+        other = np.concatenate([cached_v, v] if name == "keys" else [cached_k, k], axis=2)
+        mistakes.append(("update must return (keys, values) in that order", _tensor(other)))
+        expect_array(part, _tensor(want), f"the {name} returned by update", mistakes,
+                     hint="update returns everything cached so far, (B, Hkv, len(cache), Dh), oldest first")
+
+
+def _expect_len(s, cache, want, what, max_len, n_updates, last_t):
+    got = s.helper("len", cache)
+    mistakes = [("len(cache) is the number of cached positions, not max_seq_len", max_len),
+                ("len(cache) is still 0: update must advance the length by T_new", 0),
+                ("len(cache) counts cached positions, not calls to update", n_updates),
+                ("len(cache) is the total number of cached positions, not the size of the last update", last_t)]
+    expect_int(got, want, what, mistakes=[(m, w) for m, w in mistakes if w != want])
+
+
+def _expect_full(s, cache, k, v, n):
+    """update(k, v) must raise a ValueError with a message and leave the cache as it was (n positions)."""
+    try:
+        s.call((cache, "update"), tensor(k), tensor(v))
+    except StudentError as e:
+        if not e.is_a("ValueError"):
+            fail(f"update on a full cache should raise a clear ValueError, but raised {e.type}: check "
+                 "len(cache) + T_new <= max_seq_len before writing, and raise ValueError if it does not fit")
+        if not e.message.strip():
+            fail("the ValueError raised on a full cache has no message: say that the cache is full")
+    else:
+        fail("update should raise a ValueError when the new positions do not fit "
+             "(len(cache) + T_new > max_seq_len), but it returned normally")
+    if s.helper("len", cache) != n:
+        fail("a failed update must leave the cache unchanged, but len(cache) changed: "
+             "check that the new positions fit before changing anything")
+
+
+@CHECKS.add("KVCache")
+def KVCache(s):
+    rng = s.rng
+    # (dtype, (B, Hkv, Dh, max_seq_len), the sizes of the first updates)
+    for dtype, (B, Hkv, Dh, max_len), steps in (("float32", (2, 3, 4, 12), (5, 1, 3)),
+                                                ("float64", (3, 2, 8, 9), (1, 1, 4))):
+        if dtype == "float32":  # the default dtype
+            cache = s.call("KVCache", B, max_len, Hkv, Dh)
+        else:
+            cache = s.call("KVCache", B, max_len, Hkv, Dh, dtype=DType(dtype), device="cpu")
+        expect_int(s.helper("len", cache), 0, "len(cache) of a new cache", mistakes=[
+            ("len(cache) is the number of cached positions (0 for a new cache), not max_seq_len", max_len)])
+
+        def draw(t):
+            return (rng.standard_normal((B, Hkv, t, Dh)).astype(dtype),
+                    rng.standard_normal((B, Hkv, t, Dh)).astype(dtype))
+
+        empty = np.zeros((B, Hkv, 0, Dh), dtype)
+        cached_k, cached_v = empty, empty
+        over_k, over_v = np.zeros((B, Hkv, max_len, Dh), dtype), np.zeros((B, Hkv, max_len, Dh), dtype)
+        for i, t in enumerate(steps):
+            k, v = draw(t)
+            over_k[:, :, :t], over_v[:, :, :t] = k, v  # a cache that always writes at position 0
+            got = _update(s, cache, k, v)
+            _expect_update(got, cached_k, cached_v, k, v, max_len, (over_k, over_v), dtype)
+            cached_k, cached_v = np.concatenate([cached_k, k], 2), np.concatenate([cached_v, v], 2)
+            _expect_len(s, cache, cached_k.shape[2], "len(cache) after update", max_len, i + 1, t)
+
+        # reset() empties it; the next update starts again at position 0
+        s.call((cache, "reset"))
+        expect_int(s.helper("len", cache), 0, "len(cache) after reset()",
+                   mistakes=[("reset() did not reset the cache: len(cache) must be 0 after it", cached_k.shape[2])])
+        k, v = draw(2)
+        got = _update(s, cache, k, v)
+        expect_array(got[0], _tensor(k), "the keys returned by the first update after reset()", mistakes=[
+            ("reset() did not reset the cache: the earlier positions are still returned",
+             _tensor(np.concatenate([cached_k, k], 2)))])
+        expect_array(got[1], _tensor(v), "the values returned by the first update after reset()")
+        cached_k, cached_v = k, v
+
+        # fill up to two short of max_seq_len; then 3 more do not fit, 2 fit exactly, 1 more does not
+        k, v = draw(max_len - 4)
+        got = _update(s, cache, k, v)
+        cached_k, cached_v = np.concatenate([cached_k, k], 2), np.concatenate([cached_v, v], 2)
+        expect_array(got[0], _tensor(cached_k), "the keys returned by update")
+        _expect_full(s, cache, *draw(3), max_len - 2)
+        k, v = draw(2)
+        try:
+            got = _update(s, cache, k, v)
+        except StudentError as e:
+            if e.is_a("ValueError"):
+                fail("a cache may be filled to exactly max_seq_len positions: raise only when "
+                     "len(cache) + T_new > max_seq_len")
+            raise
+        for part, want, name in ((got[0], np.concatenate([cached_k, k], 2), "keys"),
+                                 (got[1], np.concatenate([cached_v, v], 2), "values")):
+            expect_array(part, _tensor(want), f"the {name} returned by the update that fills the cache")
+        _expect_full(s, cache, *draw(1), max_len)
+
+
+# ---- attend_with_cache ---------------------------------------------------------------------
+
+def _shell_parts(rng, D, H, Hkv, bias, dtype):
+    """{name: (weight, bias or None)} of the four projections, as numpy arrays."""
+    Dh = D // H
+    parts = {}
+    for name, (out_f, scale) in {"q_proj": (D, 2.0), "k_proj": (Hkv * Dh, 2.0), "v_proj": (Hkv * Dh, 1.0),
+                                 "out_proj": (D, 1.0)}.items():
+        w = (rng.standard_normal((out_f, D)) * scale / np.sqrt(D)).astype(dtype)
+        b = (rng.standard_normal(out_f) * 0.2).astype(dtype) if bias else None
+        parts[name] = (w, b)
+    return parts
+
+
+@torch.no_grad()
+def _cached_mistakes(shell, x, k_prev, v_prev):
+    """(message, output) of the usual mistakes for new tokens x, with k_prev, v_prev cached."""
+    B, T, D = x.shape
+    H, Hkv, Dh = shell.n_heads, shell.n_kv_heads, shell.head_dim
+    q = shell.q_proj(x).view(B, T, H, Dh).transpose(1, 2)
+    k = shell.k_proj(x).view(B, T, Hkv, Dh).transpose(1, 2)
+    v = shell.v_proj(x).view(B, T, Hkv, Dh).transpose(1, 2)
+    k_all, v_all = torch.cat([k_prev, k], 2), torch.cat([v_prev, v], 2)
+    Tk = k_all.size(2)
+
+    def interleave(t):
+        return t.repeat_interleave(H // Hkv, dim=1)
+
+    def tile(t):
+        return t.repeat(1, H // Hkv, 1, 1)
+
+    def attend(kk, vv, mask, expand=interleave, scale=None, project=True):
+        out = F.scaled_dot_product_attention(q, expand(kk), expand(vv), attn_mask=mask, scale=scale)
+        out = out.transpose(1, 2).reshape(B, T, D)
+        return reference(shell.out_proj(out) if project else out)
+
+    ones = torch.ones(T, Tk, dtype=torch.bool)
+    right = ones.tril(Tk - T)
+    cases = [
+        ("the causal mask is aligned top-left (is_causal=True, or tril() without an offset). The new queries are "
+         "the last T of the Tk cached positions, so query i may see key j iff j <= i + (Tk - T): align the mask "
+         "bottom-right", attend(k_all, v_all, ones.tril(0))),
+        ("with several new tokens, each may attend only up to its own position: apply the causal mask "
+         "(bottom-right aligned)", attend(k_all, v_all, None)),
+        ("the new queries attended only to the new keys: append the new keys and values to the cache and attend "
+         "to everything cache.update(k, v) returns", attend(k, v, torch.ones(T, T, dtype=torch.bool).tril())),
+        ("apply out_proj to the merged heads", attend(k_all, v_all, right, project=False)),
+        ("scale the scores by 1/sqrt(head_dim)", attend(k_all, v_all, right, scale=1.0)),
+    ]
+    if 1 < Hkv < H:
+        cases.append(("key/value head j serves query heads j*n_rep ... (j+1)*n_rep - 1: repeat each key/value "
+                      "head in place (repeat_kv, repeat_interleave or enable_gqa=True), do not tile them",
+                      attend(k_all, v_all, right, expand=tile)))
+    return cases
+
+
+@CHECKS.add("attend_with_cache", isolate=["repeat_kv"])
+def attend_with_cache(s):
+    rng = s.rng
+    # (dtype, B, D, H, Hkv, bias, sizes of the successive calls: a prefill, then decode steps and chunks)
+    for dtype, B, D, H, Hkv, bias, chunks in (("float32", 2, 16, 4, 2, True, (5, 1, 1, 1)),
+                                              ("float64", 3, 24, 6, 3, False, (4, 3, 1, 2)),
+                                              ("float32", 2, 16, 4, 1, False, (1, 1, 1, 4)),
+                                              ("float64", 1, 16, 2, 2, True, (6, 1, 2))):
+        Dh = D // H
+        parts = _shell_parts(rng, D, H, Hkv, bias, dtype)
+        sizes = dict(d_model=D, n_heads=H, n_kv_heads=Hkv, head_dim=Dh)
+        shell = s.helper("AttentionShell", {n: (tensor(w), None if b is None else tensor(b))
+                                            for n, (w, b) in parts.items()}, **sizes)
+        cache = s.helper("ListCache")
+        ref_shell = helpers.AttentionShell({n: (torch.from_numpy(w), None if b is None else torch.from_numpy(b))
+                                            for n, (w, b) in parts.items()}, **sizes)
+        ref_cache = helpers.ListCache()
+        x_all = rng.standard_normal((B, sum(chunks), D)).astype(dtype)
+        outs, start = [], 0
+        for T in chunks:
+            x = x_all[:, start:start + T]
+            k_prev = ref_cache.k if ref_cache.k is not None else torch.zeros(B, Hkv, 0, Dh, dtype=getattr(torch, dtype))
+            v_prev = ref_cache.v if ref_cache.v is not None else torch.zeros_like(k_prev)
+            mistakes = _cached_mistakes(ref_shell, torch.from_numpy(x), k_prev, v_prev)
+            with torch.no_grad():
+                want = reference(ref.attend_with_cache(ref_shell, torch.from_numpy(x), ref_cache))
+            try:
+                got = s.call("attend_with_cache", shell, tensor(x), cache)
+            except StudentError as e:
+                if start > 0 and T > 1:
+                    fail(f"your code raised {e.type} on a chunk of several new tokens with earlier tokens cached: "
+                         f"{e.message}. The mask must have shape (T, Tk), new queries x all cached keys, aligned "
+                         "bottom-right; a square (T, T) mask does not fit once the cache holds earlier keys")
+                raise
+            expect_array(got, want, "attend_with_cache(attn, x, cache)", mistakes,
+                         hint="project the new tokens, append their keys and values to the cache, and let the new "
+                              "queries attend to all cached keys with the bottom-right causal mask")
+            start += T
+            if s.helper("len", cache) != start:
+                fail("attend_with_cache must append the new keys and values to the cache (cache.update(k, v)) "
+                     "once per call: after a call with T new tokens, len(cache) should have grown by T")
+            outs.append(got.data)
+        expect_array(s.get(cache, "k"), reference(ref_cache.k), "the keys appended to the cache",
+                     mistakes=[("you appended the values where the keys go: cache.update(k, v)",
+                                reference(ref_cache.v))],
+                     hint="append keys of shape (B, Hkv, T, Dh): view the projection as (B, T, Hkv, Dh), "
+                          "then transpose(1, 2)")
+        # prefill + decode equals causal attention over the whole sequence at once
+        full = ref_gqa.GroupedQueryAttention(D, H, Hkv, bias=bias).to(getattr(torch, dtype))
+        full.load_state_dict(ref_shell.state_dict())
+        with torch.no_grad():
+            want_full = reference(full(torch.from_numpy(x_all)))
+        expect_array(_tensor(np.concatenate(outs, axis=1)), want_full,
+                     "the outputs of a prefill followed by decode steps, put together,",
+                     hint="they must equal causal attention over the whole sequence at once")
+
+
+# ---- generate ------------------------------------------------------------------------------
+
+def _expected_calls(T0, N, use_cache):
+    """ProbeDecoder.calls of a correct generate: [number of ids, cached positions or None]."""
+    if use_cache:
+        return ([[T0, 0]] + [[1, T0 + i] for i in range(N - 1)]) if N else []
+    return [[T0 + i, None] for i in range(N)]
+
+
+def _diagnose_calls(calls, T0, N, use_cache):
+    """Fail with the mistake that the model's call log shows, if any."""
+    if N == 0 or calls == _expected_calls(T0, N, use_cache):
+        return
+    if use_cache:
+        if calls and all(c[1] is None for c in calls):
+            fail("with use_cache=True the model was never given caches: make them once with "
+                 "model.make_caches(batch_size) and pass them to every call, model(ids, caches)")
+        if calls and calls[0] != [T0, 0]:
+            fail("with the cache, the first call is the prefill: the whole prompt (B, T0) in one call, with "
+                 "the empty caches from model.make_caches")
+        for n, cached in calls[1:]:
+            if cached is None:
+                fail("with use_cache=True, pass the caches to every call of the model")
+            if cached == 0:
+                fail("a later step got fresh, empty caches: make the caches once, before the loop")
+            if n > 1:
+                fail("after the prefill, feed only the newest token, shape (B, 1), to the cached model: the "
+                     "cache already holds the earlier positions, and feeding the whole sequence again appends "
+                     "it to the cache a second time")
+    else:
+        if any(c[1] is not None for c in calls):
+            fail("with use_cache=False the model must run without caches: rerun the whole sequence, model(ids), "
+                 "at every step")
+        if [c[0] for c in calls[:N]] != [T0 + i for i in range(min(N, len(calls)))]:
+            fail("without the cache, each step reruns the whole sequence so far (the prompt and the new tokens)")
+    if len(calls) == N + 1:
+        fail("the model ran one time too many: each call gives one new token, and the last new token is "
+             "returned, never fed back (a generation may fill the model's max_seq_len exactly)")
+    if len(calls) < N:
+        fail("the model ran too few times: one call per new token")
+    fail("the model's calls are not one per new token (prefill first when caching)")
+
+
+def _expect_count(got, want, T0, N):
+    """Off by one in the loop, or the prompt left out."""
+    if not (isinstance(got, Array) and got.kind == "tensor" and len(got.shape) == 2 and got.shape[0] == want.shape[0]):
+        return
+    if got.shape[1] == N and N > 0 and np.array_equal(got.data, want.data[:, T0:]):
+        fail("generate returned only the new tokens: return the prompt followed by them, (B, T0 + max_new_tokens)")
+    if got.shape[1] == T0 + N + 1:
+        fail("generate returned one token too many: exactly max_new_tokens new tokens, (B, T0 + max_new_tokens)")
+    if got.shape[1] == T0 + N - 1:
+        fail("generate returned one token too few: exactly max_new_tokens new tokens, (B, T0 + max_new_tokens)")
+
+
+def _expect_tokens(got, want, use_cache, again):
+    """The tokens; again() runs generate once more on the same input (to tell sampling)."""
+    if isinstance(got, Array) and got.kind == "tensor" and got.shape == want.shape and not close(got, want):
+        second = again()
+        if not (isinstance(second, Array) and second.shape == got.shape and np.array_equal(second.data, got.data)):
+            fail("generate gave different tokens on the same input: greedy decoding is deterministic, each new "
+                 "token is the argmax of the last position's logits (no sampling)")
+    expect_array(got, want, "the output of generate(model, prompt_ids, max_new_tokens"
+                 + (")" if use_cache else ", use_cache=False)"),
+                 hint="the prompt, then each new token = the argmax of the logits at the last position, "
+                      "logits[:, -1]")
+
+
+@CHECKS.add("generate")
+def generate(s):
+    rng = s.rng
+    # (vocab_size, max_seq_len, B, T0, max_new_tokens); the second fills max_seq_len exactly (T0 + N - 1)
+    for vocab, max_len, B, T0, N in ((13, 32, 3, 4, 6), (9, 11, 2, 5, 7), (17, 16, 1, 1, 5), (11, 16, 2, 3, 0)):
+        seed = int(rng.integers(1 << 30))
+        prompt = rng.integers(vocab, size=(B, T0)).astype(np.int64)
+        for use_cache in (True, False):
+            def run():
+                model = s.helper("ProbeDecoder", vocab, max_len, seed)
+                kwargs = {} if use_cache else {"use_cache": False}  # True is the default
+                try:
+                    return model, s.call("generate", model, tensor(prompt), N, **kwargs), None
+                except StudentError as e:
+                    return model, None, e
+
+            model, got, error = run()
+            want = reference(ref.generate(helpers.ProbeDecoder(vocab, max_len, seed), torch.from_numpy(prompt), N,
+                                          use_cache=use_cache))
+            if error is None:
+                _expect_count(got, want, T0, N)
+            _diagnose_calls(s.get(model, "calls"), T0, N, use_cache)
+            if error is not None:
+                raise error
+            _expect_tokens(got, want, use_cache, lambda: run()[1])

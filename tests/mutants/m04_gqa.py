@@ -1,0 +1,353 @@
+"""Lesson 04 (grouped-query attention): known-wrong answers and correct variants."""
+_GQA = '''
+class GroupedQueryAttention(nn.Module):
+    def __init__(self, d_model, n_heads, n_kv_heads, bias=False):
+        super().__init__()
+        if d_model % n_heads or n_heads % n_kv_heads:
+            raise ValueError(f"d_model={d_model}, n_heads={n_heads}, n_kv_heads={n_kv_heads}")
+        self.d_model, self.n_heads, self.n_kv_heads = d_model, n_heads, n_kv_heads
+        self.head_dim = d_model // n_heads
+        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.k_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+
+    def forward(self, x, mask=None, cache=None):
+        B, T, D = x.shape
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        n_rep = self.n_heads // self.n_kv_heads
+        k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
+        return self.out_proj(out.transpose(1, 2).reshape(B, T, D))
+'''
+
+
+def gqa(*replacements):
+    """The correct class with (old, new) text replacements: one mistake each."""
+    code = _GQA
+    for old, new in replacements:
+        assert old in code, old
+        code = code.replace(old, new)
+    return code
+
+
+_MHA_TO_GQA = '''
+def mha_to_gqa(mha, n_kv_heads):
+    D, H, Dh = mha.d_model, mha.n_heads, mha.head_dim
+    bias = mha.q_proj.bias is not None
+    gqa = GroupedQueryAttention(D, H, n_kv_heads, bias=bias).to(mha.q_proj.weight)
+    n_rep = H // n_kv_heads
+
+    def pool(t):
+        return t.reshape(n_kv_heads, n_rep, Dh, *t.shape[1:]).mean(1).reshape(n_kv_heads * Dh, *t.shape[1:])
+
+    with torch.no_grad():
+        gqa.q_proj.weight.copy_(mha.q_proj.weight)
+        gqa.out_proj.weight.copy_(mha.out_proj.weight)
+        gqa.k_proj.weight.copy_(pool(mha.k_proj.weight))
+        gqa.v_proj.weight.copy_(pool(mha.v_proj.weight))
+        if bias:
+            gqa.q_proj.bias.copy_(mha.q_proj.bias)
+            gqa.out_proj.bias.copy_(mha.out_proj.bias)
+            gqa.k_proj.bias.copy_(pool(mha.k_proj.bias))
+            gqa.v_proj.bias.copy_(pool(mha.v_proj.bias))
+    return gqa
+'''
+
+
+def to_gqa(*replacements):
+    code = _MHA_TO_GQA
+    for old, new in replacements:
+        assert old in code, old
+        code = code.replace(old, new)
+    return code
+
+
+_KV = '''
+def kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len, batch_size=1, bytes_per_element=2):
+    return 2 * n_layers * n_kv_heads * head_dim * seq_len * batch_size * bytes_per_element
+'''
+
+MUTANTS = {
+    "repeat_kv": [
+        ("tiled with .repeat", "tiled", '''
+def repeat_kv(x, n_rep):
+    return x.repeat(1, n_rep, 1, 1)
+'''),
+        ("repeated along the time axis", "head axis", '''
+def repeat_kv(x, n_rep):
+    return torch.repeat_interleave(x, n_rep, dim=2)
+'''),
+        ("expanded but not merged", "reshape", '''
+def repeat_kv(x, n_rep):
+    return x[:, :, None].expand(-1, -1, n_rep, -1, -1)
+'''),
+        ("tiled by concatenation", "tiled", '''
+def repeat_kv(x, n_rep):
+    return torch.cat([x] * n_rep, dim=1)
+'''),
+        ("float32 inside", "dtype", '''
+def repeat_kv(x, n_rep):
+    return torch.repeat_interleave(x.float(), n_rep, dim=1)
+'''),
+    ],
+    "GroupedQueryAttention": [
+        ("k_proj and v_proj sized D -> D", "D -> D", gqa(
+            ("self.k_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=bias)",
+             "self.k_proj = nn.Linear(d_model, d_model, bias=bias)"),
+            ("self.v_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=bias)",
+             "self.v_proj = nn.Linear(d_model, d_model, bias=bias)"),
+            ("k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)",
+             "k = self.k_proj(x).view(B, T, self.n_heads, self.head_dim)[:, :, ::self.n_heads // self.n_kv_heads]"),
+            ("v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim)",
+             "v = self.v_proj(x).view(B, T, self.n_heads, self.head_dim)[:, :, ::self.n_heads // self.n_kv_heads]"))),
+        ("no ValueError when n_heads % n_kv_heads != 0", "n_heads % n_kv_heads", gqa(
+            ("if d_model % n_heads or n_heads % n_kv_heads:", "if d_model % n_heads:"))),
+        ("no ValueError when d_model % n_heads != 0", "d_model % n_heads", gqa(
+            ("if d_model % n_heads or n_heads % n_kv_heads:", "if n_heads % n_kv_heads:"))),
+        ("not causal when mask is None", "causal", gqa(
+            ("is_causal=mask is None", "is_causal=False"))),
+        ("a given mask ignored", "ignored", gqa(
+            ("attn_mask=mask, is_causal=mask is None", "is_causal=True"))),
+        ("a given mask combined with the causal mask", "replaces", gqa(
+            ("out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)",
+             "causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()\n"
+             "        mask = causal if mask is None else mask & causal\n"
+             "        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)"))),
+        ("inverted mask", "may attend", gqa(
+            ("attn_mask=mask, is_causal", "attn_mask=None if mask is None else ~mask, is_causal"))),
+        ("key/value heads tiled in forward", "h // n_rep", gqa(
+            ("k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)", "k, v = k.repeat(1, n_rep, 1, 1), v.repeat(1, n_rep, 1, 1)"))),
+        ("bias defaults to True", "defaults to False", gqa(
+            ("n_kv_heads, bias=False):", "n_kv_heads, bias=True):"))),
+        ("scaled by 1/sqrt(d_model)", "1/sqrt(head_dim)", gqa(
+            ("is_causal=mask is None)", "is_causal=mask is None, scale=D ** -0.5)"))),
+        ("heads merged without the transpose", "transpose", gqa(
+            ("out.transpose(1, 2).reshape(B, T, D)", "out.reshape(B, T, D)"))),
+        ("no n_kv_heads attribute", "n_kv_heads", gqa(("self.n_kv_heads", "self.n_kv"))),
+    ],
+    "mha_to_gqa": [
+        ("first head instead of the mean", "first head", to_gqa(
+            (".mean(1).reshape(n_kv_heads * Dh", "[:, 0].reshape(n_kv_heads * Dh"))),
+        ("pooled over the wrong axis (strided groups)", "wrong axis", to_gqa(
+            ("t.reshape(n_kv_heads, n_rep, Dh, *t.shape[1:]).mean(1)", "t.reshape(n_rep, n_kv_heads, Dh, *t.shape[1:]).mean(0)"))),
+        ("pooled over the wrong axis (mean over the group axis of the wrong view)", "wrong axis", to_gqa(
+            ("t.reshape(n_kv_heads, n_rep, Dh, *t.shape[1:]).mean(1)", "t.reshape(n_kv_heads, n_rep, Dh, *t.shape[1:]).mean(0)"))),
+        ("pooled rows inside a head", "wrong axis", to_gqa(
+            ("return t.reshape(n_kv_heads, n_rep, Dh, *t.shape[1:]).mean(1).reshape(n_kv_heads * Dh, *t.shape[1:])",
+             "return t.reshape(n_kv_heads * Dh, n_rep, *t.shape[1:]).mean(1)"))),
+        ("biases dropped", "dropped the biases", to_gqa(
+            ("gqa = GroupedQueryAttention(D, H, n_kv_heads, bias=bias)", "gqa = GroupedQueryAttention(D, H, n_kv_heads)"),
+            ("        if bias:\n", "        if False:\n"))),
+        ("summed instead of averaged", "mean", to_gqa((".mean(1).reshape", ".sum(1).reshape"))),
+        ("keys and values swapped", "swapped", to_gqa(
+            ("gqa.k_proj.weight.copy_(pool(mha.k_proj.weight))", "gqa.k_proj.weight.copy_(pool(mha.v_proj.weight))"),
+            ("gqa.v_proj.weight.copy_(pool(mha.v_proj.weight))", "gqa.v_proj.weight.copy_(pool(mha.k_proj.weight))"))),
+        ("dtype not kept", "dtype", to_gqa((".to(mha.q_proj.weight)", ""))),
+        ("q_proj not copied", "q_proj", to_gqa(("gqa.q_proj.weight.copy_(mha.q_proj.weight)", "pass"))),
+        ("mha changed in place", "changed mha", to_gqa(
+            ("    return gqa\n", "        mha.k_proj.weight.zero_()\n    return gqa\n"))),
+    ],
+    "kv_cache_bytes": [
+        ("keys only (factor 2 forgotten)", "2 tensors", '''
+def kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len, batch_size=1, bytes_per_element=2):
+    return n_layers * n_kv_heads * head_dim * seq_len * batch_size * bytes_per_element
+'''),
+        ("bytes per element ignored", "bytes_per_element", '''
+def kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len, batch_size=1, bytes_per_element=2):
+    return 2 * n_layers * n_kv_heads * head_dim * seq_len * batch_size
+'''),
+        ("batch ignored", "batch_size", '''
+def kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len, batch_size=1, bytes_per_element=2):
+    return 2 * n_layers * n_kv_heads * head_dim * seq_len * bytes_per_element
+'''),
+        ("layers ignored", "n_layers", '''
+def kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len, batch_size=1, bytes_per_element=2):
+    return 2 * n_kv_heads * head_dim * seq_len * batch_size * bytes_per_element
+'''),
+        ("bits, not bytes", "bits", '''
+def kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len, batch_size=1, bytes_per_element=2):
+    return 2 * n_layers * n_kv_heads * head_dim * seq_len * batch_size * bytes_per_element * 8
+'''),
+        ("wrong default bytes_per_element", "defaults", '''
+def kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len, batch_size=1, bytes_per_element=4):
+    return 2 * n_layers * n_kv_heads * head_dim * seq_len * batch_size * bytes_per_element
+'''),
+        ("a float result", "int", '''
+def kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len, batch_size=1, bytes_per_element=2):
+    return 2.0 * n_layers * n_kv_heads * head_dim * seq_len * batch_size * bytes_per_element
+'''),
+        ("a numpy integer", "int", '''
+def kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len, batch_size=1, bytes_per_element=2):
+    return np.prod([2, n_layers, n_kv_heads, head_dim, seq_len, batch_size, bytes_per_element])
+'''),
+    ],
+}
+
+VARIANTS = {
+    "repeat_kv": [
+        ("repeat_interleave", '''
+def repeat_kv(x, n_rep):
+    return torch.repeat_interleave(x, n_rep, dim=1)
+'''),
+        ("index_select with h // n_rep", '''
+def repeat_kv(x, n_rep):
+    index = torch.arange(x.size(1) * n_rep, device=x.device) // n_rep
+    return x.index_select(1, index)
+'''),
+        ("a loop over heads", '''
+def repeat_kv(x, n_rep):
+    heads = []
+    for j in range(x.shape[1]):
+        for _ in range(n_rep):
+            heads.append(x[:, j])
+    return torch.stack(heads, dim=1)
+'''),
+    ],
+    "GroupedQueryAttention": [
+        ("einsum over groups, no repeat_kv, float masks, float64 inside", '''
+class GroupedQueryAttention(nn.Module):
+    def __init__(self, d_model, n_heads, n_kv_heads, bias=False):
+        super().__init__()
+        if d_model % n_heads != 0:
+            raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+        if n_heads % n_kv_heads != 0:
+            raise ValueError(f"n_heads={n_heads} is not divisible by n_kv_heads={n_kv_heads}")
+        self.d_model = d_model
+        self.n_heads = n_heads
+        self.n_kv_heads = n_kv_heads
+        self.head_dim = d_model // n_heads
+        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.k_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+
+    def forward(self, x, mask=None, cache=None):
+        B, T, D = x.shape
+        G, R, Dh = self.n_kv_heads, self.n_heads // self.n_kv_heads, self.head_dim
+        q = self.q_proj(x).reshape(B, T, G, R, Dh).double()
+        k = self.k_proj(x).reshape(B, T, G, Dh).double()
+        v = self.v_proj(x).reshape(B, T, G, Dh).double()
+        scores = torch.einsum("bqgrd,bkgd->bgrqk", q, k) / Dh ** 0.5
+        if mask is None:
+            mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+        mask = mask.expand(B, self.n_heads, T, T).reshape(B, G, R, T, T)
+        scores = scores + torch.zeros_like(scores).masked_fill(~mask, float("-inf"))
+        weights = scores.softmax(dim=-1)
+        out = torch.einsum("bgrqk,bkgd->bqgrd", weights, v).reshape(B, T, D).to(x.dtype)
+        return self.out_proj(out)
+'''),
+        ("manual attention per head with repeat_kv and masked_fill", '''
+class GroupedQueryAttention(nn.Module):
+    def __init__(self, d_model, n_heads, n_kv_heads, bias=False):
+        super().__init__()
+        if d_model % n_heads or n_heads % n_kv_heads:
+            raise ValueError("bad sizes")
+        self.d_model, self.n_heads, self.n_kv_heads = d_model, n_heads, n_kv_heads
+        self.head_dim = d_model // n_heads
+        self.q_proj = nn.Linear(d_model, d_model, bias)
+        self.k_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias)
+        self.v_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias)
+
+    def forward(self, x, mask=None, cache=None):
+        B, T, D = x.shape
+        split = lambda t, n: t.unflatten(-1, (n, self.head_dim)).permute(0, 2, 1, 3)
+        q = split(self.q_proj(x), self.n_heads)
+        k = repeat_kv(split(self.k_proj(x), self.n_kv_heads), self.n_heads // self.n_kv_heads)
+        v = repeat_kv(split(self.v_proj(x), self.n_kv_heads), self.n_heads // self.n_kv_heads)
+        scores = q @ k.transpose(-1, -2) * self.head_dim ** -0.5
+        if mask is None:
+            mask = torch.arange(T)[None, :] <= torch.arange(T)[:, None]
+        scores = scores.masked_fill(~mask, float("-inf"))
+        out = scores.softmax(-1) @ v
+        return self.out_proj(out.permute(0, 2, 1, 3).flatten(2))
+'''),
+        ("a registered causal-mask buffer (nanoGPT style) and enable_gqa", '''
+class GroupedQueryAttention(nn.Module):
+    def __init__(self, d_model, n_heads, n_kv_heads, bias=False):
+        super().__init__()
+        if d_model % n_heads or n_heads % n_kv_heads:
+            raise ValueError(f"cannot split d_model={d_model} into {n_heads} heads in {n_kv_heads} groups")
+        self.d_model, self.n_heads, self.n_kv_heads = d_model, n_heads, n_kv_heads
+        self.head_dim = d_model // n_heads
+        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.k_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.register_buffer("causal", torch.ones(64, 64, dtype=torch.bool).tril())
+
+    def forward(self, x, mask=None, cache=None):
+        B, T, D = x.shape
+        if mask is None:
+            mask = self.causal[:T, :T]
+        q = self.q_proj(x).unflatten(-1, (self.n_heads, self.head_dim)).transpose(1, 2)
+        k = self.k_proj(x).unflatten(-1, (self.n_kv_heads, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).unflatten(-1, (self.n_kv_heads, self.head_dim)).transpose(1, 2)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        return self.out_proj(out.transpose(1, 2).flatten(2))
+'''),
+    ],
+    "mha_to_gqa": [
+        ("a loop over groups and load_state_dict", '''
+def mha_to_gqa(mha, n_kv_heads):
+    has_bias = mha.k_proj.bias is not None
+    n_rep, Dh = mha.n_heads // n_kv_heads, mha.head_dim
+    state = {}
+    for name in ("q_proj", "out_proj"):
+        for key, value in getattr(mha, name).state_dict().items():
+            state[f"{name}.{key}"] = value.clone()
+    for name in ("k_proj", "v_proj"):
+        for key, value in getattr(mha, name).state_dict().items():
+            groups = []
+            for j in range(n_kv_heads):
+                heads = [value[h * Dh:(h + 1) * Dh] for h in range(j * n_rep, (j + 1) * n_rep)]
+                groups.append(torch.stack(heads).mean(dim=0))
+            state[f"{name}.{key}"] = torch.cat(groups)
+    gqa = GroupedQueryAttention(mha.d_model, mha.n_heads, n_kv_heads, bias=has_bias)
+    gqa = gqa.to(dtype=mha.q_proj.weight.dtype, device=mha.q_proj.weight.device)
+    gqa.load_state_dict(state)
+    return gqa
+'''),
+        ("pooling in float64 via einsum with an averaging matrix", '''
+def mha_to_gqa(mha, n_kv_heads):
+    H, Dh = mha.n_heads, mha.head_dim
+    n_rep = H // n_kv_heads
+    dtype = mha.q_proj.weight.dtype
+    avg = torch.zeros(n_kv_heads, H, dtype=torch.float64)
+    for h in range(H):
+        avg[h // n_rep, h] = 1.0 / n_rep
+    gqa = GroupedQueryAttention(mha.d_model, H, n_kv_heads, bias=mha.q_proj.bias is not None).to(dtype)
+    with torch.no_grad():
+        for name in ("q_proj", "out_proj"):
+            for p_src, p_dst in zip(getattr(mha, name).parameters(), getattr(gqa, name).parameters()):
+                p_dst.copy_(p_src)
+        for name in ("k_proj", "v_proj"):
+            src, dst = getattr(mha, name), getattr(gqa, name)
+            w = src.weight.double().view(H, Dh, -1)
+            dst.weight.copy_(torch.einsum("gh,hdi->gdi", avg, w).reshape(n_kv_heads * Dh, -1).to(dtype))
+            if src.bias is not None:
+                b = src.bias.double().view(H, Dh)
+                dst.bias.copy_((avg @ b).reshape(-1).to(dtype))
+    return gqa
+'''),
+    ],
+    "kv_cache_bytes": [
+        ("math.prod", '''
+def kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len, batch_size=1, bytes_per_element=2):
+    import math
+    return math.prod([2, n_layers, n_kv_heads, head_dim, seq_len, batch_size, bytes_per_element])
+'''),
+        ("per layer, then summed, int() at the end", '''
+def kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len, batch_size=1, bytes_per_element=2):
+    per_tensor = batch_size * n_kv_heads * seq_len * head_dim * bytes_per_element
+    total = 0
+    for _ in range(n_layers):
+        total += per_tensor      # keys
+        total += per_tensor      # values
+    return int(total)
+'''),
+    ],
+}

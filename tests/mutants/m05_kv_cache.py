@@ -1,0 +1,409 @@
+"""Known-wrong answers and correct variants of lesson 05: KVCache, attend_with_cache, generate."""
+
+_KV_INIT = '''
+class KVCache:
+    def __init__(self, batch_size, max_seq_len, n_kv_heads, head_dim, dtype=torch.float32, device="cpu"):
+        self.k = torch.zeros(batch_size, n_kv_heads, max_seq_len, head_dim, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+        self.length = 0
+'''
+
+_KV_REST = '''
+    def __len__(self):
+        return self.length
+
+    def reset(self):
+        self.length = 0
+'''
+
+
+def _kv(update, rest=_KV_REST, init=_KV_INIT):
+    return init + update + rest
+
+
+_CHECKED = '''
+    def update(self, k, v):
+        start, end = self.length, self.length + k.size(2)
+        if end > self.k.size(2):
+            raise ValueError(f"KV cache full: {end} > max_seq_len={self.k.size(2)}")
+'''
+
+_ATTEND = '''
+def attend_with_cache(attn, x, cache):
+    B, T, _ = x.shape
+    q = attn.q_proj(x).view(B, T, attn.n_heads, attn.head_dim).transpose(1, 2)
+    k = attn.k_proj(x).view(B, T, attn.n_kv_heads, attn.head_dim).transpose(1, 2)
+    v = attn.v_proj(x).view(B, T, attn.n_kv_heads, attn.head_dim).transpose(1, 2)
+'''
+
+_GENERATE = '''
+@torch.no_grad()
+def generate(model, prompt_ids, max_new_tokens, use_cache=True):
+    ids = prompt_ids
+    caches = model.make_caches(ids.size(0)) if use_cache else None
+    new = ids
+'''
+
+MUTANTS = {
+    "KVCache": [
+        ("update overwrites from position 0", "position 0", _kv(_CHECKED + '''
+        self.k[:, :, :k.size(2)] = k
+        self.v[:, :, :v.size(2)] = v
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]
+''')),
+        ("update does not advance the length", "advance", _kv(_CHECKED + '''
+        self.k[:, :, start:end] = k
+        self.v[:, :, start:end] = v
+        return self.k[:, :, :end], self.v[:, :, :end]
+''')),
+        ("update returns the whole preallocated buffer", "whole preallocated buffer", _kv(_CHECKED + '''
+        self.k[:, :, start:end] = k
+        self.v[:, :, start:end] = v
+        self.length = end
+        return self.k, self.v
+''')),
+        ("update returns only the new keys and values", "only the new", _kv(_CHECKED + '''
+        self.k[:, :, start:end] = k
+        self.v[:, :, start:end] = v
+        self.length = end
+        return k, v
+''')),
+        ("len() is max_seq_len", "number of cached positions", _kv(_CHECKED + '''
+        self.k[:, :, start:end] = k
+        self.v[:, :, start:end] = v
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]
+''', rest='''
+    def __len__(self):
+        return self.k.size(2)
+
+    def reset(self):
+        self.length = 0
+''')),
+        ("len() counts calls to update", "calls to update", '''
+class KVCache:
+    def __init__(self, batch_size, max_seq_len, n_kv_heads, head_dim, dtype=torch.float32, device="cpu"):
+        self.k = torch.zeros(batch_size, n_kv_heads, max_seq_len, head_dim, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+        self.length = self.calls = 0
+
+    def update(self, k, v):
+        start, end = self.length, self.length + k.size(2)
+        if end > self.k.size(2):
+            raise ValueError("KV cache full")
+        self.k[:, :, start:end] = k
+        self.v[:, :, start:end] = v
+        self.length, self.calls = end, self.calls + 1
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+    def __len__(self):
+        return self.calls
+
+    def reset(self):
+        self.length = self.calls = 0
+'''),
+        ("reset() does not reset the length", "reset", _kv(_CHECKED + '''
+        self.k[:, :, start:end] = k
+        self.v[:, :, start:end] = v
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]
+''', rest='''
+    def __len__(self):
+        return self.length
+
+    def reset(self):
+        self.k.zero_()
+        self.v.zero_()
+''')),
+        ("no check for a full cache", "ValueError", _kv('''
+    def update(self, k, v):
+        start, end = self.length, self.length + k.size(2)
+        self.k[:, :, start:end] = k
+        self.v[:, :, start:end] = v
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]
+''')),
+        ("the length changes before the full check", "unchanged", _kv('''
+    def update(self, k, v):
+        start = self.length
+        self.length += k.size(2)
+        if self.length > self.k.size(2):
+            raise ValueError("KV cache full")
+        self.k[:, :, start:self.length] = k
+        self.v[:, :, start:self.length] = v
+        return self.k[:, :, :self.length], self.v[:, :, :self.length]
+''')),
+        ("full one position early (>= instead of >)", "exactly", _kv('''
+    def update(self, k, v):
+        start, end = self.length, self.length + k.size(2)
+        if end >= self.k.size(2):
+            raise ValueError("KV cache full")
+        self.k[:, :, start:end] = k
+        self.v[:, :, start:end] = v
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]
+''')),
+        ("the dtype argument is ignored", "dtype", _kv(_CHECKED + '''
+        self.k[:, :, start:end] = k
+        self.v[:, :, start:end] = v
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]
+''', init='''
+class KVCache:
+    def __init__(self, batch_size, max_seq_len, n_kv_heads, head_dim, dtype=torch.float32, device="cpu"):
+        self.k = torch.zeros(batch_size, n_kv_heads, max_seq_len, head_dim)
+        self.v = torch.zeros_like(self.k)
+        self.length = 0
+''')),
+    ],
+    "attend_with_cache": [
+        ("top-left mask (is_causal=True)", "top-left", _ATTEND + '''
+    k_all, v_all = cache.update(k, v)
+    out = F.scaled_dot_product_attention(q, k_all, v_all, is_causal=True, enable_gqa=True)
+    return attn.out_proj(out.transpose(1, 2).reshape(B, T, attn.d_model))
+'''),
+        ("no mask", "causal mask", _ATTEND + '''
+    k_all, v_all = cache.update(k, v)
+    out = F.scaled_dot_product_attention(q, k_all, v_all, enable_gqa=True)
+    return attn.out_proj(out.transpose(1, 2).reshape(B, T, attn.d_model))
+'''),
+        ("a square T x T mask, not offset by the cache length", "square", _ATTEND + '''
+    k_all, v_all = cache.update(k, v)
+    mask = torch.ones(T, T, dtype=torch.bool).tril()
+    out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, enable_gqa=True)
+    return attn.out_proj(out.transpose(1, 2).reshape(B, T, attn.d_model))
+'''),
+        ("never appends to the cache", "append", _ATTEND + '''
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    return attn.out_proj(out.transpose(1, 2).reshape(B, T, attn.d_model))
+'''),
+        ("appends, but attends to the new keys only", "append", _ATTEND + '''
+    cache.update(k, v)
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    return attn.out_proj(out.transpose(1, 2).reshape(B, T, attn.d_model))
+'''),
+        ("key/value heads tiled, not interleaved", "in place", _ATTEND + '''
+    k_all, v_all = cache.update(k, v)
+    n_rep = attn.n_heads // attn.n_kv_heads
+    Tk = k_all.size(2)
+    mask = torch.ones(T, Tk, dtype=torch.bool).tril(diagonal=Tk - T)
+    out = F.scaled_dot_product_attention(q, k_all.repeat(1, n_rep, 1, 1), v_all.repeat(1, n_rep, 1, 1), attn_mask=mask)
+    return attn.out_proj(out.transpose(1, 2).reshape(B, T, attn.d_model))
+'''),
+        ("out_proj left out", "out_proj", _ATTEND + '''
+    k_all, v_all = cache.update(k, v)
+    Tk = k_all.size(2)
+    mask = torch.ones(T, Tk, dtype=torch.bool).tril(diagonal=Tk - T)
+    out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, enable_gqa=True)
+    return out.transpose(1, 2).reshape(B, T, attn.d_model)
+'''),
+    ],
+    "generate": [
+        ("ignores use_cache: always recomputes", "use_cache", '''
+@torch.no_grad()
+def generate(model, prompt_ids, max_new_tokens, use_cache=True):
+    ids = prompt_ids
+    for _ in range(max_new_tokens):
+        logits = model(ids)
+        ids = torch.cat([ids, logits[:, -1].argmax(dim=-1, keepdim=True)], dim=1)
+    return ids
+'''),
+        ("ignores use_cache: always caches", "use_cache", '''
+@torch.no_grad()
+def generate(model, prompt_ids, max_new_tokens, use_cache=True):
+    ids = prompt_ids
+    caches = model.make_caches(ids.size(0))
+    new = ids
+    for _ in range(max_new_tokens):
+        logits = model(new, caches)
+        new = logits[:, -1].argmax(dim=-1, keepdim=True)
+        ids = torch.cat([ids, new], dim=1)
+    return ids
+'''),
+        ("one token too many", "one token too many", _GENERATE + '''
+    for _ in range(max_new_tokens + 1):
+        logits = model(new, caches) if use_cache else model(ids)
+        new = logits[:, -1].argmax(dim=-1, keepdim=True)
+        ids = torch.cat([ids, new], dim=1)
+    return ids
+'''),
+        ("one token too few", "one token too few", _GENERATE + '''
+    for _ in range(max_new_tokens - 1):
+        logits = model(new, caches) if use_cache else model(ids)
+        new = logits[:, -1].argmax(dim=-1, keepdim=True)
+        ids = torch.cat([ids, new], dim=1)
+    return ids
+'''),
+        ("feeds the last token too (one forward too many)", "one time too many", '''
+@torch.no_grad()
+def generate(model, prompt_ids, max_new_tokens, use_cache=True):
+    caches = model.make_caches(prompt_ids.size(0)) if use_cache else None
+    ids = prompt_ids
+    logits = model(ids, caches) if use_cache else model(ids)
+    for _ in range(max_new_tokens):
+        new = logits[:, -1].argmax(dim=-1, keepdim=True)
+        ids = torch.cat([ids, new], dim=1)
+        logits = model(new, caches) if use_cache else model(ids)
+    return ids
+'''),
+        ("feeds the whole sequence into the cached model", "newest token", _GENERATE + '''
+    for _ in range(max_new_tokens):
+        logits = model(ids, caches) if use_cache else model(ids)
+        new = logits[:, -1].argmax(dim=-1, keepdim=True)
+        ids = torch.cat([ids, new], dim=1)
+    return ids
+'''),
+        ("new caches at every step", "once, before the loop", '''
+@torch.no_grad()
+def generate(model, prompt_ids, max_new_tokens, use_cache=True):
+    ids = new = prompt_ids
+    for _ in range(max_new_tokens):
+        logits = model(new, model.make_caches(ids.size(0))) if use_cache else model(ids)
+        new = logits[:, -1].argmax(dim=-1, keepdim=True)
+        ids = torch.cat([ids, new], dim=1)
+    return ids
+'''),
+        ("samples instead of taking the argmax", "argmax", _GENERATE + '''
+    for _ in range(max_new_tokens):
+        logits = model(new, caches) if use_cache else model(ids)
+        new = torch.multinomial(logits[:, -1].softmax(dim=-1), 1)
+        ids = torch.cat([ids, new], dim=1)
+    return ids
+'''),
+        ("the first position's logits", "last position", _GENERATE + '''
+    for _ in range(max_new_tokens):
+        logits = model(new, caches) if use_cache else model(ids)
+        new = logits[:, 0].argmax(dim=-1, keepdim=True)
+        ids = torch.cat([ids, new], dim=1)
+    return ids
+'''),
+        ("returns only the new tokens", "prompt", _GENERATE + '''
+    for _ in range(max_new_tokens):
+        logits = model(new, caches) if use_cache else model(ids)
+        new = logits[:, -1].argmax(dim=-1, keepdim=True)
+        ids = torch.cat([ids, new], dim=1)
+    return ids[:, prompt_ids.size(1):]
+'''),
+    ],
+}
+
+VARIANTS = {
+    "KVCache": [
+        ("torch.empty buffers, narrow() views, a full check in its own method", '''
+class KVCache:
+    def __init__(self, batch_size, max_seq_len, n_kv_heads, head_dim, dtype=torch.float32, device="cpu"):
+        shape = (batch_size, n_kv_heads, max_seq_len, head_dim)
+        self.keys = torch.empty(shape, dtype=dtype, device=device)
+        self.values = torch.empty(shape, dtype=dtype, device=device)
+        self.max_seq_len, self.pos = max_seq_len, 0
+
+    def _check_room(self, n):
+        if self.pos + n > self.max_seq_len:
+            raise ValueError(f"the cache is full: {self.pos} + {n} positions > max_seq_len = {self.max_seq_len}")
+
+    def update(self, k, v):
+        n = k.shape[-2]
+        self._check_room(n)
+        self.keys.narrow(2, self.pos, n).copy_(k)
+        self.values.narrow(2, self.pos, n).copy_(v)
+        self.pos += n
+        return self.keys.narrow(2, 0, self.pos), self.values.narrow(2, 0, self.pos)
+
+    def __len__(self):
+        return self.pos
+
+    def reset(self):
+        self.pos = 0
+'''),
+        ("one buffer holding keys and values, index_copy_", '''
+class KVCache:
+    def __init__(self, batch_size, max_seq_len, n_kv_heads, head_dim, dtype=torch.float32, device="cpu"):
+        self.kv = torch.zeros(2, batch_size, n_kv_heads, max_seq_len, head_dim, dtype=dtype, device=device)
+        self.n = 0
+
+    def update(self, k, v):
+        t = k.size(2)
+        if self.n + t > self.kv.size(3):
+            raise ValueError("KV cache is full")
+        idx = torch.arange(self.n, self.n + t, device=k.device)
+        self.kv[0].index_copy_(2, idx, k)
+        self.kv[1].index_copy_(2, idx, v)
+        self.n += t
+        return self.kv[0, :, :, :self.n], self.kv[1, :, :, :self.n]
+
+    def __len__(self):
+        return self.n
+
+    def reset(self):
+        self.n = 0
+        self.kv.zero_()
+'''),
+    ],
+    "attend_with_cache": [
+        ("by hand: repeat_kv, einsum, float64 softmax, mask from positions", '''
+def attend_with_cache(attn, x, cache):
+    B, T, D = x.shape
+    H, Hkv, Dh = attn.n_heads, attn.n_kv_heads, attn.head_dim
+    q = attn.q_proj(x).reshape(B, T, H, Dh).permute(0, 2, 1, 3)
+    k = attn.k_proj(x).reshape(B, T, Hkv, Dh).permute(0, 2, 1, 3)
+    v = attn.v_proj(x).reshape(B, T, Hkv, Dh).permute(0, 2, 1, 3)
+    k_all, v_all = cache.update(k, v)
+    k_all, v_all = repeat_kv(k_all, H // Hkv), repeat_kv(v_all, H // Hkv)
+    Tk = k_all.shape[2]
+    scores = torch.einsum("bhqd,bhkd->bhqk", q.double(), k_all.double()) / math.sqrt(Dh)
+    query_pos = torch.arange(T).unsqueeze(1) + (Tk - T)
+    scores = scores.masked_fill(torch.arange(Tk).unsqueeze(0) > query_pos, float("-inf"))
+    out = torch.einsum("bhqk,bhkd->bhqd", scores.softmax(-1), v_all.double()).to(x.dtype)
+    return attn.out_proj(out.permute(0, 2, 1, 3).reshape(B, T, D))
+'''),
+        ("a loop over key/value heads, PyTorch's causal_lower_right bias", '''
+def attend_with_cache(attn, x, cache):
+    from torch.nn.attention.bias import causal_lower_right
+    B, T, D = x.shape
+    H, Hkv, Dh = attn.n_heads, attn.n_kv_heads, attn.head_dim
+    g = H // Hkv
+    q = attn.q_proj(x).view(B, T, H, Dh).transpose(1, 2)
+    k = attn.k_proj(x).view(B, T, Hkv, Dh).transpose(1, 2)
+    v = attn.v_proj(x).view(B, T, Hkv, Dh).transpose(1, 2)
+    k_all, v_all = cache.update(k, v)
+    bias = causal_lower_right(T, k_all.size(2))
+    outs = [F.scaled_dot_product_attention(q[:, j * g:(j + 1) * g], k_all[:, j:j + 1], v_all[:, j:j + 1],
+                                           attn_mask=bias) for j in range(Hkv)]
+    return attn.out_proj(torch.cat(outs, dim=1).transpose(1, 2).reshape(B, T, D))
+'''),
+    ],
+    "generate": [
+        ("prefill outside the loop, no forward after the last token", '''
+def generate(model, prompt_ids, max_new_tokens, use_cache=True):
+    ids = prompt_ids
+    if max_new_tokens == 0:
+        return ids
+    with torch.no_grad():
+        caches = model.make_caches(ids.shape[0]) if use_cache else None
+        logits = model(ids, caches) if use_cache else model(ids)
+        for step in range(max_new_tokens):
+            next_id = torch.argmax(logits[:, -1, :], dim=-1).unsqueeze(1)
+            ids = torch.cat((ids, next_id), dim=1)
+            if step + 1 < max_new_tokens:
+                logits = model(next_id, caches) if use_cache else model(ids, None)
+    return ids
+'''),
+        ("a while loop on the length, tokens in a list", '''
+@torch.no_grad()
+def generate(model, prompt_ids, max_new_tokens, use_cache=True):
+    target = prompt_ids.size(1) + max_new_tokens
+    tokens = [prompt_ids]
+    caches = model.make_caches(len(prompt_ids)) if use_cache else None
+    feed = prompt_ids
+    while sum(t.size(1) for t in tokens) < target:
+        if use_cache:
+            logits = model(feed, caches=caches)
+        else:
+            logits = model(torch.cat(tokens, dim=1))
+        feed = logits[:, -1:].argmax(-1)
+        tokens.append(feed)
+    return torch.cat(tokens, dim=1)
+'''),
+    ],
+}
