@@ -133,7 +133,25 @@ class GroupedQueryAttention(nn.Module):
         self.k_proj, self.v_proj = nn.Linear(d_model, kv, bias), nn.Linear(d_model, kv, bias)
 
 
-ISOLATED = {f.__name__: f for f in (softmax, split_heads, attention, repeat_kv, GroupedQueryAttention)}
+def concat_and_project(heads, w_o):
+    B, H, T, Dh = heads.shape
+    return heads.permute(0, 2, 1, 3).reshape(B, T, H * Dh) @ w_o
+
+
+class MultiHeadAttention(nn.Module):
+    """Only what mha_param_count may build: the projections and sizes."""
+
+    def __init__(self, d_model, n_heads, bias=True):
+        super().__init__()
+        if d_model % n_heads:
+            raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+        self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
+        for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
+            setattr(self, name, nn.Linear(d_model, d_model, bias=bias))
+
+
+ISOLATED = {f.__name__: f for f in (softmax, split_heads, attention, repeat_kv, GroupedQueryAttention,
+                                    concat_and_project, MultiHeadAttention)}
 
 HELPERS = {
     "torch_mha": torch_mha,

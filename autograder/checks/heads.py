@@ -1,0 +1,240 @@
+"""Hidden checks of lesson 02 (torch): split_heads, merge_heads, attention, per_head_attention."""
+import math
+
+import numpy as np
+import torch
+
+from autograder.checks import (Checks, StudentError, close, expect_array, expect_pair, fail, kind_of,
+                               reference, tensor)
+from solutions import heads as ref
+
+CHECKS = Checks()
+DTYPES = (np.float32, np.float64)
+
+
+def _t(a):
+    return torch.from_numpy(np.ascontiguousarray(a))
+
+
+def _expect(got, want, what, mistakes, **kwargs):
+    """expect_array, with the known mistakes (a function returning them) computed only when the result is wrong."""
+    expect_array(got, want, what, [] if close(got, want) else mistakes(), **kwargs)
+
+
+def _lazy(fn):
+    """fn() computed once, on first use."""
+    cache = []
+    return lambda: cache[0] if cache else (cache.append(fn()) or cache[0])
+
+
+def _calling(s, what, hint, *args, **kwargs):
+    """s.call(*args), with a hint added when the student's code raises."""
+    try:
+        return s.call(*args, **kwargs)
+    except StudentError as e:
+        fail(f"{what} raised {e.type}: {e.message}" + (f" ({hint})" if hint else ""))
+
+
+# ---- split_heads ----------------------------------------------------------------------------
+
+def _split_mistakes(x, H):
+    B, T, D = x.shape
+    Dh = D // H
+    t = _t(x)
+    return [
+        ("a reshape (or view) straight to (B, H, T, Dh) mixes time steps and features, because memory holds x "
+         "as (B, T, D): reshape to (B, T, H, Dh) first, then transpose(1, 2)",
+         reference(t.reshape(B, H, T, Dh))),
+        ("the heads axis must come before time, (B, H, T, Dh): transpose(1, 2) after the reshape to (B, T, H, Dh)",
+         reference(t.reshape(B, T, H, Dh))),
+        ("head h must hold the contiguous features h*Dh:(h+1)*Dh, not every H-th feature: reshape the last axis "
+         "to (H, Dh), not (Dh, H)",
+         reference(t.reshape(B, T, Dh, H).permute(0, 3, 1, 2))),
+    ]
+
+
+@CHECKS.add("split_heads")
+def split_heads(s):
+    rng = s.rng
+    for dtype in DTYPES:
+        for B, T, D, H in [(2, 5, 12, 3), (3, 4, 8, 4), (2, 6, 6, 6), (1, 7, 10, 2), (2, 3, 16, 1), (2, 4, 12, 4),
+                           (4, 2, 32, 8)]:
+            x = (rng.standard_normal((B, T, D)) * 3).astype(dtype)
+            got = _calling(s, "split_heads(x, n_heads)", "", "split_heads", tensor(x), H)
+            _expect(got, reference(ref.split_heads(_t(x), H)), "split_heads(x, n_heads)",
+                    lambda: _split_mistakes(x, H))
+    for B, T, D, H in [(2, 5, 10, 3), (1, 3, 12, 5), (2, 4, 6, 4), (2, 2, 7, 2)]:
+        x = rng.standard_normal((B, T, D)).astype(np.float32)
+        try:
+            s.call("split_heads", tensor(x), H)
+        except StudentError as e:
+            if e.is_a("ValueError"):
+                continue
+            fail(f"split_heads(x, n_heads) with D not divisible by n_heads should raise a ValueError naming the "
+                 f"sizes, but raised {e.type}: check D % n_heads before reshaping")
+        fail("split_heads(x, n_heads) with D not divisible by n_heads should raise a ValueError, but returned normally")
+
+
+# ---- merge_heads ----------------------------------------------------------------------------
+
+def _merge_mistakes(x):
+    B, H, T, Dh = x.shape
+    t = _t(x)
+    return [
+        ("transpose back to (B, T, H, Dh) before the reshape: a reshape of (B, H, T, Dh) straight to "
+         "(B, T, H*Dh) mixes time steps and heads", reference(t.reshape(B, T, H * Dh))),
+        ("concatenate the heads: head h's features go to h*Dh:(h+1)*Dh (transpose(1, 2), not a permute that "
+         "puts the heads last)", reference(t.permute(0, 2, 3, 1).reshape(B, T, H * Dh))),
+    ]
+
+
+@CHECKS.add("merge_heads")
+def merge_heads(s):
+    rng = s.rng
+    hint = "after transpose(1, 2) the tensor is not contiguous in memory: use .reshape (or .contiguous().view)"
+    for dtype in DTYPES:
+        for B, H, T, Dh in [(2, 3, 5, 4), (3, 4, 4, 2), (2, 6, 3, 1), (1, 2, 7, 5), (2, 1, 3, 16), (2, 4, 4, 3)]:
+            x = (rng.standard_normal((B, H, T, Dh)) * 3).astype(dtype)
+            got = _calling(s, "merge_heads(x)", hint, "merge_heads", tensor(x))
+            _expect(got, reference(ref.merge_heads(_t(x))), "merge_heads(x)", lambda: _merge_mistakes(x))
+    # the inverse of split_heads, on the layout split_heads produces
+    x = rng.standard_normal((3, 6, 20)).astype(np.float32)
+    heads = ref.split_heads(_t(x), 4).contiguous().numpy()
+    got = _calling(s, "merge_heads(x)", hint, "merge_heads", tensor(heads))
+    _expect(got, reference(_t(x)), "merge_heads(split_heads(x, n_heads))", lambda: _merge_mistakes(heads),
+                 hint="merge_heads must undo split_heads and give x back")
+
+
+# ---- attention ------------------------------------------------------------------------------
+
+def _attention_cases(rng):
+    """(q, k, v, mask or None): leading dims, Tq != Tk, Dv != Dk, broadcast masks, large values, both dtypes."""
+    for dtype in DTYPES:
+        for lead, tq, tk, dk, dv, mask_kind, scale in [
+                ((2,), 4, 4, 8, 8, None, 1.0), ((2, 3), 3, 6, 4, 5, "shared", 1.0),
+                ((2, 3), 5, 5, 16, 4, "per-batch", 1.0), ((3,), 2, 7, 9, 3, None, 2.0),
+                ((2, 2), 6, 3, 8, 8, "full", 1.0), ((2,), 5, 5, 4, 4, "shared", 30.0), ((1, 2, 2), 3, 4, 6, 2, None, 1.0)]:
+            q = (rng.standard_normal((*lead, tq, dk)) * scale).astype(dtype)
+            k = (rng.standard_normal((*lead, tk, dk)) * scale).astype(dtype)
+            v = rng.standard_normal((*lead, tk, dv)).astype(dtype)
+            mask = None
+            if mask_kind:
+                shape = {"shared": (tq, tk), "full": (*lead, tq, tk),
+                         "per-batch": (lead[0],) + (1,) * (len(lead) - 1) + (tq, tk)}[mask_kind]
+                # random, never a fully masked row, nor a fully visible one (so inverting it matters)
+                mask = rng.random(shape) < 0.5
+                mask[..., 0], mask[..., -1] = True, False
+            yield q, k, v, mask
+
+
+def _attend(q, k, v, mask, scale, mask_mode="before", axis=-1, fill=float("-inf")):
+    q, k, v = _t(q), _t(k), _t(v)
+    scores = q @ k.transpose(-2, -1) * scale
+    m = None if mask is None else _t(mask)
+    if m is not None and mask_mode == "before":
+        scores = scores.masked_fill(~m, fill)
+    if m is not None and mask_mode == "inverted":
+        scores = scores.masked_fill(m, float("-inf"))
+    w = torch.softmax(scores, dim=axis)
+    if m is not None and mask_mode == "after":
+        w = w * m
+    return reference((w @ v, w))
+
+
+def _attention_mistakes(q, k, v, mask):
+    dk, dv = q.shape[-1], v.shape[-1]
+    cases = [("did you scale the scores by 1/sqrt(d_k)? They are not scaled", _attend(q, k, v, mask, 1.0)),
+             ("scale the scores by 1/sqrt(d_k), not 1/d_k", _attend(q, k, v, mask, 1.0 / dk)),
+             ("the softmax must run over the keys (dim=-1): each query's weights sum to 1",
+              _attend(q, k, v, mask, dk ** -0.5, axis=-2))]
+    if dv != dk:
+        cases.append(("scale by the key width d_k = q.shape[-1], not the value width", _attend(q, k, v, mask, dv ** -0.5)))
+    if mask is not None:
+        cases += [("True in the mask means 'may attend': you hid the allowed keys instead",
+                   _attend(q, k, v, mask, dk ** -0.5, "inverted")),
+                  ("apply the mask before the softmax (masked scores -> -inf), so each row still sums to 1",
+                   _attend(q, k, v, mask, dk ** -0.5, "after")),
+                  ("masked scores must become -inf, not 0: a score of 0 still gets a share of the softmax",
+                   _attend(q, k, v, mask, dk ** -0.5, fill=0.0))]
+    return cases
+
+
+@CHECKS.add("attention")
+def attention(s):
+    for q, k, v, mask in _attention_cases(s.rng):
+        args = (tensor(q), tensor(k), tensor(v)) + (() if mask is None else (tensor(mask),))
+        out, weights = expect_pair(_calling(s, "attention(q, k, v, mask)", "", "attention", *args), "attention")
+        want_out, want_w = reference(ref.attention(_t(q), _t(k), _t(v), None if mask is None else _t(mask)))
+        mistakes = _lazy(lambda: _attention_mistakes(q, k, v, mask))
+        _expect(weights, want_w, "the attention weights", lambda: [(m, w) for m, (o, w) in mistakes()] + [
+            ("return the weights per query, (..., Tq, Tk); yours are transposed",
+             reference(_t(want_w.data).transpose(-2, -1)))],
+            nan_hint="use torch.softmax (or subtract the row max): exp() overflows for large scores")
+        _expect(out, want_out, "the attention output", lambda: [(m, o) for m, (o, w) in mistakes()],
+                     hint="out = weights @ v")
+
+
+# ---- per_head_attention ---------------------------------------------------------------------
+
+def _per_head_mistakes(x, ws, H, mask):
+    """What per_head_attention returns with the usual mistakes, on these inputs."""
+    B, T, D = x.shape
+    Dh = D // H
+    t, (wq, wk, wv) = _t(x), (_t(w) for w in ws)
+    m = None if mask is None else _t(mask)
+
+    def split(a):
+        return ref.split_heads(a, H)
+
+    def att(q, k, v, mask=m, scale=None):
+        scores = q @ k.transpose(-2, -1) * (scale if scale is not None else q.size(-1) ** -0.5)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        return torch.softmax(scores, dim=-1) @ v
+
+    first = [(t @ w[:, :Dh]).unsqueeze(1).expand(B, H, T, Dh) for w in (wq, wk, wv)]
+    shared = [split(t) @ w[:Dh, :Dh] for w in (wq, wk, wv)]
+    out = [
+        ("the heads share one projection: every head used the first Dh columns of w_q, w_k, w_v. Head h must use "
+         "its own columns h*Dh:(h+1)*Dh: project with the full (D, D) matrix, then split",
+         att(*first)),
+        ("the heads share one projection: split x first and one (Dh, Dh) projection for every head gives all "
+         "heads the same weights. Project x with the full (D, D) matrices, then split, so head h uses columns "
+         "h*Dh:(h+1)*Dh", att(*shared)),
+        ("all heads share one attention pattern: you attended over the full width D and split afterwards. "
+         "Split q, k and v into heads, then attend within each head",
+         split(ref.attention(t @ wq, t @ wk, t @ wv, m)[0]) if m is None or m.ndim == 2 else None),
+        ("apply the projections as x @ w (not x @ w.T)", att(*(split(t @ w.T) for w in (wq, wk, wv)))),
+        ("scale each head's scores by 1/sqrt(Dh), the head width, not 1/sqrt(D)",
+         att(*(split(t @ w) for w in (wq, wk, wv)), scale=D ** -0.5)),
+        ("the queries, keys and values are mixed up: q comes from w_q, k from w_k, v from w_v",
+         att(*(split(t @ w) for w in (wk, wq, wv)))),
+    ]
+    if m is not None:
+        out.append(("pass the mask on to attention", att(*(split(t @ w) for w in (wq, wk, wv)), mask=None)))
+    return [(msg, reference(r)) for msg, r in out if r is not None]
+
+
+@CHECKS.add("per_head_attention", isolate=["split_heads", "attention"])
+def per_head_attention(s):
+    rng = s.rng
+    for dtype, B, T, D, H, mask_kind in [(np.float32, 2, 5, 12, 3, None), (np.float32, 3, 6, 16, 4, "causal"),
+                                         (np.float64, 2, 4, 8, 2, "per-head"), (np.float64, 2, 7, 12, 6, "per-batch"),
+                                         (np.float32, 2, 5, 12, 1, None), (np.float64, 3, 4, 24, 4, None)]:
+        x = rng.standard_normal((B, T, D)).astype(dtype)
+        ws = [(rng.standard_normal((D, D)) * 0.7).astype(dtype) for _ in range(3)]
+        mask = None
+        if mask_kind == "causal":
+            mask = np.tril(np.ones((T, T), dtype=bool))
+        elif mask_kind:
+            mask = rng.random((B, H if mask_kind == "per-head" else 1, T, T)) < 0.5
+            mask[..., 0], mask[..., -1] = True, False
+        args = [tensor(x)] + [tensor(w) for w in ws] + [H] + ([] if mask is None else [tensor(mask)])
+        got = _calling(s, "per_head_attention(x, w_q, w_k, w_v, n_heads, mask)", "", "per_head_attention", *args)
+        if isinstance(got, (tuple, list)):
+            fail(f"per_head_attention returned {kind_of(got)}: return only the heads' outputs (B, H, T, Dh), "
+                 "not the pair (out, weights) that attention returns")
+        want = reference(ref.per_head_attention(_t(x), *map(_t, ws), H, None if mask is None else _t(mask)))
+        _expect(got, want, "per_head_attention(x, w_q, w_k, w_v, n_heads, mask)",
+                lambda: _per_head_mistakes(x, ws, H, mask),
+                hint="project x with each (D, D) matrix (x @ w), split into heads, attend within each head")

@@ -1,0 +1,352 @@
+"""Hidden checks of lesson 03 (torch): concat_and_project, MultiHeadAttention, load_torch_mha, mha_param_count."""
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from autograder.checks import (Checks, StudentError, close, expect_array, expect_int, expect_pair, fail,
+                               kind_of, reference, tensor)
+from autograder.sandbox import helpers
+from autograder.sandbox.wire import Array, Handle
+from solutions import multi_head as ref
+
+CHECKS = Checks()
+
+DTYPES = (np.float32, np.float64)
+PROJ = ("q_proj", "k_proj", "v_proj", "out_proj")
+
+
+def _t(a):
+    return torch.from_numpy(np.ascontiguousarray(a))
+
+
+def _expect(got, want, what, mistakes, **kwargs):
+    """expect_array, with the known mistakes (a function returning them) computed only when the result is wrong."""
+    expect_array(got, want, what, [] if close(got, want) else mistakes(), **kwargs)
+
+
+def _lazy(fn):
+    """fn() computed once, on first use."""
+    cache = []
+    return lambda: cache[0] if cache else (cache.append(fn()) or cache[0])
+
+
+def _calling(s, what, hint, *args, **kwargs):
+    """s.call(*args), with a hint added when the student's code raises."""
+    try:
+        return s.call(*args, **kwargs)
+    except StudentError as e:
+        fail(f"{what} raised {e.type}: {e.message}" + (f" ({hint})" if hint else ""))
+
+
+def _expect_value_error(s, what, *args, **kwargs):
+    try:
+        s.call(*args, **kwargs)
+    except StudentError as e:
+        if e.is_a("ValueError"):
+            return
+        fail(f"{what} should raise a ValueError naming d_model and n_heads, but raised {e.type}")
+    fail(f"{what} should raise a ValueError (the width cannot be split evenly into heads), but returned normally")
+
+
+# ---- concat_and_project ---------------------------------------------------------------------
+
+def _concat_mistakes(heads, w_o):
+    B, H, T, Dh = heads.shape
+    h, w = _t(heads), _t(w_o)
+    merged = h.transpose(1, 2).reshape(B, T, H * Dh)
+    return [(m, reference(r)) for m, r in [
+        ("transpose the heads to (B, T, H, Dh) before merging: a reshape of (B, H, T, Dh) straight to (B, T, D) "
+         "mixes time steps and heads", h.reshape(B, T, H * Dh) @ w),
+        ("concatenate the heads in order: head h's features go to h*Dh:(h+1)*Dh (transpose(1, 2), not a permute "
+         "that puts the heads last)", h.permute(0, 2, 3, 1).reshape(B, T, H * Dh) @ w),
+        ("apply w_o as merged @ w_o (not w_o.T): here w_o is (D_in, D_out), not an nn.Linear weight", merged @ w.T),
+        ("multiply the concatenated heads by w_o: the output projection is missing", merged),
+        ("every head used the first Dh rows of w_o: concatenate the heads, so that head h meets its own rows "
+         "h*Dh:(h+1)*Dh of w_o", h.sum(dim=1) @ w[:Dh]),
+    ]]
+
+
+@CHECKS.add("concat_and_project")
+def concat_and_project(s):
+    rng = s.rng
+    for dtype in DTYPES:
+        for B, H, T, Dh in [(2, 3, 5, 4), (3, 4, 4, 2), (2, 2, 6, 8), (1, 6, 3, 2), (2, 1, 4, 6)]:
+            heads = rng.standard_normal((B, H, T, Dh)).astype(dtype)
+            w_o = rng.standard_normal((H * Dh, H * Dh)).astype(dtype)
+            got = _calling(s, "concat_and_project(heads, w_o)", "", "concat_and_project", tensor(heads), tensor(w_o))
+            _expect(got, reference(ref.concat_and_project(_t(heads), _t(w_o))), "concat_and_project(heads, w_o)",
+                    lambda: _concat_mistakes(heads, w_o))
+
+
+# ---- MultiHeadAttention ---------------------------------------------------------------------
+
+def _random_state(rng, D, bias, dtype):
+    """Weights that give non-uniform attention, and non-zero biases (PyTorch starts them at zero)."""
+    state = {}
+    for name in PROJ:
+        scale = (2.0 if name in ("q_proj", "k_proj") else 1.0) / math.sqrt(D)
+        state[f"{name}.weight"] = (rng.standard_normal((D, D)) * scale).astype(dtype)
+        if bias:
+            state[f"{name}.bias"] = (rng.standard_normal(D) * 0.5).astype(dtype)
+    return state
+
+
+def _reference_module(D, H, bias, state):
+    m = ref.MultiHeadAttention(D, H, bias=bias).to(torch.float64 if state["q_proj.weight"].dtype == np.float64
+                                                   else torch.float32)
+    m.load_state_dict({k: _t(v) for k, v in state.items()})
+    return m
+
+
+def _mha_math(state, H, query, key, value, mask, scale="head", invert=False, bias=True, out_proj=True,
+              merge_ok=True, average=False):
+    """What multi-head attention returns, with one of the usual mistakes switched on."""
+    def lin(name, x):
+        b = state.get(f"{name}.bias") if bias else None
+        return F.linear(x, _t(state[f"{name}.weight"]), None if b is None else _t(b))
+
+    q, k, v = lin("q_proj", _t(query)), lin("k_proj", _t(key)), lin("v_proj", _t(value))
+    B, Tq, D = q.shape
+    Dh = D // H
+    q, k, v = (t.reshape(B, t.size(1), H, Dh).transpose(1, 2) for t in (q, k, v))
+    scores = q @ k.transpose(-2, -1) / math.sqrt(D if scale == "model" else Dh)
+    if mask is not None:
+        m = _t(mask)
+        scores = scores.masked_fill(m if invert else ~m, float("-inf"))
+    w = scores.softmax(dim=-1)
+    out = w @ v
+    out = out.transpose(1, 2).reshape(B, Tq, D) if merge_ok else out.reshape(B, Tq, D)
+    if out_proj:
+        out = lin("out_proj", out)
+    return out, (w.mean(dim=1) if average else w)
+
+
+def _mha_mistakes(state, H, query, key, value, mask, value_arg_given):
+    """[(message, (out, weights))] of the usual mistakes on these inputs."""
+    cases = [("scale each head's scores by 1/sqrt(head_dim), not 1/sqrt(d_model)",
+              _mha_math(state, H, query, key, value, mask, scale="model")),
+             ("the output projection out_proj is missing", _mha_math(state, H, query, key, value, mask, out_proj=False)),
+             ("transpose the heads back to (B, Tq, H, head_dim) before merging them",
+              _mha_math(state, H, query, key, value, mask, merge_ok=False))]
+    if "q_proj.bias" in state:
+        cases.append(("the biases of the projections are ignored: call the nn.Linear layers (self.q_proj(x), ...), "
+                      "which add their bias", _mha_math(state, H, query, key, value, mask, bias=False)))
+    if mask is not None:
+        cases.append(("True in the mask means 'may attend' (the opposite of nn.MultiheadAttention's boolean "
+                      "attn_mask): you hid the allowed keys instead", _mha_math(state, H, query, key, value, mask, invert=True)))
+    if not value_arg_given and key is not query and query.shape == key.shape:
+        cases.append(("value must default to key, not to query: mha(x, memory) attends to memory and reads its "
+                      "values from memory", _mha_math(state, H, query, key, query, mask)))
+    return [(m, reference(r)) for m, r in cases]
+
+
+def _forward_cases(rng, D, H, dtype):
+    """(description, query, key or None, value or None, mask or None, need_weights)."""
+    B, T, Tk = 2, 5, 7
+    x = rng.standard_normal((B, T, D)).astype(dtype)
+    same_len = rng.standard_normal((B, T, D)).astype(dtype)
+    memory = rng.standard_normal((B, Tk, D)).astype(dtype)
+    value = rng.standard_normal((B, Tk, D)).astype(dtype)
+
+    def random_mask(shape):
+        m = rng.random(shape) < 0.5
+        m[..., 0], m[..., -1] = True, False  # never a fully masked row, and inverting it matters
+        return m
+
+    return [
+        ("mha(x)", x, None, None, None, False),
+        ("mha(x, need_weights=True)", x, None, None, None, True),
+        ("mha(x, memory) (cross-attention)", x, same_len, None, None, False),
+        ("mha(x, memory, need_weights=True) (cross-attention, Tq != Tk)", x, memory, None, None, True),
+        ("mha(query, key, value, mask=mask) with a (Tq, Tk) mask", x, memory, value, random_mask((T, Tk)), False),
+        ("mha(query, key, value, mask=mask, need_weights=True) with a (B, 1, Tq, Tk) mask",
+         x, memory, value, random_mask((B, 1, T, Tk)), True),
+        ("mha(x, mask=causal_mask) (self-attention)", x, None, None, np.tril(np.ones((T, T), dtype=bool)), False),
+        ("mha(query, key, value, mask=mask, need_weights=True) with a per-head (B, H, Tq, Tk) mask",
+         x, memory, value, random_mask((B, H, T, Tk)), True),
+    ]
+
+
+def _check_forward(s, mha, module, state, H, case):
+    what, query, key, value, mask, need_weights = case
+    args = [tensor(query)] + ([] if key is None else [tensor(key)]) + ([] if value is None else [tensor(value)])
+    kwargs = {} if mask is None else {"mask": tensor(mask)}
+    if need_weights:
+        kwargs["need_weights"] = True
+    hint = ""
+    if key is not None and value is None:
+        hint = "mha(query, key) attends to key: value defaults to key"
+    elif key is None:
+        hint = "mha(x) is self-attention: key defaults to query and value to key"
+    got = _calling(s, what, hint, mha, *args, **kwargs)
+    k = query if key is None else key
+    v = k if value is None else value
+    with torch.no_grad():
+        want_out, want_w = module(_t(query), _t(k), _t(v), mask=None if mask is None else _t(mask), need_weights=True)
+    want_out, want_w = reference(want_out), reference(want_w)
+    mistakes = _lazy(lambda: _mha_mistakes(state, H, query, k, v, mask, value is not None))
+    if not need_weights:
+        if isinstance(got, (tuple, list)):
+            fail(f"{what} returned {kind_of(got)}: with need_weights=False (the default) return only out")
+        _expect(got, want_out, f"the output of {what}", lambda: [(m, o) for m, (o, w) in mistakes()])
+        return
+    out, weights = expect_pair(got, what)
+    if isinstance(weights, Array) and weights.shape == want_w.shape[:1] + want_w.shape[2:]:
+        fail(f"the weights of {what} have shape (B, Tq, Tk): return one pattern per head, (B, H, Tq, Tk), "
+             "and do not average over the heads (nn.MultiheadAttention averages by default; we don't)")
+    _expect(weights, want_w, f"the weights of {what}", lambda: [(m, w) for m, (o, w) in mistakes()],
+            hint="softmax(q k^T / sqrt(head_dim)) per head, masked where mask is False")
+    _expect(out, want_out, f"the output of {what}", lambda: [(m, o) for m, (o, w) in mistakes()])
+
+
+def _check_structure(s, mha, D, H, bias):
+    if not isinstance(mha, Handle) or "torch.nn.modules.module.Module" not in mha.mro:
+        fail(f"MultiHeadAttention(d_model, n_heads) should build a torch.nn.Module, but gave {kind_of(mha)}")
+    for attr, want, rule in (("d_model", D, "d_model"), ("n_heads", H, "n_heads"),
+                             ("head_dim", D // H, "d_model // n_heads")):
+        try:
+            got = s.get(mha, attr)
+        except StudentError:
+            fail(f"MultiHeadAttention has no attribute {attr}: set self.{attr} = {rule} in __init__")
+        if type(got) is not int or got != want:
+            fail(f"MultiHeadAttention.{attr} should be the int {rule}, but it is {got!r}"
+                 if type(got) is not int else f"MultiHeadAttention.{attr} should be {rule}")
+    state = s.state(mha)
+    missing = [p for p in PROJ if f"{p}.weight" not in state]
+    if missing:
+        fail(f"MultiHeadAttention needs nn.Linear members q_proj, k_proj, v_proj, out_proj; missing: {', '.join(missing)}")
+    biases = [p for p in PROJ if f"{p}.bias" in state]
+    if bias and len(biases) < 4:
+        fail("with bias=True (the default) each of the four projections has a bias: nn.Linear(d_model, d_model, bias=bias)")
+    if not bias and biases:
+        fail("with bias=False the projections must have no bias: pass bias=bias to each nn.Linear")
+    expected = {f"{p}.{n}" for p in PROJ for n in (("weight", "bias") if bias else ("weight",))}
+    extra = sorted(set(state) - expected)
+    if extra:
+        fail(f"MultiHeadAttention's state_dict has unexpected entries {extra}: keep only the four projections "
+             "(register helper buffers with persistent=False)")
+    for key in sorted(expected):
+        want = (D, D) if key.endswith("weight") else (D,)
+        if state[key].shape != want:
+            fail(f"{key} has shape {state[key].shape}, but should have shape {want}: nn.Linear(d_model, d_model)")
+
+
+@CHECKS.add("MultiHeadAttention", isolate=["concat_and_project"])
+def MultiHeadAttention(s):
+    rng = s.rng
+    for D, H in [(10, 3), (12, 5), (16, 3)]:
+        _expect_value_error(s, "MultiHeadAttention(d_model, n_heads) with d_model not divisible by n_heads",
+                            "MultiHeadAttention", D, H)
+    for D, H, bias, dtype in [(16, 4, True, np.float32), (24, 6, False, np.float32), (12, 3, True, np.float64),
+                              (16, 2, False, np.float64)]:
+        kwargs = {} if bias else {"bias": False}  # the default must be bias=True
+        mha = _calling(s, "MultiHeadAttention(d_model, n_heads, bias)", "", "MultiHeadAttention", D, H, **kwargs)
+        _check_structure(s, mha, D, H, bias)
+        if dtype == np.float64:
+            _calling(s, "MultiHeadAttention(...).double()", "", (mha, "double"))
+        state = _random_state(rng, D, bias, dtype)
+        try:
+            s.load(mha, state)
+        except StudentError as e:
+            fail(f"could not load weights into MultiHeadAttention: {e.type}: {e.message}")
+        module = _reference_module(D, H, bias, state)
+        for case in _forward_cases(rng, D, H, dtype):
+            _check_forward(s, mha, module, state, H, case)
+
+
+# ---- load_torch_mha -------------------------------------------------------------------------
+
+def _copy_mistakes(key, init, src):
+    """[(message, Array)] of what `key` holds after the usual mistakes."""
+    proj, kind = key.split(".")
+    out = []
+    if proj == "out_proj":
+        right = src[f"out_proj.{kind}"]
+    else:
+        chunks = np.split(src[f"in_proj_{kind}"], 3)
+        index = PROJ.index(proj)
+        right = chunks[index]
+        for j, chunk in enumerate(chunks):
+            if j != index:
+                out.append((f"{proj} got the {'qkv'[j]} part of in_proj_{kind}: it stacks [q; k; v] in that order, "
+                            f"so q_proj gets rows 0:D, k_proj rows D:2D and v_proj rows 2D:3D (the chunk order "
+                            "is wrong)", chunk))
+    if kind == "weight":
+        out.append(("nn.Linear and nn.MultiheadAttention both store a weight as (out_features, in_features): copy it "
+                    "as it is, not transposed", right.T))
+    what = "the biases were not copied: in_proj_bias holds [b_q; b_k; b_v], and out_proj has its own bias" \
+        if kind == "bias" else f"{key} was not copied into the module (copy in place, e.g. with .copy_(...) " \
+                               "under torch.no_grad())"
+    out.append((what, init[key]))
+    return right, [(m, reference(_t(np.ascontiguousarray(a)))) for m, a in out]
+
+
+@CHECKS.add("load_torch_mha")
+def load_torch_mha(s):
+    rng = s.rng
+    for D, H, bias in [(12, 3, True), (16, 4, False), (20, 5, True), (8, 2, True)]:
+        def rand(*shape):
+            return rng.standard_normal(shape).astype(np.float32)
+        src = {"in_proj_weight": rand(3 * D, D), "out_proj.weight": rand(D, D)}
+        if bias:
+            src.update({"in_proj_bias": rand(3 * D), "out_proj.bias": rand(D)})
+        tmha = s.helper("torch_mha", D, H, bias, {k: tensor(v) for k, v in src.items()})
+        init = {}
+        for p in PROJ:
+            init[f"{p}.weight"] = rand(D, D)
+            if bias:
+                init[f"{p}.bias"] = rand(D)
+        shell = s.helper("AttentionShell",
+                         {p: (tensor(init[f"{p}.weight"]), tensor(init[f"{p}.bias"]) if bias else None) for p in PROJ},
+                         d_model=D, n_heads=H, head_dim=D // H)
+        got = _calling(s, "load_torch_mha(module, torch_mha)", "", "load_torch_mha", shell, tmha)
+        state = s.state(shell)
+        if set(state) != set(init):
+            fail(f"after load_torch_mha the module's state_dict has entries {sorted(state)}: copy the weights into the "
+                 "existing projections, don't add or remove any")
+        for key in sorted(init, key=lambda k: (k.endswith("bias"), PROJ.index(k.split(".")[0]))):  # weights first
+            right, mistakes = _copy_mistakes(key, init, src)
+            expect_array(state[key], reference(_t(right)), f"module.{key} after load_torch_mha", mistakes,
+                         hint="in_proj_weight = [W_q; W_k; W_v] (3D, D), in_proj_bias = [b_q; b_k; b_v]; "
+                              "out_proj is an nn.Linear")
+        if not isinstance(got, Handle) or "AttentionShell" not in got.type:
+            fail(f"load_torch_mha should return the module it filled in, but returned {kind_of(got)}")
+
+
+# ---- mha_param_count ------------------------------------------------------------------------
+
+def _count_mistakes(D, H, bias):
+    weights, per_head_square = 4 * D * D, 4 * H * (D // H) ** 2
+    square = ("each head's projections are (d_model, head_dim), not (head_dim, head_dim): together the heads have "
+              "(d_model, d_model) weights per projection, whatever n_heads is")
+    if not bias:
+        return [("with bias=False there are no biases to count", weights + 4 * D),
+                ("count all four projections: q, k, v and the output projection out_proj", 3 * D * D),
+                (square, per_head_square)]
+    wrong_biases = "the biases are counted wrongly: four projections, one (d_model,) bias each"
+    return [("count the biases too: each of the four projections has a (d_model,) bias", weights),
+            ("count all four projections: q, k, v and the output projection out_proj", 3 * D * D + 3 * D),
+            ("each projection has one bias of d_model numbers, not one bias per head", weights + 4 * H),
+            (wrong_biases, weights + D), (wrong_biases, weights + 3 * D), (wrong_biases, weights + 8 * D),
+            (square, per_head_square + 4 * D)]
+
+
+@CHECKS.add("mha_param_count", isolate=["MultiHeadAttention"])
+def mha_param_count(s):
+    rng = s.rng
+    cases = [(64, 8, True), (64, 8, False), (96, 12, True), (120, 4, False), (48, 16, True), (256, 1, True)]
+    for _ in range(4):
+        H = int(rng.integers(2, 17))
+        cases.append((H * int(rng.integers(2, 65)), H, bool(rng.integers(0, 2))))
+    for D, H, bias in cases:
+        got = _calling(s, "mha_param_count(d_model, n_heads, bias)", "", "mha_param_count", D, H, bias=bias)
+        expect_int(got, ref.mha_param_count(D, H, bias), "mha_param_count(d_model, n_heads, bias)",
+                   mistakes=_count_mistakes(D, H, bias))
+    got = _calling(s, "mha_param_count(d_model, n_heads)", "", "mha_param_count", 80, 4)
+    expect_int(got, ref.mha_param_count(80, 4), "mha_param_count(d_model, n_heads) with bias left out",
+               mistakes=[("bias defaults to True: count the biases", 4 * 80 * 80)])
+    for D, H in [(10, 3), (100, 7), (64, 5)]:
+        _expect_value_error(s, "mha_param_count(d_model, n_heads) with d_model not divisible by n_heads",
+                            "mha_param_count", D, H)

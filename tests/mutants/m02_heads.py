@@ -1,0 +1,251 @@
+MUTANTS = {
+    "split_heads": [
+        ("reshape straight to (B, H, T, Dh), no transpose", "transpose", '''
+def split_heads(x, n_heads):
+    B, T, D = x.shape
+    if D % n_heads:
+        raise ValueError(f"D={D} is not divisible by n_heads={n_heads}")
+    return x.view(B, n_heads, T, D // n_heads)
+'''),
+        ("reshape to (B, T, H, Dh), heads after time", "transpose", '''
+def split_heads(x, n_heads):
+    B, T, D = x.shape
+    if D % n_heads:
+        raise ValueError(f"D={D} is not divisible by n_heads={n_heads}")
+    return x.reshape(B, T, n_heads, D // n_heads)
+'''),
+        ("strided heads: every H-th feature", "contiguous features", '''
+def split_heads(x, n_heads):
+    B, T, D = x.shape
+    if D % n_heads:
+        raise ValueError(f"D={D} is not divisible by n_heads={n_heads}")
+    return x.reshape(B, T, D // n_heads, n_heads).permute(0, 3, 1, 2)
+'''),
+        ("no ValueError when D % H != 0", "ValueError", '''
+def split_heads(x, n_heads):
+    B, T, D = x.shape
+    return x.reshape(B, T, n_heads, D // n_heads).transpose(1, 2)
+'''),
+        ("dtype changed to float32", "dtype", '''
+def split_heads(x, n_heads):
+    B, T, D = x.shape
+    if D % n_heads:
+        raise ValueError(f"D={D} is not divisible by n_heads={n_heads}")
+    return x.float().reshape(B, T, n_heads, D // n_heads).transpose(1, 2)
+'''),
+    ],
+    "merge_heads": [
+        ("reshape without transposing back", "transpose back", '''
+def merge_heads(x):
+    B, H, T, Dh = x.shape
+    return x.reshape(B, T, H * Dh)
+'''),
+        ("heads put last before the reshape", "concatenate the heads", '''
+def merge_heads(x):
+    B, H, T, Dh = x.shape
+    return x.permute(0, 2, 3, 1).reshape(B, T, H * Dh)
+'''),
+        ("view after transpose (not contiguous)", "reshape", '''
+def merge_heads(x):
+    B, H, T, Dh = x.shape
+    return x.transpose(1, 2).view(B, T, H * Dh)
+'''),
+        ("returns (B, H*Dh, T)", "shape", '''
+def merge_heads(x):
+    B, H, T, Dh = x.shape
+    return x.transpose(1, 2).reshape(B, T, H * Dh).transpose(1, 2)
+'''),
+    ],
+    "attention": [
+        ("no scaling", "sqrt(d_k)", '''
+def attention(q, k, v, mask=None):
+    scores = q @ k.transpose(-2, -1)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    return weights @ v, weights
+'''),
+        ("scaled by 1/d_k", "1/d_k", '''
+def attention(q, k, v, mask=None):
+    scores = q @ k.transpose(-2, -1) / q.size(-1)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    return weights @ v, weights
+'''),
+        ("inverted mask (True = masked out)", "may attend", '''
+def attention(q, k, v, mask=None):
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    if mask is not None:
+        scores = scores.masked_fill(mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    return weights @ v, weights
+'''),
+        ("masked scores set to 0", "-inf", '''
+def attention(q, k, v, mask=None):
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, 0.0)
+    weights = torch.softmax(scores, dim=-1)
+    return weights @ v, weights
+'''),
+        ("mask applied after the softmax", "before the softmax", '''
+def attention(q, k, v, mask=None):
+    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.size(-1)), dim=-1)
+    if mask is not None:
+        weights = weights * mask
+    return weights @ v, weights
+'''),
+        ("softmax over the queries", "over the keys", '''
+def attention(q, k, v, mask=None):
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-2)
+    return weights @ v, weights
+'''),
+        ("scaled by the value width", "value width", '''
+def attention(q, k, v, mask=None):
+    scores = q @ k.transpose(-2, -1) / math.sqrt(v.size(-1))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    return weights @ v, weights
+'''),
+        ("naive exp without max shift", "overflow", '''
+def attention(q, k, v, mask=None):
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    e = torch.exp(scores)
+    weights = e / e.sum(dim=-1, keepdim=True)
+    return weights @ v, weights
+'''),
+        ("computes in float32 whatever the input dtype", "dtype", '''
+def attention(q, k, v, mask=None):
+    q, k, v = q.float(), k.float(), v.float()
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    return weights @ v, weights
+'''),
+    ],
+    "per_head_attention": [
+        ("every head uses the first Dh columns", "own columns", '''
+def per_head_attention(x, w_q, w_k, w_v, n_heads, mask=None):
+    B, T, D = x.shape
+    Dh = D // n_heads
+    q, k, v = (split_heads((x @ w[:, :Dh]).repeat(1, 1, n_heads), n_heads) for w in (w_q, w_k, w_v))
+    return attention(q, k, v, mask)[0]
+'''),
+        ("one (Dh, Dh) projection shared by all heads", "share one projection", '''
+def per_head_attention(x, w_q, w_k, w_v, n_heads, mask=None):
+    Dh = x.shape[-1] // n_heads
+    xs = split_heads(x, n_heads)
+    q, k, v = (xs @ w[:Dh, :Dh] for w in (w_q, w_k, w_v))
+    return attention(q, k, v, mask)[0]
+'''),
+        ("one attention over the full width, split afterwards", "one attention pattern", '''
+def per_head_attention(x, w_q, w_k, w_v, n_heads, mask=None):
+    out, _ = attention(x @ w_q, x @ w_k, x @ w_v, mask)
+    return split_heads(out, n_heads)
+'''),
+        ("projections applied as x @ w.T", "x @ w", '''
+def per_head_attention(x, w_q, w_k, w_v, n_heads, mask=None):
+    q, k, v = (split_heads(x @ w.T, n_heads) for w in (w_q, w_k, w_v))
+    return attention(q, k, v, mask)[0]
+'''),
+        ("mask not passed on", "mask", '''
+def per_head_attention(x, w_q, w_k, w_v, n_heads, mask=None):
+    q, k, v = (split_heads(x @ w, n_heads) for w in (w_q, w_k, w_v))
+    return attention(q, k, v)[0]
+'''),
+        ("returns (out, weights)", "only the heads' outputs", '''
+def per_head_attention(x, w_q, w_k, w_v, n_heads, mask=None):
+    q, k, v = (split_heads(x @ w, n_heads) for w in (w_q, w_k, w_v))
+    return attention(q, k, v, mask)
+'''),
+        ("inline attention scaled by sqrt(D)", "sqrt(Dh)", '''
+def per_head_attention(x, w_q, w_k, w_v, n_heads, mask=None):
+    q, k, v = (split_heads(x @ w, n_heads) for w in (w_q, w_k, w_v))
+    scores = q @ k.transpose(-2, -1) / math.sqrt(x.size(-1))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
+'''),
+    ],
+}
+
+VARIANTS = {
+    "split_heads": [
+        ("unflatten and permute", '''
+def split_heads(x, n_heads):
+    if x.shape[-1] % n_heads != 0:
+        raise ValueError("the model width must be a multiple of n_heads")
+    return x.unflatten(-1, (n_heads, -1)).permute(0, 2, 1, 3)
+'''),
+        ("a loop over heads with torch.stack", '''
+def split_heads(x, n_heads):
+    D = x.shape[-1]
+    if D % n_heads:
+        raise ValueError(f"cannot split {D} features into {n_heads} heads")
+    dh = D // n_heads
+    return torch.stack([x[..., h * dh:(h + 1) * dh] for h in range(n_heads)], dim=1)
+'''),
+    ],
+    "merge_heads": [
+        ("a loop over heads with torch.cat", '''
+def merge_heads(x):
+    return torch.cat([x[:, h] for h in range(x.shape[1])], dim=-1)
+'''),
+        ("permute, contiguous, view", '''
+def merge_heads(x):
+    B, H, T, Dh = x.shape
+    return x.permute(0, 2, 1, 3).contiguous().view(B, T, -1)
+'''),
+    ],
+    "attention": [
+        ("einsum, float64 inside, large negative fill", '''
+def attention(q, k, v, mask=None):
+    q64, k64, v64 = q.double(), k.double(), v.double()
+    scores = torch.einsum("...qd,...kd->...qk", q64, k64) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = torch.where(mask, scores, torch.finfo(scores.dtype).min)
+    scores = scores - scores.amax(dim=-1, keepdim=True)
+    w = scores.exp()
+    w = w / w.sum(dim=-1, keepdim=True)
+    return torch.einsum("...qk,...kd->...qd", w, v64).to(q.dtype), w.to(q.dtype)
+'''),
+        ("matmul with a -inf tensor and torch.where", '''
+def attention(q, k, v, mask=None):
+    scores = torch.matmul(q, k.transpose(-1, -2)) * q.size(-1) ** -0.5
+    if mask is not None:
+        scores = torch.where(mask, scores, torch.full_like(scores, float("-inf")))
+    weights = scores.softmax(-1)
+    return torch.matmul(weights, v), weights
+'''),
+    ],
+    "per_head_attention": [
+        ("a loop over heads with column slices", '''
+def per_head_attention(x, w_q, w_k, w_v, n_heads, mask=None):
+    dh = x.shape[-1] // n_heads
+    outs = []
+    for h in range(n_heads):
+        cols = slice(h * dh, (h + 1) * dh)
+        m = mask
+        if m is not None and m.ndim == 4:
+            m = m[:, min(h, m.size(1) - 1)]
+        outs.append(attention(x @ w_q[:, cols], x @ w_k[:, cols], x @ w_v[:, cols], m)[0])
+    return torch.stack(outs, dim=1)
+'''),
+        ("einsum projections", '''
+def per_head_attention(x, w_q, w_k, w_v, n_heads, mask=None):
+    q = split_heads(torch.einsum("btd,de->bte", x, w_q), n_heads)
+    k = split_heads(torch.einsum("btd,de->bte", x, w_k), n_heads)
+    v = split_heads(torch.einsum("btd,de->bte", x, w_v), n_heads)
+    out, _ = attention(q, k, v, mask=mask)
+    return out
+'''),
+    ],
+}

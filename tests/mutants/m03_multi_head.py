@@ -1,0 +1,334 @@
+import inspect
+import textwrap
+
+from solutions import multi_head as _ref
+
+# Each MultiHeadAttention mutant is the reference class with one change (old -> new, which must occur).
+_MHA = textwrap.dedent(inspect.getsource(_ref.MultiHeadAttention))
+
+
+def _mha(*changes):
+    code = _MHA
+    for old, new in changes:
+        assert old in code, old
+        code = code.replace(old, new)
+    return code
+
+
+MUTANTS = {
+    "concat_and_project": [
+        ("merged without the transpose", "transpose", '''
+def concat_and_project(heads, w_o):
+    B, H, T, Dh = heads.shape
+    return heads.reshape(B, T, H * Dh) @ w_o
+'''),
+        ("w_o applied transposed", "w_o.T", '''
+def concat_and_project(heads, w_o):
+    B, H, T, Dh = heads.shape
+    return heads.transpose(1, 2).reshape(B, T, H * Dh) @ w_o.T
+'''),
+        ("no projection", "projection is missing", '''
+def concat_and_project(heads, w_o):
+    B, H, T, Dh = heads.shape
+    return heads.transpose(1, 2).reshape(B, T, H * Dh)
+'''),
+        ("heads interleaved", "in order", '''
+def concat_and_project(heads, w_o):
+    B, H, T, Dh = heads.shape
+    return heads.permute(0, 2, 3, 1).reshape(B, T, H * Dh) @ w_o
+'''),
+        ("heads summed instead of concatenated", "own rows", '''
+def concat_and_project(heads, w_o):
+    return heads.sum(dim=1) @ w_o[:heads.shape[-1]]
+'''),
+    ],
+    "MultiHeadAttention": [
+        ("value defaults to query", "value must default to key",
+         _mha(("value = key if value is None else value", "value = query if value is None else value"))),
+        ("weights averaged over heads", "average",
+         _mha(("return (out, weights) if need_weights else out", "return (out, weights.mean(dim=1)) if need_weights else out"))),
+        ("bias argument ignored in __init__", "bias=False",
+         _mha(*[(f"self.{p} = nn.Linear(d_model, d_model, bias=bias)", f"self.{p} = nn.Linear(d_model, d_model)")
+                for p in ("q_proj", "k_proj", "v_proj", "out_proj")])),
+        ("biases ignored in forward", "bias",
+         _mha(("q, k, v = (proj(t)", "q, k, v = (F.linear(t, proj.weight)"),
+              ("out = self.out_proj(out.transpose(1, 2).reshape(B, Tq, self.d_model))",
+               "out = F.linear(out.transpose(1, 2).reshape(B, Tq, self.d_model), self.out_proj.weight)"))),
+        ("scaled by sqrt(d_model)", "head_dim",
+         _mha(("scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)",
+               "scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_model)"),
+              ("out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)",
+               "out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1 / math.sqrt(self.d_model))"))),
+        ("mask inverted (nn.MultiheadAttention's convention)", "may attend",
+         _mha(("scores = scores.masked_fill(~mask, float(\"-inf\"))", "scores = scores.masked_fill(mask, float(\"-inf\"))"),
+              ("out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)",
+               "out = F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else ~mask)"))),
+        ("need_weights ignored", "pair",
+         _mha(("return (out, weights) if need_weights else out", "return out"))),
+        ("always returns a pair", "only out",
+         _mha(("return (out, weights) if need_weights else out", "return (out, weights if need_weights else None)"))),
+        ("no ValueError for d_model % n_heads", "ValueError",
+         _mha(("if d_model % n_heads:", "if False:"))),
+        ("no output projection", "out_proj",
+         _mha(("out = self.out_proj(out.transpose(1, 2).reshape(B, Tq, self.d_model))",
+               "out = out.transpose(1, 2).reshape(B, Tq, self.d_model)"))),
+        ("heads merged without the transpose", "transpose",
+         _mha(("out = self.out_proj(out.transpose(1, 2).reshape(B, Tq, self.d_model))",
+               "out = self.out_proj(out.reshape(B, Tq, self.d_model))"))),
+        ("head_dim a float", "head_dim",
+         _mha(("self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads",
+               "self.d_model, self.n_heads, self._dh = d_model, n_heads, d_model // n_heads\n"
+               "        self.head_dim = d_model / n_heads"))),
+    ],
+    "load_torch_mha": [
+        ("q/k/v chunk order k, q, v", "chunk order", '''
+def load_torch_mha(module, torch_mha):
+    with torch.no_grad():
+        w_k, w_q, w_v = torch_mha.in_proj_weight.chunk(3)
+        module.q_proj.weight.copy_(w_q); module.k_proj.weight.copy_(w_k); module.v_proj.weight.copy_(w_v)
+        module.out_proj.weight.copy_(torch_mha.out_proj.weight)
+        if torch_mha.in_proj_bias is not None:
+            b_q, b_k, b_v = torch_mha.in_proj_bias.chunk(3)
+            module.q_proj.bias.copy_(b_q); module.k_proj.bias.copy_(b_k); module.v_proj.bias.copy_(b_v)
+            module.out_proj.bias.copy_(torch_mha.out_proj.bias)
+    return module
+'''),
+        ("biases not copied", "biases were not copied", '''
+def load_torch_mha(module, torch_mha):
+    with torch.no_grad():
+        for proj, w in zip((module.q_proj, module.k_proj, module.v_proj), torch_mha.in_proj_weight.chunk(3)):
+            proj.weight.copy_(w)
+        module.out_proj.weight.copy_(torch_mha.out_proj.weight)
+    return module
+'''),
+        ("out_proj bias not copied", "biases were not copied", '''
+def load_torch_mha(module, torch_mha):
+    with torch.no_grad():
+        for proj, w in zip((module.q_proj, module.k_proj, module.v_proj), torch_mha.in_proj_weight.chunk(3)):
+            proj.weight.copy_(w)
+        module.out_proj.weight.copy_(torch_mha.out_proj.weight)
+        if torch_mha.in_proj_bias is not None:
+            for proj, b in zip((module.q_proj, module.k_proj, module.v_proj), torch_mha.in_proj_bias.chunk(3)):
+                proj.bias.copy_(b)
+    return module
+'''),
+        ("weights transposed", "transposed", '''
+def load_torch_mha(module, torch_mha):
+    with torch.no_grad():
+        for proj, w in zip((module.q_proj, module.k_proj, module.v_proj), torch_mha.in_proj_weight.chunk(3)):
+            proj.weight.copy_(w.T)
+        module.out_proj.weight.copy_(torch_mha.out_proj.weight.T)
+        if torch_mha.in_proj_bias is not None:
+            for proj, b in zip((module.q_proj, module.k_proj, module.v_proj), torch_mha.in_proj_bias.chunk(3)):
+                proj.bias.copy_(b)
+            module.out_proj.bias.copy_(torch_mha.out_proj.bias)
+    return module
+'''),
+        ("out_proj not copied", "out_proj.weight was not copied", '''
+def load_torch_mha(module, torch_mha):
+    with torch.no_grad():
+        for proj, w in zip((module.q_proj, module.k_proj, module.v_proj), torch_mha.in_proj_weight.chunk(3)):
+            proj.weight.copy_(w)
+        if torch_mha.in_proj_bias is not None:
+            for proj, b in zip((module.q_proj, module.k_proj, module.v_proj), torch_mha.in_proj_bias.chunk(3)):
+                proj.bias.copy_(b)
+            module.out_proj.bias.copy_(torch_mha.out_proj.bias)
+    return module
+'''),
+        ("returns nothing", "return the module", '''
+def load_torch_mha(module, torch_mha):
+    with torch.no_grad():
+        for proj, w in zip((module.q_proj, module.k_proj, module.v_proj), torch_mha.in_proj_weight.chunk(3)):
+            proj.weight.copy_(w)
+        module.out_proj.weight.copy_(torch_mha.out_proj.weight)
+        if torch_mha.in_proj_bias is not None:
+            for proj, b in zip((module.q_proj, module.k_proj, module.v_proj), torch_mha.in_proj_bias.chunk(3)):
+                proj.bias.copy_(b)
+            module.out_proj.bias.copy_(torch_mha.out_proj.bias)
+'''),
+        ("builds a new module instead of copying in place", "in place", '''
+def load_torch_mha(module, torch_mha):
+    import copy
+    module = copy.deepcopy(module)
+    with torch.no_grad():
+        for proj, w in zip((module.q_proj, module.k_proj, module.v_proj), torch_mha.in_proj_weight.chunk(3)):
+            proj.weight.copy_(w)
+        module.out_proj.weight.copy_(torch_mha.out_proj.weight)
+        if torch_mha.in_proj_bias is not None:
+            for proj, b in zip((module.q_proj, module.k_proj, module.v_proj), torch_mha.in_proj_bias.chunk(3)):
+                proj.bias.copy_(b)
+            module.out_proj.bias.copy_(torch_mha.out_proj.bias)
+    return module
+'''),
+    ],
+    "mha_param_count": [
+        ("biases forgotten", "biases", '''
+def mha_param_count(d_model, n_heads, bias=True):
+    if d_model % n_heads:
+        raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+    return 4 * d_model * d_model
+'''),
+        ("biases counted even when bias=False", "bias=False", '''
+def mha_param_count(d_model, n_heads, bias=True):
+    if d_model % n_heads:
+        raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+    return 4 * d_model * d_model + 4 * d_model
+'''),
+        ("one bias per head", "per head", '''
+def mha_param_count(d_model, n_heads, bias=True):
+    if d_model % n_heads:
+        raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+    return 4 * d_model * d_model + (4 * n_heads if bias else 0)
+'''),
+        ("output projection's bias forgotten", "biases are counted wrongly", '''
+def mha_param_count(d_model, n_heads, bias=True):
+    if d_model % n_heads:
+        raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+    return 4 * d_model * d_model + (3 * d_model if bias else 0)
+'''),
+        ("output projection forgotten", "out_proj", '''
+def mha_param_count(d_model, n_heads, bias=True):
+    if d_model % n_heads:
+        raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+    return 3 * d_model * d_model + (3 * d_model if bias else 0)
+'''),
+        ("(Dh, Dh) per head", "head_dim", '''
+def mha_param_count(d_model, n_heads, bias=True):
+    if d_model % n_heads:
+        raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+    head_dim = d_model // n_heads
+    return 4 * n_heads * head_dim * head_dim + (4 * d_model if bias else 0)
+'''),
+        ("no ValueError", "ValueError", '''
+def mha_param_count(d_model, n_heads, bias=True):
+    return 4 * d_model * d_model + (4 * d_model if bias else 0)
+'''),
+        ("returns a float", "int", '''
+def mha_param_count(d_model, n_heads, bias=True):
+    if d_model % n_heads:
+        raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+    head_dim = d_model / n_heads
+    return 4 * d_model * head_dim * n_heads + (4 * d_model if bias else 0)
+'''),
+    ],
+}
+
+VARIANTS = {
+    "concat_and_project": [
+        ("sum over heads of each head's rows of w_o", '''
+def concat_and_project(heads, w_o):
+    H, Dh = heads.shape[1], heads.shape[-1]
+    return sum(heads[:, h] @ w_o[h * Dh:(h + 1) * Dh] for h in range(H))
+'''),
+        ("einsum over (h, d)", '''
+def concat_and_project(heads, w_o):
+    B, H, T, Dh = heads.shape
+    return torch.einsum("bhtd,hdo->bto", heads, w_o.reshape(H, Dh, -1))
+'''),
+    ],
+    "MultiHeadAttention": [
+        ("a loop over heads with einsum", '''
+class MultiHeadAttention(nn.Module):
+    def __init__(self, d_model, n_heads, bias=True):
+        super().__init__()
+        if d_model % n_heads != 0:
+            raise ValueError("d_model must be divisible by n_heads")
+        self.d_model = d_model
+        self.n_heads = n_heads
+        self.head_dim = d_model // n_heads
+        self.q_proj = nn.Linear(d_model, d_model, bias)
+        self.k_proj = nn.Linear(d_model, d_model, bias)
+        self.v_proj = nn.Linear(d_model, d_model, bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias)
+
+    def forward(self, query, key=None, value=None, mask=None, need_weights=False):
+        if key is None:
+            key = query
+        if value is None:
+            value = key
+        q, k, v = self.q_proj(query), self.k_proj(key), self.v_proj(value)
+        outs, weights = [], []
+        for h in range(self.n_heads):
+            cols = slice(h * self.head_dim, (h + 1) * self.head_dim)
+            s = torch.einsum("bqd,bkd->bqk", q[..., cols], k[..., cols]) / math.sqrt(self.head_dim)
+            if mask is not None:
+                m = mask[:, min(h, mask.size(1) - 1)] if mask.dim() == 4 else mask
+                s = s.masked_fill(~m, float("-inf"))
+            w = s.softmax(dim=-1)
+            outs.append(torch.einsum("bqk,bkd->bqd", w, v[..., cols]))
+            weights.append(w)
+        out = self.out_proj(torch.cat(outs, dim=-1))
+        if need_weights:
+            return out, torch.stack(weights, dim=1)
+        return out
+'''),
+        ("float64 inside, always the explicit path", '''
+class MultiHeadAttention(nn.Module):
+    def __init__(self, d_model, n_heads, bias=True):
+        super().__init__()
+        if d_model % n_heads:
+            raise ValueError(f"{d_model} % {n_heads} != 0")
+        self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
+        for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
+            setattr(self, name, nn.Linear(d_model, d_model, bias=bias))
+
+    def forward(self, query, key=None, value=None, mask=None, need_weights=False):
+        key = query if key is None else key
+        value = key if value is None else value
+        B, Tq, D = query.shape
+        heads = lambda t: t.double().unflatten(-1, (self.n_heads, self.head_dim)).permute(0, 2, 1, 3)
+        q, k, v = heads(self.q_proj(query)), heads(self.k_proj(key)), heads(self.v_proj(value))
+        scores = torch.matmul(q, k.transpose(-1, -2)) * self.head_dim ** -0.5
+        if mask is not None:
+            scores = torch.where(mask, scores, torch.finfo(torch.float64).min)
+        w = torch.softmax(scores, dim=-1)
+        out = self.out_proj((w @ v).permute(0, 2, 1, 3).reshape(B, Tq, D).to(query.dtype))
+        return (out, w.to(query.dtype)) if need_weights else out
+'''),
+    ],
+    "load_torch_mha": [
+        ("load_state_dict with a renamed copy", '''
+def load_torch_mha(module, torch_mha):
+    sd = torch_mha.state_dict()
+    new = {}
+    for i, name in enumerate(("q_proj", "k_proj", "v_proj")):
+        new[f"{name}.weight"] = sd["in_proj_weight"].split(module.d_model)[i]
+        if "in_proj_bias" in sd:
+            new[f"{name}.bias"] = sd["in_proj_bias"].split(module.d_model)[i]
+    new["out_proj.weight"] = sd["out_proj.weight"]
+    if "out_proj.bias" in sd:
+        new["out_proj.bias"] = sd["out_proj.bias"]
+    module.load_state_dict(new)
+    return module
+'''),
+        ("slices assigned through .data", '''
+def load_torch_mha(module, torch_mha):
+    D = torch_mha.embed_dim
+    for i, proj in enumerate([module.q_proj, module.k_proj, module.v_proj]):
+        proj.weight.data = torch_mha.in_proj_weight.data[i * D:(i + 1) * D].clone()
+        if torch_mha.in_proj_bias is not None:
+            proj.bias.data = torch_mha.in_proj_bias.data[i * D:(i + 1) * D].clone()
+    module.out_proj.weight.data = torch_mha.out_proj.weight.data.clone()
+    if torch_mha.out_proj.bias is not None:
+        module.out_proj.bias.data = torch_mha.out_proj.bias.data.clone()
+    return module
+'''),
+    ],
+    "mha_param_count": [
+        ("counted from nn.Linear layers on the meta device", '''
+def mha_param_count(d_model, n_heads, bias=True):
+    if d_model % n_heads != 0:
+        raise ValueError("d_model must be a multiple of n_heads")
+    layers = [nn.Linear(d_model, d_model, bias=bias, device="meta") for _ in range(4)]
+    return sum(p.numel() for layer in layers for p in layer.parameters())
+'''),
+        ("per head, then summed", '''
+def mha_param_count(d_model, n_heads, bias=True):
+    if d_model % n_heads:
+        raise ValueError("bad sizes")
+    head_dim = d_model // n_heads
+    per_head = 3 * d_model * head_dim + head_dim * d_model
+    return n_heads * per_head + (4 * d_model if bias else 0)
+'''),
+    ],
+}
