@@ -14,8 +14,9 @@ setup: system-packages
 	$(PIP) install --quiet "$(TORCH)"
 	$(PIP) install --quiet -e ".[dev,book,gpu]"
 
-# Optional system tools: bubblewrap (the grader's sandbox) and Chromium (the book's browser
-# test). Installed when we are root with apt-get; otherwise the tests that need them say so.
+# System tools: bubblewrap (the grader's sandbox), Chromium (the book's browser test) and npm
+# (MathJax for the book). Installed when we are root with apt-get; otherwise the tests that need
+# them say so.
 system-packages:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    missing=""; \

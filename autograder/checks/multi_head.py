@@ -7,7 +7,6 @@ import torch.nn.functional as F
 
 from autograder.checks import (Checks, StudentError, close, expect_array, expect_int, expect_pair, fail,
                                kind_of, reference, tensor)
-from autograder.sandbox import helpers
 from autograder.sandbox.wire import Array, Handle
 from solutions import multi_head as ref
 
