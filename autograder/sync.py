@@ -22,10 +22,19 @@ def solution_source(lesson, name):
     """Source of `name` in the lesson's solutions module, or in another one; None if none has it."""
     modules = [LESSONS[lesson]] + [m for m in LESSONS.values() if m != LESSONS[lesson]]
     for mod in modules:
-        obj = getattr(importlib.import_module(f"solutions.{mod}"), name, None)
+        obj = _python_function(getattr(importlib.import_module(f"solutions.{mod}"), name, None))
         if obj is not None and (inspect.isfunction(obj) or inspect.isclass(obj)) and obj.__module__ == f"solutions.{mod}":
             return textwrap.dedent(inspect.getsource(obj)).rstrip("\n")
     return None
+
+
+def _python_function(obj):
+    """A Triton kernel (@triton.jit gives a JITFunction, or an InterpretedFunction under
+    TRITON_INTERPRET=1) is synced as the Python function it wraps, its .fn; anything else as is."""
+    fn = getattr(obj, "fn", None)
+    if type(obj).__module__.split(".")[0] == "triton" and inspect.isfunction(fn):
+        return fn
+    return obj
 
 
 def with_markers(src):

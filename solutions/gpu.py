@@ -3,17 +3,46 @@
 FLOP counting, the online softmax, FlashAttention's tiled forward in torch, a fused QKV
 projection, and the same forward as a Triton kernel. Layout (B, H, T, Dh); the causal mask
 is bottom-right aligned (query i sees key j iff j <= i + Tk - Tq).
+
+Besides the graded names, the lesson provides (and benchmarks/gpu_attention.py uses) a naive
+attention, a timer and a peak-memory meter.
 """
+import contextlib
 import math
+import os
+import statistics
+import sys
+from types import SimpleNamespace
 
 import torch
 from torch import nn
+from torch.utils import benchmark
 
-try:  # Triton is optional (Linux wheels only); the rest of the lesson works without it.
+# Without a GPU, Triton kernels run in Triton's interpreter. Triton reads this variable when a
+# kernel is defined (@triton.jit), so it is set before any kernel is.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+try:  # Triton is optional (it installs on Linux only); the rest of the lesson works without it.
     import triton
     import triton.language as tl
-except ImportError:
-    triton = None
+    HAS_TRITON = True
+except ImportError:  # stand-ins, just enough to define (never to run) the kernel below
+    HAS_TRITON = False
+    triton = SimpleNamespace(jit=lambda fn: fn)
+    tl = SimpleNamespace(constexpr=None)
+
+
+def naive_attention(q, k, v, causal=False):
+    """Attention the direct way: the whole (B, H, Tq, Tk) score matrix is built, then softmaxed,
+    then multiplied by v. q (B, H, Tq, Dh), k and v (B, H, Tk, Dh) -> (B, H, Tq, Dh);
+    causal is bottom-right aligned."""
+    scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(q.size(-1))
+    if causal:
+        n_q, n_k = q.size(-2), k.size(-2)
+        visible = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).tril(n_k - n_q)
+        scores = scores.masked_fill(~visible, float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1), v)
 
 
 def attention_flops(batch, n_heads, seq_q, seq_k, head_dim, causal=False):
@@ -26,8 +55,8 @@ def attention_flops(batch, n_heads, seq_q, seq_k, head_dim, causal=False):
 def online_softmax(x, block_size):
     """softmax(x, dim=-1), reading the last dim once, block by block, with a running max and sum.
 
-    When the max grows from m to m', the sum so far was taken relative to m, so it is rescaled
-    by exp(m - m') before the new block's terms are added.
+    x (..., N) -> (..., N). When the max grows from m to m', the sum so far was taken relative
+    to m, so it is rescaled by exp(m - m') before the new block's terms are added.
     """
     m = torch.full((*x.shape[:-1], 1), float("-inf"), dtype=x.dtype, device=x.device)
     s = torch.zeros_like(m)
@@ -100,59 +129,62 @@ def fuse_qkv(attn):
     return fused
 
 
-if triton is not None:
-    @triton.jit
-    def _attention_kernel(Q, K, V, O, stride_b, stride_h, stride_t, stride_kb, stride_kh, stride_kt,
-                          n_heads, seq_q, seq_k, head_dim, qk_scale,
-                          CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
-                          BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
-        # One program: BLOCK_Q queries of one (batch, head). q/o and k/v are contiguous
-        # (B, H, T, Dh), so the last stride is 1; the pointers are raw offsets.
-        pid_q, bh = tl.program_id(0), tl.program_id(1)
-        b, h = bh // n_heads, bh % n_heads
-        rows = pid_q * BLOCK_Q + tl.arange(0, BLOCK_Q)
-        cols_d = tl.arange(0, BLOCK_D)
-        d_ok = cols_d < head_dim
-        q_off = b * stride_b + h * stride_h
-        kv_off = b * stride_kb + h * stride_kh
-        q = tl.load(Q + q_off + rows[:, None] * stride_t + cols_d[None, :],
-                    mask=(rows[:, None] < seq_q) & d_ok[None, :], other=0.0)
-        m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_Q], tl.float32)
-        acc = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
-        last_key = rows + (seq_k - seq_q)  # bottom-right causal: query i sees keys <= i + Tk - Tq
-        hi = seq_k
+@triton.jit
+def _attention_kernel(Q, K, V, O, stride_b, stride_h, stride_t, stride_kb, stride_kh, stride_kt,
+                      n_heads, seq_q, seq_k, head_dim, qk_scale,
+                      CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+                      BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+    """One program computes BLOCK_Q rows of the output of one (batch, head).
+
+    Q, K, V, O point at contiguous (B, H, T, Dh) tensors (so the last stride is 1); q and o share
+    the strides stride_b/h/t, k and v share stride_kb/kh/kt. qk_scale = log2(e) / sqrt(Dh):
+    the scores come out in log2 units, so exp2 gives the softmax's exponentials.
+    """
+    pid_q, bh = tl.program_id(0), tl.program_id(1)
+    b, h = bh // n_heads, bh % n_heads
+    rows = pid_q * BLOCK_Q + tl.arange(0, BLOCK_Q)
+    cols_d = tl.arange(0, BLOCK_D)
+    d_ok = cols_d < head_dim
+    q_off = b * stride_b + h * stride_h
+    kv_off = b * stride_kb + h * stride_kh
+    q = tl.load(Q + q_off + rows[:, None] * stride_t + cols_d[None, :],
+                mask=(rows[:, None] < seq_q) & d_ok[None, :], other=0.0)
+    m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_Q], tl.float32)
+    acc = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
+    last_key = rows + (seq_k - seq_q)  # bottom-right causal: query i sees keys <= i + Tk - Tq
+    hi = seq_k
+    if CAUSAL:
+        hi = tl.minimum(seq_k, (pid_q + 1) * BLOCK_Q + seq_k - seq_q)
+    for start in range(0, hi, BLOCK_K):
+        keys = start + tl.arange(0, BLOCK_K)
+        k_ok = keys < seq_k
+        kt = tl.load(K + kv_off + keys[None, :] * stride_kt + cols_d[:, None],
+                     mask=k_ok[None, :] & d_ok[:, None], other=0.0)  # (BLOCK_D, BLOCK_K)
+        s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
+        ok = k_ok[None, :]
         if CAUSAL:
-            hi = tl.minimum(seq_k, (pid_q + 1) * BLOCK_Q + seq_k - seq_q)
-        for start in range(0, hi, BLOCK_K):
-            keys = start + tl.arange(0, BLOCK_K)
-            k_ok = keys < seq_k
-            kt = tl.load(K + kv_off + keys[None, :] * stride_kt + cols_d[:, None],
-                         mask=k_ok[None, :] & d_ok[:, None], other=0.0)  # (BLOCK_D, BLOCK_K)
-            s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale  # log2 units: exp2 below
-            ok = k_ok[None, :]
-            if CAUSAL:
-                ok = ok & (keys[None, :] <= last_key[:, None])
-            s = tl.where(ok, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.math.exp2(s - shift[:, None])
-            alpha = tl.math.exp2(m_i - shift)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            vb = tl.load(V + kv_off + keys[:, None] * stride_kt + cols_d[None, :],
-                         mask=k_ok[:, None] & d_ok[None, :], other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb, input_precision=PRECISION)
-            m_i = m_new
-        acc = acc / l_i[:, None]
-        tl.store(O + q_off + rows[:, None] * stride_t + cols_d[None, :], acc.to(O.dtype.element_ty),
-                 mask=(rows[:, None] < seq_q) & d_ok[None, :])
+            ok = ok & (keys[None, :] <= last_key[:, None])
+        s = tl.where(ok, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s - shift[:, None])
+        alpha = tl.math.exp2(m_i - shift)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        vb = tl.load(V + kv_off + keys[:, None] * stride_kt + cols_d[None, :],
+                     mask=k_ok[:, None] & d_ok[None, :], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb, input_precision=PRECISION)
+        m_i = m_new
+    acc = acc / l_i[:, None]
+    tl.store(O + q_off + rows[:, None] * stride_t + cols_d[None, :], acc.to(O.dtype.element_ty),
+             mask=(rows[:, None] < seq_q) & d_ok[None, :])
 
 
 def triton_attention(q, k, v, causal=False):
     """The FlashAttention forward as a Triton kernel: q (B, H, Tq, Dh), k and v (B, H, Tk, Dh),
-    float32 or float16 -> (B, H, Tq, Dh). Runs on a GPU, or on the CPU under TRITON_INTERPRET=1
-    (Triton's interpreter: small sizes only)."""
-    if triton is None:
+    float32 or float16 (bfloat16 too, on a GPU) -> (B, H, Tq, Dh). Runs on a GPU, or on the CPU
+    under TRITON_INTERPRET=1 (Triton's interpreter: small sizes only)."""
+    if not HAS_TRITON:
         raise RuntimeError("triton_attention needs Triton (pip install triton; Linux only)")
     if q.ndim != 4 or k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.size(3) != k.size(3):
         raise ValueError(f"expected q (B, H, Tq, Dh), k and v (B, H, Tk, Dh); "
@@ -160,12 +192,13 @@ def triton_attention(q, k, v, causal=False):
     if not (q.dtype == k.dtype == v.dtype and q.device == k.device == v.device):
         raise ValueError(f"q, k, v must share dtype and device; got {q.dtype}/{q.device}, "
                          f"{k.dtype}/{k.device}, {v.dtype}/{v.device}")
-    if q.dtype not in (torch.float32, torch.float16):
-        raise ValueError(f"triton_attention takes float32 or float16, got {q.dtype}")
+    on_gpu = q.is_cuda
+    if q.dtype not in (torch.float32, torch.float16) and not (on_gpu and q.dtype == torch.bfloat16):
+        raise ValueError(f"triton_attention takes float32 or float16 (bfloat16 on a GPU only: "
+                         f"the interpreter has no bfloat16), got {q.dtype}")
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     B, H, Tq, Dh = q.shape
     out = torch.empty_like(q)
-    on_gpu = q.is_cuda
     block_q, block_k = (128, 64) if on_gpu else (16, 16)
     block_d = max(16, triton.next_power_of_2(Dh))
     grid = (triton.cdiv(Tq, block_q), B * H)
@@ -177,3 +210,66 @@ def triton_attention(q, k, v, causal=False):
                             PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
                             **({"num_warps": 8 if Dh > 64 else 4, "num_stages": 2} if on_gpu else {}))
     return out
+
+
+def benchmark_ms(fn, *args, min_run_time=0.1):
+    """Milliseconds per call of fn(*args), after a warm-up call. On a GPU: CUDA events around
+    repeated calls (kernels run asynchronously, so a wall clock would time only the launches).
+    On the CPU: torch.utils.benchmark, with num_threads set (it would time one thread otherwise)."""
+    if any(isinstance(a, torch.Tensor) and a.is_cuda for a in args):
+        fn(*args)  # warm-up: compilation, autotuning, allocator
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        times, total = [], 0.0
+        while len(times) < 3 or (total < min_run_time * 1e3 and len(times) < 100):
+            start.record()
+            fn(*args)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+            total += times[-1]
+        return statistics.median(times)
+    fn(*args)
+    timer = benchmark.Timer(stmt="fn(*args)", globals={"fn": fn, "args": args},
+                            num_threads=torch.get_num_threads())
+    return timer.blocked_autorange(min_run_time=min_run_time).median * 1e3
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """Silence the process's stderr (file descriptor 2): the profiler's C++ layer prints
+    start/stop lines there, which would show in a notebook as error output."""
+    sys.stderr.flush()
+    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 2)
+    os.close(null)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def peak_memory_bytes(fn, *args):
+    """Peak memory allocated while fn(*args) runs, above what was allocated before it (its
+    output included). On a GPU: torch.cuda.max_memory_allocated. On the CPU torch keeps no such
+    counter, so the allocator's events are recorded with torch.profiler (profile_memory=True)
+    and replayed: a running sum of allocations (+) and frees (-), whose maximum is the peak."""
+    if any(isinstance(a, torch.Tensor) and a.is_cuda for a in args):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        out = fn(*args)
+        torch.cuda.synchronize()
+        del out
+        return torch.cuda.max_memory_allocated() - before
+    with _quiet_stderr(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                                 profile_memory=True) as prof:
+        out = fn(*args)
+    del out
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    live = peak = 0
+    for e in sorted(events, key=lambda e: e.start_ns()):
+        live += e.nbytes()
+        peak = max(peak, live)
+    return peak

@@ -1,11 +1,18 @@
-"""solutions.gpu (lesson 06): tiled attention equals SDPA; Triton under its interpreter."""
+"""solutions.gpu (lesson 06): tiled attention equals SDPA; Triton under its interpreter, and
+compiled for a GPU ahead of time (no GPU needed); the measuring tools; the lesson without Triton."""
 import importlib.util
+import json
 import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from solutions import gpu
 from solutions.gpu import attention_flops, flash_attention, fuse_qkv, online_softmax, triton_attention
 from solutions.multi_head import MultiHeadAttention
 
@@ -82,7 +89,108 @@ def test_triton_attention_equals_sdpa(dtype, tq, tk, dh, causal):
 
 
 @pytest.mark.skipif(triton_missing, reason="Triton is not installed")
-def test_triton_attention_rejects_bf16():
+def test_triton_attention_rejects_bf16_off_the_gpu():
+    # Triton's interpreter runs on numpy, which has no bfloat16: it would return garbage.
     q = torch.randn(1, 1, 4, 16, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="bfloat16"):
         triton_attention(q, q, q)
+
+
+_COMPILE = """
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.runtime.jit import JITFunction
+from solutions import gpu
+kernel = JITFunction(gpu._attention_kernel.fn)  # without a GPU the module holds the interpreted kernel
+shared = []
+for dtype, head_dim, causal in json.loads(sys.argv[1]):
+    signature = {name: "i32" for name in kernel.arg_names}
+    signature.update({p: "*" + dtype for p in "QKVO"}, qk_scale="fp32")
+    constexprs = dict(CAUSAL=causal, BLOCK_Q=128, BLOCK_K=64, BLOCK_D=head_dim,
+                      PRECISION="ieee" if dtype == "fp32" else "tf32")
+    signature.update({name: "constexpr" for name in constexprs})
+    compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
+                              target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": 8 if head_dim > 64 else 4, "num_stages": 2})
+    assert "cubin" in compiled.asm
+    shared.append(compiled.metadata.shared)
+print(json.dumps(shared))
+"""
+
+
+@pytest.mark.skipif(triton_missing, reason="Triton is not installed")
+@pytest.mark.parametrize("configs", [
+    [("fp16", 64, False), ("bf16", 128, True)],
+    pytest.param([("fp32", 64, True), ("fp32", 128, False)], marks=pytest.mark.slow)])  # exact fp32 compiles slowly
+def test_kernel_compiles_for_a_hopper_gpu(configs):
+    """The interpreter never compiles the kernel. Compile it for sm_90 (an H100 or H200) with
+    triton_attention's GPU tiles, as a launch there would, and check it fits in a thread block's
+    227 KB of shared memory. A fresh process: a process that has interpreted kernels cannot compile."""
+    root = Path(__file__).resolve().parent.parent
+    run = subprocess.run([sys.executable, "-c", _COMPILE, json.dumps(configs)], capture_output=True, text=True,
+                         cwd=root, timeout=300)
+    if "ASTSource" in run.stderr and "TypeError" in run.stderr:
+        pytest.skip("this Triton release spells ASTSource differently")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert all(0 < n <= 227 * 1024 for n in json.loads(run.stdout.strip().splitlines()[-1]))
+
+
+def test_naive_attention_equals_sdpa_bottom_right():
+    q, k, v = torch.randn(2, 3, 5, 8), torch.randn(2, 3, 9, 8), torch.randn(2, 3, 9, 8)
+    for causal in (False, True):
+        torch.testing.assert_close(gpu.naive_attention(q, k, v, causal), sdpa(q, k, v, causal))
+
+
+def test_benchmark_ms_and_peak_memory_on_the_cpu():
+    q = torch.randn(1, 2, 64, 16)
+    assert gpu.benchmark_ms(torch.matmul, q, q.transpose(-1, -2), min_run_time=0.01) > 0
+    peaks = {}
+    for T in (256, 512):
+        q = torch.randn(1, 2, T, 32)
+        peaks[T] = (gpu.peak_memory_bytes(gpu.naive_attention, q, q, q),
+                    gpu.peak_memory_bytes(lambda q, k, v: flash_attention(q, k, v, block_q=64, block_k=64), q, q, q))
+    scores = 1 * 2 * 512 * 512 * 4
+    assert peaks[512][0] >= 2 * scores, "naive attention holds the scores and their softmax at once"
+    assert peaks[512][0] / peaks[256][0] > 3.5, "naive attention's memory is quadratic in T"
+    assert peaks[512][1] / peaks[256][1] < 2.5, "flash_attention's memory is linear in T (the output plus tiles)"
+    assert peaks[512][1] < scores / 4
+
+
+def test_lesson_runs_without_triton(tmp_path):
+    """A student without Triton: the lesson's code cells, the Triton test cell and its demo all run,
+    and say that Triton was skipped."""
+    root = Path(__file__).resolve().parent.parent
+    script = textwrap.dedent(f"""
+        import sys, json
+        sys.modules["triton"] = None  # `import triton` now raises ImportError
+        sys.path.insert(0, {str(root)!r})
+        from autograder import notebook as nbk
+        nb = nbk.read(nbk.lesson_path("06_gpu"))
+        ns = {{"__name__": "__lesson__"}}
+        for cell in nbk.code_cells(nb):
+            text = nbk.without_markers(nbk.source(cell))
+            if nbk.is_test(cell):
+                if nbk.grade_id(cell) != "test_triton_attention":
+                    continue
+                text = nbk.strip_hidden_tests(text)
+            elif nbk.is_demo(cell) and "HAS_TRITON" not in text:
+                continue
+            exec(compile(text, "<cell>", "exec"), ns)
+        assert ns["HAS_TRITON"] is False
+        import torch
+        q = torch.randn(1, 1, 4, 8)
+        try:
+            ns["triton_attention"](q, q, q)
+        except RuntimeError as e:
+            assert "Triton" in str(e)
+        else:
+            raise AssertionError("triton_attention should say it needs Triton")
+    """)
+    env = dict(os.environ, MPLBACKEND="Agg")
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "Triton: not installed" in run.stdout
+    assert "triton_attention was not tested" in run.stdout and "nothing to time here" in run.stdout
+    assert run.stderr == ""

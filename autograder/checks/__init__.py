@@ -116,6 +116,14 @@ class Subject:
                               "args": [wire.encode_plain(a) for a in args],
                               "kwargs": {k: wire.encode_plain(v) for k, v in kwargs.items()}})
 
+    def call_traced(self, target, *args, **kwargs):
+        """(result, ops): call(), plus every tensor op the call ran, as [name, first input's shape,
+        [floating outputs' shapes]] (see sandbox.server.OpLog)."""
+        result, ops = self._request({"op": "call", "trace": True, "target": _target(target),
+                                     "args": [wire.encode_plain(a) for a in args],
+                                     "kwargs": {k: wire.encode_plain(v) for k, v in kwargs.items()}})
+        return result, ops
+
     def helper(self, name, *args, **kwargs):
         """Build one of autograder.sandbox.helpers next to the student's code; returns a Handle."""
         return self.call({"helper": name}, *args, **kwargs)

@@ -7,6 +7,7 @@ plain data here, or a handle to an object that stays on this side.
 """
 import numpy as np
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import helpers, wire
 
@@ -40,6 +41,10 @@ class ObjectServer:
             fn = self._target(req["target"])
             args = [self._arg(a) for a in req.get("args", [])]
             kwargs = {k: self._arg(v) for k, v in req.get("kwargs", {}).items()}
+            if req.get("trace"):
+                with OpLog() as log:
+                    result = fn(*args, **kwargs)
+                return result, log.ops
             return fn(*args, **kwargs)
         if op == "getattr":
             return getattr(self.objects[req["handle"]], req["name"])
@@ -141,6 +146,24 @@ class ObjectServer:
         budget[0] += arr.nbytes
         if budget[0] > MAX_REPLY_BYTES:
             raise TooLarge()
+
+
+class OpLog(TorchDispatchMode):
+    """Records every tensor op a call runs, as [name, first input's shape or None, [floating outputs'
+    shapes]], so a check can see how a result was computed (tiled? one pass?), not only what it is."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+        outs = out if isinstance(out, (tuple, list)) else [out]
+        if len(self.ops) < wire.MAX_ITEMS:
+            self.ops.append([func.overloadpacket.__name__, None if first is None else list(first.shape),
+                             [list(t.shape) for t in outs if isinstance(t, torch.Tensor) and t.is_floating_point()]])
+        return out
 
 
 def _wire_dtype(dtype):

@@ -1,0 +1,340 @@
+"""Hidden checks of lesson 06 (making attention fast): attention_flops, online_softmax,
+flash_attention, fuse_qkv, triton_attention.
+
+The checks compare results only: how a result was computed (one pass or two, tiles or the
+whole score matrix) cannot be seen from here. The notebook watches the student's functions
+run (demo cells after the tests) and says so when they build the whole score matrix.
+"""
+import itertools
+import math
+
+import numpy as np
+import torch
+
+from autograder.checks import Checks, close, expect_array, expect_int, fail, kind_of, reference, tensor
+from autograder.sandbox.wire import Array, Handle
+from solutions import gpu as ref
+
+CHECKS = Checks()
+
+
+# ---- attention_flops --------------------------------------------------------------------------
+
+def _flops_diagnosis(x, full, half):
+    """What the pair (count without, count with causal=True) says about the mistake; x = B*H*Tq*Tk*Dh."""
+    known = {
+        (2 * x, x): "a factor 2 is missing: a multiply-add is 2 FLOPs, so a (m x k) @ (k x n) matmul costs "
+                    "2*m*k*n FLOPs, and attention has two of them (QK^T and PV)",
+        (x, x // 2): "count both matmuls (QK^T and PV) and 2 FLOPs per multiply-add: 4*B*H*Tq*Tk*Dh",
+        (4 * x, 4 * x): "with causal=True the count is not halved: a causal kernel skips about half the "
+                        "score tiles, and the convention is to halve the count",
+        (2 * x, 4 * x): "the count is halved when causal is False instead of when it is True",
+        (2 * x, 2 * x): "a factor 2 is missing (2 FLOPs per multiply-add, two matmuls), and causal=True "
+                        "should halve the count",
+    }
+    try:
+        return known.get((full, half))
+    except TypeError:  # unhashable results: the type check below explains them
+        return None
+
+
+@CHECKS.add("attention_flops")
+def attention_flops(s):
+    rng = s.rng
+    shapes = [(1, 1, 1, 1, 1), (2, 12, 1024, 1024, 64), (3, 5, 7, 11, 13), (1, 32, 1, 4096, 128),
+              tuple(int(n) for n in rng.integers(2, 40, size=5)),
+              (9, 11, 1_000_003, 999_983, 127)]  # beyond 2**53: floats are no longer exact
+    for b, h, tq, tk, dh in shapes:
+        x = b * h * tq * tk * dh
+        full = s.call("attention_flops", b, h, tq, tk, dh)
+        half = s.call("attention_flops", b, h, tq, tk, dh, causal=True)
+        diagnosis = _flops_diagnosis(x, full, half)
+        if diagnosis and (full, half) != (4 * x, 2 * x):
+            fail(f"attention_flops: {diagnosis}")
+        for got, want, what in ((full, 4 * x, "attention_flops(batch, n_heads, seq_q, seq_k, head_dim)"),
+                                (half, 2 * x, "attention_flops(..., causal=True)")):
+            if isinstance(got, float) and got.is_integer() and got == want:
+                fail(f"{what} returned a float: return an int (halve with //, not /)")
+            if type(got) is int and got != want and abs(got - want) <= 1e-9 * want:
+                fail(f"{what} is off by a little for very large sizes: floats are exact only up to 2**53, "
+                     "so count with Python ints (// to halve)")
+            expect_int(got, want, what)
+    if s.call("attention_flops", 2, 3, 5, 5, 8, False) != 4 * 2 * 3 * 5 * 5 * 8:
+        fail("attention_flops(..., causal=False) passed positionally is not the full count")
+
+
+# ---- online_softmax -----------------------------------------------------------------------------
+
+def _online_variant(x, block, rescale="right", per_block=False, normalise=True):
+    """What an online softmax with a known mistake returns, in float64."""
+    t = torch.from_numpy(x).double()
+    if per_block:
+        return torch.cat([c.softmax(-1) for c in t.split(block, dim=-1)], dim=-1)
+    m = torch.full((*t.shape[:-1], 1), float("-inf"), dtype=torch.float64)
+    total = torch.zeros_like(m)
+    for start in range(0, t.size(-1), block):
+        part = t[..., start:start + block]
+        m_new = torch.maximum(m, part.amax(-1, keepdim=True))
+        shift = m_new.clamp(min=-1e300)
+        old = m.clamp(min=-1e300)
+        factor = {"right": torch.exp(old - shift), "none": torch.ones_like(m), "inverted": torch.exp(shift - old)}[rescale]
+        total = total * factor + torch.exp(part - shift).sum(-1, keepdim=True)
+        m = m_new
+    e = torch.exp(t - m)
+    return e / total if normalise else e
+
+
+def _online_mistakes(x, block):
+    out = []
+    for message, kwargs in [
+        ("the running sum is not rescaled when the max grows: the sum so far was taken relative to the old "
+         "max m, so multiply it by exp(m - m_new) before adding the new block's terms", dict(rescale="none")),
+        ("the running sum is rescaled the wrong way: multiply it by exp(m_old - m_new), which is <= 1",
+         dict(rescale="inverted")),
+        ("each block is normalised on its own: the sum must run over the whole row (keep one running sum)",
+         dict(per_block=True)),
+        ("the result is not normalised: divide exp(x - max) by the running sum at the end", dict(normalise=False)),
+    ]:
+        with np.errstate(all="ignore"):
+            out.append((message, reference(_online_variant(x, block, **kwargs).to(getattr(torch, x.dtype.name)))))
+    return out
+
+
+REDUCTIONS = {"amax", "amin", "max", "min", "sum", "mean", "prod", "logsumexp", "softmax", "_softmax",
+              "log_softmax", "_log_softmax", "cumsum", "argmax", "norm", "linalg_vector_norm"}
+
+
+def _expect_one_pass(ops, block):
+    """No reduction may read more than block_size entries of a row: the max and the sum are built block by block."""
+    for name, first, _ in ops:
+        if name in REDUCTIONS and first and first[-1] > block:
+            fail(f"online_softmax reduced a whole row at once ({name} over {first[-1]} entries with block_size="
+                 f"{block}): read the row block by block, keeping a running max and a running sum, and do not call "
+                 "softmax on the whole row")
+
+
+@CHECKS.add("online_softmax")
+def online_softmax(s):
+    rng = s.rng
+    cases = [((3, 4, 50), 8, 20.0, "random"), ((2, 20), 1, 5.0, "rising"), ((2, 3, 17), 100, 3.0, "random"),
+             ((4, 64), 16, 50.0, "rising"), ((2, 3, 40), 7, 10.0, "masked"), ((5, 24), 24, 1.0, "random")]
+    for dtype in (np.float64, np.float32):
+        for shape, block, scale, kind in cases:
+            x = rng.standard_normal(shape) * scale
+            if kind == "rising":  # the max grows in every block, so every block must rescale
+                x = np.sort(x, axis=-1)
+            if kind == "masked":  # -inf entries, and a row whose first blocks are all -inf
+                x[..., ::3] = -np.inf
+                x[0, 0, :20] = -np.inf
+            x = x.astype(dtype)
+            got, ops = s.call_traced("online_softmax", tensor(x), block)
+            _expect_one_pass(ops, block)
+            want = reference(ref.online_softmax(torch.from_numpy(x), block))
+            expect_array(got, want, "online_softmax(x, block_size)", mistakes=_online_mistakes(x, block),
+                         nan_hint="-inf entries must get weight 0, and a row whose first blocks are all -inf must "
+                                  "not turn into NaN: exp(-inf - (-inf)) is NaN, so while the running max is still "
+                                  "-inf, subtract a finite number instead (e.g. clamp it to torch.finfo(dtype).min)")
+
+
+# ---- flash_attention and triton_attention -------------------------------------------------------
+
+def _attention_variant(q, k, v, causal, block_k, acc_rescale=True, l_rescale=True, normaliser="l",
+                       top_left=False, drop_k_tail=False, scale=None, pad_k_to=None):
+    """FlashAttention's forward with a known mistake switched on, in float64 (numpy inputs). Every
+    query row is computed on its own, so all queries form one tile; only the key tiles matter."""
+    q, k, v = (torch.from_numpy(np.asarray(a, dtype=np.float64)) for a in (q, k, v))
+    tq, tk = q.size(2), k.size(2)
+    scale = 1 / math.sqrt(q.size(-1)) if scale is None else scale
+    if pad_k_to:  # keys past Tk read as zeros and not masked (a Triton tile without its mask)
+        pad = (-tk) % pad_k_to
+        k = torch.cat([k, k.new_zeros(*k.shape[:2], pad, k.size(3))], dim=2)
+        v = torch.cat([v, v.new_zeros(*v.shape[:2], pad, v.size(3))], dim=2)
+    k_stop = (tk // block_k) * block_k if drop_k_tail else k.size(2)
+    rows = torch.arange(tq)[:, None] + (0 if top_left else tk - tq)
+    m = torch.full((*q.shape[:3], 1), float("-inf"), dtype=torch.float64)
+    l, acc = torch.zeros_like(m), torch.zeros_like(q)
+    for ks in range(0, k_stop, block_k):
+        kb, vb = k[:, :, ks:ks + block_k], v[:, :, ks:ks + block_k]
+        sc = (q * scale) @ kb.transpose(-2, -1)
+        if causal:
+            sc = sc.masked_fill(torch.arange(ks, ks + kb.size(2)) > rows, float("-inf"))
+        m_new = torch.maximum(m, sc.amax(-1, keepdim=True))
+        shift = m_new.clamp(min=-1e300)
+        p = torch.exp(sc - shift)
+        alpha = torch.exp(m.clamp(min=-1e300) - shift)
+        if normaliser == "last":
+            l = p.sum(-1, keepdim=True)
+        else:
+            l = (l * alpha if l_rescale else l) + p.sum(-1, keepdim=True)
+        acc = (acc * alpha if acc_rescale else acc) + p @ vb
+        m = m_new
+    return acc / l if normaliser in ("l", "last") else acc
+
+
+def _attention_mistakes(q, k, v, causal, block_ks, dtype, triton=False):
+    """(message, Array) of known mistakes on these inputs, for each block size the student may use."""
+    tq, tk, dh = q.shape[2], k.shape[2], q.shape[3]
+    cast = lambda t: reference(t.to(dtype))
+    out = [("scale the scores by 1/sqrt(Dh) (Dh = q.size(-1)); they are not scaled",
+            cast(_attention_variant(q, k, v, causal, 1 << 30, scale=1.0))),
+           ("scale the scores by 1/sqrt(Dh), not 1/Dh", cast(_attention_variant(q, k, v, causal, 1 << 30, scale=1 / dh)))]
+    if triton:
+        out.append(("the exponentials are off by a factor log2(e): exp2(x) = exp(x * ln 2), so with exp2 the "
+                    "scores must be multiplied by log2(e) (fold it into the scale)",
+                    cast(_attention_variant(q, k, v, causal, 1 << 30, scale=math.log(2) / math.sqrt(dh)))))
+    if causal and tk != tq:
+        out.append(("the causal mask is aligned top-left. With Tk > Tq the queries are the last Tq positions, "
+                    "so query i sees key j iff j <= i + (Tk - Tq) (bottom-right)",
+                    cast(_attention_variant(q, k, v, causal, 1 << 30, top_left=True))))
+    for bk in block_ks:
+        variants = [
+            ("the accumulator is not rescaled: when the running max grows from m to m_new, multiply acc by "
+             "exp(m - m_new), as you do for the running sum", dict(acc_rescale=False)),
+            ("the running sum l is not rescaled when the max grows: l = l * exp(m - m_new) + p.sum(-1)",
+             dict(l_rescale=False)),
+            ("neither the accumulator nor the running sum is rescaled when the max grows: multiply both by "
+             "exp(m - m_new)", dict(acc_rescale=False, l_rescale=False)),
+            ("the wrong normaliser: divide acc by the running sum l of all key tiles, once, at the end (you divide "
+             "by the last tile's sum)", dict(normaliser="last")),
+            ("the wrong normaliser: the output is never normalised; divide acc by the running sum l at the end",
+             dict(normaliser="none")),
+        ]
+        if tk % bk:
+            variants.append(("the tail is dropped: when Tk is not a multiple of block_k, the last, partial tile of "
+                             "keys must still be used", dict(drop_k_tail=True)))
+            if triton and not causal:
+                variants.append(("keys past the end of the sequence are not masked out: in the tail tile, positions "
+                                 ">= seq_k must get score -inf (loading them as 0 is not enough)", dict(pad_k_to=bk)))
+        for message, kwargs in variants:
+            out.append((message, cast(_attention_variant(q, k, v, causal, bk, **kwargs))))
+    return out
+
+
+def _expect_attention(got, want, what, mistakes, tq, block_qs):
+    """expect_array, plus: only the last, partial tile of queries is wrong."""
+    for message, wrong in mistakes:
+        if close(got, wrong) and not close(got, want):
+            fail(f"{what}: {message}")
+    if isinstance(got, Array) and got.kind == want.kind and got.dtype == want.dtype and got.shape == want.shape:
+        for bq in block_qs:
+            n = (tq // bq) * bq
+            head = lambda a: Array(a.kind, a.dtype, a.data[..., :n, :], device=a.device)
+            tail = lambda a: Array(a.kind, a.dtype, a.data[..., n:, :], device=a.device)
+            if 0 < n < tq and close(head(got), head(want)) and not close(tail(got), tail(want)):
+                fail(f"{what}: the tail is wrong: when Tq is not a multiple of the query block, the last, partial "
+                     "tile of queries must be computed too (its rows of the output are wrong or missing)")
+    expect_array(got, want, what, nan_hint="a row of scores that is all -inf in a tile gives exp(-inf - (-inf)) = "
+                                           "NaN: use a finite shift while the running max is -inf")
+
+
+def _qkv(rng, b, h, tq, tk, dh, dtype, scale=2.0):
+    q = (rng.standard_normal((b, h, tq, dh)) * scale).astype(dtype)
+    k = (rng.standard_normal((b, h, tk, dh)) * scale).astype(dtype)
+    v = rng.standard_normal((b, h, tk, dh)).astype(dtype)
+    return q, k, v
+
+
+def _expect_tiled(ops, bq, bk, tq, tk, dh):
+    """No floating tensor may hold more than one block_q x block_k tile of scores (Dh is kept below the blocks
+    in these cases, so q, k, v, the accumulator and the output never count)."""
+    for name, _, shapes in ops:
+        for shape in shapes:
+            if len(shape) >= 2 and shape[-1] * shape[-2] > max(bq * bk, tq * dh, tk * dh):
+                fail(f"flash_attention made a tensor of shape {tuple(shape)} ({name}), larger than one "
+                     f"block_q x block_k tile of scores ({bq} x {bk}): FlashAttention never materialises the full "
+                     "(Tq, Tk) score matrix, or a (block_q, Tk) row of it; loop over tiles of queries and keys")
+
+
+@CHECKS.add("flash_attention")
+def flash_attention(s):
+    rng = s.rng
+    # (dtype, (B, H, Tq, Tk, Dh), causal, block_q, block_k or None for the defaults, scale of q and k)
+    cases = [(np.float64, (2, 3, 37, 53, 8), False, 16, 16, 3.0),
+             (np.float64, (2, 2, 29, 45, 16), True, 8, 12, 2.0),
+             (np.float32, (2, 3, 150, 150, 8), True, None, None, 2.0),
+             (np.float32, (2, 2, 45, 20, 8), False, 16, 8, 10.0),
+             (np.float32, (2, 2, 1, 77, 16), True, 16, 32, 2.0),
+             (np.float32, (2, 2, 70, 100, 8), False, None, None, 3.0),
+             (np.float16, (2, 2, 40, 70, 16), True, 16, 32, 1.5),
+             (np.float16, (2, 3, 64, 64, 32), False, 32, 32, 1.0)]
+    for dtype, (b, h, tq, tk, dh), causal, bq, bk, scale in cases:
+        q, k, v = _qkv(rng, b, h, tq, tk, dh, dtype, scale)
+        blocks = {} if bq is None else dict(block_q=bq, block_k=bk)
+        bq, bk = bq or 64, bk or 64
+        got, ops = s.call_traced("flash_attention", tensor(q), tensor(k), tensor(v), causal=causal, **blocks)
+        want = reference(ref.flash_attention(*(torch.from_numpy(a) for a in (q, k, v)), causal=causal))
+        _expect_tiled(ops, bq or 64, bk or 64, tq, tk, dh)
+        what = f"flash_attention(q, k, v, causal={causal}{', block_q, block_k' if blocks else ''}) in {np.dtype(dtype).name}"
+        mistakes = _attention_mistakes(q, k, v, causal, [bk], getattr(torch, np.dtype(dtype).name))
+        _expect_attention(got, want, what, mistakes, tq, [bq])
+
+
+# ---- fuse_qkv -----------------------------------------------------------------------------------
+
+@CHECKS.add("fuse_qkv")
+def fuse_qkv(s):
+    rng = s.rng
+    names = ("q", "k", "v")
+    for dtype, d, n_heads, bias in [(np.float32, 16, 4, True), (np.float64, 24, 3, True), (np.float32, 12, 2, False),
+                                    (np.float64, 8, 2, False)]:
+        w = {n: rng.standard_normal((d, d)).astype(dtype) for n in (*names, "o")}
+        b = {n: rng.standard_normal(d).astype(dtype) if bias else None for n in (*names, "o")}
+        linears = {f"{n}_proj" if n != "o" else "out_proj": (tensor(w[n]), None if b[n] is None else tensor(b[n]))
+                   for n in (*names, "o")}
+        attn = s.helper("AttentionShell", linears, d_model=d, n_heads=n_heads, head_dim=d // n_heads)
+        fused = s.call("fuse_qkv", attn)
+        if not (isinstance(fused, Handle) and "torch.nn.modules.linear.Linear" in fused.mro):
+            fail(f"fuse_qkv(attn) should return a torch.nn.Linear (D -> 3D), but it returned {kind_of(fused)}")
+        orders = list(itertools.permutations(names))
+        stack = lambda parts, order: np.concatenate([parts[n] for n in order])
+        order_msg = lambda order: (f"the projections are stacked in the order {', '.join(order)}: stack them as q, k, v, "
+                                   "so that q, k, v = fused(x).split(D, dim=-1)")
+        weight = s.get(fused, "weight")
+        expect_array(weight, reference(torch.from_numpy(stack(w, names))), "fuse_qkv(attn).weight",
+                     mistakes=[(order_msg(o), reference(torch.from_numpy(stack(w, o)))) for o in orders[1:]] + [
+                         ("each weight is transposed: nn.Linear stores its weight as (out_features, in_features) "
+                          "and computes x @ weight.T, so stack the weights themselves, not their transposes",
+                          reference(torch.from_numpy(np.concatenate([w[n].T for n in names]))))],
+                     hint="stack q_proj.weight, k_proj.weight and v_proj.weight along dim 0")
+        fused_bias = s.get(fused, "bias")
+        if bias:
+            if fused_bias is None:
+                fail("fuse_qkv(attn): the biases are dropped. attn's projections have biases, so the fused layer "
+                     "needs them too, stacked in the same order (q, k, v)")
+            expect_array(fused_bias, reference(torch.from_numpy(stack(b, names))), "fuse_qkv(attn).bias",
+                         mistakes=[(order_msg(o), reference(torch.from_numpy(stack(b, o)))) for o in orders[1:]],
+                         hint="copy the three biases into the fused layer, stacked in the order q, k, v")
+        elif fused_bias is not None:
+            fail("fuse_qkv(attn): attn's projections have no biases, so the fused layer must have none "
+                 "(nn.Linear(..., bias=False))")
+        x = rng.standard_normal((2, 5, d)).astype(dtype)
+        parts = {n: x @ w[n].T + (b[n] if bias else 0) for n in names}
+        expect_array(s.call(fused, tensor(x)), reference(torch.from_numpy(np.concatenate([parts[n] for n in names], -1))),
+                     "fuse_qkv(attn)(x)", hint="fused(x).split(D, dim=-1) must give q_proj(x), k_proj(x), v_proj(x)")
+
+
+# ---- triton_attention ----------------------------------------------------------------------------
+
+def _on(array, device):
+    array.device = device
+    return array
+
+
+@CHECKS.add("triton_attention")
+def triton_attention(s):
+    if not ref.HAS_TRITON:
+        fail("triton_attention cannot be checked here: Triton is not installed where the grader runs "
+             "(pip install triton; Linux only)")
+    rng = s.rng
+    device = "cuda:0" if torch.cuda.is_available() else "cpu"
+    # Small sizes: on a CPU this runs in Triton's interpreter. Dh = 24 is not a power of two.
+    cases = [(np.float32, (2, 2, 20, 33, 16), True), (np.float32, (2, 2, 35, 21, 24), False),
+             (np.float16, (2, 2, 33, 17, 32), False), (np.float16, (1, 3, 18, 40, 16), True)]
+    for dtype, (b, h, tq, tk, dh), causal in cases:
+        q, k, v = _qkv(rng, b, h, tq, tk, dh, dtype)
+        got = s.call("triton_attention", *(_on(tensor(a), device) for a in (q, k, v)), causal=causal)
+        want = _on(reference(ref.flash_attention(*(torch.from_numpy(a) for a in (q, k, v)), causal=causal)), device)
+        what = f"triton_attention(q, k, v, causal={causal}) in {np.dtype(dtype).name}"
+        blocks = [16, 32, 64, 128]
+        mistakes = _attention_mistakes(q, k, v, causal, blocks, getattr(torch, np.dtype(dtype).name), triton=True)
+        _expect_attention(got, want, what, mistakes, tq, blocks)

@@ -1,0 +1,319 @@
+"""Lesson 06 (making attention fast): known-wrong answers and correct variants.
+
+The Triton mutants and variants are the reference kernel and wrapper with one edit each, so
+they stay in step with solutions/gpu.py (an edit that no longer applies fails at import).
+"""
+import inspect
+import textwrap
+
+from solutions import gpu as _sol
+
+_KERNEL = textwrap.dedent(inspect.getsource(getattr(_sol._attention_kernel, "fn", _sol._attention_kernel)))
+_WRAPPER = inspect.getsource(_sol.triton_attention)
+
+
+def _triton(kernel=(), wrapper=()):
+    """The triton_attention answer cell with edits [(old, new)] to the kernel and the wrapper; the
+    edited kernel is defined in the same cell, under the same name."""
+    k, w = _KERNEL, _WRAPPER
+    for old, new in kernel:
+        assert old in k, f"mutant edit no longer applies to the kernel: {old!r}"
+        k = k.replace(old, new)
+    for old, new in wrapper:
+        assert old in w, f"mutant edit no longer applies to the wrapper: {old!r}"
+        w = w.replace(old, new)
+    return k + "\n\n" + w
+
+
+_FLASH_BODY = '''
+def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):
+    Tq, Tk = q.size(2), k.size(2)
+    acc_dtype = torch.promote_types(q.dtype, torch.float32)
+    scale = 1 / math.sqrt(q.size(3))
+    out = torch.zeros_like(q)
+    for qs in range(0, {q_stop}, block_q):
+        qb = q[:, :, qs:qs + block_q].to(acc_dtype) * {scale}
+        n = qb.size(2)
+        m = torch.full((*qb.shape[:3], 1), float("-inf"), dtype=acc_dtype)
+        l = torch.zeros_like(m)
+        acc = torch.zeros_like(qb)
+        rows = torch.arange(qs, qs + n)[:, None] + {offset}
+        for ks in range(0, {k_stop}, block_k):
+            kb = k[:, :, ks:ks + block_k].to(acc_dtype)
+            vb = v[:, :, ks:ks + block_k].to(acc_dtype)
+            s = qb @ kb.transpose(-2, -1)
+            if causal:
+                s = s.masked_fill(torch.arange(ks, ks + kb.size(2)) > rows, float("-inf"))
+            m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
+            shift = m_new.clamp(min=torch.finfo(acc_dtype).min)
+            p = torch.exp(s - shift)
+            alpha = torch.exp(m - shift)
+            l = {l_update}
+            acc = {acc_update}
+            m = m_new
+        out[:, :, qs:qs + n] = ({result}).to({out_dtype})
+    return out
+'''
+_FLASH_OK = dict(q_stop="Tq", k_stop="Tk", scale="scale", offset="(Tk - Tq)", l_update="l * alpha + p.sum(dim=-1, keepdim=True)",
+                 acc_update="acc * alpha + p @ vb", result="acc / l", out_dtype="q.dtype")
+
+
+def _flash(**edits):
+    body = _FLASH_BODY.format(**{**_FLASH_OK, **edits})
+    if edits.get("out_dtype") == "acc_dtype":  # an output allocated in the accumulator's dtype
+        body = body.replace("out = torch.zeros_like(q)", "out = torch.zeros_like(q, dtype=acc_dtype)")
+    return body
+
+
+_ONLINE = '''
+def online_softmax(x, block_size):
+    m = torch.full((*x.shape[:-1], 1), float("-inf"), dtype=x.dtype)
+    s = torch.zeros_like(m)
+    for start in range(0, x.size(-1), block_size):
+        block = x[..., start:start + block_size]
+        m_new = torch.maximum(m, block.amax(dim=-1, keepdim=True))
+        shift = {shift}
+        s = {s_update}
+        m = m_new
+    return {result}
+'''
+_ONLINE_OK = dict(shift="m_new.clamp(min=torch.finfo(x.dtype).min)",
+                  s_update="s * torch.exp(m - shift) + torch.exp(block - shift).sum(dim=-1, keepdim=True)",
+                  result="torch.exp(x - m) / s")
+
+
+def _online(**edits):
+    return _ONLINE.format(**{**_ONLINE_OK, **edits})
+
+
+_FUSE = '''
+def fuse_qkv(attn):
+    projs = {projs}
+    w = attn.q_proj.weight
+    d = w.size(1)
+    fused = nn.Linear(d, 3 * d, bias={bias}, dtype={dtype})
+    with torch.no_grad():
+        fused.weight.copy_(torch.cat([{weight} for p in projs]))
+        if {copy_bias}:
+            fused.bias.copy_(torch.cat([p.bias for p in projs]))
+    return fused
+'''
+_FUSE_OK = dict(projs="(attn.q_proj, attn.k_proj, attn.v_proj)", bias="attn.q_proj.bias is not None",
+                dtype="w.dtype", weight="p.weight", copy_bias="fused.bias is not None")
+
+
+def _fuse(**edits):
+    return _FUSE.format(**{**_FUSE_OK, **edits})
+
+
+MUTANTS = {
+    "attention_flops": [
+        ("a multiply-add counted as one FLOP", "factor 2", '''
+def attention_flops(batch, n_heads, seq_q, seq_k, head_dim, causal=False):
+    flops = 2 * batch * n_heads * seq_q * seq_k * head_dim
+    return flops // 2 if causal else flops
+'''),
+        ("one matmul, one FLOP per multiply-add", "both matmuls", '''
+def attention_flops(batch, n_heads, seq_q, seq_k, head_dim, causal=False):
+    flops = batch * n_heads * seq_q * seq_k * head_dim
+    return flops // 2 if causal else flops
+'''),
+        ("causal not halved", "not halved", '''
+def attention_flops(batch, n_heads, seq_q, seq_k, head_dim, causal=False):
+    return 4 * batch * n_heads * seq_q * seq_k * head_dim
+'''),
+        ("halved when not causal", "instead of", '''
+def attention_flops(batch, n_heads, seq_q, seq_k, head_dim, causal=False):
+    flops = 4 * batch * n_heads * seq_q * seq_k * head_dim
+    return flops if causal else flops // 2
+'''),
+        ("returns a float", "float", '''
+def attention_flops(batch, n_heads, seq_q, seq_k, head_dim, causal=False):
+    flops = 4 * batch * n_heads * seq_q * seq_k * head_dim
+    return flops / 2 if causal else flops
+'''),
+        ("float arithmetic, rounded back", "2**53", '''
+def attention_flops(batch, n_heads, seq_q, seq_k, head_dim, causal=False):
+    flops = 4.0 * batch * n_heads * seq_q * seq_k * head_dim
+    return int(flops / 2) if causal else int(flops)
+'''),
+    ],
+    "online_softmax": [
+        ("calls softmax on the whole row", "block by block", '''
+def online_softmax(x, block_size):
+    return torch.softmax(x, dim=-1)
+'''),
+        ("two passes over whole rows", "whole row at once", '''
+def online_softmax(x, block_size):
+    e = torch.exp(x - x.amax(dim=-1, keepdim=True))
+    return e / e.sum(dim=-1, keepdim=True)
+'''),
+        ("running sum not rescaled", "not rescaled",
+         _online(s_update="s + torch.exp(block - shift).sum(dim=-1, keepdim=True)")),
+        ("rescaled the wrong way", "wrong way",
+         _online(s_update="s * torch.exp(shift - m.clamp(min=torch.finfo(x.dtype).min)) + torch.exp(block - shift).sum(dim=-1, keepdim=True)")),
+        ("each block normalised on its own", "whole row", '''
+def online_softmax(x, block_size):
+    return torch.cat([b.softmax(dim=-1) for b in x.split(block_size, dim=-1)], dim=-1)
+'''),
+        ("no finite shift: NaN after an all -inf block", "finite", _online(shift="m_new")),
+        ("never normalised", "not normalised", _online(result="torch.exp(x - m)")),
+    ],
+    "flash_attention": [
+        ("the full score matrix, not tiled", "never materialises", '''
+def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):
+    Tq, Tk = q.size(2), k.size(2)
+    scores = q.float() @ k.float().transpose(-2, -1) / math.sqrt(q.size(-1))
+    if causal:
+        scores = scores.masked_fill(torch.ones(Tq, Tk, dtype=torch.bool).tril(Tk - Tq).logical_not(), float("-inf"))
+    return (scores.softmax(-1) @ v.float()).to(q.dtype)
+'''),
+        ("only the queries tiled", "(block_q, Tk) row", '''
+def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):
+    Tq, Tk = q.size(2), k.size(2)
+    out = torch.empty_like(q)
+    for qs in range(0, Tq, block_q):
+        qb = q[:, :, qs:qs + block_q].float()
+        scores = qb @ k.float().transpose(-2, -1) / math.sqrt(q.size(-1))
+        if causal:
+            rows = torch.arange(qs, qs + qb.size(2))[:, None] + Tk - Tq
+            scores = scores.masked_fill(torch.arange(Tk) > rows, float("-inf"))
+        out[:, :, qs:qs + block_q] = (scores.softmax(-1) @ v.float()).to(q.dtype)
+    return out
+'''),
+        ("accumulator not rescaled", "accumulator", _flash(acc_update="acc + p @ vb")),
+        ("running sum not rescaled", "running sum", _flash(l_update="l + p.sum(dim=-1, keepdim=True)")),
+        ("normalised by the last tile's sum", "normaliser", _flash(l_update="p.sum(dim=-1, keepdim=True)")),
+        ("never normalised", "normaliser", _flash(result="acc")),
+        ("tail tile of keys dropped", "tail", _flash(k_stop="Tk - block_k + 1")),
+        ("tail tile of queries dropped", "tail", _flash(q_stop="Tq - block_q + 1")),
+        ("causal mask top-left", "top-left", _flash(offset="0")),
+        ("scores not scaled", "sqrt", _flash(scale="1.0")),
+        ("output left in float32 for half inputs", "dtype", _flash(out_dtype="acc_dtype")),
+    ],
+    "fuse_qkv": [
+        ("k, q, v order", "order", _fuse(projs="(attn.k_proj, attn.q_proj, attn.v_proj)")),
+        ("biases dropped", "biases are dropped", _fuse(bias="False", copy_bias="False")),
+        ("bias left at its random initial value", "bias", _fuse(bias="True", copy_bias="False")),
+        ("each weight transposed", "transposed", _fuse(weight="p.weight.T")),
+        ("always float32", "dtype", _fuse(dtype="torch.float32")),
+    ],
+    "triton_attention": [
+        ("causal mask top-left", "top-left", _triton(kernel=[("last_key = rows + (seq_k - seq_q)", "last_key = rows")])),
+        ("keys past seq_k not masked", "masked out", _triton(kernel=[("ok = k_ok[None, :]", "ok = keys[None, :] >= 0")])),
+        ("exp2 without log2(e)", "log2(e)", _triton(wrapper=[("math.log2(math.e) / math.sqrt(Dh)", "1 / math.sqrt(Dh)")])),
+        ("accumulator not rescaled", "accumulator",
+         _triton(kernel=[("acc = acc * alpha[:, None] + tl.dot", "acc = acc + tl.dot")])),
+        ("query tail tile dropped", "tail", _triton(wrapper=[("grid = (triton.cdiv(Tq, block_q), B * H)", "grid = (Tq // block_q, B * H)")])),
+        ("output always float32", "dtype", _triton(wrapper=[("out = torch.empty_like(q)", "out = torch.empty_like(q, dtype=torch.float32)")])),
+    ],
+}
+
+VARIANTS = {
+    "attention_flops": [
+        ("two matmuls of 2*m*k*n, causal by a shift", '''
+def attention_flops(batch, n_heads, seq_q, seq_k, head_dim, causal=False):
+    per_matmul = 2 * seq_q * seq_k * head_dim
+    total = batch * n_heads * 2 * per_matmul
+    return total >> 1 if causal else total
+'''),
+    ],
+    "online_softmax": [
+        ("running log-sum-exp in float64", '''
+def online_softmax(x, block_size):
+    x64 = x.double()
+    lse = torch.full((*x.shape[:-1], 1), float("-inf"), dtype=torch.float64)
+    for start in range(0, x.size(-1), block_size):
+        lse = torch.logaddexp(lse, torch.logsumexp(x64[..., start:start + block_size], dim=-1, keepdim=True))
+    return torch.exp(x64 - lse).to(x.dtype)
+'''),
+        ("block softmaxes merged with their maxima and sums", '''
+def online_softmax(x, block_size):
+    m, s = None, None
+    for block in x.split(block_size, dim=-1):
+        bm = block.amax(dim=-1, keepdim=True)
+        finite = torch.where(torch.isfinite(bm), bm, torch.zeros_like(bm))
+        bs = torch.exp(block - finite).sum(dim=-1, keepdim=True)
+        if m is None:
+            m, s, m_f = bm, bs, finite
+            continue
+        new = torch.maximum(m, bm)
+        new_f = torch.where(torch.isfinite(new), new, torch.zeros_like(new))
+        s = s * torch.exp(m_f - new_f) + bs * torch.exp(finite - new_f)
+        m, m_f = new, new_f
+    return torch.exp(x - m_f) / s
+'''),
+    ],
+    "flash_attention": [
+        ("FlashAttention-1 style: the output normalised after every tile", '''
+def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):
+    Tq, Tk = q.size(2), k.size(2)
+    work = torch.float64 if q.dtype == torch.float64 else torch.float32
+    out = torch.empty_like(q)
+    for qs in range(0, Tq, block_q):
+        qb = q[:, :, qs:qs + block_q].to(work) / math.sqrt(q.size(-1))
+        o = torch.zeros_like(qb)
+        m = torch.full(qb.shape[:-1] + (1,), -1e30, dtype=work)
+        l = torch.zeros_like(m)
+        last = torch.arange(qs, qs + qb.size(2)).unsqueeze(1) + Tk - Tq
+        for ks in range(0, Tk, block_k):
+            s = qb @ k[:, :, ks:ks + block_k].to(work).transpose(-1, -2)
+            if causal:
+                s = torch.where(torch.arange(ks, min(Tk, ks + block_k)) <= last, s, torch.tensor(-1e30, dtype=work))
+            m_new = torch.maximum(m, s.max(dim=-1, keepdim=True).values)
+            p = torch.exp(s - m_new)
+            l_new = l * torch.exp(m - m_new) + p.sum(-1, keepdim=True)
+            o = (o * l * torch.exp(m - m_new) + p @ v[:, :, ks:ks + block_k].to(work)) / l_new
+            m, l = m_new, l_new
+        out[:, :, qs:qs + block_q] = o.to(q.dtype)
+    return out
+'''),
+        ("a loop over batch and heads, einsum, float64 inside", '''
+def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):
+    B, H, Tq, Dh = q.shape
+    Tk = k.size(2)
+    out = torch.empty_like(q)
+    for b in range(B):
+        for h in range(H):
+            qh, kh, vh = q[b, h].double(), k[b, h].double(), v[b, h].double()
+            for qs in range(0, Tq, block_q):
+                qb = qh[qs:qs + block_q]
+                m = torch.full((qb.size(0),), float("-inf"), dtype=torch.float64)
+                l = torch.zeros_like(m)
+                acc = torch.zeros(qb.size(0), Dh, dtype=torch.float64)
+                for ks in range(0, Tk, block_k):
+                    s = torch.einsum("qd,kd->qk", qb, kh[ks:ks + block_k]) / Dh ** 0.5
+                    if causal:
+                        i = torch.arange(qs, qs + qb.size(0))[:, None]
+                        j = torch.arange(ks, ks + s.size(1))[None, :]
+                        s = s.masked_fill(j > i + Tk - Tq, float("-inf"))
+                    m_new = torch.maximum(m, s.max(dim=1).values)
+                    safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+                    p = torch.exp(s - safe[:, None])
+                    c = torch.exp(m - safe)
+                    l = l * c + p.sum(1)
+                    acc = acc * c[:, None] + torch.einsum("qk,kd->qd", p, vh[ks:ks + block_k])
+                    m = m_new
+                out[b, h, qs:qs + block_q] = (acc / l[:, None]).to(q.dtype)
+    return out
+'''),
+    ],
+    "fuse_qkv": [
+        ("new Parameters assigned", '''
+def fuse_qkv(attn):
+    layers = [attn.q_proj, attn.k_proj, attn.v_proj]
+    fused = nn.Linear(attn.q_proj.in_features, 3 * attn.q_proj.out_features, bias=attn.q_proj.bias is not None)
+    fused.weight = nn.Parameter(torch.cat([l.weight.detach() for l in layers], dim=0).clone())
+    if attn.q_proj.bias is not None:
+        fused.bias = nn.Parameter(torch.cat([l.bias.detach() for l in layers]).clone())
+    return fused
+'''),
+    ],
+    "triton_attention": [
+        ("exp instead of exp2", _triton(
+            kernel=[("p = tl.math.exp2(s - shift[:, None])", "p = tl.exp(s - shift[:, None])"),
+                    ("alpha = tl.math.exp2(m_i - shift)", "alpha = tl.exp(m_i - shift)")],
+            wrapper=[("math.log2(math.e) / math.sqrt(Dh)", "1 / math.sqrt(Dh)")])),
+        ("32 x 32 tiles on the CPU", _triton(wrapper=[("(128, 64) if on_gpu else (16, 16)", "(128, 64) if on_gpu else (32, 32)")])),
+    ],
+}
