@@ -84,18 +84,23 @@ def locate(submissions, student, lesson):
 
 
 def submission_cells(nb):
-    """The code the grader runs: every code cell but tests and demos, in order."""
-    cells, notes = [], []
+    """The code the grader runs, every code cell but tests and demos, in order: (sources, labels,
+    notes). A label names a cell for feedback: its number in the notebook and its first line."""
+    cells, labels, notes = [], [], []
     language = (nb.get("metadata", {}).get("kernelspec") or {}).get("language", "python")
     if str(language).lower() != "python":
         notes.append(f"the notebook's kernel is for {language!r}, not Python; it was run as Python")
     if not any(nbk.meta(c) for c in nb["cells"] if isinstance(c, dict)):
         notes.append("the notebook has lost its nbgrader metadata; every code cell was run")
-    for cell in nbk.code_cells(nb):
+    for number, cell in enumerate(nb["cells"], 1):
+        if not isinstance(cell, dict) or cell.get("cell_type") != "code":
+            continue
         if nbk.is_test(cell) or nbk.is_demo(cell) or str(nbk.grade_id(cell) or "").startswith("test_"):
             continue
         cells.append(nbk.source(cell))
-    return cells, notes
+        first = next((line.strip() for line in cells[-1].splitlines() if line.strip()), "")
+        labels.append(f"cell {number} ({first[:60]})")
+    return cells, labels, notes
 
 
 def sha256(path):
@@ -130,7 +135,7 @@ def grade_one(sandbox, submissions, student, lesson, tests, data_files):
         result["tests"] = unanimous(tests, "missing", note)
         return result
     try:
-        cells, notes = submission_cells(nbk.read(path))
+        cells, labels, notes = submission_cells(nbk.read(path))
     except nbk.NotebookError as e:
         result["tests"] = unanimous(tests, "error", f"your notebook could not be read: {e}")
         return result
@@ -163,8 +168,8 @@ def grade_one(sandbox, submissions, student, lesson, tests, data_files):
         rows.append(row)
     session.close()
     result["tests"] = rows
-    result["cells"] = {"skipped": {str(k): v for k, v in session.skipped.items()},
-                       "errors": {str(k): v for k, v in session.cell_errors.items()}}
+    result["cells"] = {"skipped": {labels[i]: why for i, why in session.skipped.items()},
+                       "errors": {labels[i]: err for i, err in session.cell_errors.items()}}
     return result
 
 

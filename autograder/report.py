@@ -73,16 +73,15 @@ def feedback_page(r):
         f"<td>{t['points']:g} / {t['max_points']:g}</td><td>{e(t['message'])}</td></tr>" for t in r["tests"])
     notes = list(r.get("notes", []))
     cells = r.get("cells", {})
-    notes += [f"code cell {int(i) + 1} was skipped: it {why}" for i, why in cells.get("skipped", {}).items()]
-    notes += [f"code cell {int(i) + 1} raised {err.get('type')}: {err.get('message', '')}"
-              for i, err in cells.get("errors", {}).items()]
+    notes += [f"{cell} was skipped: it {why}" for cell, why in cells.get("skipped", {}).items()]
+    notes += [f"{cell} raised {err.get('type')}: {err.get('message', '')}" for cell, err in cells.get("errors", {}).items()]
     note_html = "".join(f"<p class='note'>{e(n)}</p>" for n in notes)
     return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{e(r['lesson'])}: feedback for "
             f"{e(r['student'])}</title><style>{STYLE}</style></head><body><h1>{e(r['lesson'])}</h1>"
             f"<p>Feedback for <b>{e(r['student'])}</b>: <b>{got:g} / {full:g}</b> points.</p>{note_html}"
             f"<table><tr><th>test</th><th>status</th><th>points</th><th>what to look at</th></tr>{rows}</table>"
-            "<p>Code cells are counted among the cells that ran: code cells other than tests and demonstrations."
-            "</p></body></html>\n")
+            "<p>The grader ran your notebook's code cells except tests and demonstrations, then checked each "
+            "function on its own inputs.</p></body></html>\n")
 
 
 def gradescope_json(results):
