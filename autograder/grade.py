@@ -216,6 +216,10 @@ def grade(submissions, out, lessons=None, jobs=1, resume=False, shard=None, mode
         i, n = shard
         students = students[i::n]
     tests = {lesson: lesson_tests(lesson) for lesson in lessons}
+    # The references are small tensors computed by many threads at once: one torch thread each
+    # is faster than threads fighting for the cores.
+    import torch
+    torch.set_num_threads(1)
     todo = []
     for student in students:
         for lesson in lessons:

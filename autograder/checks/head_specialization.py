@@ -1,0 +1,416 @@
+"""Hidden checks of lesson 07 (torch): previous_token_score, duplicate_token_score,
+induction_score, ablate_head.
+
+Scores get attention patterns (H, T, T), random (causal, rows summing to 1) and constructed
+(one-hot heads of each kind), in float32 and float64. ablate_head is run on the lesson's own
+AttentionOnlyTransformer (the provided class in the student's namespace) with known weights and
+compared with solutions' model and ablate_head, inside and after the with-block.
+"""
+import contextlib
+
+import numpy as np
+import torch
+
+from autograder.checks import Checks, StudentError, close, expect_array, expect_error, fail, kind_of, reference, tensor
+from autograder.sandbox.wire import Array, Handle
+from solutions import head_specialization as ref
+
+CHECKS = Checks()
+DTYPES = (np.float32, np.float64)
+PER_HEAD = ("one score per head: average over the query positions (not over the heads, not over everything), "
+            "so the result has shape (H,)")
+
+
+# ---- patterns -------------------------------------------------------------------------------
+
+def _causal_softmax(scores):
+    T = scores.shape[-1]
+    scores = np.where(np.tril(np.ones((T, T), dtype=bool)), scores, -np.inf)
+    e = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def random_pattern(rng, H, T, dtype, sharpness=3.0):
+    """(H, T, T): causal, rows sum to 1, peaked enough that the usual mistakes give other numbers."""
+    return _causal_softmax(rng.standard_normal((H, T, T)) * sharpness).astype(dtype)
+
+
+def one_hot_pattern(T, target):
+    """(T, T): query i attends fully to key target(i), or to itself where that is not a past key."""
+    p = np.zeros((T, T))
+    for i in range(T):
+        j = target(i)
+        p[i, j if 0 <= j <= i else i] = 1
+    return p
+
+
+def constructed_pattern(rng, T, period, dtype):
+    """(5, T, T): an induction head, a duplicate-token head (the earlier copy), a previous-token head,
+    a head on itself, and a mixture, for a sequence that repeats with `period`."""
+    heads = [one_hot_pattern(T, lambda i: i - period + 1), one_hot_pattern(T, lambda i: i - period),
+             one_hot_pattern(T, lambda i: i - 1), one_hot_pattern(T, lambda i: i)]
+    heads.append(0.5 * heads[0] + 0.3 * heads[2] + 0.2 * _causal_softmax(rng.standard_normal((T, T))))
+    return np.stack(heads).astype(dtype)
+
+
+def _torch(p):
+    return torch.from_numpy(np.ascontiguousarray(p))
+
+
+def _arr(x, dtype):
+    """A numpy result as the tensor Array a correct function returns."""
+    return reference(torch.from_numpy(np.asarray(x, dtype=dtype)))
+
+
+def expect_scores(got, want, what, H, T, mistakes=()):
+    """A (H,) score tensor; a wrong shape is named (averaged over the heads, over everything, not at all)."""
+    if isinstance(got, Array) and got.kind == "tensor" and got.shape != (H,):
+        if got.shape == ():
+            fail(f"{what} returned a single number: {PER_HEAD}")
+        if len(got.shape) == 1:
+            fail(f"{what} has shape {got.shape}: you averaged over the wrong axis (the heads?). {PER_HEAD}")
+        if len(got.shape) == 2 and got.shape[0] == H:
+            fail(f"{what} has shape {got.shape}: average over the query positions too. {PER_HEAD}")
+        fail(f"{what} has shape {got.shape}, but should have shape ({H},): {PER_HEAD}")
+    expect_array(got, want, what, mistakes)
+
+
+# ---- previous_token_score -------------------------------------------------------------------
+
+def _prev_mistakes(p):
+    T, dtype = p.shape[-1], p.dtype
+    sub = np.diagonal(p, offset=-1, axis1=-2, axis2=-1)  # (H, T-1)
+    return [
+        ("off by one: that is the main diagonal, each token's attention to itself. The previous token of "
+         "query i is key i-1: pattern[:, i, i-1], the diagonal just below", _arr(np.diagonal(p, 0, -2, -1).mean(-1), dtype)),
+        ("off by one: that is key i-2. The previous token of query i is key i-1: pattern[:, i, i-1]",
+         _arr(np.diagonal(p, -2, -2, -1).mean(-1), dtype)),
+        ("off by one: pattern[:, i, i+1] is above the diagonal (the future, 0 under the causal mask). "
+         "Rows are queries, so the previous token of query i is pattern[:, i, i-1]",
+         _arr(np.diagonal(p, 1, -2, -1).mean(-1), dtype)),
+        ("position 0 has no previous token: average over the T-1 queries i = 1..T-1, not over all T",
+         _arr(sub.sum(-1) / T, dtype)),
+        ("position 0 has no previous token: don't count its attention to itself, average over i = 1..T-1 only",
+         _arr((sub.sum(-1) + p[:, 0, 0]) / T, dtype)),
+        ("take the mean over positions, not the sum", _arr(sub.sum(-1), dtype)),
+    ]
+
+
+@CHECKS.add("previous_token_score")
+def previous_token_score(s):
+    rng = s.rng
+    cases = [(dtype, random_pattern(rng, H, T, dtype)) for dtype in DTYPES for H, T in [(3, 7), (4, 12), (2, 5), (6, 9)]]
+    cases += [(dtype, constructed_pattern(rng, 10, 4, dtype)) for dtype in DTYPES]
+    for dtype, p in cases:
+        H, T = p.shape[0], p.shape[-1]
+        got = s.call("previous_token_score", tensor(p))
+        expect_scores(got, reference(ref.previous_token_score(_torch(p))), "previous_token_score(pattern)", H, T,
+                      _prev_mistakes(p))
+
+
+# ---- duplicate_token_score ------------------------------------------------------------------
+
+def _tokens(rng, T, vocab):
+    """Random tokens with at least one repeat and at least one later first occurrence."""
+    while True:
+        t = rng.integers(vocab, size=T)
+        firsts = [i for i in range(1, T) if t[i] not in t[:i]]
+        if len(set(t.tolist())) < T and firsts:
+            return t
+
+
+def _dup_mistakes(p, t):
+    dtype, T = p.dtype, len(t)
+    same = t[:, None] == t[None, :]
+    earlier = np.tril(same, k=-1)
+    with_self = np.tril(same)
+    has = earlier.any(-1)
+    any_other = (same & ~np.eye(T, dtype=bool)).any(-1)
+    mass = (p * earlier).sum(-1)  # (H, T)
+    mass_self = (p * with_self).sum(-1)
+    n_copies = np.maximum(earlier.sum(-1), 1)
+    return [
+        ("a token is not its own duplicate: count the attention on earlier copies j < i only, not on i itself",
+         _arr(mass_self.mean(-1), dtype)),
+        ("a token is not its own duplicate: count the attention on earlier copies j < i only, not on i itself",
+         _arr(mass_self[:, has].mean(-1), dtype)),
+        ("average only over the positions that have an earlier copy (the others have nothing to look back at)",
+         _arr(mass.mean(-1), dtype)),
+        ("only positions with an *earlier* copy count: the first occurrence of a token has no copy to look back at",
+         _arr(mass[:, any_other].mean(-1), dtype)),
+        ("add up the attention on all earlier copies of the token (the mass on them), don't average it over the copies",
+         _arr((mass / n_copies)[:, has].mean(-1), dtype)),
+        (f"you averaged over the heads: {PER_HEAD}", _arr(mass[:, has].mean(0), dtype)),
+    ]
+
+
+@CHECKS.add("duplicate_token_score")
+def duplicate_token_score(s):
+    rng = s.rng
+    for dtype in DTYPES:
+        for H, T, vocab, tok_dtype in [(3, 9, 4, np.int64), (4, 14, 6, np.int64), (2, 8, 3, np.int32), (5, 12, 5, np.int64)]:
+            t = _tokens(rng, T, vocab).astype(tok_dtype)
+            same = (t[:, None] == t[None, :]) & np.tril(np.ones((T, T), dtype=bool))
+            # heads: random, one spread over every same-token position (itself included), one on itself
+            p = np.concatenate([random_pattern(rng, H, T, dtype),
+                                (same / same.sum(-1, keepdims=True))[None].astype(dtype),
+                                np.eye(T, dtype=dtype)[None]])
+            got = s.call("duplicate_token_score", tensor(p), tensor(t))
+            want = reference(ref.duplicate_token_score(_torch(p), torch.from_numpy(t)))
+            expect_scores(got, want, "duplicate_token_score(pattern, tokens)", H + 2, T, _dup_mistakes(p, t))
+    # a constructed sequence that repeats: the duplicate-token head scores 1, the induction head 0
+    t = np.concatenate([rng.permutation(7)[:5]] * 2).astype(np.int64)
+    p = constructed_pattern(rng, 10, 5, np.float64)
+    expect_scores(s.call("duplicate_token_score", tensor(p), tensor(t)),
+                  reference(ref.duplicate_token_score(_torch(p), torch.from_numpy(t))),
+                  "duplicate_token_score on a repeated sequence", 5, 10, _dup_mistakes(p, t))
+    with expect_error("ValueError", "duplicate_token_score with tokens that never repeat (every position would be "
+                                    "left out of the average: say so with a ValueError instead of returning NaN)"):
+        s.call("duplicate_token_score", tensor(random_pattern(rng, 2, 6, np.float32)), tensor(np.arange(6)))
+
+
+# ---- induction_score ------------------------------------------------------------------------
+
+def _ind_mistakes(p, period):
+    dtype = p.dtype
+
+    def rows_from(offset, first_row):
+        d = np.diagonal(p, offset=offset, axis1=-2, axis2=-1)  # row i = column i - offset ... starts at row -offset
+        return _arr(d[:, first_row + offset:].mean(-1), dtype)
+
+    return [
+        ("wrong offset: key i - period is the earlier copy of the current token (what a duplicate-token head looks "
+         "at). An induction head looks at the token that came *after* that copy: key i - period + 1",
+         rows_from(-period, period)),
+        ("wrong offset: key i - 1 is the previous token. An induction head looks at the token after the earlier "
+         "copy of the current token: key i - period + 1", rows_from(-1, period)),
+        ("wrong offset: the token after the earlier copy of token i is at i - period + 1, not i - period - 1",
+         rows_from(-period - 1, period + 1)),
+        ("average over the queries i = period..T-1 only (i - period + 1 with i = period - 1 is key 0, "
+         "which is not the token after an earlier copy)", rows_from(1 - period, period - 1)),
+        ("take the mean over the queries i = period..T-1, not the sum",
+         _arr(np.diagonal(p, 1 - period, -2, -1)[:, 1:].sum(-1), dtype)),
+    ]
+
+
+@CHECKS.add("induction_score")
+def induction_score(s):
+    rng = s.rng
+    cases = [(random_pattern(rng, H, T, dtype), period) for dtype in DTYPES
+             for H, T, period in [(3, 10, 5), (4, 12, 4), (2, 11, 4), (5, 16, 8), (3, 9, 3)]]
+    cases += [(constructed_pattern(rng, T, period, dtype), period) for dtype in DTYPES for T, period in [(12, 6), (13, 4)]]
+    for p, period in cases:
+        H, T = p.shape[0], p.shape[-1]
+        got = s.call("induction_score", tensor(p), period)
+        expect_scores(got, reference(ref.induction_score(_torch(p), period)), "induction_score(pattern, period)",
+                      H, T, _ind_mistakes(p, period))
+
+
+# ---- ablate_head ----------------------------------------------------------------------------
+
+# (config, dtype, [(layer, head)]): several heads and layers, a GQA model (heads 0, 1 share a key/value
+# head), float64, T below max_seq_len.
+ABLATIONS = [
+    (dict(vocab_size=13, d_model=24, n_layers=2, n_heads=3, max_seq_len=12), np.float32, [(1, 1), (0, 0), (1, 2)]),
+    (dict(vocab_size=11, d_model=32, n_layers=3, n_heads=4, max_seq_len=14, n_kv_heads=2), np.float64,
+     [(1, 1), (2, 0), (0, 3)]),
+]
+
+
+def _state(rng, config, dtype):
+    """Random weights, sharper than the default initialisation so heads differ clearly."""
+    torch.manual_seed(int(rng.integers(2**31)))
+    model = ref.AttentionOnlyTransformer(**config)
+    state = {}
+    for k, v in model.state_dict().items():
+        v = v.numpy()
+        state[k] = (v * (2.0 if "qkv.weight" in k else 1.0)).astype(dtype)
+    return state
+
+
+def _ref_model(config, state):
+    model = ref.AttentionOnlyTransformer(**config)
+    if next(iter(state.values())).dtype == np.float64:
+        model = model.double()
+    model.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in state.items()})
+    return model.eval()
+
+
+@contextlib.contextmanager
+def _zero_input(model, layer, index):
+    """Zero out_proj's input (B, T, D) at `index` in one layer (a pre-hook)."""
+    def hook(module, args):
+        x = args[0].clone()
+        x[index] = 0
+        return (x,)
+    handle = model.layers[layer].out_proj.register_forward_pre_hook(hook)
+    try:
+        yield model
+    finally:
+        handle.remove()
+
+
+@contextlib.contextmanager
+def _zero_weights(model, name, rows=None, cols=None):
+    """Zero rows or columns of one parameter (and the same rows of the matching bias)."""
+    with torch.no_grad():
+        w = model.get_parameter(name)
+        if rows is not None:
+            w[rows] = 0
+            if name.endswith("weight"):
+                model.get_parameter(name[:-len("weight")] + "bias")[rows] = 0
+        else:
+            w[:, cols] = 0
+    yield model
+
+
+def _run(config, state, ids, edit=None):
+    """Reference logits and patterns, with `edit(model)` (a context manager) around the forward."""
+    model = _ref_model(config, state)
+    with torch.no_grad(), (edit(model) if edit else contextlib.nullcontext()):
+        logits = model(torch.from_numpy(ids))
+    return reference(logits), [reference(p) for p in model.patterns()]
+
+
+def _ablation_mistakes(config, layer, head):
+    """[(message, edit)]: what the usual wrong ablations do to the reference model."""
+    H, L = config["n_heads"], config["n_layers"]
+    Dh = config["d_model"] // H
+    D, lo, hi = config["d_model"], head * Dh, (head + 1) * Dh
+    Hkv = config.get("n_kv_heads") or H
+    g = head // (H // Hkv)  # the key/value head this query head reads
+    qkv = f"layers.{layer}.qkv.weight"
+    out = [(f"you removed the wrong head: head {head} is features head*Dh:(head+1)*Dh of out_proj's input "
+            f"(the heads side by side, Dh = d_model // n_heads)", lambda m, h2=h2: ref.ablate_head(m, layer, h2))
+           for h2 in range(H) if h2 != head]
+    out += [("you removed a head of the wrong layer: use model.layers[layer]", lambda m, l2=l2: ref.ablate_head(m, l2, head))
+            for l2 in range(L) if l2 != layer]
+    out = [("nothing changed: inside the with-block the head must contribute nothing to the output "
+            "(zero its slice of out_proj's input, e.g. with a forward pre-hook on out_proj)", lambda m: contextlib.nullcontext())] + out
+    out += [
+        ("you removed every head of the layer, not just one: zero only the head's slice h*Dh:(h+1)*Dh",
+         lambda m: _zero_input(m, layer, (Ellipsis,))),
+        ("you zeroed a slice of the time axis (positions), not of the features: out_proj's input is (B, T, D), "
+         "so head h is [..., h*Dh:(h+1)*Dh]", lambda m: _zero_input(m, layer, (slice(None), slice(lo, hi)))),
+        ("you zeroed the wrong projection weights: rows of out_proj.weight are its *output* features. Head h's "
+         "input features are the columns out_proj.weight[:, h*Dh:(h+1)*Dh]",
+         lambda m: _zero_weights(m, f"layers.{layer}.out_proj.weight", rows=slice(lo, hi))),
+        ("you zeroed the wrong projection weights: zeroing a head's query projection only makes its attention "
+         "uniform, the head still writes its output. Zero the head's output (its slice of out_proj's input)",
+         lambda m: _zero_weights(m, qkv, rows=slice(lo, hi))),
+        ("you zeroed the wrong projection weights: zeroing a head's key projection only makes its attention "
+         "uniform, the head still writes its output. Zero the head's output (its slice of out_proj's input)",
+         lambda m: _zero_weights(m, qkv, rows=slice(D + g * Dh, D + (g + 1) * Dh))),
+    ]
+    if Hkv < H:
+        v0 = D + Hkv * Dh
+        out.append(("this model shares each key/value head among a group of n_heads // n_kv_heads query heads: "
+                    "zeroing the value projection removes the whole group. Zero only this query head's output "
+                    "(its slice of out_proj's input)",
+                    lambda m: _zero_weights(m, qkv, rows=slice(v0 + g * Dh, v0 + (g + 1) * Dh))))
+    return out
+
+
+def _forward(s, model, ids):
+    logits = s.call(model, tensor(ids))
+    patterns = s.call((model, "patterns"))
+    return logits, patterns
+
+
+def _matches(got, want):
+    logits, patterns = got
+    return (close(logits, want[0]) and isinstance(patterns, list) and len(patterns) == len(want[1])
+            and all(close(p, w) for p, w in zip(patterns, want[1])))
+
+
+def _expect_run(s, got, want, what, mistakes_runs):
+    """Compare logits, then each layer's pattern; mistakes_runs: [(message, (logits, patterns))], or a
+    function that makes them (called only when the result is wrong: each is a forward pass)."""
+    if _matches(got, want):
+        return
+    if callable(mistakes_runs):
+        mistakes_runs = mistakes_runs()
+    logits, patterns = got
+    want_logits, want_patterns = want
+    expect_array(logits, want_logits, f"the logits {what}", [(m, r[0]) for m, r in mistakes_runs],
+                 hint="only the head's output may change: zero its slice of out_proj's input")
+    if not isinstance(patterns, list) or len(patterns) != len(want_patterns):
+        fail(f"model.patterns() {what} should be one pattern per layer")
+    for i, (p, wp) in enumerate(zip(patterns, want_patterns)):
+        expect_array(p, wp, f"the layer-{i} attention pattern {what}", [(m, r[1][i]) for m, r in mistakes_runs],
+                     hint="removing a head must not change its attention pattern, nor any pattern in its layer")
+
+
+def _enter(s, cm, what):
+    if not isinstance(cm, Handle):
+        fail(f"{what} should return a context manager (decorate a generator with @contextlib.contextmanager and "
+             f"yield), but it returned {kind_of(cm)}")
+    try:
+        s.get(cm, "__exit__")
+    except StudentError:
+        fail(f"{what} should return a context manager, usable in a with-statement, but it returned {kind_of(cm)}")
+    s.call((cm, "__enter__"))
+
+
+@CHECKS.add("ablate_head")
+def ablate_head(s):
+    rng = s.rng
+    for config, dtype, heads in ABLATIONS:
+        state = _state(rng, config, dtype)
+        model = s.call("AttentionOnlyTransformer", **config)
+        if dtype == np.float64:
+            model = s.call((model, "double"))
+        s.load(model, state)
+        ids = rng.integers(config["vocab_size"], size=(3, config["max_seq_len"] - 2)).astype(np.int64)
+        before = _run(config, state, ids)
+        logits, _ = _forward(s, model, ids)
+        if not close(logits, before[0]):
+            fail("AttentionOnlyTransformer does not compute what the lesson provides: run its provided cell again "
+                 "unchanged (ablate_head is checked on that model)")
+        for layer, head in heads:
+            what = f"inside `with ablate_head(model, {layer}, {head})`"
+            cm = s.call("ablate_head", model, layer, head)
+            _enter(s, cm, "ablate_head(model, layer, head)")
+            during = _forward(s, model, ids)
+            s.call((cm, "__exit__"), None, None, None)
+            want = _run(config, state, ids, lambda m: ref.ablate_head(m, layer, head))
+            _expect_run(s, during, want, what, lambda: [(message, _run(config, state, ids, edit)) for message, edit
+                                                        in _ablation_mistakes(config, layer, head)])
+            # afterwards: the same weights, and the same outputs as before
+            got_state = s.state(model)
+            for name, value in state.items():
+                if name not in got_state or not close(got_state[name], reference(torch.from_numpy(value))):
+                    fail(f"after the with-block the weights ({name}) are not restored: keep a copy of what you change "
+                         f"(.clone(): a slice is a view, zeroed with the weights) and put it back when the block "
+                         f"ends (in a finally, so it happens even after an error)")
+            after = _forward(s, model, ids)
+            for got, want_after, part in ((after[0], before[0], "logits"),) + tuple(
+                    (p, wp, f"layer-{i} pattern") for i, (p, wp) in enumerate(zip(after[1], before[1]))):
+                if not close(got, want_after):
+                    fail(f"after the with-block the model's {part} still differ from before: a hook is still "
+                         f"registered. Keep the handle register_forward_pre_hook returns and call handle.remove() "
+                         f"when the block ends (in a finally), so the model is restored")
+        # two ablations at once, nested: leaving the inner one keeps the outer one
+        layer = 1
+        outer, inner = s.call("ablate_head", model, layer, 0), s.call("ablate_head", model, layer, 1)
+        _enter(s, outer, "ablate_head(model, layer, head)")
+        _enter(s, inner, "ablate_head(model, layer, head)")
+        both = _forward(s, model, ids)
+
+        @contextlib.contextmanager
+        def two(m):
+            with ref.ablate_head(m, layer, 0), ref.ablate_head(m, layer, 1):
+                yield m
+        want_outer = _run(config, state, ids, lambda m: ref.ablate_head(m, layer, 0))
+        _expect_run(s, both, _run(config, state, ids, two), "with two heads ablated at once (nested with-blocks)",
+                    lambda: [("with two nested ablations only one head was removed: each ablate_head must add its own "
+                              "change to the model, not replace the other's", r)
+                             for r in (want_outer, _run(config, state, ids, lambda m: ref.ablate_head(m, layer, 1)))])
+        s.call((inner, "__exit__"), None, None, None)
+        _expect_run(s, _forward(s, model, ids), want_outer, "after leaving the inner of two nested with-blocks", [
+            ("leaving the inner with-block also undid the outer one: remove only your own hook (or put back only the "
+             "weights you changed), never all of them", before)])
+        s.call((outer, "__exit__"), None, None, None)
+        with expect_error("ValueError", f"ablate_head(model, layer, head) with head = n_heads = {config['n_heads']} "
+                                        f"(the slice would be empty and remove nothing, silently)"):
+            _enter(s, s.call("ablate_head", model, 0, config["n_heads"]), "ablate_head(model, layer, head)")

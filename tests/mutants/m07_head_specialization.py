@@ -1,0 +1,349 @@
+_ABLATE_HEADER = '''
+@contextlib.contextmanager
+def ablate_head(model, layer, head):
+    attn = model.layers[layer]
+    if not 0 <= head < attn.n_heads:
+        raise ValueError(f"head must be in 0..{attn.n_heads - 1}, got {head}")
+    lo, hi = head * attn.head_dim, (head + 1) * attn.head_dim
+'''
+
+
+def _hook_mutant(zeroing, header=_ABLATE_HEADER):
+    """An ablate_head with a pre-hook on out_proj whose zeroing line is `zeroing` (x is its input)."""
+    return header + f'''
+    def hook(module, args):
+        x = args[0].clone()
+        {zeroing}
+        return (x,)
+
+    handle = attn.out_proj.register_forward_pre_hook(hook)
+    try:
+        yield model
+    finally:
+        handle.remove()
+'''
+
+
+def _weights_mutant(zeroing):
+    """An ablate_head that zeroes parameters (`zeroing`, under no_grad) and restores them all afterwards."""
+    return _ABLATE_HEADER + f'''
+    saved = {{k: v.detach().clone() for k, v in attn.named_parameters()}}
+    with torch.no_grad():
+        {zeroing}
+    try:
+        yield model
+    finally:
+        with torch.no_grad():
+            for k, v in attn.named_parameters():
+                v.copy_(saved[k])
+'''
+
+
+MUTANTS = {
+    "previous_token_score": [
+        ("the main diagonal (attention to itself)", "off by one", '''
+def previous_token_score(pattern):
+    return pattern.diagonal(offset=0, dim1=-2, dim2=-1).mean(dim=-1)
+'''),
+        ("two tokens back", "off by one", '''
+def previous_token_score(pattern):
+    return pattern.diagonal(offset=-2, dim1=-2, dim2=-1).mean(dim=-1)
+'''),
+        ("above the diagonal (rows and columns swapped)", "off by one", '''
+def previous_token_score(pattern):
+    T = pattern.shape[-1]
+    return torch.stack([pattern[:, i - 1, i] for i in range(1, T)], dim=-1).mean(dim=-1)
+'''),
+        ("divides by T: position 0 included", "position 0", '''
+def previous_token_score(pattern):
+    return pattern.diagonal(offset=-1, dim1=-2, dim2=-1).sum(dim=-1) / pattern.shape[-1]
+'''),
+        ("index i - 1 for every i: position 0 reads key -1", "position 0", '''
+def previous_token_score(pattern):
+    i = torch.arange(pattern.shape[-1])
+    return pattern[:, i, i - 1].mean(dim=-1)
+'''),
+        ("averaged over the heads", "per head", '''
+def previous_token_score(pattern):
+    return pattern.diagonal(offset=-1, dim1=-2, dim2=-1).mean(dim=0)
+'''),
+        ("one number for all heads", "per head", '''
+def previous_token_score(pattern):
+    return pattern.diagonal(offset=-1, dim1=-2, dim2=-1).mean()
+'''),
+        ("sum, not mean", "mean", '''
+def previous_token_score(pattern):
+    return pattern.diagonal(offset=-1, dim1=-2, dim2=-1).sum(dim=-1)
+'''),
+    ],
+    "duplicate_token_score": [
+        ("a token counted as its own duplicate", "own duplicate", '''
+def duplicate_token_score(pattern, tokens):
+    same = (tokens[:, None] == tokens[None, :]).tril()
+    return (pattern * same).sum(dim=-1).mean(dim=-1)
+'''),
+        ("itself counted, at positions with an earlier copy", "own duplicate", '''
+def duplicate_token_score(pattern, tokens):
+    earlier = (tokens[:, None] == tokens[None, :]).tril(diagonal=-1)
+    has_copy = earlier.any(dim=-1)
+    if not has_copy.any():
+        raise ValueError("no token repeats")
+    same = (tokens[:, None] == tokens[None, :]).tril()
+    return (pattern * same).sum(dim=-1)[:, has_copy].mean(dim=-1)
+'''),
+        ("averaged over every position", "only over the positions", '''
+def duplicate_token_score(pattern, tokens):
+    earlier = (tokens[:, None] == tokens[None, :]).tril(diagonal=-1)
+    if not earlier.any():
+        raise ValueError("no token repeats")
+    return (pattern * earlier).sum(dim=-1).mean(dim=-1)
+'''),
+        ("first occurrences of repeated tokens included", "earlier", '''
+def duplicate_token_score(pattern, tokens):
+    earlier = (tokens[:, None] == tokens[None, :]).tril(diagonal=-1)
+    others = (tokens[:, None] == tokens[None, :]) & ~torch.eye(len(tokens), dtype=torch.bool)
+    has_copy = others.any(dim=-1)
+    if not has_copy.any():
+        raise ValueError("no token repeats")
+    return (pattern * earlier).sum(dim=-1)[:, has_copy].mean(dim=-1)
+'''),
+        ("mean over the copies instead of their total", "add up", '''
+def duplicate_token_score(pattern, tokens):
+    earlier = (tokens[:, None] == tokens[None, :]).tril(diagonal=-1)
+    has_copy = earlier.any(dim=-1)
+    if not has_copy.any():
+        raise ValueError("no token repeats")
+    per_copy = (pattern * earlier).sum(dim=-1) / earlier.sum(dim=-1).clamp(min=1)
+    return per_copy[:, has_copy].mean(dim=-1)
+'''),
+        ("averaged over the heads", "per head", '''
+def duplicate_token_score(pattern, tokens):
+    earlier = (tokens[:, None] == tokens[None, :]).tril(diagonal=-1)
+    has_copy = earlier.any(dim=-1)
+    if not has_copy.any():
+        raise ValueError("no token repeats")
+    return (pattern * earlier).sum(dim=-1)[:, has_copy].mean(dim=0)
+'''),
+        ("NaN instead of a ValueError when nothing repeats", "ValueError", '''
+def duplicate_token_score(pattern, tokens):
+    earlier = (tokens[:, None] == tokens[None, :]).tril(diagonal=-1)
+    has_copy = earlier.any(dim=-1)
+    return (pattern * earlier).sum(dim=-1)[:, has_copy].mean(dim=-1)
+'''),
+        ("a float32 accumulator", "dtype", '''
+def duplicate_token_score(pattern, tokens):
+    H, T = pattern.shape[0], pattern.shape[-1]
+    total, count = torch.zeros(H), 0
+    for i in range(T):
+        copies = [j for j in range(i) if tokens[j] == tokens[i]]
+        if copies:
+            total += pattern[:, i, copies].sum(dim=-1)   # in place: stays float32
+            count += 1
+    if count == 0:
+        raise ValueError("no token repeats")
+    return total / count
+'''),
+    ],
+    "induction_score": [
+        ("key i - period (the earlier copy itself)", "i - period + 1", '''
+def induction_score(pattern, period):
+    return pattern.diagonal(offset=-period, dim1=-2, dim2=-1).mean(dim=-1)
+'''),
+        ("key i - 1 (the previous token)", "i - period + 1", '''
+def induction_score(pattern, period):
+    return pattern.diagonal(offset=-1, dim1=-2, dim2=-1)[:, period - 1:].mean(dim=-1)
+'''),
+        ("key i - period - 1", "i - period + 1", '''
+def induction_score(pattern, period):
+    return pattern.diagonal(offset=-period - 1, dim1=-2, dim2=-1).mean(dim=-1)
+'''),
+        ("query period - 1 included", "i = period..T-1", '''
+def induction_score(pattern, period):
+    return pattern.diagonal(offset=1 - period, dim1=-2, dim2=-1).mean(dim=-1)
+'''),
+        ("averaged over the heads", "per head", '''
+def induction_score(pattern, period):
+    return pattern.diagonal(offset=1 - period, dim1=-2, dim2=-1)[:, 1:].mean(dim=0)
+'''),
+        ("one number for all heads", "per head", '''
+def induction_score(pattern, period):
+    return pattern.diagonal(offset=1 - period, dim1=-2, dim2=-1)[:, 1:].mean()
+'''),
+    ],
+    "ablate_head": [
+        ("the next head", "wrong head", _hook_mutant(
+            "nxt = (lo + attn.head_dim) % x.shape[-1]\n        x[..., nxt:nxt + attn.head_dim] = 0")),
+        ("a time slice (positions lo:hi)", "time axis", _hook_mutant("x[:, lo:hi] = 0")),
+        ("the whole layer", "every head", _hook_mutant("x[...] = 0")),
+        ("always layer 0", "wrong layer", _hook_mutant("x[..., lo:hi] = 0", _ABLATE_HEADER.replace(
+            "attn = model.layers[layer]", "attn = model.layers[0]"))),
+        ("rows of out_proj.weight", "wrong projection", _weights_mutant(
+            "attn.out_proj.weight[lo:hi] = 0\n        attn.out_proj.bias[lo:hi] = 0")),
+        ("the query projection", "wrong projection", _weights_mutant(
+            "attn.qkv.weight[lo:hi] = 0\n        attn.qkv.bias[lo:hi] = 0")),
+        ("the value projection: the whole group under GQA", "group", _weights_mutant(
+            "v0 = attn.qkv.out_features - attn.n_kv_heads * attn.head_dim\n"
+            "        g = head // (attn.n_heads // attn.n_kv_heads)\n"
+            "        attn.qkv.weight[v0 + g * attn.head_dim:v0 + (g + 1) * attn.head_dim] = 0\n"
+            "        attn.qkv.bias[v0 + g * attn.head_dim:v0 + (g + 1) * attn.head_dim] = 0")),
+        ("weights left zeroed", "not restored", _ABLATE_HEADER + '''
+    with torch.no_grad():
+        attn.out_proj.weight[:, lo:hi] = 0
+    yield model
+'''),
+        ("restored from a view, not a copy", "not restored", _ABLATE_HEADER + '''
+    saved = attn.out_proj.weight[:, lo:hi]
+    with torch.no_grad():
+        attn.out_proj.weight[:, lo:hi] = 0
+    try:
+        yield model
+    finally:
+        with torch.no_grad():
+            attn.out_proj.weight[:, lo:hi] = saved
+'''),
+        ("hook never removed", "hook", _ABLATE_HEADER + '''
+    def hook(module, args):
+        x = args[0].clone()
+        x[..., lo:hi] = 0
+        return (x,)
+
+    attn.out_proj.register_forward_pre_hook(hook)
+    yield model
+'''),
+        ("leaving clears every hook", "outer", _ABLATE_HEADER + '''
+    def hook(module, args):
+        x = args[0].clone()
+        x[..., lo:hi] = 0
+        return (x,)
+
+    attn.out_proj.register_forward_pre_hook(hook)
+    try:
+        yield model
+    finally:
+        attn.out_proj._forward_pre_hooks.clear()
+'''),
+        ("one hook slot per layer: nested ablations replace each other", "nested", _ABLATE_HEADER + '''
+    def hook(module, args):
+        x = args[0].clone()
+        x[..., lo:hi] = 0
+        return (x,)
+
+    if getattr(attn, "_ablation", None) is not None:
+        attn._ablation.remove()
+    attn._ablation = attn.out_proj.register_forward_pre_hook(hook)
+    try:
+        yield model
+    finally:
+        if attn._ablation is not None:
+            attn._ablation.remove()
+        attn._ablation = None
+'''),
+        ("no check of the head index", "ValueError", '''
+@contextlib.contextmanager
+def ablate_head(model, layer, head):
+    attn = model.layers[layer]
+    lo, hi = head * attn.head_dim, (head + 1) * attn.head_dim
+
+    def hook(module, args):
+        x = args[0].clone()
+        x[..., lo:hi] = 0
+        return (x,)
+
+    handle = attn.out_proj.register_forward_pre_hook(hook)
+    try:
+        yield model
+    finally:
+        handle.remove()
+'''),
+        ("nothing happens", "nothing changed", _hook_mutant("pass")),
+    ],
+}
+
+VARIANTS = {
+    "previous_token_score": [
+        ("a loop over positions, float64 inside", '''
+def previous_token_score(pattern):
+    T = pattern.shape[-1]
+    total = sum(pattern[:, i, i - 1].double() for i in range(1, T))
+    return (total / (T - 1)).to(pattern.dtype)
+'''),
+        ("a mask of the sub-diagonal", '''
+def previous_token_score(pattern):
+    T = pattern.shape[-1]
+    below = torch.ones(T, T, dtype=torch.bool).tril(-1) & torch.ones(T, T, dtype=torch.bool).triu(-1)
+    return (pattern * below).sum(dim=-1)[:, 1:].mean(dim=-1)
+'''),
+    ],
+    "duplicate_token_score": [
+        ("a loop over positions", '''
+def duplicate_token_score(pattern, tokens):
+    T = pattern.shape[-1]
+    scores = []
+    for i in range(T):
+        copies = (tokens[:i] == tokens[i]).nonzero().flatten()
+        if len(copies):
+            scores.append(pattern[:, i, copies].sum(dim=-1))
+    if not scores:
+        raise ValueError("no token occurs twice")
+    return torch.stack(scores, dim=-1).mean(dim=-1)
+'''),
+        ("einsum and a weighted mean", '''
+def duplicate_token_score(pattern, tokens):
+    T = len(tokens)
+    earlier = ((tokens[:, None] == tokens[None, :]) & (torch.arange(T)[None, :] < torch.arange(T)[:, None]))
+    weights = earlier.any(dim=-1).to(pattern.dtype)
+    if weights.sum() == 0:
+        raise ValueError("tokens never repeat")
+    mass = torch.einsum("hij,ij->hi", pattern, earlier.to(pattern.dtype))
+    return (mass * weights).sum(dim=-1) / weights.sum()
+'''),
+    ],
+    "induction_score": [
+        ("a loop over queries", '''
+def induction_score(pattern, period):
+    T = pattern.shape[-1]
+    return torch.stack([pattern[:, i, i - period + 1] for i in range(period, T)], dim=-1).mean(dim=-1)
+'''),
+        ("a slice, then its diagonal", '''
+def induction_score(pattern, period):
+    return pattern[:, period:, 1:].diagonal(dim1=-2, dim2=-1).mean(dim=-1)
+'''),
+    ],
+    "ablate_head": [
+        ("zero out_proj's columns, then put them back", '''
+@contextlib.contextmanager
+def ablate_head(model, layer, head):
+    attn = model.layers[layer]
+    if head < 0 or head >= attn.n_heads:
+        raise ValueError("no such head")
+    cols = slice(head * attn.head_dim, (head + 1) * attn.head_dim)
+    saved = attn.out_proj.weight[:, cols].detach().clone()
+    with torch.no_grad():
+        attn.out_proj.weight[:, cols] = 0
+    try:
+        yield model
+    finally:
+        with torch.no_grad():
+            attn.out_proj.weight[:, cols] = saved
+'''),
+        ("a class with __enter__ and __exit__, multiplying by a mask", '''
+class ablate_head:
+    def __init__(self, model, layer, head):
+        self.attn = model.layers[layer]
+        if not 0 <= head < self.attn.n_heads:
+            raise ValueError(f"head {head} does not exist")
+        self.model, self.head = model, head
+
+    def __enter__(self):
+        keep = torch.ones(self.attn.n_heads, self.attn.head_dim)
+        keep[self.head] = 0
+        keep = keep.flatten()
+        self.handle = self.attn.out_proj.register_forward_pre_hook(lambda m, args: (args[0] * keep.to(args[0].dtype),))
+        return self.model
+
+    def __exit__(self, *exc):
+        self.handle.remove()
+        return False
+'''),
+    ],
+}
