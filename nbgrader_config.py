@@ -16,3 +16,10 @@ c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
 
 # Per-cell limit (nbgrader's timeout is per cell, not per notebook).
 c.Execute.timeout = 120
+
+# Feedback without the hidden tests: nbgrader's own shows their code and tracebacks.
+c.GenerateFeedback.preprocessors = [
+    "nbgrader.preprocessors.GetGrades",
+    "autograder.nbgrader_feedback.HideHiddenTests",
+    "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
+]
