@@ -2,8 +2,8 @@
 
 Modes, strongest first (see README, "The sandbox and what it protects"):
 - bwrap: bubblewrap. New user, PID, network, IPC and mount namespaces; the file system is only
-  the system's libraries, Python and its packages, read-only, plus an empty /tmp; no
-  capabilities; dies with the grader. A pids cgroup caps processes where one can be made.
+  the system's libraries, Python and its packages, read-only, plus an empty, writable /scratch
+  (HOME and TMPDIR); /tmp exists but is read-only; no capabilities; dies with the grader. A pids cgroup caps processes where one can be made.
 - unshare: util-linux unshare. No network, its own PID namespace (everything dies with the
   worker), resource limits. The file system is NOT hidden: run the grader as a user who
   cannot read the course repository.
@@ -27,6 +27,7 @@ from pathlib import Path
 from autograder.sandbox import wire
 
 SANDBOX_PKG = Path(__file__).resolve().parent / "sandbox"
+SCRATCH = "/scratch"  # inside bubblewrap: the only writable folder (with /dev/shm)
 DEFAULT_LIMITS = dict(memory_mb=3072, cpu_seconds=600, file_mb=64, processes=256,
                       cell_seconds=60, call_seconds=30, notebook_seconds=600)
 
@@ -89,7 +90,7 @@ def _hidden_packages():
 def _bwrap_base():
     cmd = ["bwrap", "--die-with-parent", "--new-session", "--unshare-all", "--cap-drop", "ALL",
            "--uid", "65534", "--gid", "65534", "--proc", "/proc", "--dev", "/dev",
-           "--size", str(1 << 30), "--tmpfs", "/tmp", "--tmpfs", "/dev/shm"]
+           "--tmpfs", "/tmp", "--size", str(1 << 30), "--tmpfs", SCRATCH, "--tmpfs", "/dev/shm"]
     for p in _system_binds():
         cmd += ["--ro-bind", p, p]
     for p in _hidden_packages():
@@ -104,10 +105,10 @@ def _unshare_base():
     return cmd + ([] if os.geteuid() == 0 else ["--user", "--map-root-user"])
 
 
-def _env(mode):
-    env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
-           "MPLBACKEND": "Agg", "MPLCONFIGDIR": "/tmp/.mpl", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-           "TRITON_CACHE_DIR": "/tmp/.triton"}
+def _env(scratch):
+    env = {"PATH": "/usr/bin:/bin", "HOME": scratch, "TMPDIR": scratch, "LANG": "C.UTF-8",
+           "PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "Agg", "MPLCONFIGDIR": f"{scratch}/.mpl",
+           "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TRITON_CACHE_DIR": f"{scratch}/.triton"}
     if not any(Path("/dev").glob("nvidia[0-9]*")):
         env["TRITON_INTERPRET"] = "1"  # Triton kernels run in its interpreter on a CPU
     return env
@@ -162,22 +163,20 @@ class Sandbox:
         self.ctl, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         fd = child_end.fileno()
         runner = [sys.executable, "-m", "sandbox.runner", str(fd)]
-        env = _env(mode)
         if mode == "bwrap":
-            cmd = _bwrap_base() + ["--ro-bind", self._tmp, "/opt/grader", "--chdir", "/tmp", "--clearenv"]
-            for k, v in dict(env, PYTHONPATH="/opt/grader").items():
+            cmd = _bwrap_base() + ["--ro-bind", self._tmp, "/opt/grader", "--chdir", SCRATCH, "--clearenv"]
+            for k, v in dict(_env(SCRATCH), PYTHONPATH="/opt/grader").items():
                 cmd += ["--setenv", k, v]
             if data_dir:
                 cmd += ["--ro-bind", str(data_dir), "/course"]
-            # The root (where bwrap made the mount points) read-only: only /tmp and /dev/shm are
-            # writable, and the worker wipes both after every submission.
-            cmd += ["--remount-ro", "/", "--"] + runner + ["/tmp", "--private-tmp", "--pidns"]
+            # Everything read-only but /scratch and /dev/shm, which the worker wipes after every
+            # submission. (/tmp may hold mount points of the binds: it must not be writable.)
+            cmd += ["--remount-ro", "/tmp", "--remount-ro", "/", "--"] + runner + [SCRATCH, "--private-tmp", "--pidns"]
             popen_env = None
         else:
             scratch = Path(self._tmp, "scratch")
             scratch.mkdir()
-            local = dict(env, PYTHONPATH=self._tmp, HOME=str(scratch), MPLCONFIGDIR=str(scratch / ".mpl"),
-                         TRITON_CACHE_DIR=str(scratch / ".triton"))
+            local = dict(_env(str(scratch)), PYTHONPATH=self._tmp)
             if mode == "unshare":
                 cmd, popen_env = _unshare_base() + runner + [str(scratch), "--pidns"], local
             else:

@@ -321,3 +321,44 @@ def test_gradebook_holds_the_trusted_scores(attack):
     with Gradebook(f"sqlite:///{attack['gradebook']}") as gb:
         for student in ("baseline", "honest-0", "trick-tamper_gradebook_and_results"):
             assert gb.find_submission(LESSON, student).score == points(attack, student)
+
+
+PLACES = '["planted", os.path.expanduser("~/planted"), os.path.join(tempfile.gettempdir(), "planted"), "/tmp/planted", "/dev/shm/planted", "/scratch/planted", "/planted", "/opt/grader/planted", "/course/planted", "../planted"]'
+WRITER = f'''
+import os, tempfile, time
+for path in {PLACES}:
+    try:
+        with open(path, "w") as f:
+            f.write("x")
+    except OSError:
+        pass
+if os.fork() == 0:  # a daemon that keeps planting while the next submission runs
+    os.setsid()
+    for _ in range(300):
+        for path in {PLACES}:
+            try:
+                open(path, "w").close()
+            except OSError:
+                pass
+        time.sleep(0.05)
+    os._exit(0)
+'''
+READER = f'''
+import os, tempfile
+if any(os.path.exists(p) for p in {PLACES}):
+''' + IF_IT_WORKED
+
+
+def test_one_submission_cannot_reach_the_next(tmp_path):
+    """Graded one after the other by the same worker, a reader finds nothing a writer left."""
+    release(tmp_path / "release", [LESSON])
+    rel = nbk.read(tmp_path / "release" / LESSON / f"{LESSON}.ipynb")
+    wrong = fill(rel, LESSON, {"softmax": WRONG_SOFTMAX})
+    for student, cells in (("a-writer", [WRITER]), ("b-reader", [READER])):
+        nbk.write(with_cells(wrong, cells, after=-1), tmp_path / "subs" / student / LESSON / f"{LESSON}.ipynb")
+    p = subprocess.run([sys.executable, "-m", "autograder", "grade", str(tmp_path / "subs"), "--out",
+                        str(tmp_path / "results"), "--jobs", "1", "--quiet"], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    with open(tmp_path / "results" / "grades.csv", newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["student"] == "b-reader"]
+    assert sum(float(r["points"]) for r in rows) == 4, rows

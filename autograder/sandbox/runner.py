@@ -1,5 +1,8 @@
 """The sandboxed worker: python -m sandbox.runner CONTROL_FD SCRATCH [--private-tmp] [--pidns] [--cgroup=DIR]
 
+SCRATCH is the only writable folder the worker cleans; --private-tmp adds /dev/shm (only ours
+inside bubblewrap).
+
 It imports the heavy libraries and builds an IPython shell once, then, for each submission,
 forks a child that runs the student's cells and answers the grader's requests over a fresh
 socket the grader passed in. Between submissions it kills whatever the child left behind
@@ -17,7 +20,7 @@ import signal
 import socket
 import sys
 
-PRIVATE_TMP = ("/tmp", "/dev/shm")  # with --private-tmp (bubblewrap) these are ours alone
+PRIVATE = ("/dev/shm",)  # with --private-tmp (bubblewrap) this is ours alone, as is the scratch folder
 
 
 def preload():
@@ -152,8 +155,8 @@ def main():
     ctl = socket.socket(fileno=int(sys.argv[1]))
     scratch = sys.argv[2]
     pidns = "--pidns" in sys.argv
-    # Outside bubblewrap /tmp is shared with the machine: only our own scratch folder is wiped.
-    places = PRIVATE_TMP if "--private-tmp" in sys.argv else (scratch,)
+    # Outside bubblewrap /dev/shm is shared with the machine: only our own scratch folder is wiped.
+    places = (scratch,) + (PRIVATE if "--private-tmp" in sys.argv else ())
     cgroup = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--cgroup=")), None)
     shell = preload()
     ctl.send(json.dumps({"op": "ready"}).encode())
