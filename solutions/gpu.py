@@ -45,6 +45,16 @@ def naive_attention(q, k, v, causal=False):
     return torch.matmul(torch.softmax(scores, dim=-1), v)
 
 
+def check_attention_inputs(q, k, v):
+    """ValueError unless q (B, H, Tq, Dh), k and v (B, H, Tk, Dh) share dtype and device."""
+    if q.ndim != 4 or k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.size(3) != k.size(3):
+        raise ValueError(f"expected q (B, H, Tq, Dh), k and v (B, H, Tk, Dh); "
+                         f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if not (q.dtype == k.dtype == v.dtype and q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must share dtype and device; got {q.dtype}/{q.device}, "
+                         f"{k.dtype}/{k.device}, {v.dtype}/{v.device}")
+
+
 def attention_flops(batch, n_heads, seq_q, seq_k, head_dim, causal=False):
     """Matrix-multiply FLOPs of the attention forward: QK^T and PV, 2*Tq*Tk*Dh each (a
     multiply-add is 2 FLOPs), per batch and head. A causal mask skips about half."""
@@ -78,12 +88,7 @@ def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):
     a running sum l and an unnormalised output acc; no more than block_q x block_k scores
     exist at once, so the extra memory is O(T), not O(T^2). Half precision accumulates in fp32.
     """
-    if q.ndim != 4 or k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.size(3) != k.size(3):
-        raise ValueError(f"expected q (B, H, Tq, Dh), k and v (B, H, Tk, Dh); "
-                         f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
-    if not (q.dtype == k.dtype == v.dtype and q.device == k.device == v.device):
-        raise ValueError(f"q, k, v must share dtype and device; got {q.dtype}/{q.device}, "
-                         f"{k.dtype}/{k.device}, {v.dtype}/{v.device}")
+    check_attention_inputs(q, k, v)
     Tq, Tk = q.size(2), k.size(2)
     acc_dtype = torch.promote_types(q.dtype, torch.float32)
     scale = 1 / math.sqrt(q.size(3))
@@ -186,12 +191,7 @@ def triton_attention(q, k, v, causal=False):
     under TRITON_INTERPRET=1 (Triton's interpreter: small sizes only)."""
     if not HAS_TRITON:
         raise RuntimeError("triton_attention needs Triton (pip install triton; Linux only)")
-    if q.ndim != 4 or k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.size(3) != k.size(3):
-        raise ValueError(f"expected q (B, H, Tq, Dh), k and v (B, H, Tk, Dh); "
-                         f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
-    if not (q.dtype == k.dtype == v.dtype and q.device == k.device == v.device):
-        raise ValueError(f"q, k, v must share dtype and device; got {q.dtype}/{q.device}, "
-                         f"{k.dtype}/{k.device}, {v.dtype}/{v.device}")
+    check_attention_inputs(q, k, v)
     on_gpu = q.is_cuda
     if q.dtype not in (torch.float32, torch.float16) and not (on_gpu and q.dtype == torch.bfloat16):
         raise ValueError(f"triton_attention takes float32 or float16 (bfloat16 on a GPU only: "

@@ -16,6 +16,7 @@ import warnings
 import zlib
 
 import numpy as np
+import torch
 
 from autograder.sandbox import wire
 from autograder.sandbox.server import ObjectServer
@@ -185,6 +186,19 @@ def verify(lesson, name, namespace):
 
 # ---- inputs -------------------------------------------------------------------------------
 
+def as_torch(array):
+    """A numpy array as a torch tensor, for computing references here."""
+    return torch.from_numpy(np.ascontiguousarray(array))
+
+
+def call_named(s, what, *args, hint="", **kwargs):
+    """s.call(*args, **kwargs); when the student's code raises, the failure names the call `what`."""
+    try:
+        return s.call(*args, **kwargs)
+    except StudentError as e:
+        fail(f"{what} raised {e.type}: {e.message}" + (f" ({hint})" if hint else ""))
+
+
 def tensor(array, dtype=None):
     """A numpy array to send as a torch tensor; dtype 'bfloat16' is allowed."""
     array = np.asarray(array)
@@ -234,9 +248,12 @@ def close(got, want, rtol=None, atol=None, upcast_ok=False):
 def expect_array(got, want, what, mistakes=(), nan_hint="", hint="", rtol=None, atol=None, upcast_ok=False):
     """Check a returned array against the reference `want` (an Array from reference()).
 
-    mistakes: [(message, Array)] of what known mistakes would return on the same inputs;
-    a match fails with that message. Then kind, dtype, shape, device, NaN and values.
+    mistakes: [(message, Array)] of what known mistakes would return on the same inputs, or a
+    function returning them (called only when the result is wrong); a match fails with that
+    message. Then kind, dtype, shape, device, NaN and values.
     """
+    if callable(mistakes):
+        mistakes = [] if close(got, want, rtol, atol, upcast_ok) else mistakes()
     for message, wrong in mistakes:
         if close(got, wrong, rtol, atol, upcast_ok) and not close(got, want, rtol, atol, upcast_ok):
             fail(f"{what}: {message}")

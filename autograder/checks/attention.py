@@ -61,7 +61,7 @@ def causal_mask(s):
     for nq, nk in [(4, 4), (3, 7), (1, 6), (5, 9), (6, 6), (1, 1)]:
         want = reference(ref.causal_mask(nq, nk))
         top_left = np.tril(np.ones((nq, nk), dtype=bool))
-        expect_array(s.call("causal_mask", nq, nk), want, f"causal_mask(n_queries, n_keys)", mistakes=[
+        expect_array(s.call("causal_mask", nq, nk), want, "causal_mask(n_queries, n_keys)", mistakes=[
             ("it is aligned top-left. With n_keys > n_queries the queries are the *last* n_queries positions "
              "(a KV cache holds the earlier keys), so query i sees key j iff j <= i + (n_keys - n_queries)",
              reference(top_left)),

@@ -124,7 +124,6 @@ def _sdpa_forward(state, x, H, Hkv, mask=None, causal=True, tile=False, scale=No
 
 def _forward_mistakes(state, x, H, Hkv, mask):
     D = x.shape[-1]
-    Dh = D // H
     f = lambda **kw: reference(_sdpa_forward(state, x, H, Hkv, **{"mask": mask, **kw}))
     cases = []
     if mask is None:

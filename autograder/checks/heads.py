@@ -1,38 +1,15 @@
 """Hidden checks of lesson 02 (torch): split_heads, merge_heads, attention, per_head_attention."""
-import math
+import functools
 
 import numpy as np
 import torch
 
-from autograder.checks import (Checks, StudentError, close, expect_array, expect_pair, fail, kind_of,
-                               reference, tensor)
+from autograder.checks import (as_torch, call_named, Checks, expect_array, expect_pair, fail, kind_of,
+                               reference, StudentError, tensor)
 from solutions import heads as ref
 
 CHECKS = Checks()
 DTYPES = (np.float32, np.float64)
-
-
-def _t(a):
-    return torch.from_numpy(np.ascontiguousarray(a))
-
-
-def _expect(got, want, what, mistakes, **kwargs):
-    """expect_array, with the known mistakes (a function returning them) computed only when the result is wrong."""
-    expect_array(got, want, what, [] if close(got, want) else mistakes(), **kwargs)
-
-
-def _lazy(fn):
-    """fn() computed once, on first use."""
-    cache = []
-    return lambda: cache[0] if cache else (cache.append(fn()) or cache[0])
-
-
-def _calling(s, what, hint, *args, **kwargs):
-    """s.call(*args), with a hint added when the student's code raises."""
-    try:
-        return s.call(*args, **kwargs)
-    except StudentError as e:
-        fail(f"{what} raised {e.type}: {e.message}" + (f" ({hint})" if hint else ""))
 
 
 # ---- split_heads ----------------------------------------------------------------------------
@@ -40,7 +17,7 @@ def _calling(s, what, hint, *args, **kwargs):
 def _split_mistakes(x, H):
     B, T, D = x.shape
     Dh = D // H
-    t = _t(x)
+    t = as_torch(x)
     return [
         ("a reshape (or view) straight to (B, H, T, Dh) mixes time steps and features, because memory holds x "
          "as (B, T, D): reshape to (B, T, H, Dh) first, then transpose(1, 2)",
@@ -60,8 +37,8 @@ def split_heads(s):
         for B, T, D, H in [(2, 5, 12, 3), (3, 4, 8, 4), (2, 6, 6, 6), (1, 7, 10, 2), (2, 3, 16, 1), (2, 4, 12, 4),
                            (4, 2, 32, 8)]:
             x = (rng.standard_normal((B, T, D)) * 3).astype(dtype)
-            got = _calling(s, "split_heads(x, n_heads)", "", "split_heads", tensor(x), H)
-            _expect(got, reference(ref.split_heads(_t(x), H)), "split_heads(x, n_heads)",
+            got = call_named(s, "split_heads(x, n_heads)", "split_heads", tensor(x), H)
+            expect_array(got, reference(ref.split_heads(as_torch(x), H)), "split_heads(x, n_heads)",
                     lambda: _split_mistakes(x, H))
     for B, T, D, H in [(2, 5, 10, 3), (1, 3, 12, 5), (2, 4, 6, 4), (2, 2, 7, 2)]:
         x = rng.standard_normal((B, T, D)).astype(np.float32)
@@ -79,7 +56,7 @@ def split_heads(s):
 
 def _merge_mistakes(x):
     B, H, T, Dh = x.shape
-    t = _t(x)
+    t = as_torch(x)
     return [
         ("transpose back to (B, T, H, Dh) before the reshape: a reshape of (B, H, T, Dh) straight to "
          "(B, T, H*Dh) mixes time steps and heads", reference(t.reshape(B, T, H * Dh))),
@@ -95,13 +72,13 @@ def merge_heads(s):
     for dtype in DTYPES:
         for B, H, T, Dh in [(2, 3, 5, 4), (3, 4, 4, 2), (2, 6, 3, 1), (1, 2, 7, 5), (2, 1, 3, 16), (2, 4, 4, 3)]:
             x = (rng.standard_normal((B, H, T, Dh)) * 3).astype(dtype)
-            got = _calling(s, "merge_heads(x)", hint, "merge_heads", tensor(x))
-            _expect(got, reference(ref.merge_heads(_t(x))), "merge_heads(x)", lambda: _merge_mistakes(x))
+            got = call_named(s, "merge_heads(x)", "merge_heads", tensor(x), hint=hint)
+            expect_array(got, reference(ref.merge_heads(as_torch(x))), "merge_heads(x)", lambda: _merge_mistakes(x))
     # the inverse of split_heads, on the layout split_heads produces
     x = rng.standard_normal((3, 6, 20)).astype(np.float32)
-    heads = ref.split_heads(_t(x), 4).contiguous().numpy()
-    got = _calling(s, "merge_heads(x)", hint, "merge_heads", tensor(heads))
-    _expect(got, reference(_t(x)), "merge_heads(split_heads(x, n_heads))", lambda: _merge_mistakes(heads),
+    heads = ref.split_heads(as_torch(x), 4).contiguous().numpy()
+    got = call_named(s, "merge_heads(x)", "merge_heads", tensor(heads), hint=hint)
+    expect_array(got, reference(as_torch(x)), "merge_heads(split_heads(x, n_heads))", lambda: _merge_mistakes(heads),
                  hint="merge_heads must undo split_heads and give x back")
 
 
@@ -128,9 +105,9 @@ def _attention_cases(rng):
 
 
 def _attend(q, k, v, mask, scale, mask_mode="before", axis=-1, fill=float("-inf")):
-    q, k, v = _t(q), _t(k), _t(v)
+    q, k, v = as_torch(q), as_torch(k), as_torch(v)
     scores = q @ k.transpose(-2, -1) * scale
-    m = None if mask is None else _t(mask)
+    m = None if mask is None else as_torch(mask)
     if m is not None and mask_mode == "before":
         scores = scores.masked_fill(~m, fill)
     if m is not None and mask_mode == "inverted":
@@ -163,14 +140,14 @@ def _attention_mistakes(q, k, v, mask):
 def attention(s):
     for q, k, v, mask in _attention_cases(s.rng):
         args = (tensor(q), tensor(k), tensor(v)) + (() if mask is None else (tensor(mask),))
-        out, weights = expect_pair(_calling(s, "attention(q, k, v, mask)", "", "attention", *args), "attention")
-        want_out, want_w = reference(ref.attention(_t(q), _t(k), _t(v), None if mask is None else _t(mask)))
-        mistakes = _lazy(lambda: _attention_mistakes(q, k, v, mask))
-        _expect(weights, want_w, "the attention weights", lambda: [(m, w) for m, (o, w) in mistakes()] + [
+        out, weights = expect_pair(call_named(s, "attention(q, k, v, mask)", "attention", *args), "attention")
+        want_out, want_w = reference(ref.attention(as_torch(q), as_torch(k), as_torch(v), None if mask is None else as_torch(mask)))
+        mistakes = functools.cache(lambda: _attention_mistakes(q, k, v, mask))
+        expect_array(weights, want_w, "the attention weights", lambda: [(m, w) for m, (o, w) in mistakes()] + [
             ("return the weights per query, (..., Tq, Tk); yours are transposed",
-             reference(_t(want_w.data).transpose(-2, -1)))],
+             reference(as_torch(want_w.data).transpose(-2, -1)))],
             nan_hint="use torch.softmax (or subtract the row max): exp() overflows for large scores")
-        _expect(out, want_out, "the attention output", lambda: [(m, o) for m, (o, w) in mistakes()],
+        expect_array(out, want_out, "the attention output", lambda: [(m, o) for m, (o, w) in mistakes()],
                      hint="out = weights @ v")
 
 
@@ -180,8 +157,8 @@ def _per_head_mistakes(x, ws, H, mask):
     """What per_head_attention returns with the usual mistakes, on these inputs."""
     B, T, D = x.shape
     Dh = D // H
-    t, (wq, wk, wv) = _t(x), (_t(w) for w in ws)
-    m = None if mask is None else _t(mask)
+    t, (wq, wk, wv) = as_torch(x), (as_torch(w) for w in ws)
+    m = None if mask is None else as_torch(mask)
 
     def split(a):
         return ref.split_heads(a, H)
@@ -230,11 +207,11 @@ def per_head_attention(s):
             mask = rng.random((B, H if mask_kind == "per-head" else 1, T, T)) < 0.5
             mask[..., 0], mask[..., -1] = True, False
         args = [tensor(x)] + [tensor(w) for w in ws] + [H] + ([] if mask is None else [tensor(mask)])
-        got = _calling(s, "per_head_attention(x, w_q, w_k, w_v, n_heads, mask)", "", "per_head_attention", *args)
+        got = call_named(s, "per_head_attention(x, w_q, w_k, w_v, n_heads, mask)", "per_head_attention", *args)
         if isinstance(got, (tuple, list)):
             fail(f"per_head_attention returned {kind_of(got)}: return only the heads' outputs (B, H, T, Dh), "
                  "not the pair (out, weights) that attention returns")
-        want = reference(ref.per_head_attention(_t(x), *map(_t, ws), H, None if mask is None else _t(mask)))
-        _expect(got, want, "per_head_attention(x, w_q, w_k, w_v, n_heads, mask)",
+        want = reference(ref.per_head_attention(as_torch(x), *map(as_torch, ws), H, None if mask is None else as_torch(mask)))
+        expect_array(got, want, "per_head_attention(x, w_q, w_k, w_v, n_heads, mask)",
                 lambda: _per_head_mistakes(x, ws, H, mask),
                 hint="project x with each (D, D) matrix (x @ w), split into heads, attend within each head")

@@ -1,12 +1,13 @@
 """Hidden checks of lesson 03 (torch): concat_and_project, MultiHeadAttention, load_torch_mha, mha_param_count."""
+import functools
 import math
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from autograder.checks import (Checks, StudentError, close, expect_array, expect_int, expect_pair, fail,
-                               kind_of, reference, tensor)
+from autograder.checks import (as_torch, call_named, Checks, expect_array, expect_int, expect_pair,
+                               fail, kind_of, reference, StudentError, tensor)
 from autograder.sandbox.wire import Array, Handle
 from solutions import multi_head as ref
 
@@ -14,29 +15,6 @@ CHECKS = Checks()
 
 DTYPES = (np.float32, np.float64)
 PROJ = ("q_proj", "k_proj", "v_proj", "out_proj")
-
-
-def _t(a):
-    return torch.from_numpy(np.ascontiguousarray(a))
-
-
-def _expect(got, want, what, mistakes, **kwargs):
-    """expect_array, with the known mistakes (a function returning them) computed only when the result is wrong."""
-    expect_array(got, want, what, [] if close(got, want) else mistakes(), **kwargs)
-
-
-def _lazy(fn):
-    """fn() computed once, on first use."""
-    cache = []
-    return lambda: cache[0] if cache else (cache.append(fn()) or cache[0])
-
-
-def _calling(s, what, hint, *args, **kwargs):
-    """s.call(*args), with a hint added when the student's code raises."""
-    try:
-        return s.call(*args, **kwargs)
-    except StudentError as e:
-        fail(f"{what} raised {e.type}: {e.message}" + (f" ({hint})" if hint else ""))
 
 
 def _expect_value_error(s, what, *args, **kwargs):
@@ -53,7 +31,7 @@ def _expect_value_error(s, what, *args, **kwargs):
 
 def _concat_mistakes(heads, w_o):
     B, H, T, Dh = heads.shape
-    h, w = _t(heads), _t(w_o)
+    h, w = as_torch(heads), as_torch(w_o)
     merged = h.transpose(1, 2).reshape(B, T, H * Dh)
     return [(m, reference(r)) for m, r in [
         ("transpose the heads to (B, T, H, Dh) before merging: a reshape of (B, H, T, Dh) straight to (B, T, D) "
@@ -74,8 +52,8 @@ def concat_and_project(s):
         for B, H, T, Dh in [(2, 3, 5, 4), (3, 4, 4, 2), (2, 2, 6, 8), (1, 6, 3, 2), (2, 1, 4, 6)]:
             heads = rng.standard_normal((B, H, T, Dh)).astype(dtype)
             w_o = rng.standard_normal((H * Dh, H * Dh)).astype(dtype)
-            got = _calling(s, "concat_and_project(heads, w_o)", "", "concat_and_project", tensor(heads), tensor(w_o))
-            _expect(got, reference(ref.concat_and_project(_t(heads), _t(w_o))), "concat_and_project(heads, w_o)",
+            got = call_named(s, "concat_and_project(heads, w_o)", "concat_and_project", tensor(heads), tensor(w_o))
+            expect_array(got, reference(ref.concat_and_project(as_torch(heads), as_torch(w_o))), "concat_and_project(heads, w_o)",
                     lambda: _concat_mistakes(heads, w_o))
 
 
@@ -95,7 +73,7 @@ def _random_state(rng, D, bias, dtype):
 def _reference_module(D, H, bias, state):
     m = ref.MultiHeadAttention(D, H, bias=bias).to(torch.float64 if state["q_proj.weight"].dtype == np.float64
                                                    else torch.float32)
-    m.load_state_dict({k: _t(v) for k, v in state.items()})
+    m.load_state_dict({k: as_torch(v) for k, v in state.items()})
     return m
 
 
@@ -104,15 +82,15 @@ def _mha_math(state, H, query, key, value, mask, scale="head", invert=False, bia
     """What multi-head attention returns, with one of the usual mistakes switched on."""
     def lin(name, x):
         b = state.get(f"{name}.bias") if bias else None
-        return F.linear(x, _t(state[f"{name}.weight"]), None if b is None else _t(b))
+        return F.linear(x, as_torch(state[f"{name}.weight"]), None if b is None else as_torch(b))
 
-    q, k, v = lin("q_proj", _t(query)), lin("k_proj", _t(key)), lin("v_proj", _t(value))
+    q, k, v = lin("q_proj", as_torch(query)), lin("k_proj", as_torch(key)), lin("v_proj", as_torch(value))
     B, Tq, D = q.shape
     Dh = D // H
     q, k, v = (t.reshape(B, t.size(1), H, Dh).transpose(1, 2) for t in (q, k, v))
     scores = q @ k.transpose(-2, -1) / math.sqrt(D if scale == "model" else Dh)
     if mask is not None:
-        m = _t(mask)
+        m = as_torch(mask)
         scores = scores.masked_fill(m if invert else ~m, float("-inf"))
     w = scores.softmax(dim=-1)
     out = w @ v
@@ -179,25 +157,25 @@ def _check_forward(s, mha, module, state, H, case):
         hint = "mha(query, key) attends to key: value defaults to key"
     elif key is None:
         hint = "mha(x) is self-attention: key defaults to query and value to key"
-    got = _calling(s, what, hint, mha, *args, **kwargs)
+    got = call_named(s, what, mha, *args, **kwargs, hint=hint)
     k = query if key is None else key
     v = k if value is None else value
     with torch.no_grad():
-        want_out, want_w = module(_t(query), _t(k), _t(v), mask=None if mask is None else _t(mask), need_weights=True)
+        want_out, want_w = module(as_torch(query), as_torch(k), as_torch(v), mask=None if mask is None else as_torch(mask), need_weights=True)
     want_out, want_w = reference(want_out), reference(want_w)
-    mistakes = _lazy(lambda: _mha_mistakes(state, H, query, k, v, mask, value is not None))
+    mistakes = functools.cache(lambda: _mha_mistakes(state, H, query, k, v, mask, value is not None))
     if not need_weights:
         if isinstance(got, (tuple, list)):
             fail(f"{what} returned {kind_of(got)}: with need_weights=False (the default) return only out")
-        _expect(got, want_out, f"the output of {what}", lambda: [(m, o) for m, (o, w) in mistakes()])
+        expect_array(got, want_out, f"the output of {what}", lambda: [(m, o) for m, (o, w) in mistakes()])
         return
     out, weights = expect_pair(got, what)
     if isinstance(weights, Array) and weights.shape == want_w.shape[:1] + want_w.shape[2:]:
         fail(f"the weights of {what} have shape (B, Tq, Tk): return one pattern per head, (B, H, Tq, Tk), "
              "and do not average over the heads (nn.MultiheadAttention averages by default; we don't)")
-    _expect(weights, want_w, f"the weights of {what}", lambda: [(m, w) for m, (o, w) in mistakes()],
+    expect_array(weights, want_w, f"the weights of {what}", lambda: [(m, w) for m, (o, w) in mistakes()],
             hint="softmax(q k^T / sqrt(head_dim)) per head, masked where mask is False")
-    _expect(out, want_out, f"the output of {what}", lambda: [(m, o) for m, (o, w) in mistakes()])
+    expect_array(out, want_out, f"the output of {what}", lambda: [(m, o) for m, (o, w) in mistakes()])
 
 
 def _check_structure(s, mha, D, H, bias):
@@ -241,10 +219,10 @@ def MultiHeadAttention(s):
     for D, H, bias, dtype in [(16, 4, True, np.float32), (24, 6, False, np.float32), (12, 3, True, np.float64),
                               (16, 2, False, np.float64)]:
         kwargs = {} if bias else {"bias": False}  # the default must be bias=True
-        mha = _calling(s, "MultiHeadAttention(d_model, n_heads, bias)", "", "MultiHeadAttention", D, H, **kwargs)
+        mha = call_named(s, "MultiHeadAttention(d_model, n_heads, bias)", "MultiHeadAttention", D, H, **kwargs)
         _check_structure(s, mha, D, H, bias)
         if dtype == np.float64:
-            _calling(s, "MultiHeadAttention(...).double()", "", (mha, "double"))
+            call_named(s, "MultiHeadAttention(...).double()", (mha, "double"))
         state = _random_state(rng, D, bias, dtype)
         try:
             s.load(mha, state)
@@ -279,7 +257,7 @@ def _copy_mistakes(key, init, src):
         if kind == "bias" else f"{key} was not copied into the module (copy in place, e.g. with .copy_(...) " \
                                "under torch.no_grad())"
     out.append((what, init[key]))
-    return right, [(m, reference(_t(np.ascontiguousarray(a)))) for m, a in out]
+    return right, [(m, reference(as_torch(np.ascontiguousarray(a)))) for m, a in out]
 
 
 @CHECKS.add("load_torch_mha")
@@ -300,14 +278,14 @@ def load_torch_mha(s):
         shell = s.helper("AttentionShell",
                          {p: (tensor(init[f"{p}.weight"]), tensor(init[f"{p}.bias"]) if bias else None) for p in PROJ},
                          d_model=D, n_heads=H, head_dim=D // H)
-        got = _calling(s, "load_torch_mha(module, torch_mha)", "", "load_torch_mha", shell, tmha)
+        got = call_named(s, "load_torch_mha(module, torch_mha)", "load_torch_mha", shell, tmha)
         state = s.state(shell)
         if set(state) != set(init):
             fail(f"after load_torch_mha the module's state_dict has entries {sorted(state)}: copy the weights into the "
                  "existing projections, don't add or remove any")
         for key in sorted(init, key=lambda k: (k.endswith("bias"), PROJ.index(k.split(".")[0]))):  # weights first
             right, mistakes = _copy_mistakes(key, init, src)
-            expect_array(state[key], reference(_t(right)), f"module.{key} after load_torch_mha", mistakes,
+            expect_array(state[key], reference(as_torch(right)), f"module.{key} after load_torch_mha", mistakes,
                          hint="in_proj_weight = [W_q; W_k; W_v] (3D, D), in_proj_bias = [b_q; b_k; b_v]; "
                               "out_proj is an nn.Linear")
         if not isinstance(got, Handle) or "AttentionShell" not in got.type:
@@ -340,10 +318,10 @@ def mha_param_count(s):
         H = int(rng.integers(2, 17))
         cases.append((H * int(rng.integers(2, 65)), H, bool(rng.integers(0, 2))))
     for D, H, bias in cases:
-        got = _calling(s, "mha_param_count(d_model, n_heads, bias)", "", "mha_param_count", D, H, bias=bias)
+        got = call_named(s, "mha_param_count(d_model, n_heads, bias)", "mha_param_count", D, H, bias=bias)
         expect_int(got, ref.mha_param_count(D, H, bias), "mha_param_count(d_model, n_heads, bias)",
                    mistakes=_count_mistakes(D, H, bias))
-    got = _calling(s, "mha_param_count(d_model, n_heads)", "", "mha_param_count", 80, 4)
+    got = call_named(s, "mha_param_count(d_model, n_heads)", "mha_param_count", 80, 4)
     expect_int(got, ref.mha_param_count(80, 4), "mha_param_count(d_model, n_heads) with bias left out",
                mistakes=[("bias defaults to True: count the biases", 4 * 80 * 80)])
     for D, H in [(10, 3), (100, 7), (64, 5)]:

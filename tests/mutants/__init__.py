@@ -7,8 +7,6 @@ A mutant must lose its own function's points and only those; a variant must keep
 """
 import importlib
 
-from autograder.checks import LESSONS
-
 
 def for_lesson(lesson):
     try:
