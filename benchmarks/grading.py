@@ -3,13 +3,17 @@ on the same machine and the same submissions.
 
     python benchmarks/grading.py                       # 14 students x lessons 01-03 (42 notebooks)
     python benchmarks/grading.py --students 20 --lessons 01_attention
+    python benchmarks/grading.py --json benchmarks/results/grading_cpu.json
 
 The class is mixed: solved, blank and known-wrong submissions (tests/mutants). Prints seconds
 per submission and the ratios against nbgrader.
 """
 import argparse
+import datetime
 import itertools
+import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -72,6 +76,7 @@ def main():
     p.add_argument("--students", type=int, default=14)
     p.add_argument("--lessons", nargs="+", default=["01_attention", "02_heads", "03_multi_head"])
     p.add_argument("--skip-nbgrader", action="store_true", help="only time the course's grader")
+    p.add_argument("--json", type=Path, help="also write the figures to this JSON file")
     args = p.parse_args()
     root = Path(tempfile.mkdtemp(prefix="grading-bench-"))
     try:
@@ -91,6 +96,13 @@ def main():
         for name, t in times.items():
             ratio = f"{base / t:.2f}x" if base else "-"
             print(f"{name:24s} {t:8.1f} {t / n:13.2f} {ratio:>23s}")
+        if args.json:
+            args.json.write_text(json.dumps({
+                "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
+                "date": datetime.date.today().isoformat(), "submissions": n, "lessons": args.lessons,
+                "runs": [{"command": name, "seconds": round(t, 1), "seconds_per_submission": round(t / n, 2),
+                          "throughput_vs_nbgrader": round(base / t, 2) if base else None} for name, t in times.items()],
+            }, indent=1) + "\n")
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
