@@ -1,6 +1,7 @@
 """The real grader, `python -m autograder grade`, on a whole class of real submissions:
 round trip, every mutant, correct variants, parallel against serial, shards and merge."""
 import csv
+import json
 import subprocess
 import sys
 
@@ -157,3 +158,17 @@ def test_bad_input_to_the_grader_fails_before_any_work(small_class, tmp_path, ar
     p = run(*[a.format(**fmt) for a in args], check=False)
     assert p.returncode != 0 and words in p.stderr, p.stderr
     assert not (tmp_path / "out" / "grades.csv").exists()
+
+
+def test_gradescope_results_per_student(small_class):
+    root, subs = small_class
+    out = root / "gradescope-run"
+    run("grade", str(subs), "--out", str(out), "--gradescope", "--quiet")
+    grades = read_grades(out)
+    for student in {s for s, _, _ in grades}:
+        data = json.loads((out / "gradescope" / student / "results.json").read_text())
+        mine = [r for (s, _, _), r in grades.items() if s == student]
+        assert data["score"] == sum(float(r["points"]) for r in mine)
+        assert len(data["tests"]) == len(mine)
+        assert {t["status"] for t in data["tests"]} <= {"passed", "failed"}
+        assert all(t["max_score"] > 0 and "name" in t and "output" in t for t in data["tests"])
