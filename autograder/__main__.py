@@ -79,6 +79,8 @@ def _grade_or_merge(args):
     got = sum(t["points"] for r in results for t in r["tests"])
     full = sum(t["max_points"] for r in results for t in r["tests"])
     print(f"{len(results)} submissions, {got:g}/{full:g} points; wrote {args.out}/grades.csv and {args.out}/feedback/")
+    if any(r.get("grader_errors") for r in results):
+        print(f"the grader itself failed on some tests (status error): see {args.out}/grader-errors.log", file=sys.stderr)
     return 0
 
 

@@ -33,6 +33,10 @@ def write_all(out, students, lessons, tests, gradescope=False, gradebook=None):
     lessons = [lesson for lesson in LESSONS if lesson in lessons]
     results = collect(out, students, lessons, tests)
     write_csv(out / "grades.csv", results)
+    # Failures of the grader itself (never of a student's code), for the instructor.
+    errors = [f"== {r['student']} {r['lesson']}\n{tb}" for r in results for tb in r.get("grader_errors", [])]
+    if errors:
+        write_atomic(out / "grader-errors.log", "\n".join(errors))
     for r in results:
         write_atomic(out / "feedback" / r["student"] / f"{r['lesson']}.html", feedback_page(r))
     if gradescope:
