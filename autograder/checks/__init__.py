@@ -286,6 +286,20 @@ def expect_int(got, want, what, mistakes=()):
         fail(f"{what} is not the right count")
 
 
+def expect_int_attributes(s, handle, rules, what):
+    """Each attribute of the student's object must be the right Python int.
+    rules: {name: (value, how it is computed, e.g. "d_model // n_heads")}."""
+    for name, (want, rule) in rules.items():
+        try:
+            got = s.get(handle, name)
+        except StudentError:
+            fail(f"{what} has no attribute `{name}`: set self.{name} = {rule} in __init__")
+        if type(got) is not int:
+            fail(f"{what}.{name} should be the int {rule}, but it is {kind_of(got)}")
+        if got != want:
+            fail(f"{what}.{name} should be {rule}")
+
+
 def expect_pair(got, what):
     """A result that must be a pair (out, weights); returns it."""
     if not isinstance(got, (tuple, list)) or len(got) != 2:

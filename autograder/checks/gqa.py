@@ -8,8 +8,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from autograder.checks import Checks, expect_array, expect_error, expect_int, fail, kind_of, reference, tensor
-from autograder.checks import StudentError
+from autograder.checks import (Checks, expect_array, expect_error, expect_int, expect_int_attributes, fail, kind_of,
+                               reference, tensor)
 from autograder.sandbox.wire import Array, Handle
 from solutions import gqa as ref
 
@@ -57,16 +57,10 @@ def _module(s, *args, **kwargs):
     return h
 
 
-def _expect_attributes(s, h, want, what):
-    for name, value in want.items():
-        try:
-            got = s.get(h, name)
-        except StudentError:
-            fail(f"{what} has no attribute `{name}`: set self.{name} in __init__")
-        if type(got) is not int or got != value:
-            fail(f"{what}.{name} is not right: d_model and n_heads are what you were given, "
-                 f"n_kv_heads the number of key/value heads, head_dim = d_model // n_heads"
-                 + (f" (it is {kind_of(got)}, not an int)" if type(got) is not int else ""))
+def _expect_attributes(s, h, D, H, Hkv, what):
+    expect_int_attributes(s, h, {"d_model": (D, "d_model"), "n_heads": (H, "n_heads"),
+                                 "n_kv_heads": (Hkv, "n_kv_heads, the number of key/value heads"),
+                                 "head_dim": (D // H, "d_model // n_heads")}, what)
 
 
 def _expect_projections(s, h, D, H, Hkv, bias, what):
@@ -166,7 +160,7 @@ def GroupedQueryAttention(s):
     # construction: sizes, attributes, the bias default
     for D, H, Hkv, bias in [(24, 6, 2, True), (32, 8, 1, False), (16, 4, 4, True)]:
         h = _module(s, D, H, Hkv, bias=bias)
-        _expect_attributes(s, h, {"d_model": D, "n_heads": H, "n_kv_heads": Hkv, "head_dim": D // H}, what)
+        _expect_attributes(s, h, D, H, Hkv, what)
         _expect_projections(s, h, D, H, Hkv, bias, what)
     _expect_projections(s, _module(s, 24, 6, 3), 24, 6, 3, False, "GroupedQueryAttention(d_model, n_heads, n_kv_heads)")
 
@@ -262,8 +256,7 @@ def mha_to_gqa(s):
         what = "mha_to_gqa(mha, n_kv_heads)"
         if not isinstance(got, Handle):
             fail(f"{what} should return a GroupedQueryAttention module, but returned {kind_of(got)}")
-        _expect_attributes(s, got, {"d_model": D, "n_heads": H, "n_kv_heads": Hkv, "head_dim": Dh},
-                           f"the GroupedQueryAttention that {what} returns")
+        _expect_attributes(s, got, D, H, Hkv, f"the GroupedQueryAttention that {what} returns")
         state = s.state(got)
         if bias and "k_proj.bias" not in state:
             fail(f"{what}: you dropped the biases. mha has biases, so the result must have them too (bias=True), "

@@ -6,8 +6,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from autograder.checks import (as_torch, call_named, Checks, expect_array, expect_int, expect_pair,
-                               fail, kind_of, reference, StudentError, tensor)
+from autograder.checks import (as_torch, call_named, Checks, expect_array, expect_int, expect_int_attributes,
+                               expect_pair, fail, kind_of, reference, StudentError, tensor)
 from autograder.sandbox.wire import Array, Handle
 from solutions import multi_head as ref
 
@@ -181,15 +181,8 @@ def _check_forward(s, mha, module, state, H, case):
 def _check_structure(s, mha, D, H, bias):
     if not isinstance(mha, Handle) or "torch.nn.modules.module.Module" not in mha.mro:
         fail(f"MultiHeadAttention(d_model, n_heads) should build a torch.nn.Module, but gave {kind_of(mha)}")
-    for attr, want, rule in (("d_model", D, "d_model"), ("n_heads", H, "n_heads"),
-                             ("head_dim", D // H, "d_model // n_heads")):
-        try:
-            got = s.get(mha, attr)
-        except StudentError:
-            fail(f"MultiHeadAttention has no attribute {attr}: set self.{attr} = {rule} in __init__")
-        if type(got) is not int or got != want:
-            fail(f"MultiHeadAttention.{attr} should be the int {rule}, but it is {got!r}"
-                 if type(got) is not int else f"MultiHeadAttention.{attr} should be {rule}")
+    expect_int_attributes(s, mha, {"d_model": (D, "d_model"), "n_heads": (H, "n_heads"),
+                                   "head_dim": (D // H, "d_model // n_heads")}, "MultiHeadAttention")
     state = s.state(mha)
     missing = [p for p in PROJ if f"{p}.weight" not in state]
     if missing:
