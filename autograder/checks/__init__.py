@@ -12,6 +12,7 @@ A check sees only plain data (numpy arrays in wire.Array, numbers, handles), whi
 import contextlib
 import importlib
 import json
+import re
 import warnings
 import zlib
 
@@ -43,13 +44,19 @@ def checks_for(lesson):
 class Check:
     """One graded name's check. isolate: names of the student's other answers that this
     function may call (softmax inside attention, ...); during the check they are replaced by
-    correct versions from autograder.sandbox.helpers, so one mistake costs one function's points."""
+    correct versions from autograder.sandbox.helpers, so one mistake costs one function's points.
 
-    def __init__(self, name, fn, isolate=()):
+    aspects: {aspect: weight} for partial credit, declared once here; the first is the core.
+    The check body tests each inside `with s.aspect(name):`. Every other aspect is earned only
+    when the core passes, so stubs and constant answers score nothing."""
+
+    def __init__(self, name, fn, isolate=(), aspects=None):
         self.name, self.fn, self.isolate = name, fn, tuple(isolate)
+        self.aspects = dict(aspects or {})
 
     def __call__(self, subject):
         """Run against a Subject; an exception from the student's code becomes a teaching AssertionError."""
+        record = subject._aspects = _Aspects(self.aspects) if self.aspects else None
         try:
             if self.isolate:
                 subject.isolate(self.isolate)
@@ -60,6 +67,37 @@ class Check:
                     subject.restore()
         except StudentError as e:
             raise AssertionError(f"your code raised {e.type}: {e.message}") from None
+        finally:
+            subject._aspects = None
+        if record:
+            record.verdict(self.name)
+
+
+class PartialCredit(AssertionError):
+    """Some aspects of a check failed, the core passed: earned of total weight.
+    rows: [{"aspect", "weight", "passed", "message"}]; str() is the failing aspects' messages."""
+
+    def __init__(self, earned, total, rows):
+        super().__init__("\n".join(r["message"] for r in rows if not r["passed"]))
+        self.earned, self.total, self.rows = earned, total, rows
+
+
+class _Aspects:
+    """What each declared aspect of one check run gave: None (not tested yet), or a failure message."""
+
+    def __init__(self, weights):
+        self.weights, self.core = weights, next(iter(weights))
+        self.tested, self.failed = set(), {}
+
+    def verdict(self, name):
+        untested = [a for a in self.weights if a not in self.tested]
+        if untested:  # a bug of ours: never give an aspect's share untested
+            raise RuntimeError(f"the check of {name} never tested {', '.join(untested)}")
+        if self.failed:
+            rows = [dict(aspect=a, weight=w, passed=a not in self.failed, message=self.failed.get(a, ""))
+                    for a, w in self.weights.items()]
+            earned = sum(r["weight"] for r in rows if r["passed"])
+            raise PartialCredit(earned, sum(self.weights.values()), rows)
 
 
 class Checks(dict):
@@ -68,65 +106,120 @@ class Checks(dict):
         @CHECKS.add("softmax")
         def softmax(s): ..."""
 
-    def add(self, name, isolate=()):
+    def add(self, name, isolate=(), aspects=None):
         def register(fn):
-            self[name] = Check(name, fn, isolate)
+            self[name] = Check(name, fn, isolate, aspects)
             return fn
         return register
 
 
 class Unchecked(Exception):
-    """The student's code could not be checked: it hung or ended its process (grader only)."""
+    """The student's code could not be checked: it hung or ended its process (grader only).
+    Only the transport says so (an "unchecked" reply), never the name of a student's exception."""
 
 
-UNCHECKED = ("Timeout", "ProcessEnded")
+class OverBudget(Exception):
+    """A bounded call (Subject.call_bounded) ran past its memory bound and was killed."""
+
+
 NOT_IMPLEMENTED = "not implemented yet: replace `raise NotImplementedError()` with your code"
+MAX_STUDENT_MESSAGE = 300
+# Numbers and array reprs in a student's exception message may be the hidden inputs.
+_NUMBERS = re.compile(r"(?:tensor|array)\((?:[^()]|\([^()]*\))*\)|\[[-+\d.,eEinfa\s\[\]]*\d[-+\d.,eEinfa\s\[\]]*\]"
+                      r"|-?\d+\.\d*(?:[eE][-+]?\d+)?|-?\d+[eE][-+]?\d+")
+
+
+def student_message(text):
+    """A student's exception message as feedback shows it: array data and decimals masked, capped."""
+    text = _NUMBERS.sub("\u2026", str(text))
+    return text if len(text) <= MAX_STUDENT_MESSAGE else text[:MAX_STUDENT_MESSAGE - 1] + "\u2026"
 
 
 class StudentError(Exception):
-    """The student's code raised: type name, its class names (mro) and message."""
+    """The student's code raised: type name, its class names (mro) and message (masked for
+    feedback; raw_message as sent, for checks that look for a word in it)."""
 
     def __init__(self, type, mro, message):
         super().__init__(f"{type}: {message}")
-        self.type, self.mro, self.message = type, tuple(mro), message
+        self.type, self.mro = student_message(type)[:80], tuple(mro)
+        self.raw_message, self.message = message, student_message(message)
 
     def is_a(self, name):
         return name in self.mro
 
 
 class Subject:
-    """The student's code, reached through a transport (request -> reply, both plain data)."""
+    """The student's code, reached through a transport (request -> reply, both plain data).
+    sources: the code cells the student's notebook ran, as text (host-side evidence for checks
+    that parse them with ast; empty when unknown)."""
 
-    def __init__(self, transport, seed_text=""):
+    def __init__(self, transport, seed_text="", sources=()):
         self._transport = transport
         self.rng = np.random.default_rng(zlib.crc32(seed_text.encode()))
+        self.sources = [str(c) for c in sources]
+        self._aspects = None
 
-    def _request(self, request):
-        reply = self._transport(request)
+    def _request(self, request, callback=None):
+        reply = self._transport(request, callback=callback) if callback else self._transport(request)
+        if not isinstance(reply, dict):
+            raise Unchecked("the sandbox sent a malformed reply")
+        if "unchecked" in reply:
+            raise Unchecked(str(reply["unchecked"]))
+        if "over_budget" in reply:
+            raise OverBudget(str(reply["over_budget"]))
         if "error" in reply:
-            e = reply["error"]
-            error = StudentError(str(e.get("type")), [str(m) for m in e.get("mro", [])], str(e.get("message", "")))
-            # These two end the check whatever it catches: the code could not be run, or is not written yet.
-            if error.type in UNCHECKED:
-                raise Unchecked(error.message)
-            if error.is_a("NotImplementedError"):
+            e = reply["error"] if isinstance(reply["error"], dict) else {}
+            mro = e.get("mro") if isinstance(e.get("mro"), list) else []
+            error = StudentError(str(e.get("type")), [str(m) for m in mro[:64]], str(e.get("message", ""))[:10_000])
+            if error.is_a("NotImplementedError"):  # ends the check whatever it catches: not written yet
                 raise AssertionError(NOT_IMPLEMENTED)
             raise error
-        return wire.decode(reply["ok"])
+        return wire.decode(reply.get("ok"))
+
+    def _call_request(self, target, args, kwargs, **extra):
+        return {"op": "call", "target": _target(target), "args": [wire.encode_plain(a) for a in args],
+                "kwargs": {k: wire.encode_plain(v) for k, v in kwargs.items()}, **extra}
 
     def call(self, target, *args, **kwargs):
         """target: a name the notebook defines, a Handle, or (Handle, method name)."""
-        return self._request({"op": "call", "target": _target(target),
-                              "args": [wire.encode_plain(a) for a in args],
-                              "kwargs": {k: wire.encode_plain(v) for k, v in kwargs.items()}})
+        return self._request(self._call_request(target, args, kwargs))
 
     def call_traced(self, target, *args, **kwargs):
         """(result, ops): call(), plus every tensor op the call ran, as [name, first input's shape,
-        [floating outputs' shapes]] (see sandbox.server.OpLog)."""
-        result, ops = self._request({"op": "call", "trace": True, "target": _target(target),
-                                     "args": [wire.encode_plain(a) for a in args],
-                                     "kwargs": {k: wire.encode_plain(v) for k, v in kwargs.items()}})
+        [floating outputs' shapes]] (see sandbox.server.OpLog). The log is recorded next to the
+        student's code, so it may be forged: use it to explain a mistake, never to award points."""
+        result, ops = self._request(self._call_request(target, args, kwargs, trace=True))
         return result, ops
+
+    def call_bounded(self, memory_mb, target, *args, **kwargs):
+        """call() in a forked process that may allocate at most memory_mb MiB more (a hard rlimit the
+        student's code cannot lift) and may start no process; its state changes are discarded.
+        Raises OverBudget when it was killed; a MemoryError inside comes back as a StudentError."""
+        return self._request(self._call_request(target, args, kwargs, bound_mb=int(memory_mb)))
+
+    def call_with_callbacks(self, handler, target, *args, **kwargs):
+        """call(), during which code next to the student's (sandbox.helpers) may ask this process
+        handler(payload) -> reply through sandbox.server.host_callback: a record the student cannot reach."""
+        return self._request(self._call_request(target, args, kwargs), callback=handler)
+
+    @contextlib.contextmanager
+    def aspect(self, name):
+        """One aspect of a check with partial credit (Check): a failure inside fails only this aspect,
+        unless it is the core. Outside a check with aspects it is a plain block."""
+        record = self._aspects
+        if record is None:
+            yield
+            return
+        if name not in record.weights:
+            raise RuntimeError(f"undeclared aspect {name!r}")
+        record.tested.add(name)
+        try:
+            yield
+        except (AssertionError, StudentError) as e:
+            message = str(e) if isinstance(e, AssertionError) else f"your code raised {e.type}: {e.message}"
+            if name == record.core or str(e) == NOT_IMPLEMENTED:
+                raise AssertionError(message) from None
+            record.failed.setdefault(name, message)
 
     def helper(self, name, *args, **kwargs):
         """Build one of autograder.sandbox.helpers next to the student's code; returns a Handle."""
@@ -171,7 +264,15 @@ class LocalSubject(Subject):
 
     def __init__(self, namespace, seed_text=""):
         server = ObjectServer(namespace)
-        super().__init__(lambda req: json.loads(wire.dumps(server.handle(json.loads(wire.dumps(req))))), seed_text)
+        roundtrip = lambda msg: json.loads(wire.dumps(msg))  # noqa: E731
+
+        def transport(request, callback=None):
+            server.channel = (lambda payload: roundtrip(wire.encode_plain(callback(wire.decode(roundtrip(payload))))))\
+                if callback else None
+            return roundtrip(server.handle(roundtrip(request)))
+
+        sources = namespace.get("In") or namespace.get("__cell_sources__") or ()
+        super().__init__(transport, seed_text, [c for c in sources if isinstance(c, str)])
 
 
 def verify(lesson, name, namespace):
@@ -205,9 +306,17 @@ def tensor(array, dtype=None):
     return Array("tensor", dtype or array.dtype.name, array.astype(np.float32) if dtype == "bfloat16" else array)
 
 
-def reference(value):
-    """A solutions/ result (tensors, arrays, tuples, numbers) as the plain data a check compares with."""
-    return wire.decode(ObjectServer({})._encode(value, [0]))
+def reference(value, dtype=None):
+    """A solutions/ result (tensors, arrays, tuples, numbers) as the plain data a check compares with.
+    dtype: the result is the exact answer (computed in float64) to a question asked in `dtype`: the
+    Array says `dtype` (what the student must return) and keeps the float64 values, so a correct
+    answer is judged by its distance from the truth, not from the reference's own rounding."""
+    got = wire.decode(ObjectServer({})._encode(value, [0]))
+    if dtype is None:
+        return got
+    if not isinstance(got, Array):
+        raise TypeError("reference(value, dtype) takes a single array")
+    return Array(got.kind, dtype, got.data, got.device, got.subclass)
 
 
 # ---- verdicts ------------------------------------------------------------------------------
@@ -234,28 +343,70 @@ def dtype_ok(got, want, upcast_ok=False):
     return got.dtype == want.dtype or (upcast_ok and (got.dtype, want.dtype) == ("float64", "float32"))
 
 
-def close(got, want, rtol=None, atol=None, upcast_ok=False):
-    """Same kind, dtype, shape, and values within the dtype's tolerance (NaN equal to NaN)."""
+def close(got, want, rtol=None, atol=None, upcast_ok=False, cond=1.0):
+    """Same kind, dtype, shape, and values within the dtype's tolerance times cond (NaN equal to NaN)."""
     if not (isinstance(got, Array) and got.kind == want.kind and dtype_ok(got, want, upcast_ok)
             and got.shape == want.shape):
         return False
     if want.data.dtype.kind in "biu":
         return bool(np.array_equal(got.data, want.data))
+    return bool(_near(got, want, rtol, atol, cond).all())
+
+
+def _near(got, want, rtol, atol, cond):
     r, a = TOLERANCE.get(want.dtype, (1e-5, 1e-6))
-    return bool(np.allclose(got.data, want.data, rtol=rtol or r, atol=atol or a, equal_nan=True))
+    with np.errstate(invalid="ignore"):
+        return np.isclose(got.data.astype(np.float64), want.data.astype(np.float64),
+                          rtol=(rtol or r) * cond, atol=(atol or a) * cond, equal_nan=True)
 
 
-def expect_array(got, want, what, mistakes=(), nan_hint="", hint="", rtol=None, atol=None, upcast_ok=False):
+def where_it_differs(bad, axes=None, regions=None):
+    """Where a result differs, in words and without values. bad: bool array of wrong entries;
+    axes: a name per dimension ("B", "H", "T", ...); regions: {name: bool array broadcasting to bad}."""
+    if not bad.any():
+        return ""
+    if bad.all():
+        return "everywhere"
+    for name, region in (regions or {}).items():
+        region = np.broadcast_to(np.asarray(region, dtype=bool), bad.shape)
+        if region.any() and not (bad & ~region).any():
+            return f"only in the {name}"
+        if (~region).any() and not (bad & region).any():
+            return f"only outside the {name}"
+    parts = []
+    for axis, size in enumerate(bad.shape):
+        if size < 2:
+            continue
+        name = axes[axis] if axes and axis < len(axes) else f"axis {axis}"
+        hit = bad.any(axis=tuple(i for i in range(bad.ndim) if i != axis))
+        if hit.all():
+            continue
+        first, last = int(np.argmax(hit)), size - 1 - int(np.argmax(hit[::-1]))
+        if hit.sum() == 1 and name in ("H", "Hkv"):
+            parts.append(f"in one head only ({name})")
+        elif hit[first:last + 1].all() and last == size - 1:
+            parts.append(f"only in the last positions along {name} (the tail)")
+        elif hit[first:last + 1].all() and first == 0:
+            parts.append(f"only in the first positions along {name}")
+        else:
+            parts.append(f"in some positions along {name}")
+    return "; ".join(parts) or "in scattered entries"
+
+
+def expect_array(got, want, what, mistakes=(), nan_hint="", hint="", rtol=None, atol=None, upcast_ok=False,
+                 cond=1.0, axes=None, regions=None):
     """Check a returned array against the reference `want` (an Array from reference()).
 
     mistakes: [(message, Array)] of what known mistakes would return on the same inputs, or a
     function returning them (called only when the result is wrong); a match fails with that
-    message. Then kind, dtype, shape, device, NaN and values.
+    message. Then kind, dtype, shape, device, NaN and values; a value mismatch says where it is
+    (axes and regions: see where_it_differs). cond scales the tolerance (the problem's conditioning).
     """
+    tol = dict(rtol=rtol, atol=atol, upcast_ok=upcast_ok, cond=cond)
     if callable(mistakes):
-        mistakes = [] if close(got, want, rtol, atol, upcast_ok) else mistakes()
+        mistakes = [] if close(got, want, **tol) else mistakes()
     for message, wrong in mistakes:
-        if close(got, wrong, rtol, atol, upcast_ok) and not close(got, want, rtol, atol, upcast_ok):
+        if close(got, wrong, **tol) and not close(got, want, **tol):
             fail(f"{what}: {message}")
     if not isinstance(got, Array) or got.kind != want.kind:
         fail(f"{what} should be {kind_of(want)}, but it is {kind_of(got)}")
@@ -271,8 +422,10 @@ def expect_array(got, want, what, mistakes=(), nan_hint="", hint="", rtol=None, 
         bad = ~np.isfinite(got.data) & np.isfinite(want.data)
         if bad.any():
             fail(f"{what} contains NaN or inf where the correct result is finite" + (f": {nan_hint}" if nan_hint else ""))
-    if not close(got, want, rtol, atol, upcast_ok):
-        fail(f"{what} differs from the correct result" + (f": {hint}" if hint else ""))
+    if not close(got, want, **tol):
+        where = where_it_differs(~_near(got, want, rtol, atol, cond), axes, regions) \
+            if want.data.dtype.kind == "f" else ""
+        fail(f"{what} differs from the correct result" + (f" ({where})" if where else "") + (f": {hint}" if hint else ""))
 
 
 def expect_int(got, want, what, mistakes=()):

@@ -5,6 +5,9 @@ run in the notebook itself, in-process (autograder.checks.LocalSubject).
 Requests and replies are plain data (wire.py). Whatever the student's code returns becomes
 plain data here, or a handle to an object that stays on this side.
 """
+import os
+import resource
+
 import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -13,6 +16,16 @@ from . import helpers, wire
 
 MAX_REPLY_BYTES = 64 * 2**20
 _MISSING = object()
+_current = None  # the server running a call now, for host_callback
+
+
+def host_callback(payload):
+    """Ask the grader, from code next to the student's (helpers), to handle payload (plain data and
+    tensors); returns its reply. Only during Subject.call_with_callbacks: the grader keeps the record."""
+    channel = _current.channel if _current is not None else None
+    if channel is None:
+        raise RuntimeError("no grader callback is active")
+    return _current._arg(channel(_current._encode(payload, [0])))
 
 
 class TooLarge(Exception):
@@ -24,9 +37,15 @@ class ObjectServer:
         self.namespace = namespace
         self.objects = {}
         self.saved = {}  # names replaced by isolate(), restored by restore()
+        # Set by whoever runs the server: encoded payload -> encoded reply, through the grader.
+        self.channel = None
 
     def handle(self, request):
         """request (plain data) -> {'ok': value} or {'error': {...}}; never raises."""
+        global _current
+        if isinstance(request, dict) and request.get("bound_mb") is not None:
+            return self._bounded(request)
+        _current = self
         try:
             return {"ok": self._encode(self._dispatch(request), [0])}
         except TooLarge:
@@ -34,6 +53,37 @@ class ObjectServer:
                               "message": "the result is larger than 64 MB"}}
         except BaseException as e:  # student code may raise anything, SystemExit included
             return {"error": describe(e)}
+        finally:
+            _current = None
+
+    def _bounded(self, request):
+        """handle(request) in a forked process under a hard memory bound it cannot lift (no
+        CAP_SYS_RESOURCE) and unable to start processes, so all the call allocates counts; the
+        reply comes back through a pipe and the process ends, taking its state changes with it."""
+        mb, request = int(request["bound_mb"]), dict(request, bound_mb=None)
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.close(r)
+                torch.set_num_threads(1)  # no thread pool to start under the bounds
+                vm = int(open("/proc/self/status").read().split("VmSize:")[1].split()[0]) * 1024
+                resource.setrlimit(resource.RLIMIT_AS, (vm + mb * 2**20,) * 2)
+                resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
+                reply = wire.dumps(self.handle(request))
+                with os.fdopen(w, "wb") as f:
+                    f.write(reply)
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(w)
+        with os.fdopen(r, "rb") as f:
+            payload = f.read(MAX_REPLY_BYTES * 2)
+        _, status = os.waitpid(pid, 0)
+        if status != 0 or not payload:
+            return {"over_budget": "the call ran past its memory bound and was stopped"}
+        return wire.loads(payload)
 
     def _dispatch(self, req):
         op = req["op"]
