@@ -26,10 +26,19 @@ def lesson_path(lesson, root=LESSONS_DIR):
 def read(path):
     """A notebook as a dict, or NotebookError naming what is wrong."""
     try:
-        nb = json.loads(Path(path).read_text(encoding="utf-8"))
+        text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
         raise NotebookError(f"no notebook at {path}") from None
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+    except (OSError, UnicodeDecodeError) as e:
+        raise NotebookError(f"not a readable notebook (corrupt JSON?): {type(e).__name__}: {str(e)[:200]}") from None
+    return parse(text)
+
+
+def parse(text):
+    """A notebook's text as a dict, or NotebookError naming what is wrong."""
+    try:
+        nb = json.loads(text)
+    except (ValueError, RecursionError) as e:
         raise NotebookError(f"not a readable notebook (corrupt JSON?): {type(e).__name__}: {str(e)[:200]}") from None
     if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
         raise NotebookError("not a notebook: it has no list of cells")
