@@ -46,3 +46,28 @@ def test_mutant_fails_its_check_only(lesson, name, mutant):
 @pytest.mark.parametrize("lesson, name, variant", cases("VARIANTS"))
 def test_correct_variant_passes(lesson, name, variant):
     verify(lesson, name, fresh_namespace(lesson, {name: variant[1]}))
+
+
+def _zero_points(lesson, name, code):
+    """verify() fails with nothing earned: a plain AssertionError, or PartialCredit of 0."""
+    from autograder.checks import PartialCredit
+
+    with pytest.raises(AssertionError) as caught:
+        verify(lesson, name, fresh_namespace(lesson, {name: code}))
+    return not isinstance(caught.value, PartialCredit) or caught.value.earned == 0
+
+
+@pytest.mark.parametrize("lesson", LESSONS)
+def test_the_released_stub_scores_nothing(lesson):
+    from autograder import notebook as nbk
+
+    answers = [c for c in nbk.code_cells(nbk.read(nbk.lesson_path(lesson)))
+               if nbk.is_answer(c) and nbk.grade_id(c) in graded_names(lesson)]
+    for cell in answers:
+        name = nbk.grade_id(cell)
+        assert _zero_points(lesson, name, nbk.strip_solutions(nbk.source(cell))), f"the released stub of {name} earns points"
+
+
+@pytest.mark.parametrize("lesson, name, mutant", [c for c in cases("MUTANTS") if c.values[2][0].startswith("constant")])
+def test_constant_stubs_score_nothing(lesson, name, mutant):
+    assert _zero_points(lesson, name, mutant[2]), f"'{mutant[0]}' earns partial credit"
