@@ -1,0 +1,121 @@
+"""solutions.kv_compression against PyTorch: sliding-window masks against SDPA with a band mask,
+cached sliding-window decoding against uncached, MLA against its explicit math, and the absorbed
+form against the cached forward (with and without biases)."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from solutions.kv_compression import (LatentCache, MultiHeadLatentAttention, RollingKVCache, absorbed_attention,
+                                      sliding_window_mask)
+
+
+@pytest.mark.parametrize("tq, tk, window", [(5, 5, 1), (5, 5, 3), (3, 8, 2), (4, 9, 20), (1, 7, 4)])
+def test_sliding_window_mask_is_the_band_bottom_right(tq, tk, window):
+    m = sliding_window_mask(tq, window, n_keys=tk)
+    assert m.dtype == torch.bool and m.shape == (tq, tk)
+    for i in range(tq):
+        p = i + tk - tq
+        assert m[i].tolist() == [p - window < j <= p for j in range(tk)]
+
+
+def test_sliding_window_mask_defaults_and_errors():
+    assert torch.equal(sliding_window_mask(4, 4), torch.ones(4, 4, dtype=torch.bool).tril())
+    with pytest.raises(ValueError, match="window"):
+        sliding_window_mask(3, 0)
+    with pytest.raises(ValueError, match="window"):
+        RollingKVCache(1, 0, 1, 2)
+
+
+@pytest.mark.parametrize("window", [1, 3, 6])
+def test_rolling_cache_decoding_equals_uncached_sliding_window_attention(window):
+    torch.manual_seed(0)
+    B, H, T, Dh = 2, 3, 11, 4
+    q, k, v = (torch.randn(B, H, T, Dh, dtype=torch.float64) for _ in range(3))
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=sliding_window_mask(T, window))
+    cache = RollingKVCache(B, window, H, Dh, dtype=torch.float64)
+    outs, start = [], 0
+    for n in (4, 1, 1, 3, 2):  # a prefill longer than some windows, then steps and chunks
+        k_ctx, v_ctx = cache.update(k[:, :, start:start + n], v[:, :, start:start + n])
+        assert k_ctx.shape[2] == min(window, start) + n
+        mask = sliding_window_mask(n, window, n_keys=k_ctx.shape[2])
+        outs.append(F.scaled_dot_product_attention(q[:, :, start:start + n], k_ctx, v_ctx, attn_mask=mask))
+        start += n
+        assert len(cache) == start and cache.k.shape[2] == window
+    torch.testing.assert_close(torch.cat(outs, dim=2), want)
+    cache.reset()
+    assert len(cache) == 0
+
+
+def test_latent_cache_appends_and_refuses_overflow():
+    cache = LatentCache(2, 5, 3)
+    a, b = torch.randn(2, 3, 3), torch.randn(2, 2, 3)
+    cache.update(a)
+    torch.testing.assert_close(cache.update(b), torch.cat([a, b], 1))
+    assert len(cache) == 5
+    with pytest.raises(ValueError, match="full"):
+        cache.update(torch.randn(2, 1, 3))
+
+
+def _mla(D=16, H=4, L=6, bias=False, dtype=torch.float64):
+    torch.manual_seed(1)
+    mla = MultiHeadLatentAttention(D, H, L, bias=bias).to(dtype)
+    if bias:
+        with torch.no_grad():
+            for m in (mla.q_proj, mla.kv_down, mla.k_up, mla.v_up, mla.out_proj):
+                m.bias.normal_()
+    return mla
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_mla_forward_is_attention_over_up_projected_latents(bias):
+    mla = _mla(bias=bias)
+    x = torch.randn(2, 7, 16, dtype=torch.float64)
+    c = mla.kv_down(x)
+    q, k, v = (t.view(2, 7, 4, 4).transpose(1, 2) for t in (mla.q_proj(x), mla.k_up(c), mla.v_up(c)))
+    scores = q @ k.transpose(-1, -2) / math.sqrt(4)
+    scores = scores.masked_fill(~torch.ones(7, 7, dtype=torch.bool).tril(), float("-inf"))
+    want = mla.out_proj((scores.softmax(-1) @ v).transpose(1, 2).reshape(2, 7, 16))
+    torch.testing.assert_close(mla(x), want)
+    assert (mla.d_model, mla.n_heads, mla.head_dim, mla.d_latent) == (16, 4, 4, 6)
+    with pytest.raises(ValueError, match="divisible"):
+        MultiHeadLatentAttention(10, 4, 3)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_cached_mla_and_absorbed_attention_equal_the_uncached_forward(bias):
+    mla = _mla(bias=bias)
+    x = torch.randn(2, 9, 16, dtype=torch.float64)
+    want = mla(x)
+    cache = LatentCache(2, 9, 6, dtype=torch.float64)
+    outs, absorbed, start = [], [], 0
+    for n in (5, 1, 3):
+        chunk = x[:, start:start + n]
+        outs.append(mla(chunk, cache=cache))
+        absorbed.append(absorbed_attention(mla, chunk, cache.c[:, :len(cache)]))
+        start += n
+    torch.testing.assert_close(torch.cat(outs, 1), want)
+    torch.testing.assert_close(torch.cat(absorbed, 1), want)
+
+
+def test_absorbed_attention_never_forms_the_keys():
+    """Keys for every cached position would be (B, Tk, D); the absorbed form holds (B, Tk, d_latent)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    mla = _mla(D=64, H=4, L=4, dtype=torch.float32)
+    Tk = 300
+    latents, x = torch.randn(1, Tk, 4), torch.randn(1, 1, 64)
+
+    class Shapes(TorchDispatchMode):
+        seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if isinstance(out, torch.Tensor):
+                self.seen.append(out.numel())
+            return out
+
+    with Shapes() as log:
+        absorbed_attention(mla, x, latents)
+    assert max(log.seen) < Tk * 64, "a tensor as large as the cached keys was formed"
