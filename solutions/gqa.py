@@ -22,10 +22,10 @@ def repeat_kv(x, n_rep):
 
 
 def attend_with_cache(attn, x, cache):
-    """Lesson 05's cached forward. It lives in solutions.kv_cache, which imports this module,
-    so it is looked up when called."""
-    from solutions.kv_cache import attend_with_cache as cached_forward
-    return cached_forward(attn, x, cache)
+    """The cached forward that forward(x, cache=cache) hands over to: lesson 05's exercise.
+    Imports go one way, solutions.kv_cache -> solutions.gqa: importing solutions.kv_cache puts
+    its attend_with_cache here, as lesson 05's notebook defines it in a later cell."""
+    raise NotImplementedError("attention with a KV cache is lesson 05's: import solutions.kv_cache first")
 
 
 class GroupedQueryAttention(nn.Module):

@@ -99,3 +99,11 @@ def test_bad_input_rank():
         GroupedQueryAttention(D, 6, 2)(torch.randn(7, D))
     with pytest.raises(ValueError, match=r"\(3, 4\)"):
         repeat_kv(torch.randn(3, 4), 2)
+
+
+def test_imports_go_one_way():
+    # solutions.kv_cache imports this lesson's module; this one never imports lesson 05's.
+    import subprocess
+    import sys
+    code = "import sys, solutions.gqa; assert 'solutions.kv_cache' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)

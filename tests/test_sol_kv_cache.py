@@ -90,3 +90,34 @@ def test_generate_never_feeds_the_last_token():
     assert generate(model, torch.zeros(1, 4, dtype=torch.long), 7).shape == (1, 11)
     with pytest.raises(ValueError, match="max_seq_len=10"):
         generate(model, torch.zeros(1, 4, dtype=torch.long), 8)
+
+
+# ---- the hidden check of generate against a forged call log (issue 11, item 4) -------------------
+
+FORGER = '''
+@torch.no_grad()
+def generate(model, prompt_ids, max_new_tokens, use_cache=True):
+    ids = prompt_ids
+    for _ in range(max_new_tokens):  # never uses the cache ...
+        ids = torch.cat([ids, model(ids)[:, -1].argmax(dim=-1, keepdim=True)], dim=1)
+    if use_cache:  # ... then rewrites the model's call log to look like a cached run
+        T0 = prompt_ids.size(1)
+        model.calls = [[T0, 0]] + [[1, T0 + i] for i in range(max_new_tokens - 1)] if max_new_tokens else []
+    return ids
+'''
+
+
+def test_a_generate_that_forges_the_call_log_loses_its_points():
+    from autograder.checks import verify
+    from autograder.checks.kv_cache import ProbeModel, _expected_calls
+    from tests.lessons import fresh_namespace
+
+    ns = fresh_namespace("05_kv_cache", {"generate": FORGER})
+    # The attack is real: a log kept next to the student's code shows a cached run ...
+    model = ProbeModel(11, 16, seed=0)
+    ns["generate"](model, torch.zeros(2, 3, dtype=torch.long), 5)
+    assert model.calls == _expected_calls(3, 5, use_cache=True)
+    # ... but the check reads the grader's own log, so it scores nothing.
+    with pytest.raises(AssertionError, match="never given caches") as failed:
+        verify("05_kv_cache", "generate", ns)
+    assert getattr(failed.value, "earned", 0) == 0

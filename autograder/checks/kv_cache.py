@@ -1,9 +1,10 @@
 """Hidden checks of lesson 05 (decoding with a key/value cache): KVCache, attend_with_cache, generate.
 
 Isolation: attend_with_cache runs on an AttentionShell (just the projections) and a ListCache (a
-correct cache), generate on a ProbeDecoder (a stand-in model that logs its calls), all built next
-to the student's code with s.helper(...), so none of them depends on the student's KVCache or
-GroupedQueryAttention.
+correct cache), both built next to the student's code with s.helper(...), so that neither depends on
+the student's KVCache or GroupedQueryAttention. generate runs on a HostDecoder, a stand-in model
+whose every forward is computed here, in the grader (HostModel, through s.call_with_callbacks): the
+call log that shows whether the cache was used is kept where the student's code cannot reach it.
 """
 import numpy as np
 import torch
@@ -265,15 +266,105 @@ def attend_with_cache(s):
 
 # ---- generate ------------------------------------------------------------------------------
 
+class ProbeModel(torch.nn.Module):
+    """The grader's stand-in language model. The logits at position t are a fixed function of
+    tokens 0..t, computed the same way with caches (continuing from the cached state) or without,
+    so cached and uncached decoding agree exactly. self.calls logs each forward as
+    [number of ids, cached positions or None]."""
+
+    class Cache:
+        def __init__(self):
+            self.length, self.state = 0, None
+
+        def __len__(self):
+            return self.length
+
+    def __init__(self, vocab_size, max_seq_len, seed):
+        super().__init__()
+        gen = torch.Generator().manual_seed(seed)
+        self.emb = torch.randn(vocab_size, vocab_size, generator=gen, dtype=torch.float64)
+        self.pos = torch.randn(max_seq_len, vocab_size, generator=gen, dtype=torch.float64)
+        self.max_seq_len, self.calls = max_seq_len, []
+
+    def make_caches(self, batch_size):
+        return [ProbeModel.Cache()]
+
+    def forward(self, ids, caches=None):
+        start = len(caches[0]) if caches else 0
+        self.calls.append([ids.size(1), start if caches else None])
+        if start + ids.size(1) > self.max_seq_len:
+            raise ValueError(f"positions beyond max_seq_len={self.max_seq_len}")
+        state = caches[0].state if caches and start else torch.zeros(ids.size(0), self.emb.size(0), dtype=torch.float64)
+        if state.size(0) != ids.size(0):
+            raise ValueError("the ids' batch size differs from the one the caches were made for")
+        logits = []
+        for t in range(ids.size(1)):
+            state = 0.5 * state + self.emb[ids[:, t]]
+            logits.append(state + self.pos[start + t])
+        if caches:
+            caches[0].state, caches[0].length = state, start + ids.size(1)
+        return torch.stack(logits, dim=1)
+
+
+class HostModel:
+    """The grader's side of the sandbox's HostDecoder (s.call_with_callbacks handler): every forward
+    the student's generate makes is computed here by a ProbeModel, with the caches' states and the
+    call log kept here too. So "it used the cache" is decided from a record the student's code
+    cannot rewrite. A request that is not what HostDecoder sends is refused ({"error": why})."""
+
+    MAX_CACHES = 256
+
+    def __init__(self, vocab_size, max_seq_len, seed):
+        self.model = ProbeModel(vocab_size, max_seq_len, seed)
+        self.caches = []
+
+    @property
+    def calls(self):
+        return self.model.calls
+
+    def __call__(self, payload):
+        try:
+            return self._answer(payload if isinstance(payload, dict) else {})
+        except (ValueError, TypeError, IndexError, RuntimeError) as e:
+            return {"error": str(e)[:200]}
+
+    def _cache(self, number):
+        if type(number) is not int or not 0 <= number < len(self.caches):
+            raise ValueError("caches must come from model.make_caches(batch_size)")
+        return self.caches[number]
+
+    def _answer(self, request):
+        op = request.get("op")
+        if op == "make_caches":
+            if len(self.caches) >= self.MAX_CACHES:
+                raise ValueError("too many caches")
+            self.caches.append(ProbeModel.Cache())
+            return len(self.caches) - 1
+        if op == "len":
+            return len(self._cache(request.get("cache")))
+        if op != "forward":
+            raise ValueError("unknown request")
+        ids, numbers = request.get("ids"), request.get("caches")
+        if not (isinstance(ids, Array) and ids.kind == "tensor" and ids.dtype == "int64" and len(ids.shape) == 2
+                and 0 < ids.shape[0] <= 64):
+            raise ValueError("expected ids (B, T) of dtype torch.long")
+        if ids.data.size and not (0 <= ids.data.min() and ids.data.max() < self.model.emb.size(0)):
+            raise IndexError("token ids must be in 0 .. vocab_size - 1")
+        caches = None if numbers is None else [self._cache(n) for n in numbers] if isinstance(numbers, list) else 0
+        if caches == 0:
+            raise ValueError("caches must be the list model.make_caches(batch_size) returned")
+        return reference(self.model(torch.from_numpy(ids.data), caches))
+
+
 def _expected_calls(T0, N, use_cache):
-    """ProbeDecoder.calls of a correct generate: [number of ids, cached positions or None]."""
+    """The call log of a correct generate: [number of ids, cached positions or None]."""
     if use_cache:
         return ([[T0, 0]] + [[1, T0 + i] for i in range(N - 1)]) if N else []
     return [[T0 + i, None] for i in range(N)]
 
 
 def _diagnose_calls(calls, T0, N, use_cache):
-    """Fail with the mistake that the model's call log shows, if any."""
+    """Fail with the mistake that the model's call log (kept by the grader) shows, if any."""
     if N == 0 or calls == _expected_calls(T0, N, use_cache):
         return
     if use_cache:
@@ -318,10 +409,29 @@ def _expect_count(got, want, T0, N):
         fail("generate returned one token too few: exactly max_new_tokens new tokens, (B, T0 + max_new_tokens)")
 
 
-def _expect_tokens(got, want, use_cache, again):
-    """The tokens; again() runs generate once more on the same input (to tell sampling)."""
+def _generate(s, case, use_cache):
+    """(the grader's call log, the result or None, the StudentError or None) of one generate call."""
+    vocab, max_len, seed, prompt, N = case
+    host = HostModel(vocab, max_len, seed)
+    model = s.helper("HostDecoder", vocab, max_len)
+    kwargs = {} if use_cache else {"use_cache": False}  # True is the default
+    try:
+        return host.calls, s.call_with_callbacks(host, "generate", model, tensor(prompt), N, **kwargs), None
+    except StudentError as e:
+        return host.calls, None, e
+
+
+def _expect_generate(s, case, use_cache):
+    vocab, max_len, seed, prompt, N = case
+    calls, got, error = _generate(s, case, use_cache)
+    want = reference(ref.generate(ProbeModel(vocab, max_len, seed), torch.from_numpy(prompt), N, use_cache=use_cache))
+    if error is None:
+        _expect_count(got, want, prompt.shape[1], N)
+    _diagnose_calls(calls, prompt.shape[1], N, use_cache)
+    if error is not None:
+        raise error
     if isinstance(got, Array) and got.kind == "tensor" and got.shape == want.shape and not close(got, want):
-        second = again()
+        second = _generate(s, case, use_cache)[1]
         if not (isinstance(second, Array) and second.shape == got.shape and np.array_equal(second.data, got.data)):
             fail("generate gave different tokens on the same input: greedy decoding is deterministic, each new "
                  "token is the argmax of the last position's logits (no sampling)")
@@ -331,28 +441,15 @@ def _expect_tokens(got, want, use_cache, again):
                       "logits[:, -1]")
 
 
-@CHECKS.add("generate")
+@CHECKS.add("generate", aspects={"greedy decoding with the cache": 2, "without the cache": 1})
 def generate(s):
     rng = s.rng
-    # (vocab_size, max_seq_len, B, T0, max_new_tokens); the second fills max_seq_len exactly (T0 + N - 1)
-    for vocab, max_len, B, T0, N in ((13, 32, 3, 4, 6), (9, 11, 2, 5, 7), (17, 16, 1, 1, 5), (11, 16, 2, 3, 0)):
-        seed = int(rng.integers(1 << 30))
-        prompt = rng.integers(vocab, size=(B, T0)).astype(np.int64)
-        for use_cache in (True, False):
-            def run():
-                model = s.helper("ProbeDecoder", vocab, max_len, seed)
-                kwargs = {} if use_cache else {"use_cache": False}  # True is the default
-                try:
-                    return model, s.call("generate", model, tensor(prompt), N, **kwargs), None
-                except StudentError as e:
-                    return model, None, e
-
-            model, got, error = run()
-            want = reference(ref.generate(helpers.ProbeDecoder(vocab, max_len, seed), torch.from_numpy(prompt), N,
-                                          use_cache=use_cache))
-            if error is None:
-                _expect_count(got, want, T0, N)
-            _diagnose_calls(s.get(model, "calls"), T0, N, use_cache)
-            if error is not None:
-                raise error
-            _expect_tokens(got, want, use_cache, lambda: run()[1])
+    # (vocab_size, max_seq_len, seed, prompt, max_new_tokens); the second fills max_seq_len exactly (T0 + N - 1)
+    cases = [(vocab, max_len, int(rng.integers(1 << 30)), rng.integers(vocab, size=(B, T0)).astype(np.int64), N)
+             for vocab, max_len, B, T0, N in ((13, 32, 3, 4, 6), (9, 11, 2, 5, 7), (17, 16, 1, 1, 5), (11, 16, 2, 3, 0))]
+    with s.aspect("greedy decoding with the cache"):
+        for case in cases:
+            _expect_generate(s, case, use_cache=True)
+    with s.aspect("without the cache"):
+        for case in cases:
+            _expect_generate(s, case, use_cache=False)

@@ -52,47 +52,41 @@ class ListCache:
         self.k = self.v = None
 
 
-class CountingCache:
-    """The state of ProbeDecoder at one layer: how many positions it has seen."""
+class HostDecoder(nn.Module):
+    """A stand-in language model for checking generate(), with the Decoder's interface. It holds
+    no weights and no state: each forward sends its ids and its caches' numbers to the grader
+    (server.host_callback), which computes the logits, keeps every cache's state and logs the
+    calls, where the student's code cannot reach them. A cache is only the number the grader gave."""
 
-    def __init__(self, max_seq_len):
-        self.length, self.max_seq_len, self.state = 0, max_seq_len, None
+    class Cache:
+        def __init__(self, number):
+            self.number = number
 
-    def __len__(self):
-        return self.length
+        def __len__(self):
+            return _ask_grader({"op": "len", "cache": self.number})
 
-
-class ProbeDecoder(nn.Module):
-    """A stand-in language model for checking generate(). The logits at position t are a fixed
-    function of tokens 0..t, computed the same way with caches (continuing from the cached
-    state) or without, so cached and uncached decoding agree exactly. self.calls logs each
-    forward as [number of ids, cached positions or None]."""
-
-    def __init__(self, vocab_size, max_seq_len, seed):
+    def __init__(self, vocab_size, max_seq_len):
         super().__init__()
-        gen = torch.Generator().manual_seed(seed)
-        self.emb = torch.randn(vocab_size, vocab_size, generator=gen, dtype=torch.float64)
-        self.pos = torch.randn(max_seq_len, vocab_size, generator=gen, dtype=torch.float64)
-        self.max_seq_len, self.calls = max_seq_len, []
+        self.vocab_size, self.max_seq_len = vocab_size, max_seq_len
 
     def make_caches(self, batch_size):
-        return [CountingCache(self.max_seq_len)]
+        return [HostDecoder.Cache(_ask_grader({"op": "make_caches", "batch_size": batch_size}))]
 
     def forward(self, ids, caches=None):
-        if ids.dtype != torch.long or ids.ndim != 2:
-            raise ValueError(f"expected ids (B, T) of dtype torch.long, got {ids.dtype} {tuple(ids.shape)}")
-        start = len(caches[0]) if caches else 0
-        self.calls.append([ids.size(1), start if caches else None])
-        if start + ids.size(1) > self.max_seq_len:
-            raise ValueError(f"positions beyond max_seq_len={self.max_seq_len}")
-        state = caches[0].state if caches and start else torch.zeros(ids.size(0), self.emb.size(0), dtype=torch.float64)
-        logits = []
-        for t in range(ids.size(1)):
-            state = 0.5 * state + self.emb[ids[:, t]]
-            logits.append(state + self.pos[start + t])
-        if caches:
-            caches[0].state, caches[0].length = state, start + ids.size(1)
-        return torch.stack(logits, dim=1)
+        if not (torch.is_tensor(ids) and ids.dtype == torch.long and ids.ndim == 2):
+            raise ValueError(f"expected ids (B, T) of dtype torch.long, got {getattr(ids, 'dtype', type(ids))}")
+        numbers = [getattr(c, "number", None) for c in caches] if caches else None
+        return _ask_grader({"op": "forward", "ids": ids, "caches": numbers})
+
+
+def _ask_grader(payload):
+    """The grader's answer to payload; its refusals ({"error": why}) become a ValueError here."""
+    from .server import host_callback  # server imports this module
+
+    reply = host_callback(payload)
+    if isinstance(reply, dict) and "error" in reply:
+        raise ValueError(str(reply["error"]))
+    return reply
 
 
 # Correct stand-ins for answers that other answers call (see autograder.checks.Check.isolate).
@@ -157,6 +151,6 @@ HELPERS = {
     "torch_mha": torch_mha,
     "AttentionShell": AttentionShell,
     "ListCache": ListCache,
-    "ProbeDecoder": ProbeDecoder,
+    "HostDecoder": HostDecoder,
     "len": len,
 }
