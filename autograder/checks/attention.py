@@ -16,12 +16,24 @@ DTYPES = (np.float64, np.float32)
 
 def _softmax_wrong_axis(x, axis):
     """What a softmax normalised over the other axis (or over everything) returns."""
-    e = np.exp(x - x.max())
     other = 0 if axis % x.ndim == x.ndim - 1 else -1
-    return [("you normalised over the wrong axis: use the `axis` argument, the sums along it must be 1",
-             reference((e / e.sum(axis=other, keepdims=True)).astype(x.dtype))),
-            ("you normalised over the whole array: sum along `axis` only (keepdims=True)",
-             reference((e / e.sum()).astype(x.dtype)))]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        e = np.exp(x - x.max())
+        return [("you normalised over the wrong axis: use the `axis` argument, the sums along it must be 1",
+                 reference((e / e.sum(axis=other, keepdims=True)).astype(x.dtype))),
+                ("you normalised over the whole array: sum along `axis` only (keepdims=True)",
+                 reference((e / e.sum()).astype(x.dtype)))]
+
+
+def _global_max(x, axis):
+    """A softmax shifted by the max of the whole array, not of each row: rows far below it underflow."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        e = np.exp(x - x.max())
+        wrong = e / e.sum(axis=axis, keepdims=True)
+    return [("subtract each row's own max (np.max(x, axis=axis, keepdims=True)), not the global max x.max(): a row "
+             "far below the global max underflows to 0/0 = NaN, and a row whose finite entries all sit far below "
+             "it (next to -inf entries) loses every weight. The shift must be per row along `axis`",
+             reference(wrong.astype(x.dtype)))]
 
 
 def _no_keepdims(x, axis):
@@ -33,44 +45,65 @@ def _no_keepdims(x, axis):
              reference((e / e.sum(axis=axis)).astype(x.dtype)))]
 
 
-@CHECKS.add("softmax")
+SOFTMAX_HINT = "softmax(x) = e^x / sum of e^x along `axis`: the entries along `axis` are positive and sum to 1"
+STABLE_HINT = "subtract each row's max before exp() (softmax(x) = softmax(x - max)), or exp() overflows for large inputs"
+
+
+def _expect_softmax(s, x, axis, what, mistakes):
+    """The student's softmax(x, axis) against the exact answer (float64) in x's dtype."""
+    got = s.call("softmax", x, axis=axis)
+    want = reference(ref.softmax(x.astype(np.float64), axis=axis), dtype=x.dtype.name)
+    expect_array(got, want, what, mistakes=mistakes, nan_hint=STABLE_HINT, hint=SOFTMAX_HINT)
+
+
+@CHECKS.add("softmax", aspects={"values along axis": 2, "large and -inf entries": 1})
 def softmax(s):
     rng = s.rng
-    cases = [((6, 6), -1, 1.0), ((5, 5), 0, 2.0), ((4, 7), -1, 1.0), ((3, 5, 6), 1, 3.0), ((2, 3, 4), -1, 1.0),
-             ((3, 8), -1, 800.0)]  # the last: exp() overflows without a max shift
-    for dtype in DTYPES:
-        for shape, axis, scale in cases:
-            x = (rng.standard_normal(shape) * scale).astype(dtype)
-            got = s.call("softmax", x, axis=axis)
-            expect_array(got, reference(ref.softmax(x, axis=axis)), "softmax(x, axis)",
-                         mistakes=_softmax_wrong_axis(x, axis) + _no_keepdims(x, axis),
-                         nan_hint="subtract each row's max before exp() (softmax(x) = softmax(x - max)), "
-                                  "or exp() overflows for large inputs")
-    # masked entries: -inf must get weight 0, and must not turn the row into NaN
-    x = rng.standard_normal((4, 6))
-    x[:, ::2] = -np.inf
-    expect_array(s.call("softmax", x), reference(ref.softmax(x)), "softmax of a row with -inf entries",
-                 nan_hint="-inf entries must get weight exactly 0: subtract the row max, which is finite")
-    x = rng.standard_normal((3, 5))
-    expect_array(s.call("softmax", x), reference(ref.softmax(x)), "softmax(x) with the default axis",
-                 mistakes=_softmax_wrong_axis(x, -1))
+    with s.aspect("values along axis"):
+        for dtype in DTYPES:
+            for shape, axis, scale in [((6, 6), -1, 1.0), ((5, 5), 0, 2.0), ((4, 7), -1, 1.0), ((3, 5, 6), 1, 3.0),
+                                       ((2, 3, 4), -1, 1.0)]:
+                x = (rng.standard_normal(shape) * scale).astype(dtype)
+                _expect_softmax(s, x, axis, "softmax(x, axis)", _softmax_wrong_axis(x, axis) + _no_keepdims(x, axis))
+        x = rng.standard_normal((3, 5))
+        got = s.call("softmax", x)
+        expect_array(got, reference(ref.softmax(x)), "softmax(x) with the default axis",
+                     mistakes=_softmax_wrong_axis(x, -1), hint=SOFTMAX_HINT)
+    with s.aspect("large and -inf entries"):
+        for dtype in DTYPES:
+            # exp() overflows without a max shift; rows far apart underflow with one global shift
+            x = (rng.standard_normal((3, 8)) * 800).astype(dtype)
+            _expect_softmax(s, x, -1, "softmax of large inputs", _global_max(x, -1) + _softmax_wrong_axis(x, -1))
+            x = (rng.standard_normal((4, 5)) + np.array([[0.0], [900.0], [-900.0], [5.0]])).astype(dtype)
+            _expect_softmax(s, x.T.copy(), 0, "softmax(x, axis) of rows far apart", _global_max(x.T, 0))
+        # masked entries: -inf must get weight 0 and must not turn the row into NaN, even far below the others
+        x = rng.standard_normal((4, 6))
+        x[:, ::2] = -np.inf
+        x[1] += 1000.0
+        _expect_softmax(s, x, -1, "softmax of a row with -inf entries", _global_max(x, -1))
 
 
-@CHECKS.add("causal_mask")
+MASK_RULE = "query i may see key j iff j <= i + (n_keys - n_queries)"
+
+
+@CHECKS.add("causal_mask", aspects={"lower triangle": 1, "more keys than queries": 1})
 def causal_mask(s):
-    for nq, nk in [(4, 4), (3, 7), (1, 6), (5, 9), (6, 6), (1, 1)]:
-        want = reference(ref.causal_mask(nq, nk))
-        top_left = np.tril(np.ones((nq, nk), dtype=bool))
-        expect_array(s.call("causal_mask", nq, nk), want, "causal_mask(n_queries, n_keys)", mistakes=[
-            ("it is aligned top-left. With n_keys > n_queries the queries are the *last* n_queries positions "
-             "(a KV cache holds the earlier keys), so query i sees key j iff j <= i + (n_keys - n_queries)",
-             reference(top_left)),
-            ("True must mean 'may attend': you marked the hidden (future) keys instead", reference(~want.data)),
-            ("a query must be able to see its own position: keep the diagonal",
-             reference(np.tril(np.ones((nq, nk), dtype=bool), k=nk - nq - 1))),
-        ])
-    expect_array(s.call("causal_mask", 5), reference(ref.causal_mask(5)), "causal_mask(n) with n_keys left out",
-                 hint="n_keys defaults to n_queries")
+    for aspect, sizes in [("lower triangle", [(4, 4), (6, 6), (1, 1)]), ("more keys than queries", [(3, 7), (1, 6), (5, 9)])]:
+        with s.aspect(aspect):
+            for nq, nk in sizes:
+                want = reference(ref.causal_mask(nq, nk))
+                top_left = np.tril(np.ones((nq, nk), dtype=bool))
+                expect_array(s.call("causal_mask", nq, nk), want, "causal_mask(n_queries, n_keys)", mistakes=[
+                    ("it is aligned top-left. With n_keys > n_queries the queries are the *last* n_queries positions "
+                     "(a KV cache holds the earlier keys), so query i sees key j iff j <= i + (n_keys - n_queries)",
+                     reference(top_left)),
+                    ("True must mean 'may attend': you marked the hidden (future) keys instead", reference(~want.data)),
+                    ("a query must be able to see its own position: keep the diagonal",
+                     reference(np.tril(np.ones((nq, nk), dtype=bool), k=nk - nq - 1))),
+                ], hint=MASK_RULE)
+    with s.aspect("lower triangle"):
+        expect_array(s.call("causal_mask", 5), reference(ref.causal_mask(5)), "causal_mask(n) with n_keys left out",
+                     hint="n_keys defaults to n_queries")
 
 
 def _attention_cases(rng):
@@ -115,16 +148,25 @@ def _sdpa_mistakes(q, k, v, mask):
     return cases
 
 
-@CHECKS.add("scaled_dot_product_attention", isolate=["softmax"])
+WEIGHTS_HINT = "softmax over the keys of the scaled, masked scores: each query's weights sum to 1"
+
+
+@CHECKS.add("scaled_dot_product_attention", isolate=["softmax"], aspects={"scaled attention": 2, "masks": 1})
 def scaled_dot_product_attention(s):
     for q, k, v, mask in _attention_cases(s.rng):
-        args = (q, k, v) if mask is None else (q, k, v, mask)
-        out, weights = expect_pair(s.call("scaled_dot_product_attention", *args), "scaled_dot_product_attention")
-        want_out, want_w = reference(ref.scaled_dot_product_attention(q, k, v, mask))
-        mistakes = _sdpa_mistakes(q, k, v, mask)
-        expect_array(weights, want_w, "the attention weights", [(m, w) for m, (o, w) in mistakes] + [
-            ("return the weights per query, (..., Tq, Tk); yours are transposed",
-             reference(np.swapaxes(want_w.data, -1, -2)))],
-            nan_hint="subtract the row max inside the softmax")
-        expect_array(out, want_out, "the attention output", [(m, o) for m, (o, w) in mistakes],
-                     hint="out = weights @ v")
+        with s.aspect("scaled attention" if mask is None else "masks"):
+            args = (q, k, v) if mask is None else (q, k, v, mask)
+            out, weights = expect_pair(s.call("scaled_dot_product_attention", *args), "scaled_dot_product_attention")
+            # the exact answer (float64), asked in the inputs' dtype; large scores amplify rounding in exp()
+            q64, k64, v64 = (t.astype(np.float64) for t in (q, k, v))
+            want_out, want_w = ref.scaled_dot_product_attention(q64, k64, v64, mask)
+            want_out, want_w = reference(want_out, dtype=q.dtype.name), reference(want_w, dtype=q.dtype.name)
+            cond = max(1.0, float(np.abs(q64 @ np.swapaxes(k64, -1, -2)).max()) / np.sqrt(q.shape[-1]) / 100)
+            mistakes = _sdpa_mistakes(q, k, v, mask)
+            expect_array(weights, want_w, "the attention weights", [(m, w) for m, (o, w) in mistakes] + [
+                ("return the weights per query, (..., Tq, Tk); yours are transposed",
+                 reference(np.swapaxes(want_w.data, -1, -2).astype(q.dtype)))],
+                nan_hint="subtract the row max inside the softmax", hint=WEIGHTS_HINT, cond=cond,
+                axes=("B", "H", "Tq", "Tk")[-q.ndim:], regions=None if mask is None else {"masked keys": ~mask})
+            expect_array(out, want_out, "the attention output", [(m, o) for m, (o, w) in mistakes],
+                         hint="out = weights @ v", cond=cond, axes=("B", "H", "Tq", "Dv")[-q.ndim:])

@@ -20,6 +20,23 @@ def softmax(x, axis=-1):
     e = np.exp(x - x.max(axis=axis, keepdims=True))
     return e / e.sum(axis=axis)
 '''),
+        ("shifted by the global max", "global max", '''
+def softmax(x, axis=-1):
+    e = np.exp(x - x.max())
+    return e / e.sum(axis=axis, keepdims=True)
+'''),
+        ("constant: returns zeros", "sum to 1", '''
+def softmax(x, axis=-1):
+    return np.zeros_like(np.asarray(x, dtype=float))
+'''),
+        ("constant: returns its input", "sum to 1", '''
+def softmax(x, axis=-1):
+    return x
+'''),
+        ("constant: raises ValueError", "ValueError", '''
+def softmax(x, axis=-1):
+    raise ValueError("softmax is not ready")
+'''),
     ],
     "causal_mask": [
         ("top-left alignment", "top-left", '''
@@ -41,6 +58,14 @@ def causal_mask(n_queries, n_keys=None):
 def causal_mask(n_queries, n_keys=None):
     n_keys = n_queries if n_keys is None else n_keys
     return np.tril(np.ones((n_queries, n_keys)), k=n_keys - n_queries)
+'''),
+        ("constant: nothing visible (all False)", "j <= i", '''
+def causal_mask(n_queries, n_keys=None):
+    return np.zeros((n_queries, n_queries if n_keys is None else n_keys), dtype=bool)
+'''),
+        ("constant: raises ValueError", "ValueError", '''
+def causal_mask(n_queries, n_keys=None):
+    raise ValueError("causal_mask is not ready")
 '''),
     ],
     "scaled_dot_product_attention": [
@@ -91,11 +116,26 @@ def scaled_dot_product_attention(q, k, v, mask=None):
     weights = softmax(scores, axis=-2)
     return weights @ v, weights
 '''),
+        ("constant: returns zeros", "sum to 1", '''
+def scaled_dot_product_attention(q, k, v, mask=None):
+    lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+    return np.zeros(lead + (q.shape[-2], v.shape[-1])), np.zeros(lead + (q.shape[-2], k.shape[-2]))
+'''),
+        ("constant: raises ValueError", "ValueError", '''
+def scaled_dot_product_attention(q, k, v, mask=None):
+    raise ValueError("scaled_dot_product_attention is not ready")
+'''),
     ],
 }
 
 VARIANTS = {
     "softmax": [
+        ("the axis moved last, computed there, moved back", '''
+def softmax(x, axis=-1):
+    moved = np.moveaxis(np.asarray(x), axis, -1)
+    e = np.exp(moved - moved.max(axis=-1)[..., None])
+    return np.moveaxis(e / e.sum(axis=-1)[..., None], -1, axis)
+'''),
         ("float64 inside, logsumexp", '''
 def softmax(x, axis=-1):
     x64 = np.asarray(x, dtype=np.float64)
@@ -123,6 +163,20 @@ def scaled_dot_product_attention(q, k, v, mask=None):
     weights = np.exp(scores)
     weights = weights / weights.sum(axis=-1, keepdims=True)
     return np.einsum("...qk,...kd->...qd", weights, v), weights
+'''),
+        ("one query at a time, scaled inside the dot product", '''
+def scaled_dot_product_attention(q, k, v, mask=None):
+    q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
+    lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    q, k, v = (np.broadcast_to(t, lead + t.shape[-2:]) for t in (q, k, v))
+    m = None if mask is None else np.broadcast_to(mask, lead + (q.shape[-2], k.shape[-2]))
+    weights = np.empty(lead + (q.shape[-2], k.shape[-2]), dtype=np.result_type(q, k))
+    for i in range(q.shape[-2]):
+        s = np.einsum("...d,...kd->...k", q[..., i, :] / np.sqrt(q.shape[-1]).astype(q.dtype), k)
+        if m is not None:
+            s = np.where(m[..., i, :], s, -np.inf)
+        weights[..., i, :] = softmax(s, axis=-1)
+    return weights @ v, weights
 '''),
     ],
 }
