@@ -30,26 +30,30 @@ def _split_mistakes(x, H):
     ]
 
 
-@CHECKS.add("split_heads")
+@CHECKS.add("split_heads", aspects={"heads layout": 2, "errors": 1})
 def split_heads(s):
     rng = s.rng
-    for dtype in DTYPES:
-        for B, T, D, H in [(2, 5, 12, 3), (3, 4, 8, 4), (2, 6, 6, 6), (1, 7, 10, 2), (2, 3, 16, 1), (2, 4, 12, 4),
-                           (4, 2, 32, 8)]:
-            x = (rng.standard_normal((B, T, D)) * 3).astype(dtype)
-            got = call_named(s, "split_heads(x, n_heads)", "split_heads", tensor(x), H)
-            expect_array(got, reference(ref.split_heads(as_torch(x), H)), "split_heads(x, n_heads)",
-                    lambda: _split_mistakes(x, H))
-    for B, T, D, H in [(2, 5, 10, 3), (1, 3, 12, 5), (2, 4, 6, 4), (2, 2, 7, 2)]:
-        x = rng.standard_normal((B, T, D)).astype(np.float32)
-        try:
-            s.call("split_heads", tensor(x), H)
-        except StudentError as e:
-            if e.is_a("ValueError"):
-                continue
-            fail(f"split_heads(x, n_heads) with D not divisible by n_heads should raise a ValueError naming the "
-                 f"sizes, but raised {e.type}: check D % n_heads before reshaping")
-        fail("split_heads(x, n_heads) with D not divisible by n_heads should raise a ValueError, but returned normally")
+    with s.aspect("heads layout"):
+        for dtype in DTYPES:
+            for B, T, D, H in [(2, 5, 12, 3), (3, 4, 8, 4), (2, 6, 6, 6), (1, 7, 10, 2), (2, 3, 16, 1), (2, 4, 12, 4),
+                               (4, 2, 32, 8)]:
+                x = (rng.standard_normal((B, T, D)) * 3).astype(dtype)
+                got = call_named(s, "split_heads(x, n_heads)", "split_heads", tensor(x), H)
+                expect_array(got, reference(ref.split_heads(as_torch(x), H)), "split_heads(x, n_heads)",
+                             lambda: _split_mistakes(x, H), axes=("B", "H", "T", "Dh"),
+                             hint="head h holds features h*Dh:(h+1)*Dh of every token")
+    with s.aspect("errors"):
+        for B, T, D, H in [(2, 5, 10, 3), (1, 3, 12, 5), (2, 4, 6, 4), (2, 2, 7, 2)]:
+            x = rng.standard_normal((B, T, D)).astype(np.float32)
+            try:
+                s.call("split_heads", tensor(x), H)
+            except StudentError as e:
+                if e.is_a("ValueError"):
+                    continue
+                fail(f"split_heads(x, n_heads) with D not divisible by n_heads should raise a ValueError naming the "
+                     f"sizes, but raised {e.type}: check D % n_heads before reshaping")
+            fail("split_heads(x, n_heads) with D not divisible by n_heads should raise a ValueError, but returned "
+                 "normally")
 
 
 # ---- merge_heads ----------------------------------------------------------------------------
@@ -65,6 +69,9 @@ def _merge_mistakes(x):
     ]
 
 
+MERGE_HINT = "features h*Dh:(h+1)*Dh of each token are head h's output"
+
+
 @CHECKS.add("merge_heads")
 def merge_heads(s):
     rng = s.rng
@@ -73,13 +80,14 @@ def merge_heads(s):
         for B, H, T, Dh in [(2, 3, 5, 4), (3, 4, 4, 2), (2, 6, 3, 1), (1, 2, 7, 5), (2, 1, 3, 16), (2, 4, 4, 3)]:
             x = (rng.standard_normal((B, H, T, Dh)) * 3).astype(dtype)
             got = call_named(s, "merge_heads(x)", "merge_heads", tensor(x), hint=hint)
-            expect_array(got, reference(ref.merge_heads(as_torch(x))), "merge_heads(x)", lambda: _merge_mistakes(x))
+            expect_array(got, reference(ref.merge_heads(as_torch(x))), "merge_heads(x)", lambda: _merge_mistakes(x),
+                         axes=("B", "T", "D"), hint=MERGE_HINT)
     # the inverse of split_heads, on the layout split_heads produces
     x = rng.standard_normal((3, 6, 20)).astype(np.float32)
     heads = ref.split_heads(as_torch(x), 4).contiguous().numpy()
     got = call_named(s, "merge_heads(x)", "merge_heads", tensor(heads), hint=hint)
     expect_array(got, reference(as_torch(x)), "merge_heads(split_heads(x, n_heads))", lambda: _merge_mistakes(heads),
-                 hint="merge_heads must undo split_heads and give x back")
+                 axes=("B", "T", "D"), hint="merge_heads must undo split_heads and give x back: " + MERGE_HINT)
 
 
 # ---- attention ------------------------------------------------------------------------------
@@ -90,7 +98,8 @@ def _attention_cases(rng):
         for lead, tq, tk, dk, dv, mask_kind, scale in [
                 ((2,), 4, 4, 8, 8, None, 1.0), ((2, 3), 3, 6, 4, 5, "shared", 1.0),
                 ((2, 3), 5, 5, 16, 4, "per-batch", 1.0), ((3,), 2, 7, 9, 3, None, 2.0),
-                ((2, 2), 6, 3, 8, 8, "full", 1.0), ((2,), 5, 5, 4, 4, "shared", 30.0), ((1, 2, 2), 3, 4, 6, 2, None, 1.0)]:
+                ((2, 2), 6, 3, 8, 8, "full", 1.0), ((2,), 5, 5, 4, 4, "shared", 30.0), ((1, 2, 2), 3, 4, 6, 2, None, 1.0),
+                ((2, 2), 5, 6, 4, 4, None, 30.0)]:
             q = (rng.standard_normal((*lead, tq, dk)) * scale).astype(dtype)
             k = (rng.standard_normal((*lead, tk, dk)) * scale).astype(dtype)
             v = rng.standard_normal((*lead, tk, dv)).astype(dtype)
@@ -136,19 +145,35 @@ def _attention_mistakes(q, k, v, mask):
     return cases
 
 
-@CHECKS.add("attention")
+def exact_attention(q, k, v, mask, dtype):
+    """(out, weights) of ref.attention computed in float64, labelled `dtype` (the exact answer), and the
+    conditioning of the problem: rounding errors in scores of size |s| move the weights by about |s| * eps."""
+    q64, k64, v64 = (as_torch(t.astype(np.float64)) for t in (q, k, v))
+    out, w = ref.attention(q64, k64, v64, None if mask is None else as_torch(mask))
+    cond = max(1.0, float((q64 @ k64.transpose(-2, -1)).abs().max()) / np.sqrt(q.shape[-1]) / 100)
+    return reference(out, dtype=dtype), reference(w, dtype=dtype), cond
+
+
+WEIGHTS_HINT = "softmax over the keys of the scaled, masked scores: each query's weights sum to 1"
+
+
+@CHECKS.add("attention", aspects={"scaled attention": 2, "masks": 1})
 def attention(s):
     for q, k, v, mask in _attention_cases(s.rng):
-        args = (tensor(q), tensor(k), tensor(v)) + (() if mask is None else (tensor(mask),))
-        out, weights = expect_pair(call_named(s, "attention(q, k, v, mask)", "attention", *args), "attention")
-        want_out, want_w = reference(ref.attention(as_torch(q), as_torch(k), as_torch(v), None if mask is None else as_torch(mask)))
-        mistakes = functools.cache(lambda: _attention_mistakes(q, k, v, mask))
-        expect_array(weights, want_w, "the attention weights", lambda: [(m, w) for m, (o, w) in mistakes()] + [
-            ("return the weights per query, (..., Tq, Tk); yours are transposed",
-             reference(as_torch(want_w.data).transpose(-2, -1)))],
-            nan_hint="use torch.softmax (or subtract the row max): exp() overflows for large scores")
-        expect_array(out, want_out, "the attention output", lambda: [(m, o) for m, (o, w) in mistakes()],
-                     hint="out = weights @ v")
+        with s.aspect("scaled attention" if mask is None else "masks"):
+            args = (tensor(q), tensor(k), tensor(v)) + (() if mask is None else (tensor(mask),))
+            out, weights = expect_pair(call_named(s, "attention(q, k, v, mask)", "attention", *args), "attention")
+            want_out, want_w, cond = exact_attention(q, k, v, mask, q.dtype.name)
+            mistakes = functools.cache(lambda: _attention_mistakes(q, k, v, mask))
+            lead = ("B", "H", "G")[:q.ndim - 2]
+            expect_array(weights, want_w, "the attention weights", lambda: [(m, w) for m, (o, w) in mistakes()] + [
+                ("return the weights per query, (..., Tq, Tk); yours are transposed",
+                 reference(as_torch(want_w.data).transpose(-2, -1).to(as_torch(q).dtype)))],
+                nan_hint="use torch.softmax (or subtract the row max): exp() overflows for large scores",
+                hint=WEIGHTS_HINT, cond=cond, axes=lead + ("Tq", "Tk"),
+                regions=None if mask is None else {"masked keys": ~mask})
+            expect_array(out, want_out, "the attention output", lambda: [(m, o) for m, (o, w) in mistakes()],
+                         hint="out = weights @ v", cond=cond, axes=lead + ("Tq", "Dv"))
 
 
 # ---- per_head_attention ---------------------------------------------------------------------
@@ -192,7 +217,7 @@ def _per_head_mistakes(x, ws, H, mask):
     return [(msg, reference(r)) for msg, r in out if r is not None]
 
 
-@CHECKS.add("per_head_attention", isolate=["split_heads", "attention"])
+@CHECKS.add("per_head_attention", isolate=["split_heads", "attention"], aspects={"heads": 2, "masks": 1})
 def per_head_attention(s):
     rng = s.rng
     for dtype, B, T, D, H, mask_kind in [(np.float32, 2, 5, 12, 3, None), (np.float32, 3, 6, 16, 4, "causal"),
@@ -206,12 +231,17 @@ def per_head_attention(s):
         elif mask_kind:
             mask = rng.random((B, H if mask_kind == "per-head" else 1, T, T)) < 0.5
             mask[..., 0], mask[..., -1] = True, False
-        args = [tensor(x)] + [tensor(w) for w in ws] + [H] + ([] if mask is None else [tensor(mask)])
-        got = call_named(s, "per_head_attention(x, w_q, w_k, w_v, n_heads, mask)", "per_head_attention", *args)
-        if isinstance(got, (tuple, list)):
-            fail(f"per_head_attention returned {kind_of(got)}: return only the heads' outputs (B, H, T, Dh), "
-                 "not the pair (out, weights) that attention returns")
-        want = reference(ref.per_head_attention(as_torch(x), *map(as_torch, ws), H, None if mask is None else as_torch(mask)))
-        expect_array(got, want, "per_head_attention(x, w_q, w_k, w_v, n_heads, mask)",
-                lambda: _per_head_mistakes(x, ws, H, mask),
-                hint="project x with each (D, D) matrix (x @ w), split into heads, attend within each head")
+        with s.aspect("heads" if mask is None else "masks"):
+            args = [tensor(x)] + [tensor(w) for w in ws] + [H] + ([] if mask is None else [tensor(mask)])
+            got = call_named(s, "per_head_attention(x, w_q, w_k, w_v, n_heads, mask)", "per_head_attention", *args)
+            if isinstance(got, (tuple, list)):
+                fail(f"per_head_attention returned {kind_of(got)}: return only the heads' outputs (B, H, T, Dh), "
+                     "not the pair (out, weights) that attention returns")
+            x64, ws64 = as_torch(x.astype(np.float64)), [as_torch(w.astype(np.float64)) for w in ws]
+            want = reference(ref.per_head_attention(x64, *ws64, H, None if mask is None else as_torch(mask)),
+                             dtype=x.dtype.name)
+            cond = max(float((ref.split_heads(x64 @ ws64[0], H) @ ref.split_heads(x64 @ ws64[1], H).transpose(-2, -1))
+                               .abs().max()) / np.sqrt(D // H) / 100, 1.0)
+            expect_array(got, want, "per_head_attention(x, w_q, w_k, w_v, n_heads, mask)",
+                         lambda: _per_head_mistakes(x, ws, H, mask), cond=cond, axes=("B", "H", "T", "Dh"),
+                         hint="project x with each (D, D) matrix (x @ w), split into heads, attend within each head")

@@ -33,6 +33,19 @@ def split_heads(x, n_heads):
         raise ValueError(f"D={D} is not divisible by n_heads={n_heads}")
     return x.float().reshape(B, T, n_heads, D // n_heads).transpose(1, 2)
 '''),
+        ("constant: returns zeros", "of every token", '''
+def split_heads(x, n_heads):
+    B, T, D = x.shape
+    return x.new_zeros(B, n_heads, T, D // n_heads)
+'''),
+        ("constant: returns its input", "shape", '''
+def split_heads(x, n_heads):
+    return x
+'''),
+        ("constant: raises ValueError", "ValueError", '''
+def split_heads(x, n_heads):
+    raise ValueError("split_heads is not ready")
+'''),
     ],
     "merge_heads": [
         ("reshape without transposing back", "transpose back", '''
@@ -54,6 +67,19 @@ def merge_heads(x):
 def merge_heads(x):
     B, H, T, Dh = x.shape
     return x.transpose(1, 2).reshape(B, T, H * Dh).transpose(1, 2)
+'''),
+        ("constant: returns zeros", "head h's output", '''
+def merge_heads(x):
+    B, H, T, Dh = x.shape
+    return x.new_zeros(B, T, H * Dh)
+'''),
+        ("constant: returns its input", "shape", '''
+def merge_heads(x):
+    return x
+'''),
+        ("constant: raises ValueError", "ValueError", '''
+def merge_heads(x):
+    raise ValueError("merge_heads is not ready")
 '''),
     ],
     "attention": [
@@ -130,6 +156,15 @@ def attention(q, k, v, mask=None):
     weights = torch.softmax(scores, dim=-1)
     return weights @ v, weights
 '''),
+        ("constant: returns zeros", "sum to 1", '''
+def attention(q, k, v, mask=None):
+    lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+    return q.new_zeros(*lead, q.size(-2), v.size(-1)), q.new_zeros(*lead, q.size(-2), k.size(-2))
+'''),
+        ("constant: raises ValueError", "ValueError", '''
+def attention(q, k, v, mask=None):
+    raise ValueError("attention is not ready")
+'''),
     ],
     "per_head_attention": [
         ("every head uses the first Dh columns", "own columns", '''
@@ -173,6 +208,15 @@ def per_head_attention(x, w_q, w_k, w_v, n_heads, mask=None):
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     return torch.softmax(scores, dim=-1) @ v
+'''),
+        ("constant: returns zeros", "split into heads", '''
+def per_head_attention(x, w_q, w_k, w_v, n_heads, mask=None):
+    B, T, D = x.shape
+    return x.new_zeros(B, n_heads, T, D // n_heads)
+'''),
+        ("constant: raises ValueError", "ValueError", '''
+def per_head_attention(x, w_q, w_k, w_v, n_heads, mask=None):
+    raise ValueError("per_head_attention is not ready")
 '''),
     ],
 }
@@ -224,6 +268,14 @@ def attention(q, k, v, mask=None):
         scores = torch.where(mask, scores, torch.full_like(scores, float("-inf")))
     weights = scores.softmax(-1)
     return torch.matmul(weights, v), weights
+'''),
+        ("q scaled before the product, logsumexp, a sum over keys", '''
+def attention(q, k, v, mask=None):
+    scores = (q / math.sqrt(q.size(-1))).unsqueeze(-2).mul(k.unsqueeze(-3)).sum(-1)
+    if mask is not None:
+        scores = scores.masked_fill(mask.logical_not(), float("-inf"))
+    weights = (scores - scores.logsumexp(dim=-1, keepdim=True)).exp()
+    return (weights.unsqueeze(-1) * v.unsqueeze(-3)).sum(-2), weights
 '''),
     ],
     "per_head_attention": [
