@@ -1,63 +1,180 @@
-"""python -m autograder grade SUBMISSIONS --out RESULTS: grade every SUBMISSIONS/<student>/<lesson>/<lesson>.ipynb.
+"""python -m autograder grade SUBMISSIONS --out RESULTS: grade SUBMISSIONS/<student>/<lesson>/<lesson>.ipynb.
 
 Tests come from the source notebooks, never from submissions. A submission's code runs in a
 sandboxed child (worker.py); the checks run here and decide every verdict from plain data.
-Each (student, lesson) result is written atomically as soon as it is done, so a crash or kill
-loses nothing finished and --resume skips it; grades.csv, feedback and the gradebook are
-(re)written from those results at the end, and by `merge`.
+
+RESULTS holds a term (results.py): each (student, lesson) result is written atomically as soon as
+it is done, so a crash, a kill or a SIGTERM loses nothing finished. Grading a lesson adds or
+replaces that lesson's results and keeps the others; grades.csv, feedback and the gradebook are
+then rewritten from everything stored (report.py). Each result carries a fingerprint of what its
+verdict depends on, and --resume reuses a result only while that still matches.
+
+Everything in SUBMISSIONS is hostile: only regular files with one name are read (lstat and
+O_NOFOLLOW), notebooks are size-capped and validated before use, and whatever one submission does
+ends as that submission's status `error`, never the run.
 """
+import ast
 import hashlib
-import json
+import importlib
 import os
 import queue
 import shutil
+import signal
 import sys
 import tempfile
 import threading
 import time
 import traceback
 import warnings
+from collections import Counter, defaultdict
+from importlib import metadata
 from pathlib import Path
 
 from autograder import notebook as nbk
-from autograder.checks import LESSONS, Subject, Unchecked, checks_for
+from autograder import results as store
+from autograder.checks import LESSONS, OverBudget, PartialCredit, StudentError, Subject, Unchecked, checks_for
 from autograder.sandbox.wire import WireError
-from autograder.worker import Sandbox, SandboxError, Session
+from autograder.worker import DEFAULT_LIMITS, Sandbox, SandboxError, Session
 
-RESULTS_SUBDIR = ".results"
+ROOT = Path(__file__).resolve().parent.parent
+IGNORED = ("__MACOSX", ".ipynb_checkpoints")
 
 
-class GradeError(ValueError):
+class GradeError(store.UsageError):
     """Bad input to the grader itself: reported before any work starts."""
 
 
-def lesson_tests(lesson, root=nbk.LESSONS_DIR):
-    """[(test grade_id, max points)] from the source notebook."""
-    return nbk.graded_tests(nbk.read(nbk.lesson_path(lesson, root)))
+class Interrupted(Exception):
+    """SIGTERM or SIGINT: the run stopped cleanly; exit status 128 + the signal's number."""
+
+    def __init__(self, signum, kept):
+        super().__init__(f"interrupted by {signal.Signals(signum).name}: {kept} results kept; "
+                         "run the same command with --resume to finish")
+        self.status = 128 + signum
 
 
-def find_students(submissions):
+# ---- the class: students, lessons and where their notebooks are ------------------------------
+
+class Anomalies:
+    """What in SUBMISSIONS was odd, by kind, listed with counts at the end of a run."""
+
+    def __init__(self):
+        self.found, self.lock = defaultdict(list), threading.Lock()
+
+    def add(self, kind, where):
+        with self.lock:
+            self.found[kind].append(store.clean(where, 200, newlines=False))
+
+    def lines(self, examples=4):
+        out = []
+        for kind, where in sorted(self.found.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+            more = f", ... ({len(where) - examples} more)" if len(where) > examples else ""
+            out.append(f"  {len(where)} x {kind}: {', '.join(where[:examples])}{more}")
+        return out
+
+
+def _entries(folder):
+    """{name: os.DirEntry} of a folder, never following links; {} when it cannot be read."""
+    try:
+        with os.scandir(folder) as it:
+            return {e.name: e for e in it}
+    except OSError:
+        return {}
+
+
+def _is_dir(entry):
+    return entry.is_dir(follow_symlinks=False)
+
+
+def find_students(submissions, anomalies):
+    """{student: refusal or None} of SUBMISSIONS' student folders (a symlinked one is refused)."""
     submissions = Path(submissions)
     if not submissions.is_dir():
         raise GradeError(f"submissions folder {submissions} does not exist or is not a folder")
-    try:
-        students = sorted(p.name for p in submissions.iterdir() if p.is_dir() and not p.name.startswith("."))
-    except OSError as e:
-        raise GradeError(f"cannot read the submissions folder {submissions}: {e}") from None
+    if not os.access(submissions, os.R_OK | os.X_OK):
+        raise GradeError(f"cannot read the submissions folder {submissions}")
+    students = {}
+    for name, entry in sorted(_entries(submissions).items()):
+        link = entry.is_symlink()
+        if not (link or _is_dir(entry)):
+            if name.endswith(".ipynb"):
+                anomalies.add("notebook outside any student folder (run `python -m autograder collect`)", name)
+            continue
+        why = store.check_student(name)
+        if why:
+            if name not in IGNORED and not name.startswith("."):
+                anomalies.add("folder not graded: " + why, name)
+            elif name in IGNORED:
+                anomalies.add("ignored system folder", name)
+            continue
+        students[name] = "refused: your student folder is a symbolic link" if link else None
     if not students:
         raise GradeError(f"no student folders in {submissions} (expected {submissions}/<student>/<lesson>/<lesson>.ipynb)")
     return students
 
 
-def check_out_dir(out):
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise GradeError(f"the output folder {out} exists and is not a folder")
-    try:
-        (out / RESULTS_SUBDIR).mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise GradeError(f"cannot write to the output folder {out}: {e}") from None
-    return out
+class Submission:
+    """Where one (student, lesson) notebook is: path (or None), refused (why, or None), notes for
+    the student, anomalies (kinds, for the instructor) and the submission time."""
+
+    def __init__(self, path=None, refused=None, notes=(), anomalies=(), submitted_at=None):
+        self.path, self.refused, self.notes, self.anomalies = path, refused, list(notes), list(anomalies)
+        self.submitted_at = submitted_at
+
+    @property
+    def present(self):
+        return self.path is not None or self.refused is not None
+
+    def key(self):
+        """(sha256 of the notebook's bytes or None, what stands for it in the fingerprint)."""
+        if self.refused or self.path is None:
+            return None, self.refused or "missing"
+        try:
+            digest = hashlib.sha256(nbk.read_submitted_bytes(self.path)).hexdigest()
+        except nbk.NotebookError as e:
+            return None, str(e)
+        return digest, digest
+
+
+def locate(submissions, student, lesson, student_refused=None):
+    """The Submission of one student's lesson: SUBMISSIONS/<student>/<lesson>/<lesson>.ipynb, or,
+    with a note, the one obvious alternative (a renamed notebook, a folder in another case, the
+    notebook beside the lesson folders). Nothing is followed: links are refused when read."""
+    if student_refused:
+        return Submission(refused=student_refused, anomalies=["refused file or folder"])
+    home = Path(submissions) / student
+    entries = _entries(home)
+    folder = entries.get(lesson) or next((e for n, e in entries.items() if n.lower() == lesson.lower()), None)
+    if folder is None:
+        loose = next((e for n, e in entries.items() if n.lower() == f"{lesson}.ipynb"), None)
+        if loose is None:
+            return Submission(notes=[f"no {lesson}.ipynb submitted"], anomalies=["missing lesson"])
+        return Submission(home / loose.name, notes=[f"graded {loose.name} from your folder: it belongs in {lesson}/"],
+                          anomalies=["notebook outside its lesson folder"])
+    notes, kinds = [], []
+    if folder.name != lesson:
+        notes.append(f"graded your folder {folder.name}/: it should be named {lesson}/")
+        kinds.append("lesson folder named differently")
+    if folder.is_symlink():
+        return Submission(refused="refused: your lesson folder is a symbolic link", notes=notes,
+                          anomalies=kinds + ["refused file or folder"])
+    if not _is_dir(folder):
+        return Submission(notes=[f"{folder.name} is a file, not a folder"], anomalies=["missing lesson"])
+    path = Path(folder.path)
+    when, problem = store.read_timestamp(path)
+    if problem:
+        kinds.append(f"unreadable {store.TIMESTAMP_FILE}")
+    inside = _entries(path)
+    if f"{lesson}.ipynb" in inside:
+        return Submission(path / f"{lesson}.ipynb", notes=notes, anomalies=kinds, submitted_at=when)
+    others = sorted(n for n in inside if n.endswith(".ipynb") and not n.startswith("."))
+    if len(others) == 1:
+        return Submission(path / others[0], notes=notes + [f"graded {others[0]}: the notebook should be named {lesson}.ipynb"],
+                          anomalies=kinds + ["renamed notebook"], submitted_at=when)
+    if others:
+        return Submission(notes=notes + [f"{len(others)} notebooks in {folder.name}/ and none named {lesson}.ipynb: "
+                                         "which one to grade?"], anomalies=kinds + ["several notebooks, none by name"])
+    return Submission(notes=notes + [f"no {lesson}.ipynb submitted"], anomalies=kinds + ["missing lesson"])
 
 
 def parse_shard(text):
@@ -69,107 +186,190 @@ def parse_shard(text):
     return i, n
 
 
-def locate(submissions, student, lesson):
-    """(path, note): the notebook, a lone renamed one (with a note), or (None, why)."""
-    folder = Path(submissions) / student / lesson
-    path = folder / f"{lesson}.ipynb"
-    if path.is_file():
-        return path, None
-    others = sorted(p for p in folder.glob("*.ipynb") if p.is_file()) if folder.is_dir() else []
-    if len(others) == 1:
-        return others[0], f"graded {others[0].name}: the notebook should be named {lesson}.ipynb"
-    if len(others) > 1:
-        return None, f"{len(others)} notebooks in {lesson}/ and none named {lesson}.ipynb: which one to grade?"
-    return None, f"no {lesson}.ipynb submitted"
+# ---- fingerprints --------------------------------------------------------------------------
 
+def _module_file(name):
+    base = ROOT / name.replace(".", "/")
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def _code_closure(modules):
+    """The source files of our modules (solutions, autograder) that `modules` import, transitively."""
+    seen, todo = set(), [m for m in modules]
+    while todo:
+        path = _module_file(todo.pop())
+        if path is None or path in seen:
+            continue
+        seen.add(path)
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            todo += [n for n in names if n.split(".")[0] in ("solutions", "autograder")]
+    return sorted(seen)
+
+
+def _version():
+    try:
+        return metadata.version("mha-course")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def lesson_fingerprint(lesson, tests, mode, limits):
+    """What a lesson's verdicts depend on besides the submission: its tests and points, the code
+    of its checks, of solutions/ they import, of the grader and the sandbox, the lesson's data
+    files, the sandbox mode and limits, and the package's version."""
+    files = _code_closure([f"autograder.checks.{LESSONS[lesson]}", "autograder.grade", "autograder.worker"])
+    files += sorted((ROOT / "autograder" / "sandbox").glob("*.py"))
+    folder = nbk.lesson_path(lesson).parent
+    files += sorted(f for f in folder.iterdir() if f.is_file() and f.suffix != ".ipynb" and not f.name.startswith("."))
+    parts = [_version(), lesson, repr(tests), mode, repr(sorted(dict(DEFAULT_LIMITS, **(limits or {})).items()))]
+    parts += [f"{p.relative_to(ROOT)}:{hashlib.sha256(p.read_bytes()).hexdigest()}" for p in dict.fromkeys(files)]
+    return store.sha256_text(*parts)
+
+
+def fingerprint(grader, sub_key, submitted_at):
+    return store.sha256_text(grader, sub_key, submitted_at)
+
+
+def unavailable(lesson):
+    """{graded name: why} of checks that cannot run here (a check module's UNAVAILABLE, e.g.
+    Triton not installed): their tests get status error, for the instructor, never failed."""
+    module = importlib.import_module(f"autograder.checks.{LESSONS[lesson]}")
+    found = getattr(module, "UNAVAILABLE", None) or {}
+    return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
+
+
+# ---- one (student, lesson) -----------------------------------------------------------------
 
 def submission_cells(nb):
     """The code the grader runs, every code cell but tests and demos, in order: (sources, labels,
-    notes). A label names a cell for feedback: its number in the notebook and its first line."""
+    notes). A label names a cell for feedback: its number in the notebook and its first line.
+    nb has passed nbk.parse_submission, so its fields have the types Jupyter writes."""
     cells, labels, notes = [], [], []
     language = (nb.get("metadata", {}).get("kernelspec") or {}).get("language", "python")
     if str(language).lower() != "python":
-        notes.append(f"the notebook's kernel is for {language!r}, not Python; it was run as Python")
-    if not any(nbk.meta(c) for c in nb["cells"] if isinstance(c, dict)):
+        notes.append(f"the notebook's kernel is for {store.clean(str(language), 40, newlines=False)!r}, "
+                     "not Python; it was run as Python")
+    if not any(nbk.meta(c) for c in nb["cells"]):
         notes.append("the notebook has lost its nbgrader metadata; every code cell was run")
     for number, cell in enumerate(nb["cells"], 1):
-        if not isinstance(cell, dict) or cell.get("cell_type") != "code":
+        if cell["cell_type"] != "code" or nbk.is_test(cell) or nbk.is_demo(cell):
             continue
-        if nbk.is_test(cell) or nbk.is_demo(cell) or str(nbk.grade_id(cell) or "").startswith("test_"):
+        if str(nbk.grade_id(cell) or "").startswith("test_"):
             continue
         cells.append(nbk.source(cell))
         first = next((line.strip() for line in cells[-1].splitlines() if line.strip()), "")
-        labels.append(f"cell {number} ({first[:60]})")
+        labels.append(f"cell {number} ({store.clean(first, 60, newlines=False)})")
     return cells, labels, notes
 
 
-def sha256(path):
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest() if path else None
+def unanimous(tests, status, message, grader_error=False):
+    rows = [dict(test=t, points=0.0, max_points=p, status=status, message=message) for t, p in tests]
+    for row in rows:
+        if grader_error:
+            row["grader_error"] = True
+    return rows
 
 
-def result_path(out, student, lesson):
-    return Path(out) / RESULTS_SUBDIR / lesson / f"{student}.json"
+def aspect_rows(weights, max_points, passed=None, failed=None):
+    """The aspects of a test for feedback, points scaled to the test's: passed (all earned),
+    failed (core failed: nothing earned) or from PartialCredit rows."""
+    total = sum(weights.values()) or 1
+    scale = lambda w: round(max_points * w / total, 2)  # noqa: E731
+    if failed is not None:
+        core = next(iter(weights))
+        return [dict(aspect=a, points=0.0, max_points=scale(w), passed=False,
+                     message=failed if a == core else f"earned only when {core} passes") for a, w in weights.items()]
+    return [dict(aspect=r["aspect"], points=scale(r["weight"]) if r["passed"] else 0.0, max_points=scale(r["weight"]),
+                 passed=bool(r["passed"]), message=str(r.get("message", ""))) for r in passed]
 
 
-def write_atomic(path, text):
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+def run_check(check, subject, max_points, why_unavailable=None):
+    """One test's row: status, points and message (a bug of ours comes back in 'traceback')."""
+    row = dict(points=0.0, max_points=max_points, status="failed", message="")
+    weights = getattr(check, "aspects", None) or {}
+    if why_unavailable:
+        return dict(row, status="error", grader_error=True,
+                    message=f"not graded yet: {why_unavailable}. Your instructor will grade it where it can run.")
+    try:
+        with warnings.catch_warnings():  # the references' own numpy warnings (e.g. -inf rows)
+            warnings.simplefilter("ignore")
+            check(subject)
+        row.update(points=max_points, status="passed")
+        if weights:
+            row["aspects"] = aspect_rows(weights, max_points, [dict(aspect=a, weight=w, passed=True)
+                                                               for a, w in weights.items()])
+    except PartialCredit as e:
+        row.update(points=round(max_points * e.earned / e.total, 2), message=str(e),
+                   aspects=aspect_rows(weights, max_points, e.rows))
+    except AssertionError as e:
+        row["message"] = str(e)
+        if weights:
+            row["aspects"] = aspect_rows(weights, max_points, failed=str(e))
+    except Unchecked as e:
+        row.update(status="error", message=str(e))
+    except OverBudget as e:
+        row["message"] = f"your code used more memory than this check allows: {e}"
+    except StudentError as e:
+        row["message"] = f"your code raised {e.type}: {e.message}"
+    except (SandboxError, WireError) as e:
+        row.update(status="error", message=f"your code could not be checked: {e}")
+    except Exception:  # a bug of ours: the student must not pay for it, the instructor must see it
+        row.update(status="error", grader_error=True,
+                   message="the grader failed on this test (the instructor has the details)", traceback=traceback.format_exc())
+    return row
 
 
-def unanimous(tests, status, message):
-    return [dict(test=t, points=0.0, max_points=p, status=status, message=message) for t, p in tests]
-
-
-def grade_one(sandbox, submissions, student, lesson, tests, data_files):
+def grade_one(sandbox, student, lesson, sub, tests, data_files, grader):
     """The result dict of one (student, lesson)."""
-    path, note = locate(submissions, student, lesson)
-    result = dict(student=student, lesson=lesson, notebook=str(path) if path else None,
-                  sha256=sha256(path), notes=[note] if note else [], cells={})
-    if path is None:
-        result["tests"] = unanimous(tests, "missing", note)
+    sha, key = sub.key()
+    result = dict(student=student, lesson=lesson, notebook=str(sub.path) if sub.path else None, sha256=sha,
+                  fingerprint=fingerprint(grader, key, sub.submitted_at), grader=grader,
+                  submitted_at=sub.submitted_at, notes=list(sub.notes), cells={})
+    if sub.refused:
+        result["tests"] = unanimous(tests, "error", f"your notebook was not graded: {sub.refused}")
+        return result
+    if sub.path is None:
+        result["tests"] = unanimous(tests, "missing", sub.notes[-1] if sub.notes else "not submitted")
         return result
     try:
-        cells, labels, notes = submission_cells(nbk.read(path))
+        nb = nbk.parse_submission(nbk.read_submitted_bytes(sub.path))
     except nbk.NotebookError as e:
-        result["tests"] = unanimous(tests, "error", f"your notebook could not be read: {e}")
+        refused = str(e).startswith("refused")
+        result["tests"] = unanimous(tests, "error", f"your notebook {'was not graded' if refused else 'could not be read'}: {e}")
+        result["anomaly"] = "refused file or folder" if refused else "unreadable notebook"
         return result
+    cells, labels, notes = submission_cells(nb)
     result["notes"] += notes
     session = Session(sandbox, lesson, cells, data_files)
     try:
-        session.open()
-    except SandboxError as e:
-        result["tests"] = unanimous(tests, "error", f"your notebook could not be run: {e}")
-        session.close()
-        return result
-    checks, rows = checks_for(lesson), []
-    for test, max_points in tests:
-        name = test.removeprefix("test_")
-        row = dict(test=test, points=0.0, max_points=max_points, status="failed", message="")
         try:
-            with warnings.catch_warnings():  # the references' own numpy warnings (e.g. -inf rows)
-                warnings.simplefilter("ignore")
-                checks[name](Subject(session.transport, f"{lesson}/{name}"))
-            row.update(points=max_points, status="passed")
-        except AssertionError as e:
-            row["message"] = str(e)
-        except Unchecked as e:
-            row.update(status="error", message=str(e))
-        except (SandboxError, WireError) as e:
-            row.update(status="error", message=f"your code could not be checked: {e}")
-        except Exception:  # a bug of ours: the student must not pay for it, the instructor must see it
-            row.update(status="error", message="the grader failed on this test (the instructor has the details)")
-            result.setdefault("grader_errors", []).append(traceback.format_exc())
-        rows.append(row)
-    session.close()
-    result["tests"] = rows
-    result["cells"] = {"skipped": {labels[i]: why for i, why in session.skipped.items()},
-                       "errors": {labels[i]: err for i, err in session.cell_errors.items()}}
+            session.open()
+        except SandboxError as e:
+            result["tests"] = unanimous(tests, "error", f"your notebook could not be run: {e}")
+            return result
+        checks, gone = checks_for(lesson), unavailable(lesson)
+        rows = []
+        for test, max_points in tests:
+            name = test.removeprefix("test_")
+            row = run_check(checks[name], Subject(session.transport, f"{lesson}/{name}", sources=cells), max_points,
+                            gone.get(name))
+            if "traceback" in row:
+                result.setdefault("grader_errors", []).append(row.pop("traceback"))
+            rows.append(dict(test=test, **row))
+        result["tests"] = rows
+        result["cells"] = {"skipped": {labels[i]: why for i, why in session.skipped.items() if i < len(labels)},
+                           "errors": {labels[i]: store.cell_error(err) for i, err in session.cell_errors.items()
+                                      if isinstance(i, int) and 0 <= i < len(labels)}}
+    finally:
+        session.close()
     return result
 
 
@@ -198,93 +398,236 @@ class Progress:
             full = sum(t["max_points"] for t in result["tests"])
             bar = "#" * int(30 * self.done / max(self.total, 1))
             rate = (time.monotonic() - self.start) / self.done
-            self.stream.write(f"[{bar:<30}] {self.done}/{self.total}  {student} {lesson}: {got:g}/{full:g}"
-                              f"  ({rate:.1f} s each)\n")
+            self.stream.write(f"[{bar:<30}] {self.done}/{self.total}  {store.clean(student, 60, newlines=False)} "
+                              f"{lesson}: {got:g}/{full:g}  ({rate:.1f} s each)\n")
             self.stream.flush()
 
 
-def grade(submissions, out, lessons=None, jobs=1, resume=False, shard=None, mode="bwrap", limits=None,
-          gradescope=False, gradebook=None, progress=True):
-    """Grade a class; returns the list of results. Raises GradeError on bad input, before any work."""
-    lessons = list(lessons or nbk.lesson_names())
-    for lesson in lessons:
+# ---- a run ---------------------------------------------------------------------------------
+
+def plan(submissions, out, lessons=None, all_lessons=False, students=None, shard=None, manifest=None):
+    """Check the input and decide what to grade: (class {student: refusal or None}, lessons, selected
+    students, manifest id, anomalies, RESULTS, shard as text). UsageError on bad input, before any
+    work. out=None: only the class and its lessons (for the manifest)."""
+    for lesson in lessons or []:
         if lesson not in LESSONS or not nbk.lesson_path(lesson).exists():
             raise GradeError(f"unknown lesson {lesson!r}; lessons are {', '.join(nbk.lesson_names())}")
-    students = find_students(submissions)
-    out = check_out_dir(out)
+    anomalies = Anomalies()
+    found = find_students(submissions, anomalies)
+    m = store.read_manifest(manifest) if manifest else None
+    if m:
+        unknown = [x for x in m["lessons"] if x not in LESSONS]
+        if unknown:
+            raise GradeError(f"the manifest {manifest} names unknown lessons: {', '.join(unknown)}")
+        for name in sorted(set(found) - set(m["students"])):
+            anomalies.add("student folder not in the manifest (not graded)", name)
+        klass = {s: found.get(s) for s in m["students"]}
+    else:
+        klass = found
+    if lessons:
+        lessons = [x for x in LESSONS if x in lessons]
+    elif all_lessons:
+        lessons = [x for x in LESSONS if nbk.lesson_path(x).exists()]
+    elif m:
+        lessons = [x for x in LESSONS if x in m["lessons"]]
+    else:  # only lessons someone handed in: a lesson not yet set is not written as zeros
+        lessons = [x for x in LESSONS if nbk.lesson_path(x).exists()
+                   and any(locate(submissions, s, x).present for s, why in klass.items() if not why)]
+        if not lessons:
+            raise GradeError(f"no notebook of any lesson in {submissions} (expected {submissions}/<student>/<lesson>/"
+                             "<lesson>.ipynb); name lessons with --lesson to grade them anyway")
+    if out is None:  # the manifest command: the class and its lessons only
+        return klass, lessons, sorted(klass), None, anomalies, None, None
+    out = store.prepare_out(out, submissions)
+    selected = sorted(klass)
     if shard:
-        i, n = shard
-        students = students[i::n]
-    tests = {lesson: lesson_tests(lesson) for lesson in lessons}
+        selected = selected[shard[0]::shard[1]]
+    if students:
+        unknown = [s for s in students if s not in klass]
+        if unknown:
+            raise GradeError(f"--student {unknown[0]!r}: no such student in "
+                             f"{'the manifest' if m else submissions}")
+        selected = [s for s in selected if s in set(students)]
+    run = store.read_run(out)
+    want_shard = f"{shard[0]}/{shard[1]}" if shard else None
+    if run["lessons"] and (run["shard"], run["manifest"]) != (want_shard, m["id"] if m else None):
+        raise GradeError(f"{out} holds results of {run['shard'] and 'shard ' + run['shard'] or 'an unsharded run'}"
+                         f"{' from another manifest' if run['manifest'] != (m and m['id']) else ''}: grade into a "
+                         f"folder of its own (or delete {out}/{store.STORE}/{store.RUN_FILE} to start it afresh)")
+    return klass, lessons, selected, (m["id"] if m else None), anomalies, out, want_shard
+
+
+def grade(submissions, out, lessons=None, jobs=1, resume=False, shard=None, mode="bwrap", limits=None,
+          gradescope=False, gradebook=None, progress=True, all_lessons=False, students=None, force=False,
+          manifest=None):
+    """Grade a class into RESULTS. Returns a summary dict (see __main__). Raises GradeError on bad
+    input, before any work, and Interrupted after a clean stop on SIGTERM or SIGINT."""
+    klass, lessons, selected, manifest_id, anomalies, out, shard_text = plan(
+        submissions, out, lessons, all_lessons, students, shard, manifest)
+    tests = {lesson: nbk.lesson_tests(lesson) for lesson in lessons}
+    graders = {lesson: lesson_fingerprint(lesson, tests[lesson], mode, limits) for lesson in lessons}
+    warnings_ = [f"warning: {lesson} test_{name} cannot be checked here ({why}): it gets status error, flagged for "
+                 "regrading, never failed" for lesson in lessons for name, why in unavailable(lesson).items()]
+    for line in warnings_:
+        print(line, file=sys.stderr)
     # The references are small tensors computed by many threads at once: one torch thread each
     # is faster than threads fighting for the cores.
     import torch
     torch.set_num_threads(1)
-    todo = []
-    for student in students:
+
+    todo, reasons, reused, problems = [], Counter(), 0, []
+    for student in selected:
         for lesson in lessons:
-            if resume:
-                done = _load(result_path(out, student, lesson))
-                path, _ = locate(submissions, student, lesson)
-                if done and done.get("sha256") == sha256(path):
-                    continue
-            todo.append((student, lesson))
+            sub = locate(submissions, student, lesson, klass[student])
+            for kind in sub.anomalies:
+                anomalies.add(kind, f"{student}/{lesson}")
+            why = "regraded" if not resume else "forced (--force)" if force else None
+            if why is None:
+                done, damaged = store.load_result(out, student, lesson)
+                sha, key = sub.key()
+                if damaged:
+                    problems.append(damaged)
+                    why = "stored result damaged"
+                elif not done:
+                    why = "not graded before"
+                elif done["fingerprint"] == fingerprint(graders[lesson], key, sub.submitted_at):
+                    why = "grader failed last time" if any(map(store.needs_regrade, done["tests"])) else None
+                else:
+                    why = "submission changed" if done["sha256"] != sha else "checks, tests or grader changed"
+            if why:
+                todo.append((student, lesson, sub))
+                reasons[why] += 1
+            else:
+                reused += 1
+    kept = _run(todo, out, tests, graders, lessons, mode, limits, jobs, progress, anomalies)
+    store.write_run(out, shard_text, manifest_id, set(store.read_run(out)["lessons"]) | set(lessons))
 
-    staging = Path(tempfile.mkdtemp(prefix="mha-course-data-"))
+    from autograder import report
+    results = report.write_all(out, {(s, x) for s in selected for x in lessons}, gradescope, gradebook, problems)
+    stale = [f"{r['student']}/{r['lesson']}" for r in results if r["lesson"] in graders and r.get("grader")
+             and r["grader"] != graders[r["lesson"]]]
+    for where in stale:
+        anomalies.add("result graded by another version of the checks (grade --resume updates it)", where)
+    for why in problems:
+        anomalies.add("damaged stored result, graded again", why)
+    return dict(results=results, graded=kept, reused=reused, reasons=reasons, anomalies=anomalies.lines(),
+                lessons=lessons, students=selected, warnings=warnings_)
+
+
+def _run(todo, out, tests, graders, lessons, mode, limits, jobs, progress, anomalies):
+    """Grade todo in `jobs` threads, one sandbox each; returns how many results were written.
+    SIGTERM/SIGINT: stop, kill the sandboxes, remove every temporary folder, raise Interrupted."""
+    if not todo:
+        return 0
+    run_tmp = Path(tempfile.mkdtemp(prefix="mha-grade-"))
+    old_tempdir, tempfile.tempdir = tempfile.tempdir, str(run_tmp)  # every sandbox folder lands in run_tmp
+    stop, lock, live, failures, written = threading.Event(), threading.Lock(), set(), [], [0]
     bar = Progress(len(todo)) if progress else None
-    try:
-        data_files = stage_data(lessons, staging)
-        work = queue.Queue()
-        for item in todo:
-            work.put(item)
-        failures = []
+    work = queue.Queue()
+    for item in todo:
+        work.put(item)
 
-        def worker():
-            sandbox = None
-            try:
-                while True:
+    def kill_sandboxes():
+        with lock:
+            for sb in live:
+                try:
+                    os.killpg(sb.proc.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+
+    def on_signal(signum, frame):
+        if not stop.is_set():
+            stop.set()
+            kill_sandboxes()
+            raise Interrupted(signum, written[0])
+
+    def worker():
+        sandbox = None
+        try:
+            while not stop.is_set():
+                try:
+                    student, lesson, sub = work.get_nowait()
+                except queue.Empty:
+                    return
+                result = None
+                for attempt in range(2):  # a worker killed by a submission is replaced once
                     try:
-                        student, lesson = work.get_nowait()
-                    except queue.Empty:
-                        return
-                    for attempt in range(2):  # a worker killed by a submission is replaced once
-                        try:
-                            if sandbox is None or not sandbox.alive():
-                                sandbox = Sandbox(mode, limits, staging)
-                            result = grade_one(sandbox, submissions, student, lesson, tests[lesson],
-                                               data_files[lesson])
-                            break
-                        except SandboxError as e:
-                            if sandbox:
-                                sandbox.close()
-                            sandbox = None
-                            result = dict(student=student, lesson=lesson, notes=[], cells={}, sha256=None,
-                                          tests=unanimous(tests[lesson], "error", f"could not be graded: {e}"))
-                    write_atomic(result_path(out, student, lesson), json.dumps(result, indent=1))
-                    if bar:
-                        bar.update(student, lesson, result)
-            except BaseException as e:  # pragma: no cover - reported below
-                failures.append(e)
-            finally:
-                if sandbox:
-                    sandbox.close()
+                        if sandbox is None or not sandbox.alive():
+                            sandbox = Sandbox(mode, limits, run_tmp / "data")
+                            with lock:
+                                live.add(sandbox)
+                        result = grade_one(sandbox, student, lesson, sub, tests[lesson], data_files[lesson],
+                                           graders[lesson])
+                        break
+                    except SandboxError as e:
+                        if sandbox:
+                            with lock:
+                                live.discard(sandbox)
+                            sandbox.close()
+                        sandbox = None
+                        result = _failed(student, lesson, sub, tests[lesson], graders[lesson],
+                                         f"could not be graded: {e}")
+                    except Exception:  # a bug of ours outside the checks: this submission only
+                        result = _failed(student, lesson, sub, tests[lesson], graders[lesson],
+                                         "the grader failed on this notebook (the instructor has the details)",
+                                         traceback.format_exc())
+                        break
+                if stop.is_set():  # its sandbox was killed under it: not a verdict
+                    return
+                kind = result.pop("anomaly", None)
+                try:
+                    result = store.save_result(out, result)
+                except store.ResultError:
+                    result = store.save_result(out, _failed(student, lesson, sub, tests[lesson], graders[lesson],
+                                                            "the grader made a malformed result", traceback.format_exc()))
+                if kind:
+                    anomalies.add(kind, f"{student}/{lesson}")
+                with lock:
+                    written[0] += 1
+                if bar:
+                    bar.update(student, lesson, result)
+        except BaseException as e:  # pragma: no cover - a disk full, reported by the main thread
+            failures.append(e)
+        finally:
+            if sandbox:
+                with lock:
+                    live.discard(sandbox)
+                sandbox.close()
 
-        threads = [threading.Thread(target=worker, daemon=True) for _ in range(max(1, min(jobs, len(todo) or 1)))]
+    handlers = {}
+    if threading.current_thread() is threading.main_thread():
+        handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    threads = []
+    try:
+        data_files = stage_data(lessons, run_tmp / "data")
+        threads = [threading.Thread(target=worker, daemon=True) for _ in range(max(1, min(jobs, len(todo))))]
         for t in threads:
             t.start()
         for t in threads:
-            t.join()
+            while t.is_alive():
+                t.join(0.5)
         if failures:
             raise failures[0]
+    except Interrupted:
+        deadline = time.monotonic() + 20  # the workers see their sandboxes die and stop
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        kill_sandboxes()
+        raise
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        for s, h in handlers.items():
+            signal.signal(s, h)
+        tempfile.tempdir = old_tempdir
+        shutil.rmtree(run_tmp, ignore_errors=True)
+    return written[0]
 
-    from autograder import report
-    return report.write_all(out, students, lessons, tests, gradescope=gradescope, gradebook=gradebook)
 
-
-def _load(path):
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
+def _failed(student, lesson, sub, tests, grader, message, tb=None):
+    """A result for a submission the grader itself could not grade: flagged for regrading."""
+    sha, key = sub.key()
+    result = dict(student=student, lesson=lesson, notebook=str(sub.path) if sub.path else None, sha256=sha,
+                  fingerprint=fingerprint(grader, key, sub.submitted_at), grader=grader, submitted_at=sub.submitted_at,
+                  notes=list(sub.notes), cells={}, tests=unanimous(tests, "error", message, grader_error=True))
+    if tb:
+        result["grader_errors"] = [tb]
+    return result

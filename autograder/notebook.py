@@ -4,7 +4,9 @@ Plain JSON, no nbformat: submissions may be damaged, and this must fail with a c
 NotebookError rather than a traceback.
 """
 import json
+import os
 import re
+import stat
 from pathlib import Path
 
 BEGIN_SOLUTION, END_SOLUTION = "### BEGIN SOLUTION", "### END SOLUTION"
@@ -13,6 +15,11 @@ CODE_STUB = "# YOUR CODE HERE\nraise NotImplementedError()"
 TEXT_STUB = "YOUR ANSWER HERE"
 DEMO_TAG = "demo"  # code cells that only demonstrate (plots, timings, training): grading skips them
 LESSONS_DIR = Path(__file__).resolve().parent.parent / "lessons"
+# A submitted notebook is read only up to these sizes, before JSON parsing: an honest notebook that
+# keeps its figures and outputs is a few MB; 20 MB of nested lists would cost the grader about 1 GiB.
+MAX_NOTEBOOK_BYTES = 20 << 20
+MAX_CONTAINERS = 1_000_000  # JSON lists and objects (brackets in strings counted too)
+TOO_BIG = f"is larger than {MAX_NOTEBOOK_BYTES >> 20} MB; clear large outputs and submit it again"
 
 
 class NotebookError(ValueError):
@@ -40,11 +47,80 @@ def parse(text):
         nb = json.loads(text)
     except (ValueError, RecursionError) as e:
         raise NotebookError(f"not a readable notebook (corrupt JSON?): {type(e).__name__}: {str(e)[:200]}") from None
+    check_notebook(nb)
+    return nb
+
+
+def refusal(st, what="the notebook"):
+    """Why a file (an os.lstat result) is not read as a submission, or None: only a regular file
+    with one name and a sane size is. A symlink or a hard link could point at another student's
+    work or the instructor's solutions; a FIFO or a device would hang or flood the grader."""
+    if stat.S_ISLNK(st.st_mode):
+        return f"{what} is a symbolic link; submit the file itself"
+    if stat.S_ISDIR(st.st_mode):
+        return f"{what} is a folder, not a file"
+    if not stat.S_ISREG(st.st_mode):
+        return f"{what} is not a regular file (a FIFO, socket or device)"
+    if st.st_nlink > 1:
+        return f"{what} is a hard link ({st.st_nlink} names for one file); submit a plain copy"
+    if st.st_size > MAX_NOTEBOOK_BYTES:
+        return f"{what} {TOO_BIG}"
+    return None
+
+
+def read_submitted_bytes(path):
+    """The bytes of a submitted notebook; NotebookError("refused: ...") unless it is a regular file
+    (checked with lstat, opened with O_NOFOLLOW, checked again on the open file)."""
+    try:
+        why = refusal(os.lstat(path))
+        if why:
+            raise NotebookError(f"refused: {why}")
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
+    except FileNotFoundError:
+        raise NotebookError(f"no notebook at {Path(path).name}") from None
+    except OSError as e:  # ELOOP: it became a symlink between lstat and open
+        raise NotebookError(f"refused: the notebook could not be opened safely ({e.strerror})") from None
+    with os.fdopen(fd, "rb") as f:
+        why = refusal(os.fstat(f.fileno()))
+        if why:
+            raise NotebookError(f"refused: {why}")
+        data = f.read(MAX_NOTEBOOK_BYTES + 1)
+    if len(data) > MAX_NOTEBOOK_BYTES:
+        raise NotebookError(f"refused: the notebook {TOO_BIG}")
+    return data
+
+
+def parse_submission(data):
+    """A submitted notebook's bytes as a validated notebook dict; NotebookError naming the first
+    field that is not what Jupyter writes (so nothing later trips over a wrong type)."""
+    if data.count(b"[") + data.count(b"{") > MAX_CONTAINERS:
+        raise NotebookError(f"not a plausible notebook: more than {MAX_CONTAINERS} JSON lists and objects")
+    try:
+        nb = parse(data.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise NotebookError(f"not a readable notebook (not UTF-8 text): {str(e)[:200]}") from None
+    if not isinstance(nb.get("metadata", {}), dict):
+        raise NotebookError("the notebook's metadata is not a JSON object")
+    kernelspec = nb.get("metadata", {}).get("kernelspec", {})
+    if not isinstance(kernelspec, (dict, type(None))):
+        raise NotebookError("the notebook's kernelspec is not a JSON object")
+    for number, cell in enumerate(nb["cells"], 1):
+        if not isinstance(cell, dict) or not isinstance(cell.get("cell_type"), str):
+            raise NotebookError(f"cell {number} is not a notebook cell (no cell_type)")
+        src = cell.get("source", "")
+        if not (isinstance(src, str) or isinstance(src, list) and all(isinstance(x, str) for x in src)):
+            raise NotebookError(f"cell {number}'s source is neither text nor a list of lines")
+        m = cell.get("metadata", {})
+        if not isinstance(m, dict) or not isinstance(m.get("nbgrader", {}), dict) or not isinstance(m.get("tags", []), list):
+            raise NotebookError(f"cell {number}'s metadata is malformed")
+    return nb
+
+
+def check_notebook(nb):
     if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
         raise NotebookError("not a notebook: it has no list of cells")
     if nb.get("nbformat") != 4:
-        raise NotebookError(f"unsupported notebook format {nb.get('nbformat')!r} (expected 4)")
-    return nb
+        raise NotebookError(f"unsupported notebook format {str(nb.get('nbformat'))[:20]!r} (expected 4)")
 
 
 def write(nb, path):
@@ -82,7 +158,8 @@ def is_test(cell):
 
 
 def is_demo(cell):
-    tags = cell.get("metadata", {}).get("tags", [])
+    m = cell.get("metadata", {})
+    tags = m.get("tags", []) if isinstance(m, dict) else []
     return isinstance(tags, list) and DEMO_TAG in tags
 
 
@@ -137,6 +214,11 @@ def with_hidden_block(text, lesson, name):
     """text (a test cell) with its hidden block replaced by (or ended with) the canonical one."""
     visible = strip_hidden_tests(text) if BEGIN_HIDDEN in text else text
     return visible.rstrip() + "\n\n" + hidden_block(lesson, name)
+
+
+def lesson_tests(lesson, root=LESSONS_DIR):
+    """[(test grade_id, max points)] of a lesson, from its source notebook (never a submission)."""
+    return graded_tests(read(lesson_path(lesson, root)))
 
 
 def lesson_names(root=LESSONS_DIR):

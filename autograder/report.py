@@ -1,84 +1,105 @@
-"""Everything written from trusted results: grades.csv, feedback pages, Gradescope files, the
-nbgrader gradebook; and `merge`, which combines the results of sharded runs."""
-import csv
+"""Everything written from stored results (results.py): grades.csv, feedback pages, Gradescope
+files, the nbgrader gradebook, the grader's error log. Always from everything RESULTS holds, so a
+term graded lesson after lesson keeps every lesson's rows."""
 import html
-import io
 import json
-import shutil
 from pathlib import Path
 
+from autograder import notebook as nbk
+from autograder import results as store
 from autograder.checks import LESSONS
-from autograder.grade import RESULTS_SUBDIR, GradeError, _load, check_out_dir, lesson_tests, result_path, write_atomic
-
-COLUMNS = ["student", "lesson", "test", "points", "max_points", "status", "message"]
 
 
-def collect(out, students, lessons, tests):
-    """One result per expected (student, lesson); a missing file becomes an error result."""
-    results = []
+def gather(out, expected=(), problems=None):
+    """One result per (student, lesson) of the term in RESULTS: every stored result, and for each
+    student and lesson it knows (or `expected`) with no valid result, a placeholder whose tests
+    are errors flagged for regrading (never zeros). problems: list to append damaged files to."""
+    problems = [] if problems is None else problems
+    results = {}
+    for r in store.load_results(out, problems):
+        if r["lesson"] in LESSONS:
+            results[r["student"], r["lesson"]] = r
+        else:
+            problems.append(f"{r['student']}/{r['lesson']}: a result for an unknown lesson, left out")
+    damaged = {(s, x) for s, x in store.stored_pairs(out) - set(results) if x in LESSONS and not store.check_student(s)}
+    known = set(results) | set(expected) | damaged
+    lessons = [x for x in LESSONS if x in {x for _, x in known} | set(store.read_run(out)["lessons"])]
+    students = sorted({s for s, _ in known})
     for student in students:
         for lesson in lessons:
-            result = _load(result_path(out, student, lesson))
-            if not result or [t["test"] for t in result.get("tests", [])] != [t for t, _ in tests[lesson]]:
-                result = dict(student=student, lesson=lesson, notes=[], cells={}, tests=[
-                    dict(test=t, points=0.0, max_points=p, status="error",
-                         message="not graded: the run was interrupted; grade again with --resume")
-                    for t, p in tests[lesson]])
-            results.append(result)
-    return results
+            if (student, lesson) not in results:
+                why = ("its stored result is damaged" if (student, lesson) in damaged
+                       else "no result is stored for this lesson")
+                results[student, lesson] = placeholder(student, lesson, f"not graded: {why}; grade it with "
+                                                                         f"--lesson {lesson} --resume")
+    return [results[k] for k in sorted(results)]
 
 
-def write_all(out, students, lessons, tests, gradescope=False, gradebook=None):
+def placeholder(student, lesson, message):
+    return dict(student=student, lesson=lesson, notebook=None, sha256=None, fingerprint=None, grader=None,
+                submitted_at=None, notes=[], cells={}, tests=[
+                    dict(test=t, points=0.0, max_points=p, status="error", message=message, grader_error=True)
+                    for t, p in nbk.lesson_tests(lesson)])
+
+
+def write_all(out, expected=(), gradescope=False, gradebook=None, problems=None):
+    """Rewrite grades.csv, feedback, the error log (and Gradescope files, the gradebook) from
+    everything stored in RESULTS; returns the results."""
     out = Path(out)
-    lessons = [lesson for lesson in LESSONS if lesson in lessons]
-    results = collect(out, students, lessons, tests)
-    write_csv(out / "grades.csv", results)
+    results = gather(out, expected, problems)
+    store.write_grades(out / "grades.csv", results)
     # Failures of the grader itself (never of a student's code), for the instructor.
     errors = [f"== {r['student']} {r['lesson']}\n{tb}" for r in results for tb in r.get("grader_errors", [])]
+    log = out / "grader-errors.log"
     if errors:
-        write_atomic(out / "grader-errors.log", "\n".join(errors))
+        store.write_atomic(log, "\n".join(errors))
+    else:
+        log.unlink(missing_ok=True)
     for r in results:
-        write_atomic(out / "feedback" / r["student"] / f"{r['lesson']}.html", feedback_page(r))
+        store.write_atomic(out / "feedback" / r["student"] / f"{r['lesson']}.html", feedback_page(r))
     if gradescope:
-        for student in students:
+        for student in sorted({r["student"] for r in results}):
             mine = [r for r in results if r["student"] == student]
-            write_atomic(out / "gradescope" / student / "results.json", json.dumps(gradescope_json(mine), indent=1))
+            store.write_atomic(out / "gradescope" / student / "results.json",
+                               json.dumps(gradescope_json(mine), indent=1))
     if gradebook:
         from autograder.gradebook import update_gradebook
-        update_gradebook(gradebook, results, tests)
+        lessons = sorted({r["lesson"] for r in results})
+        update_gradebook(gradebook, results, {lesson: nbk.lesson_tests(lesson) for lesson in lessons})
     return results
-
-
-def write_csv(path, results):
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, COLUMNS, lineterminator="\n")
-    w.writeheader()
-    for r in results:
-        for t in r["tests"]:
-            w.writerow(dict(student=r["student"], lesson=r["lesson"], test=t["test"], points=f"{t['points']:g}",
-                            max_points=f"{t['max_points']:g}", status=t["status"], message=t["message"]))
-    write_atomic(path, buf.getvalue())
 
 
 STYLE = """body{font-family:system-ui,sans-serif;max-width:52rem;margin:2rem auto;padding:0 1rem;color:#222}
 table{border-collapse:collapse;width:100%}td,th{border-bottom:1px solid #ddd;padding:.5rem;text-align:left;
 vertical-align:top}.passed{color:#1a7f37}.failed,.error{color:#cf222e}.missing{color:#9a6700}
-.note{background:#fff8c5;padding:.5rem 1rem;border-radius:4px}code{background:#f6f8fa;padding:0 .2rem}"""
+.note{background:#fff8c5;padding:.5rem 1rem;border-radius:4px}code{background:#f6f8fa;padding:0 .2rem}
+.msg{white-space:pre-line}ul.aspects{margin:.3rem 0 0;padding-left:1.2rem}"""
+
+
+def _aspects_html(t):
+    e = html.escape
+    items = "".join(f"<li class='{'passed' if a['passed'] else 'failed'}'>{e(a['aspect'])}: {a['points']:g} / "
+                    f"{a['max_points']:g}{(' &mdash; ' + e(a['message'])) if a['message'] and not a['passed'] else ''}"
+                    "</li>" for a in t.get("aspects", []))
+    return f"<ul class='aspects'>{items}</ul>" if items else ""
 
 
 def feedback_page(r):
-    """The student's page: each test, its points and its teaching message; never hidden code,
-    hidden inputs or expected values (check messages are written not to contain them)."""
+    """The student's page: each test, its points (and each aspect's) and its teaching message;
+    never hidden code, hidden inputs or expected values (check messages are written not to contain
+    them). Every text is stored cleaned and capped (results.clean), and escaped here."""
     e = html.escape
     got = sum(t["points"] for t in r["tests"])
     full = sum(t["max_points"] for t in r["tests"])
     rows = "".join(
         f"<tr><td><code>{e(t['test'])}</code></td><td class='{e(t['status'])}'>{e(t['status'])}</td>"
-        f"<td>{t['points']:g} / {t['max_points']:g}</td><td>{e(t['message'])}</td></tr>" for t in r["tests"])
+        f"<td>{t['points']:g} / {t['max_points']:g}</td><td><div class='msg'>"
+        f"{e(t['message']) if not t.get('aspects') or t['status'] != 'failed' else ''}</div>{_aspects_html(t)}</td></tr>"
+        for t in r["tests"])
     notes = list(r.get("notes", []))
     cells = r.get("cells", {})
     notes += [f"{cell} was skipped: it {why}" for cell, why in cells.get("skipped", {}).items()]
-    notes += [f"{cell} raised {err.get('type')}: {err.get('message', '')}" for cell, err in cells.get("errors", {}).items()]
+    notes += [f"{cell} raised {err['type']}: {err['message']}" for cell, err in cells.get("errors", {}).items()]
     note_html = "".join(f"<p class='note'>{e(n)}</p>" for n in notes)
     return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{e(r['lesson'])}: feedback for "
             f"{e(r['student'])}</title><style>{STYLE}</style></head><body><h1>{e(r['lesson'])}</h1>"
@@ -89,29 +110,14 @@ def feedback_page(r):
 
 
 def gradescope_json(results):
+    def output(t):
+        lines = [t["message"]] if t["message"] and not t.get("aspects") else []
+        lines += [f"{a['aspect']}: {a['points']:g}/{a['max_points']:g}" + (f" - {a['message']}" if a["message"] and
+                                                                            not a["passed"] else "")
+                  for a in t.get("aspects", [])]
+        return "\n".join(lines)
+
     tests = [dict(name=f"{r['lesson']}: {t['test']}", score=t["points"], max_score=t["max_points"],
-                  status="passed" if t["status"] == "passed" else "failed", output=t["message"])
+                  status="passed" if t["status"] == "passed" else "failed", output=output(t))
              for r in results for t in r["tests"]]
     return dict(score=sum(t["score"] for t in tests), tests=tests)
-
-
-def merge(dirs, out, gradescope=False, gradebook=None):
-    """Combine the results of several (sharded) runs into OUT, as one run would have written them."""
-    out = check_out_dir(out)
-    students, lessons = set(), set()
-    for d in dirs:
-        store = Path(d) / RESULTS_SUBDIR
-        if not store.is_dir():
-            raise GradeError(f"{d} holds no grading results (no {RESULTS_SUBDIR}/ folder)")
-        for f in store.glob("*/*.json"):
-            if Path(d).resolve() != out.resolve():
-                dest = out / RESULTS_SUBDIR / f.parent.name / f.name
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(f, dest)
-            students.add(f.stem)
-            lessons.add(f.parent.name)
-    unknown = lessons - set(LESSONS)
-    if unknown:
-        raise GradeError(f"results for unknown lessons: {', '.join(sorted(unknown))}")
-    tests = {lesson: lesson_tests(lesson) for lesson in lessons}
-    return write_all(out, sorted(students), lessons, tests, gradescope=gradescope, gradebook=gradebook)

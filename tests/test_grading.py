@@ -136,7 +136,7 @@ def test_resume_skips_finished_work_and_is_idempotent(small_class):
     victim = next(iter(stamps))
     victim.unlink()  # as if the grader had been killed before this one finished
     p = run("grade", str(subs), "--out", str(out), "--resume")
-    assert "1/1" in p.stderr  # only the lost one was graded again
+    assert "graded 1 submission(s) of 01_attention (1 not graded before)" in p.stderr  # only the lost one
     assert (out / "grades.csv").read_text() == first
     assert all(p.stat().st_mtime_ns == t for p, t in stamps.items() if p != victim)
 
@@ -148,6 +148,11 @@ def test_resume_skips_finished_work_and_is_idempotent(small_class):
     (["grade", "{subs}", "--out", "{file}"], "not a folder"),
     (["grade", "{subs}", "--out", "{out}", "--shard", "3/3"], "--shard"),
     (["merge", "{empty}", "--out", "{out}"], "no grading results"),
+    (["grade", "{subs}", "--out", "{out}", "--student", "nobody"], "no such student"),
+    (["grade", "{subs}", "--out", "{out}", "--manifest", "{file}"], "cannot read the manifest"),
+    (["grade", "{subs}", "--out", "{out}", "--memory", "0"], "--memory must be a positive number"),
+    (["grade", "{subs}", "--out", "{subs}/results"], "overlap"),
+    (["manifest", "{subs}", "--out", "{empty}"], "name a file"),
 ])
 def test_bad_input_to_the_grader_fails_before_any_work(small_class, tmp_path, args, words):
     root, subs = small_class
@@ -156,7 +161,8 @@ def test_bad_input_to_the_grader_fails_before_any_work(small_class, tmp_path, ar
     fmt = dict(subs=subs, out=tmp_path / "out", empty=tmp_path / "empty", missing=tmp_path / "nope",
                file=tmp_path / "file")
     p = run(*[a.format(**fmt) for a in args], check=False)
-    assert p.returncode != 0 and words in p.stderr, p.stderr
+    assert p.returncode == 2 and words in p.stderr.strip().splitlines()[-1], p.stderr
+    assert p.stderr.startswith("usage:") or len(p.stderr.strip().splitlines()) == 1, p.stderr  # one clear line
     assert not (tmp_path / "out" / "grades.csv").exists()
 
 

@@ -1,0 +1,233 @@
+"""The results store (autograder/results.py) and the grader's hostile-input guards, without a sandbox:
+stored results that are damaged, CSV injection, control characters, refused files, malformed
+notebooks, partial credit rows, merge's shard-set checks."""
+import copy
+import json
+import os
+
+import pytest
+
+from autograder import notebook as nbk
+from autograder import report
+from autograder import results as store
+from autograder.checks import Check, PartialCredit, Subject
+from autograder.grade import run_check, submission_cells
+from autograder.merge import shard_set_problems
+
+TESTS = [("test_softmax", 2.0), ("test_causal_mask", 1.0)]
+
+
+def result(student="alice", lesson="01_attention", **extra):
+    return dict(dict(student=student, lesson=lesson, notebook=None, sha256=None, fingerprint="f", grader="g",
+                     submitted_at=None, notes=[], cells={}, tests=[
+                         dict(test=t, points=p, max_points=p, status="passed", message="") for t, p in TESTS]), **extra)
+
+
+def test_a_result_round_trips_and_damaged_ones_are_reported_not_raised(tmp_path):
+    saved = store.save_result(tmp_path, result())
+    assert store.load_result(tmp_path, "alice", "01_attention") == (saved, None)
+    damaged = {
+        "not-json": "{", "a-list": "[]", "bad-status": json.dumps(result("bad-status") | {"tests": [
+            dict(test="t", points=0, max_points=1, status="hacked", message="")]}),
+        "too-many-points": json.dumps(result("too-many-points") | {"tests": [
+            dict(test="t", points=5, max_points=1, status="passed", message="")]}),
+        "string-error": json.dumps(result("string-error") | {"cells": {"errors": "boom", "skipped": {}}}),
+        "other-student": json.dumps(result("mallory")),
+        "huge": " " * (store.MAX_STORED_BYTES + 1),
+    }
+    folder = tmp_path / store.STORE / "01_attention"
+    for name, text in damaged.items():
+        (folder / f"{name}.json").write_text(text)
+    (folder / "linked.json").symlink_to(folder / "alice.json")
+    problems = []
+    loaded = store.load_results(tmp_path, problems)
+    assert [r["student"] for r in loaded] == ["alice"]
+    assert len(problems) == len(damaged) + 1 and all("unreadable stored result" in p for p in problems)
+    # the report turns them into errors flagged for regrading, never zeros, and never crashes
+    rows = {r["student"]: r for r in report.gather(tmp_path)}
+    assert rows["huge"]["tests"][0]["status"] == "error" and "damaged" in rows["huge"]["tests"][0]["message"]
+    assert all(store.needs_regrade(t) for t in rows["not-json"]["tests"])
+
+
+def test_stored_text_is_cleaned_and_capped():
+    r = store.validate_result(result(notes=["\x1b[31mred\x1b[0m \u202eevil\x07"], cells={
+        "skipped": {}, "errors": {"cell 3 (x = 1)": "a forged string error " * 3_000_000,
+                                  "cell 4": {"type": "\x1b]0;title\x07Err", "message": ["not", "text"]}}}))
+    assert r["notes"] == ["red evil"]
+    forged = r["cells"]["errors"]["cell 3 (x = 1)"]
+    assert forged["type"] == "error" and len(forged["message"]) <= store.NOTE_CAP
+    assert r["cells"]["errors"]["cell 4"] == {"type": "Err", "message": "(list)"}
+    assert len(store.clean("x" * 100_000)) == store.MESSAGE_CAP
+    assert store.clean("a\tb\r\nc\x00", newlines=False) == "a b c"
+
+
+@pytest.mark.parametrize("value, written", [
+    ("=HYPERLINK(\"http://evil\")", "'=HYPERLINK(\"http://evil\")"), ("+1", "'+1"), ("-2", "'-2"), ("@SUM(A1)", "'@SUM(A1)"),
+    ("\t=1", "' =1"), ("\r=1", "' =1"), ("'quoted", "''quoted"), (" =1", "' =1"), ("\x01=cmd", "'=cmd"),
+    ("plain", "plain"), ("a=b", "a=b"), (2.5, "2.5"), (3.0, "3"),
+])
+def test_csv_cells_cannot_be_formulas(value, written):
+    assert store.csv_cell(value) == written
+
+
+def test_student_ids_stay_identical_through_grades_csv(tmp_path):
+    names = ["=cmd|' /C calc'!A0", "-rf", "+x", "@me", "'quoted", "o'brien", "plain"]
+    store.write_grades(tmp_path / "grades.csv", [result(s) | {"tests": [dict(
+        test="test_softmax", points=1, max_points=2, status="failed", message="=HYPERLINK(\"x\")\nline 2")]}
+        for s in names])
+    text = (tmp_path / "grades.csv").read_text()
+    assert "\n=" not in text and "\n-" not in text and "\n+" not in text and "\n@" not in text
+    rows = store.read_grades(tmp_path / "grades.csv")
+    assert [r["student"] for r in rows] == names
+    assert rows[0]["message"] == "=HYPERLINK(\"x\") line 2"
+
+
+@pytest.mark.parametrize("name, ok", [("alice", True), ("=bob", True), ("__MACOSX", False), (".hidden", False),
+                                      ("a\x1b[31mb", False), ("a\nb", False), ("x" * 300, False)])
+def test_student_identifiers(name, ok):
+    assert (store.check_student(name) is None) == ok
+
+
+@pytest.mark.parametrize("text, want", [("2026-01-31T23:59:00+01:00", "2026-01-31T22:59:00+00:00"),
+                                        ("2026-01-31 23:59:00.000000 UTC", "2026-01-31T23:59:00+00:00"),
+                                        ("2026-01-31 23:59:00", "2026-01-31T23:59:00+00:00"), ("soon", None)])
+def test_submission_times(tmp_path, text, want):
+    (tmp_path / store.TIMESTAMP_FILE).write_text(text + "\n")
+    when, problem = store.read_timestamp(tmp_path)
+    assert when == want and (problem is None) == (want is not None)
+
+
+def test_manifest_round_trip_and_refusals(tmp_path):
+    mid = store.write_manifest(tmp_path / "class.json", ["b", "a"], ["01_attention"])
+    m = store.read_manifest(tmp_path / "class.json")
+    assert m == {"students": ["a", "b"], "lessons": ["01_attention"], "id": mid}
+    for bad in ("[]", "{", json.dumps({"format": store.MANIFEST_FORMAT, "students": ["a", "a"], "lessons": []})):
+        (tmp_path / "bad.json").write_text(bad)
+        with pytest.raises(store.UsageError):
+            store.read_manifest(tmp_path / "bad.json")
+
+
+# ---- files in SUBMISSIONS --------------------------------------------------------------------
+
+@pytest.fixture
+def notebook_bytes():
+    return json.dumps(nbk.read(nbk.lesson_path("01_attention"))).encode()
+
+
+def test_only_regular_files_with_one_name_are_read(tmp_path, notebook_bytes):
+    real = tmp_path / "real.ipynb"
+    real.write_bytes(notebook_bytes)
+    assert nbk.read_submitted_bytes(real) == notebook_bytes
+    (tmp_path / "link.ipynb").symlink_to(real)
+    os.link(real, tmp_path / "hard.ipynb")
+    os.mkfifo(tmp_path / "fifo.ipynb")
+    with open(tmp_path / "big.ipynb", "wb") as f:
+        f.truncate(nbk.MAX_NOTEBOOK_BYTES + 1)
+    for name, words in (("link", "symbolic link"), ("hard", "hard link"), ("fifo", "not a regular file"),
+                        ("big", "larger than 20 MB")):
+        with pytest.raises(nbk.NotebookError, match=words) as e:
+            nbk.read_submitted_bytes(tmp_path / f"{name}.ipynb")
+        assert str(e.value).startswith("refused")
+    with pytest.raises(nbk.NotebookError, match="not a regular file"):
+        nbk.read_submitted_bytes("/dev/zero")
+
+
+def _broken(nb, how):
+    nb = copy.deepcopy(nb)
+    code = next(c for c in nb["cells"] if c["cell_type"] == "code")
+    if how == "source holds an int":
+        code["source"] = ["x = 1\n", 7]
+    elif how == "cell metadata is a list":
+        code["metadata"] = []
+    elif how == "nbgrader metadata is a string":
+        code["metadata"] = {"nbgrader": "yes"}
+    elif how == "notebook metadata is a list":
+        nb["metadata"] = []
+    elif how == "kernelspec is a string":
+        nb["metadata"]["kernelspec"] = "python3"
+    elif how == "cells is a dict":
+        nb["cells"] = {}
+    elif how == "a cell is a string":
+        nb["cells"].append("cell")
+    return json.dumps(nb).encode()
+
+
+@pytest.mark.parametrize("how", ["source holds an int", "cell metadata is a list", "nbgrader metadata is a string",
+                                 "notebook metadata is a list", "kernelspec is a string", "cells is a dict",
+                                 "a cell is a string"])
+def test_malformed_notebook_fields_are_a_clear_error(notebook_bytes, how):
+    with pytest.raises(nbk.NotebookError):
+        nbk.parse_submission(_broken(json.loads(notebook_bytes), how))
+
+
+def test_notebooks_that_would_blow_the_graders_memory_are_refused_before_parsing(notebook_bytes):
+    with pytest.raises(nbk.NotebookError, match="JSON lists and objects"):
+        nbk.parse_submission(b'{"cells": [' + b"[]," * nbk.MAX_CONTAINERS + b"[]]}")
+    with pytest.raises(nbk.NotebookError, match="corrupt JSON"):
+        nbk.parse_submission(b"[" * 100_000)
+    with pytest.raises(nbk.NotebookError, match="UTF-8"):
+        nbk.parse_submission(b"\xff\xfe")
+    cells, labels, notes = submission_cells(nbk.parse_submission(notebook_bytes))
+    assert cells and len(labels) == len(cells) and not notes
+
+
+# ---- partial credit and feedback -------------------------------------------------------------
+
+def _check(body, aspects={"core": 2, "masks": 1, "errors": 1}):
+    return Check("f", body, aspects=aspects)
+
+
+def test_partial_credit_rows_sum_to_the_tests_points():
+    def body(s):
+        with s.aspect("core"):
+            pass
+        with s.aspect("masks"):
+            raise AssertionError("the mask is ignored")
+        with s.aspect("errors"):
+            pass
+
+    row = run_check(_check(body), Subject(lambda request: {"ok": None}), 2.0)
+    assert (row["status"], row["points"], row["message"]) == ("failed", 1.5, "the mask is ignored")
+    assert [(a["aspect"], a["points"], a["max_points"], a["passed"]) for a in row["aspects"]] == [
+        ("core", 1.0, 1.0, True), ("masks", 0.0, 0.5, False), ("errors", 0.5, 0.5, True)]
+    page = report.feedback_page(store.validate_result(result() | {"tests": [dict(test="test_f", **row)]}))
+    assert "masks: 0 / 0.5" in page and "the mask is ignored" in page and "errors: 0.5 / 0.5" in page
+
+
+def test_a_failed_core_scores_nothing_and_lists_every_aspect():
+    def body(s):
+        with s.aspect("core"):
+            raise AssertionError("wrong values")
+
+    row = run_check(_check(body), Subject(lambda request: {"ok": None}), 4.0)
+    assert row["points"] == 0 and row["status"] == "failed" and len(row["aspects"]) == 3
+    assert not isinstance(row, PartialCredit) and row["aspects"][1]["message"] == "earned only when core passes"
+
+
+def test_unavailable_checks_and_bugs_of_ours_are_errors_flagged_for_regrading():
+    row = run_check(_check(lambda s: None), Subject(lambda request: {}), 2.0, "Triton is not installed")
+    assert row["status"] == "error" and row["grader_error"] and "Triton is not installed" in row["message"]
+    row = run_check(Check("f", lambda s: 1 / 0), Subject(lambda request: {}), 2.0)
+    assert row["status"] == "error" and row["grader_error"] and "ZeroDivisionError" in row["traceback"]
+
+
+# ---- merge -----------------------------------------------------------------------------------
+
+def test_merge_names_every_gap_and_inconsistency():
+    def run(shard, lessons=("01_attention",), manifest=None):
+        return {"shard": shard, "manifest": manifest, "lessons": list(lessons), "partial": []}
+
+    whole = {"a": run("0/3"), "b": run("1/3"), "c": run("2/3")}
+    stored = {"a": [result("s1")], "b": [result("s2")], "c": []}
+    assert shard_set_problems(whole, stored, None) == []
+    assert shard_set_problems({"a": run("0/3"), "c": run("2/3")}, stored, None) == ["missing shard 1/3"]
+    assert "shard 0/3 given twice (a, b)" in shard_set_problems({"a": run("0/3"), "b": run("0/3"), "c": run("2/3")},
+                                                                stored, None)
+    problems = shard_set_problems(whole | {"c": run("2/3", ("01_attention", "02_heads"))}, stored, None)
+    assert any("different lessons" in p for p in problems)
+    problems = shard_set_problems(whole, stored | {"c": [result("s1")]}, None)
+    assert any("student s1 is in two shards" in p for p in problems)
+    problems = shard_set_problems(whole, stored | {"c": [result("s3", grader="other")]}, None)
+    assert any("2 different versions" in p for p in problems)
+    problems = shard_set_problems(whole, stored, {"students": ["s1", "s2", "s9"], "id": None})
+    assert any("in no shard: s9" in p for p in problems)

@@ -1,0 +1,179 @@
+"""A term with the real grader: lessons graded one after another into one RESULTS, hostile files
+beside honest students, fingerprints that make --resume regrade what changed, a class manifest
+and shards that merge only when whole, and SIGTERM in the middle of a run."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from autograder import grade as grader
+from autograder import notebook as nbk
+from autograder import results as store
+from autograder.release import release
+from autograder.worker import choose_mode
+from tests.lessons import fill
+
+pytestmark = pytest.mark.slow
+L1, L2 = "01_attention", "02_heads"
+WRONG_SOFTMAX = "def softmax(x, axis=-1):\n    e = np.exp(x)\n    return e / e.sum(axis=axis, keepdims=True)\n"
+HONEST = {"alice": "solved", "=bob": "blank", "carol": "wrong", "dave": "renamed", "erin": "solved", "frank": "wrong"}
+
+
+def run(*args, check=True, env=None):
+    p = subprocess.run([sys.executable, "-m", "autograder", *map(str, args)], capture_output=True, text=True,
+                       timeout=600, env=env)
+    if check:
+        assert p.returncode == 0, p.stderr[-3000:]
+    return p
+
+
+def put(subs, student, nb, lesson=L1, name=None):
+    nbk.write(nb, subs / student / lesson / (name or f"{lesson}.ipynb"))
+    return subs / student / lesson / (name or f"{lesson}.ipynb")
+
+
+@pytest.fixture(scope="module")
+def term(tmp_path_factory):
+    """An honest class of lesson 01 (a solved, blank, wrong and renamed notebook), graded once clean."""
+    root = tmp_path_factory.mktemp("term")
+    release(root / "release", [L1, L2])
+    rel = nbk.read(root / "release" / L1 / f"{L1}.ipynb")
+    notebooks = {"solved": fill(rel, L1), "blank": rel, "wrong": fill(rel, L1, {"softmax": WRONG_SOFTMAX})}
+    notebooks["renamed"] = notebooks["solved"]
+    for student, kind in HONEST.items():
+        put(root / "subs", student, notebooks[kind], name="01_attention (1).ipynb" if kind == "renamed" else None)
+    clean = run("grade", root / "subs", "--out", root / "clean", "--jobs", "2", "--quiet")
+    return root, notebooks, clean
+
+
+def test_lessons_graded_one_after_another_build_one_term(term, tmp_path):
+    root, notebooks, clean = term
+    grades = store.read_grades(root / "clean" / "grades.csv")
+    assert {r["lesson"] for r in grades} == {L1}  # lesson 02, which nobody submitted, is not written as zeros
+    text = (root / "clean" / "grades.csv").read_text()
+    assert "\n'=bob," in text and "\n=bob" not in text  # the CSV cannot run a formula; the id stays "=bob"
+    assert (root / "clean" / "feedback" / "=bob" / f"{L1}.html").exists()
+    assert "1 x renamed notebook: dave/01_attention" in clean.stderr
+    points = {s: sum(float(r["points"]) for r in grades if r["student"] == s) for s in HONEST}
+    assert points["alice"] == points["dave"] == points["erin"] == 6 and points["=bob"] == 0
+    assert 4 <= points["carol"] == points["frank"] < 6  # softmax without the max shift (partial credit)
+
+    subs = tmp_path / "subs"
+    shutil.copytree(root / "subs", subs, symlinks=True)
+    out = tmp_path / "results"
+    shutil.copytree(root / "clean", out)
+    put(subs, "alice", fill(nbk.read(root / "release" / L2 / f"{L2}.ipynb"), L2), lesson=L2)
+    p = run("grade", subs, "--out", out, "--lesson", L2, "--quiet")
+    after = store.read_grades(out / "grades.csv")
+    assert [r for r in after if r["lesson"] == L1] == grades  # lesson 01 kept as it was
+    l2 = {r["student"]: r for r in after if r["lesson"] == L2 and r["test"] == "test_split_heads"}
+    assert l2["alice"]["status"] == "passed" and l2["erin"]["status"] == "missing"
+    assert "5 x missing lesson" in p.stderr
+
+
+def test_hostile_files_are_refused_one_by_one_beside_honest_students(term, tmp_path):
+    root, notebooks, _ = term
+    subs = tmp_path / "subs"
+    honest = put(subs, "alice", notebooks["solved"])
+    put(tmp_path / "elsewhere", "x", notebooks["solved"])
+    (subs / "symlink" / L1).mkdir(parents=True)
+    (subs / "symlink" / L1 / f"{L1}.ipynb").symlink_to(honest)
+    (subs / "hardlink" / L1).mkdir(parents=True)
+    os.link(tmp_path / "elsewhere" / "x" / L1 / f"{L1}.ipynb", subs / "hardlink" / L1 / f"{L1}.ipynb")
+    (subs / "fifo" / L1).mkdir(parents=True)
+    os.mkfifo(subs / "fifo" / L1 / f"{L1}.ipynb")
+    (subs / "linked-folder").symlink_to(subs / "alice")
+    (subs / "linked-lesson").mkdir()
+    (subs / "linked-lesson" / L1).symlink_to(subs / "alice" / L1)
+    broken = json.loads(json.dumps(notebooks["solved"]))
+    next(c for c in broken["cells"] if c["cell_type"] == "code")["source"] = ["import numpy as np\n", 7]
+    put(subs, "int-in-source", broken)
+    (subs / "__MACOSX" / "alice").mkdir(parents=True)
+    p = run("grade", subs, "--out", tmp_path / "results", "--quiet")
+    rows = store.read_grades(tmp_path / "results" / "grades.csv")
+    by_student = {r["student"]: r for r in rows if r["test"] == "test_softmax"}
+    assert by_student.pop("alice")["status"] == "passed" and "__MACOSX" not in by_student
+    for student, words in (("symlink", "symbolic link"), ("hardlink", "hard link"), ("fifo", "not a regular file"),
+                           ("linked-folder", "student folder is a symbolic link"),
+                           ("linked-lesson", "lesson folder is a symbolic link"), ("int-in-source", "source")):
+        assert by_student[student]["status"] == "error" and words in by_student[student]["message"], by_student[student]
+        assert "refused" in by_student[student]["message"] or student == "int-in-source"
+    assert "5 x refused file or folder" in p.stderr and "1 x unreadable notebook" in p.stderr
+    assert "ignored system folder: __MACOSX" in p.stderr
+
+
+def test_resume_regrades_exactly_what_changed(term, tmp_path, monkeypatch):
+    """In-process, with the fingerprinted sources copied, so that a check can change between runs."""
+    root, notebooks, _ = term
+    subs = tmp_path / "subs"
+    for student in ("alice", "carol"):  # carol's wrong softmax will be corrected
+        shutil.copytree(root / "subs" / student, subs / student)
+    code = tmp_path / "code"
+    for package in ("autograder", "solutions"):
+        shutil.copytree(grader.ROOT / package, code / package, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    monkeypatch.setattr(grader, "ROOT", code)
+    mode, out = choose_mode("auto"), tmp_path / "results"
+
+    def again(**kw):
+        return grader.grade(subs, out, [L1], resume=True, mode=mode, progress=False, **kw)
+
+    assert again()["reasons"] == {"not graded before": 2}
+    first = (out / "grades.csv").read_text()
+    assert (again()["graded"], again()["reused"]) == (0, 2)
+    with open(code / "autograder" / "checks" / "attention.py", "a") as f:
+        f.write("\n# a check fixed between two runs\n")
+    put(subs, "carol", notebooks["solved"])
+    changed = again()
+    assert changed["reasons"] == {"checks, tests or grader changed": 1, "submission changed": 1}
+    assert again(force=True, students=["alice"])["reasons"] == {"forced (--force)": 1}
+    assert (out / "grades.csv").read_text() != first  # carol's new notebook scores 6
+    assert {r["student"]: r["points"] for r in store.read_grades(out / "grades.csv")
+            if r["test"] == "test_softmax"} == {"alice": "2", "carol": "2"}
+
+
+def test_shards_merge_only_when_the_set_is_whole(term, tmp_path):
+    root, _, _ = term
+    manifest = tmp_path / "class.json"
+    run("manifest", root / "subs", "--out", manifest)
+    assert json.loads(manifest.read_text())["students"] == sorted(HONEST)
+    shards = [tmp_path / f"shard{i}" for i in range(2)]
+    for i, out in enumerate(shards):
+        run("grade", root / "subs", "--out", out, "--shard", f"{i}/2", "--manifest", manifest, "--quiet")
+    p = run("merge", shards[0], "--out", tmp_path / "partial", "--manifest", manifest, check=False)
+    assert p.returncode == 2 and "missing shard 1/2" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "partial" / "grades.csv").exists()
+    run("merge", shards[0], "--out", tmp_path / "partial", "--manifest", manifest, "--allow-partial")
+    gaps = [r for r in store.read_grades(tmp_path / "partial" / "grades.csv") if "was not merged" in r["message"]]
+    assert {r["student"] for r in gaps} == set(sorted(HONEST)[1::2]) and {r["status"] for r in gaps} == {"error"}
+    run("merge", *shards, "--out", tmp_path / "merged", "--manifest", manifest)
+    assert (tmp_path / "merged" / "grades.csv").read_text() == (root / "clean" / "grades.csv").read_text()
+
+
+def test_sigterm_stops_cleanly_and_resume_finishes_the_same(term, tmp_path):
+    root, _, _ = term
+    tmp, out = tmp_path / "tmp", tmp_path / "results"
+    tmp.mkdir()
+    env = dict(os.environ, TMPDIR=str(tmp))
+    proc = subprocess.Popen([sys.executable, "-m", "autograder", "grade", str(root / "subs"), "--out", str(out),
+                             "--jobs", "1", "--quiet"], stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 300
+    while not list((out / store.STORE).glob(f"{L1}/*.json")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err[-2000:]
+    assert "interrupted by SIGTERM" in err.strip().splitlines()[-1]
+    kept = len(list((out / store.STORE).glob(f"{L1}/*.json")))
+    assert 1 <= kept < len(HONEST)
+    assert list(tmp.iterdir()) == [], "temporary folders were left behind"
+    alive = subprocess.run(["pgrep", "-f", str(tmp)], capture_output=True, text=True).stdout.split()
+    assert alive == [], "sandbox processes outlived the run"
+    p = run("grade", root / "subs", "--out", out, "--resume", "--quiet", env=env)
+    assert f"({len(HONEST) - kept} not graded before)" in p.stderr
+    assert (out / "grades.csv").read_text() == (root / "clean" / "grades.csv").read_text()
