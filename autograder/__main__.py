@@ -1,8 +1,13 @@
-"""python -m autograder {release, grade, merge, sync}: a thin face over the stages."""
+"""python -m autograder COMMAND: a thin face over the stages (`--help` lists the commands)."""
 import argparse
 import sys
 
+from pathlib import Path
+
 from autograder.checks import LESSONS
+
+LIMIT_FLAGS = (("--cell-timeout", "cell_seconds", "s"), ("--call-timeout", "call_seconds", "s"),
+               ("--notebook-timeout", "notebook_seconds", "s"), ("--memory", "memory_mb", "MB"))
 
 
 def main(argv=None):
@@ -16,18 +21,23 @@ def main(argv=None):
     g = sub.add_parser("grade", help="grade SUBMISSIONS/<student>/<lesson>/<lesson>.ipynb into RESULTS")
     g.add_argument("submissions", metavar="SUBMISSIONS")
     g.add_argument("--out", required=True, metavar="RESULTS", help="where grades.csv and feedback/ go")
-    g.add_argument("--lesson", action="append", choices=list(LESSONS), help="only this lesson (repeatable)")
+    g.add_argument("--lesson", action="append", choices=list(LESSONS),
+                   help="only this lesson (repeatable); graded even when nobody submitted it")
+    g.add_argument("--all-lessons", action="store_true", help="every lesson, even those nobody submitted")
+    g.add_argument("--student", action="append", metavar="S", help="only this student (repeatable)")
     g.add_argument("--jobs", type=int, default=1, metavar="N", help="grade N submissions at once")
-    g.add_argument("--resume", action="store_true", help="skip submissions already graded in RESULTS")
+    g.add_argument("--resume", action="store_true",
+                   help="reuse each stored result whose fingerprint (submission, tests, checks, grader) still matches")
+    g.add_argument("--force", action="store_true", help="with --resume: regrade even results that still match")
     g.add_argument("--shard", metavar="i/N", help="grade only the i-th of N slices of the students (0-based)")
+    g.add_argument("--manifest", metavar="CLASS_JSON", help="the class list (from `manifest`) that every shard splits")
     g.add_argument("--sandbox", choices=["auto", "bwrap", "unshare", "none"], default="auto",
                    help="how student code is isolated (default: the strongest that works)")
     g.add_argument("--unsafe", action="store_true", help="allow grading without any sandbox")
     g.add_argument("--gradescope", action="store_true", help="also write gradescope/<student>/results.json")
     g.add_argument("--gradebook", metavar="DB", help="also update this nbgrader gradebook (e.g. gradebook.db)")
     g.add_argument("--quiet", action="store_true", help="no progress output")
-    for flag, key, unit in (("--cell-timeout", "cell_seconds", "s"), ("--call-timeout", "call_seconds", "s"),
-                            ("--notebook-timeout", "notebook_seconds", "s"), ("--memory", "memory_mb", "MB")):
+    for flag, key, unit in LIMIT_FLAGS:
         g.add_argument(flag, type=int, dest=key, metavar=unit.upper(), help=f"limit per {key.split('_')[0]} ({unit})")
 
     m = sub.add_parser("merge", help="combine the RESULTS folders of sharded runs into one")
@@ -35,6 +45,14 @@ def main(argv=None):
     m.add_argument("--out", required=True, metavar="MERGED")
     m.add_argument("--gradescope", action="store_true")
     m.add_argument("--gradebook", metavar="DB")
+    m.add_argument("--manifest", metavar="CLASS_JSON", help="check that the shards cover this class list")
+    m.add_argument("--allow-partial", action="store_true", help="merge an incomplete shard set, marking the gaps")
+
+    c = sub.add_parser("manifest", help="write the class list (students, lessons) that sharded runs split")
+    c.add_argument("submissions", metavar="SUBMISSIONS")
+    c.add_argument("--out", required=True, metavar="CLASS_JSON")
+    c.add_argument("--lesson", action="append", choices=list(LESSONS), help="only this lesson (repeatable)")
+
 
     s = sub.add_parser("sync", help="rewrite the notebooks' solution and hidden-test cells from solutions/")
     s.add_argument("--lesson", action="append", choices=list(LESSONS))
@@ -45,7 +63,7 @@ def main(argv=None):
         from autograder.release import release
         for path in release(args.out, args.lesson):
             print(path)
-    elif args.command in ("grade", "merge"):
+    elif args.command in ("grade", "merge", "manifest"):
         return _grade_or_merge(args)
     elif args.command == "sync":
         from autograder.sync import sync
@@ -57,30 +75,68 @@ def main(argv=None):
 
 
 def _grade_or_merge(args):
-    from autograder.grade import GradeError, grade, parse_shard
-    from autograder.report import merge
-    from autograder.worker import SandboxError, choose_mode
+    from autograder.grade import Interrupted
+    from autograder.results import UsageError
+    from autograder.worker import SandboxError
 
     try:
-        if args.command == "merge":
-            results = merge(args.results, args.out, args.gradescope, args.gradebook)
-        else:
-            if args.jobs < 1:
-                raise GradeError("--jobs must be at least 1")
-            shard = parse_shard(args.shard) if args.shard else None
-            mode = choose_mode(args.sandbox, args.unsafe)
-            limits = {k: getattr(args, k) for k in ("cell_seconds", "call_seconds", "notebook_seconds", "memory_mb")
-                      if getattr(args, k) is not None}
-            results = grade(args.submissions, args.out, args.lesson, args.jobs, args.resume, shard, mode, limits,
-                            args.gradescope, args.gradebook, progress=not args.quiet)
-    except (GradeError, SandboxError) as e:
+        return {"grade": _grade, "merge": _merge, "manifest": _manifest}[args.command](args)
+    except (UsageError, SandboxError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    got = sum(t["points"] for r in results for t in r["tests"])
-    full = sum(t["max_points"] for r in results for t in r["tests"])
-    print(f"{len(results)} submissions, {got:g}/{full:g} points; wrote {args.out}/grades.csv and {args.out}/feedback/")
-    if any(r.get("grader_errors") for r in results):
-        print(f"the grader itself failed on some tests (status error): see {args.out}/grader-errors.log", file=sys.stderr)
+    except Interrupted as e:
+        print(e, file=sys.stderr)
+        return e.status
+
+
+def _manifest(args):
+    from autograder.grade import plan
+    from autograder.results import UsageError, write_manifest
+
+    out = Path(args.out)
+    if out.is_dir() or not out.parent.is_dir():
+        raise UsageError(f"--out {out}: name a file (e.g. class.json) in a folder that exists")
+    klass, lessons, *_ = plan(args.submissions, None, args.lesson)
+    write_manifest(args.out, klass, lessons)
+    print(f"wrote {args.out}: {len(klass)} students, lessons {', '.join(lessons)}")
+    return 0
+
+
+def _merge(args):
+    from autograder.merge import merge
+
+    results = merge(args.results, args.out, args.gradescope, args.gradebook, args.manifest, args.allow_partial)
+    _summary(args.out, results)
+    return 0
+
+
+def _grade(args):
+    from autograder.grade import GradeError, grade, parse_shard
+    from autograder.worker import choose_mode
+
+    if args.jobs < 1:
+        raise GradeError("--jobs must be at least 1")
+    bad = next((f for f, k, _ in LIMIT_FLAGS if getattr(args, k) is not None and getattr(args, k) < 1), None)
+    if bad:
+        raise GradeError(f"{bad} must be a positive number")
+    shard = parse_shard(args.shard) if args.shard else None
+    if args.force and not args.resume:
+        print("note: --force matters only with --resume; without it every selected submission is regraded",
+              file=sys.stderr)
+    mode = choose_mode(args.sandbox, args.unsafe)
+    limits = {k: getattr(args, k) for _, k, _ in LIMIT_FLAGS if getattr(args, k) is not None}
+    run = grade(args.submissions, args.out, args.lesson, args.jobs, args.resume, shard, mode, limits,
+                args.gradescope, args.gradebook, progress=not args.quiet, all_lessons=args.all_lessons,
+                students=args.student, force=args.force, manifest=args.manifest)
+    why = ", ".join(f"{n} {reason}" for reason, n in run["reasons"].most_common())
+    print(f"graded {run['graded']} submission(s) of {', '.join(run['lessons'])}"
+          + (f" ({why})" if args.resume and why else "") + (f"; reused {run['reused']} unchanged" if args.resume else ""),
+          file=sys.stderr)
+    if run["anomalies"]:
+        print(f"anomalies ({sum(int(line.split(' x ')[0]) for line in run['anomalies'])}):", file=sys.stderr)
+        for line in run["anomalies"]:
+            print(line, file=sys.stderr)
+    _summary(args.out, run["results"])
     return 0
 
 
