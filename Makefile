@@ -14,19 +14,21 @@ setup: system-packages
 	$(PIP) install --quiet "$(TORCH)"
 	$(PIP) install --quiet -e ".[dev,book,gpu]"
 
-# System tools: bubblewrap (the grader's sandbox), Chromium (the book's browser test) and npm
-# (MathJax for the book). Installed when we are root with apt-get; otherwise the tests that need
-# them say so.
+# System tools: bubblewrap (the grader's sandbox), Chromium (the book's browser test), npm
+# (MathJax for the book), and Slurm with munge (a one-node cluster in tests/test_slurm.py).
+# Installed when we are root with apt-get; otherwise the tests that need them say so.
 system-packages:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    missing=""; \
 	    command -v bwrap >/dev/null || missing="$$missing bubblewrap"; \
 	    command -v chromium >/dev/null || missing="$$missing chromium"; \
+	    [ -x /usr/sbin/slurmctld ] || command -v slurmctld >/dev/null || missing="$$missing slurm-wlm"; \
+	    [ -x /usr/sbin/munged ] || command -v munged >/dev/null || missing="$$missing munge"; \
 	    if [ -n "$$missing" ]; then \
 	        (apt-get install -y -q $$missing || (apt-get update -q && apt-get install -y -q $$missing)) >/dev/null \
 	        || echo "could not install$$missing: the tests that need them will be skipped"; \
 	    fi; \
-	else echo "not root with apt-get: install bubblewrap and chromium yourself for the sandbox and browser tests"; fi
+	else echo "not root with apt-get: install bubblewrap, chromium, slurm-wlm and munge yourself for the sandbox, browser and Slurm tests"; fi
 
 test:
 	$(PY) -m pytest -q
