@@ -152,56 +152,68 @@ def _random_mask(rng, shape, T):
     return mask
 
 
-@CHECKS.add("GroupedQueryAttention", isolate=["repeat_kv"])
+def _expect_forward(s, rng, D, H, Hkv, bias, B, T, dtype, scale, masked):
+    """The student's layer holding random weights, against the exact answer (float64): with
+    mask=None (causal), or (masked) with given boolean masks."""
+    what = "GroupedQueryAttention(d_model, n_heads, n_kv_heads, bias)"
+    state = _random_state(rng, D, H, Hkv, bias, dtype)
+    state64 = {k: v.astype(np.float64) for k, v in state.items()}
+    module = _reference_module(state64, D, H, Hkv, bias, np.float64)
+    h = _module(s, D, H, Hkv, bias=bias)
+    _expect_projections(s, h, D, H, Hkv, bias, what)
+    if dtype == np.float64:
+        h = s.call((h, "double"))
+    # buffers of the student's own (a registered causal mask, say) keep their values
+    extra = {k: v.data for k, v in s.state(h).items() if k not in state and isinstance(v, Array)}
+    s.load(h, {**extra, **state})
+    x = (rng.standard_normal((B, T, D)) * scale).astype(dtype)
+    masks = [_random_mask(rng, (T, T), T)] + ([_random_mask(rng, (B, 1, T, T), T)] if Hkv not in (1, H) else []) \
+        if masked else [None]
+    name = np.dtype(dtype).name
+    for mask in masks:
+        call = "attn(x)" if mask is None else f"attn(x, mask) with a mask of shape {mask.shape}"
+        got = s.call(h, tensor(x)) if mask is None else s.call(h, tensor(x), mask=tensor(mask))
+        with torch.no_grad():
+            want = reference(module(torch.from_numpy(x.astype(np.float64)),
+                                    mask=None if mask is None else torch.from_numpy(mask)), dtype=name)
+        mistakes = [(m, Array(w.kind, name, w.data)) for m, w in _forward_mistakes(state64, x.astype(np.float64),
+                                                                                  H, Hkv, mask)]
+        expect_array(got, want, call, mistakes=mistakes, cond=scale, axes=("B", "T", "D"),
+                     nan_hint="mask the scores with -inf before the softmax (no row here is fully masked)")
+
+
+# (D, H, Hkv, bias, B, T, dtype, scale of x): grouped-query, multi-head (Hkv == H), multi-query (Hkv == 1)
+FORWARD_CASES = [(24, 6, 2, True, 2, 7, np.float32, 1.0), (24, 6, 3, False, 3, 5, np.float64, 1.0),
+                 (32, 8, 8, True, 2, 6, np.float32, 1.0), (32, 8, 1, False, 2, 5, np.float64, 1.0),
+                 (48, 12, 4, True, 2, 9, np.float64, 4.0)]
+
+
+@CHECKS.add("GroupedQueryAttention", isolate=["repeat_kv"],
+            aspects={"causal self-attention": 3, "given masks": 1, "attributes and bias": 1, "errors": 1})
 def GroupedQueryAttention(s):
     rng = s.rng
-    what = "GroupedQueryAttention(d_model, n_heads, n_kv_heads, bias)"
-
-    # construction: sizes, attributes, the bias default
-    for D, H, Hkv, bias in [(24, 6, 2, True), (32, 8, 1, False), (16, 4, 4, True)]:
-        h = _module(s, D, H, Hkv, bias=bias)
-        _expect_attributes(s, h, D, H, Hkv, what)
-        _expect_projections(s, h, D, H, Hkv, bias, what)
-    _expect_projections(s, _module(s, 24, 6, 3), 24, 6, 3, False, "GroupedQueryAttention(d_model, n_heads, n_kv_heads)")
-
-    # bad sizes
-    for D, H, Hkv in [(24, 6, 4), (32, 8, 3), (24, 6, 12)]:
-        with expect_error("ValueError", "GroupedQueryAttention with n_heads % n_kv_heads != 0 (the query heads "
-                                        "cannot be split into equal groups)"):
-            s.call("GroupedQueryAttention", D, H, Hkv)
-    for D, H, Hkv in [(24, 5, 1), (30, 4, 2), (24, 9, 3)]:
-        with expect_error("ValueError", "GroupedQueryAttention with d_model % n_heads != 0"):
-            s.call("GroupedQueryAttention", D, H, Hkv)
-
-    # forward: mask None (causal) and given masks; GQA, MHA (Hkv == H) and MQA (Hkv == 1)
-    for D, H, Hkv, bias, B, T, dtype, scale in [(24, 6, 2, True, 2, 7, np.float32, 1.0),
-                                                 (24, 6, 3, False, 3, 5, np.float64, 1.0),
-                                                 (32, 8, 8, True, 2, 6, np.float32, 1.0),
-                                                 (32, 8, 1, False, 2, 5, np.float64, 1.0),
-                                                 (48, 12, 4, True, 2, 9, np.float64, 4.0)]:
-        state = _random_state(rng, D, H, Hkv, bias, dtype)
-        module = _reference_module(state, D, H, Hkv, bias, dtype)
-        h = _module(s, D, H, Hkv, bias=bias)
-        _expect_projections(s, h, D, H, Hkv, bias, what)
-        if dtype == np.float64:
-            h = s.call((h, "double"))
-        # buffers of the student's own (a registered causal mask, say) keep their values
-        extra = {k: v.data for k, v in s.state(h).items() if k not in state and isinstance(v, Array)}
-        s.load(h, {**extra, **state})
-        x = (rng.standard_normal((B, T, D)) * scale).astype(dtype)
-        masks = [None, _random_mask(rng, (T, T), T)]
-        if Hkv not in (1, H):
-            masks.append(_random_mask(rng, (B, 1, T, T), T))
-        for mask in masks:
-            call = "attn(x)" if mask is None else f"attn(x, mask) with a mask of shape {mask.shape}"
-            got = s.call(h, tensor(x)) if mask is None else s.call(h, tensor(x), mask=tensor(mask))
-            with torch.no_grad():
-                want = reference(module(torch.from_numpy(x), mask=None if mask is None else torch.from_numpy(mask)))
-            expect_array(got, want, call, mistakes=_forward_mistakes(state, x, H, Hkv, mask),
-                         nan_hint="mask the scores with -inf before the softmax (no row here is fully masked)")
-            # the same layer through PyTorch's own grouped-query attention
-            expect_array(got, reference(_sdpa_forward(state, x, H, Hkv, mask=mask)),
-                         f"{call} compared with F.scaled_dot_product_attention(..., enable_gqa=True)")
+    with s.aspect("causal self-attention"):
+        for case in FORWARD_CASES:
+            _expect_forward(s, rng, *case, masked=False)
+    with s.aspect("given masks"):
+        for case in FORWARD_CASES[:4]:
+            _expect_forward(s, rng, *case, masked=True)
+    with s.aspect("attributes and bias"):
+        what = "GroupedQueryAttention(d_model, n_heads, n_kv_heads, bias)"
+        for D, H, Hkv, bias in [(24, 6, 2, True), (32, 8, 1, False), (16, 4, 4, True)]:
+            h = _module(s, D, H, Hkv, bias=bias)
+            _expect_attributes(s, h, D, H, Hkv, what)
+            _expect_projections(s, h, D, H, Hkv, bias, what)
+        _expect_projections(s, _module(s, 24, 6, 3), 24, 6, 3, False,
+                            "GroupedQueryAttention(d_model, n_heads, n_kv_heads)")
+    with s.aspect("errors"):
+        for D, H, Hkv in [(24, 6, 4), (32, 8, 3), (24, 6, 12)]:
+            with expect_error("ValueError", "GroupedQueryAttention with n_heads % n_kv_heads != 0 (the query heads "
+                                            "cannot be split into equal groups)"):
+                s.call("GroupedQueryAttention", D, H, Hkv)
+        for D, H, Hkv in [(24, 5, 1), (30, 4, 2), (24, 9, 3)]:
+            with expect_error("ValueError", "GroupedQueryAttention with d_model % n_heads != 0"):
+                s.call("GroupedQueryAttention", D, H, Hkv)
 
 
 # ---- mha_to_gqa ------------------------------------------------------------------------------
@@ -235,59 +247,81 @@ POOL_MISTAKES = [
 ]
 
 
-@CHECKS.add("mha_to_gqa", isolate=["GroupedQueryAttention"])
+def _expect_conversion(s, rng, D, H, Hkv, bias, dtype, keys):
+    """mha_to_gqa on a multi-head shell holding random weights; compares the result's `keys`
+    ("weight", "bias") with the exact pooling. Returns the shell and the weights it was given."""
+    Dh = D // H
+    weights = {n: (rng.standard_normal((D, D)) * 0.3).astype(dtype) for n in PROJECTIONS}
+    biases = {n: (rng.standard_normal(D) * 0.3).astype(dtype) if bias else None for n in PROJECTIONS}
+    shell = s.helper("AttentionShell", {n: (tensor(weights[n]), None if biases[n] is None else tensor(biases[n]))
+                                        for n in PROJECTIONS}, d_model=D, n_heads=H, head_dim=Dh)
+    mha = ref.GroupedQueryAttention(D, H, H, bias=bias).double()
+    mha.load_state_dict({f"{n}.{p}": torch.from_numpy(a.astype(np.float64)) for n in PROJECTIONS
+                         for p, a in (("weight", weights[n]), ("bias", biases[n])) if a is not None})
+    name = np.dtype(dtype).name
+    want = {k: reference(v, dtype=name) for k, v in ref.mha_to_gqa(mha, Hkv).state_dict().items()}
+
+    got = s.call("mha_to_gqa", shell, Hkv)
+    what = "mha_to_gqa(mha, n_kv_heads)"
+    if not isinstance(got, Handle):
+        fail(f"{what} should return a GroupedQueryAttention module, but returned {kind_of(got)}")
+    _expect_attributes(s, got, D, H, Hkv, f"the GroupedQueryAttention that {what} returns")
+    state = s.state(got)
+    if "bias" in keys:
+        if bias and "k_proj.bias" not in state:
+            fail(f"{what}: you dropped the biases. mha has biases, so the result must have them too: pass "
+                 f"bias=True to GroupedQueryAttention (its default is False) and pool the key and value biases "
+                 f"like the weights")
+        if not bias and any(k.endswith(".bias") for k in state):
+            fail(f"{what}: mha has no biases, so the result must not have any: pass bias=False")
+    for key, wanted in want.items():
+        name, part = key.split(".")
+        if part not in keys:
+            continue
+        got_t = state.get(key)
+        if got_t is None:
+            fail(f"{what}: the result's state_dict has no {key}")
+        if isinstance(got_t, Array) and got_t.dtype != wanted.dtype:
+            fail(f"{what}: the result holds {got_t.dtype} weights, but mha's are {wanted.dtype}: build it in "
+                 f"mha's dtype (and device), e.g. with .to(mha.q_proj.weight)")
+        mistakes = []
+        if name in ("k_proj", "v_proj"):
+            src = torch.from_numpy((weights if part == "weight" else biases)[name].astype(np.float64))
+            other = torch.from_numpy((weights if part == "weight" else biases)[
+                "v_proj" if name == "k_proj" else "k_proj"].astype(np.float64))
+            mistakes = [(m, reference(_pool(src, Hkv, Dh, how), dtype=wanted.dtype)) for how, m in POOL_MISTAKES]
+            mistakes.append((f"{name} must be pooled from mha.{name}; you swapped keys and values",
+                             reference(_pool(other, Hkv, Dh, "mean"), dtype=wanted.dtype)))
+            hint = f"{name} holds the mean of each group's {name} heads"
+        else:
+            hint = f"copy {name} unchanged from mha"
+        expect_array(got_t, wanted, f"{what}: {key}", mistakes=mistakes, hint=hint)
+    return shell, weights, biases
+
+
+@CHECKS.add("mha_to_gqa", isolate=["GroupedQueryAttention"],
+            aspects={"pooled weights": 3, "biases": 1, "dtype": 1, "mha left unchanged": 1})
 def mha_to_gqa(s):
     rng = s.rng
     # The first case has n_rep == n_kv_heads, where pooling over the wrong axis still has the right shape.
-    for D, H, Hkv, bias, dtype in [(24, 4, 2, True, np.float32), (24, 6, 2, True, np.float64),
-                                   (24, 6, 3, False, np.float64), (32, 8, 4, True, np.float32),
-                                   (32, 8, 1, True, np.float64), (16, 4, 4, False, np.float32)]:
-        Dh = D // H
-        weights = {n: (rng.standard_normal((D, D)) * 0.3).astype(dtype) for n in PROJECTIONS}
-        biases = {n: (rng.standard_normal(D) * 0.3).astype(dtype) if bias else None for n in PROJECTIONS}
-        shell = s.helper("AttentionShell", {n: (tensor(weights[n]), None if biases[n] is None else tensor(biases[n]))
-                                            for n in PROJECTIONS}, d_model=D, n_heads=H, head_dim=Dh)
-        mha = ref.GroupedQueryAttention(D, H, H, bias=bias).to(getattr(torch, np.dtype(dtype).name))
-        mha.load_state_dict({f"{n}.{p}": torch.from_numpy(a) for n in PROJECTIONS
-                             for p, a in (("weight", weights[n]), ("bias", biases[n])) if a is not None})
-        want = reference(dict(ref.mha_to_gqa(mha, Hkv).state_dict()))
-
-        got = s.call("mha_to_gqa", shell, Hkv)
-        what = "mha_to_gqa(mha, n_kv_heads)"
-        if not isinstance(got, Handle):
-            fail(f"{what} should return a GroupedQueryAttention module, but returned {kind_of(got)}")
-        _expect_attributes(s, got, D, H, Hkv, f"the GroupedQueryAttention that {what} returns")
-        state = s.state(got)
-        if bias and "k_proj.bias" not in state:
-            fail(f"{what}: you dropped the biases. mha has biases, so the result must have them too (bias=True), "
-                 f"the key and value biases pooled like the weights")
-        if not bias and any(k.endswith(".bias") for k in state):
-            fail(f"{what}: mha has no biases, so the result must not have any (bias=False)")
-        for key, wanted in want.items():
-            got_t = state.get(key)
-            if isinstance(got_t, Array) and got_t.dtype != wanted.dtype:
-                fail(f"{what}: the result holds {got_t.dtype} weights, but mha's are {wanted.dtype}: build it in "
-                     f"mha's dtype (and device), e.g. with .to(mha.q_proj.weight)")
-            name, part = key.split(".")
-            mistakes = []
-            if name in ("k_proj", "v_proj"):
-                src = torch.from_numpy(weights[name] if part == "weight" else biases[name])
-                other = torch.from_numpy((weights if part == "weight" else biases)["v_proj" if name == "k_proj" else "k_proj"])
-                mistakes = [(m, reference(_pool(src, Hkv, Dh, how))) for how, m in POOL_MISTAKES]
-                mistakes.append((f"{name} must be pooled from mha.{name}; you swapped keys and values",
-                                 reference(_pool(other, Hkv, Dh, "mean"))))
-                hint = f"{name} holds the mean of each group's {name} heads"
-            else:
-                hint = f"copy {name} unchanged from mha"
-            if got_t is None:
-                fail(f"{what}: the result's state_dict has no {key}")
-            expect_array(got_t, wanted, f"{what}: {key}", mistakes=mistakes, hint=hint)
-        # mha itself stays as it was
+    with s.aspect("pooled weights"):
+        for D, H, Hkv, bias in [(24, 4, 2, True), (32, 8, 4, False), (16, 4, 4, False), (24, 6, 2, True),
+                                (32, 8, 1, True)]:
+            _expect_conversion(s, rng, D, H, Hkv, bias, np.float32, ("weight",))
+    with s.aspect("biases"):
+        for D, H, Hkv, bias in [(24, 6, 3, True), (16, 4, 2, False)]:
+            _expect_conversion(s, rng, D, H, Hkv, bias, np.float32, ("weight", "bias"))
+    with s.aspect("dtype"):
+        for D, H, Hkv, bias in [(24, 6, 2, True), (24, 6, 3, False)]:
+            _expect_conversion(s, rng, D, H, Hkv, bias, np.float64, ("weight", "bias"))
+    with s.aspect("mha left unchanged"):
+        shell, weights, biases = _expect_conversion(s, rng, 24, 6, 2, True, np.float32, ("weight",))
         after = s.state(shell)
         for n in PROJECTIONS:
             for p, a in (("weight", weights[n]), ("bias", biases[n])):
-                if a is not None and not np.array_equal(after[f"{n}.{p}"].data, a):
-                    fail(f"{what} changed mha's own {n}.{p}: build a new module and leave mha as it was")
+                if not np.array_equal(after[f"{n}.{p}"].data, a):
+                    fail(f"mha_to_gqa(mha, n_kv_heads) changed mha's own {n}.{p}: build a new module and leave "
+                         f"mha as it was")
 
 
 # ---- kv_cache_bytes ----------------------------------------------------------------------------

@@ -91,64 +91,77 @@ def _expect_full(s, cache, k, v, n):
              "check that the new positions fit before changing anything")
 
 
-@CHECKS.add("KVCache")
+def _drawer(rng, B, Hkv, Dh, dtype):
+    def draw(t):
+        return (rng.standard_normal((B, Hkv, t, Dh)).astype(dtype), rng.standard_normal((B, Hkv, t, Dh)).astype(dtype))
+    return draw
+
+
+def _expect_updates(s, cache, draw, max_len, steps, dtype):
+    """A new cache, then updates of the given sizes; returns what it holds (keys, values)."""
+    expect_int(s.helper("len", cache), 0, "len(cache) of a new cache", mistakes=[
+        ("len(cache) is the number of cached positions (0 for a new cache), not max_seq_len", max_len)])
+    B, Hkv, _, Dh = draw(0)[0].shape
+    cached_k = cached_v = np.zeros((B, Hkv, 0, Dh), dtype)
+    over_k, over_v = np.zeros((B, Hkv, max_len, Dh), dtype), np.zeros((B, Hkv, max_len, Dh), dtype)
+    for i, t in enumerate(steps):
+        k, v = draw(t)
+        over_k[:, :, :t], over_v[:, :, :t] = k, v  # a cache that always writes at position 0
+        got = _update(s, cache, k, v)
+        _expect_update(got, cached_k, cached_v, k, v, max_len, (over_k, over_v), dtype)
+        cached_k, cached_v = np.concatenate([cached_k, k], 2), np.concatenate([cached_v, v], 2)
+        _expect_len(s, cache, cached_k.shape[2], "len(cache) after update", max_len, i + 1, t)
+    return cached_k, cached_v
+
+
+def _expect_reset(s, cache, draw, cached_k):
+    """reset() empties the cache; the next update starts again at position 0."""
+    s.call((cache, "reset"))
+    expect_int(s.helper("len", cache), 0, "len(cache) after reset()",
+               mistakes=[("reset() did not reset the cache: len(cache) must be 0 after it", cached_k.shape[2])])
+    k, v = draw(2)
+    got = _update(s, cache, k, v)
+    expect_array(got[0], _tensor(k), "the keys returned by the first update after reset()", mistakes=[
+        ("reset() did not reset the cache: the earlier positions are still returned",
+         _tensor(np.concatenate([cached_k, k], 2)))])
+    expect_array(got[1], _tensor(v), "the values returned by the first update after reset()")
+
+
+def _expect_fill(s, cache, draw, max_len):
+    """A new cache filled to two short of max_seq_len; then 3 more do not fit, 2 fit exactly, 1 more does not."""
+    cached_k, cached_v = draw(max_len - 2)
+    _update(s, cache, cached_k, cached_v)
+    _expect_full(s, cache, *draw(3), max_len - 2)
+    k, v = draw(2)
+    try:
+        got = _update(s, cache, k, v)
+    except StudentError as e:
+        if e.is_a("ValueError"):
+            fail("a cache may be filled to exactly max_seq_len positions: raise only when "
+                 "len(cache) + T_new > max_seq_len")
+        raise
+    for part, want, name in ((got[0], np.concatenate([cached_k, k], 2), "keys"),
+                             (got[1], np.concatenate([cached_v, v], 2), "values")):
+        expect_array(part, _tensor(want), f"the {name} returned by the update that fills the cache")
+    _expect_full(s, cache, *draw(1), max_len)
+
+
+@CHECKS.add("KVCache", aspects={"update and len": 3, "reset": 1, "full cache": 1, "dtype": 1})
 def KVCache(s):
     rng = s.rng
-    # (dtype, (B, Hkv, Dh, max_seq_len), the sizes of the first updates)
-    for dtype, (B, Hkv, Dh, max_len), steps in (("float32", (2, 3, 4, 12), (5, 1, 3)),
-                                                ("float64", (3, 2, 8, 9), (1, 1, 4))):
-        if dtype == "float32":  # the default dtype
-            cache = s.call("KVCache", B, max_len, Hkv, Dh)
-        else:
-            cache = s.call("KVCache", B, max_len, Hkv, Dh, dtype=DType(dtype), device="cpu")
-        expect_int(s.helper("len", cache), 0, "len(cache) of a new cache", mistakes=[
-            ("len(cache) is the number of cached positions (0 for a new cache), not max_seq_len", max_len)])
-
-        def draw(t):
-            return (rng.standard_normal((B, Hkv, t, Dh)).astype(dtype),
-                    rng.standard_normal((B, Hkv, t, Dh)).astype(dtype))
-
-        empty = np.zeros((B, Hkv, 0, Dh), dtype)
-        cached_k, cached_v = empty, empty
-        over_k, over_v = np.zeros((B, Hkv, max_len, Dh), dtype), np.zeros((B, Hkv, max_len, Dh), dtype)
-        for i, t in enumerate(steps):
-            k, v = draw(t)
-            over_k[:, :, :t], over_v[:, :, :t] = k, v  # a cache that always writes at position 0
-            got = _update(s, cache, k, v)
-            _expect_update(got, cached_k, cached_v, k, v, max_len, (over_k, over_v), dtype)
-            cached_k, cached_v = np.concatenate([cached_k, k], 2), np.concatenate([cached_v, v], 2)
-            _expect_len(s, cache, cached_k.shape[2], "len(cache) after update", max_len, i + 1, t)
-
-        # reset() empties it; the next update starts again at position 0
-        s.call((cache, "reset"))
-        expect_int(s.helper("len", cache), 0, "len(cache) after reset()",
-                   mistakes=[("reset() did not reset the cache: len(cache) must be 0 after it", cached_k.shape[2])])
-        k, v = draw(2)
-        got = _update(s, cache, k, v)
-        expect_array(got[0], _tensor(k), "the keys returned by the first update after reset()", mistakes=[
-            ("reset() did not reset the cache: the earlier positions are still returned",
-             _tensor(np.concatenate([cached_k, k], 2)))])
-        expect_array(got[1], _tensor(v), "the values returned by the first update after reset()")
-        cached_k, cached_v = k, v
-
-        # fill up to two short of max_seq_len; then 3 more do not fit, 2 fit exactly, 1 more does not
-        k, v = draw(max_len - 4)
-        got = _update(s, cache, k, v)
-        cached_k, cached_v = np.concatenate([cached_k, k], 2), np.concatenate([cached_v, v], 2)
-        expect_array(got[0], _tensor(cached_k), "the keys returned by update")
-        _expect_full(s, cache, *draw(3), max_len - 2)
-        k, v = draw(2)
-        try:
-            got = _update(s, cache, k, v)
-        except StudentError as e:
-            if e.is_a("ValueError"):
-                fail("a cache may be filled to exactly max_seq_len positions: raise only when "
-                     "len(cache) + T_new > max_seq_len")
-            raise
-        for part, want, name in ((got[0], np.concatenate([cached_k, k], 2), "keys"),
-                                 (got[1], np.concatenate([cached_v, v], 2), "values")):
-            expect_array(part, _tensor(want), f"the {name} returned by the update that fills the cache")
-        _expect_full(s, cache, *draw(1), max_len)
+    B, Hkv, Dh, max_len = 2, 3, 4, 12
+    draw = _drawer(rng, B, Hkv, Dh, "float32")
+    with s.aspect("update and len"):
+        cache = s.call("KVCache", B, max_len, Hkv, Dh)  # float32, the default dtype
+        cached_k, _ = _expect_updates(s, cache, draw, max_len, (5, 1, 3), "float32")
+    with s.aspect("reset"):
+        _expect_reset(s, cache, draw, cached_k)
+    with s.aspect("full cache"):  # a new cache: a broken reset() costs only its own share
+        _expect_fill(s, s.call("KVCache", B, max_len, Hkv, Dh), draw, max_len)
+    with s.aspect("dtype"):
+        B, Hkv, Dh, max_len = 3, 2, 8, 9
+        cache = s.call("KVCache", B, max_len, Hkv, Dh, dtype=DType("float64"), device="cpu")
+        _expect_updates(s, cache, _drawer(rng, B, Hkv, Dh, "float64"), max_len, (1, 1, 4), "float64")
 
 
 # ---- attend_with_cache ---------------------------------------------------------------------
@@ -166,8 +179,9 @@ def _shell_parts(rng, D, H, Hkv, bias, dtype):
 
 
 @torch.no_grad()
-def _cached_mistakes(shell, x, k_prev, v_prev):
-    """(message, output) of the usual mistakes for new tokens x, with k_prev, v_prev cached."""
+def _cached_mistakes(shell, x, k_prev, v_prev, dtype):
+    """(message, output) of the usual mistakes for new tokens x, with k_prev, v_prev cached
+    (all float64), each labelled with the dtype the student computes in."""
     B, T, D = x.shape
     H, Hkv, Dh = shell.n_heads, shell.n_kv_heads, shell.head_dim
     q = shell.q_proj(x).view(B, T, H, Dh).transpose(1, 2)
@@ -185,7 +199,7 @@ def _cached_mistakes(shell, x, k_prev, v_prev):
     def attend(kk, vv, mask, expand=interleave, scale=None, project=True):
         out = F.scaled_dot_product_attention(q, expand(kk), expand(vv), attn_mask=mask, scale=scale)
         out = out.transpose(1, 2).reshape(B, T, D)
-        return reference(shell.out_proj(out) if project else out)
+        return reference(shell.out_proj(out) if project else out, dtype=dtype)
 
     ones = torch.ones(T, Tk, dtype=torch.bool)
     right = ones.tril(Tk - T)
@@ -207,61 +221,70 @@ def _cached_mistakes(shell, x, k_prev, v_prev):
     return cases
 
 
-@CHECKS.add("attend_with_cache", isolate=["repeat_kv"])
+def _expect_cached_run(s, rng, dtype, B, D, H, Hkv, bias, chunks):
+    """attend_with_cache over successive chunks of one sequence (a prefill, then decode steps or
+    chunks), on a correct cache; compared with the exact answer, computed here in float64."""
+    Dh = D // H
+    parts = _shell_parts(rng, D, H, Hkv, bias, dtype)
+    sizes = dict(d_model=D, n_heads=H, n_kv_heads=Hkv, head_dim=Dh)
+    shell = s.helper("AttentionShell", {n: (tensor(w), None if b is None else tensor(b))
+                                        for n, (w, b) in parts.items()}, **sizes)
+    cache = s.helper("ListCache")
+    as64 = lambda a: torch.from_numpy(a.astype(np.float64))  # noqa: E731
+    ref_shell = helpers.AttentionShell({n: (as64(w), None if b is None else as64(b)) for n, (w, b) in parts.items()},
+                                       **sizes)
+    ref_cache = helpers.ListCache()
+    x_all = rng.standard_normal((B, sum(chunks), D)).astype(dtype)
+    outs, start = [], 0
+    for T in chunks:
+        x = x_all[:, start:start + T]
+        k_prev = ref_cache.k if ref_cache.k is not None else torch.zeros(B, Hkv, 0, Dh, dtype=torch.float64)
+        v_prev = ref_cache.v if ref_cache.v is not None else torch.zeros_like(k_prev)
+        mistakes = _cached_mistakes(ref_shell, as64(x), k_prev, v_prev, dtype)
+        with torch.no_grad():
+            want = reference(ref.attend_with_cache(ref_shell, as64(x), ref_cache), dtype=dtype)
+        try:
+            got = s.call("attend_with_cache", shell, tensor(x), cache)
+        except StudentError as e:
+            if start > 0 and T > 1:
+                fail(f"your code raised {e.type} on a chunk of several new tokens with earlier tokens cached: "
+                     f"{e.message}. The mask must have shape (T, Tk), new queries x all cached keys, aligned "
+                     "bottom-right; a square (T, T) mask does not fit once the cache holds earlier keys")
+            raise
+        expect_array(got, want, "attend_with_cache(attn, x, cache)", mistakes, axes=("B", "T", "D"),
+                     hint="project the new tokens, append their keys and values to the cache, and let the new "
+                          "queries attend to all cached keys with the bottom-right causal mask")
+        start += T
+        if s.helper("len", cache) != start:
+            fail("attend_with_cache must append the new keys and values to the cache (cache.update(k, v)) "
+                 "once per call: after a call with T new tokens, len(cache) should have grown by T")
+        outs.append(got.data)
+    expect_array(s.get(cache, "k"), reference(ref_cache.k, dtype=dtype), "the keys appended to the cache",
+                 mistakes=[("you appended the values where the keys go: cache.update(k, v)",
+                            reference(ref_cache.v, dtype=dtype))],
+                 hint="append keys of shape (B, Hkv, T, Dh): view the projection as (B, T, Hkv, Dh), "
+                      "then transpose(1, 2)")
+    # prefill + decode equals causal attention over the whole sequence at once
+    full = ref_gqa.GroupedQueryAttention(D, H, Hkv, bias=bias).double()
+    full.load_state_dict(ref_shell.state_dict())
+    with torch.no_grad():
+        want_full = reference(full(as64(x_all)), dtype=dtype)
+    expect_array(_tensor(np.concatenate(outs, axis=1)), want_full,
+                 "the outputs of a prefill followed by decode steps, put together,", axes=("B", "T", "D"),
+                 hint="they must equal causal attention over the whole sequence at once")
+
+
+@CHECKS.add("attend_with_cache", isolate=["repeat_kv"], aspects={"prefill and decode steps": 3, "chunks": 1})
 def attend_with_cache(s):
     rng = s.rng
-    # (dtype, B, D, H, Hkv, bias, sizes of the successive calls: a prefill, then decode steps and chunks)
-    for dtype, B, D, H, Hkv, bias, chunks in (("float32", 2, 16, 4, 2, True, (5, 1, 1, 1)),
-                                              ("float64", 3, 24, 6, 3, False, (4, 3, 1, 2)),
-                                              ("float32", 2, 16, 4, 1, False, (1, 1, 1, 4)),
-                                              ("float64", 1, 16, 2, 2, True, (6, 1, 2))):
-        Dh = D // H
-        parts = _shell_parts(rng, D, H, Hkv, bias, dtype)
-        sizes = dict(d_model=D, n_heads=H, n_kv_heads=Hkv, head_dim=Dh)
-        shell = s.helper("AttentionShell", {n: (tensor(w), None if b is None else tensor(b))
-                                            for n, (w, b) in parts.items()}, **sizes)
-        cache = s.helper("ListCache")
-        ref_shell = helpers.AttentionShell({n: (torch.from_numpy(w), None if b is None else torch.from_numpy(b))
-                                            for n, (w, b) in parts.items()}, **sizes)
-        ref_cache = helpers.ListCache()
-        x_all = rng.standard_normal((B, sum(chunks), D)).astype(dtype)
-        outs, start = [], 0
-        for T in chunks:
-            x = x_all[:, start:start + T]
-            k_prev = ref_cache.k if ref_cache.k is not None else torch.zeros(B, Hkv, 0, Dh, dtype=getattr(torch, dtype))
-            v_prev = ref_cache.v if ref_cache.v is not None else torch.zeros_like(k_prev)
-            mistakes = _cached_mistakes(ref_shell, torch.from_numpy(x), k_prev, v_prev)
-            with torch.no_grad():
-                want = reference(ref.attend_with_cache(ref_shell, torch.from_numpy(x), ref_cache))
-            try:
-                got = s.call("attend_with_cache", shell, tensor(x), cache)
-            except StudentError as e:
-                if start > 0 and T > 1:
-                    fail(f"your code raised {e.type} on a chunk of several new tokens with earlier tokens cached: "
-                         f"{e.message}. The mask must have shape (T, Tk), new queries x all cached keys, aligned "
-                         "bottom-right; a square (T, T) mask does not fit once the cache holds earlier keys")
-                raise
-            expect_array(got, want, "attend_with_cache(attn, x, cache)", mistakes,
-                         hint="project the new tokens, append their keys and values to the cache, and let the new "
-                              "queries attend to all cached keys with the bottom-right causal mask")
-            start += T
-            if s.helper("len", cache) != start:
-                fail("attend_with_cache must append the new keys and values to the cache (cache.update(k, v)) "
-                     "once per call: after a call with T new tokens, len(cache) should have grown by T")
-            outs.append(got.data)
-        expect_array(s.get(cache, "k"), reference(ref_cache.k), "the keys appended to the cache",
-                     mistakes=[("you appended the values where the keys go: cache.update(k, v)",
-                                reference(ref_cache.v))],
-                     hint="append keys of shape (B, Hkv, T, Dh): view the projection as (B, T, Hkv, Dh), "
-                          "then transpose(1, 2)")
-        # prefill + decode equals causal attention over the whole sequence at once
-        full = ref_gqa.GroupedQueryAttention(D, H, Hkv, bias=bias).to(getattr(torch, dtype))
-        full.load_state_dict(ref_shell.state_dict())
-        with torch.no_grad():
-            want_full = reference(full(torch.from_numpy(x_all)))
-        expect_array(_tensor(np.concatenate(outs, axis=1)), want_full,
-                     "the outputs of a prefill followed by decode steps, put together,",
-                     hint="they must equal causal attention over the whole sequence at once")
+    # (dtype, B, D, H, Hkv, bias, sizes of the successive calls: a prefill, then decode steps or chunks)
+    with s.aspect("prefill and decode steps"):
+        for config in (("float32", 2, 16, 4, 2, True, (5, 1, 1, 1)), ("float64", 1, 16, 2, 2, True, (6, 1, 1)),
+                       ("float32", 2, 16, 4, 1, False, (1, 1, 1, 1))):
+            _expect_cached_run(s, rng, *config)
+    with s.aspect("chunks"):  # several new tokens with earlier ones cached (chunked prefill, speculative decoding)
+        for config in (("float64", 3, 24, 6, 3, False, (4, 3, 1, 2)), ("float32", 2, 16, 4, 1, False, (2, 1, 4))):
+            _expect_cached_run(s, rng, *config)
 
 
 # ---- generate ------------------------------------------------------------------------------
@@ -401,6 +424,8 @@ def _expect_count(got, want, T0, N):
     """Off by one in the loop, or the prompt left out."""
     if not (isinstance(got, Array) and got.kind == "tensor" and len(got.shape) == 2 and got.shape[0] == want.shape[0]):
         return
+    if got.shape[1] == T0 and N > 0 and np.array_equal(got.data, want.data[:, :T0]):
+        fail("generate returned only the prompt: append max_new_tokens new tokens to it, (B, T0 + max_new_tokens)")
     if got.shape[1] == N and N > 0 and np.array_equal(got.data, want.data[:, T0:]):
         fail("generate returned only the new tokens: return the prompt followed by them, (B, T0 + max_new_tokens)")
     if got.shape[1] == T0 + N + 1:
@@ -427,6 +452,8 @@ def _expect_generate(s, case, use_cache):
     want = reference(ref.generate(ProbeModel(vocab, max_len, seed), torch.from_numpy(prompt), N, use_cache=use_cache))
     if error is None:
         _expect_count(got, want, prompt.shape[1], N)
+    elif not calls:  # it raised before it ran the model: that is the mistake to show
+        raise error
     _diagnose_calls(calls, prompt.shape[1], N, use_cache)
     if error is not None:
         raise error

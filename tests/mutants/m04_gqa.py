@@ -72,6 +72,10 @@ def kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len, batch_size=1, bytes_
 
 MUTANTS = {
     "repeat_kv": [
+        ("constant: returns its input", "shape", '''
+def repeat_kv(x, n_rep):
+    return x
+'''),
         ("tiled with .repeat", "tiled", '''
 def repeat_kv(x, n_rep):
     return x.repeat(1, n_rep, 1, 1)
@@ -94,6 +98,11 @@ def repeat_kv(x, n_rep):
 '''),
     ],
     "GroupedQueryAttention": [
+        ("constant: forward returns zeros", "differs", gqa(
+            ("        B, T, D = x.shape\n", "        return torch.zeros_like(x)\n"))),
+        ("constant: raises ValueError for every input", "ValueError", gqa(
+            ("        if d_model % n_heads or n_heads % n_kv_heads:\n",
+             "        if True:\n"))),
         ("k_proj and v_proj sized D -> D", "D -> D", gqa(
             ("self.k_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=bias)",
              "self.k_proj = nn.Linear(d_model, d_model, bias=bias)"),
@@ -129,6 +138,14 @@ def repeat_kv(x, n_rep):
         ("no n_kv_heads attribute", "n_kv_heads", gqa(("self.n_kv_heads", "self.n_kv"))),
     ],
     "mha_to_gqa": [
+        ("constant: returns its input", "n_kv_heads", '''
+def mha_to_gqa(mha, n_kv_heads):
+    return mha
+'''),
+        ("constant: raises ValueError for every input", "ValueError", '''
+def mha_to_gqa(mha, n_kv_heads):
+    raise ValueError(f"cannot convert to {n_kv_heads} key/value heads")
+'''),
         ("first head instead of the mean", "first head", to_gqa(
             (".mean(1).reshape(n_kv_heads * Dh", "[:, 0].reshape(n_kv_heads * Dh"))),
         ("pooled over the wrong axis (strided groups)", "wrong axis", to_gqa(
@@ -151,6 +168,14 @@ def repeat_kv(x, n_rep):
             ("    return gqa\n", "        mha.k_proj.weight.zero_()\n    return gqa\n"))),
     ],
     "kv_cache_bytes": [
+        ("constant: returns 0", "right count", '''
+def kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len, batch_size=1, bytes_per_element=2):
+    return 0
+'''),
+        ("constant: raises ValueError for every input", "ValueError", '''
+def kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len, batch_size=1, bytes_per_element=2):
+    raise ValueError("unknown model")
+'''),
         ("keys only (factor 2 forgotten)", "2 tensors", '''
 def kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len, batch_size=1, bytes_per_element=2):
     return n_layers * n_kv_heads * head_dim * seq_len * batch_size * bytes_per_element

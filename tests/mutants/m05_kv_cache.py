@@ -46,6 +46,14 @@ def generate(model, prompt_ids, max_new_tokens, use_cache=True):
 
 MUTANTS = {
     "KVCache": [
+        ("constant: update raises ValueError for every input", "ValueError", _kv('''
+    def update(self, k, v):
+        raise ValueError("KV cache full")
+''')),
+        ("constant: update returns its input and caches nothing", "advance", _kv('''
+    def update(self, k, v):
+        return k, v
+''')),
         ("update overwrites from position 0", "position 0", _kv(_CHECKED + '''
         self.k[:, :, :k.size(2)] = k
         self.v[:, :, :v.size(2)] = v
@@ -158,6 +166,14 @@ class KVCache:
 ''')),
     ],
     "attend_with_cache": [
+        ("constant: returns zeros", "differs", '''
+def attend_with_cache(attn, x, cache):
+    return torch.zeros_like(x)
+'''),
+        ("constant: returns its input", "differs", '''
+def attend_with_cache(attn, x, cache):
+    return x
+'''),
         ("top-left mask (is_causal=True)", "top-left", _ATTEND + '''
     k_all, v_all = cache.update(k, v)
     out = F.scaled_dot_product_attention(q, k_all, v_all, is_causal=True, enable_gqa=True)
@@ -200,6 +216,14 @@ class KVCache:
 '''),
     ],
     "generate": [
+        ("constant: returns the prompt", "only the prompt", '''
+def generate(model, prompt_ids, max_new_tokens, use_cache=True):
+    return prompt_ids
+'''),
+        ("constant: raises ValueError for every input", "ValueError", '''
+def generate(model, prompt_ids, max_new_tokens, use_cache=True):
+    raise ValueError("no model")
+'''),
         ("ignores use_cache: always recomputes", "use_cache", '''
 @torch.no_grad()
 def generate(model, prompt_ids, max_new_tokens, use_cache=True):
