@@ -53,8 +53,10 @@ def concat_and_project(s):
             heads = rng.standard_normal((B, H, T, Dh)).astype(dtype)
             w_o = rng.standard_normal((H * Dh, H * Dh)).astype(dtype)
             got = call_named(s, "concat_and_project(heads, w_o)", "concat_and_project", tensor(heads), tensor(w_o))
-            expect_array(got, reference(ref.concat_and_project(as_torch(heads), as_torch(w_o))), "concat_and_project(heads, w_o)",
-                    lambda: _concat_mistakes(heads, w_o))
+            h64, w64 = as_torch(heads.astype(np.float64)), as_torch(w_o.astype(np.float64))
+            expect_array(got, reference(ref.concat_and_project(h64, w64), dtype=heads.dtype.name),
+                         "concat_and_project(heads, w_o)", lambda: _concat_mistakes(heads, w_o), axes=("B", "T", "D"),
+                         hint="out = concat(heads) @ w_o, head h's output in features h*Dh:(h+1)*Dh of the concatenation")
 
 
 # ---- MultiHeadAttention ---------------------------------------------------------------------
@@ -120,7 +122,7 @@ def _mha_mistakes(state, H, query, key, value, mask, value_arg_given):
 
 
 def _forward_cases(rng, D, H, dtype):
-    """(description, query, key or None, value or None, mask or None, need_weights)."""
+    """{aspect: [(description, query, key or None, value or None, mask or None, need_weights)]} beyond mha(x)."""
     B, T, Tk = 2, 5, 7
     x = rng.standard_normal((B, T, D)).astype(dtype)
     same_len = rng.standard_normal((B, T, D)).astype(dtype)
@@ -132,21 +134,26 @@ def _forward_cases(rng, D, H, dtype):
         m[..., 0], m[..., -1] = True, False  # never a fully masked row, and inverting it matters
         return m
 
-    return [
-        ("mha(x)", x, None, None, None, False),
-        ("mha(x, need_weights=True)", x, None, None, None, True),
-        ("mha(x, memory) (cross-attention)", x, same_len, None, None, False),
-        ("mha(x, memory, need_weights=True) (cross-attention, Tq != Tk)", x, memory, None, None, True),
-        ("mha(query, key, value, mask=mask) with a (Tq, Tk) mask", x, memory, value, random_mask((T, Tk)), False),
-        ("mha(query, key, value, mask=mask, need_weights=True) with a (B, 1, Tq, Tk) mask",
-         x, memory, value, random_mask((B, 1, T, Tk)), True),
-        ("mha(x, mask=causal_mask) (self-attention)", x, None, None, np.tril(np.ones((T, T), dtype=bool)), False),
-        ("mha(query, key, value, mask=mask, need_weights=True) with a per-head (B, H, Tq, Tk) mask",
-         x, memory, value, random_mask((B, H, T, Tk)), True),
-    ]
+    return x, {
+        "weights": [("mha(x, need_weights=True)", x, None, None, None, True),
+                    ("mha(query, key, value, need_weights=True) with Tq != Tk", x, memory, value, None, True)],
+        "cross-attention": [("mha(x, memory) (cross-attention)", x, same_len, None, None, False),
+                            ("mha(x, memory) (cross-attention, Tq != Tk)", x, memory, None, None, False)],
+        "masks": [("mha(query, key, value, mask=mask) with a (Tq, Tk) mask", x, memory, value, random_mask((T, Tk)), False),
+                  ("mha(x, mask=causal_mask) (self-attention)", x, None, None, np.tril(np.ones((T, T), dtype=bool)), False),
+                  ("mha(query, key, value, mask=mask) with a per-head (B, H, Tq, Tk) mask",
+                   x, memory, value, random_mask((B, H, T, Tk)), False),
+                  ("mha(query, key, value, mask=mask, need_weights=True) with a (B, 1, Tq, Tk) mask",
+                   x, memory, value, random_mask((B, 1, T, Tk)), True)],
+    }
 
 
-def _check_forward(s, mha, module, state, H, case):
+OUT_HINT = "out = out_proj(concat over heads of softmax(q_h k_h^T / sqrt(head_dim)) v_h)"
+
+
+def _check_forward(s, mha, module, state, H, case, weights=True):
+    """One call of the student's forward against the reference module. weights=False: with
+    need_weights=True only the output is compared (the weights are the "weights" aspect's)."""
     what, query, key, value, mask, need_weights = case
     args = [tensor(query)] + ([] if key is None else [tensor(key)]) + ([] if value is None else [tensor(value)])
     kwargs = {} if mask is None else {"mask": tensor(mask)}
@@ -160,70 +167,120 @@ def _check_forward(s, mha, module, state, H, case):
     got = call_named(s, what, mha, *args, **kwargs, hint=hint)
     k = query if key is None else key
     v = k if value is None else value
-    with torch.no_grad():
-        want_out, want_w = module(as_torch(query), as_torch(k), as_torch(v), mask=None if mask is None else as_torch(mask), need_weights=True)
-    want_out, want_w = reference(want_out), reference(want_w)
+    with torch.no_grad():  # the exact answer: the reference module in float64
+        want_out, want_w = module(*(as_torch(t.astype(np.float64)) for t in (query, k, v)),
+                                  mask=None if mask is None else as_torch(mask), need_weights=True)
+    want_out, want_w = reference(want_out, dtype=query.dtype.name), reference(want_w, dtype=query.dtype.name)
     mistakes = functools.cache(lambda: _mha_mistakes(state, H, query, k, v, mask, value is not None))
+    regions = None if mask is None else {"masked keys": ~np.broadcast_to(mask, want_w.shape)}
     if not need_weights:
         if isinstance(got, (tuple, list)):
             fail(f"{what} returned {kind_of(got)}: with need_weights=False (the default) return only out")
-        expect_array(got, want_out, f"the output of {what}", lambda: [(m, o) for m, (o, w) in mistakes()])
+        expect_array(got, want_out, f"the output of {what}", lambda: [(m, o) for m, (o, w) in mistakes()],
+                     axes=("B", "Tq", "D"), hint=OUT_HINT)
         return
-    out, weights = expect_pair(got, what)
-    if isinstance(weights, Array) and weights.shape == want_w.shape[:1] + want_w.shape[2:]:
-        fail(f"the weights of {what} have shape (B, Tq, Tk): return one pattern per head, (B, H, Tq, Tk), "
-             "and do not average over the heads (nn.MultiheadAttention averages by default; we don't)")
-    expect_array(weights, want_w, f"the weights of {what}", lambda: [(m, w) for m, (o, w) in mistakes()],
-            hint="softmax(q k^T / sqrt(head_dim)) per head, masked where mask is False")
-    expect_array(out, want_out, f"the output of {what}", lambda: [(m, o) for m, (o, w) in mistakes()])
+    if not weights and not (isinstance(got, (tuple, list)) and len(got) == 2):
+        return  # need_weights=True that gives no pair fails the "weights" aspect, not this one
+    out, w = expect_pair(got, what)
+    if weights:
+        if isinstance(w, Array) and w.shape == want_w.shape[:1] + want_w.shape[2:]:
+            fail(f"the weights of {what} have shape (B, Tq, Tk): return one pattern per head, (B, H, Tq, Tk), "
+                 "and do not average over the heads (nn.MultiheadAttention averages by default; we don't)")
+        expect_array(w, want_w, f"the weights of {what}", lambda: [(m, w) for m, (o, w) in mistakes()],
+                     hint="softmax(q k^T / sqrt(head_dim)) per head, masked where mask is False",
+                     axes=("B", "H", "Tq", "Tk"), regions=regions)
+    expect_array(out, want_out, f"the output of {what}", lambda: [(m, o) for m, (o, w) in mistakes()],
+                 axes=("B", "Tq", "D"), hint=OUT_HINT)
 
 
-def _check_structure(s, mha, D, H, bias):
-    if not isinstance(mha, Handle) or "torch.nn.modules.module.Module" not in mha.mro:
-        fail(f"MultiHeadAttention(d_model, n_heads) should build a torch.nn.Module, but gave {kind_of(mha)}")
+def _check_structure(s, mha, D, H):
+    """The attributes and the four projections' weights (biases are the "bias" aspect's)."""
     expect_int_attributes(s, mha, {"d_model": (D, "d_model"), "n_heads": (H, "n_heads"),
                                    "head_dim": (D // H, "d_model // n_heads")}, "MultiHeadAttention")
     state = s.state(mha)
     missing = [p for p in PROJ if f"{p}.weight" not in state]
     if missing:
         fail(f"MultiHeadAttention needs nn.Linear members q_proj, k_proj, v_proj, out_proj; missing: {', '.join(missing)}")
-    biases = [p for p in PROJ if f"{p}.bias" in state]
-    if bias and len(biases) < 4:
-        fail("with bias=True (the default) each of the four projections has a bias: nn.Linear(d_model, d_model, bias=bias)")
-    if not bias and biases:
-        fail("with bias=False the projections must have no bias: pass bias=bias to each nn.Linear")
-    expected = {f"{p}.{n}" for p in PROJ for n in (("weight", "bias") if bias else ("weight",))}
-    extra = sorted(set(state) - expected)
+    extra = sorted(k for k in state if k not in {f"{p}.{n}" for p in PROJ for n in ("weight", "bias")})
     if extra:
         fail(f"MultiHeadAttention's state_dict has unexpected entries {extra}: keep only the four projections "
              "(register helper buffers with persistent=False)")
-    for key in sorted(expected):
+    for key in sorted(state):
         want = (D, D) if key.endswith("weight") else (D,)
         if state[key].shape != want:
             fail(f"{key} has shape {state[key].shape}, but should have shape {want}: nn.Linear(d_model, d_model)")
 
 
-@CHECKS.add("MultiHeadAttention", isolate=["concat_and_project"])
+def _check_biases(s, mha, bias):
+    state = s.state(mha)
+    biases = [p for p in PROJ if f"{p}.bias" in state]
+    if bias and len(biases) < 4:
+        fail("with bias=True (the default) each of the four projections has a bias: nn.Linear(d_model, d_model, bias=bias)")
+    if not bias and biases:
+        fail("with bias=False the projections must have no bias: pass bias=bias to each nn.Linear")
+
+
+def _load(s, mha, state):
+    """Load `state` into the student's module; biases it has but should not get zeros (the "bias" aspect
+    reports them), so that one slip costs one share."""
+    have = s.state(mha)
+    full = dict(state)
+    for key, array in have.items():
+        if key.endswith(".bias") and key not in full and isinstance(array, Array):
+            full[key] = np.zeros(array.shape, dtype=state["q_proj.weight"].dtype)
+    if any(k not in have for k in full):
+        fail("the module has no bias to load the biases into: with bias=True (the default) each projection has a bias")
+    try:
+        s.load(mha, full)
+    except StudentError as e:
+        fail(f"could not load weights into MultiHeadAttention: {e.type}: {e.message}")
+
+
+CONFIGS = [(24, 6, False, np.float32), (16, 2, False, np.float64), (16, 4, True, np.float32), (12, 3, True, np.float64)]
+
+
+@CHECKS.add("MultiHeadAttention", isolate=["concat_and_project"],
+            aspects={"self-attention": 3, "cross-attention": 1, "masks": 1, "weights": 1, "bias": 1,
+                     "shapes and attributes": 1, "errors": 1})
 def MultiHeadAttention(s):
     rng = s.rng
-    for D, H in [(10, 3), (12, 5), (16, 3)]:
-        _expect_value_error(s, "MultiHeadAttention(d_model, n_heads) with d_model not divisible by n_heads",
-                            "MultiHeadAttention", D, H)
-    for D, H, bias, dtype in [(16, 4, True, np.float32), (24, 6, False, np.float32), (12, 3, True, np.float64),
-                              (16, 2, False, np.float64)]:
+    with s.aspect("errors"):
+        for D, H in [(10, 3), (12, 5), (16, 3)]:
+            _expect_value_error(s, "MultiHeadAttention(d_model, n_heads) with d_model not divisible by n_heads",
+                                "MultiHeadAttention", D, H)
+    for D, H, bias, dtype in CONFIGS:
         kwargs = {} if bias else {"bias": False}  # the default must be bias=True
         mha = call_named(s, "MultiHeadAttention(d_model, n_heads, bias)", "MultiHeadAttention", D, H, **kwargs)
-        _check_structure(s, mha, D, H, bias)
-        if dtype == np.float64:
-            call_named(s, "MultiHeadAttention(...).double()", (mha, "double"))
-        state = _random_state(rng, D, bias, dtype)
-        try:
-            s.load(mha, state)
-        except StudentError as e:
-            fail(f"could not load weights into MultiHeadAttention: {e.type}: {e.message}")
-        module = _reference_module(D, H, bias, state)
-        for case in _forward_cases(rng, D, H, dtype):
-            _check_forward(s, mha, module, state, H, case)
+        if not isinstance(mha, Handle) or "torch.nn.modules.module.Module" not in mha.mro:
+            fail(f"MultiHeadAttention(d_model, n_heads) should build a torch.nn.Module, but gave {kind_of(mha)}")
+        structure = ""  # what is wrong with the attributes may be why the forward fails
+        with s.aspect("shapes and attributes"):
+            try:
+                _check_structure(s, mha, D, H)
+            except AssertionError as e:
+                structure = f" (and {e})"
+                raise
+        with s.aspect("bias"):
+            _check_biases(s, mha, bias)
+        # self-attention without biases is the core; with biases it is the "bias" aspect, so that a
+        # forward that ignores the biases loses that share only
+        with s.aspect("bias" if bias else "self-attention"):
+            try:
+                if dtype == np.float64:
+                    call_named(s, "MultiHeadAttention(...).double()", (mha, "double"))
+                state = _random_state(rng, D, bias, dtype)
+                _load(s, mha, state)
+                module = _reference_module(D, H, bias, {k: v.astype(np.float64) for k, v in state.items()})
+                x, cases = _forward_cases(rng, D, H, dtype)
+                _check_forward(s, mha, module, state, H, ("mha(x)", x, None, None, None, False))
+            except AssertionError as e:
+                raise AssertionError(f"{e}{structure}") from None
+        if bias:
+            continue
+        for aspect, items in cases.items():
+            with s.aspect(aspect):
+                for case in items:
+                    _check_forward(s, mha, module, state, H, case, weights=aspect != "masks")
 
 
 # ---- load_torch_mha -------------------------------------------------------------------------
@@ -253,7 +310,7 @@ def _copy_mistakes(key, init, src):
     return right, [(m, reference(as_torch(np.ascontiguousarray(a)))) for m, a in out]
 
 
-@CHECKS.add("load_torch_mha")
+@CHECKS.add("load_torch_mha", aspects={"weights": 2, "biases": 1, "returns the module": 1})
 def load_torch_mha(s):
     rng = s.rng
     for D, H, bias in [(12, 3, True), (16, 4, False), (20, 5, True), (8, 2, True)]:
@@ -271,18 +328,21 @@ def load_torch_mha(s):
         shell = s.helper("AttentionShell",
                          {p: (tensor(init[f"{p}.weight"]), tensor(init[f"{p}.bias"]) if bias else None) for p in PROJ},
                          d_model=D, n_heads=H, head_dim=D // H)
-        got = call_named(s, "load_torch_mha(module, torch_mha)", "load_torch_mha", shell, tmha)
-        state = s.state(shell)
-        if set(state) != set(init):
-            fail(f"after load_torch_mha the module's state_dict has entries {sorted(state)}: copy the weights into the "
-                 "existing projections, don't add or remove any")
+        with s.aspect("weights"):
+            got = call_named(s, "load_torch_mha(module, torch_mha)", "load_torch_mha", shell, tmha)
+            state = s.state(shell)
+            if set(state) != set(init):
+                fail(f"after load_torch_mha the module's state_dict has entries {sorted(state)}: copy the weights into "
+                     "the existing projections, don't add or remove any")
         for key in sorted(init, key=lambda k: (k.endswith("bias"), PROJ.index(k.split(".")[0]))):  # weights first
-            right, mistakes = _copy_mistakes(key, init, src)
-            expect_array(state[key], reference(as_torch(right)), f"module.{key} after load_torch_mha", mistakes,
-                         hint="in_proj_weight = [W_q; W_k; W_v] (3D, D), in_proj_bias = [b_q; b_k; b_v]; "
-                              "out_proj is an nn.Linear")
-        if not isinstance(got, Handle) or "AttentionShell" not in got.type:
-            fail(f"load_torch_mha should return the module it filled in, but returned {kind_of(got)}")
+            with s.aspect("biases" if key.endswith("bias") else "weights"):
+                right, mistakes = _copy_mistakes(key, init, src)
+                expect_array(state[key], reference(as_torch(right)), f"module.{key} after load_torch_mha", mistakes,
+                             hint="in_proj_weight = [W_q; W_k; W_v] (3D, D), in_proj_bias = [b_q; b_k; b_v]; "
+                                  "out_proj is an nn.Linear")
+        with s.aspect("returns the module"):
+            if not isinstance(got, Handle) or "AttentionShell" not in got.type:
+                fail(f"load_torch_mha should return the module it filled in, but returned {kind_of(got)}")
 
 
 # ---- mha_param_count ------------------------------------------------------------------------
@@ -303,20 +363,23 @@ def _count_mistakes(D, H, bias):
             (square, per_head_square + 4 * D)]
 
 
-@CHECKS.add("mha_param_count", isolate=["MultiHeadAttention"])
+@CHECKS.add("mha_param_count", isolate=["MultiHeadAttention"], aspects={"count": 2, "bias=False": 1, "errors": 1})
 def mha_param_count(s):
     rng = s.rng
     cases = [(64, 8, True), (64, 8, False), (96, 12, True), (120, 4, False), (48, 16, True), (256, 1, True)]
     for _ in range(4):
         H = int(rng.integers(2, 17))
         cases.append((H * int(rng.integers(2, 65)), H, bool(rng.integers(0, 2))))
-    for D, H, bias in cases:
-        got = call_named(s, "mha_param_count(d_model, n_heads, bias)", "mha_param_count", D, H, bias=bias)
-        expect_int(got, ref.mha_param_count(D, H, bias), "mha_param_count(d_model, n_heads, bias)",
-                   mistakes=_count_mistakes(D, H, bias))
-    got = call_named(s, "mha_param_count(d_model, n_heads)", "mha_param_count", 80, 4)
-    expect_int(got, ref.mha_param_count(80, 4), "mha_param_count(d_model, n_heads) with bias left out",
-               mistakes=[("bias defaults to True: count the biases", 4 * 80 * 80)])
-    for D, H in [(10, 3), (100, 7), (64, 5)]:
-        _expect_value_error(s, "mha_param_count(d_model, n_heads) with d_model not divisible by n_heads",
-                            "mha_param_count", D, H)
+    for D, H, bias in sorted(cases, key=lambda c: not c[2]):  # the core (bias=True) first
+        with s.aspect("count" if bias else "bias=False"):
+            got = call_named(s, "mha_param_count(d_model, n_heads, bias)", "mha_param_count", D, H, bias=bias)
+            expect_int(got, ref.mha_param_count(D, H, bias), "mha_param_count(d_model, n_heads, bias)",
+                       mistakes=_count_mistakes(D, H, bias))
+    with s.aspect("count"):
+        got = call_named(s, "mha_param_count(d_model, n_heads)", "mha_param_count", 80, 4)
+        expect_int(got, ref.mha_param_count(80, 4), "mha_param_count(d_model, n_heads) with bias left out",
+                   mistakes=[("bias defaults to True: count the biases", 4 * 80 * 80)])
+    with s.aspect("errors"):
+        for D, H in [(10, 3), (100, 7), (64, 5)]:
+            _expect_value_error(s, "mha_param_count(d_model, n_heads) with d_model not divisible by n_heads",
+                                "mha_param_count", D, H)

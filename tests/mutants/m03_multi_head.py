@@ -41,6 +41,19 @@ def concat_and_project(heads, w_o):
 def concat_and_project(heads, w_o):
     return heads.sum(dim=1) @ w_o[:heads.shape[-1]]
 '''),
+        ("constant: returns zeros", "concat(heads) @ w_o", '''
+def concat_and_project(heads, w_o):
+    B, H, T, Dh = heads.shape
+    return heads.new_zeros(B, T, H * Dh)
+'''),
+        ("constant: returns its input", "shape", '''
+def concat_and_project(heads, w_o):
+    return heads
+'''),
+        ("constant: raises ValueError", "ValueError", '''
+def concat_and_project(heads, w_o):
+    raise ValueError("concat_and_project is not ready")
+'''),
     ],
     "MultiHeadAttention": [
         ("value defaults to query", "value must default to key",
@@ -79,6 +92,14 @@ def concat_and_project(heads, w_o):
          _mha(("self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads",
                "self.d_model, self.n_heads, self._dh = d_model, n_heads, d_model // n_heads\n"
                "        self.head_dim = d_model / n_heads"))),
+        ("constant: raises ValueError for every input", "ValueError",
+         _mha(("if d_model % n_heads:", "if True:"))),
+        ("constant: forward returns zeros", "softmax(q_h k_h^T / sqrt(head_dim))",
+         _mha(("key = query if key is None else key",
+               "if need_weights:\n"
+               "            return torch.zeros_like(query), query.new_zeros(query.size(0), self.n_heads, query.size(1),\n"
+               "                                                             (query if key is None else key).size(1))\n"
+               "        return torch.zeros_like(query)"))),
     ],
     "load_torch_mha": [
         ("q/k/v chunk order k, q, v", "chunk order", '''
@@ -160,6 +181,14 @@ def load_torch_mha(module, torch_mha):
             module.out_proj.bias.copy_(torch_mha.out_proj.bias)
     return module
 '''),
+        ("constant: returns the module unchanged", "was not copied", '''
+def load_torch_mha(module, torch_mha):
+    return module
+'''),
+        ("constant: raises ValueError", "ValueError", '''
+def load_torch_mha(module, torch_mha):
+    raise ValueError("load_torch_mha is not ready")
+'''),
     ],
     "mha_param_count": [
         ("biases forgotten", "biases", '''
@@ -209,6 +238,14 @@ def mha_param_count(d_model, n_heads, bias=True):
         raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
     head_dim = d_model / n_heads
     return 4 * d_model * head_dim * n_heads + (4 * d_model if bias else 0)
+'''),
+        ("constant: returns 0", "right count", '''
+def mha_param_count(d_model, n_heads, bias=True):
+    return 0
+'''),
+        ("constant: raises ValueError", "ValueError", '''
+def mha_param_count(d_model, n_heads, bias=True):
+    raise ValueError("mha_param_count is not ready")
 '''),
     ],
 }
