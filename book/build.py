@@ -2,12 +2,15 @@
 
 1. Run every lesson notebook (lessons/NN_name/NN_name.ipynb) with its reference solutions in a
    fresh python3 kernel (cwd: the lesson's folder), so that its figures are the reference's.
+   Figures are drawn at twice their size (matplotlib's 'retina' format).
 2. Make the student copy (autograder.release.student_copy with keep_outputs=True): solution code
    and hidden tests go, and so do the outputs of answer and test cells.
 3. Assemble the book's sources in book/_generated/: the static pages of book/, one page per
-   lesson, the API reference (signatures and docstrings of solutions/, never function bodies),
-   the benchmark results (every JSON under benchmarks/results/), and MathJax, fetched once with
-   npm (`npm pack mathjax@3`) into book/_build/.mathjax so that the site needs no other host.
+   lesson (the student copy, labelled and captioned for readers: see book_page), the lesson's
+   download (the release copy and its data files, zipped), the glossary, the API reference
+   (signatures and docstrings of solutions/, never function bodies), the benchmark results (every
+   JSON under benchmarks/results/, as tables and plots), and MathJax, fetched once with npm
+   (`npm pack mathjax@3`) into book/_build/.mathjax so that the site needs no other host.
 4. Run Jupyter Book (Sphinx) with warnings as errors; the site lands in book/_build/html.
 
 Options: --fresh (run every notebook again and rebuild every page), --jobs N (notebooks run in
@@ -16,18 +19,25 @@ parallel; default: the number of CPUs), --results DIR (preview other benchmark r
 """
 import argparse
 import ast
+import base64
 import concurrent.futures
+import copy
+import datetime
 import hashlib
 import importlib
 import inspect
+import io
 import json
 import os
+import platform
 import re
 import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
+import zipfile
 from pathlib import Path
 
 BOOK = Path(__file__).resolve().parent
@@ -43,11 +53,13 @@ MATHJAX_SPEC = "mathjax@3"
 MATHJAX_PARTS = ["tex-mml-chtml.js", "input", "output/chtml", "a11y", "ui", "sre"]
 RESULTS = ROOT / "benchmarks" / "results"
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".gif", ".svg"}
-CACHE_VERSION = "1"                      # bump when the way lessons are executed changes
+CACHE_VERSION = "2"                      # bump when the way lessons are executed changes
+# Figures at twice their size in pixels (shown at their size: sharp on any screen).
+KERNEL_ARGS = ["--InlineBackend.figure_formats=retina"]
 
 sys.path.insert(0, str(ROOT))
 from autograder import notebook as nbk  # noqa: E402
-from autograder.release import student_copy  # noqa: E402
+from autograder.release import release, student_copy  # noqa: E402
 
 
 def log(msg):
@@ -89,7 +101,7 @@ def execute_lesson(lesson, timeout=600):
     path = nbk.lesson_path(lesson)
     nb = nbformat.read(str(path), as_version=4)
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=False,
-                            resources={"metadata": {"path": str(path.parent)}})
+                            extra_arguments=KERNEL_ARGS, resources={"metadata": {"path": str(path.parent)}})
     try:
         client.execute()
     except CellExecutionError as e:
@@ -101,7 +113,26 @@ def execute_lesson(lesson, timeout=600):
         raise RuntimeError(f"{lesson}: {where} failed when run with the reference solutions: "
                            f"{e.ename}: {str(e.evalue)[:300]} (run the notebook to see the traceback)") from None
     log(f"  {lesson} ran in {time.perf_counter() - start:.1f} s")
-    return student_copy(json.loads(nbformat.writes(nb)), keep_outputs=True)
+    copy_ = student_copy(json.loads(nbformat.writes(nb)), keep_outputs=True)
+    copy_["metadata"]["book"] = {"machine": build_machine(), "date": datetime.date.today().isoformat()}
+    return copy_
+
+
+def build_machine():
+    """The machine the lessons ran on, in words (the book's timings come from it)."""
+    cpu = None
+    try:
+        cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith("model name")), None)
+    except OSError:
+        pass
+    words = f"{' '.join((cpu or platform.processor() or platform.machine()).split())}, {os.cpu_count()} logical CPU cores"
+    if shutil.which("nvidia-smi"):
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True)
+        gpus = out.stdout.split("\n")[0].strip() if out.returncode == 0 else ""
+        if gpus:
+            words += f", {gpus}"
+    return words
 
 
 def lesson_copies(lessons, jobs, fresh):
@@ -147,6 +178,220 @@ def lesson_assets(lesson):
     folder = nbk.lesson_path(lesson).parent
     return [f.relative_to(folder) for f in sorted(folder.rglob("*"))
             if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES and ".ipynb_checkpoints" not in f.parts]
+
+
+# --------------------------------------------------------------------------------------------
+# Lesson pages: the student copy, labelled and captioned for readers
+# --------------------------------------------------------------------------------------------
+
+VISIBLE_TESTS = re.compile(r"^\s*#\s*Visible tests:\s*(.+?)\s*$", re.I)
+# What a demo cell that measures time calls (its numbers are the build machine's).
+TIMING = re.compile(r"perf_counter|benchmark_ms|timeit|\bTimed\b|time\.time\(|cuda\.Event")
+# An object's default repr (`<torch._C.Generator object at 0x7f...>`): a memory address says nothing.
+ADDRESS_REPR = re.compile(r"^<[\w.]+ (object )?at 0x[0-9a-fA-F]+>$")
+IMAGE_MIME = {"image/svg+xml": ".svg", "image/png": ".png", "image/jpeg": ".jpg"}   # in order of preference
+
+
+def lesson_number(lesson):
+    return int(lesson.split("_", 1)[0])
+
+
+def visible_tests_summary(cell):
+    """The one-line summary a test cell's first line gives (`# Visible tests: ...`), or None."""
+    lines = nbk.source(cell).splitlines()
+    m = VISIBLE_TESTS.match(lines[0]) if lines else None
+    return m.group(1).replace("`", "") if m else None
+
+
+def figure_specs(cell):
+    """The cell's figure metadata (interfaces: {"caption", "alt"}, or a list of them), as a list."""
+    spec = cell.get("metadata", {}).get("figure")
+    specs = spec if isinstance(spec, list) else [spec] if spec else []
+    return [s if isinstance(s, dict) else {} for s in specs]
+
+
+def is_noise(out):
+    """An expression's value that is only an object's address (a cell ending in `torch.manual_seed(0)`)."""
+    data = out.get("data", {})
+    return out.get("output_type") == "execute_result" and set(data) == {"text/plain"} \
+        and bool(ADDRESS_REPR.match(nbk.source({"source": data["text/plain"]}).strip()))
+
+
+def one_line(text):
+    return " ".join(str(text).split())
+
+
+def markdown_output(text):
+    return {"output_type": "display_data", "metadata": {}, "data": {"text/markdown": text}}
+
+
+def figure_output(path, number, spec, width, machine):
+    """A figure as MyST (rendered by myst-nb): the image file, its alt text, number and caption."""
+    label = f"Figure {number}"
+    caption = one_line(spec.get("caption", ""))
+    if machine:
+        caption += f" Timed when this book was built, on {machine}; your own machine will differ."
+    alt = one_line(spec.get("alt", "")) or f"{label} (no description yet)"
+    lines = [f"```{{figure}} {path}", f":alt: {alt}"]
+    if width:
+        lines.append(f":width: {width}px")
+    lines += ["", f"**{label}.** {caption}".rstrip(), "```"]
+    return markdown_output("\n".join(lines) + "\n")
+
+
+def code_cell_for_readers(cell, lesson, figures, machine, files):
+    """A demo or provided code cell with readable outputs: address reprs dropped (myst-nb merges prints),
+    images as numbered figures with caption and alt text (files: {path: bytes} of the images)."""
+    specs = figure_specs(cell)
+    timed = machine if nbk.is_demo(cell) and TIMING.search(nbk.source(cell)) else None
+    outputs, drawn = [], 0
+    for out in cell.get("outputs", []):
+        mime = next((m for m in IMAGE_MIME if m in out.get("data", {})), None)
+        if mime is None:
+            if not is_noise(out):
+                outputs.append(out)
+            continue
+        figures.append(f"{lesson_number(lesson)}.{len(figures) + 1}")
+        data = nbk.source({"source": out["data"][mime]})
+        name = f"figures/figure-{figures[-1].replace('.', '-')}{IMAGE_MIME[mime]}"
+        files[name] = data.encode() if mime == "image/svg+xml" else base64.b64decode(data)
+        width = out.get("metadata", {}).get(mime, {}).get("width")
+        outputs.append(figure_output(name, figures[-1], specs[drawn] if drawn < len(specs) else {}, width, timed))
+        drawn += 1
+    if timed and not drawn and outputs:
+        outputs.append(markdown_output(f"*Timed when this book was built, on {machine}; your own machine will differ.*\n"))
+    cell = dict(cell, outputs=outputs, metadata=copy.deepcopy(cell.get("metadata", {})))
+    if any("text/markdown" in o.get("data", {}) for o in outputs):
+        cell["metadata"].setdefault("mystnb", {})["markdown_format"] = "myst"
+    return cell
+
+
+def test_cell_for_readers(cell):
+    """A visible-test cell, folded under a summary of what it checks."""
+    summary = visible_tests_summary(cell) or f"what `{nbk.grade_id(cell).removeprefix('test_')}` must do"
+    meta = copy.deepcopy(cell.get("metadata", {}))
+    meta["tags"] = list(meta.get("tags", [])) + ["hide-input", "visible-tests"]
+    meta.setdefault("mystnb", {}).update(code_prompt_show=f"Visible tests: {summary.replace('`', '')}",
+                                         code_prompt_hide=f"Visible tests: {summary.replace('`', '')}")
+    return dict(cell, metadata=meta)
+
+
+def answer_label(cell):
+    """The "Your answer" label put above an answer cell (a markdown cell of its own)."""
+    return {"cell_type": "markdown", "id": f"label-{cell.get('id') or nbk.grade_id(cell)}"[:64], "metadata": {},
+            "source": ["```{container} cell-label answer-label\n", "Your answer\n", "```\n"]}
+
+
+def download_note(lesson):
+    return (f"\n:::{{admonition}} Run this lesson yourself\n:class: tip download-lesson\n"
+            f"{{download}}`Download {lesson}.zip <{lesson}.zip>`: the notebook as students get it (no "
+            f"solutions), with the data files it needs. Unzip it and open it in JupyterLab; "
+            f"{{ref}}`the front page <run-locally>` says how.\n:::\n")
+
+
+def book_page(nb, lesson, glossary):
+    """The lesson's page for the book, and {path in its folder: bytes} of the figures it shows.
+
+    nb is the executed student copy. Readers see: the download after the title; each answer cell
+    under a "Your answer" label; each visible-test cell folded under its summary; glossary links at
+    the first use of each term; demo outputs as in Jupyter, with figures numbered, captioned and
+    described (cell metadata "figure"), and timings that say where they were measured."""
+    machine = nb.get("metadata", {}).get("book", {})
+    machine = f"{machine['machine']} ({machine['date']})" if "machine" in machine else "the build machine"
+    page, files, figures, linked, titled = dict(nb, cells=[]), {}, [], set(), False
+    for cell in nb["cells"]:
+        if cell.get("cell_type") == "markdown":
+            text = glossary.link(nbk.source(cell), linked)
+            if not titled:
+                text, titled = re.sub(r"^(#\s+.+)$", lambda m: m.group(1) + "\n" + download_note(lesson),
+                                      text, count=1, flags=re.M), True
+            cell = dict(cell)
+            nbk.set_source(cell, text)
+        elif cell.get("cell_type") == "code":
+            if nbk.is_answer(cell):
+                page["cells"].append(answer_label(cell))
+            elif nbk.is_test(cell):
+                cell = test_cell_for_readers(cell)
+            else:
+                cell = code_cell_for_readers(cell, lesson, figures, machine, files)
+        page["cells"].append(cell)
+    return page, files
+
+
+def lesson_download(lesson):
+    """The lesson as students get it, zipped: <lesson>/<lesson>.ipynb and its data files (the
+    release copy: autograder.release). Fixed timestamps, so an unchanged lesson gives the same bytes."""
+    buf = io.BytesIO()
+    with tempfile.TemporaryDirectory() as tmp, zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        release(tmp, [lesson])
+        for f in sorted(Path(tmp).rglob("*")):
+            if f.is_file():
+                info = zipfile.ZipInfo(f.relative_to(tmp).as_posix(), date_time=(1980, 1, 1, 0, 0, 0))
+                info.compress_type = zipfile.ZIP_DEFLATED
+                info.external_attr = 0o644 << 16
+                zf.writestr(info, f.read_bytes())
+    return buf.getvalue()
+
+
+# --- glossary ---------------------------------------------------------------------------------
+
+# Markdown that a glossary link must not enter: code, maths, links, HTML, headings, directive
+# lines and options, targets. The text between these is prose.
+PROTECTED = re.compile(r"""
+    ^[ \t]*(`{3,}|~{3,})[^\n]*\n.*?^[ \t]*\1[^\n]*$     # fenced blocks (code and directives)
+  | ^[ \t]*(?::{3,}|\#|\([^)\n]*\)=|:[\w-]+:)[^\n]*     # colon fences, headings, targets, options
+  | \$\$.*?\$\$ | (?<![\\$])\$(?:\\.|[^$\\])+?\$          # maths
+  | \\begin\{([\w*]+)\}.*?\\end\{\2\}
+  | (`+).*?\3                                             # code spans and roles' content
+  | \{[\w:-]+\}                                            # role names
+  | !?\[[^\]\n]*\]\([^)\n]*\) | <[^>\n]+> | https?://\S+  # links, HTML, addresses
+""", re.M | re.S | re.X)
+
+
+class Glossary:
+    """book/glossary.md's entries: each a list of terms (the first is the entry's name), linked from
+    prose with {term}. A term with two or more capitals (GQA, KV cache) matches as written, others
+    in any case; a trailing s or es (heads, FLOPs) is allowed; compounds (multi-head) are not split."""
+
+    def __init__(self, text):
+        self.entries = []
+        body = re.search(r"^```\{glossary\}[^\n]*\n(.*?)^```", text, re.M | re.S)
+        group = []
+        for line in (body.group(1) if body else "").splitlines():
+            if line.strip() and not line[0].isspace() and not line.startswith(":"):
+                group.append(line.strip())
+            elif group:
+                self.entries.append(group)
+                group = []
+        alternatives = []
+        for i, terms in enumerate(self.entries):
+            for term in terms:
+                pattern = re.escape(term).replace(r"\ ", r"[ \n]+")
+                scope = "(?:" if sum(c.isupper() for c in term) >= 2 else "(?i:"
+                alternatives.append((len(term), f"(?P<e{i}_{len(alternatives)}>{scope}{pattern}(?:e?s)?))"))
+        alternatives.sort(key=lambda a: -a[0])           # the longest term wins where several start
+        self.pattern = re.compile(r"(?<![\w-])(?:" + "|".join(a for _, a in alternatives) + r")(?![\w-])") \
+            if alternatives else None
+
+    def link(self, markdown, linked):
+        """markdown with the first use of each entry not in `linked` (updated) linked to the glossary."""
+        if self.pattern is None:
+            return markdown
+
+        def prose(text):
+            def sub(m):
+                entry = int(m.lastgroup[1:].split("_")[0])
+                if entry in linked:
+                    return m.group(0)
+                linked.add(entry)
+                return f"{{term}}`{' '.join(m.group(0).split())} <{self.entries[entry][0]}>`"
+            return self.pattern.sub(sub, text)
+
+        out, pos = [], 0
+        for m in PROTECTED.finditer(markdown):
+            out += [prose(markdown[pos:m.start()]), m.group(0)]
+            pos = m.end()
+        return "".join(out + [prose(markdown[pos:])])
 
 
 # --------------------------------------------------------------------------------------------
@@ -379,14 +624,100 @@ def render_json(data, level=3, label=None):
     return "\n".join(out)
 
 
+def benchmark_script(path, data):
+    """benchmarks/<name>.py that wrote a result: its "benchmark" key, or the longest script name
+    that the file's name starts with (solutions_cpu.json: solutions.py); None if there is none."""
+    scripts = {p.stem: p for p in (ROOT / "benchmarks").glob("*.py")}
+    name = data.get("benchmark") if isinstance(data, dict) else None
+    if name not in scripts:
+        name = max((s for s in scripts if path.stem.startswith(s)), key=len, default=None)
+    return scripts.get(name)
+
+
+def provenance(path, data):
+    """What a result measured (its script's docstring, first paragraph), where and when, in Markdown."""
+    script = benchmark_script(path, data)
+    doc = ast.get_docstring(ast.parse(script.read_text(encoding="utf-8"))) if script else None
+    what = one_line(doc.split("\n\n")[0]) if doc else "not said (no script in benchmarks/ wrote this file)"
+    info = data if isinstance(data, dict) else {}
+    where = "; ".join(f"{k} {one_line(info[k])}" for k in ("machine", "device", "mode", "torch", "triton", "cuda")
+                      if info.get(k) not in (None, "")) or "not recorded"
+    when = one_line(info.get("date") or "not recorded")
+    by = f" by `benchmarks/{script.name}`" if script else ""
+    return (f"- **What:** {md_escape(what)}\n- **Where:** {md_escape(where)}\n- **When:** {md_escape(when)}\n"
+            f"- **File:** `benchmarks/results/{path.name}`, written{by}\n")
+
+
+SEQ_KEYS, MEASURE_KEYS, PANEL_KEYS = ("seq_len", "T"), ("tflops", "ms"), ("dtype", "head_dim", "causal")
+
+
+def plottable(data):
+    """[(label, records)] of the result's record lists that have a sequence length and a time or
+    TFLOP/s (the plots: measure against T, one line per method, one panel per configuration)."""
+    found = []
+
+    def walk(value, label):
+        if is_records(value) and any(k in value[0] for k in SEQ_KEYS) and any(k in r for r in value for k in MEASURE_KEYS):
+            found.append((label, value))
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                walk(v, str(k))
+    walk(data, "results")
+    return found
+
+
+def plot_records(records):
+    """A PNG (2x) of a measure against T, and its alt text; None when nothing was measured."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x = next(k for k in SEQ_KEYS if k in records[0])
+    y = next(k for k in MEASURE_KEYS if any(k in r for r in records))
+    rows = [r for r in records if isinstance(r.get(y), (int, float)) and isinstance(r.get(x), (int, float))]
+    if not rows:
+        return None
+    panels = [k for k in PANEL_KEYS if k in rows[0]]
+    configs = sorted({tuple(r.get(k) for k in panels) for r in rows}, key=str)
+    ncols = 2 if len(configs) > 1 else 1
+    nrows = -(-len(configs) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(8, 3 * nrows + 0.8), squeeze=False, sharey=True,
+                             layout="constrained")
+    methods = sorted({str(r.get("method", y)) for r in rows})
+    for ax, config in zip(axes.flat, configs):
+        for method in methods:
+            pts = sorted((r[x], r[y]) for r in rows if str(r.get("method", y)) == method
+                         and tuple(r.get(k) for k in panels) == config)
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=method)
+        ax.set_xscale("log", base=2)
+        ax.set_title(", ".join(f"{k} {v}" for k, v in zip(panels, config)) or y, fontsize=10)
+        ax.set_xlabel(x)
+        ax.set_ylabel({"tflops": "forward TFLOP/s", "ms": "time (ms)"}[y])
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(configs):]:
+        ax.set_visible(False)
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=3, fontsize=8)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=200, metadata={"Software": None})
+    plt.close(fig)
+    measure = {"tflops": "forward TFLOP/s", "ms": "time in milliseconds"}[y]
+    alt = (f"Line plots of {measure} against {x} (log scale), one panel per configuration "
+           f"({', '.join(panels) or 'one'}), one line per method: {', '.join(methods)}.")
+    return buf.getvalue(), alt, measure, x
+
+
 def results_page(results_dir, figures_dir):
-    """The results page, and {path under figures_dir: source image} of the figures it shows."""
+    """The results page, and {path under figures_dir: image (a source file or bytes)} of its figures."""
     files = sorted(results_dir.rglob("*.json")) if results_dir.is_dir() else []
     images = sorted(f for f in results_dir.rglob("*") if f.suffix.lower() in IMAGE_SUFFIXES) \
         if results_dir.is_dir() else []
     out = ["# Benchmark results", "",
            "Measured by the scripts in `benchmarks/`, which print ratios against baselines measured in the",
-           "same run, and recorded as JSON under `benchmarks/results/`. Every file there is shown below.", ""]
+           "same run, and recorded as JSON under `benchmarks/results/`. Every file there is shown below:",
+           "what it measured, where and when, its numbers as tables and, where they run over sequence",
+           "lengths, as a plot.", ""]
     parsed, broken = {}, []
     for f in files:
         try:
@@ -402,23 +733,40 @@ def results_page(results_dir, figures_dir):
                 "without a GPU (or does not say on which device it ran).", ":::", ""]
     else:
         out += [f"GPU results: {', '.join('`' + f.relative_to(results_dir).as_posix() + '`' for f in gpu)}.", ""]
-    figures = {}
+    figures, number = {}, 0
     if images:
         out += ["## Figures", ""]
         for img in images:
             rel = img.relative_to(results_dir).as_posix()
             figures[rel] = img
-            out += [f"```{{figure}} {figures_dir}/{rel}", ":width: 100%", "", md_escape(rel), "```", ""]
+            number += 1
+            out += [f"```{{figure}} {figures_dir}/{rel}", f":alt: The figure {md_escape(rel)} of the benchmark results",
+                    ":width: 100%", "", f"**Figure R.{number}.** `{rel}`, as recorded under `benchmarks/results/`.", "```", ""]
     for f in files:
         rel = f.relative_to(results_dir).as_posix()
-        out += [f"## {md_escape(rel)}", ""]
-        if f in parsed:
-            out += ["Measured on a GPU." if f in gpu else "Not measured on a GPU.", "",
-                    render_json(parsed[f], 3)]
-        else:
+        data = parsed.get(f)
+        script = benchmark_script(f, data) if f in parsed else None
+        doc = ast.get_docstring(ast.parse(script.read_text(encoding="utf-8"))) if script else None
+        title = re.split(r"[:,.]", one_line(doc.split("\n\n")[0]))[0].replace("`", "") if doc else rel
+        out += [f"## {md_escape(title)}" + (f" ({md_escape(rel)})" if doc else ""), ""]
+        if f not in parsed:
             err = dict(broken)[f]
             log(f"warning: {rel} is not valid JSON ({err})")
             out += [":::{warning}", f"This file is not valid JSON: {md_escape(str(err))}", ":::", ""]
+            continue
+        out += [provenance(f, data), "Measured on a GPU." if f in gpu else "Not measured on a GPU.", ""]
+        for label, records in plottable(data):
+            plot = plot_records(records)
+            if plot is None:
+                continue
+            png, alt, measure, x = plot
+            number += 1
+            name = f"{f.stem}-{re.sub(r'[^A-Za-z0-9]+', '-', label)}.png"
+            figures[name] = png
+            out += [f"```{{figure}} {figures_dir}/{name}", f":alt: {alt}", "",
+                    f"**Figure R.{number}.** {md_escape(measure[0].upper() + measure[1:])} against {md_escape(x)}, from "
+                    f"`{rel}` ({md_escape(label)}); the tables below have every number.", "```", ""]
+        out.append(render_json(data, 3))
     return "\n".join(out), figures
 
 
@@ -429,8 +777,8 @@ def results_page(results_dir, figures_dir):
 def toc(lessons):
     lines = ["format: jb-book", "root: index", "parts:", "  - caption: Lessons", "    chapters:"]
     lines += [f"      - file: lessons/{lesson}/{lesson}" for lesson in lessons] or ["      - file: no_lessons"]
-    lines += ["  - caption: Reference", "    chapters:", "      - file: api", "      - file: instructor",
-              "      - file: results"]
+    lines += ["  - caption: Reference", "    chapters:", "      - file: glossary", "      - file: api",
+              "      - file: instructor", "      - file: results"]
     return "\n".join(lines) + "\n"
 
 
@@ -452,12 +800,25 @@ def sync_tree(files, dest):
             f.rmdir()
 
 
+def site_config(path=BOOK / "_config.yml"):
+    """book/_config.yml as the build uses it, and the repository's address (its one setting,
+    `repository: url`; empty: no repository button and no link)."""
+    config = load_yaml(path)
+    url = ((config.get("repository") or {}).get("url") or "").strip()
+    options = config.setdefault("sphinx", {}).setdefault("config", {}).setdefault("html_theme_options", {})
+    options["use_repository_button"] = bool(url)
+    if url:
+        options["repository_url"] = url
+    import yaml
+    return yaml.safe_dump(config, sort_keys=False, allow_unicode=True), url
+
+
 def instructor_page():
     """book/instructor.md with the README's "Teach and grade" section in its place: one text for both."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     section = readme.split("\n## Teach and grade\n", 1)[1].split("\n## ", 1)[0]
     page = (BOOK / "instructor.md").read_text(encoding="utf-8")
-    return page.replace("<!-- README: Teach and grade -->", "## Release, grade and scale out\n" + section.strip())
+    return page.replace("<!-- README: Teach and grade -->", "## Grade, and scale out\n" + section.strip())
 
 
 def assemble(jobs, fresh, results=RESULTS):
@@ -467,16 +828,25 @@ def assemble(jobs, fresh, results=RESULTS):
     titles = {lesson: lesson_title(nb, lesson) for lesson, nb in copies.items()}
     graded = {lesson: [gid.removeprefix("test_") for gid, _ in nbk.graded_tests(nb)] for lesson, nb in copies.items()}
 
+    config, repository = site_config()
     files = {}
-    files["_config.yml"] = (BOOK / "_config.yml").read_bytes()
+    files["_config.yml"] = config.encode()
     files["instructor.md"] = instructor_page().encode()
     intro = (BOOK / "intro.md").read_text(encoding="utf-8")
-    files["index.md"] = intro.replace("<!-- LESSONS -->", lessons_table(catalogue, lessons, titles)).encode()
+    intro = intro.replace("<!-- LESSONS -->", lessons_table(catalogue, lessons, titles))
+    files["index.md"] = intro.replace("<!-- REPOSITORY -->", f"The course's sources: <{repository}>." if repository else "").encode()
     files["_toc.yml"] = toc(lessons).encode()
+    glossary_text = (BOOK / "glossary.md").read_text(encoding="utf-8")
+    files["glossary.md"] = glossary_text.encode()
+    glossary = Glossary(glossary_text)
     if not lessons:
         files["no_lessons.md"] = b"# Lessons\n\nNo lesson has been written yet.\n"
     for lesson, nb in copies.items():
-        files[f"lessons/{lesson}/{lesson}.ipynb"] = (json.dumps(nb, indent=1, ensure_ascii=False) + "\n").encode()
+        page, figures = book_page(nb, lesson, glossary)
+        files[f"lessons/{lesson}/{lesson}.ipynb"] = (json.dumps(page, indent=1, ensure_ascii=False) + "\n").encode()
+        files[f"lessons/{lesson}/{lesson}.zip"] = lesson_download(lesson)
+        for rel, data in figures.items():
+            files[f"lessons/{lesson}/{rel}"] = data
         folder = nbk.lesson_path(lesson).parent
         for rel in lesson_assets(lesson):
             files[f"lessons/{lesson}/{rel.as_posix()}"] = folder / rel

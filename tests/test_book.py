@@ -87,6 +87,19 @@ def test_book_has_every_page(site):
     intro = page_text(site / "index.html")
     for needle in ("make setup", "JupyterLab", "graded"):
         assert needle in intro, f"the intro page should mention {needle!r}"
+    # Running a downloaded lesson: two commands, without the repository or the solution package.
+    install = next((line for line in intro.split("jupyter lab")[0].split("pip install")[1:]), "")
+    assert install, "the intro page should say how to install what a lesson needs (pip install ...)"
+    for package in ("numpy", "matplotlib", "jupyterlab", "torch", "download.pytorch.org/whl/cpu"):
+        assert package in install, f"the intro's pip install should install {package}"
+    assert "solutions" not in install and "mha" not in install and "-e" not in install.split(), \
+        "students never install the solution package"
+    assert "jupyter lab" in intro
+    for name in ("Release the lessons", "Collect submissions"):
+        assert name in page_text(site / "instructor.html"), name
+    guide_text = page_text(site / "instructor.html")
+    assert guide_text.index("Release the lessons") < guide_text.index("Collect submissions"), \
+        "the instructor guide releases before it collects"
     guide = page_text(site / "instructor.html")
     for needle in ("autograder release", "autograder grade", "autograder merge", "--shard", "--resume", "--jobs",
                    "nbgrader autograde", "nbgrader_config.py", "bubblewrap", "unshare", "--unsafe", "grades.csv"):
@@ -105,12 +118,216 @@ def test_lesson_page_is_the_student_copy_with_the_reference_figures(site, lesson
     for cell in copy["cells"]:
         if nbk.is_answer(cell) or nbk.is_test(cell):
             assert not cell.get("outputs"), "answer and test cells must have no outputs in the book"
-    figures = sum("image/png" in o.get("data", {}) or "image/svg+xml" in o.get("data", {})
-                  for c in nbk.code_cells(copy) for o in c.get("outputs", []))
-    assert len(re.findall(r"<img [^>]*src=\"[^\"]*_images/", page)) >= figures, \
-        f"the lesson's {figures} reference figure(s) should be on its page"
+    figures = sorted((BOOK / "_generated" / "lessons" / lesson / "figures").glob("figure-*"))
+    executed = nbk.read(next((BOOK / "_build" / ".notebooks").glob(f"{lesson}-*.ipynb")))
+    made = sum(any(m.startswith("image/") for m in o.get("data", {}))
+               for c in nbk.code_cells(executed) for o in c.get("outputs", []))
+    assert len(figures) == made, f"the lesson makes {made} figure(s); the book has {len(figures)}"
+    assert len(re.findall(r"<img [^>]*src=\"[^\"]*_images/figure-", page)) == made, \
+        f"the lesson's {made} reference figure(s) should be on its page"
+    assert not re.search(r"<[\w.]+ (object )?at 0x[0-9a-f]+>", text), \
+        "an object's address is shown as an output"
     for name in [gid.removeprefix("test_") for gid, _ in nbk.graded_tests(copy)]:
         assert name in text, f"the exercise {name} is missing from the page"
+
+
+# ---------------------------------------------------------------------------------------------
+# Lesson pages for readers: labels, figures, downloads, glossary
+# ---------------------------------------------------------------------------------------------
+
+def test_visible_test_cells_say_what_they_check():
+    """interfaces 11: a visible-test cell's first line is `# Visible tests: <summary>` (the book
+    folds the cell under that summary)."""
+    build = build_module()
+    missing = [f"{lesson}: {nbk.grade_id(c)}" for lesson in LESSONS
+               for c in nbk.code_cells(nbk.read(nbk.lesson_path(lesson)))
+               if nbk.is_test(c) and not build.visible_tests_summary(c)]
+    assert not missing, ("these test cells do not start with `# Visible tests: <what they check>` "
+                         "(the book's fold shows a generic summary):\n" + "\n".join(missing))
+
+
+def _demo_notebook(figure_meta=None):
+    answer = {"cell_type": "code", "id": "a", "metadata": {"nbgrader": {"solution": True, "grade_id": "f"}},
+              "source": "def f(x):\n    raise NotImplementedError()\n", "outputs": [], "execution_count": None}
+    test = {"cell_type": "code", "id": "t", "metadata": {"nbgrader": {"grade": True, "grade_id": "test_f", "points": 1}},
+            "source": "# Visible tests: `f` doubles\nassert f(1) == 2\n", "outputs": [], "execution_count": None}
+    png = base64.b64encode(b"\x89PNG fake").decode()
+    demo = {"cell_type": "code", "id": "d", "metadata": {"tags": ["demo"], **({"figure": figure_meta} if figure_meta else {})},
+            "source": "t = time.perf_counter()\ntorch.manual_seed(0)\nplt.show()\n", "execution_count": 1,
+            "outputs": [{"output_type": "execute_result", "execution_count": 1, "metadata": {},
+                         "data": {"text/plain": "<torch._C.Generator at 0x7f3a2c1b5d30>"}},
+                        {"output_type": "display_data", "data": {"image/png": png, "text/plain": "<Figure>"},
+                         "metadata": {"image/png": {"width": 672, "height": 274}}}]}
+    title = {"cell_type": "markdown", "id": "m", "metadata": {},
+             "source": "# Lesson 03 — Title\n\nA KV cache and a `KV cache` and $KV cache$; the KV caches.\n"}
+    return {"nbformat": 4, "nbformat_minor": 5, "metadata": {"book": {"machine": "CPU X, 2 logical CPU cores", "date": "2026-01-01"}},
+            "cells": [title, answer, test, demo]}
+
+
+def test_book_page_labels_folds_and_captions():
+    build = build_module()
+    glossary = build.Glossary("```{glossary}\nKV cache\nkey/value cache\n  Keys and values kept.\n```\n")
+    page, files = build.book_page(_demo_notebook({"caption": "What it shows.", "alt": "Two lines rise."}),
+                                  "03_multi_head", glossary)
+    title, label, answer, test, demo = page["cells"]
+    text = nbk.source(title)
+    assert "{download}`Download 03_multi_head.zip <03_multi_head.zip>`" in text, "the download goes under the title"
+    assert text.count("{term}") == 1 and "A {term}`KV cache <KV cache>` and a `KV cache` and $KV cache$" in text, \
+        "only the first use in prose is linked, never in code or maths"
+    assert "Your answer" in nbk.source(label) and answer["source"] == _demo_notebook()["cells"][1]["source"]
+    assert "hide-input" in test["metadata"]["tags"]
+    assert test["metadata"]["mystnb"]["code_prompt_show"] == "Visible tests: f doubles"
+    outputs = demo["outputs"]
+    assert len(outputs) == 1, "the generator's address is dropped, the image becomes a figure"
+    figure = outputs[0]["data"]["text/markdown"]
+    assert figure.startswith("```{figure} figures/figure-3-1.png\n:alt: Two lines rise.\n:width: 672px\n")
+    assert "**Figure 3.1.** What it shows. Timed when this book was built, on CPU X, 2 logical CPU cores (2026-01-01)" in figure
+    assert files == {"figures/figure-3-1.png": b"\x89PNG fake"}
+    assert demo["metadata"]["mystnb"]["markdown_format"] == "myst"
+    # Without metadata (yet): a number, a placeholder that the figure test names, no crash.
+    page, _ = build.book_page(_demo_notebook(), "03_multi_head", glossary)
+    assert ":alt: Figure 3.1 (no description yet)" in page["cells"][4]["outputs"][0]["data"]["text/markdown"]
+
+
+def test_glossary_links_the_first_use_of_each_entry():
+    build = build_module()
+    glossary = build.Glossary((BOOK / "glossary.md").read_text(encoding="utf-8"))
+    names = [terms[0] for terms in glossary.entries]
+    for needed in ("attention", "head", "KV cache", "GQA", "MQA", "MLA", "sliding window", "prefill", "decode",
+                   "FLOP", "roofline", "online softmax", "tile", "induction head"):
+        assert any(needed in terms for terms in glossary.entries), f"the glossary has no entry {needed!r}"
+    assert len(names) == len(set(names))
+    linked = set()
+    md = ("## Multi-head attention\n\nMulti-head attention splits attention into heads; "
+          "see [multi-head attention](x.md), `heads` and:\n\n```python\nattention = 1\n```\n"
+          "A multi-headed view, then attention again and FLOPs.\n")
+    out = glossary.link(md, linked)
+    assert out.startswith("## Multi-head attention\n\n{term}`Multi-head attention <multi-head attention>` splits "
+                          "{term}`attention <attention>` into {term}`heads <head>`;"), out
+    assert "[multi-head attention](x.md)" in out and "```python\nattention = 1\n```" in out
+    assert "multi-headed" in out and "attention again" in out and "{term}`FLOPs <FLOP>`" in out
+    assert glossary.link("attention", linked) == "attention", "an entry is linked once per lesson"
+
+
+def test_repository_link_is_one_setting(tmp_path):
+    build = build_module()
+    config, url = build.site_config()
+    assert url == "" and "use_repository_button: false" in config, "empty by default, and then hidden"
+    (tmp_path / "_config.yml").write_text((BOOK / "_config.yml").read_text().replace('url: ""', 'url: "https://example.org/c"'))
+    config, url = build.site_config(tmp_path / "_config.yml")
+    assert url == "https://example.org/c" and "use_repository_button: true" in config
+    assert "repository_url: https://example.org/c" in config
+
+
+def test_results_plots_what_runs_over_sequence_lengths(tmp_path):
+    build = build_module()
+    rows = [{"seq_len": t, "method": m, "dtype": "float16", "head_dim": 64, "causal": False, "ms": 1.0, "tflops": t / 100}
+            for t in (1024, 2048) for m in ("sdpa", "flash")]
+    (tmp_path / "gpu_attention_nvidia-h200.json").write_text(json.dumps(
+        {"benchmark": "gpu_attention", "device": "NVIDIA H200", "date": "2026-01-02", "results": rows}))
+    page, figures = build.results_page(tmp_path, "figs")
+    assert "**Where:** device NVIDIA H200" in page and "**When:** 2026\\-01\\-02" in page
+    assert "**What:** Forward attention throughput on a GPU" in page
+    (name, png), = figures.items()
+    assert png[:4] == b"\x89PNG" and f"figs/{name}" in page and ":alt: Line plots of forward TFLOP/s" in page
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lesson", LESSONS)
+def test_exercises_are_labelled(site, lesson):
+    page = lesson_page(site, lesson).read_text(encoding="utf-8")
+    source = nbk.read(nbk.lesson_path(lesson))
+    answers = sum(nbk.is_answer(c) for c in nbk.code_cells(source))
+    tests = [c for c in nbk.code_cells(source) if nbk.is_test(c)]
+    labels = re.findall(r'<div class="cell-label answer-label[^"]*">\s*<p>Your answer</p>', page)
+    assert len(labels) == answers, f"{len(labels)} 'Your answer' labels for {answers} answer cells"
+    folds = re.findall(r'<details class="admonition hide above-input">\s*<summary[^>]*>\s*'
+                       r'<p class="collapsed admonition-title">Visible tests: ([^<]+)</p>', page)
+    assert len(folds) == len(tests), f"{len(folds)} folded 'Visible tests' for {len(tests)} test cells"
+
+
+@pytest.mark.slow
+def test_figures_have_numbers_captions_and_alt_text(site):
+    """interfaces 11: a figure-making cell carries metadata "figure": {"caption", "alt"}; figures are
+    at most 8 inches wide (800 px at matplotlib's 100 dpi)."""
+    problems = []
+    for lesson in LESSONS:
+        executed = nbk.read(next((BOOK / "_build" / ".notebooks").glob(f"{lesson}-*.ipynb")))
+        page = lesson_page(site, lesson).read_text(encoding="utf-8")
+        for i, cell in enumerate(executed["cells"]):
+            images = [o for o in cell.get("outputs", []) if any(m.startswith("image/") for m in o.get("data", {}))]
+            if not images:
+                continue
+            specs = build_module().figure_specs(cell)
+            where = f"{lesson}: cell {i} ({nbk.source(cell).splitlines()[0][:50]!r})"
+            if len(specs) < len(images) or not all(s.get("caption") and s.get("alt") for s in specs):
+                problems.append(f"{where}: {len(images)} figure(s), needs metadata 'figure' with caption and alt")
+            for o in images:
+                width = max(o.get("metadata", {}).get(m, {}).get("width", 0) for m in o["data"] if m.startswith("image/"))
+                if width > 820:
+                    problems.append(f"{where}: drawn {width / 100:.1f} in wide (at most 8)")
+        for m in re.finditer(r"<img [^>]*>", page):
+            alt = re.search(r'alt="([^"]*)"', m.group(0))
+            if alt is None or not alt.group(1).strip() or re.search(r"\.(png|svg|jpe?g)$|^[0-9a-f]{16,}", alt.group(1)):
+                problems.append(f"{lesson}: an image without real alt text: {m.group(0)[:120]}")
+        captions = re.findall(r"<figcaption>\s*<p>(.*?)</p>", page, re.S)
+        if len(captions) != len(re.findall(r"<img [^>]*_images/figure-", page)):
+            problems.append(f"{lesson}: {len(captions)} captions for its figures")
+        problems += [f"{lesson}: a caption with only a number: {html.unescape(re.sub('<[^>]+>', '', c)).strip()}"
+                     for c in captions if re.fullmatch(r"Figure [\d.]+\.", " ".join(html.unescape(re.sub("<[^>]+>", "", c)).split()))]
+    assert not problems, "figures the book cannot describe (interfaces 11):\n" + "\n".join(problems)
+
+
+def _download(site, lesson):
+    """The lesson's download, as the page links it: (file name, bytes)."""
+    page = lesson_page(site, lesson).read_text(encoding="utf-8")
+    links = re.findall(r'<a class="reference download internal"[^>]*href="([^"]+\.zip)"', page)
+    assert len(links) == 1, f"{lesson}: the page should link one download, found {links}"
+    path = (lesson_page(site, lesson).parent / html.unescape(links[0])).resolve()
+    assert path.is_file() and site.resolve() in path.parents, f"{lesson}: the download link is broken: {links[0]}"
+    return path.name, path.read_bytes()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lesson", LESSONS)
+def test_lesson_download_is_the_release_and_runs(site, lesson, tmp_path):
+    """The zip a reader downloads: the release copy (nbformat-valid, no solution, no hidden test)
+    with the lesson's data files; unpacked alone, answers filled from the solutions, it runs top to
+    bottom (where a missing data file would show: lesson 07's checkpoint, lesson 06's results)."""
+    import io
+    import zipfile
+
+    import nbformat
+
+    from autograder.release import release
+    from tests.lessons import errors, execute, fill
+
+    name, data = _download(site, lesson)
+    assert name == f"{lesson}.zip"
+    release(tmp_path / "release", [lesson])
+    expected = sorted(f.relative_to(tmp_path / "release").as_posix() for f in (tmp_path / "release").rglob("*") if f.is_file())
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        assert sorted(zf.namelist()) == expected, "the download should hold exactly the release folder"
+        zf.extractall(tmp_path / "unpacked")
+    folder = tmp_path / "unpacked" / lesson
+    nb = nbformat.read(str(folder / f"{lesson}.ipynb"), as_version=4)
+    nbformat.validate(nb)
+    text = (folder / f"{lesson}.ipynb").read_text(encoding="utf-8")
+    assert not leaks_in(text, secrets()), "the download holds solution code or hidden tests"
+    assert nbk.read(folder / f"{lesson}.ipynb") == nbk.read(tmp_path / "release" / lesson / f"{lesson}.ipynb")
+    nbk.write(fill(nbk.read(folder / f"{lesson}.ipynb"), lesson), folder / f"{lesson}.ipynb")
+    failed = errors(execute(folder / f"{lesson}.ipynb", allow_errors=True))
+    assert not failed, f"the downloaded lesson, filled with the solutions, fails to run: cells {failed}"
+
+
+@pytest.mark.slow
+def test_glossary_is_linked_from_every_lesson(site):
+    assert (site / "glossary.html").is_file()
+    for lesson in LESSONS:
+        page = lesson_page(site, lesson).read_text(encoding="utf-8")
+        targets = re.findall(r'href="\.\./\.\./glossary\.html#(term-[^"]+)"', page)
+        assert len(targets) >= 3, f"{lesson}: only {len(targets)} glossary links"
+        assert len(targets) == len(set(targets)), f"{lesson}: an entry is linked more than once: {targets}"
 
 
 @pytest.mark.slow
@@ -131,8 +348,14 @@ def test_results_page_renders_every_result(site):
     page = html.unescape((site / "results.html").read_text(encoding="utf-8"))
     results = ROOT / "benchmarks" / "results"
     files = sorted(results.rglob("*.json")) if results.is_dir() else []
+    sections = re.split(r"<h2[ >]", page)[1:]
     for f in files:
         assert f.relative_to(results).as_posix() in page, f"{f.name} is not on the results page"
+        if _is_json(f):
+            section = next((sec for sec in sections if f.name in sec.split("</h2>")[0]), "")
+            assert "<table" in section, f"{f.name} should be shown as a table under its own heading"
+            assert "What:" in section and "Where:" in section and "When:" in section, \
+                f"{f.name}: say what was measured, where and when"
     build = build_module()
     if not any(build.measured_on_gpu(json.loads(f.read_text())) for f in files if _is_json(f)):
         assert "No GPU results have been measured yet" in page
@@ -288,6 +511,17 @@ def leaks_in(text, lines):
     return found
 
 
+def readable(path):
+    """[(member, text)] of a file: ("", its text), or for a zip (the lessons' downloads) each member's."""
+    import zipfile
+
+    data = path.read_bytes()
+    if path.suffix == ".zip" and zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as zf:
+            return [(f"!{name}", zf.read(name).decode("utf-8", "ignore")) for name in zf.namelist()]
+    return [("", data.decode("utf-8", "ignore"))]
+
+
 def test_leak_check_finds_a_planted_leak():
     """The check itself must be able to fail: a solution line hidden in highlighted HTML, in a JSON
     string, in an .ipynb and in a data: URI is found."""
@@ -304,6 +538,11 @@ def test_leak_check_finds_a_planted_leak():
     assert leaks_in(json.dumps({"text": f"<p>{html.escape(line)}</p>\n"}), lines)
     assert leaks_in(json.dumps({"source": [line.replace(" ", "  ", 1) + "\n"]}, ensure_ascii=True), lines)
     assert leaks_in("src='data:text/plain;base64," + base64.b64encode(line.encode()).decode() + "'", lines)
+    with tempfile.TemporaryDirectory() as tmp:           # a solution inside a download
+        import zipfile
+        with zipfile.ZipFile(Path(tmp) / "lesson.zip", "w", zipfile.ZIP_DEFLATED) as zf:
+            zf.writestr("lesson/lesson.ipynb", json.dumps({"source": [line + "\n"]}))
+        assert any(leaks_in(text, lines) for _, text in readable(Path(tmp) / "lesson.zip"))
     assert not leaks_in("nothing to see here", lines)
 
 
@@ -312,14 +551,16 @@ def test_no_solution_or_hidden_test_in_the_site(site):
     """Every file of the site (pages, search index, JSON, images, ...), and also of everything else
     the build keeps (its sources in book/_generated, its caches), except the npm MathJax package."""
     lines = secrets()
-    leaks, scanned = [], 0
+    leaks, scanned, zips = [], 0, 0
     for root in (BOOK / "_build", BOOK / "_generated"):
         for path in sorted(root.rglob("*")):
             rel = path.relative_to(BOOK)
             if path.is_file() and rel.parts[1] not in (".mathjax", "screenshots"):
-                scanned += 1
-                leaks += [f"{rel}: {lines[line]}" for line in leaks_in(path.read_bytes().decode("utf-8", "ignore"), lines)]
-    assert scanned > len(LESSONS)
+                for member, text in readable(path):
+                    scanned += 1
+                    zips += bool(member)
+                    leaks += [f"{rel}{member}: {lines[line]}" for line in leaks_in(text, lines)]
+    assert scanned > len(LESSONS) and zips >= 2 * len(LESSONS), "the downloads (zips) must be scanned too"
     assert not leaks, "solution code or hidden tests in the built book:\n" + "\n".join(leaks[:20])
 
 
@@ -473,18 +714,47 @@ class Browser:
         self.stderr.close()
 
 
+WIDTHS = (1280, 390)        # a laptop and a phone
+
+LAYOUT_CHECK = r"""
+(() => {
+  const doc = document.documentElement;
+  const shown = e => e.getClientRects().length > 0 && getComputedStyle(e).visibility !== 'hidden';
+  const text = e => e.textContent.trim().replace(/\s+/g, ' ').slice(0, 70);
+  const tex = e => {             // the TeX that MathJax typeset into e
+    let item = null;
+    try { item = Array.from(MathJax.startup.document.math).find(m => m.typesetRoot === e); } catch (err) {}
+    return item ? item.math.trim().replace(/\s+/g, ' ').slice(0, 90) : text(e);
+  };
+  // Headings, contents entries, sidebars and code: wider content than their box is clipped or scrolls.
+  const clipped = [...document.querySelectorAll(
+      'h1, h2, h3, h4, h5, h6, .bd-sidebar-primary, .bd-sidebar-secondary, .toc-entry, nav.bd-links li, ' +
+      'div.cell pre, div.highlight pre, figcaption, .bd-article p, .bd-article li')]
+    .filter(e => shown(e) && e.scrollWidth > e.clientWidth + 1)
+    .map(e => `${e.tagName.toLowerCase()}${e.className ? '.' + String(e.className).split(' ')[0] : ''}: ` +
+              `${e.scrollWidth} px in ${e.clientWidth} px: ${text(e)}`);
+  const equations = [...document.querySelectorAll('mjx-container[display="true"]')]
+    .filter(e => shown(e) && e.scrollWidth > e.clientWidth + 1)
+    .map(e => `${e.scrollWidth} px in ${e.clientWidth} px: ${tex(e)}`);
+  const images = [...document.querySelectorAll('.bd-article img')].map(img => ({
+    src: img.getAttribute('src'), alt: img.getAttribute('alt'),
+    caption: (img.closest('figure') && img.closest('figure').querySelector('figcaption'))
+             ? img.closest('figure').querySelector('figcaption').textContent.trim() : null}));
+  return {document: doc.scrollWidth, viewport: doc.clientWidth, clipped, equations, images};
+})()
+"""
+
+
 async def browse(site, base, screenshots):
-    report = {"pages": {}, "requests": [], "failures": [], "exceptions": [], "search": []}
+    report = {"pages": {}, "layout": {}, "requests": [], "failures": [], "exceptions": [], "console": [], "search": []}
     with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
         browser = Browser(tmp)
         try:
             cdp = await browser.connect()
             target = await cdp.send("Target.createTarget", url="about:blank")
             session = (await cdp.send("Target.attachToTarget", targetId=target["targetId"], flatten=True))["sessionId"]
-            for domain in ("Network", "Page", "Runtime"):
+            for domain in ("Network", "Page", "Runtime", "Log"):
                 await cdp.send(f"{domain}.enable", session)
-            await cdp.send("Emulation.setDeviceMetricsOverride", session, width=1280, height=960,
-                           deviceScaleFactor=1, mobile=False)
 
             async def goto(url):
                 loaded = cdp.expect("Page.loadEventFired", session)
@@ -498,25 +768,25 @@ async def browse(site, base, screenshots):
                 assert "exceptionDetails" not in r, f"JavaScript failed: {r['exceptionDetails']}"
                 return r["result"]["value"]
 
-            for page in pages(site):
-                rel = page.relative_to(site).as_posix()
-                await goto(f"{base}/{rel}")
-                report["pages"][rel] = await evaluate(PAGE_CHECK)
+            screenshots.mkdir(parents=True, exist_ok=True)
+            for width in WIDTHS:
+                await cdp.send("Emulation.setDeviceMetricsOverride", session, width=width, height=900,
+                               deviceScaleFactor=1, mobile=width < 600)
+                for page in pages(site):
+                    rel = page.relative_to(site).as_posix()
+                    await goto(f"{base}/{rel}")
+                    checked = await evaluate(PAGE_CHECK)
+                    if width == WIDTHS[0]:
+                        report["pages"][rel] = checked
+                    report["layout"][(rel, width)] = await evaluate(LAYOUT_CHECK)
+                    shot = await cdp.send("Page.captureScreenshot", session, format="png", captureBeyondViewport=True)
+                    name = rel.removesuffix(".html").replace("/", "_")
+                    (screenshots / f"{name}-{width}.png").write_bytes(base64.b64decode(shot["data"]))
 
+            await cdp.send("Emulation.setDeviceMetricsOverride", session, width=1280, height=960,
+                           deviceScaleFactor=1, mobile=False)
             await goto(f"{base}/search.html?q=softmax")
             report["search"] = await evaluate(SEARCH_RESULTS)
-
-            if LESSONS:
-                screenshots.mkdir(parents=True, exist_ok=True)
-                lesson = LESSONS[0]
-                await goto(f"{base}/lessons/{lesson}/{lesson}.html")
-                await evaluate(PAGE_CHECK)
-                shot = await cdp.send("Page.captureScreenshot", session, format="png")
-                (screenshots / f"{lesson}.png").write_bytes(base64.b64decode(shot["data"]))
-                await evaluate("(document.querySelector('.cell_output img') || document.body).scrollIntoView()"
-                               " || window.scrollBy(0, -120) || new Promise(r => setTimeout(r, 300))")
-                shot = await cdp.send("Page.captureScreenshot", session, format="png")
-                (screenshots / f"{lesson}-figure.png").write_bytes(base64.b64decode(shot["data"]))
 
             for e in cdp.events:
                 p = e.get("params", {})
@@ -529,6 +799,10 @@ async def browse(site, base, screenshots):
                 elif e["method"] == "Runtime.exceptionThrown":
                     d = p.get("exceptionDetails", {})
                     report["exceptions"].append(d.get("exception", {}).get("description") or d.get("text"))
+                elif e["method"] == "Runtime.consoleAPICalled" and p.get("type") in ("error", "warning", "assert"):
+                    report["console"].append(" ".join(str(a.get("value", a.get("description", ""))) for a in p.get("args", [])))
+                elif e["method"] == "Log.entryAdded" and p.get("entry", {}).get("level") == "error":
+                    report["console"].append(p["entry"].get("text", ""))
             try:
                 await cdp.send("Browser.close", timeout=10)
             except (ConnectionError, RuntimeError, asyncio.TimeoutError):
@@ -538,8 +812,10 @@ async def browse(site, base, screenshots):
     return report
 
 
-@pytest.mark.slow
-def test_site_in_a_browser(site):
+@pytest.fixture(scope="session")
+def browsed(site):
+    """Every page of the site in headless Chromium, at each of WIDTHS: what the page checks report,
+    and full-page screenshots in book/_build/screenshots/<page>-<width>.png."""
     if CHROMIUM is None:
         pytest.skip("Chromium is not installed (/usr/bin/chromium): `make setup` installs it as root with "
                     "apt-get; without it the book's browser test cannot run")
@@ -548,11 +824,18 @@ def test_site_in_a_browser(site):
     thread.start()
     base = f"http://127.0.0.1:{server.server_address[1]}"
     try:
-        report = asyncio.run(asyncio.wait_for(browse(site, base, SCREENSHOTS), 600))
+        start = time.perf_counter()
+        report = asyncio.run(asyncio.wait_for(browse(site, base, SCREENSHOTS), 900))
+        print(f"browsed {len(report['layout'])} pages and widths in {time.perf_counter() - start:.1f} s")
+        return report
     finally:
         server.shutdown()
         server.server_close()
 
+
+@pytest.mark.slow
+def test_site_in_a_browser(browsed):
+    report = browsed
     problems = []
     for rel, r in report["pages"].items():
         if not r["title"]:
@@ -571,11 +854,51 @@ def test_site_in_a_browser(site):
     problems += [f"request to another host: {u}" for u in foreign]
     problems += [f"failed request: {f}" for f in report["failures"]]
     problems += [f"JavaScript error: {e}" for e in report["exceptions"]]
+    problems += [f"console error: {e}" for e in sorted(set(report["console"]))]
     if not report["search"]:
         problems.append("searching for 'softmax' found nothing")
     elif "01_attention" in LESSONS and not any("01_attention" in u for u in report["search"]):
         problems.append(f"searching for 'softmax' does not find lesson 01: {report['search']}")
     assert not problems, "\n".join(problems)
     assert report["requests"], "no request was recorded: is Network logging on?"
-    if LESSONS:
-        assert (SCREENSHOTS / f"{LESSONS[0]}.png").stat().st_size > 10_000
+    for rel in report["pages"]:
+        for width in WIDTHS:
+            shot = SCREENSHOTS / f"{rel.removesuffix('.html').replace('/', '_')}-{width}.png"
+            assert shot.stat().st_size > 10_000, f"no screenshot of {rel} at {width} px"
+
+
+@pytest.mark.slow
+def test_nothing_is_clipped_at_any_width(browsed):
+    """At a laptop's and a phone's width, no page is wider than the screen, and no heading, contents
+    entry, paragraph or code cell is wider than its box (code wraps; a display equation may scroll
+    inside its own box on a phone)."""
+    problems = []
+    for (rel, width), r in sorted(browsed["layout"].items()):
+        if r["document"] > r["viewport"]:
+            problems.append(f"{rel} at {width} px: the page is {r['document']} px wide")
+        problems += [f"{rel} at {width} px: {c}" for c in r["clipped"]]
+    assert not problems, "clipped:\n" + "\n".join(problems[:40])
+
+
+@pytest.mark.slow
+def test_display_equations_fit_the_column_on_a_laptop(browsed):
+    too_wide = [f"{rel}: {e}" for (rel, width), r in sorted(browsed["layout"].items()) if width == 1280
+                for e in r["equations"]]
+    assert not too_wide, ("display equations wider than the text column at 1280 px (break them with "
+                          "`\\\\` in an aligned environment):\n" + "\n".join(too_wide))
+
+
+@pytest.mark.slow
+def test_every_image_is_described(browsed):
+    problems = []
+    for (rel, width), r in sorted(browsed["layout"].items()):
+        if width != WIDTHS[0]:
+            continue
+        for img in r["images"]:
+            alt = (img["alt"] or "").strip()
+            if not alt or re.search(r"\.(png|svg|jpe?g|gif)$", alt) or re.fullmatch(r"[0-9a-f]{16,}\S*", alt) \
+                    or "no description yet" in alt:
+                problems.append(f"{rel}: {img['src']}: alt text {alt!r}")
+            if not img["caption"] or re.fullmatch(r"(Fig\. \d+ )?Figure [\dR.]+\.", " ".join(img["caption"].split())):
+                problems.append(f"{rel}: {img['src']}: caption {img['caption']!r}")
+    assert not problems, "images without a description or a caption:\n" + "\n".join(problems)
