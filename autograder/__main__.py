@@ -54,6 +54,32 @@ def main(argv=None):
     c.add_argument("--lesson", action="append", choices=list(LESSONS), help="only this lesson (repeatable)")
 
 
+    co = sub.add_parser("collect", help="turn an LMS download (a folder or zip) into SUBMISSIONS/<student>/<lesson>/")
+    co.add_argument("download", metavar="DOWNLOAD")
+    co.add_argument("--out", required=True, metavar="SUBMISSIONS")
+    co.add_argument("--roster", metavar="CSV", help="student, name, email, lms_id: who is who in the download")
+    co.add_argument("--lesson", choices=list(LESSONS), help="the download is this lesson's")
+    co.add_argument("--times", action="append", default=[], metavar="CSV",
+                    help="submission times: student, lesson, submitted_at; or a Moodle grading worksheet (repeatable)")
+    co.add_argument("--timezone", default="UTC", help="the zone of times that name none (default: UTC)")
+
+    x = sub.add_parser("export", help="write RESULTS' scores as a Canvas gradebook import or a plain CSV")
+    x.add_argument("results", metavar="RESULTS")
+    x.add_argument("--format", required=True, help="canvas or csv")
+    x.add_argument("--out", required=True, metavar="FILE")
+    x.add_argument("--roster", metavar="CSV", help="student, name, email, lms_id (needed for canvas)")
+    x.add_argument("--canvas-gradebook", metavar="CSV", help="a gradebook exported from Canvas: fill its lesson columns")
+    x.add_argument("--assignment", action="append", default=[], metavar="LESSON=NAME",
+                   help="the Canvas assignment of a lesson, where its name does not say (repeatable)")
+    x.add_argument("--deadline", action="append", default=[], metavar="LESSON=ISO8601", help="repeatable")
+    x.add_argument("--late-policy", metavar="POLICY", help="e.g. 10%%/day,max=50%% (of the points earned)")
+    x.add_argument("--timezone", default="UTC", help="the zone of deadlines that name none (default: UTC)")
+    x.add_argument("--submissions", metavar="SUBMISSIONS", help="where collect wrote the submission times")
+
+    rp = sub.add_parser("report", help="write RESULTS/report.html: pass rates, mistakes, histograms, identical answers")
+    rp.add_argument("results", metavar="RESULTS")
+    rp.add_argument("--submissions", metavar="SUBMISSIONS", help="the graded notebooks, to find identical answers")
+
     s = sub.add_parser("sync", help="rewrite the notebooks' solution and hidden-test cells from solutions/")
     s.add_argument("--lesson", action="append", choices=list(LESSONS))
     s.add_argument("--check", action="store_true", help="change nothing; exit 1 if anything is out of date")
@@ -65,6 +91,8 @@ def main(argv=None):
             print(path)
     elif args.command in ("grade", "merge", "manifest"):
         return _grade_or_merge(args)
+    elif args.command in ("collect", "export", "report"):
+        return _term(args)
     elif args.command == "sync":
         from autograder.sync import sync
         changed = sync(args.lesson, check=args.check)
@@ -139,6 +167,37 @@ def _grade(args):
     _summary(args.out, run["results"])
     return 0
 
+
+def _term(args):
+    """collect, export and report (collect.py, export.py, classreport.py)."""
+    from autograder.results import UsageError, load_results
+    from autograder.roster import load_roster
+
+    try:
+        roster = load_roster(args.roster) if getattr(args, "roster", None) else None
+        if args.command == "collect":
+            from autograder.collect import collect
+            collect(args.download, args.out, roster, args.lesson, args.times, args.timezone)
+            return 0
+        problems = []
+        results = load_results(args.results, problems)
+        for line in problems:
+            print(f"warning: {line}", file=sys.stderr)
+        if not results:
+            raise UsageError(f"{args.results} holds no grading results (grade into it first)")
+        if args.command == "report":
+            from autograder.classreport import write_report
+            print(f"wrote {write_report(args.results, results, args.submissions)}")
+            return 0
+        from autograder.export import export
+        for line in export(args.results, results, args.format, args.out, roster, args.canvas_gradebook,
+                           args.deadline, args.late_policy, args.timezone, args.submissions, args.assignment):
+            print(f"warning: {line}", file=sys.stderr)
+        print(f"wrote {args.out}")
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
 
 if __name__ == "__main__":
     sys.exit(main())

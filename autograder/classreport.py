@@ -1,0 +1,223 @@
+"""RESULTS/report.html: the class at a glance, for the instructor (`python -m autograder report`).
+
+- per lesson, a histogram of the students' scores (a matplotlib PNG inside the page);
+- per function, the pass rate and the most common named mistakes, with counts (the checks name the
+  mistake, so equal messages are the same mistake);
+- per function, groups of students whose answer cells are identical. Only the graded answer cells
+  count, compared after normalising whitespace, without the lines the released stub gives (the
+  signature and docstring); stubs and answers too short to mean anything are left out. The page
+  says "identical" and nothing more: short, canonical answers are often written the same way.
+
+The page is one file: no scripts, no external requests.
+"""
+import base64
+import hashlib
+import html
+import io
+import re
+from collections import Counter, defaultdict
+from pathlib import Path
+
+from autograder import notebook as nbk
+from autograder.results import needs_regrade, write_atomic
+
+REPORT = "report.html"
+MIN_ANSWER_CHARS = 80      # of the student's own code, spaces aside: `return x.sum(-1)` says nothing
+TOP_MISTAKES = 5
+STYLE = """body{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem;color:#222}
+table{border-collapse:collapse;width:100%;margin-bottom:1rem}td,th{border-bottom:1px solid #ddd;padding:.4rem;
+text-align:left;vertical-align:top}td.n{text-align:right;white-space:nowrap}h2{margin-top:2.5rem}
+.muted{color:#666}img{max-width:100%}code{background:#f6f8fa;padding:0 .2rem}ul{margin:0;padding-left:1.2rem}"""
+
+
+def mistakes(test):
+    """The named mistakes of one failed test: the core aspect's message when the core failed (the
+    other aspects are then not earned, which says nothing new), else each failed aspect's message."""
+    aspects = test.get("aspects") or []
+    if aspects and not aspects[0]["passed"]:
+        lines = [aspects[0]["message"] or test["message"]][:1]
+    elif aspects:
+        lines = [f"{a['aspect']}: {a['message']}" for a in aspects if not a["passed"] and a["message"]]
+    else:
+        lines = [line for line in test["message"].splitlines() if line.strip()][:1]
+    # Shapes vary between students; the mistake does not.
+    return [re.sub(r"\(\d+(?:, ?\d+)*,?\)", "(...)", line.strip())[:300] for line in lines]
+
+
+def function_stats(results):
+    """{(lesson, test): {passed, counted, missing, regrade, points, max_points, mistakes: Counter}}."""
+    stats = defaultdict(lambda: {"passed": 0, "counted": 0, "missing": 0, "regrade": 0, "points": 0.0,
+                                 "max_points": 0.0, "mistakes": Counter()})
+    for r in results:
+        for t in r["tests"]:
+            s = stats[(r["lesson"], t["test"])]
+            if t["status"] == "missing":
+                s["missing"] += 1
+            elif needs_regrade(t):
+                s["regrade"] += 1
+            else:
+                s["counted"] += 1
+                s["passed"] += t["status"] == "passed"
+                s["points"] += t["points"]
+                s["max_points"] += t["max_points"]
+                if t["status"] != "passed":
+                    s["mistakes"].update(mistakes(t))
+    return stats
+
+
+def histogram(percentages, lesson):
+    """A PNG (bytes) of the lesson's score distribution."""
+    from matplotlib.figure import Figure  # no pyplot: no global state, no display needed
+    fig = Figure(figsize=(6, 2.4), dpi=100)
+    ax = fig.add_subplot()
+    ax.hist(percentages, bins=[0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100.001], color="#4c72b0", edgecolor="white")
+    ax.set_xlim(0, 100)
+    ax.set_xlabel("score (% of the lesson's points)")
+    ax.set_ylabel("students")
+    ax.set_title(f"{lesson}: {len(percentages)} submissions")
+    ax.yaxis.get_major_locator().set_params(integer=True)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def lesson_percentages(results):
+    """{lesson: [score % of each student who submitted and whose tests were all run]}."""
+    out = defaultdict(list)
+    for r in results:
+        tests = r["tests"]
+        if all(t["status"] == "missing" for t in tests) or any(needs_regrade(t) for t in tests):
+            continue
+        full = sum(t["max_points"] for t in tests)
+        out[r["lesson"]].append(100 * sum(t["points"] for t in tests) / full if full else 0.0)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Identical answers
+# ---------------------------------------------------------------------------------------------
+
+def normal_lines(text):
+    return [" ".join(line.split()) for line in text.splitlines() if line.strip()]
+
+
+def own_code(answer, stub_lines):
+    """The student's code in an answer cell: its normalised lines, less the lines the stub gave."""
+    return "\n".join(line for line in normal_lines(answer) if line not in stub_lines)
+
+
+def lesson_answers(lesson):
+    """{grade_id: (stub lines, the reference's own code)} of a lesson's answer cells."""
+    nb = nbk.read(nbk.lesson_path(lesson))
+    out = {}
+    for cell in nbk.code_cells(nb):
+        if nbk.is_answer(cell):
+            source = nbk.source(cell)
+            stub = set(normal_lines(nbk.strip_solutions(source)))
+            out[nbk.grade_id(cell)] = (stub, own_code(nbk.without_markers(source), stub))
+    return out
+
+
+def notebook_of(result, submissions):
+    if submissions:
+        path = Path(submissions) / result["student"] / result["lesson"] / f"{result['lesson']}.ipynb"
+        if path.is_file():
+            return path
+    return Path(result["notebook"]) if result.get("notebook") else None
+
+
+def identical_groups(results, submissions):
+    """[(lesson, grade_id, [students], same as the reference)] for groups of 2 or more, largest first."""
+    answers_of, groups = {}, defaultdict(list)
+    reference = {}
+    for r in results:
+        lesson = r["lesson"]
+        if lesson not in answers_of:
+            try:
+                answers_of[lesson] = lesson_answers(lesson)
+            except (nbk.NotebookError, OSError):
+                answers_of[lesson] = {}
+        path = notebook_of(r, submissions)
+        if not path or not answers_of[lesson]:
+            continue
+        try:
+            nb = nbk.parse_submission(nbk.read_submitted_bytes(path))
+        except nbk.NotebookError:
+            continue
+        for cell in nbk.code_cells(nb):
+            gid = nbk.grade_id(cell)
+            if not nbk.is_answer(cell) or gid not in answers_of[lesson]:
+                continue
+            stub, ref = answers_of[lesson][gid]
+            code = own_code(nbk.source(cell), stub)
+            if "NotImplementedError" in code or len(re.sub(r"\s", "", code)) < MIN_ANSWER_CHARS:
+                continue
+            key = (lesson, gid, hashlib.sha256(code.encode()).hexdigest())
+            groups[key].append(r["student"])
+            reference[key] = code == ref
+    found = [(lesson, gid, sorted(set(students)), reference[(lesson, gid, h)])
+             for (lesson, gid, h), students in groups.items() if len(set(students)) > 1]
+    return sorted(found, key=lambda g: (g[0], -len(g[2]), g[1]))
+
+
+# ---------------------------------------------------------------------------------------------
+# The page
+# ---------------------------------------------------------------------------------------------
+
+def plural(n, word):
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def render(results, submissions=None):
+    e = html.escape
+    stats, percentages = function_stats(results), lesson_percentages(results)
+    students = sorted({r["student"] for r in results})
+    lessons = sorted({r["lesson"] for r in results})
+    parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>Class report</title>"
+             f"<style>{STYLE}</style></head><body><h1>Class report</h1>"
+             f"<p>{plural(len(students), 'student')}, {plural(len(lessons), 'lesson')}, "
+             f"{plural(len(results), 'graded submission')}.</p>"]
+    for lesson in lessons:
+        parts.append(f"<h2 id='{e(lesson)}'>{e(lesson)}</h2>")
+        if percentages.get(lesson):
+            png = base64.b64encode(histogram(percentages[lesson], lesson)).decode()
+            parts.append(f"<img src='data:image/png;base64,{png}' alt='histogram of the scores of {e(lesson)}: "
+                         f"{len(percentages[lesson])} submissions'>")
+        parts.append("<table><tr><th>function</th><th>passed</th><th>mean points</th><th>most common mistakes</th></tr>")
+        for (lsn, test), s in stats.items():
+            if lsn != lesson:
+                continue
+            rate = f"{s['passed']}/{s['counted']} ({100 * s['passed'] / s['counted']:.0f}%)" if s["counted"] else "-"
+            mean = f"{s['points'] / s['counted']:.2f} / {s['max_points'] / s['counted']:g}" if s["counted"] else "-"
+            extra = [f"{n} not submitted" for n in [s["missing"]] if n] + [f"{n} to grade again" for n in [s["regrade"]] if n]
+            common = "".join(f"<li>{count} &times; {e(m)}</li>" for m, count in s["mistakes"].most_common(TOP_MISTAKES))
+            parts.append(f"<tr><td><code>{e(test.removeprefix('test_'))}</code>"
+                         + (f"<br><span class='muted'>{e(', '.join(extra))}</span>" if extra else "")
+                         + f"</td><td class='n'>{rate}</td><td class='n'>{mean}</td>"
+                         f"<td>{f'<ul>{common}</ul>' if common else ''}</td></tr>")
+        parts.append("</table>")
+    groups = identical_groups(results, submissions)
+    parts.append("<h2 id='identical'>Identical answers</h2><p class='muted'>Answer cells whose code is the same after "
+                 "normalising whitespace, without the lines the released stub gives; stubs and answers under "
+                 f"{MIN_ANSWER_CHARS} characters are left out. Short, canonical answers are often written the same "
+                 "way: this says they are identical, nothing more.</p>")
+    if groups:
+        parts.append("<table><tr><th>lesson</th><th>answer</th><th>students</th></tr>")
+        for lesson, gid, names, same_as_reference in groups:
+            note = " <span class='muted'>(identical to the reference solution)</span>" if same_as_reference else ""
+            parts.append(f"<tr><td>{e(lesson)}</td><td><code>{e(gid)}</code>{note}</td>"
+                         f"<td>identical: {e(', '.join(names))}</td></tr>")
+        parts.append("</table>")
+    else:
+        parts.append("<p>No identical answers." + ("" if submissions or any(r.get("notebook") for r in results)
+                                                    else " (No notebooks to compare: give --submissions.)") + "</p>")
+    parts.append("</body></html>\n")
+    return "".join(parts)
+
+
+def write_report(out, results, submissions=None):
+    """Write RESULTS/report.html; returns its path."""
+    path = Path(out) / REPORT
+    write_atomic(path, render(results, submissions))
+    return path

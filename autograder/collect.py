@@ -1,0 +1,664 @@
+"""python -m autograder collect DOWNLOAD --out SUBMISSIONS: an LMS download (a folder or a zip) into
+SUBMISSIONS/<student>/<lesson>/<lesson>.ipynb, every anomaly reported, nothing guessed silently.
+
+It reads, in folders and zips (and zips students uploaded, one level down):
+  Canvas    `smithjohn[_late]_<user id>_<submission id>_<file>`; a resubmission is `<file>-1`, `<file>-2`
+  Moodle    `John Smith_<participant>_assignsubmission_file_/<file>` (or the same as one flat name)
+  nbgrader  exchange `inbound/<student>+<lesson>+<timestamp>[+<random>]/` and `submitted/<student>/<lesson>/`
+  plain     `<student>/<lesson>/<file>`, `<student>/<file>`, `<student>_<lesson>.ipynb`
+A notebook's lesson is the one whose answer cells (nbgrader grade_ids) it holds; its name and folder are
+used when it has lost that metadata, and any disagreement is reported.
+
+Submission times come only from real sources: nbgrader's timestamp.txt, a Moodle grading worksheet
+(in the download or given with --times) and --times CSVs (student, lesson, submitted_at). A file's
+modification time is when it was downloaded, so it is never used. A time without a zone (Moodle's) is
+read in --timezone (UTC unless given). Each goes to SUBMISSIONS/<student>/<lesson>/timestamp.txt
+(results.write_timestamp: nbgrader's name), and every file looked at, collected or not, with what was
+done with it, to SUBMISSIONS/collection.csv.
+
+Archives are read in memory, never unpacked: a member whose path leaves the archive, a symbolic link
+or a size out of proportion (a zip bomb) refuses the download (or, inside a student's own zip, that zip).
+"""
+import csv
+import hashlib
+import io
+import os
+import re
+import stat
+import sys
+import zipfile
+import zlib
+from collections import Counter, defaultdict
+from dataclasses import InitVar, dataclass, field
+from datetime import datetime
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from pathlib import Path
+
+from autograder import notebook as nbk
+from autograder.results import TIMESTAMP_FILE, UsageError, csv_text, read_csv, write_atomic, write_timestamp
+from autograder.roster import SAFE_ID
+
+MAX_FILE_BYTES = 256 * 2**20       # one archive member: far above any notebook, far below a machine's memory
+MAX_ARCHIVE_BYTES = 4 * 2**30      # everything one archive says it unpacks to
+MAX_RATIO = 200                    # unpacked/packed size of a member above 1 MiB: notebooks pack ~5-10x
+LOG_FILE = "collection.csv"
+LOG_COLUMNS = ["download", "file", "student", "lesson", "action", "anomaly", "detail", "submitted_at", "time_source"]
+
+CANVAS = re.compile(r"(?P<name>[A-Za-z0-9-]+?)(?P<late>_late)?_(?P<uid>\d+)_(?P<sid>\d{3,})_(?P<file>.+)", re.I)
+MOODLE = re.compile(r"(?P<name>.+?)_(?P<pid>\d+)_assign(?:submission|feedback)_[a-z]+_(?P<file>.*)")
+INBOUND = re.compile(r"(?P<student>[^+]+)\+(?P<lesson>[^+]+)\+(?P<time>[^+]+)(?:\+[^+]*)?")
+RESUBMISSION = re.compile(r"(?P<stem>.+)-(?P<n>\d+)")
+JUNK_NAMES = {".ds_store", "thumbs.db", "desktop.ini"}
+
+
+class CollectError(UsageError):
+    """A download that must not be used as it is: not a zip, an unsafe archive, a bad --times file."""
+
+
+def parse_time(text):
+    """A datetime from ISO 8601, nbgrader's timestamp ("2024-10-01 12:00:00.123456 UTC") or Moodle's
+    worksheet ("Tuesday, 1 October 2024, 11:59 PM"); None when it is none of them."""
+    text = str(text).strip()
+    if text.endswith(" UTC"):
+        text = text[:-4] + "+00:00"
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        pass
+    for form in ("%A, %d %B %Y, %I:%M %p", "%A, %d %B %Y, %H:%M", "%d %B %Y, %I:%M %p", "%d %B %Y, %H:%M"):
+        try:
+            return datetime.strptime(text, form)
+        except ValueError:
+            pass
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Walking a download: files with their logical path (archive names included), and anomalies
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class File:
+    parts: tuple            # path from DOWNLOAD's root; an archive's name is a folder of its members
+    data: bytes | None      # read for notebooks, timestamp.txt and CSVs only
+
+    @property
+    def shown(self):
+        return "/".join(self.parts)
+
+
+@dataclass
+class Row:
+    """One line of collection.csv: a file, what was done with it, and its anomalies."""
+    file: str
+    action: str             # collected, ignored, not collected
+    anomaly: InitVar[str] = ""
+    detail: InitVar[str] = ""
+    student: str = ""
+    lesson: str = ""
+    notes: list = field(default_factory=list)   # (anomaly, detail)
+    submitted_at: str = ""
+    time_source: str = ""
+
+    def __post_init__(self, anomaly, detail):
+        if anomaly or detail:
+            self.add(anomaly, detail)
+
+    def add(self, anomaly, detail):
+        self.notes.append((anomaly, detail))
+
+    def csv(self, download):
+        return dict(download=str(download), file=self.file, student=self.student, lesson=self.lesson,
+                    action=self.action, anomaly="; ".join(a for a, _ in self.notes if a),
+                    detail="; ".join(d for _, d in self.notes if d), submitted_at=self.submitted_at,
+                    time_source=self.time_source)
+
+
+def wanted(name):
+    return name.lower().endswith((".ipynb", ".csv")) or name.lower() == "timestamp.txt"
+
+
+def junk(parts):
+    """(anomaly, detail) for files that are never submissions, else None."""
+    if "__MACOSX" in parts or parts[-1].startswith("._"):
+        return "__MACOSX", "macOS metadata, not a submission"
+    if ".ipynb_checkpoints" in parts:
+        return "checkpoint", "Jupyter's autosave copy (.ipynb_checkpoints), not the submission"
+    if parts[-1].lower() in JUNK_NAMES or any(p.startswith(".") for p in parts):
+        return "hidden file", "a hidden or system file"
+    return None
+
+
+def owned_by_student(parts):
+    """Whether an archive at parts is a student's upload (an LMS names it after them)."""
+    return any(CANVAS.fullmatch(p) or MOODLE.fullmatch(p) or INBOUND.fullmatch(p) for p in parts)
+
+
+def walk(download):
+    """Every File and anomaly Row of DOWNLOAD (a folder or a zip), in a stable order."""
+    root = Path(download)
+    if root.is_file():
+        yield from walk_zip(root, (root.name,), student=False)
+        return
+    for dirpath, dirnames, filenames in os.walk(root):
+        here = Path(dirpath)
+        rel = here.relative_to(root).parts
+        for name in sorted(dirnames):
+            if (here / name).is_symlink():
+                dirnames.remove(name)
+                yield Row("/".join(rel + (name,)), "ignored", "symlink", "a symbolic link: not followed")
+        dirnames.sort()
+        for name in sorted(filenames):
+            path, parts = here / name, rel + (name,)
+            mode = os.lstat(path).st_mode
+            if stat.S_ISLNK(mode):
+                yield Row("/".join(parts), "ignored", "symlink", "a symbolic link: not followed")
+            elif junk(parts):
+                yield Row("/".join(parts), "ignored", *junk(parts))
+            elif not stat.S_ISREG(mode):
+                yield Row("/".join(parts), "ignored", "not a file", "a FIFO, socket or device")
+            elif name.lower().endswith(".zip"):
+                yield from walk_zip(path, parts, student=owned_by_student(parts))
+            elif not wanted(name):
+                yield File(parts, None)
+            else:
+                try:  # a regular file of a sane size, opened without following links
+                    yield File(parts, nbk.read_submitted_bytes(path))
+                except nbk.NotebookError as e:
+                    yield Row("/".join(parts), "not collected", "refused", str(e))
+
+
+def unsafe_member(info):
+    """Why an archive member must not be read, or None."""
+    name = info.filename.replace("\\", "/")
+    if name.startswith("/") or re.match(r"[A-Za-z]:", name) or ".." in name.split("/"):
+        return f"its entry {info.filename!r} escapes the output folder"
+    if stat.S_ISLNK(info.external_attr >> 16):
+        return f"its entry {info.filename!r} is a symbolic link"
+    if info.file_size > MAX_FILE_BYTES or (info.file_size > 2**20 and info.file_size > MAX_RATIO * max(info.compress_size, 1)):
+        return f"its entry {info.filename!r} unpacks to {info.file_size} bytes from {info.compress_size} (a zip bomb?)"
+    return None
+
+
+def walk_zip(source, parts, student, depth=0):
+    """The members of one archive. An unsafe archive raises CollectError, or, when it is a student's
+    upload, becomes one anomaly; a student's archive inside it is opened, deeper ones are not."""
+    shown = "/".join(parts)
+
+    def refuse(why):
+        if student:
+            return [Row(shown, "not collected", "unsafe archive", f"the archive was not opened: {why}")]
+        raise CollectError(f"{shown}: {why}; nothing was collected")
+
+    try:
+        archive = zipfile.ZipFile(source if isinstance(source, Path) else io.BytesIO(source))
+    except (zipfile.BadZipFile, OSError, EOFError) as e:
+        yield from refuse(f"not a zip archive ({e})")
+        return
+    with archive:
+        infos = archive.infolist()
+        problem = next(filter(None, map(unsafe_member, infos)), None)
+        if problem is None and sum(i.file_size for i in infos) > MAX_ARCHIVE_BYTES:
+            problem = f"it unpacks to {sum(i.file_size for i in infos)} bytes (a zip bomb?)"
+        if problem:
+            yield from refuse(problem)
+            return
+        for info in sorted(infos, key=lambda i: i.filename):
+            inner = parts + tuple(p for p in info.filename.replace("\\", "/").split("/") if p not in ("", "."))
+            if info.is_dir() or len(inner) == len(parts):
+                continue
+            if junk(inner):
+                yield Row("/".join(inner), "ignored", *junk(inner))
+                continue
+            is_zip = inner[-1].lower().endswith(".zip")
+            if not (wanted(inner[-1]) or is_zip):
+                yield File(inner, None)
+                continue
+            try:
+                data = archive.read(info)
+            except (zipfile.BadZipFile, RuntimeError, OSError, EOFError, zlib.error, NotImplementedError) as e:
+                yield Row("/".join(inner), "not collected", "unreadable", f"could not be read from the archive: {e}")
+                continue
+            if not is_zip:
+                yield File(inner, data)
+            elif depth == 0:
+                yield from walk_zip(data, inner, student=student or owned_by_student(inner), depth=1)
+            else:
+                yield Row("/".join(inner), "not collected", "archive in archive", "an archive inside an archive "
+                          "inside the download: not opened")
+
+
+# ---------------------------------------------------------------------------------------------
+# Who and which lesson a file is
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class Clues:
+    """What a file's path says: who (strongest first), which lesson, and its version."""
+    who: list = field(default_factory=list)     # (kind, value): lms_id, participant, id, name
+    folder_lesson: str | None = None
+    file_name: str = ""                          # the name the student gave the file
+    folder: tuple = ()                           # the submission's folder (where timestamp.txt lies)
+    version: tuple = (0, "")                     # (Canvas resubmission number, nbgrader timestamp)
+    late: bool = False
+    participant: str | None = None
+
+
+def read_clues(parts, lessons):
+    c = Clues(file_name=parts[-1])
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        if m := INBOUND.fullmatch(part):
+            c.who, c.folder_lesson, c.folder = [("id", m["student"])], m["lesson"], parts[:i + 1]
+            c.version = (0, m["time"])
+        elif m := MOODLE.fullmatch(part):
+            c.who, c.folder, c.participant = [("participant", m["pid"]), ("name", m["name"])], parts[:i + 1], m["pid"]
+            if last:
+                c.file_name = m["file"]
+        elif m := CANVAS.fullmatch(part):
+            c.who, c.late = [("lms_id", m["uid"]), ("name", m["name"])], bool(m["late"])
+            if last:
+                stem, suffix = os.path.splitext(m["file"])
+                if r := RESUBMISSION.fullmatch(stem):
+                    stem, c.version = r["stem"], (int(r["n"]), "")
+                c.file_name = stem + suffix
+    if c.who:
+        return c
+    # Plain layouts: <student>/<lesson>/<file>, <student>/<file>, a flat <student>_<lesson>.ipynb.
+    folders = [p for p in parts[:-1] if not p.lower().endswith(".zip")]
+    if folders and match_lesson(folders[-1], lessons, loose=False)[0]:
+        c.folder_lesson = folders.pop()
+    if folders:
+        c.who, c.folder = [("id", folders[-1])], parts[:-1]
+    else:
+        stem = Path(parts[-1]).stem
+        lesson, _ = match_lesson(stem, lessons)
+        prefix = stem[:stem.casefold().find(lesson.casefold())].strip("_- .") if lesson else ""
+        if prefix:
+            c.who, c.file_name = [("id", prefix), ("name", prefix)], stem[len(prefix):].strip("_- .") + ".ipynb"
+    return c
+
+
+def match_lesson(text, lessons, loose=True):
+    """(lesson, anomaly) that a file or folder name says: exact, in the wrong case, or (loose)
+    within a longer name ("Copy of 01_attention (1)"); (None, None) when it names none."""
+    text = Path(text).stem if text.lower().endswith(".ipynb") else text
+    for lesson in lessons:
+        if text == lesson:
+            return lesson, None
+    for lesson in lessons:
+        if text.casefold() == lesson.casefold():
+            return lesson, "wrong case"
+    if loose:
+        for lesson in lessons:
+            if lesson.casefold() in text.casefold():
+                return lesson, "renamed"
+    return None, None
+
+
+def lesson_answers(lessons):
+    """{lesson: set of its answer cells' grade_ids}, from the source notebooks."""
+    out = {}
+    for lesson in lessons:
+        nb = nbk.read(nbk.lesson_path(lesson))
+        out[lesson] = {nbk.grade_id(c) for c in nbk.code_cells(nb) if nbk.is_answer(c)}
+    return out
+
+
+def content_lesson(nb, answers):
+    """The lesson whose answer cells the notebook holds (most of them), or None."""
+    ids = {nbk.grade_id(c) for c in nbk.code_cells(nb) if nbk.is_answer(c)}
+    scores = Counter({lesson: len(ids & mine) for lesson, mine in answers.items()})
+    ranked = scores.most_common(2)
+    if not ranked or ranked[0][1] == 0 or (len(ranked) > 1 and ranked[1][1] == ranked[0][1]):
+        return None
+    return ranked[0][0]
+
+
+def slug(text):
+    """A folder name for a student known only by the download's name for them."""
+    text = re.sub(r"[^A-Za-z0-9._@+-]+", "_", text.strip()).strip("._-").lower()
+    return text[:100] if text and SAFE_ID.fullmatch(text[:100]) else None
+
+
+class Students:
+    """Turns a file's clues into a student id, with the roster when there is one."""
+
+    def __init__(self, roster, worksheet):
+        self.roster, self.worksheet = roster, worksheet
+
+    def resolve(self, who):
+        """(student, anomaly, detail): anomaly is None, 'wrong case', 'unmatched' or 'ambiguous'."""
+        if self.roster is None:
+            kinds = dict(who)
+            if kinds.get("id") and SAFE_ID.fullmatch(kinds["id"]):
+                return kinds["id"], None, ""
+            value = kinds.get("id") or kinds.get("name")
+            student = slug(value) if value else None
+            if student is None:
+                return None, "unmatched", f"no usable student name in {value!r}" if value else "no student named by its path"
+            return student, None, ""
+        for kind, value in who:
+            rows, anomaly = self.lookup(kind, value)
+            if len(rows) == 1:
+                return rows[0]["student"], anomaly, f"{kind} {value!r} is {rows[0]['student']}" if anomaly else ""
+            if len(rows) > 1:
+                return None, "ambiguous", (f"{kind} {value!r} matches several roster students: "
+                                           + ", ".join(r["student"] for r in rows))
+        said = ", ".join(f"{k} {v!r}" for k, v in who)
+        return None, "unmatched", f"no roster student has {said}" if said else "no student named by its path"
+
+    def lookup(self, kind, value):
+        r = self.roster
+        if kind == "lms_id":
+            return r.by("lms_id", value), None
+        if kind == "name":
+            return r.by("name", value), None
+        if kind == "participant":
+            sheet = self.worksheet.get(value, {})
+            rows = r.by("email", sheet.get("email", "")) or r.by("lms_id", value)
+            return rows, None
+        rows = r.by("student", value)
+        if rows:
+            return rows, None
+        rows = [row for row in r.rows if row["student"].casefold() == value.casefold()]
+        if rows:
+            return rows, "wrong case"
+        return r.by("lms_id", value) or r.by("email", value) or r.by("name", value), None
+
+
+# ---------------------------------------------------------------------------------------------
+# Submission times
+# ---------------------------------------------------------------------------------------------
+
+def read_csv_rows(data, shown):
+    try:
+        text = data.decode("utf-8-sig")
+        rows = list(csv.reader(io.StringIO(text)))
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise CollectError(f"cannot read {shown}: {e}") from None
+    return rows
+
+
+def first_line(data):
+    try:
+        return next(csv.reader(io.StringIO(data.decode("utf-8-sig"))), [])
+    except (UnicodeDecodeError, csv.Error):
+        return []
+
+
+def is_worksheet(header):
+    return "identifier" in [h.strip().casefold() for h in header]
+
+
+def read_worksheet(rows):
+    """{participant id: {email, name, time}} from a Moodle grading worksheet."""
+    header = [h.strip().casefold() for h in rows[0]]
+    col = {name: header.index(name) for name in ("identifier", "full name", "email address",
+                                                 "last modified (submission)") if name in header}
+    out = {}
+    for values in rows[1:]:
+        get = lambda name: values[col[name]].strip() if name in col and col[name] < len(values) else ""
+        m = re.search(r"(\d+)", get("identifier"))
+        if m:
+            out[m[1]] = {"email": get("email address"), "name": get("full name"),
+                         "time": parse_time(get("last modified (submission)"))}
+    return out
+
+
+def read_times(rows, shown, default_lesson):
+    """[(who, lesson, datetime)] from a --times CSV: student (or lms_id, email, name), lesson, submitted_at."""
+    header = [h.strip().casefold() for h in rows[0]]
+    who_col = next((c for c in ("student", "lms_id", "email", "name") if c in header), None)
+    time_col = next((c for c in ("submitted_at", "submitted", "time") if c in header), None)
+    if who_col is None or time_col is None:
+        raise CollectError(f"{shown}: expected columns student (or lms_id, email, name) and submitted_at; "
+                           f"found {', '.join(rows[0])}")
+    if "lesson" not in header and not default_lesson:
+        raise CollectError(f"{shown} has no lesson column: add one, or give --lesson")
+    out = []
+    for number, values in enumerate(rows[1:], 2):
+        row = dict(zip(header, (v.strip() for v in values)))
+        if not any(row.values()):
+            continue
+        moment = parse_time(row.get(time_col, ""))
+        if moment is None:
+            raise CollectError(f"{shown}, line {number}: {row.get(time_col)!r} is not a time (use ISO 8601, "
+                               "e.g. 2025-10-01T23:59:00+00:00)")
+        out.append(((who_col if who_col != "student" else "id", row.get(who_col, "")),
+                    row.get("lesson") or default_lesson, moment))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Collecting
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class Candidate:
+    file: File
+    clues: Clues
+    student: str
+    lesson: str
+    notes: list             # (anomaly, detail) that still let it be collected
+    submitted: datetime | None = None
+
+
+def collect(download, out, roster=None, lesson=None, times=(), zone="UTC", stream=None):
+    """Collect DOWNLOAD into OUT; returns the collection.csv rows of this run. CollectError (before
+    anything is written) for an unusable download or --times file. Times without a zone are in `zone`."""
+    download, out = Path(download), Path(out)
+    try:
+        zone = ZoneInfo(zone)
+    except (ValueError, ZoneInfoNotFoundError):
+        raise CollectError(f"unknown time zone {zone!r} (use a name like UTC or Europe/Berlin)") from None
+    if not download.exists():
+        raise CollectError(f"the download {download} does not exist")
+    if out.exists() and not out.is_dir():
+        raise CollectError(f"the output folder {out} exists and is not a folder")
+    if download.is_dir() and out.resolve().is_relative_to(download.resolve()):
+        raise CollectError(f"the output folder {out} is inside the download {download}: choose another")
+    lessons = nbk.lesson_names()
+    if lesson and lesson not in lessons:
+        raise CollectError(f"unknown lesson {lesson!r}; lessons are {', '.join(lessons)}")
+    answers = lesson_answers(lessons)
+
+    items = list(walk(download))   # reads everything first: an unsafe archive stops us before any write
+    rows = [i for i in items if isinstance(i, Row)]
+    files = [i for i in items if isinstance(i, File)]
+    worksheet, given_times, stamps = {}, [], {}
+    for path in times:
+        try:
+            data = Path(path).read_bytes()
+        except OSError as e:
+            raise CollectError(f"cannot read the times file {path}: {e}") from None
+        sheet = read_csv_rows(data, path)
+        if not sheet:
+            raise CollectError(f"the times file {path} is empty")
+        if is_worksheet(sheet[0]):
+            worksheet.update(read_worksheet(sheet))
+        else:
+            given_times += [(who, lsn, t, Path(path).name) for who, lsn, t in read_times(sheet, path, lesson)]
+    notebooks = []
+    for f in files:
+        name = f.parts[-1].lower()
+        if name == "timestamp.txt":
+            stamps[f.parts[:-1]] = parse_time(f.data.decode("utf-8", "replace"))
+            rows.append(Row(f.shown, "ignored", "", "nbgrader's submission time"))
+        elif name.endswith(".csv") and is_worksheet(first_line(f.data)):
+            worksheet.update(read_worksheet(read_csv_rows(f.data, f.shown)))
+            rows.append(Row(f.shown, "ignored", "", "Moodle grading worksheet: submission times"))
+        elif not name.endswith(".ipynb"):
+            rows.append(Row(f.shown, "not collected", "not a notebook", "only .ipynb files are graded"))
+        else:
+            notebooks.append(f)
+
+    students = Students(roster, worksheet)
+    candidates = []
+    for f in notebooks:
+        c = read_clues(f.parts, lessons)
+        row = Row(f.shown, "not collected")
+        rows.append(row)
+        if not f.data.strip():
+            row.add("empty", "an empty file")
+            continue
+        if len(f.data) > nbk.MAX_NOTEBOOK_BYTES:
+            row.add("too large", f"the notebook {nbk.TOO_BIG}")
+            continue
+        try:
+            nb = nbk.parse_submission(f.data)
+        except nbk.NotebookError as e:
+            row.add("unreadable notebook", str(e)[:200])
+            continue
+        student, anomaly, detail = students.resolve(c.who)
+        notes = [(anomaly, detail)] if anomaly else []
+        if student is None:
+            row.add(anomaly, detail)
+            continue
+        row.student = student
+        chosen, why = choose_lesson(c, nb, lesson, lessons, answers)
+        if chosen is None:
+            row.add(*why)
+            continue
+        row.lesson = chosen
+        notes += why
+        if c.late:
+            notes.append(("late", "Canvas marked it late"))
+        candidates.append((row, Candidate(f, c, student, chosen, notes)))
+
+    chosen = pick(candidates)
+    have_times = bool(stamps or worksheet or given_times)
+    for cand in chosen.values():
+        moment, source = submission_time(cand, stamps, worksheet, given_times, students)
+        row = next(r for r, c in candidates if c is cand)
+        if moment:
+            cand.submitted = moment if moment.tzinfo else moment.replace(tzinfo=zone)
+            row.submitted_at, row.time_source = cand.submitted.isoformat(), source
+        elif have_times:
+            row.add("no submission time", "the download's time sources do not list this submission")
+    write(out, chosen, rows, download)
+    report(rows, chosen, stream or sys.stdout, out, roster)
+    return rows
+
+
+def choose_lesson(c, nb, lesson, lessons, answers):
+    """(lesson, [(anomaly, detail)]) or (None, (anomaly, detail))."""
+    named, naming = match_lesson(c.file_name, lessons)
+    folder, folder_case = match_lesson(c.folder_lesson, lessons, loose=False) if c.folder_lesson else (None, None)
+    inside = content_lesson(nb, answers)
+    notes = []
+    if naming:
+        notes.append((naming, f"named {c.file_name!r}, not {named}.ipynb"))
+    if folder_case:
+        notes.append(("wrong case", f"in a folder {c.folder_lesson!r}, not {folder}"))
+    said = {x for x in (named, folder, lesson) if x}
+    if inside:
+        result = inside
+        if said and said != {inside}:
+            notes.append(("wrong lesson", f"its name or folder says {', '.join(sorted(said))}, but its answer cells "
+                          f"are {inside}'s: collected as {inside}"))
+    elif len(said) == 1:
+        result = said.pop()
+    elif said:
+        return None, ("wrong lesson", f"its name and folder disagree ({', '.join(sorted(said))}) and its "
+                      "answer cells have lost their nbgrader metadata")
+    else:
+        return None, ("unknown lesson", f"{c.file_name!r} names no lesson and its cells have lost their nbgrader "
+                      "metadata: rename it to <lesson>.ipynb or give --lesson")
+    if lesson and result != lesson:
+        return None, ("wrong lesson", f"a {result} notebook in a download collected for {lesson}")
+    return result, notes
+
+
+def pick(candidates):
+    """{(student, lesson): Candidate}: the one submission per student and lesson, or none where it is
+    not clear which; each row says what happened to its file."""
+    groups = defaultdict(list)
+    for row, cand in candidates:
+        groups[(cand.student, cand.lesson)].append((row, cand))
+    chosen = {}
+    for key, group in groups.items():
+        group.sort(key=lambda rc: rc[1].clues.version)
+        top = group[-1][1].clues.version
+        latest = [rc for rc in group if rc[1].clues.version == top]
+        distinct = {hashlib.sha256(c.file.data).hexdigest() for _, c in latest}
+        for row, cand in group:
+            row.notes += cand.notes
+        if len(distinct) > 1:
+            for row, _ in group:
+                row.add("two candidates", f"{len(latest)} different notebooks for {key[1]}: "
+                    + ", ".join(c.file.shown for _, c in latest) + "; none collected, put the right one in place")
+            continue
+        row, cand = latest[-1]
+        row.action = "collected"
+        chosen[key] = cand
+        for other, oc in group:
+            if other is row:
+                continue
+            if oc.clues.version != top:
+                other.add("resubmission", f"an earlier submission: {cand.file.shown} is newer")
+            else:
+                other.add("duplicate", f"the same notebook as {cand.file.shown}")
+        if top != group[0][1].clues.version:
+            row.add("resubmission", f"the latest of {len(group)} submissions")
+    return chosen
+
+
+def submission_time(cand, stamps, worksheet, given_times, students):
+    """(datetime, source) from the first real source that has one, or (None, "")."""
+    for who, lsn, moment, source in given_times:
+        if lsn == cand.lesson and students.resolve([who])[0] == cand.student:
+            return moment, source
+    for folder in (cand.file.parts[:-1], cand.clues.folder):
+        if stamps.get(folder):
+            return stamps[folder], "nbgrader timestamp.txt"
+    sheet = worksheet.get(cand.clues.participant or "", {})
+    if sheet.get("time"):
+        return sheet["time"], "Moodle grading worksheet"
+    return None, ""
+
+
+def write(out, chosen, rows, download):
+    """The notebooks, their timestamp.txt and collection.csv. Cumulative: other lessons' and other
+    downloads' lines are kept; a replaced notebook without a time of its own loses the old one."""
+    out.mkdir(parents=True, exist_ok=True)
+    by_file = {r.file: r for r in rows}
+    for (student, lesson), cand in sorted(chosen.items()):
+        dest, row = out / student / lesson / f"{lesson}.ipynb", by_file[cand.file.shown]
+        changed = not dest.is_file() or dest.read_bytes() != cand.file.data
+        if changed and dest.is_file():
+            row.add("replaced", f"replaced the copy collected before in {dest.parent}")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(cand.file.data)
+        if cand.submitted:
+            write_timestamp(dest.parent, cand.submitted)
+        elif changed and (dest.parent / TIMESTAMP_FILE).exists():
+            (dest.parent / TIMESTAMP_FILE).unlink()
+    log = out / LOG_FILE
+    kept = [r for r in read_csv(log) if r.get("download") != str(download)] if log.is_file() else []
+    write_atomic(log, csv_text(kept + [r.csv(download) for r in rows], LOG_COLUMNS))
+
+
+def report(rows, chosen, stream, out, roster):
+    """The anomalies on the terminal, grouped by kind with counts."""
+    kinds = defaultdict(list)
+    for r in rows:
+        mine = defaultdict(list)
+        for anomaly, detail in r.notes:
+            if anomaly:
+                mine[anomaly].append(detail)
+        for anomaly, details in mine.items():
+            kinds[anomaly].append((r, "; ".join(details)))
+    students = {s for s, _ in chosen}
+    print(f"collected {len(chosen)} notebooks of {len(students)} students into {out}", file=stream)
+    if roster is None:
+        print("no --roster: students are named as the download names them", file=stream)
+    for kind, found in sorted(kinds.items(), key=lambda kv: -len(kv[1])):
+        print(f"{kind} ({len(found)}):", file=stream)
+        for r, detail in found[:10]:
+            who = " ".join(filter(None, [r.student, r.lesson]))
+            print(f"  {r.file}" + (f" [{who}]" if who else "") + f": {r.action}; {detail}", file=stream)
+        if len(found) > 10:
+            print(f"  ... and {len(found) - 10} more", file=stream)
+    if kinds:
+        print(f"every file and what was done with it: {out / LOG_FILE}", file=stream)

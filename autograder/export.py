@@ -1,0 +1,326 @@
+"""Scores an LMS can take, from stored results: RESULTS/totals.csv, and
+`python -m autograder export RESULTS --format canvas|csv --out FILE`.
+
+A lesson's score is the sum of its tests' points. A test the grader itself could not run
+(results.needs_regrade) counts neither as 0 nor as full marks: the student's lesson is left blank
+(out of the total and its maximum too) and listed under `regrade`, to be graded again.
+
+Late penalties (--deadline LESSON=ISO8601, --late-policy 10%/day[,max=50%]): each started day (or
+hour) after the deadline costs that share of the points earned, up to the cap. Submission times come
+from the stored results (submitted_at) or SUBMISSIONS/<student>/<lesson>/timestamp.txt, which
+`collect` writes from real sources only; without them the export is refused. Raw and penalised
+scores are both kept: in the plain CSV, and in RESULTS/late-penalties.csv for every export.
+
+Canvas: with --canvas-gradebook (a CSV exported from Canvas's gradebook) the lesson columns of that
+file ("Name (assignment id)") are filled, so the import updates the existing assignments; without it,
+Canvas's documented import layout: Student, ID, SIS User ID, SIS Login ID, Section, then one new
+column per lesson, with a "Points Possible" row.
+"""
+import csv
+import math
+import re
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from autograder.results import UsageError, csv_text, needs_regrade, read_timestamp, write_atomic
+from autograder.roster import squash
+
+TOTALS, PENALTIES = "totals.csv", "late-penalties.csv"
+CANVAS_IDENTITY = ["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]
+POINTS_POSSIBLE = "    Points Possible"   # how Canvas's own export writes that row
+POLICY = re.compile(r"(?P<rate>\d+(?:\.\d+)?)%/(?P<unit>day|hour)(?:,\s*max=(?P<cap>\d+(?:\.\d+)?)%)?")
+ASSIGNMENT = re.compile(r"(?P<name>.*\S)\s*\((?P<id>\d+)\)")
+
+
+class ExportError(UsageError):
+    """Bad input to export: one line, exit status 2."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Scores
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class Score:
+    points: float | None       # None: some test must be graded again, so no score yet
+    max_points: float
+    regrade: list              # tests the grader could not run
+    submitted: bool            # any test other than `missing`
+    raw: float | None = None   # before a late penalty
+    late: int = 0              # started days (or hours) after the deadline
+    penalty: float = 0.0       # share of the points taken, 0..1
+
+
+def score(result):
+    regrade = [t["test"] for t in result["tests"] if needs_regrade(t)]
+    points = None if regrade else sum(t["points"] for t in result["tests"])
+    return Score(points, sum(t["max_points"] for t in result["tests"]), regrade,
+                 any(t["status"] != "missing" for t in result["tests"]), raw=points)
+
+
+def table(results):
+    """(students, lessons, {(student, lesson): Score}) of a list of results."""
+    scores = {(r["student"], r["lesson"]): score(r) for r in results}
+    return sorted({s for s, _ in scores}), sorted({lsn for _, lsn in scores}), scores
+
+
+def totals_rows(students, lessons, scores, detail=False):
+    """One dict per student: a column per lesson, total, max_points, percentage, regrade; with detail,
+    also `<lesson> raw` and `<lesson> penalty %` (the late penalty taken)."""
+    rows = []
+    for student in students:
+        row, got, full, regrade = {"student": student}, 0.0, 0.0, []
+        for lesson in lessons:
+            s = scores.get((student, lesson))
+            if s is None:
+                regrade.append(f"{lesson}: not graded")
+                continue
+            if s.points is None:
+                regrade.append(f"{lesson}: {', '.join(s.regrade)}")
+                continue
+            row[lesson] = round(s.points, 2)
+            if detail:
+                row[f"{lesson} raw"], row[f"{lesson} penalty %"] = round(s.raw, 2), round(100 * s.penalty, 2)
+            got, full = got + s.points, full + s.max_points
+        row.update(total=round(got, 2), max_points=round(full, 2),
+                   percentage=round(100 * got / full, 2) if full else "", regrade="; ".join(regrade))
+        rows.append(row)
+    return rows
+
+
+def totals_columns(lessons, detail=False):
+    per = [[lsn, f"{lsn} raw", f"{lsn} penalty %"] if detail else [lsn] for lsn in lessons]
+    return ["student"] + [c for cols in per for c in cols] + ["total", "max_points", "percentage", "regrade"]
+
+
+def write_totals(out, results):
+    """RESULTS/totals.csv: one row per student, a column per lesson, total, max_points, percentage,
+    regrade (what must be graded again, never counted). Returns its path."""
+    students, lessons, scores = table(results)
+    path = Path(out) / TOTALS
+    write_atomic(path, csv_text(totals_rows(students, lessons, scores), totals_columns(lessons)))
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# Late penalties
+# ---------------------------------------------------------------------------------------------
+
+def parse_zone(name):
+    try:
+        return ZoneInfo(name)
+    except (ValueError, ZoneInfoNotFoundError):
+        raise ExportError(f"unknown time zone {name!r} (use a name like UTC or Europe/Berlin)") from None
+
+
+def parse_deadlines(specs, lessons, zone):
+    """{lesson: aware datetime} from LESSON=ISO8601 strings; a time without a zone is in `zone`."""
+    deadlines = {}
+    for spec in specs:
+        lesson, sep, when = spec.partition("=")
+        if not sep or lesson not in lessons:
+            raise ExportError(f"--deadline takes LESSON=ISO8601 with a lesson of these results "
+                              f"({', '.join(lessons)}); got {spec!r}")
+        try:
+            moment = datetime.fromisoformat(when.strip())
+        except ValueError:
+            raise ExportError(f"--deadline {spec!r}: {when!r} is not an ISO 8601 time "
+                              "(e.g. 2026-10-01T23:59:00+02:00)") from None
+        deadlines[lesson] = moment if moment.tzinfo else moment.replace(tzinfo=zone)
+    return deadlines
+
+
+def parse_policy(text):
+    """(share per unit, timedelta unit, cap share) from '10%/day' or '5%/hour,max=50%'."""
+    m = POLICY.fullmatch(text.replace(" ", ""))
+    if not m or float(m["rate"]) > 100 or (m["cap"] and float(m["cap"]) > 100):
+        raise ExportError(f"--late-policy takes N%/day or N%/hour, optionally ',max=M%' (e.g. 10%/day,max=50%); "
+                          f"got {text!r}")
+    return float(m["rate"]) / 100, timedelta(days=1) if m["unit"] == "day" else timedelta(hours=1), \
+        float(m["cap"]) / 100 if m["cap"] else 1.0
+
+
+def submission_time(result, submissions):
+    """The stored submission time of a result (aware datetime) or None."""
+    text = result.get("submitted_at")
+    if not text and submissions:
+        text, _ = read_timestamp(Path(submissions) / result["student"] / result["lesson"])
+    if not text:
+        return None
+    moment = datetime.fromisoformat(text)
+    return moment if moment.tzinfo else moment.replace(tzinfo=ZoneInfo("UTC"))
+
+
+def apply_penalties(results, scores, deadlines, policy, submissions):
+    """Penalise scores in place; returns the late-penalties.csv rows. ExportError when a submitted
+    result of a lesson with a deadline has no submission time."""
+    rate, unit, cap = policy
+    rows, untimed = [], {}
+    for r in results:
+        deadline, s = deadlines.get(r["lesson"]), scores[(r["student"], r["lesson"])]
+        if deadline is None or not s.submitted:
+            continue
+        moment = submission_time(r, submissions)
+        if moment is None:
+            untimed.setdefault(r["lesson"], []).append(r["student"])
+            continue
+        late = moment - deadline
+        s.late = math.ceil(late / unit) if late > timedelta(0) else 0
+        s.penalty = min(cap, rate * s.late)
+        if s.points is not None:
+            s.points = round(s.raw * (1 - s.penalty), 4)
+        rows.append(dict(student=r["student"], lesson=r["lesson"], submitted_at=moment.isoformat(),
+                         deadline=deadline.isoformat(), late_units=s.late, penalty_percent=round(100 * s.penalty, 2),
+                         raw=s.raw if s.raw is not None else "", penalised=s.points if s.points is not None else ""))
+    if untimed:
+        lesson, who = next(iter(sorted(untimed.items())))
+        raise ExportError(f"no submission time for {len(who)} submission(s) of {lesson} (e.g. {', '.join(who[:3])}): "
+                          "late penalties need times from a real source; collect with --times or a Moodle worksheet, "
+                          "or give --submissions where collect wrote timestamp.txt")
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# Canvas
+# ---------------------------------------------------------------------------------------------
+
+def roster_for(roster, results):
+    """{student: roster row}; ExportError for none, a warning line for students it lacks."""
+    if roster is None:
+        raise ExportError("--format canvas needs --roster (Canvas matches rows by its user ID, the roster's lms_id)")
+    rows = {r["student"]: r for r in roster.rows}
+    missing = sorted({r["student"] for r in results} - set(rows))
+    return rows, [f"not in the roster, left out: {', '.join(missing)}"] if missing else []
+
+
+def canvas_value(s):
+    return "" if s is None or s.points is None else round(s.points, 2)
+
+
+def canvas_new(students_rows, lessons, scores):
+    """Canvas's documented import layout: identity columns, a new assignment per lesson."""
+    points = {lsn: max((s.max_points for (_, l2), s in scores.items() if l2 == lsn), default=0) for lsn in lessons}
+    rows = [dict({"Student": POINTS_POSSIBLE}, **points)]
+    for student, r in sorted(students_rows.items(), key=lambda kv: kv[1]["name"] or kv[0]):
+        row = {"Student": r["name"] or student, "ID": r["lms_id"], "SIS User ID": r["sis_user_id"] or student,
+               "SIS Login ID": r["sis_login_id"], "Section": r["section"]}
+        row.update({lsn: canvas_value(scores.get((student, lsn))) for lsn in lessons})
+        rows.append(row)
+    return csv_text(rows, CANVAS_IDENTITY + lessons)
+
+
+def read_gradebook(path):
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            lines = list(csv.reader(f))
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise ExportError(f"cannot read the Canvas gradebook {path}: {e}") from None
+    if not lines or not {"Student", "ID", "Section"} <= {h.strip() for h in lines[0]}:
+        raise ExportError(f"{path} is not a gradebook exported from Canvas (its first row must name Student, ID, "
+                          "SIS User ID, SIS Login ID, Section and the assignments)")
+    return [h.strip() for h in lines[0]], lines[1:]
+
+
+def match_columns(header, lessons, assignments):
+    """{lesson: gradebook column}: named with --assignment LESSON=NAME, or the one assignment column
+    whose name holds the lesson's ("01_attention", "Lesson 1: ...")."""
+    columns = [h for h in header if ASSIGNMENT.fullmatch(h)]
+    out = {}
+    for lesson in lessons:
+        if lesson in assignments:
+            want = assignments[lesson]
+            found = [c for c in columns if c == want or ASSIGNMENT.fullmatch(c)["name"] == want]
+        else:
+            number = int(lesson[:2]) if lesson[:2].isdigit() else None
+            keys = [squash(lesson)] + ([f"lesson{number}", f"lesson{number:02d}"] if number is not None else [])
+            found = [c for c in columns
+                     if any(re.search(re.escape(k) + r"(?!\d)", squash(ASSIGNMENT.fullmatch(c)["name"])) for k in keys)]
+        if len(found) != 1:
+            raise ExportError(f"{'no' if not found else 'several'} Canvas assignment column(s) for {lesson}"
+                              f"{': ' + ', '.join(found) if found else ''}; name it with --assignment "
+                              f"{lesson}=NAME (columns: {', '.join(columns) or 'none'})")
+        out[lesson] = found[0]
+    return out
+
+
+def canvas_fill(path, students_rows, lessons, scores, assignments):
+    """The exported gradebook's identity columns and its lesson columns, filled where we have a score;
+    every other cell keeps Canvas's value (read-only columns are left out: Canvas ignores them)."""
+    header, lines = read_gradebook(path)
+    columns = match_columns(header, lessons, assignments)
+    keep = header[:header.index("Section") + 1] + list(columns.values())
+    by_id = {}
+    for student, r in students_rows.items():
+        for key in ("lms_id", "sis_user_id", "sis_login_id"):
+            if r[key]:
+                by_id[(key, r[key])] = student
+        by_id.setdefault(("sis_user_id", student), student)
+    out, seen, warnings = [], set(), []
+    for values in lines:
+        row = dict(zip(header, values))
+        ident = row.get("Student", "").strip()
+        if ident in ("Points Possible", "Student, Test"):
+            out.append(row)
+            continue
+        student = (by_id.get(("lms_id", row.get("ID", ""))) or by_id.get(("sis_user_id", row.get("SIS User ID", "")))
+                   or by_id.get(("sis_login_id", row.get("SIS Login ID", ""))))
+        if student:
+            seen.add(student)
+            for lesson, column in columns.items():
+                value = canvas_value(scores.get((student, lesson)))
+                if value != "":
+                    row[column] = value
+        out.append(row)
+    missing = sorted(s for s in {s for s, _ in scores} & set(students_rows) if s not in seen)
+    if missing:
+        warnings.append(f"in the roster but not in the Canvas gradebook, left out: {', '.join(missing)}")
+    return csv_text(out, keep), warnings
+
+
+# ---------------------------------------------------------------------------------------------
+# The command
+# ---------------------------------------------------------------------------------------------
+
+def export(out, results, fmt, dest, roster=None, gradebook=None, deadlines=(), policy=None, zone="UTC",
+           submissions=None, assignments=()):
+    """Write the export to dest, RESULTS/totals.csv (raw scores) and, when penalised,
+    RESULTS/late-penalties.csv; returns warning lines.
+    ExportError on bad input, before anything is written."""
+    if fmt not in ("canvas", "csv"):
+        raise ExportError(f"unknown format {fmt!r}: use canvas or csv")
+    if not results:
+        raise ExportError(f"{out} holds no grading results")
+    dest = Path(dest)
+    if dest.is_dir():
+        raise ExportError(f"--out {dest} is a folder; name the CSV file to write")
+    students, lessons, scores = table(results)
+    if bool(deadlines) != bool(policy):
+        raise ExportError("late penalties need both --deadline LESSON=ISO8601 and --late-policy")
+    pairs = dict(a.partition("=")[::2] for a in assignments)
+    if any(lsn not in lessons or not name for lsn, name in pairs.items()):
+        raise ExportError(f"--assignment takes LESSON=NAME with a lesson of these results ({', '.join(lessons)})")
+    penalties = []
+    if deadlines:
+        penalties = apply_penalties(results, scores, parse_deadlines(deadlines, lessons, parse_zone(zone)),
+                                    parse_policy(policy), submissions)
+    warnings = []
+    if fmt == "csv":
+        text = csv_text(totals_rows(students, lessons, scores, detail=bool(deadlines)),
+                        totals_columns(lessons, detail=bool(deadlines)))
+    else:
+        students_rows, warnings = roster_for(roster, results)
+        if gradebook:
+            text, more = canvas_fill(gradebook, students_rows, lessons, scores, pairs)
+            warnings += more
+        else:
+            text = canvas_new(students_rows, lessons, scores)
+    regrade = sorted(f"{s} {lsn}" for (s, lsn), sc in scores.items() if sc.points is None)
+    if regrade:
+        warnings.append(f"left blank, to be graded again (the grader could not run a test): {', '.join(regrade)}")
+    if penalties:
+        write_atomic(Path(out) / PENALTIES, csv_text(penalties, list(penalties[0])))
+    write_totals(out, results)
+    write_atomic(dest, text)
+    return warnings

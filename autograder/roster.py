@@ -1,0 +1,99 @@
+"""The class roster: a CSV an instructor keeps, read by `collect` (to name students) and `export`
+(to fill an LMS's identity columns).
+
+Columns (header names, any case; extra columns are ignored):
+  student       the student's id: their folder under SUBMISSIONS and RESULTS (required)
+  name          full name, e.g. "Smith, John" or "John Smith"
+  email
+  lms_id        the LMS's user id (Canvas's "ID", the number in Canvas download names)
+  sis_user_id, sis_login_id, section   optional, copied into Canvas's columns as they are
+"""
+import csv
+import re
+from dataclasses import dataclass, field
+
+from autograder.results import UsageError
+
+COLUMNS = ("student", "name", "email", "lms_id", "sis_user_id", "sis_login_id", "section")
+ALIASES = {"student_id": "student", "id": "student", "full name": "name", "email address": "email",
+           "canvas_id": "lms_id", "moodle_id": "lms_id", "user_id": "lms_id"}
+# A student id becomes a folder name: no separators, no leading dot, nothing a shell or a URL mangles.
+SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+-]{0,99}")
+
+
+class RosterError(UsageError):
+    """A roster that cannot be used: unreadable, no student column, a duplicate id."""
+
+
+def squash(text):
+    """A name or id compared loosely: lower case, letters and digits only ("Smith, John" -> "smithjohn")."""
+    return re.sub(r"[\W_]+", "", str(text).casefold())
+
+
+def name_keys(name):
+    """Every squashed order of a name: "John Smith" and "Smith, John" both give smithjohn and johnsmith
+    (Canvas writes the sortable name, last name first; Moodle writes first name first)."""
+    if "," in name:
+        last, _, first = name.partition(",")
+        words = first.split() + last.split()
+    else:
+        words = name.split()
+    keys = {squash(name)}
+    if len(words) > 1:
+        keys |= {squash("".join(words)), squash("".join(words[-1:] + words[:-1]))}
+    return keys - {""}
+
+
+@dataclass
+class Roster:
+    rows: list = field(default_factory=list)  # dicts with every key of COLUMNS (missing ones are "")
+
+    def by(self, column, value):
+        """Rows whose `column` equals value (ids compared exactly, names and emails loosely)."""
+        if not value:
+            return []
+        if column == "name":
+            keys = name_keys(value)
+            return [r for r in self.rows if r["name"] and keys & name_keys(r["name"])]
+        if column == "email":
+            return [r for r in self.rows if r["email"] and r["email"].casefold() == value.casefold()]
+        return [r for r in self.rows if r[column] == value]
+
+    def get(self, student):
+        return next((r for r in self.rows if r["student"] == student), None)
+
+
+def load_roster(path):
+    """The roster at path; RosterError names the line and the problem."""
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            reader = csv.reader(f)
+            header = next(reader, None)
+            lines = list(reader)
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise RosterError(f"cannot read the roster {path}: {e}") from None
+    if not header:
+        raise RosterError(f"the roster {path} is empty (expected a header with at least a 'student' column)")
+    names = [ALIASES.get(h.strip().casefold(), h.strip().casefold()) for h in header]
+    if "student" not in names:
+        raise RosterError(f"the roster {path} has no 'student' column (its columns: {', '.join(header)})")
+    roster, seen = Roster(), {c: {} for c in ("student", "lms_id", "email")}
+    for number, values in enumerate(lines, 2):
+        if not any(v.strip() for v in values):
+            continue
+        row = dict.fromkeys(COLUMNS, "")
+        row.update({n: v.strip() for n, v in zip(names, values) if n in COLUMNS})
+        if not SAFE_ID.fullmatch(row["student"]):
+            raise RosterError(f"the roster {path}, line {number}: student id {row['student']!r} cannot name a folder "
+                              "(letters, digits and . _ @ + - only)")
+        for column, ids in seen.items():
+            # Folders that differ only in case collide on some file systems: compare student ids without case.
+            key = row[column] if column == "lms_id" else row[column].casefold()
+            if key and key in ids:
+                raise RosterError(f"the roster {path}, line {number}: duplicate {column} {row[column]!r} "
+                                  f"(also on line {ids[key]})")
+            ids[key] = number
+        roster.rows.append(row)
+    if not roster.rows:
+        raise RosterError(f"the roster {path} lists no students")
+    return roster

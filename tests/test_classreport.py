@@ -1,0 +1,120 @@
+"""RESULTS/report.html (`python -m autograder report`): pass rates, named mistakes with counts, a
+histogram per lesson, groups of identical answers (answer cells only; stubs and short answers left
+out), rendered and opened in headless Chromium."""
+import copy
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from autograder import classreport
+from autograder import notebook as nbk
+from autograder.__main__ import main
+from autograder.results import save_result
+
+ROOT = Path(__file__).resolve().parent.parent
+SCREENSHOT = ROOT / "build" / "screenshots" / "class-report.png"
+CHROMIUM = next((c for c in ("/usr/bin/chromium", shutil.which("chromium"), shutil.which("chromium-browser"))
+                 if c and os.path.exists(c)), None)
+LESSON = "01_attention"
+# A softmax written the student's own way: long enough to mean something.
+OWN_SOFTMAX = """def softmax(x, axis=-1):
+    \"\"\"Softmax of x along `axis`, safe for huge and -inf entries. Same shape as x.\"\"\"
+    shifted = np.asarray(x) - np.max(x, axis=axis, keepdims=True)
+    exps = np.exp(shifted)
+    total = np.sum(exps, axis=axis, keepdims=True)
+    return exps / total
+"""
+
+
+def submission(softmax=None, stub=False):
+    """Lesson 01 as a student hands it in: the reference answers (no markers), the released stubs,
+    or a softmax of their own."""
+    nb = copy.deepcopy(nbk.read(nbk.lesson_path(LESSON)))
+    for cell in nbk.code_cells(nb):
+        if nbk.is_answer(cell):
+            text = nbk.source(cell)
+            text = nbk.strip_solutions(text) if stub else nbk.without_markers(text)
+            if softmax and nbk.grade_id(cell) == "softmax":
+                text = softmax
+            nbk.set_source(cell, text)
+    return json.dumps(nb)
+
+
+def result(student, softmax_ok, aspects=None):
+    sm = dict(test="test_softmax", points=2.0 if softmax_ok else 0.0, max_points=2.0,
+              status="passed" if softmax_ok else "failed",
+              message="" if softmax_ok else "weights do not sum to 1 over the keys (2, 5): softmax over the wrong axis?")
+    sdpa = dict(test="test_scaled_dot_product_attention", points=3.0, max_points=3.0, status="passed", message="")
+    if aspects:
+        sdpa.update(points=2.0, status="failed", message="masks: masked keys get weight",
+                    aspects=[dict(aspect="scores", points=2.0, max_points=2.0, passed=True, message=""),
+                             dict(aspect="masks", points=0.0, max_points=1.0, passed=False,
+                                  message="masked keys get weight: True means may attend")])
+    mask = dict(test="test_causal_mask", points=1.0, max_points=1.0, status="passed", message="")
+    return dict(student=student, lesson=LESSON, notebook=None, sha256=None, fingerprint=None, grader=None,
+                submitted_at=None, notes=[], cells={}, tests=[sm, mask, sdpa])
+
+
+@pytest.fixture
+def graded(tmp_path):
+    out, subs = tmp_path / "RESULTS", tmp_path / "SUBMISSIONS"
+    students = {  # student: (notebook, softmax passed, a partly failing test)
+        "alice": (submission(OWN_SOFTMAX), True, False),
+        "bob": (submission(OWN_SOFTMAX.replace("    ", "\t").replace(" = ", "  =  ")), True, True),  # whitespace only
+        "carol": (submission(stub=True), False, False),
+        "gina": (submission(stub=True), False, False),
+        "dave": (submission("def softmax(x, axis=-1):\n    return x\n"), False, True),
+        "hank": (submission("def softmax(x, axis=-1):\n    return x\n"), False, False),
+        "erin": (submission(), True, False),
+        "frank": (submission(), False, False),
+    }
+    for student, (text, ok, partly) in students.items():
+        path = subs / student / LESSON / f"{LESSON}.ipynb"
+        path.parent.mkdir(parents=True)
+        path.write_text(text)
+        save_result(out, result(student, ok, partly))
+    return tmp_path
+
+
+def test_report_content(graded):
+    assert main(["report", str(graded / "RESULTS"), "--submissions", str(graded / "SUBMISSIONS")]) == 0
+    page = (graded / "RESULTS" / "report.html").read_text()
+    assert "3/8 (38%)" in page, "softmax passed by 3 of 8"
+    assert "5 &times; weights do not sum to 1 over the keys (...): softmax over the wrong axis?" in page
+    assert "2 &times; masks: masked keys get weight: True means may attend" in page
+    assert page.count("data:image/png;base64,") == 1
+    groups = classreport.identical_groups(
+        [result(s, True) for s in ("alice", "bob", "carol", "dave", "erin", "frank", "gina", "hank")],
+        graded / "SUBMISSIONS")
+    softmax = [(names, ref) for lesson, gid, names, ref in groups if gid == "softmax"]
+    # alice and bob differ only in whitespace; the stubs (carol, gina) and one-liners (dave, hank) are left out.
+    assert (["alice", "bob"], False) in softmax and (["erin", "frank"], True) in softmax and len(softmax) == 2
+    assert "identical: alice, bob" in page and "identical to the reference solution" in page
+    assert not any({"carol", "gina"} & set(names) for _, _, names, _ in groups), "stubs are never identical answers"
+    # One self-contained file: nothing fetched from anywhere.
+    assert "<script" not in page and "http://" not in page and "https://" not in page
+
+
+def test_report_in_headless_chromium(graded):
+    if CHROMIUM is None:
+        pytest.skip("Chromium is not installed (/usr/bin/chromium): `make setup` installs it as root")
+    assert main(["report", str(graded / "RESULTS"), "--submissions", str(graded / "SUBMISSIONS")]) == 0
+    SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+    SCREENSHOT.unlink(missing_ok=True)
+    profile = graded / "profile"
+    run = subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--no-first-run", "--disable-dev-shm-usage", "--hide-scrollbars",
+         f"--user-data-dir={profile}", "--window-size=1100,1400", f"--screenshot={SCREENSHOT}",
+         (graded / "RESULTS" / "report.html").as_uri()],
+        capture_output=True, text=True, timeout=120, start_new_session=True)
+    assert SCREENSHOT.is_file(), f"Chromium wrote no screenshot (status {run.returncode}):\n{run.stderr[-2000:]}"
+    from matplotlib.image import imread
+    pixels = imread(SCREENSHOT)[..., :3]
+    # The histogram's bars (#4c72b0) are on screen: the embedded PNG was decoded and drawn.
+    bars = (abs(pixels - [0x4c / 255, 0x72 / 255, 0xb0 / 255]).max(axis=-1) < 0.03).sum()
+    assert bars > 500, "the histogram is not visible in the rendered page"

@@ -1,0 +1,155 @@
+"""RESULTS/totals.csv and `python -m autograder export`: Canvas's gradebook import (new columns, or the
+columns of a gradebook exported from Canvas), a plain CSV, late penalties from stored submission
+times, and tests the grader could not run, which never count as 0."""
+import csv
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from autograder.__main__ import main
+from autograder.export import write_totals
+from autograder.results import load_results, save_result, write_timestamp
+
+# Canvas's documented gradebook import: these identity columns first, then one column per assignment
+# ("Name (assignment id)" for an existing one); an optional "Points Possible" row under the header.
+CANVAS_COLUMNS = ["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]
+ROSTER = """student,name,email,lms_id,sis_login_id,section
+alice,"Liddell, Alice",alice@example.org,101,aliddell,A
+bob,"Stone, Bob",bob@example.org,102,bstone,A
+carol,"=HYPERLINK(""http://x"")",carol@example.org,103,cdanvers,B
+"""
+TESTS = {"01_attention": [("test_softmax", 2), ("test_causal_mask", 1), ("test_scaled_dot_product_attention", 3)],
+         "02_heads": [("test_split_heads", 2), ("test_merge_heads", 1), ("test_attention", 2),
+                      ("test_per_head_attention", 3)]}
+
+
+def result(student, lesson, points, status=None, grader_error=(), submitted_at=None):
+    tests = []
+    for (test, full), got in zip(TESTS[lesson], points):
+        t = dict(test=test, points=float(got), max_points=float(full),
+                 status=status or ("passed" if got == full else "failed"), message="" if got == full else "wrong")
+        if test in grader_error:
+            t.update(points=0.0, status="error", message="the grader failed on this test", grader_error=True)
+        tests.append(t)
+    return dict(student=student, lesson=lesson, notebook=None, sha256=None, fingerprint=None, grader=None,
+                submitted_at=submitted_at, notes=[], cells={}, tests=tests)
+
+
+@pytest.fixture
+def term(tmp_path):
+    """RESULTS of two lessons: alice full marks then late; bob with a test the grader could not run;
+    carol missing lesson 02."""
+    out = tmp_path / "RESULTS"
+    for r in (result("alice", "01_attention", [2, 1, 3]), result("alice", "02_heads", [2, 1, 2, 1]),
+              result("bob", "01_attention", [2, 0, 3], grader_error={"test_scaled_dot_product_attention"}),
+              result("bob", "02_heads", [2, 1, 0, 3]),
+              result("carol", "01_attention", [1, 1, 0]), result("carol", "02_heads", [0, 0, 0, 0], status="missing")):
+        save_result(out, r)
+    (tmp_path / "roster.csv").write_text(ROSTER)
+    return tmp_path
+
+
+def read(path):
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.reader(f))
+
+
+def test_totals(term):
+    path = write_totals(term / "RESULTS", load_results(term / "RESULTS"))
+    rows = {r["student"]: r for r in csv.DictReader(open(path, newline=""))}
+    assert read(path)[0] == ["student", "01_attention", "02_heads", "total", "max_points", "percentage", "regrade"]
+    assert rows["alice"] == dict(student="alice", **{"01_attention": "6", "02_heads": "6"}, total="12",
+                                 max_points="14", percentage="85.71", regrade="")
+    # The grader could not run one of bob's tests: lesson 01 is left out of his total, not counted as 0.
+    assert rows["bob"]["01_attention"] == "" and rows["bob"]["02_heads"] == "6"
+    assert rows["bob"]["total"] == "6" and rows["bob"]["max_points"] == "8"
+    assert rows["bob"]["regrade"] == "01_attention: test_scaled_dot_product_attention"
+    # Not submitting is a 0.
+    assert rows["carol"]["02_heads"] == "0" and rows["carol"]["percentage"] == "14.29"
+
+
+def test_canvas_import_layout(term, capsys):
+    out = term / "canvas.csv"
+    assert main(["export", str(term / "RESULTS"), "--format", "canvas", "--roster", str(term / "roster.csv"),
+                 "--out", str(out)]) == 0
+    assert "left blank, to be graded again" in capsys.readouterr().err
+    assert (term / "RESULTS" / "totals.csv").is_file()
+    rows = read(out)
+    assert rows[0] == CANVAS_COLUMNS + ["01_attention", "02_heads"]
+    assert rows[1][0].strip() == "Points Possible" and rows[1][5:] == ["6", "8"]
+    by_id = {r[1]: r for r in rows[2:]}
+    assert by_id["101"] == ["Liddell, Alice", "101", "alice", "aliddell", "A", "6", "6"]
+    assert by_id["102"][5:] == ["", "6"], "a test to grade again leaves the cell blank (no change in Canvas)"
+    assert by_id["103"][0].startswith("'="), "a formula in a name is neutralised"
+
+
+def test_canvas_fills_an_exported_gradebook(term):
+    gradebook = term / "export.csv"
+    gradebook.write_text(
+        "Student,ID,SIS User ID,SIS Login ID,Section,Lesson 01: attention (5501),02_heads (5502),Essay (5503),"
+        "Current Score,Final Score\n"
+        "    Points Possible,,,,,6,8,10,(read only),(read only)\n"
+        '"Liddell, Alice",101,alice,aliddell,A,,,9,90,90\n'
+        '"Stone, Bob",102,bob,bstone,A,5,,7,70,70\n'
+        '"Who, Else",199,else,else,B,4,3,8,80,80\n')
+    out = term / "canvas.csv"
+    assert main(["export", str(term / "RESULTS"), "--format", "canvas", "--roster", str(term / "roster.csv"),
+                 "--canvas-gradebook", str(gradebook), "--out", str(out)]) == 0
+    rows = read(out)
+    assert rows[0] == CANVAS_COLUMNS + ["Lesson 01: attention (5501)", "02_heads (5502)"]
+    assert rows[1][0].strip() == "Points Possible"
+    by_id = {r[1]: r for r in rows[2:]}
+    assert by_id["101"][5:] == ["6", "6"]
+    assert by_id["102"][5:] == ["5", "6"], "a lesson to grade again keeps Canvas's value"
+    assert by_id["199"][5:] == ["4", "3"], "a student we did not grade keeps Canvas's values"
+
+
+def test_late_penalties(term, capsys):
+    subs = term / "SUBMISSIONS"
+    deadline = "2025-10-01T23:59:00+00:00"
+    write_timestamp(subs / "alice/02_heads", datetime(2025, 10, 3, 12, 0, tzinfo=timezone.utc))   # 2 days late
+    write_timestamp(subs / "bob/02_heads", datetime(2025, 10, 1, 20, 0, tzinfo=timezone.utc))     # on time
+    args = ["export", str(term / "RESULTS"), "--format", "csv", "--out", str(term / "scores.csv"),
+            "--deadline", f"02_heads={deadline}", "--late-policy", "10%/day,max=15%"]
+    assert main(args + ["--submissions", str(subs)]) == 0
+    rows = {r["student"]: r for r in csv.DictReader(open(term / "scores.csv", newline=""))}
+    # 2 days at 10% a day, capped at 15%: 6 points become 5.1; the raw 6 is kept beside it.
+    assert (rows["alice"]["02_heads"], rows["alice"]["02_heads raw"], rows["alice"]["02_heads penalty %"]) == \
+        ("5.1", "6", "15")
+    assert rows["bob"]["02_heads"] == "6" and rows["bob"]["02_heads penalty %"] == "0"
+    assert rows["carol"]["02_heads"] == "0", "no submission, no time needed"
+    penalties = {r["student"]: r for r in csv.DictReader(open(term / "RESULTS/late-penalties.csv", newline=""))}
+    assert penalties["alice"]["raw"] == "6" and penalties["alice"]["penalised"] == "5.1"
+    assert penalties["alice"]["penalty_percent"] == "15" and penalties["alice"]["late_units"] == "2"
+    # Without a time source the export is refused, and nothing is written.
+    (term / "scores.csv").unlink()
+    assert main(args) == 2
+    assert "no submission time" in capsys.readouterr().err
+    assert not (term / "scores.csv").exists()
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--format", "blackboard"], "unknown format"),
+    (["--format", "canvas", "--roster", "missing.csv"], "cannot read the roster"),
+    (["--format", "canvas", "--roster", "dup.csv"], "duplicate student"),
+    (["--format", "canvas"], "needs --roster"),
+    (["--format", "csv", "--deadline", "01_attention=next friday", "--late-policy", "10%/day"], "not an ISO 8601"),
+    (["--format", "csv", "--deadline", "09_nope=2025-10-01", "--late-policy", "10%/day"], "LESSON=ISO8601"),
+    (["--format", "csv", "--deadline", "01_attention=2025-10-01", "--late-policy", "lots"], "--late-policy takes"),
+    (["--format", "csv", "--deadline", "01_attention=2025-10-01"], "need both"),
+    (["--format", "canvas", "--roster", "roster.csv", "--canvas-gradebook", "roster.csv"], "not a gradebook exported"),
+], ids=["format", "unreadable-roster", "duplicate-id", "no-roster", "bad-deadline", "unknown-lesson", "bad-policy",
+        "policy-missing", "not-a-gradebook"])
+def test_bad_input_is_one_line_and_exit_2(term, capsys, monkeypatch, extra, message):
+    monkeypatch.chdir(term)
+    (term / "dup.csv").write_text("student,lms_id\nalice,1\nalice,2\n")
+    assert main(["export", "RESULTS", "--out", "out.csv"] + extra) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and message in err and "\n" not in err
+    assert not Path("out.csv").exists()
+
+
+def test_export_of_an_empty_folder_is_refused(tmp_path, capsys):
+    assert main(["export", str(tmp_path), "--format", "csv", "--out", str(tmp_path / "x.csv")]) == 2
+    assert "holds no grading results" in capsys.readouterr().err
