@@ -16,9 +16,9 @@ TEXT_STUB = "YOUR ANSWER HERE"
 DEMO_TAG = "demo"  # code cells that only demonstrate (plots, timings, training): grading skips them
 LESSONS_DIR = Path(__file__).resolve().parent.parent / "lessons"
 # A submitted notebook is read only up to these sizes, before JSON parsing: an honest notebook that
-# keeps its figures and outputs is a few MB; 20 MB of nested lists would cost the grader about 1 GiB.
+# keeps its figures and outputs is a few MB; 20 MB of empty lists would cost the grader about 1 GiB.
 MAX_NOTEBOOK_BYTES = 20 << 20
-MAX_CONTAINERS = 1_000_000  # JSON lists and objects (brackets in strings counted too)
+MAX_VALUES = 2_000_000  # JSON values, estimated from commas and brackets (those in strings too)
 TOO_BIG = f"is larger than {MAX_NOTEBOOK_BYTES >> 20} MB; clear large outputs and submit it again"
 
 
@@ -93,8 +93,8 @@ def read_submitted_bytes(path):
 def parse_submission(data):
     """A submitted notebook's bytes as a validated notebook dict; NotebookError naming the first
     field that is not what Jupyter writes (so nothing later trips over a wrong type)."""
-    if data.count(b"[") + data.count(b"{") > MAX_CONTAINERS:
-        raise NotebookError(f"not a plausible notebook: more than {MAX_CONTAINERS} JSON lists and objects")
+    if data.count(b",") + data.count(b"[") + data.count(b"{") > MAX_VALUES:  # parsed, each costs ~60-100 bytes
+        raise NotebookError(f"not a plausible notebook: more than {MAX_VALUES:,} JSON values")
     try:
         nb = parse(data.decode("utf-8"))
     except UnicodeDecodeError as e:

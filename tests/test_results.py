@@ -161,8 +161,9 @@ def test_malformed_notebook_fields_are_a_clear_error(notebook_bytes, how):
 
 
 def test_notebooks_that_would_blow_the_graders_memory_are_refused_before_parsing(notebook_bytes):
-    with pytest.raises(nbk.NotebookError, match="JSON lists and objects"):
-        nbk.parse_submission(b'{"cells": [' + b"[]," * nbk.MAX_CONTAINERS + b"[]]}")
+    for item in (b"[],", b'"ab",', b"{},"):  # each would take the grader past 300 MiB
+        with pytest.raises(nbk.NotebookError, match="JSON values"):
+            nbk.parse_submission(b'{"cells": [' + item * (nbk.MAX_NOTEBOOK_BYTES // len(item) - 10) + b"[]]}")
     with pytest.raises(nbk.NotebookError, match="corrupt JSON"):
         nbk.parse_submission(b"[" * 100_000)
     with pytest.raises(nbk.NotebookError, match="UTF-8"):
