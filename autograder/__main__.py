@@ -115,6 +115,10 @@ def _grade_or_merge(args):
     except Interrupted as e:
         print(e, file=sys.stderr)
         return e.status
+    except KeyboardInterrupt:  # before or after the grading itself: nothing half-written
+        print("interrupted by SIGINT: finished results are kept; run the same command with --resume",
+              file=sys.stderr)
+        return 130
 
 
 def _manifest(args):
