@@ -1,5 +1,5 @@
-"""Everything written from stored results (results.py): grades.csv, feedback pages, Gradescope
-files, the nbgrader gradebook, the grader's error log. Always from everything RESULTS holds, so a
+"""Everything written from stored results (results.py): grades.csv, totals.csv (export.py), feedback
+pages, Gradescope files, the nbgrader gradebook, the grader's error log. Always from everything RESULTS holds, so a
 term graded lesson after lesson keeps every lesson's rows."""
 import html
 import json
@@ -8,6 +8,7 @@ from pathlib import Path
 from autograder import notebook as nbk
 from autograder import results as store
 from autograder.checks import LESSONS
+from autograder.export import write_totals
 
 
 def gather(out, expected=(), problems=None):
@@ -48,6 +49,7 @@ def write_all(out, expected=(), gradescope=False, gradebook=None, problems=None)
     out = Path(out)
     results = gather(out, expected, problems)
     store.write_grades(out / "grades.csv", results)
+    write_totals(out, results)
     # Failures of the grader itself (never of a student's code), for the instructor.
     errors = [f"== {r['student']} {r['lesson']}\n{tb}" for r in results for tb in r.get("grader_errors", [])]
     log = out / "grader-errors.log"
