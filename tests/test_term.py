@@ -60,6 +60,7 @@ def test_lessons_graded_one_after_another_build_one_term(term, tmp_path):
     assert "\n'=bob," in text and "\n=bob" not in text  # the CSV cannot run a formula; the id stays "=bob"
     assert (root / "clean" / "feedback" / "=bob" / f"{L1}.html").exists()
     assert "1 x renamed notebook: dave/01_attention" in clean.stderr
+    assert sorted(r["student"] for r in store.read_csv(root / "clean" / "totals.csv")) == sorted(HONEST)
     points = {s: sum(float(r["points"]) for r in grades if r["student"] == s) for s in HONEST}
     assert points["alice"] == points["dave"] == points["erin"] == 6 and points["=bob"] == 0
     assert 4 <= points["carol"] == points["frank"] < 6  # softmax without the max shift (partial credit)
