@@ -36,6 +36,7 @@ def main(argv=None):
     g.add_argument("--unsafe", action="store_true", help="allow grading without any sandbox")
     g.add_argument("--gradescope", action="store_true", help="also write gradescope/<student>/results.json")
     g.add_argument("--gradebook", metavar="DB", help="also update this nbgrader gradebook (e.g. gradebook.db)")
+    g.add_argument("--course-root", metavar="DIR", help="where --gradebook writes autograded/ (default: its folder)")
     g.add_argument("--quiet", action="store_true", help="no progress output")
     for flag, key, unit in LIMIT_FLAGS:
         g.add_argument(flag, type=int, dest=key, metavar=unit.upper(), help=f"limit per {key.split('_')[0]} ({unit})")
@@ -45,6 +46,7 @@ def main(argv=None):
     m.add_argument("--out", required=True, metavar="MERGED")
     m.add_argument("--gradescope", action="store_true")
     m.add_argument("--gradebook", metavar="DB")
+    m.add_argument("--course-root", metavar="DIR", help="where --gradebook writes autograded/ (default: its folder)")
     m.add_argument("--manifest", metavar="CLASS_JSON", help="check that the shards cover this class list")
     m.add_argument("--allow-partial", action="store_true", help="merge an incomplete shard set, marking the gaps")
 
@@ -52,6 +54,15 @@ def main(argv=None):
     c.add_argument("submissions", metavar="SUBMISSIONS")
     c.add_argument("--out", required=True, metavar="CLASS_JSON")
     c.add_argument("--lesson", action="append", choices=list(LESSONS), help="only this lesson (repeatable)")
+
+    b = sub.add_parser("gradescope-bundle", help="write a Gradescope autograder zip for one lesson")
+    b.add_argument("--lesson", required=True, choices=list(LESSONS), help="the lesson (one per assignment)")
+    b.add_argument("--out", required=True, metavar="ZIP")
+    for flag, default, what in (("--visibility", "visible", "the submission's score and results"),
+                                ("--test-visibility", "visible", "each test's score and message"),
+                                ("--stdout-visibility", "hidden", "the grader's log")):
+        b.add_argument(flag, default=default, choices=["visible", "hidden", "after_due_date", "after_published"],
+                       help=f"when students see {what} (default: {default})")
 
 
     co = sub.add_parser("collect", help="turn an LMS download (a folder or zip) into SUBMISSIONS/<student>/<lesson>/")
@@ -93,6 +104,9 @@ def main(argv=None):
         return _grade_or_merge(args)
     elif args.command in ("collect", "export", "report"):
         return _term(args)
+    elif args.command == "gradescope-bundle":
+        from autograder.gradescope import bundle
+        print(bundle(args.lesson, args.out, args.visibility, args.test_visibility, args.stdout_visibility))
     elif args.command == "sync":
         from autograder.sync import sync
         changed = sync(args.lesson, check=args.check)
@@ -137,7 +151,8 @@ def _manifest(args):
 def _merge(args):
     from autograder.merge import merge
 
-    results = merge(args.results, args.out, args.gradescope, args.gradebook, args.manifest, args.allow_partial)
+    results = merge(args.results, args.out, args.gradescope, args.gradebook, args.manifest, args.allow_partial,
+                    args.course_root)
     _summary(args.out, results)
     return 0
 
@@ -159,7 +174,7 @@ def _grade(args):
     limits = {k: getattr(args, k) for _, k, _ in LIMIT_FLAGS if getattr(args, k) is not None}
     run = grade(args.submissions, args.out, args.lesson, args.jobs, args.resume, shard, mode, limits,
                 args.gradescope, args.gradebook, progress=not args.quiet, all_lessons=args.all_lessons,
-                students=args.student, force=args.force, manifest=args.manifest)
+                students=args.student, force=args.force, manifest=args.manifest, course_root=args.course_root)
     why = ", ".join(f"{n} {reason}" for reason, n in run["reasons"].most_common())
     print(f"graded {run['graded']} submission(s) of {', '.join(run['lessons'])}"
           + (f" ({why})" if args.resume and why else "") + (f"; reused {run['reused']} unchanged" if args.resume else ""),

@@ -459,7 +459,7 @@ def plan(submissions, out, lessons=None, all_lessons=False, students=None, shard
 
 def grade(submissions, out, lessons=None, jobs=1, resume=False, shard=None, mode="bwrap", limits=None,
           gradescope=False, gradebook=None, progress=True, all_lessons=False, students=None, force=False,
-          manifest=None):
+          manifest=None, course_root=None):
     """Grade a class into RESULTS. Returns a summary dict (see __main__). Raises GradeError on bad
     input, before any work, and Interrupted after a clean stop on SIGTERM or SIGINT."""
     klass, lessons, selected, manifest_id, anomalies, out, shard_text = plan(
@@ -503,7 +503,8 @@ def grade(submissions, out, lessons=None, jobs=1, resume=False, shard=None, mode
     store.write_run(out, shard_text, manifest_id, set(store.read_run(out)["lessons"]) | set(lessons))
 
     from autograder import report
-    results = report.write_all(out, {(s, x) for s in selected for x in lessons}, gradescope, gradebook, problems)
+    results = report.write_all(out, {(s, x) for s in selected for x in lessons}, gradescope, gradebook, problems,
+                               course_root)
     stale = [f"{r['student']}/{r['lesson']}" for r in results if r["lesson"] in graders and r.get("grader")
              and r["grader"] != graders[r["lesson"]]]
     for where in stale:

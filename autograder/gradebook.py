@@ -1,39 +1,78 @@
 """The nbgrader gradebook, filled from trusted results, so that `nbgrader export` and the
-formgrader show the scores the grader decided. Student code never touches it."""
+formgrader show the scores the grader decided; and the autograded notebooks formgrader opens
+(formgrader.py). Student code never touches either.
+
+The grader owns every grade's auto_score. An instructor's review (manual_score, extra credit,
+comments, made in formgrader or through nbgrader.api) is never touched: a regrade or a --resume
+keeps it, and nbgrader shows it in place of the auto_score.
+"""
 import os
 import shutil
 import sys
+import warnings
+from datetime import datetime, timezone
 from pathlib import Path
 
+from autograder import notebook as nbk
 
-def update_gradebook(db_path, results, tests):
-    """Create the lessons' structure (assignment, notebook, grade cells) and set every auto_score."""
-    from nbgrader.api import Gradebook, MissingEntry
+
+def update_gradebook(db_path, results, tests, course_root=None):
+    """Create the lessons' structure (assignment, notebook, grade and solution cells), set every
+    auto_score, and write the autograded notebooks under course_root (default: the gradebook's folder)."""
+    from nbgrader.api import Gradebook
+    from sqlalchemy.exc import SAWarning
+
+    from autograder.formgrader import write_autograded
 
     if not shutil.which("alembic"):  # nbgrader runs `alembic`; it sits next to this Python
         os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    with Gradebook(f"sqlite:///{Path(db_path).resolve()}") as gb:
+    with Gradebook(f"sqlite:///{Path(db_path).resolve()}") as gb, warnings.catch_warnings():
+        # nbgrader's add_submission trips SQLAlchemy's autoflush warnings; its rows are right
+        warnings.simplefilter("ignore", SAWarning)
         for lesson, cells in tests.items():
             gb.update_or_create_assignment(lesson)
             gb.update_or_create_notebook(lesson, lesson)
             for test, points in cells:
                 gb.update_or_create_grade_cell(test, lesson, lesson, max_score=points, cell_type="code")
+            # Answer cells, so that formgrader offers a comment box on each.
+            for cell in nbk.code_cells(nbk.read(nbk.lesson_path(lesson))):
+                if nbk.is_answer(cell):
+                    gb.update_or_create_solution_cell(nbk.grade_id(cell), lesson, lesson)
         for r in results:
             if all(t["status"] == "missing" for t in r["tests"]):
                 continue
-            student, lesson = r["student"], r["lesson"]
-            gb.update_or_create_student(student)
-            try:
-                gb.find_submission(lesson, student)
-            except MissingEntry:
-                gb.add_submission(lesson, student)
+            notebook = _submission_notebook(gb, r)
             for t in r["tests"]:
-                try:
-                    grade = gb.find_grade(t["test"], lesson, lesson, student)
-                except MissingEntry:  # a grade cell added after this submission: rebuild it
-                    gb.remove_submission(lesson, student)
-                    gb.add_submission(lesson, student)
-                    grade = gb.find_grade(t["test"], lesson, lesson, student)
+                grade = next(g for g in notebook.grades if g.name == t["test"])
                 grade.auto_score = t["points"]
-                grade.needs_manual_grade = False
+                grade.needs_manual_grade = bool(t.get("grader_error"))  # the grader could not decide
             gb.db.commit()
+    write_autograded(course_root or Path(db_path).resolve().parent, results)
+
+
+def _submission_notebook(gb, r):
+    """The submission's notebook in the gradebook, made if new, with a grade (and a comment) for
+    every cell the lesson has now: a cell added later gets its row without disturbing the others."""
+    from nbgrader.api import Comment, Grade, MissingEntry
+
+    student, lesson = r["student"], r["lesson"]
+    gb.update_or_create_student(student)
+    try:
+        submission = gb.find_submission(lesson, student)
+    except MissingEntry:
+        submission = gb.add_submission(lesson, student)
+    if r.get("submitted_at"):
+        # nbgrader keeps naive UTC times (it compares them with naive due dates)
+        submission.timestamp = datetime.fromisoformat(r["submitted_at"]).astimezone(timezone.utc).replace(tzinfo=None)
+    notebook = gb.find_submission_notebook(lesson, lesson, student)
+    cells = gb.find_notebook(lesson, lesson)
+    have = {g.name for g in notebook.grades}
+    for cell in cells.grade_cells:
+        if cell.name not in have:
+            gb.db.add(Grade(cell=cell, notebook=notebook))
+    have = {c.name for c in notebook.comments}
+    for cell in cells.solution_cells:
+        if cell.name not in have:
+            gb.db.add(Comment(cell=cell, notebook=notebook))
+    gb.db.flush()
+    return notebook

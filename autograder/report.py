@@ -43,7 +43,7 @@ def placeholder(student, lesson, message):
                     for t, p in nbk.lesson_tests(lesson)])
 
 
-def write_all(out, expected=(), gradescope=False, gradebook=None, problems=None):
+def write_all(out, expected=(), gradescope=False, gradebook=None, problems=None, course_root=None):
     """Rewrite grades.csv, feedback, the error log (and Gradescope files, the gradebook) from
     everything stored in RESULTS; returns the results."""
     out = Path(out)
@@ -60,14 +60,15 @@ def write_all(out, expected=(), gradescope=False, gradebook=None, problems=None)
     for r in results:
         store.write_atomic(out / "feedback" / r["student"] / f"{r['lesson']}.html", feedback_page(r))
     if gradescope:
+        from autograder.gradescope import results_json
         for student in sorted({r["student"] for r in results}):
             mine = [r for r in results if r["student"] == student]
             store.write_atomic(out / "gradescope" / student / "results.json",
-                               json.dumps(gradescope_json(mine), indent=1))
+                               json.dumps(results_json(mine), indent=1))
     if gradebook:
         from autograder.gradebook import update_gradebook
         lessons = sorted({r["lesson"] for r in results})
-        update_gradebook(gradebook, results, {lesson: nbk.lesson_tests(lesson) for lesson in lessons})
+        update_gradebook(gradebook, results, {lesson: nbk.lesson_tests(lesson) for lesson in lessons}, course_root)
     return results
 
 
@@ -109,17 +110,3 @@ def feedback_page(r):
             f"<table><tr><th>test</th><th>status</th><th>points</th><th>what to look at</th></tr>{rows}</table>"
             "<p>The grader ran your notebook's code cells except tests and demonstrations, then checked each "
             "function on its own inputs.</p></body></html>\n")
-
-
-def gradescope_json(results):
-    def output(t):
-        lines = [t["message"]] if t["message"] and not t.get("aspects") else []
-        lines += [f"{a['aspect']}: {a['points']:g}/{a['max_points']:g}" + (f" - {a['message']}" if a["message"] and
-                                                                            not a["passed"] else "")
-                  for a in t.get("aspects", [])]
-        return "\n".join(lines)
-
-    tests = [dict(name=f"{r['lesson']}: {t['test']}", score=t["points"], max_score=t["max_points"],
-                  status="passed" if t["status"] == "passed" else "failed", output=output(t))
-             for r in results for t in r["tests"]]
-    return dict(score=sum(t["score"] for t in tests), tests=tests)

@@ -1,0 +1,174 @@
+"""Gradescope: results.json from trusted results, and an autograder zip for one lesson.
+
+Gradescope's contract (https://gradescope-autograders.readthedocs.io/en/latest/specs/): the zip
+holds `setup.sh` (run once, as root, when Gradescope builds the autograder's Ubuntu image) and
+`run_autograder` (run for every submission, with the student's files in /autograder/submission
+and the zip's contents in /autograder/source); `run_autograder` writes
+/autograder/results/results.json. Students never see /autograder/source, where the course
+(solutions, hidden checks, source notebook) lives.
+
+`python -m autograder gradescope-bundle --lesson L --out autograder_L.zip` writes the zip;
+`run_autograder` calls `python -m autograder.gradescope ROOT` (this module).
+"""
+import importlib.metadata
+import json
+import shutil
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+VISIBILITIES = ("visible", "hidden", "after_due_date", "after_published")
+REPO = Path(__file__).resolve().parent.parent
+CONFIG = "gradescope.json"  # the bundle's settings, next to setup.sh in /autograder/source
+STUDENT = "submission"      # Gradescope grades one submission at a time: its folder's name
+EXTRAS = {"06_gpu": "gpu"}  # pyproject extras a lesson's grading needs (lesson 06: Triton)
+CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
+
+
+def feedback_text(t):
+    """A test's feedback as text: its message, or with partial credit each aspect's points and,
+    for a failed one, its message (the test's message joins those already)."""
+    lines = [t["message"]] if t["message"] and not t.get("aspects") else []
+    lines += [f"{'passed' if a['passed'] else 'failed'}: {a['aspect']} ({a['points']:g}/{a['max_points']:g})"
+              + (f": {a['message']}" if a["message"] and not a["passed"] else "") for a in t.get("aspects", [])]
+    return "\n".join(lines)
+
+
+def result_notes(r):
+    """What the grader noted about a submission as a whole: skipped cells, cells that raised."""
+    cells = r.get("cells", {})
+    return (list(r.get("notes", [])) + [f"{cell} was skipped: it {why}" for cell, why in cells.get("skipped", {}).items()]
+            + [f"{cell} raised {e.get('type')}: {e.get('message', '')}" for cell, e in cells.get("errors", {}).items()])
+
+
+def results_json(results, visibility="visible", test_visibility="visible", stdout_visibility="hidden"):
+    """Gradescope's results.json for one student's results (one per lesson), documented fields only."""
+    several = len({r["lesson"] for r in results}) > 1
+    tests = [dict(name=f"{r['lesson']}: {t['test']}" if several else t["test"], score=t["points"],
+                  max_score=t["max_points"], status="passed" if t["status"] == "passed" else "failed",
+                  output=feedback_text(t), visibility=test_visibility)
+             for r in results for t in r["tests"]]
+    lines = [f"{r['lesson']}: {sum(t['points'] for t in r['tests']):g} / "
+             f"{sum(t['max_points'] for t in r['tests']):g} points" for r in results]
+    lines += [note for r in results for note in result_notes(r)]
+    return dict(score=sum(t["score"] for t in tests), output="\n".join(lines), visibility=visibility,
+                stdout_visibility=stdout_visibility, tests=tests)
+
+
+def _course_files(lesson):
+    """(path in the zip, file) of the course a lesson's grading needs: the package's metadata,
+    solutions/, autograder/ and that lesson's folder; no other lesson, no tests, no caches."""
+    files = [REPO / name for name in ("pyproject.toml", "README.md")]
+    for folder in ("solutions", "autograder", f"lessons/{lesson}"):
+        files += [f for f in sorted((REPO / folder).rglob("*")) if f.is_file()
+                  and not any(part.startswith(".") or part == "__pycache__" for part in f.relative_to(REPO).parts)]
+    return [(f"course/{f.relative_to(REPO).as_posix()}", f) for f in files]
+
+
+def setup_script(lesson):
+    extra = f"[{EXTRAS[lesson]}]" if lesson in EXTRAS else ""
+    torch = f"torch=={importlib.metadata.version('torch').split('+')[0]}"  # the torch this was tested with
+    return f"""#!/usr/bin/env bash
+# Gradescope runs this once, as root, when it builds the autograder's image (Ubuntu 24.04 base).
+set -euo pipefail
+root="${{GRADESCOPE_ROOT:-/autograder}}"
+packages="python3 python3-venv python3-pip bubblewrap"
+apt-get install -y -q --no-install-recommends $packages || (apt-get update -q && apt-get install -y -q $packages)
+python3 -m venv "$root/venv"
+pip="$root/venv/bin/python -m pip"
+$pip install --quiet --upgrade pip
+# torch for the CPU (a small wheel); the default index if that one is unreachable.
+$pip install --quiet "{torch}" --index-url {CPU_TORCH_INDEX} || $pip install --quiet "{torch}"
+# Editable, so that solutions/ and the hidden checks stay in $root/source instead of being copied
+# into the venv, which the sandboxed student code can read.
+$pip install --quiet -e "$root/source/course{extra}"
+# Only root may enter the course: a sandbox that runs student code under another uid cannot read it.
+chmod 0700 "$root/source"
+"""
+
+
+RUN_SCRIPT = """#!/usr/bin/env bash
+# Gradescope runs this for every submission: grade /autograder/submission with the sandboxed
+# grader and write /autograder/results/results.json. GRADESCOPE_ROOT and GRADESCOPE_PYTHON
+# move it elsewhere (to test a bundle outside Gradescope).
+root="${GRADESCOPE_ROOT:-/autograder}"
+cd "$root/source/course" && exec "${GRADESCOPE_PYTHON:-$root/venv/bin/python}" -m autograder.gradescope "$root"
+"""
+
+
+def bundle(lesson, out, visibility="visible", test_visibility="visible", stdout_visibility="hidden"):
+    """Write the autograder zip for one lesson (one Gradescope assignment); returns its path."""
+    from autograder import notebook as nbk
+    from autograder.results import UsageError
+
+    if not nbk.lesson_path(lesson).exists():
+        raise UsageError(f"unknown lesson {lesson!r}; lessons are {', '.join(nbk.lesson_names())}")
+    for name, value in (("visibility", visibility), ("test visibility", test_visibility),
+                        ("stdout visibility", stdout_visibility)):
+        if value not in VISIBILITIES:
+            raise UsageError(f"{name} must be one of {', '.join(VISIBILITIES)}, got {value!r}")
+    out = Path(out)
+    if out.is_dir():
+        raise UsageError(f"{out} is a folder: give the zip file's path")
+    config = dict(lesson=lesson, visibility=visibility, test_visibility=test_visibility,
+                  stdout_visibility=stdout_visibility, max_score=sum(p for _, p in nbk.lesson_tests(lesson)))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, text, mode in (("setup.sh", setup_script(lesson), 0o755), ("run_autograder", RUN_SCRIPT, 0o755),
+                                 (CONFIG, json.dumps(config, indent=1) + "\n", 0o644)):
+            info = zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0))
+            info.external_attr = (0o100000 | mode) << 16
+            info.compress_type = zipfile.ZIP_DEFLATED
+            z.writestr(info, text)
+        for name, path in _course_files(lesson):
+            z.write(path, name)
+    tmp.replace(out)
+    return out
+
+
+def stage_submission(uploaded, dest, lesson):
+    """Copy the uploaded notebooks into dest (SUBMISSIONS/<student>/<lesson>/): the one named
+    <lesson>.ipynb if there is one, else every notebook, for the grader to choose or refuse.
+    Links are not followed: they could point at the course."""
+    uploaded = Path(uploaded)
+    found = sorted(p for p in uploaded.rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts
+                   and p.is_file() and not any((uploaded / q).is_symlink() for q in [p.relative_to(uploaded),
+                                                                                    *p.relative_to(uploaded).parents]))
+    named = [p for p in found if p.name == f"{lesson}.ipynb"]
+    dest.mkdir(parents=True)
+    for i, p in enumerate(named[:1] or found):
+        target = dest / p.name
+        shutil.copyfile(p, target if not target.exists() else dest / f"{i}-{p.name}")
+
+
+def run(root):
+    """Grade ROOT/submission as ROOT/source's lesson; write ROOT/results/results.json. Returns the
+    exit status: 1 (and no results.json, so Gradescope reports a failure to rerun rather than a
+    zero) when the grader itself cannot run."""
+    from autograder.grade import grade
+    from autograder.results import UsageError, write_atomic
+    from autograder.worker import SandboxError, choose_mode
+
+    root = Path(root)
+    config = json.loads((root / "source" / CONFIG).read_text(encoding="utf-8"))
+    lesson, start = config["lesson"], time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="gradescope-") as tmp:
+        subs = Path(tmp) / "submissions"
+        stage_submission(root / "submission", subs / STUDENT / lesson, lesson)
+        try:
+            results = grade(subs, Path(tmp) / "results", [lesson], mode=choose_mode("auto"), progress=False)["results"]
+        except (UsageError, SandboxError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+    data = results_json(results, config["visibility"], config["test_visibility"], config["stdout_visibility"])
+    data["execution_time"] = round(time.monotonic() - start)
+    write_atomic(root / "results" / "results.json", json.dumps(data, indent=1))
+    print(f"{lesson}: {data['score']:g} / {config['max_score']:g} points")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run(sys.argv[1]))

@@ -1,0 +1,126 @@
+"""The Gradescope autograder zip, run as Gradescope runs it: unpacked into a root laid out like
+/autograder (source/, submission/, results/), run_autograder called on a correct, a wrong and a
+broken submission, and every results.json validated against Gradescope's documented format.
+setup.sh is not run: the test grades with this venv (GRADESCOPE_PYTHON)."""
+import json
+import os
+import subprocess
+import sys
+import zipfile
+
+import jsonschema
+import pytest
+
+from autograder import notebook as nbk
+from autograder.gradescope import setup_script
+from autograder.release import release
+from tests import mutants
+from tests.lessons import fill
+
+pytestmark = pytest.mark.slow
+LESSON = "01_attention"
+
+# From https://gradescope-autograders.readthedocs.io/en/latest/specs/ ("Output format"): every
+# field it documents, nothing else; a score on the top level or on every test.
+VISIBILITY = {"enum": ["hidden", "after_due_date", "after_published", "visible"]}
+FORMAT = {"enum": ["text", "html", "simple_format", "md", "ansi"]}
+TEST = {"type": "object", "additionalProperties": False, "properties": {
+    "score": {"type": "number"}, "max_score": {"type": "number"}, "status": {"enum": ["passed", "failed"]},
+    "name": {"type": "string"}, "name_format": FORMAT, "number": {"type": "string"},
+    "output": {"type": "string"}, "output_format": FORMAT, "tags": {"type": "array", "items": {"type": "string"}},
+    "visibility": VISIBILITY, "extra_data": {"type": "object"}}}
+RESULTS = {"type": "object", "additionalProperties": False, "properties": {
+    "score": {"type": "number"}, "execution_time": {"type": "number"}, "output": {"type": "string"},
+    "output_format": FORMAT, "test_output_format": FORMAT, "test_name_format": FORMAT, "visibility": VISIBILITY,
+    "stdout_visibility": VISIBILITY, "extra_data": {"type": "object"}, "tests": {"type": "array", "items": TEST},
+    "leaderboard": {"type": "array"}},
+    "anyOf": [{"required": ["score"]}, {"required": ["tests"], "properties": {"tests": {"items": {"required": ["score"]}}}}]}
+# What this course promises on top: the fields the issue names, on every test.
+OURS = {"type": "object", "required": ["score", "output", "tests", "visibility"], "properties": {"tests": {
+    "minItems": 1, "items": {"required": ["name", "score", "max_score", "output", "visibility", "status"]}}}}
+
+
+def autograder(*args):
+    p = subprocess.run([sys.executable, "-m", "autograder", *args], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return p
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gradescope")
+    autograder("gradescope-bundle", "--lesson", LESSON, "--out", str(root / "autograder.zip"),
+               "--test-visibility", "after_due_date", "--visibility", "visible")
+    release(root / "release", [LESSON])
+    return root, nbk.read(root / "release" / LESSON / f"{LESSON}.ipynb")
+
+
+def run_autograder(tmp_path, bundle_zip, files):
+    """Lay out a Gradescope root, upload files {name: bytes}, run run_autograder; results.json."""
+    root = tmp_path / "autograder"
+    for d in ("source", "submission", "results"):
+        (root / d).mkdir(parents=True)
+    with zipfile.ZipFile(bundle_zip) as z:
+        for info in z.infolist():
+            z.extract(info, root / "source")
+            os.chmod(root / "source" / info.filename, (info.external_attr >> 16) & 0o777 or 0o644)
+    (root / "run_autograder").write_bytes((root / "source" / "run_autograder").read_bytes())
+    os.chmod(root / "run_autograder", 0o755)
+    for name, data in files.items():
+        (root / "submission" / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / "submission" / name).write_bytes(data)
+    env = dict(os.environ, GRADESCOPE_ROOT=str(root), GRADESCOPE_PYTHON=sys.executable)
+    p = subprocess.run([str(root / "run_autograder")], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    data = json.loads((root / "results" / "results.json").read_text())
+    jsonschema.validate(data, RESULTS)
+    jsonschema.validate(data, OURS)
+    return data
+
+
+def notebook_bytes(nb):
+    return (json.dumps(nb, indent=1) + "\n").encode()
+
+
+def test_the_zip_holds_the_two_scripts_and_only_this_lesson(bundle):
+    root, _ = bundle
+    with zipfile.ZipFile(root / "autograder.zip") as z:
+        names = set(z.namelist())
+        modes = {i.filename: (i.external_attr >> 16) & 0o777 for i in z.infolist()}
+        setup = z.read("setup.sh").decode()
+    assert {"setup.sh", "run_autograder", "course/pyproject.toml", f"course/lessons/{LESSON}/{LESSON}.ipynb",
+            "course/solutions/attention.py", "course/autograder/checks/attention.py"} <= names
+    assert modes["setup.sh"] & 0o111 and modes["run_autograder"] & 0o111
+    assert {n.split("/")[2] for n in names if n.startswith("course/lessons/")} == {LESSON}
+    assert not any(n.startswith(("course/tests/", "course/.")) or "__pycache__" in n for n in names)
+    assert "bubblewrap" in setup and "download.pytorch.org/whl/cpu" in setup and "torch==" in setup
+    assert "[gpu]" not in setup and "[gpu]" in setup_script("06_gpu")  # Triton only where lesson 06 needs it
+
+
+def test_correct_submission_gets_full_marks(bundle, tmp_path):
+    root, rel = bundle
+    data = run_autograder(tmp_path, root / "autograder.zip", {f"{LESSON}.ipynb": notebook_bytes(fill(rel, LESSON))})
+    assert data["score"] == sum(t["max_score"] for t in data["tests"]) > 0
+    assert {t["status"] for t in data["tests"]} == {"passed"}
+    assert {t["visibility"] for t in data["tests"]} == {"after_due_date"} and data["visibility"] == "visible"
+    assert [t["name"] for t in data["tests"]] == [t for t, _ in nbk.graded_tests(nbk.read(nbk.lesson_path(LESSON)))]
+
+
+def test_wrong_submission_loses_only_its_points_and_is_told_why(bundle, tmp_path):
+    root, rel = bundle
+    what, keyword, code = mutants.for_lesson(LESSON).MUTANTS["softmax"][0]
+    upload = {f"work/{LESSON}.ipynb": notebook_bytes(fill(rel, LESSON, {"softmax": code}))}
+    data = run_autograder(tmp_path, root / "autograder.zip", upload)
+    by_name = {t["name"]: t for t in data["tests"]}
+    assert by_name["test_softmax"]["status"] == "failed"
+    assert by_name["test_softmax"]["score"] < by_name["test_softmax"]["max_score"]  # partial credit at most
+    assert keyword.lower() in by_name["test_softmax"]["output"].lower(), what
+    assert all(t["status"] == "passed" for n, t in by_name.items() if n != "test_softmax")
+    assert data["score"] == sum(t["score"] for t in data["tests"])
+
+
+def test_broken_submission_scores_zero_with_a_reason(bundle, tmp_path):
+    root, _ = bundle
+    data = run_autograder(tmp_path, root / "autograder.zip", {f"{LESSON}.ipynb": b'{"cells": [ not json'})
+    assert data["score"] == 0 and {t["status"] for t in data["tests"]} == {"failed"}
+    assert all("could not be read" in t["output"] for t in data["tests"])
