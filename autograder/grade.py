@@ -225,7 +225,8 @@ def lesson_fingerprint(lesson, tests, mode, limits):
     """What a lesson's verdicts depend on besides the submission: its tests and points, the code
     of its checks, of solutions/ they import, of the grader and the sandbox, the lesson's data
     files, the sandbox mode and limits, and the package's version."""
-    files = _code_closure([f"autograder.checks.{LESSONS[lesson]}", "autograder.grade", "autograder.worker"])
+    files = _code_closure([f"autograder.checks.{LESSONS[lesson]}", "autograder.worker"])
+    files += [ROOT / "autograder" / f"{m}.py" for m in ("grade", "notebook", "results")]  # not their lazy imports
     files += sorted((ROOT / "autograder" / "sandbox").glob("*.py"))
     folder = nbk.lesson_path(lesson).parent
     files += sorted(f for f in folder.iterdir() if f.is_file() and f.suffix != ".ipynb" and not f.name.startswith("."))
