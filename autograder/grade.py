@@ -487,14 +487,17 @@ def grade(submissions, out, lessons=None, jobs=1, resume=False, shard=None, mode
                 done, damaged = store.load_result(out, student, lesson)
                 sha, key = sub.key()
                 if damaged:
-                    problems.append(damaged)
+                    anomalies.add("damaged stored result, graded again", damaged)
                     why = "stored result damaged"
                 elif not done:
                     why = "not graded before"
                 elif done["fingerprint"] == fingerprint(graders[lesson], key, sub.submitted_at):
                     why = "grader failed last time" if any(map(store.needs_regrade, done["tests"])) else None
+                elif done["sha256"] != sha:
+                    why = "submission changed"
                 else:
-                    why = "submission changed" if done["sha256"] != sha else "checks, tests or grader changed"
+                    why = ("submission time changed" if done["submitted_at"] != sub.submitted_at
+                           else "checks, tests or grader changed")
             if why:
                 todo.append((student, lesson, sub))
                 reasons[why] += 1
@@ -511,7 +514,7 @@ def grade(submissions, out, lessons=None, jobs=1, resume=False, shard=None, mode
     for where in stale:
         anomalies.add("result graded by another version of the checks (grade --resume updates it)", where)
     for why in problems:
-        anomalies.add("damaged stored result, graded again", why)
+        anomalies.add("damaged stored result (its tests are errors to regrade)", why)
     return dict(results=results, graded=kept, reused=reused, reasons=reasons, anomalies=anomalies.lines(),
                 lessons=lessons, students=selected, warnings=warnings_)
 

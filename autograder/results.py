@@ -21,7 +21,8 @@ A result (every field checked by validate_result on read):
      submitted_at (ISO 8601 or None), notes: [str],
      cells: {skipped: {label: why}, errors: {label: {type, message}}},
      tests: [{test, points, max_points, status, message,
-              aspects?: [{aspect, points, max_points, passed, message}], grader_error?: bool}]}
+              aspects?: [{aspect, points, max_points, passed, message}], grader_error?: bool}],
+     grader_errors?: [traceback str] (our own bugs, for RESULTS/grader-errors.log)}
 
     status is one of STATUSES. grader_error marks a test the grader itself could not run (a missing
     Triton, a sandbox that did not start, a bug of ours, a shard that was not merged): never count
@@ -39,6 +40,14 @@ keeps them), and capped, so no submission can bloat or garble a report.
 
 Bad input from the instructor (a missing folder, an unreadable manifest) raises UsageError: the
 CLI prints its one line and exits 2.
+
+The API, by use:
+    write a run     prepare_out(out, submissions), save_result(out, r), write_run, write_grades, write_atomic
+    read a term     load_results(out, problems) (valid results only; damaged files described in problems),
+                    load_result(out, student, lesson) -> (result, why), stored_pairs, read_run, read_grades,
+                    needs_regrade(test)
+    CSV exports     csv_text(rows, columns), csv_cell(value), read_csv(path)
+    clean text      clean(text, cap, newlines), check_student(name), cell_error(value)
 """
 import csv
 import hashlib
