@@ -291,6 +291,16 @@ def per_head_attention(x, w_q, w_k, w_v, n_heads, mask=None):
         outs.append(attention(x @ w_q[:, cols], x @ w_k[:, cols], x @ w_v[:, cols], m)[0])
     return torch.stack(outs, dim=1)
 '''),
+        ("float64 inside, einsum over all heads at once", '''
+def per_head_attention(x, w_q, w_k, w_v, n_heads, mask=None):
+    B, T, D = x.shape
+    q, k, v = (torch.einsum("btd,dhe->bhte", x.double(), w.double().view(D, n_heads, D // n_heads))
+               for w in (w_q, w_k, w_v))
+    scores = torch.einsum("bhqe,bhke->bhqk", q, k) / math.sqrt(D // n_heads)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return (scores.softmax(dim=-1) @ v).to(x.dtype)
+'''),
         ("einsum projections", '''
 def per_head_attention(x, w_q, w_k, w_v, n_heads, mask=None):
     q = split_heads(torch.einsum("btd,de->bte", x, w_q), n_heads)

@@ -257,6 +257,12 @@ def concat_and_project(heads, w_o):
     H, Dh = heads.shape[1], heads.shape[-1]
     return sum(heads[:, h] @ w_o[h * Dh:(h + 1) * Dh] for h in range(H))
 '''),
+        ("float64 inside, heads written through their own rows of w_o", '''
+def concat_and_project(heads, w_o):
+    H, Dh = heads.shape[1], heads.shape[-1]
+    out = sum(heads[:, h].double() @ w_o[h * Dh:(h + 1) * Dh].double() for h in range(H))
+    return out.to(heads.dtype)
+'''),
         ("einsum over (h, d)", '''
 def concat_and_project(heads, w_o):
     B, H, T, Dh = heads.shape
@@ -298,6 +304,34 @@ class MultiHeadAttention(nn.Module):
         if need_weights:
             return out, torch.stack(weights, dim=1)
         return out
+'''),
+        ("the scale folded into the queries, fused kernel for the output, weights by einsum", '''
+class MultiHeadAttention(nn.Module):
+    def __init__(self, d_model, n_heads, bias=True):
+        super().__init__()
+        if d_model % n_heads:
+            raise ValueError(f"d_model={d_model} must be a multiple of n_heads={n_heads}")
+        self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
+        self.q_proj, self.k_proj, self.v_proj, self.out_proj = (nn.Linear(d_model, d_model, bias=bias) for _ in range(4))
+
+    def _heads(self, t):
+        return t.unflatten(-1, (self.n_heads, self.head_dim)).transpose(1, 2)
+
+    def forward(self, query, key=None, value=None, mask=None, need_weights=False):
+        key = query if key is None else key
+        value = key if value is None else value
+        q = self._heads(self.q_proj(query) * self.head_dim ** -0.5)
+        k, v = self._heads(self.k_proj(key)), self._heads(self.v_proj(value))
+        if need_weights:
+            scores = torch.einsum("bhqd,bhkd->bhqk", q, k)
+            if mask is not None:
+                scores = scores.masked_fill(~mask, float("-inf"))
+            weights = scores.softmax(dim=-1)
+            out = torch.einsum("bhqk,bhkd->bhqd", weights, v)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
+        out = self.out_proj(out.transpose(1, 2).flatten(2))
+        return (out, weights) if need_weights else out
 '''),
         ("float64 inside, always the explicit path", '''
 class MultiHeadAttention(nn.Module):
