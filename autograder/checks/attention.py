@@ -3,7 +3,8 @@ import numpy as np
 
 from functools import partial
 
-from autograder.checks import Checks, expect_pair, reference
+from autograder.checks import Checks, expect_pair, fail, reference
+from autograder.sandbox.wire import Array
 from autograder.checks import expect_array as _expect_array
 from solutions import attention as ref
 
@@ -93,7 +94,11 @@ def causal_mask(s):
             for nq, nk in sizes:
                 want = reference(ref.causal_mask(nq, nk))
                 top_left = np.tril(np.ones((nq, nk), dtype=bool))
-                expect_array(s.call("causal_mask", nq, nk), want, "causal_mask(n_queries, n_keys)", mistakes=[
+                got = s.call("causal_mask", nq, nk)
+                if isinstance(got, Array) and got.dtype != "bool":
+                    fail(f"causal_mask(n_queries, n_keys) has dtype {got.dtype}: return a boolean mask (dtype bool, "
+                         "True = may attend), e.g. np.ones(..., dtype=bool)")
+                expect_array(got, want, "causal_mask(n_queries, n_keys)", mistakes=[
                     ("it is aligned top-left. With n_keys > n_queries the queries are the *last* n_queries positions "
                      "(a KV cache holds the earlier keys), so query i sees key j iff j <= i + (n_keys - n_queries)",
                      reference(top_left)),

@@ -72,20 +72,30 @@ def _merge_mistakes(x):
 MERGE_HINT = "features h*Dh:(h+1)*Dh of each token are head h's output"
 
 
+def _call_merge(s, x):
+    """merge_heads(x); a failing .view after the transpose gets its explanation."""
+    try:
+        return s.call("merge_heads", tensor(x))
+    except StudentError as e:
+        view = "view" in e.raw_message and ("stride" in e.raw_message or "contiguous" in e.raw_message)
+        fail(f"merge_heads(x) raised {e.type}: {e.message}" + (
+            " (after transpose(1, 2) the tensor is not contiguous in memory: use .reshape, or .contiguous().view)"
+            if view else ""))
+
+
 @CHECKS.add("merge_heads")
 def merge_heads(s):
     rng = s.rng
-    hint = "after transpose(1, 2) the tensor is not contiguous in memory: use .reshape (or .contiguous().view)"
     for dtype in DTYPES:
         for B, H, T, Dh in [(2, 3, 5, 4), (3, 4, 4, 2), (2, 6, 3, 1), (1, 2, 7, 5), (2, 1, 3, 16), (2, 4, 4, 3)]:
             x = (rng.standard_normal((B, H, T, Dh)) * 3).astype(dtype)
-            got = call_named(s, "merge_heads(x)", "merge_heads", tensor(x), hint=hint)
+            got = _call_merge(s, x)
             expect_array(got, reference(ref.merge_heads(as_torch(x))), "merge_heads(x)", lambda: _merge_mistakes(x),
                          axes=("B", "T", "D"), hint=MERGE_HINT)
     # the inverse of split_heads, on the layout split_heads produces
     x = rng.standard_normal((3, 6, 20)).astype(np.float32)
     heads = ref.split_heads(as_torch(x), 4).contiguous().numpy()
-    got = call_named(s, "merge_heads(x)", "merge_heads", tensor(heads), hint=hint)
+    got = _call_merge(s, heads)
     expect_array(got, reference(as_torch(x)), "merge_heads(split_heads(x, n_heads))", lambda: _merge_mistakes(heads),
                  axes=("B", "T", "D"), hint="merge_heads must undo split_heads and give x back: " + MERGE_HINT)
 
