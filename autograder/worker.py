@@ -2,24 +2,35 @@
 
 Modes, strongest first (see README, "The sandbox and what it protects"):
 - bwrap: bubblewrap. New user, PID, network, IPC and mount namespaces; the file system is only
-  the system's libraries, Python and its packages, read-only, plus an empty, writable /scratch
-  (HOME and TMPDIR); /tmp exists but is read-only; no capabilities; dies with the grader. A pids cgroup caps processes where one can be made.
-- unshare: util-linux unshare. No network, its own PID namespace (everything dies with the
-  worker), resource limits. The file system is NOT hidden: run the grader as a user who
+  the system's libraries, Python and its packages, read-only, with debuggers masked, plus an
+  empty, writable /scratch (HOME and TMPDIR); /tmp exists but is read-only; no capabilities;
+  dies with the grader.
+- uid (root, where namespaces are refused: Docker, Kubernetes, Gradescope): each child runs as an
+  unprivileged uid of its own sandbox, which must not be able to read the course (checked at
+  start: fail closed). The worker runs as root and kills and cleans after that uid.
+- unshare: util-linux unshare. No network, its own PID and IPC namespaces (everything dies with
+  the worker), resource limits. The file system is NOT hidden: run the grader as a user who
   cannot read the course repository.
 - none (--unsafe only): a plain subprocess with resource limits.
+Every mode but none: a non-dumpable worker and, in each child, a seccomp filter (no ptrace, no
+process_vm_readv/writev), no capabilities, its own IPC namespace and size-limited /dev/shm where
+the kernel allows, and a memory cgroup (shared memory counts) and a pids cgroup where one can be
+made; the worker checks its own code between submissions and restarts when it changed.
 Every mode: memory, CPU time, file size and process limits on the child, wall-clock limits
-per cell, per call and per notebook, enforced from here by killing.
+per cell, per call and per notebook, enforced from here by killing. Every frame from the
+sandbox is validated, and capped in size and item count, before use.
 """
 import importlib.util
 import itertools
 import json
 import os
+import random
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from pathlib import Path
@@ -30,6 +41,12 @@ SANDBOX_PKG = Path(__file__).resolve().parent / "sandbox"
 SCRATCH = "/scratch"  # inside bubblewrap: the only writable folder (with /dev/shm)
 DEFAULT_LIMITS = dict(memory_mb=3072, cpu_seconds=600, file_mb=64, processes=256,
                       cell_seconds=60, call_seconds=30, notebook_seconds=600)
+# Debuggers are masked inside bubblewrap (the seccomp filter stops them anyway).
+DEBUGGERS = ("gdb", "gdbserver", "gdb-multiarch", "gcore", "strace", "ltrace", "lldb", "lldb-server", "perf",
+             "eu-stack", "pstack")
+MAX_CALLBACKS = 100_000
+# Tests only: a run without the defences this module adds, to show that the attacks they stop are real.
+UNPROTECTED_ENV = "AUTOGRADER_TEST_UNPROTECTED"
 
 
 class SandboxError(RuntimeError):
@@ -44,10 +61,14 @@ class Died(Exception):
     """The child ended (os._exit, a signal, a resource limit) while we waited for it."""
 
 
-def _works(cmd):
+class Malformed(Died):
+    """The child sent something that is not a valid frame: it is killed all the same."""
+
+
+def _works(cmd, **kwargs):
     try:
         return subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              timeout=30).returncode == 0
+                              timeout=30, **kwargs).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
 
@@ -57,15 +78,21 @@ def choose_mode(requested="auto", unsafe=False):
     py = sys.executable
     probes = {"bwrap": _bwrap_base() + ["--", py, "-c", "pass"],
               "unshare": _unshare_base() + [py, "-c", "pass"]}
-    candidates = ["bwrap", "unshare"] if requested == "auto" else [requested]
+    candidates = ["bwrap", "uid", "unshare"] if requested == "auto" else [requested]
+    why = ""
     for mode in candidates:
-        if mode == "none" or (mode in probes and shutil.which(probes[mode][0]) and _works(probes[mode])):
+        if mode == "uid":
+            why = _uid_refusal()
+            if not why:
+                return mode
+        elif mode == "none" or (mode in probes and shutil.which(probes[mode][0]) and _works(probes[mode])):
             if mode == "none" and not unsafe:
                 break
             return mode
     hint = ("install bubblewrap (apt-get install bubblewrap) or util-linux's unshare with user namespaces, "
+            "or run as root with the course unreadable to other users (the uid mode), "
             "or pass --unsafe to grade without a sandbox (only for code you trust)")
-    raise SandboxError(f"no sandbox available for mode {requested!r}: {hint}")
+    raise SandboxError(f"no sandbox available for mode {requested!r}: {why if requested == 'uid' else hint}")
 
 
 def _system_binds():
@@ -76,33 +103,81 @@ def _system_binds():
     return [p for p in dict.fromkeys(paths) if os.path.exists(p)]
 
 
+def _package_dirs():
+    return [str(Path(loc).resolve()) for name in ("solutions", "autograder")
+            for spec in [importlib.util.find_spec(name)] if spec
+            for loc in (spec.submodule_search_locations or [])]
+
+
 def _hidden_packages():
     """Folders of our own packages that the Python binds would expose (a non-editable install)."""
-    hidden = []
-    for name in ("solutions", "autograder"):
-        spec = importlib.util.find_spec(name)
-        for loc in (spec.submodule_search_locations or []) if spec else []:
-            if any(Path(loc).resolve().is_relative_to(Path(b).resolve()) for b in _system_binds()):
-                hidden.append(str(Path(loc).resolve()))
-    return hidden
+    return [loc for loc in _package_dirs()
+            if any(Path(loc).is_relative_to(Path(b).resolve()) for b in _system_binds())]
 
 
-def _bwrap_base():
+def _bwrap_base(shm_mb=64, protect=True):
     cmd = ["bwrap", "--die-with-parent", "--new-session", "--unshare-all", "--cap-drop", "ALL",
            "--uid", "65534", "--gid", "65534", "--proc", "/proc", "--dev", "/dev",
-           "--tmpfs", "/tmp", "--size", str(1 << 30), "--tmpfs", SCRATCH, "--tmpfs", "/dev/shm"]
+           "--tmpfs", "/tmp", "--size", str(1 << 30), "--tmpfs", SCRATCH]
+    cmd += (["--size", str(shm_mb << 20)] if protect else []) + ["--tmpfs", "/dev/shm"]
     for p in _system_binds():
         cmd += ["--ro-bind", p, p]
     for p in _hidden_packages():
         cmd += ["--tmpfs", p]
+    if protect:
+        found = {os.path.realpath(os.path.join(d, name)) for d in ("/usr/bin", "/usr/sbin", "/usr/local/bin", "/bin")
+                 for name in DEBUGGERS if os.path.isfile(os.path.join(d, name))}
+        for path in sorted(found):
+            cmd += ["--ro-bind", "/dev/null", path]
     for dev in sorted(Path("/dev").glob("nvidia*")):  # a GPU, where there is one
         cmd += ["--dev-bind", str(dev), str(dev)]
     return cmd
 
 
 def _unshare_base():
-    cmd = ["unshare", "--net", "--pid", "--fork", "--kill-child", "--mount-proc"]
+    cmd = ["unshare", "--net", "--pid", "--ipc", "--fork", "--kill-child", "--mount-proc"]
     return cmd + ([] if os.geteuid() == 0 else ["--user", "--map-root-user"])
+
+
+def _uid_refusal(uid=None):
+    """Why the uid mode cannot be used here ('' when it can): it needs root, and a uid that can
+    read the Python install (a child imports lazily) but not the course: the lessons, and our
+    packages wherever the worker's Python would find them (an editable install, site-packages)."""
+    if os.geteuid() != 0:
+        return "the uid mode needs the grader to run as root"
+    uid = uid or _free_uid()
+    needed = [sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")]
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # try as that uid, with the worker's view of the packages (not our working folder)
+        try:
+            sys.path[:] = [p for p in sys.path if p not in ("", os.getcwd())]
+            secret = [str(Path(_package_dirs()[-1]).parent / "lessons")]
+            for name in ("solutions", "autograder"):
+                for finder in sys.meta_path:
+                    spec = getattr(finder, "find_spec", lambda *a: None)(name, None)
+                    secret += [spec.origin] + list(spec.submodule_search_locations or []) if spec else []
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            bad = [p for p in needed if not os.access(p, os.R_OK | os.X_OK)]
+            seen = [p for p in dict.fromkeys(secret) if p and os.access(p, os.R_OK)]
+            os.write(w, (f"uid {uid} cannot read the Python install at {', '.join(bad)}" if bad else
+                         f"uid {uid} can read {', '.join(seen)}: make the course owned by root with mode 0700"
+                         if seen else "").encode()[:4000])
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        why = f.read().decode()
+    os.waitpid(pid, 0)
+    return f"the uid mode needs the course unreadable to other users and Python readable: {why}" if why else ""
+
+
+def _free_uid():
+    """An unprivileged uid of our own: no account, no files (a random one in a range far above
+    real accounts, so that two sandboxes, even of two graders, almost never share one)."""
+    return random.randrange(1_000_000, 2_000_000_000)
 
 
 def _env(scratch):
@@ -114,41 +189,70 @@ def _env(scratch):
     return env
 
 
-class _PidsCgroup:
-    """A pids cgroup (v1 or v2) capping the sandbox's processes, where we may make one."""
+class _Cgroups:
+    """A pids cgroup capping the sandbox's processes and a memory cgroup (v1 or v2) where we may
+    make them. The memory one counts what rlimits cannot: SysV and /dev/shm memory."""
 
     _count = itertools.count()
 
-    def __init__(self, limit):
-        self.path = None
-        for root in ("/sys/fs/cgroup/pids", "/sys/fs/cgroup"):
-            if os.access(root, os.W_OK) and os.path.exists(os.path.join(root, "cgroup.procs")):
-                path = os.path.join(root, f"mha-autograder-{os.getpid()}-{next(self._count)}")
-                try:
-                    os.mkdir(path)
-                    Path(path, "pids.max").write_text(str(limit))
-                    self.path = path
-                    return
-                except OSError:
-                    shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else None
+    def __init__(self, processes, memory):
+        self.paths = {}
+        name = f"mha-autograder-{os.getpid()}-{next(self._count)}"
+        for controller, files in (("pids", ("pids.max",)), ("memory", ("memory.limit_in_bytes", "memory.max"))):
+            if controller == "memory" and not memory:
+                continue
+            for root in (f"/sys/fs/cgroup/{controller}", "/sys/fs/cgroup"):
+                if os.path.exists(os.path.join(root, "cgroup.procs")) and os.access(root, os.W_OK):
+                    path = os.path.join(root, name)
                     try:
-                        os.rmdir(path)
+                        os.makedirs(path, exist_ok=True)
+                        if not any(os.path.exists(os.path.join(path, f)) for f in files):
+                            raise OSError("controller not enabled")
+                        if controller == "pids":
+                            Path(path, "pids.max").write_text(str(processes))
+                        self.paths[controller] = path
+                        break
                     except OSError:
-                        pass
+                        if not self.paths or path not in self.paths.values():
+                            self._rmdir(path)
+
+    @property
+    def path(self):
+        return self.paths.get("pids")
 
     def join(self):
-        """In the new process, before exec: move it into the cgroup."""
-        if self.path:
-            Path(self.path, "cgroup.procs").write_text(str(os.getpid()))
+        """In the new process, before exec: move it into the cgroups."""
+        for path in dict.fromkeys(self.paths.values()):
+            Path(path, "cgroup.procs").write_text(str(os.getpid()))
+
+    def limit_memory(self, extra_mb):
+        """Once the worker has imported everything: what it uses now plus extra_mb, for everything."""
+        path = self.paths.get("memory")
+        if not path:
+            return
+        v1 = os.path.exists(os.path.join(path, "memory.limit_in_bytes"))
+        used = int(Path(path, "memory.usage_in_bytes" if v1 else "memory.current").read_text())
+        limit = str(used + extra_mb * 2**20)
+        for f in (("memory.limit_in_bytes", "memory.memsw.limit_in_bytes") if v1 else ("memory.max", "memory.swap.max")):
+            try:
+                Path(path, f).write_text(limit if "swap." not in f else "0")
+            except OSError:
+                pass  # no swap accounting: there is no swap to count, or the RAM limit still holds
 
     def remove(self):
-        if self.path:
-            for _ in range(50):
-                try:
-                    os.rmdir(self.path)
-                    return
-                except OSError:
-                    time.sleep(0.05)
+        for path in dict.fromkeys(self.paths.values()):
+            self._rmdir(path)
+
+    @staticmethod
+    def _rmdir(path):
+        for _ in range(50):
+            try:
+                os.rmdir(path)
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                time.sleep(0.05)
 
 
 class Sandbox:
@@ -156,15 +260,19 @@ class Sandbox:
 
     def __init__(self, mode, limits=None, data_dir=None):
         self.mode, self.limits = mode, dict(DEFAULT_LIMITS, **(limits or {}))
-        self.data_dir = data_dir
-        self._tmp = tempfile.mkdtemp(prefix="mha-sandbox-")
+        self.protect = mode != "none" and os.environ.get(UNPROTECTED_ENV) != "1"
+        # The uid mode's child must be able to enter this folder: not one inside a private one.
+        self._tmp = tempfile.mkdtemp(prefix="mha-sandbox-", dir="/tmp" if mode == "uid" else None)
         pkg = Path(self._tmp, "sandbox")  # a private copy of the sandbox code: nothing else of ours
         shutil.copytree(SANDBOX_PKG, pkg, ignore=shutil.ignore_patterns("__pycache__"))
         self.ctl, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         fd = child_end.fileno()
         runner = [sys.executable, "-m", "sandbox.runner", str(fd)]
+        flags = [] if self.protect else ["--unprotected"]
+        popen_env = None
         if mode == "bwrap":
-            cmd = _bwrap_base() + ["--ro-bind", self._tmp, "/opt/grader", "--chdir", SCRATCH, "--clearenv"]
+            cmd = _bwrap_base(self.limits["memory_mb"], self.protect)
+            cmd += ["--ro-bind", self._tmp, "/opt/grader", "--chdir", SCRATCH, "--clearenv"]
             for k, v in dict(_env(SCRATCH), PYTHONPATH="/opt/grader").items():
                 cmd += ["--setenv", k, v]
             if data_dir:
@@ -172,21 +280,38 @@ class Sandbox:
             # Everything read-only but /scratch and /dev/shm, which the worker wipes after every
             # submission. (/tmp may hold mount points of the binds: it must not be writable.)
             cmd += ["--remount-ro", "/tmp", "--remount-ro", "/", "--"] + runner + [SCRATCH, "--private-tmp", "--pidns"]
-            popen_env = None
+            self.course_dir = "/course" if data_dir else None
         else:
             scratch = Path(self._tmp, "scratch")
             scratch.mkdir()
             local = dict(_env(str(scratch)), PYTHONPATH=self._tmp)
-            if mode == "unshare":
+            self.course_dir = str(data_dir) if data_dir else None
+            if mode == "uid":
+                uid = _free_uid()
+                why = _uid_refusal(uid)
+                if why:
+                    shutil.rmtree(self._tmp, ignore_errors=True)
+                    raise SandboxError(why)
+                # The child may enter our folder (not list it), and write only to its scratch;
+                # the course's data files are copied where it may read them.
+                os.chmod(self._tmp, 0o711)
+                os.chown(scratch, uid, uid)
+                if data_dir:
+                    self.course_dir = shutil.copytree(data_dir, Path(self._tmp, "course"))
+                    for root, dirs, files in os.walk(self.course_dir):
+                        for name in dirs + files:
+                            os.chmod(os.path.join(root, name), 0o755 if name in dirs else 0o644)
+                    os.chmod(self.course_dir, 0o755)
+                cmd, popen_env = runner + [str(scratch), f"--uid={uid}"], local
+            elif mode == "unshare":
                 cmd, popen_env = _unshare_base() + runner + [str(scratch), "--pidns"], local
             else:
                 cmd, popen_env = runner + [str(scratch)], local
-        self.course_dir = "/course" if mode == "bwrap" else (str(data_dir) if data_dir else None)
-        self.cgroup = _PidsCgroup(self.limits["processes"])
+        self.cgroup = _Cgroups(self.limits["processes"], memory=self.protect)
         if self.cgroup.path and mode != "bwrap":
             cmd.append(f"--cgroup={self.cgroup.path}")
-        self.proc = subprocess.Popen(cmd, pass_fds=[fd], env=popen_env, cwd=self._tmp, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        self.proc = subprocess.Popen(cmd + flags, pass_fds=[fd], env=popen_env, cwd=self._tmp,
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                      start_new_session=True, preexec_fn=self.cgroup.join)
         child_end.close()
         reply = self._recv(120)
@@ -194,14 +319,17 @@ class Sandbox:
             err = self.proc.stderr.read1(4000).decode(errors="replace") if self.proc.poll() is not None else ""
             self.close()
             raise SandboxError(f"the {mode} sandbox did not start: {err.strip()[-800:] or 'no answer'}")
+        self.cgroup.limit_memory(self.limits["memory_mb"])
 
     def _recv(self, timeout):
+        """One control message from the worker, a dict with a str "op" (None when it is gone or
+        sent anything else: the worker is ours, but a broken one must not break the grader)."""
         self.ctl.settimeout(timeout)
         try:
-            msg = self.ctl.recv(65536)
-        except (socket.timeout, OSError):
+            msg = json.loads(self.ctl.recv(65536) or "null")
+        except (socket.timeout, OSError, ValueError, RecursionError):
             return None
-        return json.loads(msg) if msg else None
+        return msg if isinstance(msg, dict) and isinstance(msg.get("op"), str) else None
 
     def alive(self):
         return self.proc.poll() is None
@@ -220,6 +348,18 @@ class Sandbox:
             theirs.close()
         return ours
 
+    def reap(self):
+        """Before a bounded call: the worker kills every process of the sandbox but itself and the
+        serving child, from its own list (daemons the submission started would run outside the bound)."""
+        try:
+            self.ctl.send(json.dumps({"op": "reap"}).encode())
+        except OSError as e:
+            raise SandboxError(f"the sandbox stopped answering: {e}") from None
+        reply = self._recv(30)
+        if reply is None or reply["op"] != "reaped":
+            self.close()
+            raise SandboxError("the sandbox stopped answering")
+
     def stop_child(self, data):
         """Make sure the current child is gone and the worker is clean again."""
         data.close()  # a child waiting for a request now ends by itself
@@ -232,7 +372,9 @@ class Sandbox:
             reply = self._recv(max(deadline - time.monotonic(), 0.01))
             if reply is None:
                 break
-            if reply.get("op") == "exited":
+            if reply["op"] == "exited":
+                if reply.get("restart"):  # the worker found its own code changed: a fresh one next time
+                    self.close()
                 return
         self.close()
         raise SandboxError("the sandbox stopped answering")
@@ -258,8 +400,8 @@ class Session:
     """One submission in a sandbox: run its cells, then forward check requests to it.
 
     A cell that hangs past its limit or kills the process is skipped on a restart, so the rest
-    of the notebook can still be graded; a check whose call hangs or crashes gets an error and
-    the next check runs in a restarted child.
+    of the notebook can still be graded; a check whose call hangs or crashes gets an "unchecked"
+    reply and the next check runs in a restarted child.
     """
 
     MAX_STARTS = 6
@@ -271,6 +413,8 @@ class Session:
         self.data = None
         self.starts = 0
         self.deadline = time.monotonic() + sandbox.limits["notebook_seconds"]
+        # What the grader parses from the sandbox is capped (its own memory); tests may lift it.
+        self.caps = {} if sandbox.protect else {"max_bytes": 2**32 - 1, "max_tokens": None}
 
     def _recv(self, timeout):
         timeout = min(timeout, self.deadline - time.monotonic())
@@ -278,16 +422,32 @@ class Session:
             raise Timeout("notebook")
         self.data.settimeout(timeout)
         try:
-            msg = wire.recv_frame(self.data)
+            msg = wire.recv_frame(self.data, **self.caps)
         except socket.timeout:
             raise Timeout("call") from None
-        except (OSError, wire.WireError) as e:
+        except wire.WireError as e:
+            raise Malformed(str(e)) from None
+        except OSError as e:
             raise Died(str(e)) from None
         if msg is None:
             raise Died("the process ended")
         if not isinstance(msg, dict):
-            raise Died("it sent a malformed message")
+            raise Malformed("a message that is not a JSON object")
         return msg
+
+    def _progress(self, msg, n):
+        """A cell progress frame, validated: ("done",), ("start", i) or ("end", i, error or None)."""
+        if msg.get("cells") == "done":
+            return ("done",)
+        cell, state = msg.get("cell"), msg.get("state")
+        if not self.sandbox.protect:  # tests only: trust the frame, as the grader once did
+            return ("start", cell) if state == "start" else ("end", cell, msg.get("error"))
+        if type(cell) is not int or not 0 <= cell < n or state not in ("start", "done"):
+            raise Malformed(f"a malformed cell message {str(msg)[:100]!r}")
+        error = msg.get("error")
+        if state == "done" and error is not None and _student_error(error) is None:
+            raise Malformed("a malformed cell error")
+        return ("start", cell) if state == "start" else ("end", cell, error and _student_error(error))
 
     def open(self):
         """(Re)start the child and run the cells; raises SandboxError when it cannot be done."""
@@ -305,13 +465,13 @@ class Session:
             try:
                 wire.send_frame(self.data, {"cells": [self.cells[i] for i in run]})
                 while True:
-                    msg = self._recv(self.sandbox.limits["cell_seconds"])
-                    if msg.get("cells") == "done":
+                    frame = self._progress(self._recv(self.sandbox.limits["cell_seconds"]), len(run))
+                    if frame[0] == "done":
                         return
-                    current = run[msg["cell"]] if isinstance(msg.get("cell"), int) and msg["cell"] < len(run) else None
-                    if msg.get("state") == "done":
-                        if msg.get("error") and current is not None:
-                            self.cell_errors[current] = msg["error"]
+                    current = run[frame[1]]
+                    if frame[0] != "start":
+                        if frame[2]:
+                            self.cell_errors[current] = frame[2]
                         current = None
             except Timeout as e:
                 if str(e) == "notebook" or current is None:
@@ -322,23 +482,60 @@ class Session:
                     raise SandboxError(f"the notebook's process ended: {e}") from None
                 self.skipped[current] = "ended the Python process (os._exit, a crash or a resource limit)"
 
-    def transport(self, request):
-        """Send one check request; a hang or crash becomes an error reply, and the child is restarted next time."""
+    def transport(self, request, callback=None):
+        """Send one check request; returns its reply (interfaces.md, section 1): ok, error (the
+        student's exception), over_budget, or unchecked when the code could not be run to the end
+        (a hang, the process ended, a malformed reply); the child is restarted next time.
+        callback: the handler of the call's host_callback frames (Subject.call_with_callbacks)."""
         if self.data is None:
             self.open()
         try:
+            if request.get("bound_mb") is not None:
+                self.sandbox.reap()
             wire.send_frame(self.data, request)
-            return self._recv(self.sandbox.limits["call_seconds"])
+            for _ in range(MAX_CALLBACKS + 1):
+                reply = self._recv(self.sandbox.limits["call_seconds"])
+                if "callback" not in reply:
+                    return self._reply(reply)
+                if callback is None:
+                    raise Malformed("a callback outside a call that allows them")
+                try:
+                    answer = wire.encode_plain(callback(wire.decode(reply["callback"])))
+                except wire.WireError as e:
+                    raise Malformed(f"a malformed callback: {e}") from None
+                except BaseException:  # the check's own verdict (or bug): the call cannot go on
+                    self.close()
+                    raise
+                wire.send_frame(self.data, {"callback_reply": answer})
+            raise Malformed(f"more than {MAX_CALLBACKS} callbacks in one call")
         except Timeout as e:
             self.close()
             if str(e) == "notebook":
-                return _error("Timeout", "the notebook's total time limit ran out")
-            return _error("Timeout", f"your code did not finish within {self.sandbox.limits['call_seconds']} s "
-                                     "(an infinite loop?)")
+                return {"unchecked": "the notebook's total time limit ran out"}
+            return {"unchecked": f"your code did not finish within {self.sandbox.limits['call_seconds']} s "
+                                 "(an infinite loop?)"}
+        except Malformed as e:
+            self.close()
+            return {"unchecked": f"your code could not be checked: its process sent {str(e)[:200]}"}
         except (Died, OSError):
             self.close()
-            return _error("ProcessEnded", "your code ended the Python process (os._exit, sys.exit in a thread, "
-                                          "a crash, or a memory or CPU limit)")
+            return {"unchecked": "your code ended the Python process (os._exit, sys.exit in a thread, "
+                                 "a crash, or a memory or CPU limit)"}
+
+    def _reply(self, reply):
+        """A reply frame, validated: exactly one known key, and an error that is plain data."""
+        if not self.sandbox.protect:
+            return reply
+        if len(reply) != 1 or not {"ok", "error", "over_budget"} & reply.keys():
+            raise Malformed("a malformed reply")
+        if "error" in reply:
+            error = _student_error(reply["error"])
+            if error is None:
+                raise Malformed("a malformed error reply")
+            return {"error": error}
+        if "over_budget" in reply:
+            return {"over_budget": str(reply["over_budget"])[:500]}
+        return reply
 
     def close(self):
         if self.data is not None:
@@ -346,5 +543,10 @@ class Session:
             self.sandbox.stop_child(data)
 
 
-def _error(kind, message):
-    return {"error": {"type": kind, "mro": [kind], "message": message}}
+def _student_error(e):
+    """A student's exception as sent by the sandbox ({type, mro, message}), as plain strings of
+    bounded length; None for anything else."""
+    if not (isinstance(e, dict) and isinstance(e.get("type"), str) and isinstance(e.get("message"), str)
+            and isinstance(e.get("mro"), list) and all(isinstance(m, str) for m in e["mro"])):
+        return None
+    return {"type": e["type"][:200], "mro": [m[:200] for m in e["mro"][:64]], "message": e["message"][:2000]}

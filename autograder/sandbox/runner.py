@@ -1,26 +1,111 @@
-"""The sandboxed worker: python -m sandbox.runner CONTROL_FD SCRATCH [--private-tmp] [--pidns] [--cgroup=DIR]
+"""The sandboxed worker:
+python -m sandbox.runner CONTROL_FD SCRATCH [--private-tmp] [--pidns] [--cgroup=DIR] [--uid=N] [--unprotected]
 
 SCRATCH is the only writable folder the worker cleans; --private-tmp adds /dev/shm (only ours
-inside bubblewrap).
+inside bubblewrap). --uid=N (the "uid" mode, where namespaces are refused): the worker runs as
+root and each child as the unprivileged uid N, which owns nothing of the course.
 
 It imports the heavy libraries and builds an IPython shell once, then, for each submission,
 forks a child that runs the student's cells and answers the grader's requests over a fresh
-socket the grader passed in. Between submissions it kills whatever the child left behind
-and wipes every writable place, so no submission can see or touch another.
+socket the grader passed in. Between submissions it kills whatever the child left behind,
+wipes every writable place and checks that nothing of its own changed, so no submission can
+see or touch another.
+
+The child cannot reach the worker: the worker is not dumpable (no ptrace, no /proc/<pid>/mem
+without CAP_SYS_PTRACE, which no child has), and each child runs under a seccomp filter that
+refuses ptrace and process_vm_readv/writev, with no capabilities, in its own IPC namespace
+with its own size-limited /dev/shm where the kernel allows one (see isolate()).
+--unprotected (tests only) leaves all that out, to show that the attacks it stops are real.
 
 Control messages (JSON over a SOCK_SEQPACKET socket) from the grader: start (with the data
-socket attached) and kill; the worker answers ready, then exited after each child.
+socket attached), reap (kill every process of the sandbox but the worker and the child) and
+kill; the worker answers ready, reaped, and exited after each child.
 """
+import ctypes
+import hashlib
 import json
+import marshal
 import os
+import platform
 import resource
 import select
 import shutil
 import signal
 import socket
+import struct
 import sys
+import time
+import traceback
+import types
 
 PRIVATE = ("/dev/shm",)  # with --private-tmp (bubblewrap) this is ours alone, as is the scratch folder
+SHARED = ("/dev/shm", "/tmp", "/var/tmp")  # writable by anyone: in the uid mode, what the uid made goes
+LIBC = ctypes.CDLL(None, use_errno=True)
+LIBC.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 4, 38, 22, 2
+CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWUSER = 0x00020000, 0x08000000, 0x10000000
+MS_NOSUID, MS_NODEV, MS_REC, MS_PRIVATE = 2, 4, 0x4000, 1 << 18
+# Syscalls no child may make, by architecture: (audit arch, socket, then ptrace, process_vm_readv,
+# process_vm_writev, pidfd_getfd). Anything else one could reach the worker with already needs
+# ptrace access to it, which non-dumpability refuses. socket() is refused for IP and packet
+# sockets only: the network, in the uid mode, which has no network namespace.
+SECCOMP_ARCH = {"x86_64": (0xC000003E, 41, 101, 310, 311, 438), "aarch64": (0xC00000B7, 198, 117, 270, 271, 438)}
+AF_INET, AF_INET6, AF_PACKET = 2, 10, 17
+
+
+def _check(ret, what):
+    if ret != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def seccomp_program():
+    """The BPF filter (bytes of sock_filter) that refuses the syscalls above with EPERM. Other
+    ABIs (i386 via int 0x80, x32) are refused whole: Python never uses them."""
+    arch, socket_nr, *denied = SECCOMP_ARCH[platform.machine()]  # KeyError: fail closed elsewhere
+    allow, eperm = 0x7FFF0000, 0x00050000 | 1
+    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
+    prog = [(ld, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, eperm), (ld, 0, 0, 0)]  # [4]: arch, [0]: nr
+    if arch == 0xC000003E:
+        prog.append((jge, 0, 1, 0x40000000))  # the x32 ABI's syscall numbers
+        prog.append((ret, 0, 0, eperm))
+    for nr in denied:
+        prog += [(jeq, 0, 1, nr), (ret, 0, 0, eperm)]
+    prog += [(jeq, 0, 5, socket_nr), (ld, 0, 0, 16),  # [16]: the first argument, the address family
+             (jeq, 2, 0, AF_INET), (jeq, 1, 0, AF_INET6), (jeq, 0, 1, AF_PACKET), (ret, 0, 0, eperm)]
+    prog.append((ret, 0, 0, allow))
+    return b"".join(struct.pack("HBBI", *ins) for ins in prog)
+
+
+def install_seccomp(program):
+    """No new privileges (setuid binaries stay unprivileged), then the filter, for this process
+    and everything it starts."""
+    buf = ctypes.create_string_buffer(program, len(program))
+    fprog = struct.pack("HxxxxxxQ", len(program) // 8, ctypes.addressof(buf))
+    _check(LIBC.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    _check(LIBC.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.c_char_p(fprog), 0, 0), "seccomp")
+
+
+def drop_capabilities():
+    """Empty effective, permitted and inheritable sets (a child of a root worker is root)."""
+    header = ctypes.create_string_buffer(struct.pack("Ii", 0x20080522, 0))  # version 3, this thread
+    _check(LIBC.capset(header, ctypes.create_string_buffer(24)), "capset")
+
+
+def isolate(shm_bytes):
+    """A fresh IPC namespace (SysV objects die with the child) and a fresh /dev/shm of at most
+    shm_bytes, for this child only. Unprivileged (bubblewrap), that takes a user namespace of
+    our own, mapping only our ids. Returns False where the kernel refuses (README)."""
+    uid, gid = os.geteuid(), os.getegid()
+    if LIBC.unshare(CLONE_NEWIPC | CLONE_NEWNS) != 0:
+        if LIBC.unshare(CLONE_NEWUSER | CLONE_NEWIPC | CLONE_NEWNS) != 0:
+            return False
+        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+            with open(f"/proc/self/{name}", "w") as f:
+                f.write(text)
+    LIBC.mount(None, b"/", None, MS_REC | MS_PRIVATE, None)  # our mounts must not propagate out
+    # Where this is refused, the child shares the sandbox's /dev/shm, which the worker wipes.
+    return LIBC.mount(b"tmpfs", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV, f"size={shm_bytes}".encode()) == 0
 
 
 def preload():
@@ -34,6 +119,8 @@ def preload():
     from IPython.core.interactiveshell import InteractiveShell
     from traitlets.config import Config
 
+    from . import server, wire  # noqa: F401  (imported here, so that children import nothing of ours)
+
     try:
         import triton  # noqa: F401
     except ImportError:
@@ -42,6 +129,25 @@ def preload():
     config = Config()
     config.HistoryManager.enabled = False
     return InteractiveShell.instance(config=config)
+
+
+def fingerprint(shell):
+    """What the worker relies on between submissions: the code of the sandbox package, the set of
+    imported modules, the pristine shell and the builtins. It changes only if something reached
+    into the worker, which then restarts rather than grade the next submission with it."""
+    h = hashlib.sha256(" ".join(sorted(sys.modules)).encode())
+    for name in (__name__, f"{__package__}.server", f"{__package__}.wire", f"{__package__}.helpers"):
+        for obj in list(vars(sys.modules[name]).values()):
+            for fn in [obj] + (list(vars(obj).values()) if isinstance(obj, type) else []):
+                if isinstance(fn, types.FunctionType):
+                    h.update(marshal.dumps(fn.__code__) + repr((id(fn), fn.__defaults__)).encode())
+    import builtins
+    for space in (shell.user_ns, vars(builtins)):
+        h.update(repr(sorted((k, id(v)) for k, v in space.items())).encode())
+    hooks = (shell.input_transformers_post, shell.input_transformer_manager.cleanup_transforms,
+             shell.input_transformer_manager.line_transforms, shell.ast_transformers, shell.custom_exceptions)
+    h.update(repr([[id(x) for x in hook] for hook in hooks]).encode())
+    return h.digest()
 
 
 class Sink:
@@ -76,12 +182,22 @@ def set_limits(limits):
         resource.setrlimit(rlimit, (value, value))
 
 
-def child(data, shell, start, scratch):
+def child(data, shell, start, scratch, opts):
     """Run the submission's cells, then serve requests until the grader closes the socket."""
     from .server import ObjectServer, describe
     from .wire import recv_frame, send_frame
 
     os.setsid()
+    if opts["protect"]:
+        with open("/proc/self/oom_score_adj", "w") as f:  # under a memory cgroup, the child goes first
+            f.write("1000")
+        isolate(min(start["limits"]["memory_mb"], 1024) * 2**20)
+        if opts["uid"]:  # after isolate(), which may need root
+            os.setgroups([])
+            os.setgid(opts["uid"])
+            os.setuid(opts["uid"])
+        drop_capabilities()
+        install_seccomp(opts["seccomp"])
     os.makedirs(scratch, exist_ok=True)
     os.chdir(scratch)
     os.environ["HOME"] = scratch
@@ -104,6 +220,15 @@ def child(data, shell, start, scratch):
         send_frame(data, {"cell": i, "state": "done", "error": describe(error) if error else None})
     send_frame(data, {"cells": "done"})
     server = ObjectServer(shell.user_ns)
+
+    def channel(payload):  # host_callback: the grader runs its handler and answers
+        send_frame(data, {"callback": payload})
+        reply = recv_frame(data)
+        if not isinstance(reply, dict) or "callback_reply" not in reply:
+            raise RuntimeError("the grader did not answer the callback")
+        return reply["callback_reply"]
+
+    server.channel = channel
     while (request := recv_frame(data)) is not None:
         send_frame(data, server.handle(request))
 
@@ -127,8 +252,9 @@ def wipe(places):
                 pass
 
 
-def supervise(ctl, pid):
-    """Wait for the child, killing it when the grader says so; returns its wait status."""
+def supervise(ctl, pid, opts):
+    """Wait for the child, killing it when the grader says so, and the rest of the sandbox when a
+    bounded call is about to run (see reap()); returns its wait status."""
     while True:
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
@@ -136,29 +262,89 @@ def supervise(ctl, pid):
         ready, _, _ = select.select([ctl], [], [], 0.02)
         if ready:
             msg = ctl.recv(65536)
-            if not msg or json.loads(msg).get("op") == "kill":
+            op = json.loads(msg).get("op") if msg else None
+            if op == "reap":
+                reap(opts, keep=(pid,))
+                ctl.send(json.dumps({"op": "reaped"}).encode())
+            elif op == "kill" or not msg:
                 os.killpg(pid, signal.SIGKILL)
                 if not msg:
                     os.waitpid(pid, 0)
                     sys.exit(0)
 
 
-def _cgroup_procs(cgroup):
+def _pids(opts):
+    """Every live process of this sandbox but the worker, from our own records: the whole PID
+    namespace (but its init, bubblewrap), our cgroup, and in the uid mode the child's uid."""
+    found = set()
     try:
-        with open(os.path.join(cgroup, "cgroup.procs")) as f:
-            return f.read().split()
+        with open(os.path.join(opts["cgroup"], "cgroup.procs")) as f:
+            found.update(f.read().split())
     except (OSError, TypeError):
-        return []
+        pass
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if opts["pidns"]:
+                found.add(pid)
+            elif opts["uid"]:
+                with open(f"/proc/{pid}/status") as f:
+                    if next(line for line in f if line.startswith("Uid:")).split()[1] == str(opts["uid"]):
+                        found.add(pid)
+        except (OSError, StopIteration):
+            pass
+    live = set()
+    for pid in found:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] != "Z":  # a zombie does nothing: skip it
+                    live.add(int(pid))
+        except (OSError, IndexError):
+            pass
+    return live - {1, os.getpid()}
+
+
+def reap(opts, keep=()):
+    """SIGKILL every process of the sandbox but the worker and `keep`, until none is left alive
+    (a fork bomb refills the list while we kill; the dying take a moment)."""
+    deadline = time.monotonic() + 5
+    while (pids := _pids(opts) - set(keep)) and time.monotonic() < deadline:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.002)
+
+
+def remove_ipc(uid=None):
+    """Remove the SysV shared memory, semaphores and message queues of `uid` (None: all of them,
+    in an IPC namespace of our own), for where a child could not have one of its own."""
+    for kind, rmid in (("shm", lambda i: LIBC.shmctl(i, 0, None)), ("sem", lambda i: LIBC.semctl(i, 0, 0)),
+                       ("msg", lambda i: LIBC.msgctl(i, 0, None))):
+        try:
+            with open(f"/proc/sysvipc/{kind}") as f:
+                head, *rows = [line.split() for line in f]
+        except (OSError, ValueError):
+            continue
+        for row in rows:
+            fields = dict(zip(head, row))
+            if uid is None or fields.get("uid") == str(uid):
+                rmid(int(fields[head[1]]))
 
 
 def main():
     ctl = socket.socket(fileno=int(sys.argv[1]))
     scratch = sys.argv[2]
-    pidns = "--pidns" in sys.argv
+    opt = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in sys.argv if a.startswith("--") and "=" in a}
+    opts = {"pidns": "--pidns" in sys.argv, "cgroup": opt.get("--cgroup"), "uid": int(opt.get("--uid", 0)),
+            "protect": "--unprotected" not in sys.argv}
     # Outside bubblewrap /dev/shm is shared with the machine: only our own scratch folder is wiped.
     places = (scratch,) + (PRIVATE if "--private-tmp" in sys.argv else ())
-    cgroup = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--cgroup=")), None)
+    if opts["protect"]:
+        _check(LIBC.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "not dumpable")
+        opts["seccomp"] = seccomp_program()
     shell = preload()
+    pristine = fingerprint(shell) if opts["protect"] else None
     ctl.send(json.dumps({"op": "ready"}).encode())
     while True:
         msg, fds, _, _ = socket.recv_fds(ctl, 65536, 1)
@@ -173,29 +359,51 @@ def main():
             code = 0
             try:
                 ctl.close()
-                child(data, shell, start, os.path.join(scratch, "work"))
-            except BaseException:
+                child(data, shell, start, os.path.join(scratch, "work"), opts)
+            except BaseException:  # before the student's code runs, this reaches the grader's log
+                traceback.print_exc(limit=3)
                 code = 1
             os._exit(code)
         data.close()
-        status = supervise(ctl, pid)
+        status = supervise(ctl, pid, opts)
         try:
             os.killpg(pid, signal.SIGKILL)
         except OSError:
             pass
-        if pidns:  # in our own PID namespace: end everything the child left, except us and init
+        if opts["pidns"]:  # in our own PID namespace: end everything the child left, except us and init
             try:
                 os.kill(-1, signal.SIGKILL)
             except OSError:
                 pass
-        for pid_text in _cgroup_procs(cgroup):  # without one: whatever is left in our pids cgroup
-            if int(pid_text) != os.getpid():
-                try:
-                    os.kill(int(pid_text), signal.SIGKILL)
-                except OSError:
-                    pass
+        reap(opts)
         wipe(places)
-        ctl.send(json.dumps({"op": "exited", "status": status}).encode())
+        if opts["protect"] and opts["uid"]:  # shared with the machine: what the child's uid left there
+            remove_ipc(opts["uid"])
+            for top in SHARED:
+                wipe_owned(top, opts["uid"])
+        elif opts["protect"] and opts["pidns"]:
+            remove_ipc()  # our IPC namespace (bwrap, unshare): everything in it is the children's
+        tainted = opts["protect"] and fingerprint(shell) != pristine
+        ctl.send(json.dumps({"op": "exited", "status": status, "restart": tainted}).encode())
+        if tainted:
+            return
+
+
+def wipe_owned(top, uid):
+    """Remove what `uid` made directly under `top` (a folder shared with the machine)."""
+    try:
+        names = os.listdir(top)
+    except OSError:
+        return
+    for name in names:
+        path = os.path.join(top, name)
+        try:
+            if os.lstat(path).st_uid == uid:
+                wipe([path]) if os.path.isdir(path) and not os.path.islink(path) else os.unlink(path)
+                if os.path.isdir(path):
+                    os.rmdir(path)
+        except OSError:
+            pass
 
 
 if __name__ == "__main__":

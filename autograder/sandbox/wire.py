@@ -13,7 +13,11 @@ import numpy as np
 
 # dtypes that may cross the wire; bfloat16 travels as float32 with its name kept.
 DTYPES = {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64"}
-MAX_FRAME = 256 * 2**20
+# What a reader parses is capped, so a hostile peer cannot blow up the grader's memory: a frame's
+# bytes, and its JSON tokens (each "[", "{" or ",": every container and item costs one), counted
+# before parsing. Arrays travel as one base64 string each, whatever their size.
+MAX_FRAME = 32 * 2**20
+MAX_TOKENS = 500_000
 MAX_DEPTH = 16
 MAX_ITEMS = 10_000
 
@@ -147,11 +151,13 @@ def dumps(message):
     return json.dumps(message, separators=(",", ":")).encode()
 
 
-def loads(payload):
+def loads(payload, max_tokens=MAX_TOKENS):
+    if max_tokens is not None and sum(payload.count(c) for c in (b"[", b"{", b",")) > max_tokens:
+        raise WireError(f"a message of more than {max_tokens} items")
     try:
         return json.loads(payload)
     except (ValueError, RecursionError) as e:
-        raise WireError(f"malformed message: {e}") from None
+        raise WireError(f"malformed message: {str(e)[:200]}") from None
 
 
 def send_frame(sock, message):
@@ -159,27 +165,28 @@ def send_frame(sock, message):
     sock.sendall(struct.pack(">I", len(payload)) + payload)
 
 
-def recv_frame(sock):
+def recv_frame(sock, max_bytes=MAX_FRAME, max_tokens=MAX_TOKENS):
     """One message from a socket; None at end of stream."""
     head = _recv_exact(sock, 4)
     if head is None:
         return None
     (n,) = struct.unpack(">I", head)
-    if n > MAX_FRAME:
-        raise WireError(f"message of {n} bytes is too large")
+    if n > max_bytes:
+        raise WireError(f"a message of {n} bytes, larger than {max_bytes}")
     payload = _recv_exact(sock, n)
     if payload is None:
         raise WireError("stream ended inside a message")
-    return loads(payload)
+    return loads(payload, max_tokens)
 
 
 def _recv_exact(sock, n):
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(min(n - len(buf), 1 << 20))
-        if not chunk:
-            if buf:
+    buf, got = bytearray(n), 0  # one buffer of the announced size: no copies while it fills
+    view = memoryview(buf)
+    while got < n:
+        k = sock.recv_into(view[got:], min(n - got, 1 << 20))
+        if not k:
+            if got:
                 raise WireError("stream ended inside a message")
             return None
-        buf += chunk
-    return bytes(buf)
+        got += k
+    return buf

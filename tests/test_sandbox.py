@@ -1,0 +1,145 @@
+"""The sandbox's host side, piece by piece: frames it refuses, callbacks, bounded calls, and the
+worker's own integrity check. The attacks themselves are graded in tests/test_adversarial*.py."""
+import json
+import os
+import socket
+import struct
+from types import SimpleNamespace
+
+import pytest
+
+from autograder.sandbox import runner, wire
+from autograder.worker import Malformed, Sandbox, Session, SandboxError, choose_mode
+
+
+def test_frames_are_capped_before_they_are_parsed():
+    assert wire.loads(b'{"ok": [[], []]}') == {"ok": [[], []]}
+    with pytest.raises(wire.WireError, match="items"):
+        wire.loads(b'{"ok":[' + b"[]," * wire.MAX_TOKENS + b"[]]}")
+    a, b = socket.socketpair()
+    with a, b:
+        a.sendall(struct.pack(">I", wire.MAX_FRAME + 1))
+        with pytest.raises(wire.WireError, match="larger"):
+            wire.recv_frame(b)
+        payload = json.dumps({"ok": "x" * 1000}).encode()
+        a.sendall(struct.pack(">I", len(payload)) + payload)
+        assert wire.recv_frame(b) == {"ok": "x" * 1000}
+
+
+@pytest.mark.parametrize("frame", [{"cell": -1000, "state": "start"}, {"cell": 3, "state": "start"},
+                                   {"cell": "0", "state": "done"}, {"cell": True, "state": "start"},
+                                   {"cell": 0, "state": "running"}, {"cell": 0, "state": "done", "error": "x"},
+                                   {"cell": 0, "state": "done", "error": {"type": 1, "mro": [], "message": ""}}])
+def test_malformed_cell_frames_are_refused(frame):
+    session = Session(SimpleNamespace(limits={"notebook_seconds": 10}, protect=True), "01_attention", [])
+    with pytest.raises(Malformed):
+        session._progress(frame, 3)
+    error = {"type": "ValueError", "mro": ["ValueError", "Exception"], "message": "m" * 5000}
+    assert session._progress({"cell": 2, "state": "done", "error": error}, 3)[2]["message"] == "m" * 2000
+
+
+@pytest.mark.parametrize("reply", [{"ok": 1, "error": {}}, {"error": "boom"}, {"result": 1}, {"error": {"type": "E"}}])
+def test_malformed_replies_are_refused(reply):
+    session = Session(SimpleNamespace(limits={"notebook_seconds": 10}, protect=True), "01_attention", [])
+    with pytest.raises(Malformed):
+        session._reply(reply)
+
+
+def test_the_worker_notices_a_change_to_itself():
+    shell = runner.preload()
+    before = runner.fingerprint(shell)
+    assert runner.fingerprint(shell) == before
+    shell.user_ns["softmax"] = lambda x: x  # a previous student's answer, left in the pristine shell
+    assert runner.fingerprint(shell) != before
+    del shell.user_ns["softmax"]
+    original = wire.dumps
+    wire.dumps = lambda message: b"{}"  # the worker's own code replaced
+    try:
+        assert runner.fingerprint(shell) != before
+    finally:
+        wire.dumps = original
+    assert runner.fingerprint(shell) == before
+
+
+CELL = '''
+import os, time
+from sandbox.server import host_callback
+
+def ask(n):
+    return [host_callback({"i": i}) for i in range(n)]
+
+daemon = os.fork()
+if daemon == 0:  # a daemon, which could work for a bounded call outside its bound
+    os.setsid()
+    time.sleep(600)
+    os._exit(0)
+
+def processes():  # the daemon, and the live processes this one can see
+    return daemon, sorted(int(p) for p in os.listdir("/proc") if p.isdigit()
+                          and open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0] != "Z")
+'''
+
+
+@pytest.fixture(scope="module")
+def session():
+    try:
+        sandbox = Sandbox(choose_mode("auto"), {"memory_mb": 512, "call_seconds": 20})
+    except SandboxError as e:
+        pytest.skip(f"no sandbox here: {e}")
+    s = Session(sandbox, "01_attention", [CELL])
+    s.open()
+    yield s
+    s.close()
+    sandbox.close()
+
+
+def call(name, *args, **extra):
+    return {"op": "call", "target": {"name": name}, "args": list(args), "kwargs": {}, **extra}
+
+
+def test_callbacks_are_answered_by_the_host(session):
+    log = []
+
+    def handler(payload):
+        log.append(payload)
+        return payload["i"] * 10
+
+    assert session.transport(call("ask", 3), callback=handler) == {"ok": [0, 10, 20]}
+    assert log == [{"i": 0}, {"i": 1}, {"i": 2}]
+    reply = session.transport(call("ask", 1))  # no handler: the call cannot be checked
+    assert "callback" in reply["unchecked"]
+    with pytest.raises(AssertionError):  # the check's own verdict inside a handler ends the call...
+        session.transport(call("ask", 2), callback=lambda payload: (_ for _ in ()).throw(AssertionError()))
+    assert session.transport(call("ask", 1), callback=lambda p: "fine") == {"ok": ["fine"]}  # ...not the session
+
+
+def test_a_bounded_call_runs_with_no_other_process_of_the_sandbox(session):
+    session.close()
+    daemon, before = wire.decode(session.transport(call("processes"))["ok"])
+    _, during = wire.decode(session.transport(call("processes", bound_mb=256))["ok"])
+    assert daemon in before and daemon not in during, (daemon, before, during)
+    assert len(set(during) - set(before)) == 1  # the bounded call's own process
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the uid mode's clean-up runs as root")
+def test_the_uid_mode_cleans_what_the_childs_uid_left(tmp_path):
+    """Where a child cannot have its own IPC namespace, the worker removes its uid's SysV
+    segments and its files in the shared /dev/shm."""
+    import ctypes
+
+    uid = 1_999_999_999
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgid(uid)
+            os.setuid(uid)
+            ctypes.CDLL(None).shmget(0, 4096, 0o1000 | 0o600)
+            open(f"/dev/shm/mha-test-{uid}", "w").close()
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    owned = lambda: [line for line in open("/proc/sysvipc/shm").readlines()[1:] if line.split()[7] == str(uid)]  # noqa: E731
+    assert owned() and os.path.exists(f"/dev/shm/mha-test-{uid}")
+    runner.remove_ipc(uid)
+    runner.wipe_owned("/dev/shm", uid)
+    assert not owned() and not os.path.exists(f"/dev/shm/mha-test-{uid}")
