@@ -44,7 +44,7 @@ def repeat_kv(s):
             got = s.call("repeat_kv", tensor(x), n_rep)
             expect_array(got, reference(ref.repeat_kv(torch.from_numpy(x), n_rep)), "repeat_kv(x, n_rep)",
                          mistakes=_repeat_kv_mistakes(x, n_rep) if n_rep > 1 else [],
-                         hint="the result's head h must be x's head h // n_rep")
+                         axes=("B", "H", "T", "Dh"), hint="the result's head h must be x's head h // n_rep")
 
 
 # ---- GroupedQueryAttention -----------------------------------------------------------------

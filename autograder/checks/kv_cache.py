@@ -60,7 +60,7 @@ def _expect_update(got, cached_k, cached_v, k, v, max_len, overwritten, dtype):
         ]
         other = np.concatenate([cached_v, v] if name == "keys" else [cached_k, k], axis=2)
         mistakes.append(("update must return (keys, values) in that order", _tensor(other)))
-        expect_array(part, _tensor(want), f"the {name} returned by update", mistakes,
+        expect_array(part, _tensor(want), f"the {name} returned by update", mistakes, axes=("B", "Hkv", "T", "Dh"),
                      hint="update returns everything cached so far, (B, Hkv, len(cache), Dh), oldest first")
 
 

@@ -314,6 +314,35 @@ class GroupedQueryAttention(nn.Module):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
         return self.out_proj(out.transpose(1, 2).flatten(2))
 '''),
+        ("a loop over query heads in float32, each with its key/value head h // n_rep, masked_fill", '''
+class GroupedQueryAttention(nn.Module):
+    def __init__(self, d_model, n_heads, n_kv_heads, bias=False):
+        super().__init__()
+        if d_model % n_heads or n_heads % n_kv_heads:
+            raise ValueError(f"d_model={d_model}, n_heads={n_heads}, n_kv_heads={n_kv_heads} do not divide")
+        self.d_model, self.n_heads, self.n_kv_heads = d_model, n_heads, n_kv_heads
+        self.head_dim = d_model // n_heads
+        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.k_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+
+    def forward(self, x, mask=None, cache=None):
+        B, T, D = x.shape
+        Dh, n_rep = self.head_dim, self.n_heads // self.n_kv_heads
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if mask is None:
+            mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+        mask = mask.expand(B, self.n_heads, T, T)
+        heads = []
+        for h in range(self.n_heads):
+            j = h // n_rep
+            qh, kh, vh = q[..., h * Dh:(h + 1) * Dh], k[..., j * Dh:(j + 1) * Dh], v[..., j * Dh:(j + 1) * Dh]
+            scores = (qh / Dh ** 0.5) @ kh.transpose(1, 2)
+            weights = scores.masked_fill(~mask[:, h], float("-inf")).softmax(dim=-1)
+            heads.append(weights @ vh)
+        return self.out_proj(torch.cat(heads, dim=-1))
+'''),
     ],
     "mha_to_gqa": [
         ("a loop over groups and load_state_dict", '''

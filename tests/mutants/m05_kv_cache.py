@@ -365,6 +365,22 @@ class KVCache:
 '''),
     ],
     "attend_with_cache": [
+        ("float32 by hand: repeat_kv, an additive float mask, exp and sum", '''
+def attend_with_cache(attn, x, cache):
+    B, T, D = x.shape
+    n_rep = attn.n_heads // attn.n_kv_heads
+    q = attn.q_proj(x).unflatten(-1, (attn.n_heads, attn.head_dim)).transpose(1, 2)
+    k = attn.k_proj(x).unflatten(-1, (attn.n_kv_heads, attn.head_dim)).transpose(1, 2)
+    v = attn.v_proj(x).unflatten(-1, (attn.n_kv_heads, attn.head_dim)).transpose(1, 2)
+    k_all, v_all = cache.update(k, v)
+    Tk = k_all.shape[2]
+    allowed = torch.arange(Tk, device=x.device)[None, :] <= torch.arange(T, device=x.device)[:, None] + (Tk - T)
+    bias = torch.zeros(T, Tk, dtype=x.dtype, device=x.device).masked_fill(~allowed, float("-inf"))
+    scores = q @ repeat_kv(k_all, n_rep).transpose(-1, -2) / attn.head_dim ** 0.5 + bias
+    weights = (scores - scores.amax(-1, keepdim=True)).exp()
+    out = (weights / weights.sum(-1, keepdim=True)) @ repeat_kv(v_all, n_rep)
+    return attn.out_proj(out.transpose(1, 2).reshape(B, T, D))
+'''),
         ("by hand: repeat_kv, einsum, float64 softmax, mask from positions", '''
 def attend_with_cache(attn, x, cache):
     B, T, D = x.shape
@@ -398,6 +414,20 @@ def attend_with_cache(attn, x, cache):
 '''),
     ],
     "generate": [
+        ("torch.max(...).indices, caches passed by keyword, the prompt sliced back in at the end", '''
+@torch.no_grad()
+def generate(model, prompt_ids, max_new_tokens, use_cache=True):
+    caches = model.make_caches(prompt_ids.shape[0]) if use_cache else None
+    seq, new_tokens = prompt_ids, []
+    feed = prompt_ids
+    for _ in range(max_new_tokens):
+        logits = model(feed, caches=caches) if use_cache else model(seq)
+        nxt = torch.max(logits[:, -1, :], dim=-1).indices[:, None]
+        new_tokens.append(nxt)
+        seq = torch.cat([seq, nxt], dim=1)
+        feed = nxt
+    return torch.cat([prompt_ids] + new_tokens, dim=1)
+'''),
         ("prefill outside the loop, no forward after the last token", '''
 def generate(model, prompt_ids, max_new_tokens, use_cache=True):
     ids = prompt_ids
