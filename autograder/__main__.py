@@ -31,7 +31,7 @@ def main(argv=None):
     g.add_argument("--force", action="store_true", help="with --resume: regrade even results that still match")
     g.add_argument("--shard", metavar="i/N", help="grade only the i-th of N slices of the students (0-based)")
     g.add_argument("--manifest", metavar="CLASS_JSON", help="the class list (from `manifest`) that every shard splits")
-    g.add_argument("--sandbox", choices=["auto", "bwrap", "unshare", "none"], default="auto",
+    g.add_argument("--sandbox", choices=["auto", "bwrap", "uid", "unshare", "none"], default="auto",
                    help="how student code is isolated (default: the strongest that works)")
     g.add_argument("--unsafe", action="store_true", help="allow grading without any sandbox")
     g.add_argument("--gradescope", action="store_true", help="also write gradescope/<student>/results.json")
