@@ -109,7 +109,8 @@ def find_students(submissions, anomalies):
             continue
         students[name] = "refused: your student folder is a symbolic link" if link else None
     if not students:
-        raise GradeError(f"no student folders in {submissions} (expected {submissions}/<student>/<lesson>/<lesson>.ipynb)")
+        raise GradeError(f"no student folders in {submissions} "
+                         f"(expected {submissions}/<student>/<lesson>/<lesson>.ipynb)")
     return students
 
 
@@ -169,8 +170,8 @@ def locate(submissions, student, lesson, student_refused=None):
         return Submission(path / f"{lesson}.ipynb", notes=notes, anomalies=kinds, submitted_at=when)
     others = sorted(n for n in inside if n.endswith(".ipynb") and not n.startswith("."))
     if len(others) == 1:
-        return Submission(path / others[0], notes=notes + [f"graded {others[0]}: the notebook should be named {lesson}.ipynb"],
-                          anomalies=kinds + ["renamed notebook"], submitted_at=when)
+        notes.append(f"graded {others[0]}: the notebook should be named {lesson}.ipynb")
+        return Submission(path / others[0], notes=notes, anomalies=kinds + ["renamed notebook"], submitted_at=when)
     if others:
         return Submission(notes=notes + [f"{len(others)} notebooks in {folder.name}/ and none named {lesson}.ipynb: "
                                          "which one to grade?"], anomalies=kinds + ["several notebooks, none by name"])
@@ -323,8 +324,8 @@ def run_check(check, subject, max_points, why_unavailable=None):
     except (SandboxError, WireError) as e:
         row.update(status="error", message=f"your code could not be checked: {e}")
     except Exception:  # a bug of ours: the student must not pay for it, the instructor must see it
-        row.update(status="error", grader_error=True,
-                   message="the grader failed on this test (the instructor has the details)", traceback=traceback.format_exc())
+        row.update(status="error", grader_error=True, traceback=traceback.format_exc(),
+                   message="the grader failed on this test (the instructor has the details)")
     return row
 
 
@@ -344,7 +345,8 @@ def grade_one(sandbox, student, lesson, sub, tests, data_files, grader):
         nb = nbk.parse_submission(nbk.read_submitted_bytes(sub.path))
     except nbk.NotebookError as e:
         refused = str(e).startswith("refused")
-        result["tests"] = unanimous(tests, "error", f"your notebook {'was not graded' if refused else 'could not be read'}: {e}")
+        what = "was not graded" if refused else "could not be read"
+        result["tests"] = unanimous(tests, "error", f"your notebook {what}: {e}")
         result["anomaly"] = "refused file or folder" if refused else "unreadable notebook"
         return result
     cells, labels, notes = submission_cells(nb)
@@ -583,8 +585,9 @@ def _run(todo, out, tests, graders, lessons, mode, limits, jobs, progress, anoma
                 try:
                     result = store.save_result(out, result)
                 except store.ResultError:
-                    result = store.save_result(out, _failed(student, lesson, sub, tests[lesson], graders[lesson],
-                                                            "the grader made a malformed result", traceback.format_exc()))
+                    result = store.save_result(out, _failed(
+                        student, lesson, sub, tests[lesson], graders[lesson], "the grader made a malformed result",
+                        traceback.format_exc()))
                 if kind:
                     anomalies.add(kind, f"{student}/{lesson}")
                 with lock:

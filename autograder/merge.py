@@ -21,7 +21,8 @@ def shard_set_problems(runs, stored, manifest):
     shards = {d: run["shard"] for d, run in runs.items()}
     if any(shards.values()):
         if not all(shards.values()):
-            problems.append("sharded and unsharded results mixed: " + ", ".join(str(d) for d, s in shards.items() if not s))
+            unsharded = ", ".join(str(d) for d, s in shards.items() if not s)
+            problems.append(f"sharded and unsharded results mixed: {unsharded}")
         counts = {int(s.split("/")[1]) for s in shards.values() if s}
         if len(counts) > 1:
             problems.append(f"shards of different splits ({', '.join(f'N={n}' for n in sorted(counts))})")

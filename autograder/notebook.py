@@ -111,7 +111,7 @@ def parse_submission(data):
         if not (isinstance(src, str) or isinstance(src, list) and all(isinstance(x, str) for x in src)):
             raise NotebookError(f"cell {number}'s source is neither text nor a list of lines")
         m = cell.get("metadata", {})
-        if not isinstance(m, dict) or not isinstance(m.get("nbgrader", {}), dict) or not isinstance(m.get("tags", []), list):
+        if not (isinstance(m, dict) and isinstance(m.get("nbgrader", {}), dict) and isinstance(m.get("tags", []), list)):
             raise NotebookError(f"cell {number}'s metadata is malformed")
     return nb
 

@@ -97,7 +97,7 @@ def feedback_page(r):
     rows = "".join(
         f"<tr><td><code>{e(t['test'])}</code></td><td class='{e(t['status'])}'>{e(t['status'])}</td>"
         f"<td>{t['points']:g} / {t['max_points']:g}</td><td><div class='msg'>"
-        f"{e(t['message']) if not t.get('aspects') or t['status'] != 'failed' else ''}</div>{_aspects_html(t)}</td></tr>"
+        f"{'' if t.get('aspects') and t['status'] == 'failed' else e(t['message'])}</div>{_aspects_html(t)}</td></tr>"
         for t in r["tests"])
     notes = list(r.get("notes", []))
     cells = r.get("cells", {})

@@ -183,7 +183,7 @@ def validate_result(r, student=None, lesson=None):
     """A cleaned copy of a result dict; ResultError naming the first thing wrong."""
     if not isinstance(r, dict):
         raise ResultError("not a JSON object")
-    out = {"student": _text(r.get("student"), "student", NAME_CAP), "lesson": _text(r.get("lesson"), "lesson", NAME_CAP)}
+    out = {key: _text(r.get(key), key, NAME_CAP) for key in ("student", "lesson")}
     if student is not None and out["student"] != student or lesson is not None and out["lesson"] != lesson:
         raise ResultError("its student or lesson does not match its file name")
     for key in ("notebook", "sha256", "fingerprint", "grader", "submitted_at"):
@@ -302,7 +302,8 @@ def read_run(out):
     except FileNotFoundError:
         return {"shard": None, "manifest": None, "lessons": [], "partial": []}
     except (OSError, ValueError, RecursionError) as e:
-        raise UsageError(f"{path} is damaged ({clean(str(e), 200, newlines=False)}): delete it and grade again") from None
+        why = clean(str(e), 200, newlines=False)
+        raise UsageError(f"{path} is damaged ({why}): delete it and grade again") from None
     ok = (isinstance(run, dict) and isinstance(run.get("lessons"), list)
           and all(isinstance(x, str) for x in run["lessons"] + run.get("partial", []))
           and (run.get("shard") is None or isinstance(run.get("shard"), str) and re.fullmatch(r"\d+/\d+", run["shard"]))
