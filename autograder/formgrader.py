@@ -64,12 +64,12 @@ def submitted_cells(result):
     path = result.get("notebook")
     if not path:
         return [], "the grader kept no submitted notebook for this result (see the test messages)"
-    try:
-        data = Path(path).read_bytes()
+    try:  # read as the grader reads submissions: no links, a plausible size, cells of the right types
+        data = nbk.read_submitted_bytes(path)
         if result.get("sha256") and hashlib.sha256(data).hexdigest() != result["sha256"]:
             return [], f"the submitted notebook at {path} changed after it was graded: grade it again"
-        return nbk.parse(data.decode("utf-8"))["cells"], None
-    except (OSError, UnicodeDecodeError, nbk.NotebookError) as e:
+        return nbk.parse_submission(data)["cells"], None
+    except nbk.NotebookError as e:
         return [], f"the submitted notebook could not be read: {e}"
 
 
@@ -77,11 +77,11 @@ def autograded_notebook(result, source):
     """The autograded notebook (a dict) of one result, from the lesson's source notebook."""
     nb = student_copy(source)
     cells, note = submitted_cells(result)
-    cells = [c for c in cells if isinstance(c, dict) and c.get("cell_type") in ("code", "markdown")]
+    cells = [c for c in cells if c["cell_type"] in ("code", "markdown")]
     answers = {}
     for c in cells:
-        if c["cell_type"] == "code" and nbk.grade_id(c) and nbk.grade_id(c) not in answers:
-            answers[nbk.grade_id(c)] = c
+        if c["cell_type"] == "code" and isinstance(nbk.grade_id(c), str):
+            answers.setdefault(nbk.grade_id(c), c)
     rows = {t["test"]: t for t in result["tests"]}
     used, known = set(), {nbk.source(c) for c in nb["cells"]}
     for cell in nb["cells"]:
@@ -94,7 +94,7 @@ def autograded_notebook(result, source):
             cell["metadata"]["autograder"] = {k: rows[gid][k] for k in ("status", "points", "max_points")}
     extra = [c for c in cells if id(c) not in used and nbk.source(c).strip() and nbk.source(c) not in known]
     if note:
-        nb["cells"].insert(0, _new_cell("markdown", f"**Autograder:** {note}."))
+        nb["cells"].insert(0, _new_cell("markdown", "**Autograder:**\n\n" + _fenced(note)))
     if extra:
         nb["cells"].append(_new_cell("markdown", "**Cells the student added or changed** (not graded, shown as text):"))
         nb["cells"] += [_new_cell("code", nbk.source(c)) if c["cell_type"] == "code"

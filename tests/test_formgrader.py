@@ -1,7 +1,7 @@
 """--gradebook and nbgrader's formgrader, for real: a tiny class graded into a course root, a
 Jupyter server with nbgrader's extensions started here on 127.0.0.1 (token auth, a free port),
 every submission page opened; an instructor's override made through nbgrader.api survives a
-regrade and a --resume and shows in `nbgrader export`."""
+regrade (--resume --force) and shows in `nbgrader export`."""
 import csv
 import html
 import json
@@ -165,8 +165,7 @@ def test_an_override_survives_regrading_and_shows_in_the_export(course):
         g.manual_score = 1.5
         gb.find_comment("softmax", LESSON, LESSON, "ben").manual_comment = "the max subtraction is missing"
         gb.db.commit()
-    grade(root, subs)              # a regrade
-    grade(root, subs, "--resume")  # and a resume
+    grade(root, subs, "--resume", "--force")  # the resume path, regrading every submission
     with gradebook(root) as gb:
         g = gb.find_grade("test_softmax", LESSON, LESSON, "ben")
         assert (g.auto_score, g.manual_score, g.score) == (pytest.approx(auto), 1.5, 1.5)

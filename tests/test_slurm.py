@@ -224,3 +224,4 @@ def test_a_failed_task_still_reaches_merge_which_refuses(cluster, tiny_class, tm
     assert set(states[merge].values()) == {"FAILED"}, states  # it ran (afterany) and refused
     log = next(work.glob("mha-merge-*.out")).read_text()
     assert "shard_1" in log and not (work / "merged" / "grades.csv").exists(), log
+    print(f"array job {array}, merge job {merge}: {states}; merge said: {log.strip().splitlines()[-1]}")
