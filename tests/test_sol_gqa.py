@@ -107,3 +107,16 @@ def test_imports_go_one_way():
     import sys
     code = "import sys, solutions.gqa; assert 'solutions.kv_cache' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("name, what, share", [("GroupedQueryAttention", "a given mask ignored", (5, 6)),
+                                               ("mha_to_gqa", "biases dropped", (5, 6))])
+def test_one_slip_costs_its_share(name, what, share):
+    from autograder.checks import PartialCredit, verify
+    from tests.lessons import fresh_namespace
+    from tests.mutants import m04_gqa
+
+    code = next(c for w, _, c in m04_gqa.MUTANTS[name] if w.startswith(what))
+    with pytest.raises(PartialCredit) as partial:
+        verify("04_gqa", name, fresh_namespace("04_gqa", {name: code}))
+    assert (partial.value.earned, partial.value.total) == share

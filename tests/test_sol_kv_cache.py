@@ -121,3 +121,17 @@ def test_a_generate_that_forges_the_call_log_loses_its_points():
     with pytest.raises(AssertionError, match="never given caches") as failed:
         verify("05_kv_cache", "generate", ns)
     assert getattr(failed.value, "earned", 0) == 0
+
+
+@pytest.mark.parametrize("name, what, share", [("attend_with_cache", "a square T x T mask", (3, 4)),
+                                               ("generate", "ignores use_cache: always caches", (2, 3)),
+                                               ("KVCache", "reset() does not reset", (5, 6))])
+def test_one_slip_costs_its_share(name, what, share):
+    from autograder.checks import PartialCredit, verify
+    from tests.lessons import fresh_namespace
+    from tests.mutants import m05_kv_cache
+
+    code = next(c for w, _, c in m05_kv_cache.MUTANTS[name] if w.startswith(what))
+    with pytest.raises(PartialCredit) as partial:
+        verify("05_kv_cache", name, fresh_namespace("05_kv_cache", {name: code}))
+    assert (partial.value.earned, partial.value.total) == share

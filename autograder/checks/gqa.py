@@ -311,9 +311,9 @@ def mha_to_gqa(s):
     with s.aspect("biases"):
         for D, H, Hkv, bias in [(24, 6, 3, True), (16, 4, 2, False)]:
             _expect_conversion(s, rng, D, H, Hkv, bias, np.float32, ("weight", "bias"))
-    with s.aspect("dtype"):
-        for D, H, Hkv, bias in [(24, 6, 2, True), (24, 6, 3, False)]:
-            _expect_conversion(s, rng, D, H, Hkv, bias, np.float64, ("weight", "bias"))
+    with s.aspect("dtype"):  # without biases, so that dropping them costs only the biases' share
+        for D, H, Hkv in [(24, 6, 2), (24, 6, 3)]:
+            _expect_conversion(s, rng, D, H, Hkv, False, np.float64, ("weight",))
     with s.aspect("mha left unchanged"):
         shell, weights, biases = _expect_conversion(s, rng, 24, 6, 2, True, np.float32, ("weight",))
         after = s.state(shell)
