@@ -147,7 +147,7 @@ def stage_submission(uploaded, dest, lesson):
 def run(root):
     """Grade ROOT/submission as ROOT/source's lesson; write ROOT/results/results.json. Returns the
     exit status: 1 (and no results.json, so Gradescope reports a failure to rerun rather than a
-    zero) when the grader itself cannot run."""
+    zero) when the grader itself cannot run or cannot check a test (a missing Triton, a bug of ours)."""
     from autograder.grade import grade
     from autograder.results import UsageError, write_atomic
     from autograder.worker import SandboxError, choose_mode
@@ -163,6 +163,10 @@ def run(root):
         except (UsageError, SandboxError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 1
+    broken = [f"{t['test']}: {t['message']}" for r in results for t in r["tests"] if t.get("grader_error")]
+    if broken:  # the grader could not decide these: a zero would be a wrong grade
+        print("error: the grader could not check " + "; ".join(broken), file=sys.stderr)
+        return 1
     data = results_json(results, config["visibility"], config["test_visibility"], config["stdout_visibility"])
     data["execution_time"] = round(time.monotonic() - start)
     write_atomic(root / "results" / "results.json", json.dumps(data, indent=1))

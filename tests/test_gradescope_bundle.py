@@ -12,6 +12,7 @@ import jsonschema
 import pytest
 
 from autograder import notebook as nbk
+from autograder import gradescope
 from autograder.gradescope import setup_script
 from autograder.release import release
 from tests import mutants
@@ -124,3 +125,24 @@ def test_broken_submission_scores_zero_with_a_reason(bundle, tmp_path):
     data = run_autograder(tmp_path, root / "autograder.zip", {f"{LESSON}.ipynb": b'{"cells": [ not json'})
     assert data["score"] == 0 and {t["status"] for t in data["tests"]} == {"failed"}
     assert all("could not be read" in t["output"] for t in data["tests"])
+
+
+def test_a_test_the_grader_could_not_check_writes_no_results(tmp_path, monkeypatch):
+    """Never a zero for the grader's own failure: no results.json, exit 1, Gradescope shows a failed run."""
+    import autograder.grade
+
+    row = dict(test="test_softmax", points=0.0, max_points=2.0, status="error", message="Triton is missing",
+               grader_error=True)
+    monkeypatch.setattr(autograder.grade, "grade", lambda *a, **k: {"results": [dict(
+        student="submission", lesson=LESSON, notes=[], cells={}, tests=[row])]})
+    monkeypatch.setattr("autograder.worker.choose_mode", lambda *a: "bwrap")
+    for d in ("source", "submission", "results"):
+        (tmp_path / d).mkdir()
+    (tmp_path / "source" / "gradescope.json").write_text(json.dumps(dict(
+        lesson=LESSON, visibility="visible", test_visibility="visible", stdout_visibility="hidden", max_score=2)))
+    assert gradescope.run(tmp_path) == 1 and not (tmp_path / "results" / "results.json").exists()
+    row.update(status="failed", grader_error=False)  # the same row as the student's failure is scored
+    assert gradescope.run(tmp_path) == 0
+    data = json.loads((tmp_path / "results" / "results.json").read_text())
+    jsonschema.validate(data, RESULTS)
+    assert data["score"] == 0 and data["tests"][0]["output"] == "Triton is missing"
