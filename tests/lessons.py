@@ -23,7 +23,7 @@ def namespace_source(lesson):
 
 def fresh_namespace(lesson, replace=None):
     """A namespace with the lesson's code run in it; replace: {graded name: answer cell code}."""
-    ns = {"__name__": "__lesson__"}
+    ns = {"__name__": "__lesson__", "__cell_sources__": []}  # what LocalSubject gives checks as s.sources
     replace = replace or {}
     nb = nbk.read(nbk.lesson_path(lesson))
     cells = [c for c in nbk.code_cells(nb) if not nbk.is_test(c) and not nbk.is_demo(c)]
@@ -32,6 +32,7 @@ def fresh_namespace(lesson, replace=None):
         filename = f"<{lesson}:{i}:{nbk.grade_id(cell)}>"
         # Triton reads a kernel's source with inspect when it compiles; keep it findable, as IPython does.
         linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
+        ns["__cell_sources__"].append(source)
         exec(compile(source, filename, "exec"), ns)
     return ns
 

@@ -1,21 +1,34 @@
 """Hidden checks of lesson 06 (making attention fast): attention_flops, online_softmax,
 flash_attention, fuse_qkv, triton_attention.
 
-The checks compare results only: how a result was computed (one pass or two, tiles or the
-whole score matrix) cannot be seen from here. The notebook watches the student's functions
-run (demo cells after the tests) and says so when they build the whole score matrix.
+Results are compared with the exact answer (the reference computed in float64), with tolerances
+that follow the dtype and the scores' magnitude. How a result was computed is scored only where
+the evidence is out of the student's reach:
+
+- flash_attention "tiled": one call runs under a hard memory bound (Subject.call_bounded) with so
+  many keys that a (block_q, Tk) row of scores cannot fit while tiles do;
+- triton_attention "is a Triton kernel": the submission's source cells, parsed on the host
+  (triton_evidence.py), plus correct values at run time;
+- online_softmax "one pass" is NOT scored: a second pass over a row leaves no trace that the student's
+  code could not erase or fake (a tracer runs next to it; memory and results are the same), so only
+  its values earn points. The notebook's demo cell shows the student how their function ran.
 """
 import itertools
 import math
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
-from autograder.checks import Checks, close, expect_array, expect_int, fail, kind_of, reference, tensor
+from autograder.checks import (Checks, OverBudget, StudentError, Unchecked, close, expect_array, expect_int, fail,
+                               kind_of, reference, tensor, triton_evidence)
 from autograder.sandbox.wire import Array, Handle
 from solutions import gpu as ref
 
 CHECKS = Checks()
+# Checks that cannot run here (grade.py reads this: their tests get status error, for the instructor).
+UNAVAILABLE = {} if ref.HAS_TRITON else {
+    "triton_attention": "Triton is not installed where the grader runs (pip install triton==3.7.1; Linux only)"}
 
 
 # ---- attention_flops --------------------------------------------------------------------------
@@ -100,21 +113,16 @@ def _online_mistakes(x, block):
     return out
 
 
-REDUCTIONS = {"amax", "amin", "max", "min", "sum", "mean", "prod", "logsumexp", "softmax", "_softmax",
-              "log_softmax", "_log_softmax", "cumsum", "argmax", "norm", "linalg_vector_norm"}
+def _cond(x):
+    """How much a float32 softmax of x may differ from the exact one, relative to 1: its rounding
+    error grows with the size of the exponents (x - max)."""
+    finite = np.abs(x[np.isfinite(x)])
+    return max(1.0, float(finite.max()) / 10) if finite.size else 1.0
 
 
-def _expect_one_pass(ops, block):
-    """No reduction may read more than block_size entries of a row: the max and the sum are built block by block."""
-    for name, first, _ in ops:
-        if name in REDUCTIONS and first and first[-1] > block:
-            fail(f"online_softmax reduced a whole row at once ({name} over {first[-1]} entries with block_size="
-                 f"{block}): read the row block by block, keeping a running max and a running sum, and do not call "
-                 "softmax on the whole row")
-
-
-@CHECKS.add("online_softmax")
+@CHECKS.add("online_softmax", aspects={"values": 2, "-inf entries": 1})
 def online_softmax(s):
+    """Values only: see the module's docstring for why "one pass" is not scored."""
     rng = s.rng
     cases = [((3, 4, 50), 8, 20.0, "random"), ((2, 20), 1, 5.0, "rising"), ((2, 3, 17), 100, 3.0, "random"),
              ((4, 64), 16, 50.0, "rising"), ((2, 3, 40), 7, 10.0, "masked"), ((5, 24), 24, 1.0, "random")]
@@ -127,13 +135,15 @@ def online_softmax(s):
                 x[..., ::3] = -np.inf
                 x[0, 0, :20] = -np.inf
             x = x.astype(dtype)
-            got, ops = s.call_traced("online_softmax", tensor(x), block)
-            _expect_one_pass(ops, block)
-            want = reference(ref.online_softmax(torch.from_numpy(x), block))
-            expect_array(got, want, "online_softmax(x, block_size)", mistakes=_online_mistakes(x, block),
-                         nan_hint="-inf entries must get weight 0, and a row whose first blocks are all -inf must "
-                                  "not turn into NaN: exp(-inf - (-inf)) is NaN, so while the running max is still "
-                                  "-inf, subtract a finite number instead (e.g. clamp it to torch.finfo(dtype).min)")
+            with s.aspect("-inf entries" if kind == "masked" else "values"):
+                got = s.call("online_softmax", tensor(x), block)
+                want = reference(ref.online_softmax(torch.from_numpy(x).double(), block), dtype=np.dtype(dtype).name)
+                expect_array(got, want, "online_softmax(x, block_size)", mistakes=lambda: _online_mistakes(x, block),
+                             cond=_cond(x), axes=("rows",) * (x.ndim - 1) + ("N",),
+                             nan_hint="-inf entries must get weight 0, and a row whose first blocks are all -inf must "
+                                      "not turn into NaN: exp(-inf - (-inf)) is NaN, so while the running max is "
+                                      "still -inf, subtract a finite number instead (e.g. clamp it to "
+                                      "torch.finfo(dtype).min)")
 
 
 # ---- flash_attention and triton_attention -------------------------------------------------------
@@ -210,21 +220,44 @@ def _attention_mistakes(q, k, v, causal, block_ks, dtype, triton=False):
     return out
 
 
-def _expect_attention(got, want, what, mistakes, tq, block_qs):
-    """expect_array, plus: only the last, partial tile of queries is wrong."""
-    for message, wrong in mistakes:
-        if close(got, wrong) and not close(got, want):
-            fail(f"{what}: {message}")
+def _exact(q, k, v, causal, dtype):
+    """The exact answer (float64) to a question asked in `dtype`, and how far a float32 computation may
+    stray from it (relative to float32's tolerance): the error of exp(s - m) grows with the scores' size."""
+    q64, k64, v64 = (torch.from_numpy(a).double() for a in (q, k, v))
+    tq, tk = q.shape[2], k.shape[2]
+    mask = torch.ones(tq, tk, dtype=torch.bool).tril(tk - tq) if causal else None
+    # torch's fused CPU kernel in float64: exact to ~1e-14 and O(T) memory, for the bounded case's many keys
+    want = reference(F.scaled_dot_product_attention(q64, k64, v64, attn_mask=mask), dtype=np.dtype(dtype).name)
+    # |q . k| <= |q| |k|: a bound on the largest score without forming the score matrix
+    largest = q64.norm(dim=-1).amax().item() * k64.norm(dim=-1).amax().item() / math.sqrt(q.shape[-1])
+    return want, max(1.0, largest / 16)
+
+
+def _expect_attention(got, want, what, mistakes, tq, block_qs, cond32):
+    """expect_array, most specific first: a known mistake, float64 computed in float32, then only the
+    last, partial tile of queries wrong, then where the result differs. cond32: _exact's."""
+    cond = cond32 if want.dtype == "float32" else 1.0
+    tol = dict(cond=cond)
+    if not close(got, want, **tol):
+        for message, wrong in mistakes():
+            if close(got, wrong, **tol):
+                fail(f"{what}: {message}")
     if isinstance(got, Array) and got.kind == want.kind and got.dtype == want.dtype and got.shape == want.shape:
+        as32 = lambda a: Array(a.kind, "float32", a.data, device=a.device)
+        if want.dtype == "float64" and not close(got, want) and close(as32(got), as32(want), cond=cond32):
+            fail(f"{what}: float64 inputs were computed in float32 (the result is as far from the exact answer as "
+                 "float32 rounding goes). Compute in float64 for float64 inputs: "
+                 "torch.promote_types(q.dtype, torch.float32) picks the dtype")
         for bq in block_qs:
             n = (tq // bq) * bq
             head = lambda a: Array(a.kind, a.dtype, a.data[..., :n, :], device=a.device)
             tail = lambda a: Array(a.kind, a.dtype, a.data[..., n:, :], device=a.device)
-            if 0 < n < tq and close(head(got), head(want)) and not close(tail(got), tail(want)):
+            if 0 < n < tq and close(head(got), head(want), **tol) and not close(tail(got), tail(want), **tol):
                 fail(f"{what}: the tail is wrong: when Tq is not a multiple of the query block, the last, partial "
                      "tile of queries must be computed too (its rows of the output are wrong or missing)")
-    expect_array(got, want, what, nan_hint="a row of scores that is all -inf in a tile gives exp(-inf - (-inf)) = "
-                                           "NaN: use a finite shift while the running max is -inf")
+    expect_array(got, want, what, cond=cond, axes=("B", "H", "Tq", "Dh"),
+                 nan_hint="a row of scores that is all -inf in a tile gives exp(-inf - (-inf)) = NaN: use a finite "
+                          "shift while the running max is -inf")
 
 
 def _qkv(rng, b, h, tq, tk, dh, dtype, scale=2.0):
@@ -234,39 +267,58 @@ def _qkv(rng, b, h, tq, tk, dh, dtype, scale=2.0):
     return q, k, v
 
 
-def _expect_tiled(ops, bq, bk, tq, tk, dh):
-    """No floating tensor may hold more than one block_q x block_k tile of scores (Dh is kept below the blocks
-    in these cases, so q, k, v, the accumulator and the output never count)."""
-    for name, _, shapes in ops:
-        for shape in shapes:
-            if len(shape) >= 2 and shape[-1] * shape[-2] > max(bq * bk, tq * dh, tk * dh):
-                fail(f"flash_attention made a tensor of shape {tuple(shape)} ({name}), larger than one "
-                     f"block_q x block_k tile of scores ({bq} x {bk}): FlashAttention never materialises the full "
-                     "(Tq, Tk) score matrix, or a (block_q, Tk) row of it; loop over tiles of queries and keys")
+# The bounded call: one query tile against TILED_KEYS keys. A (block_q, Tk) row of float32 scores takes
+# 64 MiB: one allocation above glibc's largest mmap threshold (32 MiB), so it always counts against the
+# bound, whatever memory the process had kept from earlier calls. Honest code (k and v take 0.5 MiB each,
+# a tile of scores 2 MiB in float32, 4 in float64, and a few temporaries) stays under 20 MiB.
+TILED_KEYS, TILED_BLOCKS, TILED_DH, TILED_MB = 32768, (512, 1024), 4, 32
+TILED_MESSAGE = ("flash_attention ran out of memory with {tk} keys in tiles of {bq} x {bk}: FlashAttention never "
+                 "materialises the full (Tq, Tk) score matrix, or a (block_q, Tk) row of it (here {mb} MiB of "
+                 "scores). Loop over tiles of queries AND keys, keeping only one block_q x block_k tile of scores")
 
 
-@CHECKS.add("flash_attention")
+def _expect_tiled(s, rng):
+    """flash_attention within a memory bound that a tile fits and a row of scores does not."""
+    bq, bk = TILED_BLOCKS
+    q, k, v = _qkv(rng, 1, 1, bq, TILED_KEYS, TILED_DH, np.float32)
+    message = TILED_MESSAGE.format(tk=TILED_KEYS, bq=bq, bk=bk, mb=bq * TILED_KEYS * 4 // 2**20)
+    try:
+        got = s.call_bounded(TILED_MB, "flash_attention", tensor(q), tensor(k), tensor(v), block_q=bq, block_k=bk)
+    except OverBudget:
+        fail(message)
+    except StudentError as e:
+        if e.is_a("MemoryError") or "alloc" in e.raw_message.lower():
+            fail(message)
+        raise
+    want, cond = _exact(q, k, v, False, np.float32)
+    _expect_attention(got, want, f"flash_attention with {TILED_KEYS} keys", lambda: [], bq, [bq], cond)
+
+
+@CHECKS.add("flash_attention", aspects={"values": 3, "causal": 1, "float16": 1, "tiled": 2})
 def flash_attention(s):
     rng = s.rng
-    # (dtype, (B, H, Tq, Tk, Dh), causal, block_q, block_k or None for the defaults, scale of q and k)
-    cases = [(np.float64, (2, 3, 37, 53, 8), False, 16, 16, 3.0),
-             (np.float64, (2, 2, 29, 45, 16), True, 8, 12, 2.0),
-             (np.float32, (2, 3, 150, 150, 8), True, None, None, 2.0),
-             (np.float32, (2, 2, 45, 20, 8), False, 16, 8, 10.0),
-             (np.float32, (2, 2, 1, 77, 16), True, 16, 32, 2.0),
-             (np.float32, (2, 2, 70, 100, 8), False, None, None, 3.0),
-             (np.float16, (2, 2, 40, 70, 16), True, 16, 32, 1.5),
-             (np.float16, (2, 3, 64, 64, 32), False, 32, 32, 1.0)]
-    for dtype, (b, h, tq, tk, dh), causal, bq, bk, scale in cases:
-        q, k, v = _qkv(rng, b, h, tq, tk, dh, dtype, scale)
-        blocks = {} if bq is None else dict(block_q=bq, block_k=bk)
-        bq, bk = bq or 64, bk or 64
-        got, ops = s.call_traced("flash_attention", tensor(q), tensor(k), tensor(v), causal=causal, **blocks)
-        want = reference(ref.flash_attention(*(torch.from_numpy(a) for a in (q, k, v)), causal=causal))
-        _expect_tiled(ops, bq or 64, bk or 64, tq, tk, dh)
-        what = f"flash_attention(q, k, v, causal={causal}{', block_q, block_k' if blocks else ''}) in {np.dtype(dtype).name}"
-        mistakes = _attention_mistakes(q, k, v, causal, [bk], getattr(torch, np.dtype(dtype).name))
-        _expect_attention(got, want, what, mistakes, tq, [bq])
+    # (aspect, dtype, (B, H, Tq, Tk, Dh), causal, block_q, block_k or None for the defaults, scale of q and k)
+    cases = [("values", np.float64, (2, 3, 37, 53, 8), False, 16, 16, 3.0),
+             ("values", np.float32, (2, 2, 45, 20, 8), False, 16, 8, 10.0),
+             ("values", np.float32, (2, 2, 70, 100, 8), False, None, None, 3.0),
+             ("causal", np.float64, (2, 2, 29, 45, 16), True, 8, 12, 2.0),
+             ("causal", np.float32, (2, 3, 150, 150, 8), True, None, None, 2.0),
+             ("causal", np.float32, (2, 2, 1, 77, 16), True, 16, 32, 2.0),
+             ("float16", np.float16, (2, 2, 40, 70, 16), True, 16, 32, 1.5),
+             ("float16", np.float16, (2, 3, 64, 64, 32), False, 32, 32, 1.0)]
+    for aspect, dtype, (b, h, tq, tk, dh), causal, bq, bk, scale in cases:
+        with s.aspect(aspect):
+            q, k, v = _qkv(rng, b, h, tq, tk, dh, dtype, scale)
+            blocks = {} if bq is None else dict(block_q=bq, block_k=bk)
+            bq, bk = bq or 64, bk or 64
+            got = s.call("flash_attention", tensor(q), tensor(k), tensor(v), causal=causal, **blocks)
+            want, cond = _exact(q, k, v, causal, dtype)
+            what = (f"flash_attention(q, k, v, causal={causal}{', block_q, block_k' if blocks else ''}) "
+                    f"in {np.dtype(dtype).name}")
+            mistakes = lambda: _attention_mistakes(q, k, v, causal, [bk], getattr(torch, np.dtype(dtype).name))
+            _expect_attention(got, want, what, mistakes, tq, [bq], cond)
+    with s.aspect("tiled"):
+        _expect_tiled(s, rng)
 
 
 # ---- fuse_qkv -----------------------------------------------------------------------------------
@@ -320,21 +372,33 @@ def _on(array, device):
     return array
 
 
-@CHECKS.add("triton_attention")
+# Small sizes: on a CPU this runs in Triton's interpreter, whose cost grows with the programs launched
+# (query tiles x B*H) and the key tiles each walks. Every case has partial query and key tiles;
+# Dh = 24 is not a power of two; B and H above 1 exercise the strides.
+TRITON_CASES = [("float32", np.float32, (1, 2, 20, 33, 16), True), ("float32", np.float32, (2, 1, 18, 21, 24), False),
+                ("float16", np.float16, (1, 2, 18, 40, 16), True)]
+
+
+@CHECKS.add("triton_attention", aspects={"float32": 2, "float16": 1})
 def triton_attention(s):
     if not ref.HAS_TRITON:
-        fail("triton_attention cannot be checked here: Triton is not installed where the grader runs "
-             "(pip install triton; Linux only)")
+        raise Unchecked(UNAVAILABLE["triton_attention"])
+    if not s.sources:
+        raise Unchecked("triton_attention needs the notebook's code cells, which the grader did not receive")
     rng = s.rng
     device = "cuda:0" if torch.cuda.is_available() else "cpu"
-    # Small sizes: on a CPU this runs in Triton's interpreter. Dh = 24 is not a power of two.
-    cases = [(np.float32, (2, 2, 20, 33, 16), True), (np.float32, (2, 2, 35, 21, 24), False),
-             (np.float16, (2, 2, 33, 17, 32), False), (np.float16, (1, 3, 18, 40, 16), True)]
-    for dtype, (b, h, tq, tk, dh), causal in cases:
-        q, k, v = _qkv(rng, b, h, tq, tk, dh, dtype)
-        got = s.call("triton_attention", *(_on(tensor(a), device) for a in (q, k, v)), causal=causal)
-        want = _on(reference(ref.flash_attention(*(torch.from_numpy(a) for a in (q, k, v)), causal=causal)), device)
-        what = f"triton_attention(q, k, v, causal={causal}) in {np.dtype(dtype).name}"
-        blocks = [16, 32, 64, 128]
-        mistakes = _attention_mistakes(q, k, v, causal, blocks, getattr(torch, np.dtype(dtype).name), triton=True)
-        _expect_attention(got, want, what, mistakes, tq, blocks)
+    for aspect, dtype, (b, h, tq, tk, dh), causal in TRITON_CASES:
+        with s.aspect(aspect):
+            if aspect == "float32":
+                problem = triton_evidence.problem(s.sources)
+                if problem:
+                    fail(f"triton_attention must launch a @triton.jit kernel that does the work: {problem}")
+            q, k, v = _qkv(rng, b, h, tq, tk, dh, dtype)
+            got = s.call("triton_attention", *(_on(tensor(a), device) for a in (q, k, v)), causal=causal)
+            want, cond = _exact(q, k, v, causal, dtype)
+            want = _on(want, device)
+            what = f"triton_attention(q, k, v, causal={causal}) in {np.dtype(dtype).name}"
+            blocks = [16, 32, 64, 128]
+            mistakes = lambda: _attention_mistakes(q, k, v, causal, blocks, getattr(torch, np.dtype(dtype).name),
+                                                   triton=True)
+            _expect_attention(got, want, what, mistakes, tq, blocks, cond)

@@ -57,6 +57,11 @@ def _torch(p):
     return torch.from_numpy(np.ascontiguousarray(p))
 
 
+def _exact(score, p, *args):
+    """The exact (float64) score of pattern p, labelled with p's dtype: what the student must return."""
+    return reference(score(_torch(p).double(), *args), dtype=p.dtype.name)
+
+
 def _arr(x, dtype):
     """A numpy result as the tensor Array a correct function returns."""
     return reference(torch.from_numpy(np.asarray(x, dtype=dtype)))
@@ -104,7 +109,7 @@ def previous_token_score(s):
     for dtype, p in cases:
         H, T = p.shape[0], p.shape[-1]
         got = s.call("previous_token_score", tensor(p))
-        expect_scores(got, reference(ref.previous_token_score(_torch(p))), "previous_token_score(pattern)", H, T,
+        expect_scores(got, _exact(ref.previous_token_score, p), "previous_token_score(pattern)", H, T,
                       _prev_mistakes(p))
 
 
@@ -156,13 +161,13 @@ def duplicate_token_score(s):
                                 (same / same.sum(-1, keepdims=True))[None].astype(dtype),
                                 np.eye(T, dtype=dtype)[None]])
             got = s.call("duplicate_token_score", tensor(p), tensor(t))
-            want = reference(ref.duplicate_token_score(_torch(p), torch.from_numpy(t)))
+            want = _exact(ref.duplicate_token_score, p, torch.from_numpy(t))
             expect_scores(got, want, "duplicate_token_score(pattern, tokens)", H + 2, T, _dup_mistakes(p, t))
     # a constructed sequence that repeats: the duplicate-token head scores 1, the induction head 0
     t = np.concatenate([rng.permutation(7)[:5]] * 2).astype(np.int64)
     p = constructed_pattern(rng, 10, 5, np.float64)
     expect_scores(s.call("duplicate_token_score", tensor(p), tensor(t)),
-                  reference(ref.duplicate_token_score(_torch(p), torch.from_numpy(t))),
+                  _exact(ref.duplicate_token_score, p, torch.from_numpy(t)),
                   "duplicate_token_score on a repeated sequence", 5, 10, _dup_mistakes(p, t))
     with expect_error("ValueError", "duplicate_token_score with tokens that never repeat (every position would be "
                                     "left out of the average: say so with a ValueError instead of returning NaN)"):
@@ -202,7 +207,7 @@ def induction_score(s):
     for p, period in cases:
         H, T = p.shape[0], p.shape[-1]
         got = s.call("induction_score", tensor(p), period)
-        expect_scores(got, reference(ref.induction_score(_torch(p), period)), "induction_score(pattern, period)",
+        expect_scores(got, _exact(ref.induction_score, p, period), "induction_score(pattern, period)",
                       H, T, _ind_mistakes(p, period))
 
 
@@ -352,15 +357,39 @@ def _enter(s, cm, what):
     s.call((cm, "__enter__"))
 
 
-@CHECKS.add("ablate_head")
+def _fresh_model(s, config, dtype, state):
+    """The lesson's AttentionOnlyTransformer in the student's namespace, with `state` loaded."""
+    model = s.call("AttentionOnlyTransformer", **config)
+    if dtype == np.float64:
+        model = s.call((model, "double"))
+    s.load(model, state)
+    return model
+
+
+def _expect_restored(s, model, state, ids, before):
+    """After a with-block: the same weights, and the same outputs as before it."""
+    got_state = s.state(model)
+    for name, value in state.items():
+        if name not in got_state or not close(got_state[name], reference(torch.from_numpy(value))):
+            fail(f"after the with-block the weights ({name}) are not restored: keep a copy of what you change "
+                 f"(.clone(): a slice is a view, zeroed with the weights) and put it back when the block "
+                 f"ends (in a finally, so it happens even after an error)")
+    after = _forward(s, model, ids)
+    for got, want_after, part in ((after[0], before[0], "logits"),) + tuple(
+            (p, wp, f"layer-{i} pattern") for i, (p, wp) in enumerate(zip(after[1], before[1]))):
+        if not close(got, want_after):
+            fail(f"after the with-block the model's {part} still differ from before: a hook is still "
+                 f"registered. Keep the handle register_forward_pre_hook returns and call handle.remove() "
+                 f"when the block ends (in a finally), so the model is restored")
+
+
+@CHECKS.add("ablate_head", aspects={"removes one head": 3, "restores the model": 2, "nested ablations": 1,
+                                    "errors": 1})
 def ablate_head(s):
     rng = s.rng
     for config, dtype, heads in ABLATIONS:
         state = _state(rng, config, dtype)
-        model = s.call("AttentionOnlyTransformer", **config)
-        if dtype == np.float64:
-            model = s.call((model, "double"))
-        s.load(model, state)
+        model = _fresh_model(s, config, dtype, state)
         ids = rng.integers(config["vocab_size"], size=(3, config["max_seq_len"] - 2)).astype(np.int64)
         before = _run(config, state, ids)
         logits, _ = _forward(s, model, ids)
@@ -368,49 +397,46 @@ def ablate_head(s):
             fail("AttentionOnlyTransformer does not compute what the lesson provides: run its provided cell again "
                  "unchanged (ablate_head is checked on that model)")
         for layer, head in heads:
-            what = f"inside `with ablate_head(model, {layer}, {head})`"
-            cm = s.call("ablate_head", model, layer, head)
-            _enter(s, cm, "ablate_head(model, layer, head)")
-            during = _forward(s, model, ids)
-            s.call((cm, "__exit__"), None, None, None)
-            want = _run(config, state, ids, lambda m: ref.ablate_head(m, layer, head))
-            _expect_run(s, during, want, what, lambda: [(message, _run(config, state, ids, edit)) for message, edit
-                                                        in _ablation_mistakes(config, layer, head)])
-            # afterwards: the same weights, and the same outputs as before
-            got_state = s.state(model)
-            for name, value in state.items():
-                if name not in got_state or not close(got_state[name], reference(torch.from_numpy(value))):
-                    fail(f"after the with-block the weights ({name}) are not restored: keep a copy of what you change "
-                         f"(.clone(): a slice is a view, zeroed with the weights) and put it back when the block "
-                         f"ends (in a finally, so it happens even after an error)")
-            after = _forward(s, model, ids)
-            for got, want_after, part in ((after[0], before[0], "logits"),) + tuple(
-                    (p, wp, f"layer-{i} pattern") for i, (p, wp) in enumerate(zip(after[1], before[1]))):
-                if not close(got, want_after):
-                    fail(f"after the with-block the model's {part} still differ from before: a hook is still "
-                         f"registered. Keep the handle register_forward_pre_hook returns and call handle.remove() "
-                         f"when the block ends (in a finally), so the model is restored")
+            with s.aspect("removes one head"):
+                what = f"inside `with ablate_head(model, {layer}, {head})`"
+                cm = s.call("ablate_head", model, layer, head)
+                _enter(s, cm, "ablate_head(model, layer, head)")
+                during = _forward(s, model, ids)
+                s.call((cm, "__exit__"), None, None, None)
+                want = _run(config, state, ids, lambda m: ref.ablate_head(m, layer, head))
+                _expect_run(s, during, want, what, lambda: [(message, _run(config, state, ids, edit)) for message, edit
+                                                            in _ablation_mistakes(config, layer, head)])
+            restored = False
+            with s.aspect("restores the model"):
+                _expect_restored(s, model, state, ids, before)
+                restored = True
+            if not restored:  # the rest is checked on a model without the leftovers
+                model = _fresh_model(s, config, dtype, state)
         # two ablations at once, nested: leaving the inner one keeps the outer one
-        layer = 1
-        outer, inner = s.call("ablate_head", model, layer, 0), s.call("ablate_head", model, layer, 1)
-        _enter(s, outer, "ablate_head(model, layer, head)")
-        _enter(s, inner, "ablate_head(model, layer, head)")
-        both = _forward(s, model, ids)
+        with s.aspect("nested ablations"):
+            layer = 1
+            outer, inner = s.call("ablate_head", model, layer, 0), s.call("ablate_head", model, layer, 1)
+            _enter(s, outer, "ablate_head(model, layer, head)")
+            _enter(s, inner, "ablate_head(model, layer, head)")
+            both = _forward(s, model, ids)
 
-        @contextlib.contextmanager
-        def two(m):
-            with ref.ablate_head(m, layer, 0), ref.ablate_head(m, layer, 1):
-                yield m
-        want_outer = _run(config, state, ids, lambda m: ref.ablate_head(m, layer, 0))
-        _expect_run(s, both, _run(config, state, ids, two), "with two heads ablated at once (nested with-blocks)",
-                    lambda: [("with two nested ablations only one head was removed: each ablate_head must add its own "
-                              "change to the model, not replace the other's", r)
-                             for r in (want_outer, _run(config, state, ids, lambda m: ref.ablate_head(m, layer, 1)))])
-        s.call((inner, "__exit__"), None, None, None)
-        _expect_run(s, _forward(s, model, ids), want_outer, "after leaving the inner of two nested with-blocks", [
-            ("leaving the inner with-block also undid the outer one: remove only your own hook (or put back only the "
-             "weights you changed), never all of them", before)])
-        s.call((outer, "__exit__"), None, None, None)
-        with expect_error("ValueError", f"ablate_head(model, layer, head) with head = n_heads = {config['n_heads']} "
-                                        f"(the slice would be empty and remove nothing, silently)"):
-            _enter(s, s.call("ablate_head", model, 0, config["n_heads"]), "ablate_head(model, layer, head)")
+            @contextlib.contextmanager
+            def two(m):
+                with ref.ablate_head(m, layer, 0), ref.ablate_head(m, layer, 1):
+                    yield m
+            want_outer = _run(config, state, ids, lambda m: ref.ablate_head(m, layer, 0))
+            _expect_run(s, both, _run(config, state, ids, two), "with two heads ablated at once (nested with-blocks)",
+                        lambda: [("with two nested ablations only one head was removed: each ablate_head must add its "
+                                  "own change to the model, not replace the other's", r)
+                                 for r in (want_outer, _run(config, state, ids, lambda m: ref.ablate_head(m, layer, 1)))])
+            s.call((inner, "__exit__"), None, None, None)
+            _expect_run(s, _forward(s, model, ids), want_outer, "after leaving the inner of two nested with-blocks", [
+                ("leaving the inner with-block also undid the outer one: remove only your own hook (or put back only "
+                 "the weights you changed), never all of them", before)])
+            s.call((outer, "__exit__"), None, None, None)
+        with s.aspect("errors"):
+            for bad in (config["n_heads"], -1):  # the notebook promises a ValueError outside 0..n_heads-1
+                with expect_error("ValueError", f"ablate_head(model, layer, head) with head = {bad} and n_heads = "
+                                                f"{config['n_heads']} (the slice would be empty, or another head's, "
+                                                f"and nothing would say so)"):
+                    _enter(s, s.call("ablate_head", model, 0, bad), "ablate_head(model, layer, head)")

@@ -106,6 +106,11 @@ def _fuse(**edits):
     return _FUSE.format(**{**_FUSE_OK, **edits})
 
 
+_RAISES = '''
+def {sig}:
+    raise ValueError("not this input")
+'''
+
 MUTANTS = {
     "attention_flops": [
         ("a multiply-add counted as one FLOP", "factor 2", '''
@@ -137,17 +142,13 @@ def attention_flops(batch, n_heads, seq_q, seq_k, head_dim, causal=False):
     flops = 4.0 * batch * n_heads * seq_q * seq_k * head_dim
     return int(flops / 2) if causal else int(flops)
 '''),
+        ("constant: returns 0", "count", '''
+def attention_flops(batch, n_heads, seq_q, seq_k, head_dim, causal=False):
+    return 0
+'''),
+        ("constant: raises ValueError", "ValueError", _RAISES.format(sig="attention_flops(batch, n_heads, seq_q, seq_k, head_dim, causal=False)")),
     ],
     "online_softmax": [
-        ("calls softmax on the whole row", "block by block", '''
-def online_softmax(x, block_size):
-    return torch.softmax(x, dim=-1)
-'''),
-        ("two passes over whole rows", "whole row at once", '''
-def online_softmax(x, block_size):
-    e = torch.exp(x - x.amax(dim=-1, keepdim=True))
-    return e / e.sum(dim=-1, keepdim=True)
-'''),
         ("running sum not rescaled", "not rescaled",
          _online(s_update="s + torch.exp(block - shift).sum(dim=-1, keepdim=True)")),
         ("rescaled the wrong way", "wrong way",
@@ -158,27 +159,34 @@ def online_softmax(x, block_size):
 '''),
         ("no finite shift: NaN after an all -inf block", "finite", _online(shift="m_new")),
         ("never normalised", "not normalised", _online(result="torch.exp(x - m)")),
+        ("constant: returns its input", "differs", '''
+def online_softmax(x, block_size):
+    return x
+'''),
+        ("constant: raises ValueError", "ValueError", _RAISES.format(sig="online_softmax(x, block_size)")),
     ],
     "flash_attention": [
         ("the full score matrix, not tiled", "never materialises", '''
 def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):
     Tq, Tk = q.size(2), k.size(2)
-    scores = q.float() @ k.float().transpose(-2, -1) / math.sqrt(q.size(-1))
+    work = torch.promote_types(q.dtype, torch.float32)
+    scores = q.to(work) @ k.to(work).transpose(-2, -1) / math.sqrt(q.size(-1))
     if causal:
         scores = scores.masked_fill(torch.ones(Tq, Tk, dtype=torch.bool).tril(Tk - Tq).logical_not(), float("-inf"))
-    return (scores.softmax(-1) @ v.float()).to(q.dtype)
+    return (scores.softmax(-1) @ v.to(work)).to(q.dtype)
 '''),
         ("only the queries tiled", "(block_q, Tk) row", '''
 def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):
     Tq, Tk = q.size(2), k.size(2)
     out = torch.empty_like(q)
     for qs in range(0, Tq, block_q):
-        qb = q[:, :, qs:qs + block_q].float()
-        scores = qb @ k.float().transpose(-2, -1) / math.sqrt(q.size(-1))
+        work = torch.promote_types(q.dtype, torch.float32)
+        qb = q[:, :, qs:qs + block_q].to(work)
+        scores = qb @ k.to(work).transpose(-2, -1) / math.sqrt(q.size(-1))
         if causal:
             rows = torch.arange(qs, qs + qb.size(2))[:, None] + Tk - Tq
             scores = scores.masked_fill(torch.arange(Tk) > rows, float("-inf"))
-        out[:, :, qs:qs + block_q] = (scores.softmax(-1) @ v.float()).to(q.dtype)
+        out[:, :, qs:qs + block_q] = (scores.softmax(-1) @ v.to(work)).to(q.dtype)
     return out
 '''),
         ("accumulator not rescaled", "accumulator", _flash(acc_update="acc + p @ vb")),
@@ -190,6 +198,25 @@ def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):
         ("causal mask top-left", "top-left", _flash(offset="0")),
         ("scores not scaled", "sqrt", _flash(scale="1.0")),
         ("output left in float32 for half inputs", "dtype", _flash(out_dtype="acc_dtype")),
+        ("float64 inputs computed in float32", "float64", _flash().replace(
+            "acc_dtype = torch.promote_types(q.dtype, torch.float32)", "acc_dtype = torch.float32")),
+        ("the full score matrix, hidden from tracers", "never materialises", '''
+def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):
+    from torch.utils._python_dispatch import _disable_current_modes
+    with _disable_current_modes():
+        Tq, Tk = q.size(2), k.size(2)
+        work = torch.promote_types(q.dtype, torch.float32)
+        scores = q.to(work) @ k.to(work).transpose(-2, -1) / math.sqrt(q.size(-1))
+        if causal:
+            scores = scores.masked_fill(torch.ones(Tq, Tk, dtype=torch.bool).tril(Tk - Tq).logical_not(), float("-inf"))
+        return (scores.softmax(-1) @ v.to(work)).to(q.dtype)
+'''),
+        ("constant: returns zeros", "differs", '''
+def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):
+    return torch.zeros_like(q)
+'''),
+        ("constant: raises ValueError", "ValueError",
+         _RAISES.format(sig="flash_attention(q, k, v, causal=False, block_q=64, block_k=64)")),
     ],
     "fuse_qkv": [
         ("k, q, v order", "order", _fuse(projs="(attn.k_proj, attn.q_proj, attn.v_proj)")),
@@ -197,6 +224,11 @@ def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):
         ("bias left at its random initial value", "bias", _fuse(bias="True", copy_bias="False")),
         ("each weight transposed", "transposed", _fuse(weight="p.weight.T")),
         ("always float32", "dtype", _fuse(dtype="torch.float32")),
+        ("constant: returns None", "Linear", '''
+def fuse_qkv(attn):
+    return None
+'''),
+        ("constant: raises ValueError", "ValueError", _RAISES.format(sig="fuse_qkv(attn)")),
     ],
     "triton_attention": [
         ("causal mask top-left", "top-left", _triton(kernel=[("last_key = rows + (seq_k - seq_q)", "last_key = rows")])),
@@ -206,8 +238,26 @@ def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):
          _triton(kernel=[("acc = acc * alpha[:, None] + tl.dot", "acc = acc + tl.dot")])),
         ("query tail tile dropped", "tail", _triton(wrapper=[("grid = (triton.cdiv(Tq, block_q), B * H)", "grid = (Tq // block_q, B * H)")])),
         ("output always float32", "dtype", _triton(wrapper=[("out = torch.empty_like(q)", "out = torch.empty_like(q, dtype=torch.float32)")])),
+        ("plain torch, no Triton", "@triton.jit", '''
+def triton_attention(q, k, v, causal=False):
+    Tq, Tk = q.size(2), k.size(2)
+    scores = q.float() @ k.float().transpose(-2, -1) / math.sqrt(q.size(-1))
+    if causal:
+        scores = scores.masked_fill(torch.ones(Tq, Tk, dtype=torch.bool).tril(Tk - Tq).logical_not(), float("-inf"))
+    return (scores.softmax(-1) @ v.float()).to(q.dtype)
+'''),
+        ("the kernel launched, then its output replaced", "@triton.jit", _triton(wrapper=[
+            ("    return out", "    return flash_attention(q, k, v, causal=causal)")])),
+        ("constant: returns zeros", "@triton.jit", '''
+def triton_attention(q, k, v, causal=False):
+    return torch.zeros_like(q)
+'''),
+        ("constant: raises ValueError", "@triton.jit", _RAISES.format(sig="triton_attention(q, k, v, causal=False)")),
     ],
 }
+
+# Only the hidden memory bound sees it: the visible test's tracer is switched off on purpose.
+HIDDEN_ONLY = {"the full score matrix, hidden from tracers": "it disables the visible test's tracer on purpose"}
 
 VARIANTS = {
     "attention_flops": [
@@ -297,6 +347,61 @@ def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):
                 out[b, h, qs:qs + block_q] = (acc / l[:, None]).to(q.dtype)
     return out
 '''),
+        ("FlashAttention-1's loop order: key/value tiles outside, query tiles inside, state per query", '''
+def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):
+    Tq, Tk = q.size(2), k.size(2)
+    work = torch.promote_types(q.dtype, torch.float32)
+    low = torch.finfo(work).min
+    o = torch.zeros(q.shape, dtype=work)
+    l = torch.zeros(*q.shape[:3], 1, dtype=work)
+    m = torch.full_like(l, float("-inf"))
+    for ks in range(0, Tk, block_k):
+        kb, vb = k[:, :, ks:ks + block_k].to(work), v[:, :, ks:ks + block_k].to(work)
+        for qs in range(0, Tq, block_q):
+            rows = slice(qs, qs + block_q)
+            s = (q[:, :, rows].to(work) / math.sqrt(q.size(-1))) @ kb.transpose(-2, -1)
+            if causal:
+                last = torch.arange(qs, min(Tq, qs + block_q))[:, None] + Tk - Tq
+                s = s.masked_fill(torch.arange(ks, ks + kb.size(2)) > last, float("-inf"))
+            m_tile = s.amax(-1, keepdim=True)
+            p = torch.exp(s - m_tile.clamp(min=low))
+            m_old, l_old = m[:, :, rows], l[:, :, rows]
+            m_new = torch.maximum(m_old, m_tile)
+            a, b = torch.exp(m_old - m_new.clamp(min=low)), torch.exp(m_tile - m_new.clamp(min=low))
+            l_new = a * l_old + b * p.sum(-1, keepdim=True)
+            o[:, :, rows] = (l_old * a * o[:, :, rows] + b * (p @ vb)) / l_new.clamp(min=torch.finfo(work).tiny)
+            m[:, :, rows], l[:, :, rows] = m_new, l_new
+    return o.to(q.dtype)
+'''),
+        ("einsum, an output list joined at the end", '''
+def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):
+    Tq, Tk, Dh = q.size(2), k.size(2), q.size(3)
+    work = torch.promote_types(q.dtype, torch.float32)
+    outs = []
+    for qs in range(0, Tq, block_q):
+        qb = q[:, :, qs:qs + block_q].to(work)
+        n = qb.size(2)
+        m = torch.full(qb.shape[:3], -torch.inf, dtype=work)
+        l = torch.zeros(qb.shape[:3], dtype=work)
+        acc = torch.zeros_like(qb)
+        for ks in range(0, Tk, block_k):
+            kb, vb = k[:, :, ks:ks + block_k].to(work), v[:, :, ks:ks + block_k].to(work)
+            s = torch.einsum("bhqd,bhkd->bhqk", qb, kb) / math.sqrt(Dh)
+            if causal:
+                visible = torch.arange(ks, ks + kb.size(2))[None, :] <= torch.arange(qs, qs + n)[:, None] + (Tk - Tq)
+                s = torch.where(visible, s, -torch.inf)
+            m_new = torch.maximum(m, s.amax(-1))
+            shift = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))
+            p = torch.exp(s - shift[..., None])
+            c = torch.exp(m - shift)
+            l = l * c + p.sum(-1)
+            acc = acc * c[..., None] + torch.einsum("bhqk,bhkd->bhqd", p, vb)
+            m = m_new
+        outs.append(acc / l[..., None])
+    return torch.cat(outs, dim=2).to(q.dtype)
+'''),
+        ("float64 inside for every dtype", _flash().replace(
+            "acc_dtype = torch.promote_types(q.dtype, torch.float32)", "acc_dtype = torch.float64")),
     ],
     "fuse_qkv": [
         ("new Parameters assigned", '''

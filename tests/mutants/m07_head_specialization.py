@@ -39,6 +39,11 @@ def _weights_mutant(zeroing):
 '''
 
 
+_RAISES = '''
+def {sig}:
+    raise ValueError("not this input")
+'''
+
 MUTANTS = {
     "previous_token_score": [
         ("the main diagonal (attention to itself)", "off by one", '''
@@ -75,6 +80,11 @@ def previous_token_score(pattern):
 def previous_token_score(pattern):
     return pattern.diagonal(offset=-1, dim1=-2, dim2=-1).sum(dim=-1)
 '''),
+        ("constant: returns zeros", "off by one", '''
+def previous_token_score(pattern):
+    return torch.zeros(pattern.shape[0], dtype=pattern.dtype)
+'''),
+        ("constant: raises ValueError", "ValueError", _RAISES.format(sig="previous_token_score(pattern)")),
     ],
     "duplicate_token_score": [
         ("a token counted as its own duplicate", "own duplicate", '''
@@ -143,6 +153,11 @@ def duplicate_token_score(pattern, tokens):
         raise ValueError("no token repeats")
     return total / count
 '''),
+        ("constant: returns zeros", "differs", '''
+def duplicate_token_score(pattern, tokens):
+    return torch.zeros(pattern.shape[0], dtype=pattern.dtype)
+'''),
+        ("constant: raises ValueError", "ValueError", _RAISES.format(sig="duplicate_token_score(pattern, tokens)")),
     ],
     "induction_score": [
         ("key i - period (the earlier copy itself)", "i - period + 1", '''
@@ -169,6 +184,11 @@ def induction_score(pattern, period):
 def induction_score(pattern, period):
     return pattern.diagonal(offset=1 - period, dim1=-2, dim2=-1)[:, 1:].mean()
 '''),
+        ("constant: returns zeros", "differs", '''
+def induction_score(pattern, period):
+    return torch.zeros(pattern.shape[0], dtype=pattern.dtype)
+'''),
+        ("constant: raises ValueError", "ValueError", _RAISES.format(sig="induction_score(pattern, period)")),
     ],
     "ablate_head": [
         ("the next head", "wrong head", _hook_mutant(
@@ -256,6 +276,14 @@ def ablate_head(model, layer, head):
         handle.remove()
 '''),
         ("nothing happens", "nothing changed", _hook_mutant("pass")),
+        ("a negative head accepted (it removes nothing)", "ValueError", _hook_mutant("x[..., lo:hi] = 0", _ABLATE_HEADER.replace(
+            "if not 0 <= head < attn.n_heads:", "if head >= attn.n_heads:"))),
+        ("constant: does nothing, for every head", "nothing changed", '''
+@contextlib.contextmanager
+def ablate_head(model, layer, head):
+    yield model
+'''),
+        ("constant: raises ValueError", "ValueError", _RAISES.format(sig="ablate_head(model, layer, head)")),
     ],
 }
 
