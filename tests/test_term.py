@@ -161,7 +161,8 @@ def test_shards_merge_only_when_the_set_is_whole(term, tmp_path, capsys):
     assert (tmp_path / "merged" / "grades.csv").read_text() == (root / "clean" / "grades.csv").read_text()
 
 
-def test_sigterm_stops_cleanly_and_resume_finishes_the_same(term, tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_stops_cleanly_and_resume_finishes_the_same(term, tmp_path, signum):
     root, _, _ = term
     tmp, out = tmp_path / "tmp", tmp_path / "results"
     tmp.mkdir()
@@ -171,15 +172,17 @@ def test_sigterm_stops_cleanly_and_resume_finishes_the_same(term, tmp_path):
     deadline = time.monotonic() + 300
     while not list((out / store.STORE).glob(f"{L1}/*.json")) and time.monotonic() < deadline:
         time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signum)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 143, err[-2000:]
-    assert "interrupted by SIGTERM" in err.strip().splitlines()[-1]
+    assert proc.returncode == 128 + signum, err[-2000:]
+    assert f"interrupted by {signum.name}" in err.strip().splitlines()[-1]
     kept = len(list((out / store.STORE).glob(f"{L1}/*.json")))
     assert 1 <= kept < len(HONEST)
     assert list(tmp.iterdir()) == [], "temporary folders were left behind"
     alive = subprocess.run(["pgrep", "-f", str(tmp)], capture_output=True, text=True).stdout.split()
     assert alive == [], "sandbox processes outlived the run"
+    if signum == signal.SIGINT:
+        return  # the same stop as SIGTERM's; resuming it once is enough
     p = run("grade", root / "subs", "--out", out, "--resume", "--quiet", env=env)
     assert f"({len(HONEST) - kept} not graded before)" in p.stderr
     assert (out / "grades.csv").read_text() == (root / "clean" / "grades.csv").read_text()
