@@ -64,7 +64,6 @@ def main(argv=None):
         b.add_argument(flag, default=default, choices=["visible", "hidden", "after_due_date", "after_published"],
                        help=f"when students see {what} (default: {default})")
 
-
     co = sub.add_parser("collect", help="turn an LMS download (a folder or zip) into SUBMISSIONS/<student>/<lesson>/")
     co.add_argument("download", metavar="DOWNLOAD")
     co.add_argument("--out", required=True, metavar="SUBMISSIONS")
@@ -217,6 +216,17 @@ def _term(args):
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def _summary(out, results):
+    got = sum(t["points"] for r in results for t in r["tests"])
+    full = sum(t["max_points"] for r in results for t in r["tests"])
+    students = len({r["student"] for r in results})
+    print(f"{out} holds {len(results)} results ({students} students), {got:g}/{full:g} points; "
+          f"wrote {out}/grades.csv and {out}/feedback/")
+    if any(r.get("grader_errors") for r in results):
+        print(f"the grader itself failed on some tests (status error): see {out}/grader-errors.log", file=sys.stderr)
+
 
 if __name__ == "__main__":
     sys.exit(main())
