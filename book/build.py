@@ -502,7 +502,8 @@ def api_entry(lesson, module, name, contract):
     sig = signature_of(obj, name)
     if sig is None:
         return f"### `{name}`\n\n{contract}\n\n{doc_block(obj)}"
-    parts = [f"{fence(5)}{{py:{kind}}} {sig}", f":module: {module}", ""]
+    # No index entry: the general index would show "(in module attention)", a module students never import.
+    parts = [f"{fence(5)}{{py:{kind}}} {sig}", f":module: {module}", ":no-index-entry:", ""]
     if kind == "class":
         bases = [b for b in obj.__bases__ if b is not object]
         if bases:
@@ -518,7 +519,8 @@ def api_entry(lesson, module, name, contract):
                 parts.append(f"`{mname}`\n\n{doc_block(member)}")
                 continue
             msig = msig.replace("(self, ", "(", 1).replace("(self)", "()", 1)
-            parts += [f"{fence(4)}{{py:method}} {msig}", "", doc_block(member) if member.__doc__ else "", fence(4), ""]
+            parts += [f"{fence(4)}{{py:method}} {msig}", ":no-index-entry:", "", doc_block(member) if member.__doc__ else "",
+                      fence(4), ""]
     parts.append(fence(5))
     return "\n".join(parts) + "\n"
 
