@@ -58,12 +58,12 @@ def write_all(out, expected=(), gradescope=False, gradebook=None, problems=None,
     else:
         log.unlink(missing_ok=True)
     for r in results:
-        store.write_atomic(out / "feedback" / r["student"] / f"{r['lesson']}.html", feedback_page(r))
+        store.write_derived(out / "feedback" / r["student"] / f"{r['lesson']}.html", feedback_page(r))
     if gradescope:
         from autograder.gradescope import results_json
         for student in sorted({r["student"] for r in results}):
             mine = [r for r in results if r["student"] == student]
-            store.write_atomic(out / "gradescope" / student / "results.json",
+            store.write_derived(out / "gradescope" / student / "results.json",
                                json.dumps(results_json(mine), indent=1))
     if gradebook:
         from autograder.gradebook import update_gradebook

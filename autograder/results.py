@@ -42,7 +42,8 @@ Bad input from the instructor (a missing folder, an unreadable manifest) raises 
 CLI prints its one line and exits 2.
 
 The API, by use:
-    write a run     prepare_out(out, submissions), save_result(out, r), write_run, write_grades, write_atomic
+    write a run     prepare_out(out, submissions), save_result(out, r), write_run, write_grades, write_atomic,
+                    write_derived (a file made again from results on every run: unchanged ones are kept)
     read a term     load_results(out, problems) (valid results only; damaged files described in problems),
                     load_result(out, student, lesson) -> (result, why), stored_pairs, read_run, read_grades,
                     needs_regrade(test)
@@ -107,16 +108,18 @@ def check_student(name):
 
 # ---- files ---------------------------------------------------------------------------------
 
-def write_atomic(path, text):
-    """Write text to path so that a reader (or a crash) sees the old file or the new, never half."""
+def write_atomic(path, text, durable=True):
+    """Write text to path so that a reader (or a crash) sees the old file or the new, never half.
+    durable=False skips the fsync, for files made again from stored results on every run."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
             f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -139,6 +142,17 @@ def prepare_out(out, submissions=None):
     except OSError as e:
         raise UsageError(f"cannot write to the output folder {out}: {e.strerror}") from None
     return out
+
+
+def write_derived(path, text):
+    """A file made from stored results (a feedback page): written, without fsync, only when it
+    changes, so a run over a term rewrites only what it graded."""
+    try:
+        if Path(path).read_text(encoding="utf-8") == text:
+            return
+    except (OSError, UnicodeDecodeError):
+        pass
+    write_atomic(path, text, durable=False)
 
 
 def _read_small(path, cap=MAX_STORED_BYTES):
