@@ -347,17 +347,31 @@ def test_without_the_defences_every_attack_succeeds(unprotected):
 
 # ---- the uid mode: where namespaces are refused ------------------------------------------------
 
-UID_ATTACKS = {name: ATTACKS[name] for name in ("takeover-ptrace", "takeover-proc-mem", "takeover-process-vm")}
+UID_ATTACKS = {name: ATTACKS[name] for name in ("takeover-ptrace", "takeover-proc-mem", "takeover-process-vm",
+                                                "leftover-1-sysv-writer", "leftover-2-sysv-reader")}
 UID_ATTACKS["read-source-and-solutions"] = TRICKS["read_source_and_solutions"]
 UID_ATTACKS["tamper-results"] = TRICKS["tamper_gradebook_and_results"]
+# Docker's default seccomp profile refuses unshare(2): so does this one, put on the grader (and
+# so on its worker and every child) before it starts, so that the uid mode runs as it would there.
+NO_NAMESPACES = """
+import ctypes, os, platform, struct, sys
+arch, nr = {"x86_64": (0xC000003E, 272), "aarch64": (0xC00000B7, 97)}[platform.machine()]
+prog = [(0x20, 0, 0, 4), (0x15, 0, 3, arch), (0x20, 0, 0, 0), (0x15, 0, 1, nr), (0x06, 0, 0, 0x50001),
+        (0x06, 0, 0, 0x7FFF0000)]
+code = ctypes.create_string_buffer(b"".join(struct.pack("HBBI", *i) for i in prog))
+libc = ctypes.CDLL(None)
+libc.prctl(38, 1, 0, 0, 0)
+assert libc.prctl(22, 2, ctypes.c_char_p(struct.pack("HxxxxxxQ", len(prog), ctypes.addressof(code))), 0, 0) == 0
+os.execv(sys.argv[1], sys.argv[1:])
+"""
 
 
 def _course_as_in_a_container():
     """A command prefix for a private mount namespace laid out as a Docker or Gradescope image
     would be: the course only in the grader's private copy (this repository's own packages and
     lessons, which an editable install points to, are hidden), and the Python install readable
-    by any uid (pyenv under /root is not: /root becomes a traversable tmpfs holding its bind).
-    None where that cannot be made here."""
+    by any uid (pyenv under /root is not: /root becomes a traversable tmpfs holding its bind);
+    then no namespace may be made (NO_NAMESPACES). None where that cannot be made here."""
     stdlib = Path(sysconfig.get_paths()["stdlib"]).resolve()
     closed = [p for p in reversed(stdlib.parents) if not os.stat(p).st_mode & stat.S_IXOTH]
     if len(closed) > 1 or not shutil.which("unshare"):
@@ -370,7 +384,8 @@ def _course_as_in_a_container():
         top, inner = closed[0], closed[0] / stdlib.relative_to(closed[0]).parts[0]
         script += (f"keep=$(mktemp -d); mount --bind {inner} $keep; mount -t tmpfs -o mode=755 tmpfs {top}; "
                    f"mkdir {inner}; mount --move $keep {inner}; ")
-    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script + 'exec "$@"', "sh"]
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script + 'exec "$@"', "sh",
+            sys.executable, "-c", NO_NAMESPACES]
 
 
 @pytest.fixture(scope="module")
