@@ -225,12 +225,16 @@ def markdown_output(text):
     return {"output_type": "display_data", "metadata": {}, "data": {"text/markdown": text}}
 
 
+def timed_on(machine):
+    return f"Timed when this book was built, on {machine}; your own machine will differ."
+
+
 def figure_output(path, number, spec, width, machine):
     """A figure as MyST (rendered by myst-nb): the image file, its alt text, number and caption."""
     label = f"Figure {number}"
     caption = one_line(spec.get("caption", ""))
     if machine:
-        caption += f" Timed when this book was built, on {machine}; your own machine will differ."
+        caption += " " + timed_on(machine)
     alt = one_line(spec.get("alt", "")) or f"{label} (no description yet)"
     lines = [f"```{{figure}} {path}", f":alt: {alt}"]
     if width:
@@ -259,20 +263,20 @@ def code_cell_for_readers(cell, lesson, figures, machine, files):
         outputs.append(figure_output(name, figures[-1], specs[drawn] if drawn < len(specs) else {}, width, timed))
         drawn += 1
     if timed and not drawn and outputs:
-        outputs.append(markdown_output(f"*Timed when this book was built, on {machine}; your own machine will differ.*\n"))
+        outputs.append(markdown_output(f"*{timed_on(machine)}*\n"))
     cell = dict(cell, outputs=outputs, metadata=copy.deepcopy(cell.get("metadata", {})))
     if any("text/markdown" in o.get("data", {}) for o in outputs):
         cell["metadata"].setdefault("mystnb", {})["markdown_format"] = "myst"
     return cell
 
 
-def test_cell_for_readers(cell):
+def visible_tests_for_readers(cell):
     """A visible-test cell, folded under a summary of what it checks."""
-    summary = visible_tests_summary(cell) or f"what `{nbk.grade_id(cell).removeprefix('test_')}` must do"
+    summary = visible_tests_summary(cell) or f"what {nbk.grade_id(cell).removeprefix('test_')} must do"
     meta = copy.deepcopy(cell.get("metadata", {}))
     meta["tags"] = list(meta.get("tags", [])) + ["hide-input", "visible-tests"]
-    meta.setdefault("mystnb", {}).update(code_prompt_show=f"Visible tests: {summary.replace('`', '')}",
-                                         code_prompt_hide=f"Visible tests: {summary.replace('`', '')}")
+    meta.setdefault("mystnb", {}).update(code_prompt_show=f"Visible tests: {summary}",
+                                         code_prompt_hide=f"Visible tests: {summary}")
     return dict(cell, metadata=meta)
 
 
@@ -311,7 +315,7 @@ def book_page(nb, lesson, glossary):
             if nbk.is_answer(cell):
                 page["cells"].append(answer_label(cell))
             elif nbk.is_test(cell):
-                cell = test_cell_for_readers(cell)
+                cell = visible_tests_for_readers(cell)
             else:
                 cell = code_cell_for_readers(cell, lesson, figures, machine, files)
         page["cells"].append(cell)
