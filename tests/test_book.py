@@ -1,9 +1,12 @@
 """The online book (book/build.py, `make book`): it builds with warnings as errors, shows every lesson
-as students see it, leaks no solution and no hidden test, and works offline in a real browser.
+as students see it (exercises labelled, figures numbered and described, a download that runs), leaks
+no solution and no hidden test (downloads included), and works offline in a real browser, where
+nothing is clipped at a laptop's or a phone's width.
 
-The slow tests share one build per test session. The browser test drives headless Chromium through
-the DevTools protocol (tornado's websocket client) and needs /usr/bin/chromium (`make setup`
-installs it when it can); it is skipped, saying so, where Chromium is missing.
+The slow tests share one build and one browser session per test session. The browser tests drive
+headless Chromium through the DevTools protocol (tornado's websocket client) and need
+/usr/bin/chromium (`make setup` installs it when it can); they are skipped, saying so, where Chromium
+is missing. They leave full-page screenshots of every page at each width in book/_build/screenshots/.
 """
 import ast
 import asyncio
