@@ -33,6 +33,15 @@ def run(*args, check=True, env=None):
     return p
 
 
+@pytest.fixture
+def cli(capsys):
+    """The command line in this process (no interpreter and torch to start): (exit status, stderr)."""
+    def call(*args):
+        code = main([str(a) for a in args])
+        return code, capsys.readouterr().err
+    return call
+
+
 def put(subs, student, nb, lesson=L1, name=None):
     nbk.write(nb, subs / student / lesson / (name or f"{lesson}.ipynb"))
     return subs / student / lesson / (name or f"{lesson}.ipynb")
@@ -52,7 +61,7 @@ def term(tmp_path_factory):
     return root, notebooks, clean
 
 
-def test_lessons_graded_one_after_another_build_one_term(term, tmp_path):
+def test_lessons_graded_one_after_another_build_one_term(term, tmp_path, cli):
     root, notebooks, clean = term
     grades = store.read_grades(root / "clean" / "grades.csv")
     assert {r["lesson"] for r in grades} == {L1}  # lesson 02, which nobody submitted, is not written as zeros
@@ -70,15 +79,16 @@ def test_lessons_graded_one_after_another_build_one_term(term, tmp_path):
     out = tmp_path / "results"
     shutil.copytree(root / "clean", out)
     put(subs, "alice", fill(nbk.read(root / "release" / L2 / f"{L2}.ipynb"), L2), lesson=L2)
-    p = run("grade", subs, "--out", out, "--lesson", L2, "--quiet")
+    code, err = cli("grade", subs, "--out", out, "--lesson", L2, "--quiet")
+    assert code == 0, err
     after = store.read_grades(out / "grades.csv")
     assert [r for r in after if r["lesson"] == L1] == grades  # lesson 01 kept as it was
     l2 = {r["student"]: r for r in after if r["lesson"] == L2 and r["test"] == "test_split_heads"}
     assert l2["alice"]["status"] == "passed" and l2["erin"]["status"] == "missing"
-    assert "5 x missing lesson" in p.stderr
+    assert "5 x missing lesson" in err
 
 
-def test_hostile_files_are_refused_one_by_one_beside_honest_students(term, tmp_path):
+def test_hostile_files_are_refused_one_by_one_beside_honest_students(term, tmp_path, cli):
     root, notebooks, _ = term
     subs = tmp_path / "subs"
     honest = put(subs, "alice", notebooks["solved"])
@@ -96,7 +106,8 @@ def test_hostile_files_are_refused_one_by_one_beside_honest_students(term, tmp_p
     next(c for c in broken["cells"] if c["cell_type"] == "code")["source"] = ["import numpy as np\n", 7]
     put(subs, "int-in-source", broken)
     (subs / "__MACOSX" / "alice").mkdir(parents=True)
-    p = run("grade", subs, "--out", tmp_path / "results", "--quiet")
+    code, err = cli("grade", subs, "--out", tmp_path / "results", "--quiet")
+    assert code == 0, err
     rows = store.read_grades(tmp_path / "results" / "grades.csv")
     by_student = {r["student"]: r for r in rows if r["test"] == "test_softmax"}
     assert by_student.pop("alice")["status"] == "passed" and "__MACOSX" not in by_student
@@ -105,8 +116,8 @@ def test_hostile_files_are_refused_one_by_one_beside_honest_students(term, tmp_p
                            ("linked-lesson", "lesson folder is a symbolic link"), ("int-in-source", "source")):
         assert by_student[student]["status"] == "error" and words in by_student[student]["message"], by_student[student]
         assert "refused" in by_student[student]["message"] or student == "int-in-source"
-    assert "5 x refused file or folder" in p.stderr and "1 x unreadable notebook" in p.stderr
-    assert "ignored system folder: __MACOSX" in p.stderr
+    assert "5 x refused file or folder" in err and "1 x unreadable notebook" in err
+    assert "ignored system folder: __MACOSX" in err
 
 
 def test_resume_regrades_exactly_what_changed(term, tmp_path, monkeypatch):
@@ -138,19 +149,15 @@ def test_resume_regrades_exactly_what_changed(term, tmp_path, monkeypatch):
             if r["test"] == "test_softmax"} == {"alice": "2", "carol": "2"}
 
 
-def test_shards_merge_only_when_the_set_is_whole(term, tmp_path, capsys):
+def test_shards_merge_only_when_the_set_is_whole(term, tmp_path, cli):
     root, _, _ = term
     manifest = tmp_path / "class.json"
-
-    def cli(*args):  # the commands that grade nothing run in this process: no interpreter to start
-        code = main([str(a) for a in args])
-        return code, capsys.readouterr().err
-
     assert cli("manifest", root / "subs", "--out", manifest)[0] == 0
     assert json.loads(manifest.read_text())["students"] == sorted(HONEST)
     shards = [tmp_path / f"shard{i}" for i in range(2)]
     for i, out in enumerate(shards):
-        run("grade", root / "subs", "--out", out, "--shard", f"{i}/2", "--manifest", manifest, "--quiet")
+        code, err = cli("grade", root / "subs", "--out", out, "--shard", f"{i}/2", "--manifest", manifest, "--quiet")
+        assert code == 0, err
     code, err = cli("merge", shards[0], "--out", tmp_path / "partial", "--manifest", manifest)
     assert code == 2 and "missing shard 1/2" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "partial" / "grades.csv").exists()
