@@ -73,6 +73,12 @@ def page_text(path):
     return " ".join(html.unescape(re.sub(r"<[^>]+>", "", path.read_text(encoding="utf-8"))).split())
 
 
+def executed_copy(lesson):
+    """The student copy with outputs that the build made of the lesson (its cache entry)."""
+    build = build_module()
+    return nbk.read(build.NB_CACHE / f"{lesson}-{build.lesson_hash(lesson)}.ipynb")
+
+
 def lesson_page(site, lesson):
     return site / "lessons" / lesson / f"{lesson}.html"
 
@@ -122,7 +128,7 @@ def test_lesson_page_is_the_student_copy_with_the_reference_figures(site, lesson
         if nbk.is_answer(cell) or nbk.is_test(cell):
             assert not cell.get("outputs"), "answer and test cells must have no outputs in the book"
     figures = sorted((BOOK / "_generated" / "lessons" / lesson / "figures").glob("figure-*"))
-    executed = nbk.read(next((BOOK / "_build" / ".notebooks").glob(f"{lesson}-*.ipynb")))
+    executed = executed_copy(lesson)
     made = sum(any(m.startswith("image/") for m in o.get("data", {}))
                for c in nbk.code_cells(executed) for o in c.get("outputs", []))
     assert len(figures) == made, f"the lesson makes {made} figure(s); the book has {len(figures)}"
@@ -255,7 +261,7 @@ def test_figures_have_numbers_captions_and_alt_text(site):
     at most 8 inches wide (800 px at matplotlib's 100 dpi)."""
     problems = []
     for lesson in LESSONS:
-        executed = nbk.read(next((BOOK / "_build" / ".notebooks").glob(f"{lesson}-*.ipynb")))
+        executed = executed_copy(lesson)
         page = lesson_page(site, lesson).read_text(encoding="utf-8")
         for i, cell in enumerate(executed["cells"]):
             images = [o for o in cell.get("outputs", []) if any(m.startswith("image/") for m in o.get("data", {}))]
