@@ -196,3 +196,39 @@ def test_lesson_runs_without_triton(tmp_path):
     assert "Triton: not installed" in run.stdout
     assert "triton_attention was not tested" in run.stdout and "nothing to time here" in run.stdout
     assert run.stderr == ""
+
+
+TRITON_IMITATIONS = {  # what each must be refused for (a word of the reason)
+    "plain torch": ("def triton_attention(q, k, v, causal=False):\n    return flash_attention(q, k, v, causal)\n",
+                    "flash_attention"),
+    "torch patched": ("torch.empty_like = lambda q: flash_attention(q, q, q)\n", "changes"),
+    "a trusted name rebound": ("max = lambda *a: 0\n", "redefines"),
+    "exec": ("exec('x = 1')\n", "exec"),
+    "a function's globals": ("g = triton_attention.__globals__\n", "__globals__"),
+    "the kernel rebound": ("_attention_kernel = flash_attention\n", "rebound"),
+    "a verify of one's own": ("def verify(lesson, name, g):\n    g['_attention_kernel'] = None\n", "globals"),
+    "a loop in the wrapper": ("def triton_attention(q, k, v, causal=False):\n    out = torch.empty_like(q)\n"
+                              "    for i in range(2):\n        _attention_kernel[(1,)](q, k, v, out)\n    return out\n", "loop"),
+    "another tensor returned": ("def triton_attention(q, k, v, causal=False):\n    out = torch.empty_like(q)\n"
+                                "    _attention_kernel[(1,)](q, k, v, out)\n    return q\n", "buffer"),
+    "torch in the kernel": ("@triton.jit\ndef _attention_kernel(Q):\n    x = torch.softmax(Q, -1)\n", "torch"),
+}
+
+
+def _lesson_cells():
+    from autograder import notebook as nbk
+    return [nbk.source(c) for c in nbk.code_cells(nbk.read(nbk.lesson_path("06_gpu")))]
+
+
+def test_triton_evidence_accepts_the_lesson_notebook():
+    """Every cell as IPython's In holds them (hidden-test lines included) reads as a Triton kernel."""
+    from autograder.checks import triton_evidence
+    assert triton_evidence.problem(_lesson_cells()) is None
+
+
+@pytest.mark.parametrize("what", TRITON_IMITATIONS)
+def test_triton_evidence_refuses_imitations(what):
+    from autograder.checks import triton_evidence
+    code, word = TRITON_IMITATIONS[what]
+    found = triton_evidence.problem(_lesson_cells() + [code])
+    assert found and word in found, found

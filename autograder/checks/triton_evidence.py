@@ -63,14 +63,23 @@ def _root(node):
     return node.id if isinstance(node, ast.Name) else None
 
 
-def _parse(sources):
+# The hidden-test lines of a test cell, as nbgrader runs them in the notebook (then the sources are IPython's In,
+# test cells included). The grader's own sources have no test cells; these exact lines do nothing else.
+HIDDEN_TEST_LINE = re.compile(r"^(from autograder\.checks import verify|verify\('06_gpu', '\w+', globals\(\)\))$", re.M)
+
+
+def _parse(sources, drop_hidden_tests=True):
     trees = []
     for text in sources:
+        if drop_hidden_tests:
+            text = HIDDEN_TEST_LINE.sub("", text)
         text = re.sub(r"^\s*[%!].*$", "", text, flags=re.M)  # magics never define anything we trust
         try:
             trees.append(ast.parse(text))
         except SyntaxError:
             continue  # a cell that does not parse did not run
+    if drop_hidden_tests and any("verify" in _bound_names(node) for tree in trees for node in ast.walk(tree)):
+        return _parse(sources, drop_hidden_tests=False)  # a `verify` of the student's own could be handed globals()
     return trees
 
 
