@@ -65,10 +65,10 @@ class Malformed(Died):
     """The child sent something that is not a valid frame: it is killed all the same."""
 
 
-def _works(cmd, **kwargs):
+def _works(cmd):
     try:
         return subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              timeout=30, **kwargs).returncode == 0
+                              timeout=30).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
 
