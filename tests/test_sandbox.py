@@ -97,6 +97,7 @@ def call(name, *args, **extra):
     return {"op": "call", "target": {"name": name}, "args": list(args), "kwargs": {}, **extra}
 
 
+@pytest.mark.slow
 def test_callbacks_are_answered_by_the_host(session):
     log = []
 
@@ -113,6 +114,7 @@ def test_callbacks_are_answered_by_the_host(session):
     assert session.transport(call("ask", 1), callback=lambda p: "fine") == {"ok": ["fine"]}  # ...not the session
 
 
+@pytest.mark.slow
 def test_a_bounded_call_runs_with_no_other_process_of_the_sandbox(session):
     session.close()
     daemon, before = wire.decode(session.transport(call("processes"))["ok"])
