@@ -232,3 +232,22 @@ def test_triton_evidence_refuses_imitations(what):
     code, word = TRITON_IMITATIONS[what]
     found = triton_evidence.problem(_lesson_cells() + [code])
     assert found and word in found, found
+
+
+def test_without_triton_the_check_is_the_instructors_to_run(monkeypatch):
+    """No Triton where the grader runs: the check says so (status error, for the instructor), never a failure."""
+    import importlib
+
+    from autograder.checks import Unchecked
+    from autograder.checks import gpu as checks
+
+    monkeypatch.setattr(gpu, "HAS_TRITON", False)
+    try:
+        importlib.reload(checks)
+        assert "not installed where the grader runs" in checks.UNAVAILABLE["triton_attention"]
+        with pytest.raises(Unchecked, match="not installed where the grader runs"):
+            checks.CHECKS["triton_attention"].fn(None)
+    finally:
+        monkeypatch.undo()
+        importlib.reload(checks)
+    assert checks.UNAVAILABLE == {}

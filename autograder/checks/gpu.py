@@ -269,9 +269,10 @@ def _qkv(rng, b, h, tq, tk, dh, dtype, scale=2.0):
 
 # The bounded call: one query tile against TILED_KEYS keys. A (block_q, Tk) row of float32 scores takes
 # 64 MiB: one allocation above glibc's largest mmap threshold (32 MiB), so it always counts against the
-# bound, whatever memory the process had kept from earlier calls. Honest code (k and v take 0.5 MiB each,
-# a tile of scores 2 MiB in float32, 4 in float64, and a few temporaries) stays under 20 MiB.
-TILED_KEYS, TILED_BLOCKS, TILED_DH, TILED_MB = 32768, (512, 1024), 4, 32
+# bound, whatever memory the process had kept from earlier calls. Honest code (k and v take 1 MiB each,
+# a tile of scores 0.5 MiB in float32, 1 in float64, and a few temporaries) passes from 16 MiB on, with
+# float64 copies of k and v and a loop over heads; the bound leaves it twice that.
+TILED_KEYS, TILED_BLOCKS, TILED_DH, TILED_MB = 65536, (256, 512), 4, 32
 TILED_MESSAGE = ("flash_attention ran out of memory with {tk} keys in tiles of {bq} x {bk}: FlashAttention never "
                  "materialises the full (Tq, Tk) score matrix, or a (block_q, Tk) row of it (here {mb} MiB of "
                  "scores). Loop over tiles of queries AND keys, keeping only one block_q x block_k tile of scores")

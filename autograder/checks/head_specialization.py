@@ -2,9 +2,11 @@
 induction_score, ablate_head.
 
 Scores get attention patterns (H, T, T), random (causal, rows summing to 1) and constructed
-(one-hot heads of each kind), in float32 and float64. ablate_head is run on the lesson's own
-AttentionOnlyTransformer (the provided class in the student's namespace) with known weights and
-compared with solutions' model and ablate_head, inside and after the with-block.
+(one-hot heads of each kind), in float32 and float64, and compared with the exact (float64) score.
+ablate_head is run on the lesson's own AttentionOnlyTransformer (the provided class in the student's
+namespace) with known weights and compared with solutions' model and ablate_head, inside and after
+the with-block; its points are split: removing one head (the core), restoring the model, nested
+ablations, and the ValueError the notebook promises for a head outside 0..n_heads-1.
 """
 import contextlib
 
