@@ -324,46 +324,68 @@ def flash_attention(s):
 
 # ---- fuse_qkv -----------------------------------------------------------------------------------
 
-@CHECKS.add("fuse_qkv")
+QKV = ("q", "k", "v")
+
+
+def _stack(parts, order=QKV):
+    return reference(torch.from_numpy(np.concatenate([parts[n] for n in order])))
+
+
+def _order_message(order):
+    return (f"the projections are stacked in the order {', '.join(order)}: stack them as q, k, v, "
+            "so that q, k, v = fused(x).split(D, dim=-1)")
+
+
+def _expect_weights(s, attn, w):
+    """fuse_qkv(attn) is an nn.Linear whose weight stacks w's q, k, v; returns its handle."""
+    fused = s.call("fuse_qkv", attn)
+    if not (isinstance(fused, Handle) and "torch.nn.modules.linear.Linear" in fused.mro):
+        fail(f"fuse_qkv(attn) should return a torch.nn.Linear (D -> 3D), but it returned {kind_of(fused)}")
+    weight = s.get(fused, "weight")
+    expect_array(weight, _stack(w), "fuse_qkv(attn).weight",
+                 mistakes=[(_order_message(o), _stack(w, o)) for o in list(itertools.permutations(QKV))[1:]] + [
+                     ("each weight is transposed: nn.Linear stores its weight as (out_features, in_features) "
+                      "and computes x @ weight.T, so stack the weights themselves, not their transposes",
+                      _stack({n: w[n].T for n in QKV}))],
+                 hint="stack q_proj.weight, k_proj.weight and v_proj.weight along dim 0")
+    return fused
+
+
+def _expect_biases(s, fused, b, bias):
+    """The fused layer's bias stacks b's q, k, v, or is None when attn has no biases."""
+    fused_bias = s.get(fused, "bias")
+    if bias:
+        if fused_bias is None:
+            fail("fuse_qkv(attn): the biases are dropped. attn's projections have biases, so the fused layer "
+                 "needs them too, stacked in the same order (q, k, v)")
+        expect_array(fused_bias, _stack(b), "fuse_qkv(attn).bias",
+                     mistakes=[(_order_message(o), _stack(b, o)) for o in list(itertools.permutations(QKV))[1:]],
+                     hint="copy the three biases into the fused layer, stacked in the order q, k, v")
+    elif fused_bias is not None:
+        fail("fuse_qkv(attn): attn's projections have no biases, so the fused layer must have none "
+             "(nn.Linear(..., bias=False))")
+
+
+@CHECKS.add("fuse_qkv", aspects={"weights": 2, "biases": 1})
 def fuse_qkv(s):
     rng = s.rng
-    names = ("q", "k", "v")
     for dtype, d, n_heads, bias in [(np.float32, 16, 4, True), (np.float64, 24, 3, True), (np.float32, 12, 2, False),
                                     (np.float64, 8, 2, False)]:
-        w = {n: rng.standard_normal((d, d)).astype(dtype) for n in (*names, "o")}
-        b = {n: rng.standard_normal(d).astype(dtype) if bias else None for n in (*names, "o")}
+        w = {n: rng.standard_normal((d, d)).astype(dtype) for n in (*QKV, "o")}
+        b = {n: rng.standard_normal(d).astype(dtype) if bias else None for n in (*QKV, "o")}
         linears = {f"{n}_proj" if n != "o" else "out_proj": (tensor(w[n]), None if b[n] is None else tensor(b[n]))
-                   for n in (*names, "o")}
+                   for n in (*QKV, "o")}
         attn = s.helper("AttentionShell", linears, d_model=d, n_heads=n_heads, head_dim=d // n_heads)
-        fused = s.call("fuse_qkv", attn)
-        if not (isinstance(fused, Handle) and "torch.nn.modules.linear.Linear" in fused.mro):
-            fail(f"fuse_qkv(attn) should return a torch.nn.Linear (D -> 3D), but it returned {kind_of(fused)}")
-        orders = list(itertools.permutations(names))
-        stack = lambda parts, order: np.concatenate([parts[n] for n in order])
-        order_msg = lambda order: (f"the projections are stacked in the order {', '.join(order)}: stack them as q, k, v, "
-                                   "so that q, k, v = fused(x).split(D, dim=-1)")
-        weight = s.get(fused, "weight")
-        expect_array(weight, reference(torch.from_numpy(stack(w, names))), "fuse_qkv(attn).weight",
-                     mistakes=[(order_msg(o), reference(torch.from_numpy(stack(w, o)))) for o in orders[1:]] + [
-                         ("each weight is transposed: nn.Linear stores its weight as (out_features, in_features) "
-                          "and computes x @ weight.T, so stack the weights themselves, not their transposes",
-                          reference(torch.from_numpy(np.concatenate([w[n].T for n in names]))))],
-                     hint="stack q_proj.weight, k_proj.weight and v_proj.weight along dim 0")
-        fused_bias = s.get(fused, "bias")
-        if bias:
-            if fused_bias is None:
-                fail("fuse_qkv(attn): the biases are dropped. attn's projections have biases, so the fused layer "
-                     "needs them too, stacked in the same order (q, k, v)")
-            expect_array(fused_bias, reference(torch.from_numpy(stack(b, names))), "fuse_qkv(attn).bias",
-                         mistakes=[(order_msg(o), reference(torch.from_numpy(stack(b, o)))) for o in orders[1:]],
-                         hint="copy the three biases into the fused layer, stacked in the order q, k, v")
-        elif fused_bias is not None:
-            fail("fuse_qkv(attn): attn's projections have no biases, so the fused layer must have none "
-                 "(nn.Linear(..., bias=False))")
-        x = rng.standard_normal((2, 5, d)).astype(dtype)
-        parts = {n: x @ w[n].T + (b[n] if bias else 0) for n in names}
-        expect_array(s.call(fused, tensor(x)), reference(torch.from_numpy(np.concatenate([parts[n] for n in names], -1))),
-                     "fuse_qkv(attn)(x)", hint="fused(x).split(D, dim=-1) must give q_proj(x), k_proj(x), v_proj(x)")
+        with s.aspect("weights"):
+            fused = _expect_weights(s, attn, w)
+        with s.aspect("biases"):
+            _expect_biases(s, fused, b, bias)
+        with s.aspect("biases"):  # a bias where attn has none shows here too
+            x = rng.standard_normal((2, 5, d)).astype(dtype)
+            parts = {n: x @ w[n].T + (b[n] if bias else 0) for n in QKV}
+            expect_array(s.call(fused, tensor(x)),
+                         reference(torch.from_numpy(np.concatenate([parts[n] for n in QKV], -1))),
+                         "fuse_qkv(attn)(x)", hint="fused(x).split(D, dim=-1) must give q_proj(x), k_proj(x), v_proj(x)")
 
 
 # ---- triton_attention ----------------------------------------------------------------------------

@@ -79,7 +79,7 @@ def expect_scores(got, want, what, H, T, mistakes=()):
         if len(got.shape) == 2 and got.shape[0] == H:
             fail(f"{what} has shape {got.shape}: average over the query positions too. {PER_HEAD}")
         fail(f"{what} has shape {got.shape}, but should have shape ({H},): {PER_HEAD}")
-    expect_array(got, want, what, mistakes)
+    expect_array(got, want, what, mistakes, axes=("H",))
 
 
 # ---- previous_token_score -------------------------------------------------------------------
@@ -340,12 +340,12 @@ def _expect_run(s, got, want, what, mistakes_runs):
     logits, patterns = got
     want_logits, want_patterns = want
     expect_array(logits, want_logits, f"the logits {what}", [(m, r[0]) for m, r in mistakes_runs],
-                 hint="only the head's output may change: zero its slice of out_proj's input")
+                 axes=("B", "T", "vocab"), hint="only the head's output may change: zero its slice of out_proj's input")
     if not isinstance(patterns, list) or len(patterns) != len(want_patterns):
         fail(f"model.patterns() {what} should be one pattern per layer")
     for i, (p, wp) in enumerate(zip(patterns, want_patterns)):
         expect_array(p, wp, f"the layer-{i} attention pattern {what}", [(m, r[1][i]) for m, r in mistakes_runs],
-                     hint="removing a head must not change its attention pattern, nor any pattern in its layer")
+                     axes=("B", "H", "Tq", "Tk"), hint="removing a head must not change its attention pattern, nor any pattern in its layer")
 
 
 def _enter(s, cm, what):
