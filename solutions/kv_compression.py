@@ -8,6 +8,7 @@ absorption" the up-projections fold into the queries and the output, so keys and
 cached positions are never formed. Layout (B, H, T, Dh); boolean masks, True means "may attend";
 causal masks are bottom-right aligned.
 """
+import copy
 import math
 
 import torch
@@ -68,7 +69,7 @@ class LatentCache:
 
     def __init__(self, batch_size, max_seq_len, d_latent, dtype=torch.float32, device="cpu"):
         self.c = torch.zeros(batch_size, max_seq_len, d_latent, dtype=dtype, device=device)
-        self.length = 0
+        self.filled = 0
 
     def update(self, c):
         """Append c (B, T_new, d_latent); return every cached latent (B, len, d_latent).
@@ -76,22 +77,18 @@ class LatentCache:
         B, max_len, d_latent = self.c.shape
         if c.ndim != 3 or (c.size(0), c.size(2)) != (B, d_latent):
             raise ValueError(f"expected c of shape ({B}, T_new, {d_latent}), got {tuple(c.shape)}")
-        end = self.length + c.size(1)
+        end = self.filled + c.size(1)
         if end > max_len:
-            raise ValueError(f"latent cache full: {self.length} cached + {c.size(1)} new > max_seq_len={max_len}")
-        self.c[:, self.length:end] = c
-        self.length = end
+            raise ValueError(f"latent cache full: {self.filled} cached + {c.size(1)} new > max_seq_len={max_len}")
+        self.c[:, self.filled:end] = c
+        self.filled = end
         return self.c[:, :end]
 
     def __len__(self):
-        return self.length
+        return self.filled
 
     def reset(self):
-        self.length = 0
-
-
-def _causal(n_queries, n_keys, device):
-    return torch.ones(n_queries, n_keys, dtype=torch.bool, device=device).tril(diagonal=n_keys - n_queries)
+        self.filled = 0
 
 
 class MultiHeadLatentAttention(nn.Module):
@@ -113,17 +110,16 @@ class MultiHeadLatentAttention(nn.Module):
         self.v_up = nn.Linear(d_latent, d_model, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
 
-    def _heads(self, t):  # (B, T, D) -> (B, H, T, Dh)
-        return t.view(t.size(0), t.size(1), self.n_heads, self.head_dim).transpose(1, 2)
-
     def forward(self, x, mask=None, cache=None):
         B, T, _ = x.shape
+        H, Dh = self.n_heads, self.head_dim
         c = self.kv_down(x)
-        if cache is not None:
-            c = cache.update(c)  # every cached latent, the new ones included
-        q, k, v = self._heads(self.q_proj(x)), self._heads(self.k_up(c)), self._heads(self.v_up(c))
-        if mask is None:
-            mask = _causal(T, c.size(1), x.device)
+        c = c if cache is None else cache.update(c)  # with a cache: every cached latent, (B, Tk, d_latent)
+        Tk = c.size(1)
+        q = self.q_proj(x).view(B, T, H, Dh).transpose(1, 2)                 # (B, H, T, Dh)
+        k, v = (up(c).view(B, Tk, H, Dh).transpose(1, 2) for up in (self.k_up, self.v_up))  # (B, H, Tk, Dh)
+        if mask is None:  # bottom-right: the new tokens are the last T of the Tk positions
+            mask = torch.ones(T, Tk, dtype=torch.bool, device=x.device).tril(diagonal=Tk - T)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.out_proj(out.transpose(1, 2).reshape(B, T, self.d_model))
 
@@ -140,11 +136,13 @@ def absorbed_attention(mla, x, latents):
     """
     B, T, D = x.shape
     H, Dh, L = mla.n_heads, mla.head_dim, mla.d_latent
-    q = mla._heads(mla.q_proj(x))                                   # (B, H, T, Dh)
+    q = mla.q_proj(x).view(B, T, H, Dh).transpose(1, 2)             # (B, H, T, Dh)
     w_uk = mla.k_up.weight.view(H, Dh, L)                           # k_h = c @ w_uk[h].T
     q_latent = q @ w_uk                                             # (B, H, T, L)
     scores = q_latent @ latents.transpose(1, 2)[:, None] / math.sqrt(Dh)  # (B, H, T, Tk)
-    scores = scores.masked_fill(~_causal(T, latents.size(1), x.device), float("-inf"))
+    Tk = latents.size(1)
+    causal = torch.ones(T, Tk, dtype=torch.bool, device=x.device).tril(diagonal=Tk - T)
+    scores = scores.masked_fill(~causal, float("-inf"))
     o_latent = scores.softmax(dim=-1) @ latents[:, None]            # (B, H, T, L)
     w_uv = mla.v_up.weight.view(H, Dh, L)                           # v_h = c @ w_uv[h].T
     w_o = mla.out_proj.weight.view(D, H, Dh)                        # out = sum_h o_h @ w_o[:, h].T
@@ -155,3 +153,125 @@ def absorbed_attention(mla, x, latents):
     if mla.out_proj.bias is not None:
         out = out + mla.out_proj.bias
     return out
+
+
+# ---- Provided by the lesson: a decoder with sliding-window attention (section 3) ----------------
+
+class SlidingWindowAttention(nn.Module):
+    """Causal multi-head self-attention in which each query sees only the last `window` positions.
+
+    forward: x (B, T, D), cache a RollingKVCache or None -> (B, T, D). With a cache, the new keys and
+    values go through cache.update and the mask is sliding_window_mask(T, window, n_keys=Tk).
+    """
+
+    def __init__(self, d_model, n_heads, window):
+        super().__init__()
+        self.n_heads, self.head_dim, self.window = n_heads, d_model // n_heads, window
+        self.q_proj, self.k_proj, self.v_proj, self.out_proj = (nn.Linear(d_model, d_model) for _ in range(4))
+
+    def forward(self, x, cache=None):
+        B, T = x.shape[:2]
+        q, k, v = (p(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+                   for p in (self.q_proj, self.k_proj, self.v_proj))
+        if cache is not None:
+            k, v = cache.update(k, v)  # the kept positions and the new ones
+        mask = sliding_window_mask(T, self.window, n_keys=k.size(2), device=x.device)
+        heads = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.out_proj(heads.transpose(1, 2).reshape(B, T, -1))
+
+
+class SlidingWindowDecoder(nn.Module):
+    """Lesson 05's small GPT-style decoder with sliding-window attention in every layer.
+
+    forward: ids (B, T) -> logits (B, T, vocab_size). With caches (one RollingKVCache per layer, from
+    make_caches) the ids continue from position len(caches[0]).
+    """
+
+    def __init__(self, vocab_size, d_model, n_layers, n_heads, window, max_seq_len):
+        super().__init__()
+        self.max_seq_len = max_seq_len
+        self.tok_emb = nn.Embedding(vocab_size, d_model)
+        self.pos_emb = nn.Embedding(max_seq_len, d_model)
+        self.attn = nn.ModuleList(SlidingWindowAttention(d_model, n_heads, window) for _ in range(n_layers))
+        self.mlp = nn.ModuleList(nn.Sequential(nn.LayerNorm(d_model), nn.Linear(d_model, 4 * d_model), nn.GELU(),
+                                               nn.Linear(4 * d_model, d_model)) for _ in range(n_layers))
+        self.ln = nn.ModuleList(nn.LayerNorm(d_model) for _ in range(n_layers + 1))
+        self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
+
+    def make_caches(self, batch_size):
+        """One empty RollingKVCache per layer, with the model's dtype and device."""
+        attn, w = self.attn[0], self.lm_head.weight
+        return [RollingKVCache(batch_size, attn.window, attn.n_heads, attn.head_dim, w.dtype, w.device)
+                for _ in self.attn]
+
+    def forward(self, ids, caches=None):
+        start = len(caches[0]) if caches else 0
+        pos = torch.arange(start, start + ids.size(1), device=ids.device)
+        x = self.tok_emb(ids) + self.pos_emb(pos)
+        for i, (attn, mlp) in enumerate(zip(self.attn, self.mlp)):
+            x = x + attn(self.ln[i](x), caches[i] if caches else None)
+            x = x + mlp(x)
+        return self.lm_head(self.ln[-1](x))
+
+
+# ---- Provided by the lesson: compressing a trained model's cache (section 6) ----------------------
+# The model is lesson 07's AttentionOnlyTransformer: each layer's qkv (D -> 3D) holds the query, key and
+# value projections stacked by rows, with biases; head h owns rows h*Dh:(h+1)*Dh of each.
+
+def latent_factors(layer, d_latent):
+    """Truncated SVD of one layer's stacked key and value projections W = [W_k; W_v] (2D, D):
+    W ~ U_r S_r V_r^T with r = d_latent. -> (down (r, D), k_up (D, r), v_up (D, r)): the latent is
+    c = x @ down.T (the top r input directions), keys c @ k_up.T + b_k, values c @ v_up.T + b_v."""
+    D = layer.out_proj.weight.size(0)
+    w = layer.qkv.weight.detach()[D:].double()
+    u, s, vh = torch.linalg.svd(w, full_matrices=False)
+    up = (u[:, :d_latent] * s[:d_latent]).to(layer.qkv.weight.dtype)
+    return vh[:d_latent].to(up.dtype), up[:D], up[D:]
+
+
+def mla_from_layer(layer, d_latent):
+    """A MultiHeadLatentAttention (bias=True) computing what `layer` computes with its keys and
+    values squeezed through a d_latent-wide latent (latent_factors)."""
+    D, H = layer.out_proj.weight.size(0), layer.n_heads
+    mla = MultiHeadLatentAttention(D, H, d_latent, bias=True).to(layer.qkv.weight.dtype)
+    down, k_up, v_up = latent_factors(layer, d_latent)
+    w, b = layer.qkv.weight.detach(), layer.qkv.bias.detach()
+    with torch.no_grad():
+        for linear, weight, bias in ((mla.q_proj, w[:D], b[:D]), (mla.kv_down, down, torch.zeros(d_latent)),
+                                     (mla.k_up, k_up, b[D:2 * D]), (mla.v_up, v_up, b[2 * D:]),
+                                     (mla.out_proj, layer.out_proj.weight, layer.out_proj.bias)):
+            linear.weight.copy_(weight)
+            linear.bias.copy_(bias)
+    return mla
+
+
+def with_latent_kv(model, d_latent):
+    """A copy of an AttentionOnlyTransformer whose layers' keys and values come from a d_latent-wide
+    latent: each stacked (W_k; W_v) replaced by its rank-d_latent truncated SVD, which is exactly
+    what mla_from_layer computes (and keeps the layers' attention patterns for the scores)."""
+    model = copy.deepcopy(model)
+    D = model.config["d_model"]
+    with torch.no_grad():
+        for layer in model.layers:
+            down, k_up, v_up = latent_factors(layer, d_latent)
+            layer.qkv.weight[D:] = torch.cat([k_up, v_up]) @ down
+    return model
+
+
+def with_pooled_kv(model, n_kv_heads):
+    """The AttentionOnlyTransformer with grouped-query attention: each group's key and value heads
+    (and biases) mean-pooled, as lesson 04's mha_to_gqa does. Needs n_heads % n_kv_heads == 0."""
+    config = dict(model.config, n_kv_heads=n_kv_heads)
+    D, H = config["d_model"], config["n_heads"]
+    Dh, group = D // H, H // n_kv_heads
+    state = dict(model.state_dict())
+    for i in range(config["n_layers"]):
+        for name in ("weight", "bias"):
+            t = state[f"layers.{i}.qkv.{name}"]
+            q, k, v = t[:D], t[D:2 * D], t[2 * D:]
+            pool = [x.reshape(n_kv_heads, group, Dh, *x.shape[1:]).mean(1).reshape(n_kv_heads * Dh, *x.shape[1:])
+                    for x in (k, v)]
+            state[f"layers.{i}.qkv.{name}"] = torch.cat([q, *pool])
+    pooled = type(model)(**config)
+    pooled.load_state_dict(state)
+    return pooled.eval()

@@ -31,6 +31,7 @@ LESSONS = {
     "05_kv_cache": "kv_cache",
     "06_gpu": "gpu",
     "07_head_specialization": "head_specialization",
+    "08_kv_compression": "kv_compression",
 }
 
 

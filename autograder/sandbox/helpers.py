@@ -52,6 +52,33 @@ class ListCache:
         self.k = self.v = None
 
 
+class ListLatentCache:
+    """A simple, correct latent cache (lesson 08's LatentCache): update(c) appends c (B, T_new, d_latent)
+    along dim 1 and returns every latent so far; len() is the number of cached positions."""
+
+    def __init__(self):
+        self.c = None
+
+    def update(self, c):
+        self.c = c if self.c is None else torch.cat([self.c, c], dim=1)
+        return self.c
+
+    def __len__(self):
+        return 0 if self.c is None else self.c.size(1)
+
+
+def stream_positions(cache, batch_size, n_kv_heads, head_dim, steps, chunk):
+    """Feed `steps` updates of `chunk` new positions through a key/value cache (lesson 08: a
+    RollingKVCache whose memory must not grow); position t's keys are all t, its values -t.
+    Returns what the last update returned."""
+    out = None
+    for i in range(steps):
+        t = torch.arange(i * chunk, (i + 1) * chunk, dtype=torch.float32)
+        k = t.view(1, 1, chunk, 1).expand(batch_size, n_kv_heads, chunk, head_dim).contiguous()
+        out = cache.update(k, -k)
+    return out
+
+
 class HostDecoder(nn.Module):
     """A stand-in language model for checking generate(), with the Decoder's interface. It holds
     no weights and no state: each forward sends its ids and its caches' numbers to the grader
@@ -152,5 +179,7 @@ HELPERS = {
     "AttentionShell": AttentionShell,
     "ListCache": ListCache,
     "HostDecoder": HostDecoder,
+    "ListLatentCache": ListLatentCache,
+    "stream_positions": stream_positions,
     "len": len,
 }

@@ -1,0 +1,532 @@
+"""Hidden checks of lesson 08 (shrinking the cache): sliding_window_mask, RollingKVCache,
+MultiHeadLatentAttention, absorbed_attention.
+
+Evidence the student's code cannot forge: a RollingKVCache streams many updates inside one bounded
+call (Subject.call_bounded: a hard memory limit set outside the student's reach), so a cache whose
+memory grows runs out; absorbed_attention runs once on so many cached latents that one head's keys
+(or values) for every cached position would not fit its memory bound, while the absorbed form does.
+MultiHeadLatentAttention runs with a correct latent cache built next to the student's code
+(helpers.ListLatentCache), absorbed_attention on an AttentionShell holding the five projections.
+"""
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from autograder.checks import (Checks, OverBudget, StudentError, expect_array, expect_error, expect_int,
+                               expect_int_attributes, fail, kind_of, reference, tensor)
+from autograder.sandbox.wire import Array, DType
+from solutions import kv_compression as ref
+
+CHECKS = Checks()
+
+
+def _bool(mask):
+    return reference(torch.as_tensor(mask, dtype=torch.bool))
+
+
+def _bounded(s, message, memory_mb, target, *args, **kwargs):
+    """s.call_bounded(...); running out of memory fails with `message`."""
+    try:
+        return s.call_bounded(memory_mb, target, *args, **kwargs)
+    except OverBudget:
+        fail(message)
+    except StudentError as e:
+        if e.is_a("MemoryError") or "alloc" in e.raw_message.lower():
+            fail(message)
+        raise
+
+
+# ---- sliding_window_mask -------------------------------------------------------------------
+
+def _band(n_queries, n_keys, window, offset=None, lower=None):
+    """Bool (n_queries, n_keys): row i sees keys lower(p) < j <= p, p = i + offset."""
+    offset = n_keys - n_queries if offset is None else offset
+    p = np.arange(n_queries)[:, None] + offset
+    j = np.arange(n_keys)[None, :]
+    low = p - window if lower is None else lower(p)
+    return (j <= p) & (j > low)
+
+
+def _expect_mask(s, n_queries, window, n_keys=None):
+    args = (n_queries, window)
+    kwargs = {} if n_keys is None else {"n_keys": n_keys}
+    got = s.call("sliding_window_mask", *args, **kwargs)
+    tk = n_queries if n_keys is None else n_keys
+    what = f"sliding_window_mask({n_queries}, window, n_keys={tk})" if n_keys else "sliding_window_mask(n, window)"
+    want = _band(n_queries, tk, window)
+    first = np.arange(tk)[None, :] < window
+    mistakes = [
+        ("each query sees window + 1 keys: it may see itself and the window - 1 keys before it, "
+         "p - window < j <= p (an off-by-one: < against <=)", _band(n_queries, tk, window + 1)),
+        ("each query sees window - 1 keys: it may see itself and the window - 1 keys before it, "
+         "p - window < j <= p (an off-by-one: < against <=)", _band(n_queries, tk, window - 1)),
+        ("the mask is aligned top-left (query i at position i). With n_keys > n_queries the queries are the "
+         "last n_queries positions: query i sits at p = i + n_keys - n_queries; align it bottom-right",
+         _band(n_queries, tk, window, offset=0)),
+        ("the window is counted from the wrong end: it keeps the first window keys. Query i at position p "
+         "sees the window keys that END at p, p - window < j <= p", _band(n_queries, tk, window, lower=lambda p: -1)
+         & first),
+        ("the window is counted from the wrong end: it is anchored at the last key instead of at each "
+         "query's own position p; query i sees p - window < j <= p",
+         _band(n_queries, tk, window, lower=lambda p: np.full_like(p, tk - 1 - window))),
+        ("the causal part is missing: a query may never see a later key (j <= p)",
+         np.abs(np.arange(n_queries)[:, None] + tk - n_queries - np.arange(tk)[None, :]) < window),
+    ]
+    expect_array(got, _bool(want), what, [(m, _bool(w)) for m, w in mistakes if not np.array_equal(w, want)],
+                 axes=("query", "key"),
+                 hint="query i, at position p = i + n_keys - n_queries, may see key j iff p - window < j <= p")
+
+
+@CHECKS.add("sliding_window_mask", aspects={"square masks": 3, "more keys than queries": 2, "errors": 1})
+def sliding_window_mask(s):
+    with s.aspect("square masks"):
+        for n, window in ((7, 3), (6, 1), (5, 5), (4, 9), (9, 4)):
+            _expect_mask(s, n, window)
+    with s.aspect("more keys than queries"):
+        for n, window, tk in ((3, 4, 10), (1, 5, 12), (4, 2, 7), (2, 20, 9)):
+            _expect_mask(s, n, window, n_keys=tk)
+    with s.aspect("errors"):
+        for window in (0, -2):
+            with expect_error("ValueError", "sliding_window_mask with window < 1"):
+                s.call("sliding_window_mask", 4, window)
+
+
+# ---- RollingKVCache ------------------------------------------------------------------------
+
+def _ctx(seen, window, n_new):
+    """The positions update must return: the last min(window, kept) before the call, then the new ones."""
+    kept = min(window, seen)
+    return list(range(seen - kept, seen + n_new))
+
+
+def _expect_context(got, k_all, v_all, seen, window, n_new, dtype):
+    """got: update's reply; k_all, v_all (B, Hkv, seen + n_new, Dh): every position so far."""
+    if not isinstance(got, (tuple, list)) or len(got) != 2:
+        fail(f"update(k, v) should return a pair (k_ctx, v_ctx), but returned {kind_of(got)}")
+    want = _ctx(seen, window, n_new)
+    for part, full, name in ((got[0], k_all, "keys"), (got[1], v_all, "values")):
+        if isinstance(part, Array) and part.kind == "tensor" and part.dtype != dtype:
+            fail(f"update returned {name} of dtype {part.dtype}, but the cache was made with dtype={dtype}: "
+                 "allocate the buffers with the dtype (and device) given to RollingKVCache(...)")
+        kept = want[:len(want) - n_new]
+        mistakes = [
+            ("update returned the kept positions but dropped the new tokens' own keys and values: return the "
+             "kept positions followed by the T_new new ones", kept),
+            ("update returned more than the last window positions before the new ones: it keeps more than "
+             "window positions (return the last min(window, len(cache)) kept positions, then the new ones)",
+             list(range(seen + n_new))),
+            ("update returned only the last window positions, new ones included: return the last "
+             "min(window, len(cache)) positions seen BEFORE the call, followed by all T_new new ones",
+             list(range(seen + n_new))[-window:]),
+            ("update returned only the new positions: return the kept positions before them", list(range(seen, seen + n_new))),
+        ]
+        if seen > window:  # a ring buffer holds position t in slot t % window
+            stored = [None] * window
+            for t in range(seen):
+                stored[t % window] = t
+            if stored != sorted(stored):
+                mistakes.append(("after the buffer wrapped, the kept positions came back in storage order, out of "
+                                 "time order: return them oldest first (roll the ring buffer, or keep a shifting "
+                                 "buffer)", stored + list(range(seen, seen + n_new))))
+        if dtype == "float64" and kept:
+            rounded = full[:, :, want].copy()
+            rounded[:, :, :len(kept)] = rounded[:, :, :len(kept)].astype(np.float32)
+            if isinstance(part, Array) and part.shape == rounded.shape and np.array_equal(part.data, rounded):
+                fail("the kept positions lost precision: the buffers are float32 although the cache was made with "
+                     "dtype=float64. Allocate them with the dtype (and device) given to RollingKVCache(...)")
+        for message, positions in mistakes:
+            if positions != want and (not positions or max(positions) < full.shape[2]):
+                wrong = reference(torch.from_numpy(full[:, :, positions]))
+                if isinstance(part, Array) and part.shape == wrong.shape and np.array_equal(part.data, wrong.data):
+                    fail(message)
+        # a cache copies numbers, it computes nothing: what it returns must be exactly what it was given
+        expect_array(part, reference(torch.from_numpy(np.ascontiguousarray(full[:, :, want]))),
+                     f"the {name} returned by update", axes=("B", "Hkv", "T", "Dh"), rtol=1e-300, atol=1e-300,
+                     hint="update returns the last min(window, len(cache)) positions seen before the call, "
+                          "followed by the T_new new ones, in time order (oldest first)")
+
+
+def _expect_len(s, cache, seen, window, calls):
+    got = s.helper("len", cache)
+    expect_int(got, seen, "len(cache)", mistakes=[
+        (m, w) for m, w in (("len(cache) is the number of positions seen so far, not only those kept",
+                             min(seen, window)),
+                            ("len(cache) counts positions, not calls to update", calls),
+                            ("len(cache) is still 0: update must add T_new to the length", 0),
+                            ("len(cache) is the number of positions seen so far, not window", window)) if w != seen])
+
+
+def _run_cache(s, cache, rng, shape, window, steps, dtype, seen=0, k_all=None, v_all=None, calls=0):
+    """Updates of the given sizes; returns (seen, k_all, v_all, calls) for continuing."""
+    B, Hkv, Dh = shape
+    for n in steps:
+        k = rng.standard_normal((B, Hkv, n, Dh)).astype(dtype)
+        v = rng.standard_normal((B, Hkv, n, Dh)).astype(dtype)
+        k_all = k if k_all is None else np.concatenate([k_all, k], 2)
+        v_all = v if v_all is None else np.concatenate([v_all, v], 2)
+        got = s.call((cache, "update"), tensor(k), tensor(v))
+        _expect_context(got, k_all, v_all, seen, window, n, dtype)
+        seen, calls = seen + n, calls + 1
+        _expect_len(s, cache, seen, window, calls)
+    return seen, k_all, v_all, calls
+
+
+STREAM = dict(batch_size=1, n_kv_heads=1, head_dim=1024, steps=160, chunk=64)  # 80 MiB if every position is kept
+STREAM_WINDOW, STREAM_MB = 64, 40  # a correct cache holds 0.5 MiB and makes a few 0.5 MiB contexts per update
+
+
+def _expect_fixed_memory(s):
+    cache = s.call("RollingKVCache", STREAM["batch_size"], STREAM_WINDOW, STREAM["n_kv_heads"], STREAM["head_dim"])
+    message = ("RollingKVCache ran out of memory while streaming many updates through a small window: its memory "
+               "grows with the number of positions seen. Between calls keep only the last window positions "
+               "(buffers of shape (B, Hkv, window, Dh)), never every position seen")
+    got = _bounded(s, message, STREAM_MB, {"helper": "stream_positions"}, cache, **STREAM)
+    seen = STREAM["steps"] * STREAM["chunk"]
+    positions = np.array(_ctx(seen - STREAM["chunk"], STREAM_WINDOW, STREAM["chunk"]), np.float32)
+    want = np.broadcast_to(positions[None, None, :, None], (1, 1, len(positions), STREAM["head_dim"]))
+    if not isinstance(got, (tuple, list)) or len(got) != 2:
+        fail("update(k, v) should return a pair (k_ctx, v_ctx)")
+    expect_array(got[0], reference(torch.from_numpy(np.ascontiguousarray(want))),
+                 "the keys update returned after many updates", axes=("B", "Hkv", "T", "Dh"),
+                 hint="the last min(window, len(cache)) positions seen before the call, then the new ones")
+
+
+@CHECKS.add("RollingKVCache", aspects={"before the window fills": 3, "after the window fills": 2,
+                                       "prefill longer than the window": 1, "fixed memory": 2,
+                                       "dtype and reset": 1, "errors": 1})
+def RollingKVCache(s):
+    rng = s.rng
+    shape, window = (2, 3, 4), 6
+    with s.aspect("before the window fills"):
+        cache = s.call("RollingKVCache", 2, window, 3, 4)
+        _expect_len(s, cache, 0, window, 0)
+        state = _run_cache(s, cache, rng, shape, window, (2, 1, 2), "float32")
+    with s.aspect("after the window fills"):
+        _run_cache(s, cache, rng, shape, window, (1, 1, 3, 1, 1, 4, 2, 1), "float32", *state)
+    with s.aspect("prefill longer than the window"):
+        cache = s.call("RollingKVCache", 1, 3, 2, 5)
+        try:
+            _run_cache(s, cache, rng, (1, 2, 5), 3, (7, 1, 5, 1), "float32")
+        except StudentError as e:
+            fail(f"update raised {e.type} on a prefill longer than the window: {e.message}. A prefill of "
+                 "T_new > window positions attends to all of them (return them all), then keep only its last "
+                 "window positions")
+    with s.aspect("fixed memory"):
+        _expect_fixed_memory(s)
+    with s.aspect("dtype and reset"):
+        cache = s.call("RollingKVCache", 2, 4, 1, 3, dtype=DType("float64"), device="cpu")
+        state = _run_cache(s, cache, rng, (2, 1, 3), 4, (3, 2, 1), "float64")
+        s.call((cache, "reset"))
+        expect_int(s.helper("len", cache), 0, "len(cache) after reset()",
+                   mistakes=[("reset() did not reset the length", state[0])])
+        _run_cache(s, cache, rng, (2, 1, 3), 4, (2, 1), "float64")
+    with s.aspect("errors"):
+        with expect_error("ValueError", "RollingKVCache with window < 1"):
+            s.call("RollingKVCache", 1, 0, 1, 2)
+
+
+# ---- MultiHeadLatentAttention --------------------------------------------------------------
+
+NAMES = ("q_proj", "kv_down", "k_up", "v_up", "out_proj")
+
+
+def _params(rng, D, L, bias, dtype):
+    """{state_dict name: numpy array} of an MLA with weights that make the scale and split matter."""
+    shapes = {"q_proj": (D, D), "kv_down": (L, D), "k_up": (D, L), "v_up": (D, L), "out_proj": (D, D)}
+    gains = {"q_proj": 2.0, "kv_down": 1.5, "k_up": 2.0, "v_up": 1.0, "out_proj": 1.0}
+    out = {}
+    for name, (o, i) in shapes.items():
+        out[f"{name}.weight"] = (rng.standard_normal((o, i)) * gains[name] / np.sqrt(i)).astype(dtype)
+        if bias:
+            out[f"{name}.bias"] = (rng.standard_normal(o) * 0.5).astype(dtype)
+    return out
+
+
+def _mla64(params, D, H, L, bias):
+    mla = ref.MultiHeadLatentAttention(D, H, L, bias=bias).double()
+    mla.load_state_dict({k: torch.from_numpy(v.astype(np.float64)) for k, v in params.items()})
+    return mla
+
+
+@torch.no_grad()
+def _mla_forward(mla, x, prev, mask=None, causal=True, scale=None, split="right", use_prev=True):
+    """An MLA forward in float64 with the usual mistakes as options. prev: cached latents (B, L0, d_latent)."""
+    B, T, D = x.shape
+    H, Dh = mla.n_heads, mla.head_dim
+    c_new = mla.kv_down(x)
+    c = torch.cat([prev, c_new], 1) if use_prev else c_new
+    Tk = c.size(1)
+
+    def heads(t, how="right"):
+        if how == "strided":  # head h takes features h, h + H, ...
+            return t.view(B, -1, Dh, H).permute(0, 3, 1, 2)
+        if how == "no transpose":
+            return t.reshape(B, H, -1, Dh)
+        return t.view(B, -1, H, Dh).transpose(1, 2)
+
+    q, k, v = heads(mla.q_proj(x)), heads(mla.k_up(c), split), heads(mla.v_up(c), split)
+    if mask is None and causal:
+        mask = torch.ones(T, Tk, dtype=torch.bool).tril(Tk - T)
+    elif mask is not None and not isinstance(mask, torch.Tensor):
+        mask = torch.ones(T, Tk, dtype=torch.bool).tril(0)  # "top-left"
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    return mla.out_proj(out.transpose(1, 2).reshape(B, T, D))
+
+
+def _make_mla(s, D, H, L, bias, params, dtype):
+    kwargs = {"bias": True} if bias else {}
+    mla = s.call("MultiHeadLatentAttention", D, H, L, **kwargs)
+    if dtype == "float64":
+        mla = s.call((mla, "double"))
+    state = s.state(mla)
+    want = set(params)
+    if set(state) != want:
+        missing, extra = sorted(want - set(state)), sorted(set(state) - want)
+        if any(n.endswith(".bias") for n in missing + extra) and not {n for n in missing + extra if n.endswith(".weight")}:
+            fail(f"with bias={bias}, {'every one' if bias else 'none'} of the five nn.Linear members should have a "
+                 "bias: pass bias=bias to each of q_proj, kv_down, k_up, v_up and out_proj")
+        fail("MultiHeadLatentAttention's parameters should be exactly those of its five nn.Linear members q_proj, "
+             "kv_down, k_up, v_up, out_proj" + (f" (missing: {', '.join(missing)})" if missing else "")
+             + (f" (unexpected: {', '.join(extra)})" if extra else ""))
+    for name, value in params.items():
+        if state[name].shape != value.shape:
+            fail(f"{name} has shape {state[name].shape}, but should be {value.shape}: q_proj D -> D, kv_down "
+                 "D -> d_latent, k_up and v_up d_latent -> D, out_proj D -> D (nn.Linear(in, out) stores (out, in))")
+    s.load(mla, params)
+    return mla
+
+
+def _mistakes(mla64, x, prev, dtype, with_cache):
+    L = mla64.d_latent
+    cases = [
+        ("the keys and values are split into heads the wrong way: after k_up and v_up, view (B, Tk, H, Dh) and "
+         "transpose(1, 2), so that head h takes features h*Dh:(h+1)*Dh", dict(split="strided")),
+        ("the keys and values are split into heads the wrong way: view (B, Tk, H, Dh), then transpose(1, 2) "
+         "(a reshape straight to (B, H, Tk, Dh) mixes positions and heads)", dict(split="no transpose")),
+        ("the scores are scaled by 1/sqrt(d_latent): the scale is 1/sqrt(head_dim), the width of the vectors "
+         "whose dot product makes a score", dict(scale=1 / math.sqrt(L))),
+        ("the scores are not scaled: divide them by sqrt(head_dim)", dict(scale=1.0)),
+        ("apply the causal mask (bottom-right aligned) when mask is None" + (
+            ": with a cache too, each new token may see only the keys up to its own position" if with_cache else ""),
+         dict(causal=False)),
+    ]
+    if with_cache:
+        cases += [
+            ("with a cache the causal mask is aligned top-left: the new tokens are the last T of the Tk cached "
+             "positions, so query i may see key j iff j <= i + (Tk - T)", dict(mask="top-left")),
+            ("with a cache, the keys and values must come from every cached latent (what cache.update(c) "
+             "returns), not only the new tokens' own", dict(use_prev=False)),
+        ]
+    out = []
+    for message, kw in cases:
+        try:
+            out.append((message, reference(_mla_forward(mla64, x, prev, **kw), dtype=dtype)))
+        except RuntimeError:  # a mistake that cannot happen with these shapes
+            pass
+    return out
+
+
+def _expect_forward(s, rng, dtype, B, D, H, L, bias, chunks, mask=None):
+    """MLA over successive chunks of one sequence (with a cache when len(chunks) > 1) against float64."""
+    params = _params(rng, D, L, bias, dtype)
+    mla = _make_mla(s, D, H, L, bias, params, dtype)
+    mla64 = _mla64(params, D, H, L, bias)
+    x_all = rng.standard_normal((B, sum(chunks), D)).astype(dtype)
+    with_cache = len(chunks) > 1
+    cache = s.helper("ListLatentCache") if with_cache else None
+    prev, start = torch.zeros(B, 0, L, dtype=torch.float64), 0
+    for T in chunks:
+        x = x_all[:, start:start + T]
+        x64 = torch.from_numpy(x.astype(np.float64))
+        m = None if mask is None else mask[..., start:start + T, :start + T]
+        kwargs = {} if m is None else {"mask": tensor(m)}
+        if with_cache:
+            kwargs["cache"] = cache
+        try:
+            got = s.call((mla, "forward"), tensor(x), **kwargs)
+        except StudentError as e:
+            if with_cache and start > 0:
+                fail(f"your forward raised {e.type} with a cache holding earlier tokens: {e.message}. With a "
+                     "cache, c = cache.update(kv_down(x)) is every cached latent (B, Tk, d_latent); the mask is "
+                     "(T, Tk), bottom-right aligned")
+            raise
+        want = reference(_mla_forward(mla64, x64, prev, mask=None if m is None else torch.from_numpy(m)), dtype=dtype)
+        expect_array(got, want, "MultiHeadLatentAttention's forward" + (" with a cache" if with_cache else ""),
+                     (lambda: _mistakes(mla64, x64, prev, dtype, with_cache)) if m is None else (),
+                     axes=("B", "T", "D"),
+                     hint="c = kv_down(x); keys k_up(c) and values v_up(c), split into heads (B, H, Tk, Dh); "
+                          "attention with the queries, scale 1/sqrt(head_dim), the causal mask when mask is None; "
+                          "merge the heads and apply out_proj")
+        with torch.no_grad():
+            prev = torch.cat([prev, mla64.kv_down(x64)], 1)
+        start += T
+        if with_cache:
+            stored = s.get(cache, "c")
+            if not isinstance(stored, Array):
+                fail("forward with a cache must call cache.update(c) with the new tokens' latents c = kv_down(x)")
+            if len(stored.shape) != 3 or stored.shape[-1] != L:
+                fail("the cache must hold the latents c = kv_down(x), d_latent numbers per token (B, T, d_latent): "
+                     "not keys and values. Append c with cache.update(c) and up-project what it returns")
+            if stored.shape[1] != start:
+                fail("forward must append the new tokens' latents to the cache once per call (cache.update(c))")
+            expect_array(stored, reference(prev, dtype=dtype), "the latents in the cache",
+                         hint="cache.update(kv_down(x)): the latents of the new tokens, before any up-projection")
+
+
+@CHECKS.add("MultiHeadLatentAttention", aspects={"forward": 3, "cache": 2, "mask": 1, "bias": 1,
+                                                 "shapes and attributes": 1, "errors": 1})
+def MultiHeadLatentAttention(s):
+    rng = s.rng
+    with s.aspect("forward"):
+        _expect_forward(s, rng, "float32", 2, 24, 4, 5, False, (7,))
+        _expect_forward(s, rng, "float64", 1, 16, 2, 12, False, (5,))
+    with s.aspect("cache"):
+        _expect_forward(s, rng, "float32", 2, 24, 4, 5, False, (5, 1, 1, 3))
+        _expect_forward(s, rng, "float64", 3, 16, 4, 6, False, (1, 1, 2))
+    with s.aspect("mask"):
+        T = 6
+        mask = rng.random((2, 1, T, T)) < 0.6
+        mask[..., np.arange(T), np.arange(T)] = True
+        _expect_forward(s, rng, "float32", 2, 16, 4, 6, False, (T,), mask=mask)
+    with s.aspect("bias"):
+        _expect_forward(s, rng, "float32", 2, 16, 2, 6, True, (4,))
+        _expect_forward(s, rng, "float64", 1, 16, 4, 6, True, (3, 2))
+    with s.aspect("shapes and attributes"):
+        mla = s.call("MultiHeadLatentAttention", 30, 5, 7)
+        expect_int_attributes(s, mla, {"d_model": (30, "d_model"), "n_heads": (5, "n_heads"),
+                                       "head_dim": (6, "d_model // n_heads"), "d_latent": (7, "d_latent")},
+                              "MultiHeadLatentAttention")
+    with s.aspect("errors"):
+        with expect_error("ValueError", "MultiHeadLatentAttention with d_model % n_heads != 0"):
+            s.call("MultiHeadLatentAttention", 10, 4, 3)
+
+
+# ---- absorbed_attention --------------------------------------------------------------------
+
+def _shell(s, params, D, H, L):
+    linears = {n: (tensor(params[f"{n}.weight"]), tensor(params[f"{n}.bias"]) if f"{n}.bias" in params else None)
+               for n in NAMES}
+    return s.helper("AttentionShell", linears, d_model=D, n_heads=H, head_dim=D // H, d_latent=L)
+
+
+@torch.no_grad()
+def _absorbed_mistakes(mla64, x, c, dtype):
+    """What the usual mistakes of the absorption return (float64, labelled dtype); [] where shapes forbid."""
+    B, T, D = x.shape
+    H, Dh, L = mla64.n_heads, mla64.head_dim, mla64.d_latent
+    q = mla64.q_proj(x).view(B, T, H, Dh).transpose(1, 2)
+    w_uk = mla64.k_up.weight.view(H, Dh, L)
+    w_uv = mla64.v_up.weight.view(H, Dh, L)
+    w_o = mla64.out_proj.weight.view(D, H, Dh).permute(1, 2, 0)  # (H, Dh, D): out = sum_h o_h @ w_o[h]
+    b_v = 0 if mla64.v_up.bias is None else mla64.v_up.bias @ mla64.out_proj.weight.T
+    b_o = 0 if mla64.out_proj.bias is None else mla64.out_proj.bias
+    mask = torch.ones(T, c.size(1), dtype=torch.bool).tril(c.size(1) - T)
+
+    def run(q_latent, scale, fold, with_b_v=True):
+        scores = (q_latent @ c.transpose(1, 2)[:, None] * scale).masked_fill(~mask, float("-inf"))
+        o_latent = scores.softmax(-1) @ c[:, None]  # (B, H, T, L)
+        return reference(torch.einsum("bhtl,hle->bte", o_latent, fold) + (b_v if with_b_v else 0) + b_o, dtype=dtype)
+
+    right_fold = w_uv.transpose(1, 2) @ w_o  # (H, L, D)
+    out = []
+    cases = [("the scale is applied twice: divide the scores by sqrt(head_dim) once",
+              lambda: run(q @ w_uk, 1 / Dh, right_fold)),
+             ("the absorbed scores are not scaled: divide them by sqrt(head_dim) (the width of q_h and k_h, not "
+              "d_latent)", lambda: run(q @ w_uk, 1.0, right_fold)),
+             ("the absorbed scores are scaled by 1/sqrt(d_latent): the scale is 1/sqrt(head_dim), as in the "
+              "unabsorbed form", lambda: run(q @ w_uk, 1 / math.sqrt(L), right_fold)),
+             ("W_uk is folded into the queries without the transpose: k_h = c @ W_uk^h.T with W_uk^h = "
+              "k_up.weight[h*Dh:(h+1)*Dh] (Dh, d_latent), so q_h k_h^T = (q_h @ W_uk^h) c^T",
+              lambda: run(q @ w_uk.transpose(1, 2), 1 / math.sqrt(Dh), right_fold)),
+             ("v_up and out_proj are folded in the wrong order: the output is o_latent_h @ W_uv^h.T @ "
+              "out_proj.weight[:, h*Dh:(h+1)*Dh].T (v_up first, then out_proj)",
+              lambda: run(q @ w_uk, 1 / math.sqrt(Dh), w_o.transpose(1, 2) @ w_uv)),
+             ("the new tokens attend to every latent: the causal mask (bottom-right) still applies",
+              lambda: reference(_unmasked(mla64, x, c), dtype=dtype))]
+    if mla64.v_up.bias is not None:
+        cases.append(("v_up's bias is missing: it adds b_uv to every value, and the weights of a row sum to 1, so it "
+                      "passes through out_proj: add v_up.bias @ out_proj.weight.T",
+                      lambda: run(q @ w_uk, 1 / math.sqrt(Dh), right_fold, with_b_v=False)))
+    for message, fn in cases:
+        try:
+            out.append((message, fn()))
+        except RuntimeError:
+            pass
+    return out
+
+
+@torch.no_grad()
+def _unmasked(mla64, x, c):
+    B, T, D = x.shape
+    H, Dh = mla64.n_heads, mla64.head_dim
+    q = mla64.q_proj(x).view(B, T, H, Dh).transpose(1, 2)
+    k, v = (p(c).view(B, -1, H, Dh).transpose(1, 2) for p in (mla64.k_up, mla64.v_up))
+    return mla64.out_proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, T, D))
+
+
+SHAPE_HINT = ("check the shapes and the order of the folds: q_h (T, Dh) @ W_uk^h (Dh, d_latent), where W_uk^h = "
+              "k_up.weight[h*Dh:(h+1)*Dh] (nn.Linear stores the transpose); then o_latent_h @ W_uv^h.T (v_up first) "
+              "@ out_proj.weight[:, h*Dh:(h+1)*Dh].T (then out_proj)")
+
+
+def _expect_absorbed(s, rng, dtype, B, D, H, L, T, Tk, bias):
+    params = _params(rng, D, L, bias, dtype)
+    mla64 = _mla64(params, D, H, L, bias)
+    shell = _shell(s, params, D, H, L)
+    x = rng.standard_normal((B, T, D)).astype(dtype)
+    c = (rng.standard_normal((B, Tk, L)) * 1.5).astype(dtype)
+    x64, c64 = (torch.from_numpy(a.astype(np.float64)) for a in (x, c))
+    try:
+        got = s.call("absorbed_attention", shell, tensor(x), tensor(c))
+    except StudentError as e:
+        if e.is_a("RuntimeError") and ("shape" in e.raw_message or "size" in e.raw_message):
+            fail(f"absorbed_attention raised {e.type}: {e.message}. {SHAPE_HINT}")
+        raise
+    with torch.no_grad():
+        want = reference(ref.absorbed_attention(mla64, x64, c64), dtype=dtype)
+    expect_array(got, want, "absorbed_attention(mla, x, latents)", lambda: _absorbed_mistakes(mla64, x64, c64, dtype),
+                 axes=("B", "T", "D"),
+                 hint="it must equal mla's output for x attending (bottom-right causal) to the keys and values "
+                      "up-projected from latents")
+
+
+# One head's keys for every cached position, (B, Tk, Dh) in float32, take 128 MiB; the absorbed form needs a few
+# (B, H, T, Tk) score tensors (2 MiB each) and the latents (2 MiB).
+BOUND = dict(B=1, D=512, H=2, L=4, T=2, Tk=131072)
+BOUND_MB = 64
+
+
+def _expect_never_forms_keys(s, rng):
+    B, D, H, L, T, Tk = (BOUND[k] for k in ("B", "D", "H", "L", "T", "Tk"))
+    params = _params(rng, D, L, False, "float32")
+    shell = _shell(s, params, D, H, L)
+    x = rng.standard_normal((B, T, D)).astype(np.float32)
+    c = rng.standard_normal((B, Tk, L)).astype(np.float32)
+    message = (f"absorbed_attention ran out of memory with {Tk} cached latents of width {L}: it forms keys or values "
+               f"for every cached position (one head's alone take {B * Tk * (D // H) * 4 // 2**20} MiB here). Fold "
+               "k_up into the queries and v_up into the output projection, so that only (B, H, T, Tk) scores and "
+               "the latents themselves ever involve every cached position")
+    got = _bounded(s, message, BOUND_MB, "absorbed_attention", shell, tensor(x), tensor(c))
+    mla64 = _mla64(params, D, H, L, False)
+    with torch.no_grad():
+        want = reference(ref.absorbed_attention(mla64, *(torch.from_numpy(a.astype(np.float64)) for a in (x, c))),
+                         dtype="float32")
+    # float32 sums over 131072 keys: allow the rounding that accumulates over them (about 10x a short row's)
+    expect_array(got, want, f"absorbed_attention with {Tk} cached latents", axes=("B", "T", "D"), cond=30.0)
+
+
+@CHECKS.add("absorbed_attention", aspects={"values": 3, "bias": 1, "never forms keys or values": 3})
+def absorbed_attention(s):
+    rng = s.rng
+    with s.aspect("values"):
+        # (dtype, B, D, H, L, T, Tk, bias); the first is square (D = Dh = L) so that every fold mistake has a shape
+        for case in (("float64", 2, 6, 1, 6, 3, 8, False), ("float32", 2, 24, 4, 5, 3, 11, False),
+                     ("float64", 1, 16, 2, 8, 1, 9, False), ("float32", 3, 32, 4, 8, 4, 4, False)):
+            _expect_absorbed(s, rng, *case)
+    with s.aspect("bias"):
+        for case in (("float64", 2, 24, 4, 5, 2, 7, True), ("float32", 1, 6, 1, 6, 3, 8, True)):
+            _expect_absorbed(s, rng, *case)
+    with s.aspect("never forms keys or values"):
+        _expect_never_forms_keys(s, rng)

@@ -1,0 +1,533 @@
+"""Known-wrong answers and correct variants of lesson 08: sliding_window_mask, RollingKVCache,
+MultiHeadLatentAttention, absorbed_attention."""
+
+_MASK = '''
+def sliding_window_mask(n_queries, window, n_keys=None, device=None):
+    if window < 1:
+        raise ValueError("window must be at least 1")
+    n_keys = n_queries if n_keys is None else n_keys
+    p = torch.arange(n_queries, device=device)[:, None] + (n_keys - n_queries)
+    j = torch.arange(n_keys, device=device)[None, :]
+'''
+
+_ROLL_INIT = '''
+class RollingKVCache:
+    def __init__(self, batch_size, window, n_kv_heads, head_dim, dtype=torch.float32, device="cpu"):
+        if window < 1:
+            raise ValueError("window must be at least 1")
+        self.k = torch.zeros(batch_size, n_kv_heads, window, head_dim, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+        self.window, self.length = window, 0
+'''
+
+_ROLL_REST = '''
+    def __len__(self):
+        return self.length
+
+    def reset(self):
+        self.length = 0
+'''
+
+_SHIFT = '''
+    def update(self, k, v):
+        kept = min(self.length, self.window)
+        k_ctx = torch.cat([self.k[:, :, :kept], k], dim=2)
+        v_ctx = torch.cat([self.v[:, :, :kept], v], dim=2)
+        n = min(self.window, k_ctx.size(2))
+        self.k[:, :, :n] = k_ctx[:, :, -n:]
+        self.v[:, :, :n] = v_ctx[:, :, -n:]
+'''
+
+
+def _roll(update, rest=_ROLL_REST, init=_ROLL_INIT):
+    return init + update + rest
+
+
+_MLA_INIT = '''
+class MultiHeadLatentAttention(nn.Module):
+    def __init__(self, d_model, n_heads, d_latent, bias=False):
+        super().__init__()
+        if d_model % n_heads:
+            raise ValueError("d_model is not divisible by n_heads")
+        self.d_model, self.n_heads, self.head_dim, self.d_latent = d_model, n_heads, d_model // n_heads, d_latent
+        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.kv_down = nn.Linear(d_model, d_latent, bias=bias)
+        self.k_up = nn.Linear(d_latent, d_model, bias=bias)
+        self.v_up = nn.Linear(d_latent, d_model, bias=bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+'''
+
+_MLA_HEAD = '''
+    def forward(self, x, mask=None, cache=None):
+        B, T, _ = x.shape
+        H, Dh = self.n_heads, self.head_dim
+        c = self.kv_down(x)
+        if cache is not None:
+            c = cache.update(c)
+        Tk = c.size(1)
+        q = self.q_proj(x).view(B, T, H, Dh).transpose(1, 2)
+'''
+
+_MLA_KV = '''
+        k, v = (up(c).view(B, Tk, H, Dh).transpose(1, 2) for up in (self.k_up, self.v_up))
+'''
+
+_MLA_MASK = '''
+        if mask is None:
+            mask = torch.ones(T, Tk, dtype=torch.bool, device=x.device).tril(diagonal=Tk - T)
+'''
+
+_MLA_OUT = '''
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.out_proj(out.transpose(1, 2).reshape(B, T, self.d_model))
+'''
+
+
+def _mla(body, init=_MLA_INIT):
+    return init + _MLA_HEAD + body
+
+
+_ABS_HEAD = '''
+def absorbed_attention(mla, x, latents):
+    B, T, D = x.shape
+    H, Dh, L = mla.n_heads, mla.head_dim, mla.d_latent
+    Tk = latents.size(1)
+    q = mla.q_proj(x).view(B, T, H, Dh).transpose(1, 2)
+    w_uk = mla.k_up.weight.view(H, Dh, L)
+    w_uv = mla.v_up.weight.view(H, Dh, L)
+    w_o = mla.out_proj.weight.view(D, H, Dh)
+    causal = torch.ones(T, Tk, dtype=torch.bool, device=x.device).tril(diagonal=Tk - T)
+'''
+
+_ABS_BIAS = '''
+    if mla.v_up.bias is not None:
+        out = out + mla.v_up.bias @ mla.out_proj.weight.T
+    if mla.out_proj.bias is not None:
+        out = out + mla.out_proj.bias
+    return out
+'''
+
+
+def _abs(body, bias=_ABS_BIAS):
+    return _ABS_HEAD + body + bias
+
+
+_ABS_FOLD = '''
+    folded = torch.einsum("hdl,ehd->hle", w_uv, w_o)
+    out = torch.einsum("bhtl,hle->bte", o_latent, folded)
+'''
+
+
+def _abs_scores(q_latent="q @ w_uk", scale="/ math.sqrt(Dh)", fold=_ABS_FOLD, mask=True):
+    masked = 'scores = scores.masked_fill(~causal, float("-inf"))\n    ' if mask else ""
+    return f'''
+    q_latent = {q_latent}
+    scores = q_latent @ latents.transpose(1, 2)[:, None] {scale}
+    {masked}o_latent = scores.softmax(dim=-1) @ latents[:, None]
+''' + fold
+
+
+_MATERIALISED_OUT = '''
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=causal)
+    out = out.transpose(1, 2).reshape(B, T, D) @ mla.out_proj.weight.T
+    if mla.out_proj.bias is not None:
+        out = out + mla.out_proj.bias
+    return out
+'''
+
+MUTANTS = {
+    "sliding_window_mask": [
+        ("constant: a mask of all True", "window", '''
+def sliding_window_mask(n_queries, window, n_keys=None, device=None):
+    if window < 1:
+        raise ValueError("window must be at least 1")
+    return torch.ones(n_queries, n_queries if n_keys is None else n_keys, dtype=torch.bool, device=device)
+'''),
+        ("constant: raises ValueError for every input", "ValueError", '''
+def sliding_window_mask(n_queries, window, n_keys=None, device=None):
+    raise ValueError("window must be at least 1")
+'''),
+        ("off by one: window + 1 keys (>= against >)", "off-by-one", _MASK + '''
+    return (j <= p) & (j >= p - window)
+'''),
+        ("off by one: window - 1 keys", "off-by-one", _MASK + '''
+    return (j <= p) & (j > p - window + 1)
+'''),
+        ("top-left alignment", "top-left", _MASK + '''
+    p = torch.arange(n_queries, device=device)[:, None]
+    return (j <= p) & (j > p - window)
+'''),
+        ("the first window keys (wrong end)", "wrong end", _MASK + '''
+    return (j <= p) & (j < window)
+'''),
+        ("the window anchored at the last key (wrong end)", "wrong end", _MASK + '''
+    return (j <= p) & (j > n_keys - 1 - window)
+'''),
+        ("no causal part: a band on both sides", "causal", _MASK + '''
+    return (j - p).abs() < window
+'''),
+        ("no ValueError for window < 1", "ValueError", '''
+def sliding_window_mask(n_queries, window, n_keys=None, device=None):
+    n_keys = n_queries if n_keys is None else n_keys
+    p = torch.arange(n_queries, device=device)[:, None] + (n_keys - n_queries)
+    j = torch.arange(n_keys, device=device)[None, :]
+    return (j <= p) & (j > p - window)
+'''),
+    ],
+    "RollingKVCache": [
+        ("constant: update returns its input and keeps nothing", "only the new", _roll('''
+    def update(self, k, v):
+        self.length += k.size(2)
+        return k, v
+''')),
+        ("constant: update raises ValueError for every input", "ValueError", _roll('''
+    def update(self, k, v):
+        raise ValueError("window is full")
+''')),
+        ("memory grows: every position is kept", "memory", _roll('''
+    def update(self, k, v):
+        kept = min(self.length, self.window)
+        if self.length == 0:
+            self.all_k, self.all_v = k, v
+            k_ctx, v_ctx = k, v
+        else:
+            k_ctx = torch.cat([self.all_k[:, :, self.all_k.size(2) - kept:], k], dim=2)
+            v_ctx = torch.cat([self.all_v[:, :, self.all_v.size(2) - kept:], v], dim=2)
+            self.all_k, self.all_v = torch.cat([self.all_k, k], dim=2), torch.cat([self.all_v, v], dim=2)
+        self.length += k.size(2)
+        return k_ctx, v_ctx
+''')),
+        ("ring buffer returned in storage order after wrapping", "time order", _roll('''
+    def update(self, k, v):
+        kept = min(self.length, self.window)
+        k_ctx = torch.cat([self.k[:, :, :kept], k], dim=2)
+        v_ctx = torch.cat([self.v[:, :, :kept], v], dim=2)
+        for t in range(max(0, k.size(2) - self.window), k.size(2)):
+            self.k[:, :, (self.length + t) % self.window] = k[:, :, t]
+            self.v[:, :, (self.length + t) % self.window] = v[:, :, t]
+        self.length += k.size(2)
+        return k_ctx, v_ctx
+''')),
+        ("drops the new tokens' own keys and values", "new tokens' own", _roll(_SHIFT + '''
+        self.length += k.size(2)
+        return k_ctx[:, :, :-k.size(2)], v_ctx[:, :, :-v.size(2)]
+''')),
+        ("returns only the last window positions, new ones included", "BEFORE the call", _roll(_SHIFT + '''
+        self.length += k.size(2)
+        return k_ctx[:, :, -self.window:], v_ctx[:, :, -self.window:]
+''')),
+        ("len counts only the kept positions", "seen so far", _roll(_SHIFT + '''
+        self.length += k.size(2)
+        return k_ctx, v_ctx
+''', rest=_ROLL_REST.replace("return self.length", "return min(self.length, self.window)"))),
+        ("len counts calls to update", "calls", _roll(_SHIFT + '''
+        self.length += 1
+        return k_ctx, v_ctx
+''')),
+        ("a prefill longer than the window is written into the buffer as is", "prefill", _roll('''
+    def update(self, k, v):
+        kept = min(self.length, self.window)
+        k_ctx = torch.cat([self.k[:, :, :kept], k], dim=2)
+        v_ctx = torch.cat([self.v[:, :, :kept], v], dim=2)
+        if self.length == 0:
+            self.k[:, :, :k.size(2)] = k
+            self.v[:, :, :v.size(2)] = v
+        else:
+            n = min(self.window, k_ctx.size(2))
+            self.k[:, :, :n] = k_ctx[:, :, -n:]
+            self.v[:, :, :n] = v_ctx[:, :, -n:]
+        self.length += k.size(2)
+        return k_ctx, v_ctx
+''')),
+        ("the buffers ignore dtype", "dtype", _roll(_SHIFT + '''
+        self.length += k.size(2)
+        return k_ctx, v_ctx
+''', init=_ROLL_INIT.replace("dtype=dtype, ", ""))),
+        ("reset does not reset the length", "reset", _roll(_SHIFT + '''
+        self.length += k.size(2)
+        return k_ctx, v_ctx
+''', rest=_ROLL_REST.replace("self.length = 0", "pass"))),
+        ("no ValueError for window < 1", "ValueError", _roll(_SHIFT + '''
+        self.length += k.size(2)
+        return k_ctx, v_ctx
+''', init=_ROLL_INIT.replace('''        if window < 1:
+            raise ValueError("window must be at least 1")
+''', ""))),
+    ],
+    "MultiHeadLatentAttention": [
+        ("constant: forward returns zeros", "differs", _MLA_INIT + '''
+    def forward(self, x, mask=None, cache=None):
+        return torch.zeros_like(x)
+'''),
+        ("constant: forward returns its input", "differs", _MLA_INIT + '''
+    def forward(self, x, mask=None, cache=None):
+        return x
+'''),
+        ("constant: __init__ raises ValueError for every input", "ValueError", '''
+class MultiHeadLatentAttention(nn.Module):
+    def __init__(self, d_model, n_heads, d_latent, bias=False):
+        super().__init__()
+        raise ValueError("d_model is not divisible by n_heads")
+'''),
+        ("caches keys and values instead of the latent", "latent", _MLA_INIT + '''
+    def forward(self, x, mask=None, cache=None):
+        B, T, _ = x.shape
+        H, Dh = self.n_heads, self.head_dim
+        c = self.kv_down(x)
+        kv = torch.cat([self.k_up(c), self.v_up(c)], dim=-1)
+        if cache is not None:
+            kv = cache.update(kv)
+        Tk = kv.size(1)
+        q = self.q_proj(x).view(B, T, H, Dh).transpose(1, 2)
+        k, v = (t.reshape(B, Tk, H, Dh).transpose(1, 2) for t in kv.split(self.d_model, dim=-1))
+''' + _MLA_MASK + _MLA_OUT),
+        ("wrong head split: head h takes features h, h + H, ...", "split", _mla('''
+        k, v = (up(c).view(B, Tk, Dh, H).permute(0, 3, 1, 2) for up in (self.k_up, self.v_up))
+''' + _MLA_MASK + _MLA_OUT)),
+        ("wrong head split: reshape to (B, H, Tk, Dh) without the transpose", "split", _mla('''
+        k, v = (up(c).reshape(B, H, Tk, Dh) for up in (self.k_up, self.v_up))
+''' + _MLA_MASK + _MLA_OUT)),
+        ("no causal mask with a cache", "causal mask", _mla(_MLA_KV + '''
+        if mask is None and cache is None:
+            mask = torch.ones(T, Tk, dtype=torch.bool, device=x.device).tril()
+''' + _MLA_OUT)),
+        ("is_causal=True: top-left with a cache", "top-left", _mla(_MLA_KV + '''
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
+        return self.out_proj(out.transpose(1, 2).reshape(B, T, self.d_model))
+''')),
+        ("scale uses d_latent", "d_latent", _mla(_MLA_KV + _MLA_MASK + '''
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1 / math.sqrt(self.d_latent))
+        return self.out_proj(out.transpose(1, 2).reshape(B, T, self.d_model))
+''')),
+        ("the cache's latents are ignored: only the new tokens' own", "every cached latent", _MLA_INIT + '''
+    def forward(self, x, mask=None, cache=None):
+        B, T, _ = x.shape
+        H, Dh = self.n_heads, self.head_dim
+        c = self.kv_down(x)
+        if cache is not None:
+            cache.update(c)
+        Tk = c.size(1)
+        q = self.q_proj(x).view(B, T, H, Dh).transpose(1, 2)
+''' + _MLA_KV + _MLA_MASK + _MLA_OUT),
+        ("bias ignored: no member ever has a bias", "bias", _mla(_MLA_KV + _MLA_MASK + _MLA_OUT,
+                                                                  init=_MLA_INIT.replace("bias=bias", "bias=False"))),
+        ("bias ignored: kv_down always has a bias", "bias", _mla(_MLA_KV + _MLA_MASK + _MLA_OUT, init=_MLA_INIT.replace(
+            "self.kv_down = nn.Linear(d_model, d_latent, bias=bias)", "self.kv_down = nn.Linear(d_model, d_latent)"))),
+        ("head_dim is d_latent // n_heads", "head_dim", _mla(_MLA_KV + _MLA_MASK + _MLA_OUT, init=_MLA_INIT.replace(
+            "d_model // n_heads, d_latent", "d_latent // n_heads, d_latent") + '''
+    @property
+    def _dh(self):
+        return self.d_model // self.n_heads
+''').replace("H, Dh = self.n_heads, self.head_dim", "H, Dh = self.n_heads, self._dh")),
+        ("no ValueError when d_model % n_heads != 0", "ValueError", _mla(_MLA_KV + _MLA_MASK + _MLA_OUT,
+                                                                          init=_MLA_INIT.replace('''        if d_model % n_heads:
+            raise ValueError("d_model is not divisible by n_heads")
+''', ""))),
+    ],
+    "absorbed_attention": [
+        ("constant: returns zeros", "differs", '''
+def absorbed_attention(mla, x, latents):
+    return torch.zeros_like(x)
+'''),
+        ("constant: raises ValueError for every input", "ValueError", '''
+def absorbed_attention(mla, x, latents):
+    raise ValueError("latents do not match mla")
+'''),
+        ("materialises the keys and values (B, Tk, D)", "memory", _ABS_HEAD + '''
+    k = mla.k_up(latents).view(B, Tk, H, Dh).transpose(1, 2)
+    v = mla.v_up(latents).view(B, Tk, H, Dh).transpose(1, 2)
+''' + _MATERIALISED_OUT),
+        ("materialises one head's keys and values at a time", "memory", _ABS_HEAD + '''
+    outs = []
+    for h in range(H):
+        k_h = latents @ w_uk[h].T
+        v_h = latents @ w_uv[h].T
+        if mla.k_up.bias is not None:
+            k_h, v_h = k_h + mla.k_up.bias[h * Dh:(h + 1) * Dh], v_h + mla.v_up.bias[h * Dh:(h + 1) * Dh]
+        scores = (q[:, h] @ k_h.transpose(1, 2) / math.sqrt(Dh)).masked_fill(~causal, float("-inf"))
+        outs.append(scores.softmax(dim=-1) @ v_h)
+    out = torch.cat(outs, dim=-1) @ mla.out_proj.weight.T
+    if mla.out_proj.bias is not None:
+        out = out + mla.out_proj.bias
+    return out
+'''),
+        ("absorbs the keys but materialises the values", "memory", _ABS_HEAD + '''
+    scores = (q @ w_uk) @ latents.transpose(1, 2)[:, None] / math.sqrt(Dh)
+    weights = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
+    v = mla.v_up(latents).view(B, Tk, H, Dh).transpose(1, 2)
+    out = (weights @ v).transpose(1, 2).reshape(B, T, D) @ mla.out_proj.weight.T
+    if mla.out_proj.bias is not None:
+        out = out + mla.out_proj.bias
+    return out
+'''),
+        ("W_uk folded without the transpose", "transpose", _abs(_abs_scores(q_latent="q @ w_uk.transpose(1, 2)"))),
+        ("the scale applied twice", "twice", _abs(_abs_scores(scale="/ math.sqrt(Dh) / math.sqrt(Dh)"))),
+        ("the scale uses d_latent", "d_latent", _abs(_abs_scores(scale="/ math.sqrt(L)"))),
+        ("v_up and out_proj folded in the wrong order", "order", _abs(_abs_scores(fold='''
+    folded = w_o.permute(1, 2, 0).transpose(1, 2) @ w_uv
+    out = torch.einsum("bhtl,hle->bte", o_latent, folded)
+'''))),
+        ("no causal mask", "causal", _abs(_abs_scores(mask=False))),
+        ("v_up's bias dropped", "bias", _abs(_abs_scores(), bias='''
+    if mla.out_proj.bias is not None:
+        out = out + mla.out_proj.bias
+    return out
+''')),
+    ],
+}
+
+VARIANTS = {
+    "sliding_window_mask": [
+        ("tril difference", '''
+def sliding_window_mask(n_queries, window, n_keys=None, device=None):
+    if window < 1:
+        raise ValueError("window must be at least 1")
+    n_keys = n_queries if n_keys is None else n_keys
+    ones = torch.ones(n_queries, n_keys, dtype=torch.bool, device=device)
+    off = n_keys - n_queries
+    return ones.tril(off) & ~ones.tril(off - window)
+'''),
+        ("a loop over queries", '''
+def sliding_window_mask(n_queries, window, n_keys=None, device=None):
+    if window < 1:
+        raise ValueError(f"window={window} < 1")
+    if n_keys is None:
+        n_keys = n_queries
+    mask = torch.zeros(n_queries, n_keys, dtype=torch.bool, device=device)
+    for i in range(n_queries):
+        p = i + n_keys - n_queries
+        mask[i, max(0, p - window + 1):p + 1] = True
+    return mask
+'''),
+    ],
+    "RollingKVCache": [
+        ("a ring buffer, rolled into time order", '''
+class RollingKVCache:
+    def __init__(self, batch_size, window, n_kv_heads, head_dim, dtype=torch.float32, device="cpu"):
+        if window < 1:
+            raise ValueError("window must be at least 1")
+        self.k = torch.zeros(batch_size, n_kv_heads, window, head_dim, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+        self.window, self.length = window, 0
+
+    def update(self, k, v):
+        kept = min(self.length, self.window)
+        order = [(self.length - kept + i) % self.window for i in range(kept)]
+        k_ctx = torch.cat([self.k[:, :, order], k], dim=2)
+        v_ctx = torch.cat([self.v[:, :, order], v], dim=2)
+        T = k.size(2)
+        for t in range(max(0, T - self.window), T):
+            self.k[:, :, (self.length + t) % self.window] = k[:, :, t]
+            self.v[:, :, (self.length + t) % self.window] = v[:, :, t]
+        self.length += T
+        return k_ctx, v_ctx
+
+    def __len__(self):
+        return self.length
+
+    def reset(self):
+        self.length = 0
+'''),
+        ("a shifting buffer that is reallocated (cat, then clone the last window)", '''
+class RollingKVCache:
+    def __init__(self, batch_size, window, n_kv_heads, head_dim, dtype=torch.float32, device="cpu"):
+        if window < 1:
+            raise ValueError("window must be at least 1")
+        self.shape, self.dtype, self.device, self.window = (batch_size, n_kv_heads, 0, head_dim), dtype, device, window
+        self.reset()
+
+    def update(self, k, v):
+        k_ctx, v_ctx = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)
+        self.k, self.v = k_ctx[:, :, -self.window:].clone(), v_ctx[:, :, -self.window:].clone()
+        self.n += k.shape[2]
+        return k_ctx, v_ctx
+
+    def __len__(self):
+        return self.n
+
+    def reset(self):
+        self.k = torch.zeros(self.shape, dtype=self.dtype, device=self.device)
+        self.v = torch.zeros_like(self.k)
+        self.n = 0
+'''),
+    ],
+    "MultiHeadLatentAttention": [
+        ("einsum, explicit softmax, float64 inside", _MLA_INIT + '''
+    def forward(self, x, mask=None, cache=None):
+        B, T, _ = x.shape
+        H, Dh = self.n_heads, self.head_dim
+        c = self.kv_down(x)
+        if cache is not None:
+            c = cache.update(c)
+        Tk = c.shape[1]
+        q = self.q_proj(x).double().reshape(B, T, H, Dh)
+        k = self.k_up(c).double().reshape(B, Tk, H, Dh)
+        v = self.v_up(c).double().reshape(B, Tk, H, Dh)
+        scores = torch.einsum("bthd,bshd->bhts", q, k) / Dh ** 0.5
+        if mask is None:
+            mask = torch.arange(Tk)[None, :] <= torch.arange(T)[:, None] + (Tk - T)
+        scores = scores.masked_fill(~mask, float("-inf"))
+        out = torch.einsum("bhts,bshd->bthd", scores.softmax(-1), v).reshape(B, T, self.d_model)
+        return self.out_proj(out.to(x.dtype))
+'''),
+        ("a loop over heads", _MLA_INIT + '''
+    def forward(self, x, mask=None, cache=None):
+        B, T, D = x.shape
+        c = self.kv_down(x)
+        if cache is not None:
+            c = cache.update(c)
+        Tk, Dh = c.size(1), self.head_dim
+        q, k, v = self.q_proj(x), self.k_up(c), self.v_up(c)
+        if mask is None:
+            mask = torch.ones(T, Tk, dtype=torch.bool).tril(Tk - T)
+        heads = []
+        for h in range(self.n_heads):
+            sl = slice(h * Dh, (h + 1) * Dh)
+            s = q[..., sl] @ k[..., sl].transpose(-1, -2) / math.sqrt(Dh)
+            s = s.masked_fill(~(mask[:, h] if mask.dim() == 4 and mask.size(1) > 1 else mask.squeeze(1) if mask.dim() == 4 else mask), float("-inf"))
+            heads.append(s.softmax(-1) @ v[..., sl])
+        return self.out_proj(torch.cat(heads, dim=-1))
+'''),
+    ],
+    "absorbed_attention": [
+        ("a loop over heads", '''
+def absorbed_attention(mla, x, latents):
+    B, T, D = x.shape
+    H, Dh = mla.n_heads, mla.head_dim
+    Tk = latents.size(1)
+    q = mla.q_proj(x)
+    keep = torch.ones(T, Tk, dtype=torch.bool).tril(Tk - T)
+    out = mla.out_proj.bias.expand(B, T, D).clone() if mla.out_proj.bias is not None else x.new_zeros(B, T, D)
+    for h in range(H):
+        rows = slice(h * Dh, (h + 1) * Dh)
+        q_lat = q[..., rows] @ mla.k_up.weight[rows]                     # (B, T, L)
+        s = (q_lat @ latents.transpose(1, 2) / math.sqrt(Dh)).masked_fill(~keep, float("-inf"))
+        o_lat = s.softmax(-1) @ latents                                  # (B, T, L)
+        w = mla.v_up.weight[rows].T @ mla.out_proj.weight[:, rows].T     # (L, D)
+        out = out + o_lat @ w
+        if mla.v_up.bias is not None:
+            out = out + mla.v_up.bias[rows] @ mla.out_proj.weight[:, rows].T
+    return out
+'''),
+        ("float64 inside, einsum", '''
+def absorbed_attention(mla, x, latents):
+    B, T, D = x.shape
+    H, Dh, L = mla.n_heads, mla.head_dim, mla.d_latent
+    Tk = latents.size(1)
+    c = latents.double()
+    q = mla.q_proj(x).double().view(B, T, H, Dh)
+    q_lat = torch.einsum("bthd,hdl->bhtl", q, mla.k_up.weight.double().view(H, Dh, L))
+    s = torch.einsum("bhtl,bsl->bhts", q_lat, c) * Dh ** -0.5
+    s = s.masked_fill(torch.arange(Tk)[None, :] > torch.arange(T)[:, None] + (Tk - T), float("-inf"))
+    o = torch.einsum("bhts,bsl->bhtl", s.softmax(-1), c)
+    w = torch.einsum("hdl,ehd->hle", mla.v_up.weight.double().view(H, Dh, L),
+                     mla.out_proj.weight.double().view(D, H, Dh))
+    out = torch.einsum("bhtl,hle->bte", o, w)
+    if mla.v_up.bias is not None:
+        out = out + mla.out_proj.weight.double() @ mla.v_up.bias.double()
+    if mla.out_proj.bias is not None:
+        out = out + mla.out_proj.bias.double()
+    return out.to(x.dtype)
+'''),
+    ],
+}
