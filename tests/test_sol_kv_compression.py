@@ -1,14 +1,16 @@
 """solutions.kv_compression against PyTorch: sliding-window masks against SDPA with a band mask,
 cached sliding-window decoding against uncached, MLA against its explicit math, and the absorbed
-form against the cached forward (with and without biases)."""
+form against the cached forward (with and without biases); the lesson's decoder and its
+compression of lesson 07's checkpoint (SVD to MLA, pooling to GQA)."""
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from solutions.kv_compression import (LatentCache, MultiHeadLatentAttention, RollingKVCache, absorbed_attention,
-                                      sliding_window_mask)
+from solutions.kv_compression import (LatentCache, MultiHeadLatentAttention, RollingKVCache, SlidingWindowDecoder,
+                                      absorbed_attention, mla_from_layer, sliding_window_mask, with_latent_kv,
+                                      with_pooled_kv)
 
 
 @pytest.mark.parametrize("tq, tk, window", [(5, 5, 1), (5, 5, 3), (3, 8, 2), (4, 9, 20), (1, 7, 4)])
@@ -119,3 +121,33 @@ def test_absorbed_attention_never_forms_the_keys():
     with Shapes() as log:
         absorbed_attention(mla, x, latents)
     assert max(log.seen) < Tk * 64, "a tensor as large as the cached keys was formed"
+
+
+def test_sliding_window_decoder_cached_equals_uncached():
+    from solutions.kv_cache import generate
+
+    torch.manual_seed(0)
+    model = SlidingWindowDecoder(vocab_size=50, d_model=32, n_layers=2, n_heads=4, window=5, max_seq_len=64).double()
+    prompt = torch.randint(50, (2, 9))  # longer than the window
+    cached = generate(model.eval(), prompt, 20)
+    assert torch.equal(cached, generate(model, prompt, 20, use_cache=False))
+    caches = model.make_caches(2)
+    model(prompt, caches)
+    assert all(c.k.shape[2] == 5 and len(c) == 9 for c in caches)
+
+
+def test_svd_and_pooling_of_lesson_07s_model():
+    """A latent as wide as d_model keeps the model exactly (the stacked (W_k; W_v) has rank <= D); the MLA built
+    from the SVD computes what the low-rank layer computes; pooling to n_heads key/value heads changes nothing."""
+    from solutions.head_specialization import load_checkpoint
+
+    model, _ = load_checkpoint("lessons/08_kv_compression/induction_model.npz")
+    ids = torch.randint(64, (2, 20))
+    with torch.no_grad():
+        want = model(ids)
+        torch.testing.assert_close(with_latent_kv(model, 64)(ids), want, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(with_pooled_kv(model, 4)(ids), want)
+        assert not torch.allclose(with_pooled_kv(model, 2)(ids), want, atol=1e-2)
+        x = torch.randn(2, 7, 64)
+        torch.testing.assert_close(mla_from_layer(model.layers[1], 12)(x), with_latent_kv(model, 12).layers[1](x),
+                                   atol=1e-5, rtol=1e-5)
