@@ -28,10 +28,9 @@ def sliding_window_mask(n_queries, window, n_keys=None, device=None):
 
 
 class RollingKVCache:
-    """Mistral's rolling buffer: the keys and values of the last `window` positions, (B, Hkv, window, Dh).
-
-    The buffer is kept in time order, oldest first (a shifting buffer): after each update it holds
-    the last min(window, len) positions seen."""
+    """Mistral's rolling buffer: the keys and values of the last `window` positions, (B, Hkv, window, Dh)
+    each, whatever the number of positions seen. (This one shifts its buffers to keep them oldest
+    first; a ring buffer, unrolled when read, works as well.)"""
 
     def __init__(self, batch_size, window, n_kv_heads, head_dim, dtype=torch.float32, device="cpu"):
         if window < 1:
@@ -61,6 +60,7 @@ class RollingKVCache:
         return self.length
 
     def reset(self):
+        """Forget every position (the buffers stay allocated)."""
         self.length = 0
 
 
@@ -129,10 +129,11 @@ def absorbed_attention(mla, x, latents):
     with k_up folded into the queries and v_up into the output projection: keys and values of the
     Tk positions are never formed. -> (B, T, D).
 
-    Per head h: q_h k_h^T = q_h (c W_uk^h + b_uk^h)^T = (q_h W_uk^h) c^T + q_h . b_uk^h; the last term
-    is the same for every key of a row, which the softmax ignores. Since each row of weights sums to
-    1, weights @ (c W_uv^h + b_uv^h) = (weights @ c) W_uv^h + b_uv^h, and W_uv^h meets its slice of
-    out_proj's weight: one (d_latent, D) matrix per head. (nn.Linear stores W^T: weight is (out, in).)
+    Per head h, with W_uk^h = k_up.weight[h*Dh:(h+1)*Dh].T (d_latent, Dh) (nn.Linear stores W^T):
+    q_h k_h^T = q_h (c W_uk^h + b_uk^h)^T = (q_h W_uk^h^T) c^T + q_h . b_uk^h; the last term is the same
+    for every key of a row, which the softmax ignores. Each row of weights sums to 1, so
+    weights @ (c W_uv^h + b_uv^h) = (weights @ c) W_uv^h + b_uv^h, and W_uv^h meets head h's slice of
+    out_proj: one (d_latent, D) matrix per head.
     """
     B, T, D = x.shape
     H, Dh, L = mla.n_heads, mla.head_dim, mla.d_latent
