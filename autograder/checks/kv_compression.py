@@ -507,7 +507,8 @@ def _expect_never_forms_keys(s, rng):
     message = (f"absorbed_attention ran out of memory with {Tk} cached latents of width {L}: it forms keys or values "
                f"for every cached position (one head's alone take {B * Tk * (D // H) * 4 // 2**20} MiB here). Fold "
                "k_up into the queries and v_up into the output projection, so that only (B, H, T, Tk) scores and "
-               "the latents themselves ever involve every cached position")
+               "the latents themselves ever involve every cached position (and make the causal mask (T, Tk), "
+               "not (Tk, Tk))")
     got = _bounded(s, message, BOUND_MB, "absorbed_attention", shell, tensor(x), tensor(c))
     mla64 = _mla64(params, D, H, L, False)
     with torch.no_grad():
