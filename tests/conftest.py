@@ -4,3 +4,9 @@ import os
 # imported: without a GPU, kernels run in Triton's interpreter.
 if not os.path.exists("/dev/nvidia0"):
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# The checks compute many small references: one torch thread each is what the grader uses, and
+# threads only fight over the cores here (several times the CPU for the same work).
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
