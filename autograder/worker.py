@@ -13,7 +13,7 @@ Modes, strongest first (see README, "The sandbox and what it protects"):
   cannot read the course repository.
 - none (--unsafe only): a plain subprocess with resource limits.
 Every mode but none: a non-dumpable worker and, in each child, a seccomp filter (no ptrace, no
-process_vm_readv/writev), no capabilities, its own IPC namespace and size-limited /dev/shm where
+process_vm_readv/writev, no IP sockets), no capabilities, its own IPC namespace and size-limited /dev/shm where
 the kernel allows, and a memory cgroup (shared memory counts) and a pids cgroup where one can be
 made; the worker checks its own code between submissions and restarts when it changed.
 Every mode: memory, CPU time, file size and process limits on the child, wall-clock limits
