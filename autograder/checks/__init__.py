@@ -301,6 +301,20 @@ def call_named(s, what, *args, hint="", **kwargs):
         fail(f"{what} raised {e.type}: {e.message}" + (f" ({hint})" if hint else ""))
 
 
+def call_within_memory(s, memory_mb, message, target, *args, **kwargs):
+    """s.call_bounded(memory_mb, target, ...); running out of memory there fails with `message` (what
+    the answer must have materialised). Size the case so that the wrong layout needs one allocation
+    well above memory_mb: memory the process already holds is not counted again."""
+    try:
+        return s.call_bounded(memory_mb, target, *args, **kwargs)
+    except OverBudget:
+        fail(message)
+    except StudentError as e:
+        if e.is_a("MemoryError") or "alloc" in e.raw_message.lower():
+            fail(message)
+        raise
+
+
 def tensor(array, dtype=None):
     """A numpy array to send as a torch tensor; dtype 'bfloat16' is allowed."""
     array = np.asarray(array)

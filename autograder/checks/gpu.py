@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from autograder.checks import (Checks, OverBudget, StudentError, Unchecked, close, expect_array, expect_int, fail,
+from autograder.checks import (Checks, Unchecked, call_within_memory, close, expect_array, expect_int, fail,
                                kind_of, reference, tensor, triton_evidence)
 from autograder.sandbox.wire import Array, Handle
 from solutions import gpu as ref
@@ -283,14 +283,8 @@ def _expect_tiled(s, rng):
     bq, bk = TILED_BLOCKS
     q, k, v = _qkv(rng, 1, 1, bq, TILED_KEYS, TILED_DH, np.float32)
     message = TILED_MESSAGE.format(tk=TILED_KEYS, bq=bq, bk=bk, mb=bq * TILED_KEYS * 4 // 2**20)
-    try:
-        got = s.call_bounded(TILED_MB, "flash_attention", tensor(q), tensor(k), tensor(v), block_q=bq, block_k=bk)
-    except OverBudget:
-        fail(message)
-    except StudentError as e:
-        if e.is_a("MemoryError") or "alloc" in e.raw_message.lower():
-            fail(message)
-        raise
+    got = call_within_memory(s, TILED_MB, message, "flash_attention", tensor(q), tensor(k), tensor(v),
+                             block_q=bq, block_k=bk)
     want, cond = _exact(q, k, v, False, np.float32)
     _expect_attention(got, want, f"flash_attention with {TILED_KEYS} keys", lambda: [], bq, [bq], cond)
 

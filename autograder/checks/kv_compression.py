@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from autograder.checks import (Checks, OverBudget, StudentError, expect_array, expect_error, expect_int,
+from autograder.checks import (Checks, StudentError, call_within_memory, expect_array, expect_error, expect_int,
                                expect_int_attributes, fail, kind_of, reference, tensor)
 from autograder.sandbox.wire import Array, DType
 from solutions import kv_compression as ref
@@ -24,18 +24,6 @@ CHECKS = Checks()
 
 def _bool(mask):
     return reference(torch.as_tensor(mask, dtype=torch.bool))
-
-
-def _bounded(s, message, memory_mb, target, *args, **kwargs):
-    """s.call_bounded(...); running out of memory fails with `message`."""
-    try:
-        return s.call_bounded(memory_mb, target, *args, **kwargs)
-    except OverBudget:
-        fail(message)
-    except StudentError as e:
-        if e.is_a("MemoryError") or "alloc" in e.raw_message.lower():
-            fail(message)
-        raise
 
 
 # ---- sliding_window_mask -------------------------------------------------------------------
@@ -182,7 +170,7 @@ def _expect_fixed_memory(s):
     message = ("RollingKVCache ran out of memory while streaming many updates through a small window: its memory "
                "grows with the number of positions seen. Between calls keep only the last window positions "
                "(buffers of shape (B, Hkv, window, Dh)), never every position seen")
-    got = _bounded(s, message, STREAM_MB, {"helper": "stream_positions"}, cache, **STREAM)
+    got = call_within_memory(s, STREAM_MB, message, {"helper": "stream_positions"}, cache, **STREAM)
     seen = STREAM["steps"] * STREAM["chunk"]
     positions = np.array(_ctx(seen - STREAM["chunk"], STREAM_WINDOW, STREAM["chunk"]), np.float32)
     want = np.broadcast_to(positions[None, None, :, None], (1, 1, len(positions), STREAM["head_dim"]))
@@ -509,7 +497,7 @@ def _expect_never_forms_keys(s, rng):
                "k_up into the queries and v_up into the output projection, so that only (B, H, T, Tk) scores and "
                "the latents themselves ever involve every cached position (and make the causal mask (T, Tk), "
                "not (Tk, Tk))")
-    got = _bounded(s, message, BOUND_MB, "absorbed_attention", shell, tensor(x), tensor(c))
+    got = call_within_memory(s, BOUND_MB, message, "absorbed_attention", shell, tensor(x), tensor(c))
     mla64 = _mla64(params, D, H, L, False)
     with torch.no_grad():
         want = reference(ref.absorbed_attention(mla64, *(torch.from_numpy(a.astype(np.float64)) for a in (x, c))),
