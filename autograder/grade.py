@@ -18,6 +18,7 @@ import hashlib
 import importlib
 import os
 import queue
+import re
 import shutil
 import signal
 import sys
@@ -329,6 +330,21 @@ def run_check(check, subject, max_points, why_unavailable=None):
     return row
 
 
+def cell_problem(name, cells, labels, session):
+    """Why the cell that defines `name` did not run (a SyntaxError, an error raised before the def, a
+    hang), so the feedback names that cell and error rather than a mistake in the function; or ''."""
+    define = re.compile(rf"^\s*(?:async\s+)?(?:def|class)\s+{re.escape(name)}\b", re.M)
+    for i, src in enumerate(cells):
+        if not define.search(src) or i >= len(labels):
+            continue
+        if i in session.skipped:
+            return f"{labels[i]} was skipped: it {session.skipped[i]}"
+        if i in session.cell_errors:
+            err = store.cell_error(session.cell_errors[i])
+            return f"{labels[i]} did not run to the end: it raised {err['type']}: {err['message']}"
+    return ""
+
+
 def grade_one(sandbox, student, lesson, sub, tests, data_files, grader):
     """The result dict of one (student, lesson)."""
     sha, key = sub.key()
@@ -366,6 +382,9 @@ def grade_one(sandbox, student, lesson, sub, tests, data_files, grader):
                             gone.get(name))
             if "traceback" in row:
                 result.setdefault("grader_errors", []).append(row.pop("traceback"))
+            why = row["status"] != "passed" and cell_problem(name, cells, labels, session)
+            if why:
+                row["message"] = f"{why}. {row['message']}"
             rows.append(dict(test=test, **row))
         result["tests"] = rows
         result["cells"] = {"skipped": {labels[i]: why for i, why in session.skipped.items() if i < len(labels)},

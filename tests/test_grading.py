@@ -178,3 +178,22 @@ def test_gradescope_results_per_student(small_class):
         assert len(data["tests"]) == len(mine)
         assert {t["status"] for t in data["tests"]} <= {"passed", "failed"}
         assert all(t["max_score"] > 0 and "name" in t and "output" in t for t in data["tests"])
+
+
+def test_a_cell_that_does_not_run_is_named(tmp_path):
+    """A SyntaxError, or an error raised before the def, is named with its cell: not a mistake in the function."""
+    release(tmp_path / "release", ["01_attention"])
+    rel = nbk.read(tmp_path / "release" / "01_attention" / "01_attention.ipynb")
+    solved = fill(rel, "01_attention")
+    code = {nbk.grade_id(c): nbk.source(c) for c in nbk.code_cells(solved) if nbk.is_answer(c)}
+    broken = {"syntax": {"softmax": code["softmax"].replace("):", ")", 1)},
+              "raises-first": {"causal_mask": "raise RuntimeError('oops')\n" + code["causal_mask"]}}
+    for student, replace in broken.items():
+        nbk.write(fill(rel, "01_attention", replace), tmp_path / "subs" / student / "01_attention" / "01_attention.ipynb")
+    run("grade", str(tmp_path / "subs"), "--out", str(tmp_path / "results"), "--quiet")
+    grades = read_grades(tmp_path / "results")
+    syntax = grades["syntax", "01_attention", "test_softmax"]["message"]
+    assert "did not run" in syntax and "SyntaxError" in syntax and "def softmax" in syntax, syntax
+    first = grades["raises-first", "01_attention", "test_causal_mask"]["message"]
+    assert "did not run" in first and "RuntimeError" in first, first
+    assert grades["syntax", "01_attention", "test_causal_mask"]["status"] == "passed"
