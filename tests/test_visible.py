@@ -17,6 +17,7 @@ import os
 import re
 import signal
 import sys
+import warnings
 
 import pytest
 
@@ -44,11 +45,16 @@ def _cells(lesson):
 
 
 def _run(cells, ns, failures):
-    """Run cells in ns; a test cell's failure is recorded as {grade_id: message}, others raise."""
+    """Run cells in ns; a test cell's failure is recorded as {grade_id: message}, others raise.
+    A warning counts as a failure too: plain nbgrader zeroes a cell that writes to stderr."""
     for kind, gid, code in cells:
         if kind == "test":
             try:
-                exec(compile(code, f"<{gid}>", "exec"), ns)
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    exec(compile(code, f"<{gid}>", "exec"), ns)
+                if caught:
+                    failures[gid] = f"{caught[0].category.__name__} written to stderr: {caught[0].message}"[:2000]
             except Exception as e:  # noqa: BLE001 - any exception fails a visible test
                 failures[gid] = f"{type(e).__name__}: {e}"[:2000]
         else:
