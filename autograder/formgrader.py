@@ -19,8 +19,8 @@ from pathlib import Path
 
 from autograder import notebook as nbk
 from autograder.results import write_atomic
-from autograder.gradescope import feedback_text
 from autograder.release import student_copy
+from autograder.report import feedback_text
 
 
 def autograded_path(course_root, student, lesson):

@@ -1,4 +1,5 @@
-"""Gradescope: results.json from trusted results, and an autograder zip for one lesson.
+"""Gradescope: an autograder zip for one lesson, and the script it runs (results.json itself is
+written by report.results_json).
 
 Gradescope's contract (https://gradescope-autograders.readthedocs.io/en/latest/specs/): the zip
 holds `setup.sh` (run once, as root, when Gradescope builds the autograder's Ubuntu image) and
@@ -25,36 +26,6 @@ CONFIG = "gradescope.json"  # the bundle's settings, next to setup.sh in /autogr
 STUDENT = "submission"      # Gradescope grades one submission at a time: its folder's name
 EXTRAS = {"06_gpu": "gpu"}  # pyproject extras a lesson's grading needs (lesson 06: Triton)
 CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
-
-
-def feedback_text(t):
-    """A test's feedback as text: its message, or with partial credit each aspect's points and,
-    for a failed one, its message (the test's message joins those already)."""
-    lines = [t["message"]] if t["message"] and not t.get("aspects") else []
-    lines += [f"{'passed' if a['passed'] else 'failed'}: {a['aspect']} ({a['points']:g}/{a['max_points']:g})"
-              + (f": {a['message']}" if a["message"] and not a["passed"] else "") for a in t.get("aspects", [])]
-    return "\n".join(lines)
-
-
-def result_notes(r):
-    """What the grader noted about a submission as a whole: skipped cells, cells that raised."""
-    cells = r.get("cells", {})
-    return (list(r.get("notes", [])) + [f"{cell} was skipped: it {why}" for cell, why in cells.get("skipped", {}).items()]
-            + [f"{cell} raised {e.get('type')}: {e.get('message', '')}" for cell, e in cells.get("errors", {}).items()])
-
-
-def results_json(results, visibility="visible", test_visibility="visible", stdout_visibility="hidden"):
-    """Gradescope's results.json for one student's results (one per lesson), documented fields only."""
-    several = len({r["lesson"] for r in results}) > 1
-    tests = [dict(name=f"{r['lesson']}: {t['test']}" if several else t["test"], score=t["points"],
-                  max_score=t["max_points"], status="passed" if t["status"] == "passed" else "failed",
-                  output=feedback_text(t), visibility=test_visibility)
-             for r in results for t in r["tests"]]
-    lines = [f"{r['lesson']}: {sum(t['points'] for t in r['tests']):g} / "
-             f"{sum(t['max_points'] for t in r['tests']):g} points" for r in results]
-    lines += [note for r in results for note in result_notes(r)]
-    return dict(score=sum(t["score"] for t in tests), output="\n".join(lines), visibility=visibility,
-                stdout_visibility=stdout_visibility, tests=tests)
 
 
 def _course_files(lesson):
@@ -149,6 +120,7 @@ def run(root):
     exit status: 1 (and no results.json, so Gradescope reports a failure to rerun rather than a
     zero) when the grader itself cannot run or cannot check a test (a missing Triton, a bug of ours)."""
     from autograder.grade import grade
+    from autograder.report import results_json
     from autograder.results import UsageError, write_atomic
     from autograder.worker import SandboxError, choose_mode
 

@@ -60,7 +60,6 @@ def write_all(out, expected=(), gradescope=False, gradebook=None, problems=None,
     for r in results:
         store.write_derived(out / "feedback" / r["student"] / f"{r['lesson']}.html", feedback_page(r))
     if gradescope:
-        from autograder.gradescope import results_json
         for student in sorted({r["student"] for r in results}):
             mine = [r for r in results if r["student"] == student]
             store.write_derived(out / "gradescope" / student / "results.json",
@@ -99,14 +98,40 @@ def feedback_page(r):
         f"<td>{t['points']:g} / {t['max_points']:g}</td><td><div class='msg'>"
         f"{'' if t.get('aspects') and t['status'] == 'failed' else e(t['message'])}</div>{_aspects_html(t)}</td></tr>"
         for t in r["tests"])
-    notes = list(r.get("notes", []))
-    cells = r.get("cells", {})
-    notes += [f"{cell} was skipped: it {why}" for cell, why in cells.get("skipped", {}).items()]
-    notes += [f"{cell} raised {err['type']}: {err['message']}" for cell, err in cells.get("errors", {}).items()]
-    note_html = "".join(f"<p class='note'>{e(n)}</p>" for n in notes)
+    note_html = "".join(f"<p class='note'>{e(n)}</p>" for n in result_notes(r))
     return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{e(r['lesson'])}: feedback for "
             f"{e(r['student'])}</title><style>{STYLE}</style></head><body><h1>{e(r['lesson'])}</h1>"
             f"<p>Feedback for <b>{e(r['student'])}</b>: <b>{got:g} / {full:g}</b> points.</p>{note_html}"
             f"<table><tr><th>test</th><th>status</th><th>points</th><th>what to look at</th></tr>{rows}</table>"
             "<p>The grader ran your notebook's code cells except tests and demonstrations, then checked each "
             "function on its own inputs.</p></body></html>\n")
+
+
+def feedback_text(t):
+    """A test's feedback as text: its message, or with partial credit each aspect's points and,
+    for a failed one, its message (the test's message joins those already)."""
+    lines = [t["message"]] if t["message"] and not t.get("aspects") else []
+    lines += [f"{'passed' if a['passed'] else 'failed'}: {a['aspect']} ({a['points']:g}/{a['max_points']:g})"
+              + (f": {a['message']}" if a["message"] and not a["passed"] else "") for a in t.get("aspects", [])]
+    return "\n".join(lines)
+
+
+def result_notes(r):
+    """What the grader noted about a submission as a whole: skipped cells, cells that raised."""
+    cells = r.get("cells", {})
+    return (list(r.get("notes", [])) + [f"{cell} was skipped: it {why}" for cell, why in cells.get("skipped", {}).items()]
+            + [f"{cell} raised {e.get('type')}: {e.get('message', '')}" for cell, e in cells.get("errors", {}).items()])
+
+
+def results_json(results, visibility="visible", test_visibility="visible", stdout_visibility="hidden"):
+    """Gradescope's results.json for one student's results (one per lesson), documented fields only."""
+    several = len({r["lesson"] for r in results}) > 1
+    tests = [dict(name=f"{r['lesson']}: {t['test']}" if several else t["test"], score=t["points"],
+                  max_score=t["max_points"], status="passed" if t["status"] == "passed" else "failed",
+                  output=feedback_text(t), visibility=test_visibility)
+             for r in results for t in r["tests"]]
+    lines = [f"{r['lesson']}: {sum(t['points'] for t in r['tests']):g} / "
+             f"{sum(t['max_points'] for t in r['tests']):g} points" for r in results]
+    lines += [note for r in results for note in result_notes(r)]
+    return dict(score=sum(t["score"] for t in tests), output="\n".join(lines), visibility=visibility,
+                stdout_visibility=stdout_visibility, tests=tests)
