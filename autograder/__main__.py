@@ -223,7 +223,7 @@ def _summary(out, results):
     full = sum(t["max_points"] for r in results for t in r["tests"])
     students = len({r["student"] for r in results})
     print(f"{out} holds {len(results)} results ({students} students), {got:g}/{full:g} points; "
-          f"wrote {out}/grades.csv and {out}/feedback/")
+          f"wrote {out}/grades.csv, totals.csv, report.html and feedback/")
     if any(r.get("grader_errors") for r in results):
         print(f"the grader itself failed on some tests (status error): see {out}/grader-errors.log", file=sys.stderr)
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from autograder import notebook as nbk
 from autograder import results as store
 from autograder.checks import LESSONS
+from autograder.classreport import write_report
 from autograder.export import write_totals
 
 
@@ -44,12 +45,13 @@ def placeholder(student, lesson, message):
 
 
 def write_all(out, expected=(), gradescope=False, gradebook=None, problems=None, course_root=None):
-    """Rewrite grades.csv, feedback, the error log (and Gradescope files, the gradebook) from
-    everything stored in RESULTS; returns the results."""
+    """Rewrite grades.csv, totals.csv, the class report, feedback, the error log (and Gradescope
+    files, the gradebook) from everything stored in RESULTS; returns the results."""
     out = Path(out)
     results = gather(out, expected, problems)
     store.write_grades(out / "grades.csv", results)
     write_totals(out, results)
+    write_report(out, results)
     # Failures of the grader itself (never of a student's code), for the instructor.
     errors = [f"== {r['student']} {r['lesson']}\n{tb}" for r in results for tb in r.get("grader_errors", [])]
     log = out / "grader-errors.log"
