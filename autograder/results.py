@@ -425,7 +425,7 @@ def read_csv(path):
 def write_grades(path, results):
     """grades.csv: one row per (student, lesson, test), COLUMNS, points summed over aspects."""
     rows = [dict(student=r["student"], lesson=r["lesson"], test=t["test"], points=t["points"],
-                 max_points=t["max_points"], status=t["status"], message=t["message"])
+                 max_points=t["max_points"], status=t["status"], message=" | ".join(t["message"].splitlines()))
             for r in results for t in r["tests"]]
     write_atomic(path, csv_text(rows, COLUMNS))
 

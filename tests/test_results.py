@@ -80,7 +80,7 @@ def test_student_ids_stay_identical_through_grades_csv(tmp_path):
     assert "\n=" not in text and "\n-" not in text and "\n+" not in text and "\n@" not in text
     rows = store.read_grades(tmp_path / "grades.csv")
     assert [r["student"] for r in rows] == names
-    assert rows[0]["message"] == "=HYPERLINK(\"x\") line 2"
+    assert rows[0]["message"] == "=HYPERLINK(\"x\") | line 2"
 
 
 @pytest.mark.parametrize("name, ok", [("alice", True), ("=bob", True), ("__MACOSX", False), (".hidden", False),

@@ -79,7 +79,8 @@ class PartialCredit(AssertionError):
     rows: [{"aspect", "weight", "passed", "message"}]; str() is the failing aspects' messages."""
 
     def __init__(self, earned, total, rows):
-        super().__init__("\n".join(r["message"] for r in rows if not r["passed"]))
+        # One slip can fail several aspects with the same words: say them once.
+        super().__init__("\n".join(dict.fromkeys(r["message"] for r in rows if not r["passed"])))
         self.earned, self.total, self.rows = earned, total, rows
 
 
