@@ -176,7 +176,11 @@ class Subject:
             if error.is_a("NotImplementedError"):  # ends the check whatever it catches: not written yet
                 raise AssertionError(NOT_IMPLEMENTED)
             raise error
-        return wire.decode(reply.get("ok"))
+        try:
+            return wire.decode(reply.get("ok"))
+        except wire.WireError as e:  # only code in the student's process could have sent it
+            raise AssertionError(f"the reply from your notebook's process was not plain data ({e}): "
+                                 "does your code change the grader's server?") from None
 
     def _call_request(self, target, args, kwargs, **extra):
         return {"op": "call", "target": _target(target), "args": [wire.encode_plain(a) for a in args],
@@ -190,8 +194,11 @@ class Subject:
         """(result, ops): call(), plus every tensor op the call ran, as [name, first input's shape,
         [floating outputs' shapes]] (see sandbox.server.OpLog). The log is recorded next to the
         student's code, so it may be forged: use it to explain a mistake, never to award points."""
-        result, ops = self._request(self._call_request(target, args, kwargs, trace=True))
-        return result, ops
+        reply = self._request(self._call_request(target, args, kwargs, trace=True))
+        if not (isinstance(reply, tuple) and len(reply) == 2):
+            raise AssertionError("the reply from your notebook's process was not a traced result: "
+                                 "does your code change the grader's server?")
+        return reply
 
     def call_bounded(self, memory_mb, target, *args, **kwargs):
         """call() in a forked process that may allocate at most memory_mb MiB more (a hard rlimit the

@@ -79,6 +79,8 @@ def decode(obj, depth=0):
     if tag in ("tensor", "ndarray", "npscalar"):
         return _decode_array(obj)
     if tag == "tuple":
+        if not isinstance(obj.get("items"), list):
+            raise WireError("bad tuple")
         return tuple(decode(obj["items"], depth + 1))
     if tag == "dict":
         items = obj.get("items")
@@ -111,7 +113,10 @@ def _decode_array(obj):
         raise WireError("bad shape")
     if not isinstance(data, str):
         raise WireError("bad array data")
-    raw = base64.b64decode(data.encode("ascii"), validate=True)
+    try:
+        raw = base64.b64decode(data.encode("ascii"), validate=True)
+    except ValueError:  # binascii.Error, UnicodeEncodeError
+        raise WireError("bad array data") from None
     if len(raw) != math.prod(shape) * np.dtype(wire_dtype).itemsize:
         raise WireError("array data does not match its shape")
     arr = np.frombuffer(raw, dtype=wire_dtype).reshape(shape).copy()
