@@ -97,8 +97,12 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.command == "release":
         from autograder.release import release
-        for path in release(args.out, args.lesson):
-            print(path)
+        try:
+            for path in release(args.out, args.lesson):
+                print(path)
+        except OSError as e:
+            print(f"error: cannot write the student copies to {args.out}: {e.strerror or e}", file=sys.stderr)
+            return 2
     elif args.command in ("grade", "merge", "manifest"):
         return _grade_or_merge(args)
     elif args.command in ("collect", "export", "report"):

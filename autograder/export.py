@@ -123,6 +123,11 @@ def parse_deadlines(specs, lessons, zone):
         if not sep or lesson not in lessons:
             raise ExportError(f"--deadline takes LESSON=ISO8601 with a lesson of these results "
                               f"({', '.join(lessons)}); got {spec!r}")
+        if "T" not in when.strip().upper().replace(" ", "T"):  # a date alone would mean its first second
+            raise ExportError(f"--deadline {spec!r}: give the time too (e.g. {when.strip()}T23:59:00), "
+                              "a date alone would mean midnight at its start")
+        if lesson in deadlines:
+            raise ExportError(f"--deadline given twice for {lesson}")
         try:
             moment = datetime.fromisoformat(when.strip())
         except ValueError:

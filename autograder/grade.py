@@ -112,6 +112,10 @@ def find_students(submissions, anomalies):
     if not students:
         raise GradeError(f"no student folders in {submissions} "
                          f"(expected {submissions}/<student>/<lesson>/<lesson>.ipynb)")
+    lessons = sorted(set(students) & set(LESSONS))
+    if lessons:  # one student's folder, or a release: grading it would add "students" named after lessons
+        raise GradeError(f"{submissions} holds lesson folders ({', '.join(lessons)}), not student folders: "
+                         f"give the folder above them, SUBMISSIONS/<student>/<lesson>/<lesson>.ipynb")
     return students
 
 

@@ -136,11 +136,12 @@ def test_late_penalties(term, capsys):
     (["--format", "canvas"], "needs --roster"),
     (["--format", "csv", "--deadline", "01_attention=next friday", "--late-policy", "10%/day"], "not an ISO 8601"),
     (["--format", "csv", "--deadline", "09_nope=2025-10-01", "--late-policy", "10%/day"], "LESSON=ISO8601"),
-    (["--format", "csv", "--deadline", "01_attention=2025-10-01", "--late-policy", "lots"], "--late-policy takes"),
-    (["--format", "csv", "--deadline", "01_attention=2025-10-01"], "need both"),
+    (["--format", "csv", "--deadline", "01_attention=2025-10-01T23:59", "--late-policy", "lots"], "--late-policy takes"),
+    (["--format", "csv", "--deadline", "01_attention=2025-10-01T23:59"], "need both"),
+    (["--format", "csv", "--deadline", "01_attention=2025-10-01", "--late-policy", "10%/day"], "give the time too"),
     (["--format", "canvas", "--roster", "roster.csv", "--canvas-gradebook", "roster.csv"], "not a gradebook exported"),
 ], ids=["format", "unreadable-roster", "duplicate-id", "no-roster", "bad-deadline", "unknown-lesson", "bad-policy",
-        "policy-missing", "not-a-gradebook"])
+        "policy-missing", "date-only", "not-a-gradebook"])
 def test_bad_input_is_one_line_and_exit_2(term, capsys, monkeypatch, extra, message):
     monkeypatch.chdir(term)
     (term / "dup.csv").write_text("student,lms_id\nalice,1\nalice,2\n")
