@@ -13,13 +13,16 @@ import contextlib
 import importlib
 import json
 import re
+import resource
 import warnings
 import zlib
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from autograder.sandbox import wire
+from autograder.sandbox.runner import vm_size
 from autograder.sandbox.server import ObjectServer
 from autograder.sandbox.wire import Array, Handle
 
@@ -124,6 +127,8 @@ class OverBudget(Exception):
     """A bounded call (Subject.call_bounded) ran past its memory bound and was killed."""
 
 
+# Sent with each isolate request, never kept in the sandbox: they are lessons' answers.
+STAND_INS = (Path(__file__).parent / "stand_ins.py").read_text(encoding="utf-8")
 NOT_IMPLEMENTED = "not implemented yet: replace `raise NotImplementedError()` with your code"
 MAX_STUDENT_MESSAGE = 300
 # Numbers and array reprs in a student's exception message may be the hidden inputs.
@@ -200,11 +205,33 @@ class Subject:
                                  "does your code change the grader's server?")
         return reply
 
+    @contextlib.contextmanager
+    def memory_bound(self, memory_mb):
+        """A block in which every call may allocate at most memory_mb MiB more than the student's
+        process maps at its start, and (in the sandbox) start no process: a hard limit set from
+        outside that process by the sandbox's worker (runner.bound()), after it killed every other
+        process of the sandbox. The limit cannot be lifted, so the grader ends that process after
+        the block: handles from before or inside it are gone, and the next request runs the cells
+        again. In-process (LocalSubject) the soft limit of this process is lowered for the block.
+        A call that runs out raises OverBudget or comes back as a StudentError (MemoryError, or
+        torch's "can't allocate memory"). One bound per block (no nesting).
+        Known limit: memory allocated before the block and freed inside it (a cell that keeps a big
+        array and frees it during the call) is headroom; the worker refuses the bound (an
+        AssertionError with its reason) when the process already maps more than
+        runner.BOUND_MARGIN_MB beyond a fresh one."""
+        reply = self._transport({"op": "bound", "mb": int(memory_mb)})
+        if isinstance(reply, dict) and "refused" in reply:
+            self._transport({"op": "unbound"})
+            raise AssertionError(f"your code's memory could not be checked: {reply['refused']}")
+        try:
+            yield
+        finally:
+            self._transport({"op": "unbound"})
+
     def call_bounded(self, memory_mb, target, *args, **kwargs):
-        """call() in a forked process that may allocate at most memory_mb MiB more (a hard rlimit the
-        student's code cannot lift) and may start no process; its state changes are discarded.
-        Raises OverBudget when it was killed; a MemoryError inside comes back as a StudentError."""
-        return self._request(self._call_request(target, args, kwargs, bound_mb=int(memory_mb)))
+        """call() alone in a memory_bound(memory_mb) block."""
+        with self.memory_bound(memory_mb):
+            return self.call(target, *args, **kwargs)
 
     def call_with_callbacks(self, handler, target, *args, **kwargs):
         """call(), during which code next to the student's (sandbox.helpers) may ask this process
@@ -251,7 +278,7 @@ class Subject:
 
     def isolate(self, names):
         """Until restore(), the notebook's `names` are correct helpers (Check.isolate)."""
-        return self._request({"op": "isolate", "names": list(names)})
+        return self._request({"op": "isolate", "names": list(names), "source": STAND_INS})
 
     def restore(self):
         return self._request({"op": "restore"})
@@ -276,12 +303,33 @@ class LocalSubject(Subject):
         roundtrip = lambda msg: json.loads(wire.dumps(msg))  # noqa: E731
 
         def transport(request, callback=None):
+            if request.get("op") in ("bound", "unbound"):
+                return _local_bound(request)
             server.channel = (lambda payload: roundtrip(wire.encode_plain(callback(wire.decode(roundtrip(payload))))))\
                 if callback else None
             return roundtrip(server.handle(roundtrip(request)))
 
         sources = namespace.get("In") or namespace.get("__cell_sources__") or ()
         super().__init__(transport, seed_text, [c for c in sources if isinstance(c, str)])
+
+
+_SOFT_AS = []  # the soft address-space limit before an in-process memory bound, to restore after it
+
+
+def _local_bound(request):
+    """LocalSubject's memory_bound: this process's soft address-space limit, lowered to what it maps
+    now plus mb MiB for the block and restored after it (never the hard limit: no trust is needed here)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if request["op"] == "unbound":
+        if _SOFT_AS:
+            resource.setrlimit(resource.RLIMIT_AS, (_SOFT_AS.pop(), hard))
+        return {"ok": None}
+    if _SOFT_AS:
+        raise RuntimeError("memory bounds do not nest")
+    limit = vm_size() + int(request["mb"]) * 2**20
+    _SOFT_AS.append(soft)
+    resource.setrlimit(resource.RLIMIT_AS, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))
+    return {"ok": None}
 
 
 def verify(lesson, name, namespace):
@@ -313,8 +361,16 @@ def call_within_memory(s, memory_mb, message, target, *args, **kwargs):
     """s.call_bounded(memory_mb, target, ...); running out of memory there fails with `message` (what
     the answer must have materialised). Size the case so that the wrong layout needs one allocation
     well above memory_mb: memory the process already holds is not counted again."""
+    with within_memory(s, memory_mb, message):
+        return s.call(target, *args, **kwargs)
+
+
+@contextlib.contextmanager
+def within_memory(s, memory_mb, message):
+    """A block of calls in s.memory_bound(memory_mb); running out of memory there fails with `message`."""
     try:
-        return s.call_bounded(memory_mb, target, *args, **kwargs)
+        with s.memory_bound(memory_mb):
+            yield
     except OverBudget:
         fail(message)
     except StudentError as e:

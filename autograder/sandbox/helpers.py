@@ -2,9 +2,6 @@
 without depending on the student's other answers (a correct cache for attend_with_cache, a
 stand-in model for generate, ...). Nothing here is a lesson's answer.
 """
-import math
-
-import numpy as np
 import torch
 from torch import nn
 
@@ -67,18 +64,6 @@ class ListLatentCache:
         return 0 if self.c is None else self.c.size(1)
 
 
-def stream_positions(cache, batch_size, n_kv_heads, head_dim, steps, chunk):
-    """Feed `steps` updates of `chunk` new positions through a key/value cache (lesson 08: a
-    RollingKVCache whose memory must not grow); position t's keys are all t, its values -t.
-    Returns what the last update returned."""
-    out = None
-    for i in range(steps):
-        t = torch.arange(i * chunk, (i + 1) * chunk, dtype=torch.float32)
-        k = t.view(1, 1, chunk, 1).expand(batch_size, n_kv_heads, chunk, head_dim).contiguous()
-        out = cache.update(k, -k)
-    return out
-
-
 class HostDecoder(nn.Module):
     """A stand-in language model for checking generate(), with the Decoder's interface. It holds
     no weights and no state: each forward sends its ids and its caches' numbers to the grader
@@ -116,70 +101,11 @@ def _ask_grader(payload):
     return reply
 
 
-# Correct stand-ins for answers that other answers call (see autograder.checks.Check.isolate).
-
-def softmax(x, axis=-1):
-    x = np.asarray(x)
-    shifted = x - x.max(axis=axis, keepdims=True)
-    return np.exp(shifted - np.log(np.exp(shifted).sum(axis=axis, keepdims=True)))
-
-
-def split_heads(x, n_heads):
-    if x.size(-1) % n_heads:
-        raise ValueError(f"d_model={x.size(-1)} is not divisible by n_heads={n_heads}")
-    return x.unflatten(-1, (n_heads, x.size(-1) // n_heads)).permute(0, 2, 1, 3)
-
-
-def attention(q, k, v, mask=None):
-    scores = torch.einsum("...qd,...kd->...qk", q, k) * (1.0 / math.sqrt(q.shape[-1]))
-    if mask is not None:
-        scores = torch.where(mask, scores, torch.tensor(float("-inf"), dtype=scores.dtype))
-    weights = scores.softmax(dim=-1)
-    return torch.einsum("...qk,...kd->...qd", weights, v), weights
-
-
-def repeat_kv(x, n_rep):
-    return torch.repeat_interleave(x, n_rep, dim=1)
-
-
-class GroupedQueryAttention(nn.Module):
-    """Only what mha_to_gqa builds: the projections and sizes."""
-
-    def __init__(self, d_model, n_heads, n_kv_heads, bias=False):
-        super().__init__()
-        self.d_model, self.n_heads, self.n_kv_heads = d_model, n_heads, n_kv_heads
-        self.head_dim = d_model // n_heads
-        kv = n_kv_heads * self.head_dim
-        self.q_proj, self.out_proj = nn.Linear(d_model, d_model, bias), nn.Linear(d_model, d_model, bias)
-        self.k_proj, self.v_proj = nn.Linear(d_model, kv, bias), nn.Linear(d_model, kv, bias)
-
-
-def concat_and_project(heads, w_o):
-    B, H, T, Dh = heads.shape
-    return heads.permute(0, 2, 1, 3).reshape(B, T, H * Dh) @ w_o
-
-
-class MultiHeadAttention(nn.Module):
-    """Only what mha_param_count may build: the projections and sizes."""
-
-    def __init__(self, d_model, n_heads, bias=True):
-        super().__init__()
-        if d_model % n_heads:
-            raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
-        self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
-        for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
-            setattr(self, name, nn.Linear(d_model, d_model, bias=bias))
-
-
-ISOLATED = {f.__name__: f for f in (softmax, split_heads, attention, repeat_kv, GroupedQueryAttention,
-                                    concat_and_project, MultiHeadAttention)}
-
 HELPERS = {
     "torch_mha": torch_mha,
     "AttentionShell": AttentionShell,
     "ListCache": ListCache,
     "HostDecoder": HostDecoder,
     "ListLatentCache": ListLatentCache,
-    "stream_positions": stream_positions,
     "len": len,
 }

@@ -37,6 +37,15 @@ def softmax(x, axis=-1):
 def softmax(x, axis=-1):
     raise ValueError("softmax is not ready")
 '''),
+        ("borrows the grader's stand-in softmax", "sum to 1", '''
+import sys
+def softmax(x, axis=-1):
+    for module in ("sandbox.helpers", "autograder.sandbox.helpers", "autograder.checks.stand_ins"):
+        found = getattr(sys.modules.get(module), "softmax", None)
+        if found is not None:
+            return found(x, axis)
+    return x
+'''),
     ],
     "causal_mask": [
         ("top-left alignment", "top-left", '''
