@@ -348,17 +348,21 @@ class Sandbox:
             theirs.close()
         return ours
 
-    def reap(self):
-        """Before a bounded call: the worker kills every process of the sandbox but itself and the
-        serving child, from its own list (daemons the submission started would run outside the bound)."""
+    def bound(self, mb):
+        """Before a bounded block of calls: the worker kills every process of the sandbox but itself
+        and the serving child, then lowers the child's address-space limit (soft and hard, from
+        outside the child: nothing in the student's process takes part) to what it maps now plus
+        mb MiB, and its process limit to none. Returns None, or why it was refused (a student's
+        process that already holds too much, see runner.bound())."""
         try:
-            self.ctl.send(json.dumps({"op": "reap"}).encode())
+            self.ctl.send(json.dumps({"op": "bound", "mb": int(mb)}).encode())
         except OSError as e:
             raise SandboxError(f"the sandbox stopped answering: {e}") from None
         reply = self._recv(30)
-        if reply is None or reply["op"] != "reaped":
+        if reply is None or reply["op"] not in ("bounded", "refused"):
             self.close()
             raise SandboxError("the sandbox stopped answering")
+        return str(reply.get("why"))[:500] if reply["op"] == "refused" else None
 
     def stop_child(self, data):
         """Make sure the current child is gone and the worker is clean again."""
@@ -411,6 +415,7 @@ class Session:
         self.skipped = {}  # cell index -> why it was skipped
         self.cell_errors = {}  # cell index -> error description
         self.data = None
+        self.bounded = False  # inside Subject.memory_bound: the child runs under a memory bound
         self.starts = 0
         self.deadline = time.monotonic() + sandbox.limits["notebook_seconds"]
         # What the grader parses from the sandbox is capped (its own memory); tests may lift it.
@@ -487,11 +492,13 @@ class Session:
         student's exception), over_budget, or unchecked when the code could not be run to the end
         (a hang, the process ended, a malformed reply); the child is restarted next time.
         callback: the handler of the call's host_callback frames (Subject.call_with_callbacks)."""
+        if request.get("op") in ("bound", "unbound"):
+            return self._bound(request)
         if self.data is None:
+            if self.bounded:  # the child ended inside a bounded block: its calls stay unchecked
+                return {"over_budget": "the process ended inside the memory bound"}
             self.open()
         try:
-            if request.get("bound_mb") is not None:
-                self.sandbox.reap()
             wire.send_frame(self.data, request)
             for _ in range(MAX_CALLBACKS + 1):
                 reply = self._recv(self.sandbox.limits["call_seconds"])
@@ -519,8 +526,28 @@ class Session:
             return {"unchecked": f"your code could not be checked: its process sent {str(e)[:200]}"}
         except (Died, OSError):
             self.close()
+            if self.bounded:
+                return {"over_budget": "the call ran past its memory bound and its process ended"}
             return {"unchecked": "your code ended the Python process (os._exit, sys.exit in a thread, "
                                  "a crash, or a memory or CPU limit)"}
+
+    def _bound(self, request):
+        """The host's part of Subject.memory_bound: {"op": "bound", "mb": N} has the worker bound the
+        serving child (Sandbox.bound); {"op": "unbound"} ends that child (its limit cannot be lifted),
+        so the next request runs the cells again in a fresh one. Never forwarded to the child."""
+        if request["op"] == "unbound":
+            if self.bounded and self.data is not None:
+                self.close()
+                self.starts -= 1  # a restart the grader asked for, not a crash of the notebook
+            self.bounded = False
+            return {"ok": None}
+        if self.data is None:
+            self.open()
+        why = self.sandbox.bound(request["mb"])
+        if why:
+            return {"refused": why}
+        self.bounded = True
+        return {"ok": None}
 
     def _reply(self, reply):
         """A reply frame, validated: exactly one known key, and an error that is plain data."""

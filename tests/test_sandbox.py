@@ -8,8 +8,13 @@ from types import SimpleNamespace
 
 import pytest
 
+from autograder import notebook as nbk
+from autograder.checks import PartialCredit, Subject, checks_for
+from autograder.grade import submission_cells
+from autograder.release import release
 from autograder.sandbox import runner, wire
 from autograder.worker import Malformed, Sandbox, Session, SandboxError, choose_mode
+from tests.lessons import fill
 
 
 def test_frames_are_capped_before_they_are_parsed():
@@ -74,6 +79,8 @@ if daemon == 0:  # a daemon, which could work for a bounded call outside its bou
     time.sleep(600)
     os._exit(0)
 
+me = os.getpid
+
 def processes():  # the daemon, and the live processes this one can see
     return daemon, sorted(int(p) for p in os.listdir("/proc") if p.isdigit()
                           and open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0] != "Z")
@@ -118,9 +125,47 @@ def test_callbacks_are_answered_by_the_host(session):
 def test_a_bounded_call_runs_with_no_other_process_of_the_sandbox(session):
     session.close()
     daemon, before = wire.decode(session.transport(call("processes"))["ok"])
-    _, during = wire.decode(session.transport(call("processes", bound_mb=256))["ok"])
+    assert session.transport({"op": "bound", "mb": 256}) == {"ok": None}
+    _, during = wire.decode(session.transport(call("processes"))["ok"])
+    bounded = session.transport(call("me"))["ok"]
+    assert session.transport({"op": "unbound"}) == {"ok": None}
     assert daemon in before and daemon not in during, (daemon, before, during)
-    assert len(set(during) - set(before)) == 1  # the bounded call's own process
+    assert set(during) < set(before)  # the serving process itself, bounded: no process of its own
+    assert session.transport(call("me"))["ok"] != bounded  # a fresh one after the bound, which cannot be lifted
+
+
+@pytest.mark.slow
+def test_a_memory_bound_holds_against_the_students_own_process(session, tmp_path):
+    """The bound is set from outside: a notebook that disables setrlimit and fork in its own process
+    still runs out (a tiled flash_attention of lesson 06 that materialises every score loses "tiled")."""
+    lesson = "06_gpu"
+    release(tmp_path, [lesson])
+    nb = fill(nbk.read(tmp_path / lesson / f"{lesson}.ipynb"), lesson, {"flash_attention": UNBOUNDED_FLASH})
+    sandbox = Sandbox(session.sandbox.mode)  # the grader's own limits
+    attacker = Session(sandbox, lesson, submission_cells(nb)[0])
+    try:
+        with pytest.raises(PartialCredit) as failed:
+            checks_for(lesson)["flash_attention"](Subject(attacker.transport))
+    finally:
+        attacker.close()
+        sandbox.close()
+    assert [r["aspect"] for r in failed.value.rows if not r["passed"]] == ["tiled"], failed.value.rows
+
+
+UNBOUNDED_FLASH = """
+import os, resource
+resource.setrlimit = resource.prlimit = lambda *a, **k: None  # the bound must not be set in this process
+os.fork = lambda: 0
+
+def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):
+    check_attention_inputs(q, k, v)  # every score at once: correct values, no tiles
+    Tq, Tk = q.size(2), k.size(2)
+    acc = torch.promote_types(q.dtype, torch.float32)
+    s = (q.to(acc) @ k.to(acc).transpose(-2, -1)) / math.sqrt(q.size(-1))
+    if causal:
+        s = s.masked_fill(~torch.ones(Tq, Tk, dtype=torch.bool).tril(Tk - Tq), float("-inf"))
+    return (s.softmax(-1) @ v.to(acc)).to(q.dtype)
+"""
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the uid mode's clean-up runs as root")

@@ -165,6 +165,7 @@ class Subject:
         self.rng = np.random.default_rng(zlib.crc32(seed_text.encode()))
         self.sources = [str(c) for c in sources]
         self._aspects = None
+        self._isolated = ()  # the names isolate() replaced, until restore()
 
     def _request(self, request, callback=None):
         reply = self._transport(request, callback=callback) if callback else self._transport(request)
@@ -227,6 +228,8 @@ class Subject:
             yield
         finally:
             self._transport({"op": "unbound"})
+            if self._isolated:  # the fresh process runs the notebook's own names again
+                self.isolate(self._isolated)
 
     def call_bounded(self, memory_mb, target, *args, **kwargs):
         """call() alone in a memory_bound(memory_mb) block."""
@@ -278,9 +281,11 @@ class Subject:
 
     def isolate(self, names):
         """Until restore(), the notebook's `names` are correct helpers (Check.isolate)."""
+        self._isolated = tuple(names)
         return self._request({"op": "isolate", "names": list(names), "source": STAND_INS})
 
     def restore(self):
+        self._isolated = ()
         return self._request({"op": "restore"})
 
 

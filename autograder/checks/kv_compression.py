@@ -1,9 +1,9 @@
 """Hidden checks of lesson 08 (shrinking the cache): sliding_window_mask, RollingKVCache,
 MultiHeadLatentAttention, absorbed_attention.
 
-Evidence the student's code cannot forge: a RollingKVCache streams many updates inside one bounded
-call (Subject.call_bounded: a hard memory limit set outside the student's reach), so a cache whose
-memory grows runs out; absorbed_attention runs once on so many cached latents that one head's keys
+Evidence the student's code cannot forge: the grader streams many updates through a RollingKVCache,
+one call each, inside one memory bound (Subject.memory_bound: a hard limit set from outside the
+student's process), so a cache whose memory grows runs out; absorbed_attention runs once on so many cached latents that one head's keys
 (or values) for every cached position would not fit its memory bound, while the absorbed form does.
 MultiHeadLatentAttention runs with a correct latent cache built next to the student's code
 (helpers.ListLatentCache), absorbed_attention on an AttentionShell holding the five projections.
@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from autograder.checks import (Checks, StudentError, call_within_memory, expect_array, expect_error, expect_int,
-                               expect_int_attributes, fail, kind_of, reference, tensor)
+                               expect_int_attributes, fail, kind_of, reference, tensor, within_memory)
 from autograder.sandbox.wire import Array, DType
 from solutions import kv_compression as ref
 
@@ -166,19 +166,26 @@ STREAM_WINDOW, STREAM_MB = 64, 40  # a correct cache holds 0.5 MiB and makes a f
 
 
 def _expect_fixed_memory(s):
-    cache = s.call("RollingKVCache", STREAM["batch_size"], STREAM_WINDOW, STREAM["n_kv_heads"], STREAM["head_dim"])
+    """The grader streams the updates itself, one call each, all inside one memory bound; position
+    t's keys are all t, its values -t. The cache is gone after the bound (Subject.memory_bound)."""
+    B, Hkv, Dh, chunk = (STREAM[k] for k in ("batch_size", "n_kv_heads", "head_dim", "chunk"))
+    cache = s.call("RollingKVCache", B, STREAM_WINDOW, Hkv, Dh)
     message = ("RollingKVCache ran out of memory while streaming many updates through a small window: its memory "
                "grows with the number of positions seen. Between calls keep only the last window positions "
                "(buffers of shape (B, Hkv, window, Dh)), never every position seen")
-    got = call_within_memory(s, STREAM_MB, message, {"helper": "stream_positions"}, cache, **STREAM)
-    seen = STREAM["steps"] * STREAM["chunk"]
-    positions = np.array(_ctx(seen - STREAM["chunk"], STREAM_WINDOW, STREAM["chunk"]), np.float32)
-    want = np.broadcast_to(positions[None, None, :, None], (1, 1, len(positions), STREAM["head_dim"]))
+    with within_memory(s, STREAM_MB, message):
+        for i in range(STREAM["steps"]):
+            k = np.ascontiguousarray(np.broadcast_to(
+                np.arange(i * chunk, (i + 1) * chunk, dtype=np.float32)[None, None, :, None], (B, Hkv, chunk, Dh)))
+            got = s.call((cache, "update"), tensor(k), tensor(-k))
+    positions = np.array(_ctx((STREAM["steps"] - 1) * chunk, STREAM_WINDOW, chunk), np.float32)
+    want = np.broadcast_to(positions[None, None, :, None], (B, Hkv, len(positions), Dh))
     if not isinstance(got, (tuple, list)) or len(got) != 2:
         fail("update(k, v) should return a pair (k_ctx, v_ctx)")
-    expect_array(got[0], reference(torch.from_numpy(np.ascontiguousarray(want))),
-                 "the keys update returned after many updates", axes=("B", "Hkv", "T", "Dh"),
-                 hint="the last min(window, len(cache)) positions seen before the call, then the new ones")
+    for part, sign, name in ((got[0], 1, "keys"), (got[1], -1, "values")):
+        expect_array(part, reference(torch.from_numpy(np.ascontiguousarray(sign * want))),
+                     f"the {name} update returned after many updates", axes=("B", "Hkv", "T", "Dh"),
+                     hint="the last min(window, len(cache)) positions seen before the call, then the new ones")
 
 
 @CHECKS.add("RollingKVCache", aspects={"before the window fills": 3, "after the window fills": 2,

@@ -18,8 +18,8 @@ with its own size-limited /dev/shm where the kernel allows one (see isolate()).
 --unprotected (tests only) leaves all that out, to show that the attacks it stops are real.
 
 Control messages (JSON over a SOCK_SEQPACKET socket) from the grader: start (with the data
-socket attached), reap (kill every process of the sandbox but the worker and the child) and
-kill; the worker answers ready, reaped, and exited after each child.
+socket attached), bound (see bound()) and kill; the worker answers ready, bounded or refused,
+and exited after each child.
 """
 import ctypes
 import hashlib
@@ -51,6 +51,9 @@ MS_NOSUID, MS_NODEV, MS_REC, MS_PRIVATE = 2, 4, 0x4000, 1 << 18
 # sockets only: the network, in the uid mode, which has no network namespace.
 SECCOMP_ARCH = {"x86_64": (0xC000003E, 41, 101, 310, 311, 438), "aarch64": (0xC00000B7, 198, 117, 270, 271, 438)}
 AF_INET, AF_INET6, AF_PACKET = 2, 10, 17
+# A child that maps more than this beyond the fresh worker is refused a memory bound (see bound()):
+# an honest lesson 06 or 08 notebook adds about 6 MiB (its cells run, in the none mode).
+BOUND_MARGIN_MB = 512
 
 
 def _check(ret, what):
@@ -172,7 +175,7 @@ class Sink:
 
 def set_limits(limits):
     mb = 2**20
-    vm = int(open("/proc/self/status").read().split("VmSize:")[1].split()[0]) * 1024
+    vm = vm_size()
     # The address space already mapped (torch's libraries) plus the memory budget.
     for rlimit, value in ((resource.RLIMIT_AS, vm + limits["memory_mb"] * mb),
                           (resource.RLIMIT_CPU, limits["cpu_seconds"]),
@@ -252,9 +255,37 @@ def wipe(places):
                 pass
 
 
+def vm_size(pid="self"):
+    """A process's mapped address space (VmSize), in bytes."""
+    with open(f"/proc/{pid}/status") as f:
+        return int(next(line for line in f if line.startswith("VmSize:")).split()[1]) * 1024
+
+
+def bound(pid, mb, opts):
+    """Before a bounded block of calls: kill every other process of the sandbox (daemons would work
+    outside the bound), then, from here, outside the child's reach, lower its address-space limit
+    (soft and hard: it has no CAP_SYS_RESOURCE to raise it again) to what it maps now plus mb MiB,
+    and its process limit to none (a process of its own would get a bound of its own). Irreversible:
+    the grader ends the child after the block. Refused when the child already maps more than
+    BOUND_MARGIN_MB beyond the pristine worker: memory it frees inside the block would be headroom.
+    Returns the reply for the grader."""
+    reap(opts, keep=(pid,))
+    try:
+        vm = vm_size(pid)
+        if vm > opts["pristine_vm"] + BOUND_MARGIN_MB * 2**20:
+            return {"op": "refused", "why": f"your notebook's process already holds {vm >> 20} MiB, more than "
+                                            f"{BOUND_MARGIN_MB} MiB above a fresh one: free large arrays your "
+                                            "cells keep at top level, so its memory can be measured"}
+        resource.prlimit(pid, resource.RLIMIT_AS, (vm + mb * 2**20,) * 2)
+        resource.prlimit(pid, resource.RLIMIT_NPROC, (0, 0))
+    except (OSError, StopIteration, ValueError):
+        return {"op": "refused", "why": "your notebook's process ended before its memory could be bounded"}
+    return {"op": "bounded"}
+
+
 def supervise(ctl, pid, opts):
-    """Wait for the child, killing it when the grader says so, and the rest of the sandbox when a
-    bounded call is about to run (see reap()); returns its wait status."""
+    """Wait for the child, killing it when the grader says so, and bounding its memory (bound());
+    returns its wait status."""
     while True:
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
@@ -262,10 +293,10 @@ def supervise(ctl, pid, opts):
         ready, _, _ = select.select([ctl], [], [], 0.02)
         if ready:
             msg = ctl.recv(65536)
-            op = json.loads(msg).get("op") if msg else None
-            if op == "reap":
-                reap(opts, keep=(pid,))
-                ctl.send(json.dumps({"op": "reaped"}).encode())
+            request = json.loads(msg) if msg else {}
+            op = request.get("op")
+            if op == "bound":
+                ctl.send(json.dumps(bound(pid, int(request["mb"]), opts)).encode())
             elif op == "kill" or not msg:
                 os.killpg(pid, signal.SIGKILL)
                 if not msg:
@@ -344,6 +375,7 @@ def main():
         _check(LIBC.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "not dumpable")
         opts["seccomp"] = seccomp_program()
     shell = preload()
+    opts["pristine_vm"] = vm_size()
     pristine = fingerprint(shell) if opts["protect"] else None
     ctl.send(json.dumps({"op": "ready"}).encode())
     while True:
