@@ -152,6 +152,20 @@ def test_a_memory_bound_holds_against_the_students_own_process(session, tmp_path
     assert [r["aspect"] for r in failed.value.rows if not r["passed"]] == ["tiled"], failed.value.rows
 
 
+
+@pytest.mark.slow
+def test_a_memory_bound_is_refused_to_a_process_that_already_holds_much(session):
+    """Memory mapped before the bound and freed inside it would be headroom: past the margin, no bound."""
+    sandbox = Sandbox(session.sandbox.mode)  # memory for more than the margin
+    holder = Session(sandbox, "01_attention", [f"import mmap\nkeep = mmap.mmap(-1, {runner.BOUND_MARGIN_MB + 64} << 20)"])
+    try:
+        assert "free large arrays" in holder.transport({"op": "bound", "mb": 64})["refused"]
+        assert holder.transport({"op": "unbound"}) == {"ok": None}
+    finally:
+        holder.close()
+        sandbox.close()
+
+
 UNBOUNDED_FLASH = """
 import os, resource
 resource.setrlimit = resource.prlimit = lambda *a, **k: None  # the bound must not be set in this process
