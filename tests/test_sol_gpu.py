@@ -212,12 +212,46 @@ TRITON_IMITATIONS = {  # what each must be refused for (a word of the reason)
     "another tensor returned": ("def triton_attention(q, k, v, causal=False):\n    out = torch.empty_like(q)\n"
                                 "    _attention_kernel[(1,)](q, k, v, out)\n    return q\n", "buffer"),
     "torch in the kernel": ("@triton.jit\ndef _attention_kernel(Q):\n    x = torch.softmax(Q, -1)\n", "torch"),
+    # Each name the rules trust is bound once, at any nesting, by any means; the cells are read as IPython runs them.
+    "the wrapper redefined under if": ("if True:\n    def triton_attention(q, k, v, causal=False):\n"
+                                       "        return flash_attention(q, k, v, causal)\n", "defined once"),
+    "the wrapper bound by import-as": ("from os import getcwd as triton_attention\n", "defined once"),
+    "the wrapper deleted": ("del triton_attention\n", "defined once"),
+    "the kernel bound by a walrus": ("(_attention_kernel := None)\n", "rebound"),
+    "tl bound by a for loop": ("for tl in []:\n    pass\n", "`tl`"),
+    "torch bound by with-as": ("with open('x') as torch:\n    pass\n", "`torch`"),
+    "triton imported twice": ("import triton\n", "`triton`"),
+    "a builtin bound in a function": ("def helper():\n    max = 1\n", "`max`"),
+    "a stand-in outside the setup's except": ("triton = SimpleNamespace(jit=lambda fn: fn)\n", "`triton`"),
+    "a line magic": ("_ = %env\n", "get_ipython"),
+    "a cell magic hiding code": ("%%capture\ndef triton_attention(q, k, v, causal=False):\n    return q\n",
+                                 "get_ipython"),
+    "a cell that does not parse": ("def f(:\n    pass\n", "does not parse"),
+    "a decorator on the wrapper": ("def _use_torch(fn):\n    return fn\n\n@_use_torch\n"
+                                   "def triton_attention(q, k, v, causal=False):\n    return q\n", "decorated"),
+    "a home-made jit": ("def jit(fn):\n    return fn\n\n@jit\ndef _attention_kernel(Q):\n    pass\n", "@triton.jit"),
 }
+
 
 
 def _lesson_cells():
     from autograder import notebook as nbk
     return [nbk.source(c) for c in nbk.code_cells(nbk.read(nbk.lesson_path("06_gpu")))]
+
+
+def _cells_with(code):
+    """The lesson's cells with `code` in place of the cell that defines what it defines at the top level
+    (as a student's answer replaces the lesson's), else after them."""
+    import ast
+    try:
+        names = {n.name for n in ast.parse(code).body if isinstance(n, ast.FunctionDef)}
+    except SyntaxError:
+        names = set()
+    cells = _lesson_cells()
+    at = [i for i, c in enumerate(cells) if any(f"\ndef {n}(" in "\n" + c for n in names)]
+    if at:
+        return cells[:at[0]] + [code] + cells[at[0] + 1:]
+    return cells + [code]
 
 
 def test_triton_evidence_accepts_the_lesson_notebook():
@@ -230,8 +264,43 @@ def test_triton_evidence_accepts_the_lesson_notebook():
 def test_triton_evidence_refuses_imitations(what):
     from autograder.checks import triton_evidence
     code, word = TRITON_IMITATIONS[what]
-    found = triton_evidence.problem(_lesson_cells() + [code])
+    found = triton_evidence.problem(_cells_with(code))
     assert found and word in found, found
+
+
+FLASH_IMITATIONS = {  # flash_attention that reaches PyTorch's fused attention, and how
+    "directly": "def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):\n"
+                "    return F.scaled_dot_product_attention(q, k, v)\n",
+    "through a helper": "def _fast(q, k, v):\n    return torch.nn.functional.scaled_dot_product_attention(q, k, v)\n\n"
+                        "def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):\n    return _fast(q, k, v)\n",
+    "through a decorator": "def _fast(fn):\n    return lambda q, k, v, **kw: F.scaled_dot_product_attention(q, k, v)\n\n"
+                           "@_fast\ndef flash_attention(q, k, v, causal=False, block_q=64, block_k=64):\n    return q\n",
+    "through torch.ops": "def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):\n"
+                         "    return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v)[0]\n",
+    "through getattr": "def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):\n"
+                       "    return getattr(F, 'scaled_dot_product' + '_attention')(q, k, v)\n",
+    "imported under another name": "from torch.nn.functional import scaled_dot_product_attention as sdpa\n\n"
+                                   "def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):\n"
+                                   "    return sdpa(q, k, v)\n",
+}
+
+
+def test_flash_evidence_accepts_the_lesson_notebook():
+    from autograder.checks import triton_evidence
+    assert triton_evidence.flash_problem(_lesson_cells()) is None
+
+
+@pytest.mark.parametrize("what", FLASH_IMITATIONS)
+def test_flash_evidence_refuses_fused_attention(what):
+    from autograder.checks import triton_evidence
+    found = triton_evidence.flash_problem(_cells_with(FLASH_IMITATIONS[what]))
+    assert found and "flash_attention reaches" in found, found
+
+
+def test_flash_evidence_refuses_magics_and_unreadable_cells():
+    from autograder.checks import triton_evidence
+    assert "magics" in triton_evidence.flash_problem(_lesson_cells() + ["%%capture\nx = 1\n"])
+    assert "does not parse" in triton_evidence.flash_problem(_lesson_cells() + ["def f(:\n"])
 
 
 def test_without_triton_the_check_is_the_instructors_to_run(monkeypatch):

@@ -8,7 +8,8 @@ the evidence is out of the student's reach:
 - flash_attention "tiled": one call runs under a hard memory bound (Subject.call_bounded) with so
   many keys that a (block_q, Tk) row of scores cannot fit while tiles do;
 - triton_attention "is a Triton kernel": the submission's source cells, parsed on the host
-  (triton_evidence.py), plus correct values at run time;
+  (triton_evidence.py), plus correct values at run time; flash_attention's "tiled" reads the same
+  cells (best effort) for a call to PyTorch's fused attention;
 - online_softmax "one pass" is NOT scored: a second pass over a row leaves no trace that the student's
   code could not erase or fake (a tracer runs next to it; memory and results are the same), so only
   its values earn points. The notebook's demo cell shows the student how their function ran.
@@ -313,6 +314,9 @@ def flash_attention(s):
             mistakes = lambda: _attention_mistakes(q, k, v, causal, [bk], getattr(torch, np.dtype(dtype).name))
             _expect_attention(got, want, what, mistakes, tq, [bq], cond)
     with s.aspect("tiled"):
+        fused = triton_evidence.flash_problem(s.sources) if s.sources else None
+        if fused:
+            fail(f"flash_attention must do the tiling itself, not call PyTorch's fused attention: {fused}")
         _expect_tiled(s, rng)
 
 

@@ -1,17 +1,31 @@
-"""Evidence, read on the host from the submission's source cells, that lesson 06's
-triton_attention is a Triton kernel and not torch code that only looks like one.
+"""Lesson 06's source evidence: read on the host from the submission's code cells, that
+triton_attention is a Triton kernel and not torch code that only looks like one, and that
+flash_attention does not hand the work to PyTorch's fused attention.
 
-Parsed with ast in the grader, never run: the student's code cannot change the verdict. The rules:
+Each cell is turned into Python as IPython runs it (magics become get_ipython() calls), then parsed
+with ast in the grader, never run: the student's code cannot change the verdict. A cell that still
+does not parse, or that uses a magic (whose code hides in a string), is refused, never skipped:
+the grader cannot tell what it defined. The rules for triton_attention:
 
-- the wrapper (the last `def triton_attention`) only prepares and launches: its calls come from a
-  whitelist (allocation, strides and sizes, triton.cdiv, math on scalars, the provided input check)
-  plus `kernel[grid](...)` of a `@triton.jit` function; no loops, no `@` or `**`, no stores into
-  tensors; it returns a buffer it allocated and passed to a launch, unchanged;
+- every name the rules trust (triton_attention, torch, triton, tl, math, the builtins it
+  allows, the provided check_attention_inputs, ...) is bound exactly once in all the cells, at any
+  nesting and by any means (def, class, assignment, import, for, with, walrus, del, global, argument),
+  triton only by `import triton` and tl only by `import triton.language as tl` (plus the lesson's
+  stand-ins when that import fails); the builtins are never bound;
+- the wrapper (one undecorated top-level `def triton_attention`) only prepares and launches: its
+  calls come from a whitelist (allocation, strides and sizes, triton.cdiv, math on scalars, the
+  provided input check) plus `kernel[grid](...)` of a `@triton.jit` function; no loops, no `@` or
+  `**`, no stores into tensors; it returns a buffer it allocated and passed to a launch, unchanged;
 - every `@triton.jit` function it launches (and every one those call) uses only `tl.*` operations,
-  arithmetic and a few builtins (range, min, max, float, int);
+  arithmetic and a few builtins (range, min, max, float, int); each binding of a kernel's name is
+  a top-level def whose only decorator is triton.jit, and each such def is checked (a kernel fixed
+  in a later cell is defined twice; whichever ran last is one of them);
 - nothing in any cell rebinds or patches what the whitelist trusts (torch, triton, tl, math, the
   builtins it allows, the provided check_attention_inputs) or reaches around ast (exec, eval,
   setattr, globals, __dict__, ...).
+
+For flash_attention (best effort): nothing the function can reach by name in the cells calls
+scaled_dot_product_attention, torch.ops' attention kernels, flash_attn, getattr, __import__, eval or exec.
 
 Deliberately obfuscated code could still hide arithmetic in the kernel's arguments; the values are
 checked at run time as well, and the verdict only concerns what this lesson teaches.
@@ -31,14 +45,20 @@ KERNEL_BUILTINS = {"range", "min", "max", "float", "int"}
 KERNEL_METHODS = {"to"}
 TRUSTED_NAMES = {name for name in WRAPPER_CALLS | KERNEL_BUILTINS if "." not in name} | {"range"}
 DYNAMIC = {"exec", "eval", "compile", "setattr", "delattr", "globals", "vars", "locals", "__import__",
-           "__builtins__", "importlib", "ctypes"}
+           "__builtins__", "importlib", "ctypes", "get_ipython"}
 DUNDERS = {"__dict__", "__globals__", "__code__", "__builtins__", "__class__", "__bases__", "__subclasses__",
            "__closure__", "__defaults__", "__kwdefaults__", "__wrapped__", "__self__", "__func__", "__mro__",
            "__getitem__", "__call__", "__setitem__"}
-# How the lesson binds the protected names (the setup cell, with its stand-ins when Triton is missing).
-ALLOWED_BINDINGS = {"import math", "import os", "import sys", "import torch", "import triton",
-                    "import triton.language as tl", "import torch.nn.functional as F", "from torch import nn",
-                    "triton = SimpleNamespace(jit=lambda fn: fn)", "tl = SimpleNamespace(constexpr=None)"}
+# The one statement that may bind each protected name (the lesson's setup cell); the others are never bound.
+ALLOWED_BINDINGS = {"math": "import math", "os": "import os", "sys": "import sys", "torch": "import torch",
+                    "triton": "import triton", "tl": "import triton.language as tl",
+                    "F": "import torch.nn.functional as F", "nn": "from torch import nn",
+                    "SimpleNamespace": "from types import SimpleNamespace"}
+# The setup cell's stand-ins, allowed besides only in `except ImportError` after `import triton` (never run by a
+# grader that has Triton, which is the only grader that runs this check).
+STAND_INS = {"triton = SimpleNamespace(jit=lambda fn: fn)", "tl = SimpleNamespace(constexpr=None)"}
+# What flash_attention must not reach: PyTorch's fused attention, or the means to name it without saying so.
+FUSED_CALLS = {"scaled_dot_product_attention", "getattr", "__import__", "eval", "exec"}
 
 
 def _provided_check():
@@ -68,49 +88,73 @@ def _root(node):
 HIDDEN_TEST_LINE = re.compile(r"^(from autograder\.checks import verify|verify\('06_gpu', '\w+', globals\(\)\))$", re.M)
 
 
-def _parse(sources, drop_hidden_tests=True):
+class Unreadable(ValueError):
+    """A code cell the grader cannot read as Python: what it defined is unknown."""
+
+
+def _python(text):
+    from IPython.core.inputtransformer2 import TransformerManager
+    return TransformerManager().transform_cell(text)
+
+
+def parse_cells(sources, drop_hidden_tests=True):
+    """The syntax tree of each code cell, as IPython runs it; raises Unreadable for a cell that does not parse."""
     trees = []
-    for text in sources:
+    for i, text in enumerate(sources):
         if drop_hidden_tests:
             text = HIDDEN_TEST_LINE.sub("", text)
-        text = re.sub(r"^\s*[%!].*$", "", text, flags=re.M)  # magics never define anything we trust
         try:
-            trees.append(ast.parse(text))
-        except SyntaxError:
-            continue  # a cell that does not parse did not run
-    if drop_hidden_tests and any("verify" in _bound_names(node) for tree in trees for node in ast.walk(tree)):
-        return _parse(sources, drop_hidden_tests=False)  # a `verify` of the student's own could be handed globals()
+            trees.append(ast.parse(_python(text)))
+        except (SyntaxError, ValueError) as e:
+            raise Unreadable(f"code cell {i + 1} does not parse as Python ({getattr(e, 'msg', e)}), so the grader "
+                             "cannot tell what it defined: fix or delete it") from None
+    if drop_hidden_tests and bindings(trees, "verify"):
+        return parse_cells(sources, drop_hidden_tests=False)  # a `verify` of the student's own could be handed globals()
     return trees
 
 
-def _bound_names(node):
-    """Names a statement binds at its level (def, class, assignment targets, imports, for, with)."""
+def _names_bound_by(node):
+    """The names this one node binds (its children not included)."""
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-        return {node.name}
+        return [node.name]
     if isinstance(node, (ast.Import, ast.ImportFrom)):
-        return {(a.asname or a.name).split(".")[0] for a in node.names}
-    targets = []
-    if isinstance(node, ast.Assign):
-        targets = node.targets
-    elif isinstance(node, (ast.AugAssign, ast.AnnAssign, ast.For, ast.AsyncFor)):
-        targets = [node.target]
-    elif isinstance(node, (ast.With, ast.AsyncWith)):
-        targets = [i.optional_vars for i in node.items if i.optional_vars is not None]
-    elif isinstance(node, ast.NamedExpr):
-        targets = [node.target]
-    names = set()
-    for t in targets:
-        names |= {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}
-    return names
+        return [(a.asname or a.name).split(".")[0] for a in node.names]
+    if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+        return [node.id]
+    if isinstance(node, (ast.Global, ast.Nonlocal)):
+        return list(node.names)
+    if isinstance(node, ast.arg):
+        return [node.arg]
+    if isinstance(node, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)) and node.name:
+        return [node.name]
+    if isinstance(node, ast.MatchMapping) and node.rest:
+        return [node.rest]
+    return []
 
 
-def _module_level(body):
-    """The statements of a cell that run at module level (not inside a def, class or lambda)."""
-    for node in body:
-        yield node
-        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            for field in ("body", "orelse", "finalbody", "handlers"):
-                yield from _module_level(getattr(node, field, None) or [])
+def bindings(trees, name):
+    """Every node, at any nesting in any cell, that binds `name`."""
+    return [node for tree in trees for node in ast.walk(tree) if name in _names_bound_by(node)]
+
+
+def _stand_ins(trees):
+    """The targets of the setup cell's stand-ins, where they are allowed: `except ImportError` after `import triton`."""
+    found = set()
+    for node in (n for tree in trees for n in ast.walk(tree)):
+        if isinstance(node, ast.Try) and any(isinstance(b, ast.Import) and ast.unparse(b) == "import triton"
+                                             for b in node.body):
+            for handler in node.handlers:
+                if isinstance(handler.type, ast.Name) and handler.type.id == "ImportError":
+                    found |= {id(t) for st in handler.body if ast.unparse(st) in STAND_INS for t in st.targets}
+    return found
+
+
+def _the_def(trees, name):
+    """The one top-level def that binds `name`, or None when it is bound otherwise or more than once."""
+    found = bindings(trees, name)
+    if len(found) == 1 and isinstance(found[0], ast.FunctionDef) and any(found[0] in t.body for t in trees):
+        return found[0]
+    return None
 
 
 def _global_problems(trees, provided):
@@ -133,25 +177,29 @@ def _global_problems(trees, provided):
                 for t in targets:
                     if isinstance(t, (ast.Attribute, ast.Subscript)) and _root(t) in trusted:
                         return f"your code changes `{_root(t)}`"
-        for node in _module_level(tree.body):
-            names = _bound_names(node) & trusted
-            if names and ast.unparse(node).strip() not in ALLOWED_BINDINGS \
-                    and not (isinstance(node, ast.FunctionDef) and ast.dump(node) == provided):
-                return f"your code redefines `{sorted(names)[0]}`"
+            if isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names):
+                return "your code uses `import *`"
+    stand_ins = _stand_ins(trees)
+    for name in sorted(trusted | set(ALLOWED_BINDINGS)):
+        found = [n for n in bindings(trees, name) if id(n) not in stand_ins]
+        allowed = ALLOWED_BINDINGS.get(name)
+        if name == "check_attention_inputs":
+            ok = len(found) <= 1 and all(ast.dump(n) == provided for n in found)
+        elif name in ("triton", "tl"):
+            ok = len(found) == 1 and ast.unparse(found[0]) == allowed
+        else:
+            ok = len(found) <= (allowed is not None) and all(ast.unparse(n) == allowed for n in found)
+        if not ok:
+            return f"your code redefines `{name}`" + (f" (only `{allowed}` may bind it, once)" if allowed else "")
     return None
 
 
 def _is_jit(fn):
-    for d in fn.decorator_list:
-        d = d.func if isinstance(d, ast.Call) else d
-        if _dotted(d) in ("triton.jit", "jit"):
-            return True
-    return False
-
-
-def _definitions(trees, name):
-    """Every statement that binds `name` at a cell's top level, in order."""
-    return [node for tree in trees for node in tree.body if name in _bound_names(node)]
+    """Its one decorator is triton.jit (or triton.jit(...)): a home-made `jit` proves nothing."""
+    if len(fn.decorator_list) != 1:
+        return False
+    d = fn.decorator_list[0]
+    return _dotted(d.func if isinstance(d, ast.Call) else d) == "triton.jit"
 
 
 def _kernel_problem(name, trees, seen):
@@ -159,10 +207,14 @@ def _kernel_problem(name, trees, seen):
     if name in seen:
         return None
     seen.add(name)
-    defs = _definitions(trees, name)
-    if not defs or not all(isinstance(d, ast.FunctionDef) and _is_jit(d) for d in defs):
-        return f"`{name}` must be a function decorated with @triton.jit (and never rebound)"
-    for node in ast.walk(defs[-1]):
+    # A kernel may be defined again in a later cell (a student fixing it there), so each of its definitions,
+    # all top-level defs, must pass: whichever ran last is one of them.
+    kernels = bindings(trees, name)
+    if not kernels or not all(isinstance(k, ast.FunctionDef) and _is_jit(k) and any(k in t.body for t in trees)
+                              for k in kernels):
+        return (f"`{name}` must be a function at the top level of a cell, decorated with @triton.jit only "
+                "(and never rebound otherwise)")
+    for node in (n for kernel in kernels for n in ast.walk(kernel)):
         if isinstance(node, (ast.Import, ast.ImportFrom, ast.Global, ast.Nonlocal, ast.Lambda, ast.ClassDef)):
             return f"the kernel `{name}` may only use tl.* operations and arithmetic"
         if isinstance(node, ast.Name) and node.id in PROTECTED_MODULES - {"tl", "triton", "math"}:
@@ -187,18 +239,21 @@ def _kernel_problem(name, trees, seen):
 
 def problem(sources):
     """None when the sources show a triton_attention that launches a Triton kernel; else why not."""
-    trees = _parse(sources)
-    defs = _definitions(trees, "triton_attention")
-    if not defs:
+    try:
+        trees = parse_cells(sources)
+    except Unreadable as e:
+        return str(e)
+    if not bindings(trees, "triton_attention"):
         return "no `def triton_attention` was found in your notebook's code cells"
-    if not all(isinstance(d, ast.FunctionDef) for d in defs):
-        return "`triton_attention` must be a function (def), never rebound"
+    wrapper = _the_def(trees, "triton_attention")
+    if wrapper is None:
+        return "`triton_attention` must be one function at the top level of a cell, defined once and never rebound"
+    if wrapper.decorator_list:
+        return "triton_attention must not be decorated: a decorator can replace the function the grader reads"
     found = _global_problems(trees, _provided_check())
     if found:
         return found + ", which the grader cannot trust in a Triton exercise"
-    wrapper = defs[-1]
-    params = {a.arg for a in wrapper.args.args + wrapper.args.kwonlyargs + wrapper.args.posonlyargs}
-    local = params | {n for node in ast.walk(wrapper) if node is not wrapper for n in _bound_names(node)}
+    local = {n for node in ast.walk(wrapper) if node is not wrapper for n in _names_bound_by(node)}
     shadowed = local & (PROTECTED_MODULES | TRUSTED_NAMES | {"check_attention_inputs"})
     if shadowed:
         return f"triton_attention rebinds `{sorted(shadowed)[0]}`, which the grader cannot trust in a Triton exercise"
@@ -247,4 +302,66 @@ def problem(sources):
                               for r in returns):
         return ("triton_attention should return the output buffer it allocated (torch.empty_like) and passed to the "
                 "kernel, as the kernel wrote it")
+    return None
+
+
+def _fused(node):
+    """The name by which this node reaches PyTorch's fused attention (or could, unseen), else None."""
+    if isinstance(node, ast.Name):
+        names = [node.id]
+    elif isinstance(node, ast.Attribute):
+        names = [node.attr]
+        chain = (_dotted(node) or "").split(".")
+        if "attention" in node.attr and ("ops" in chain or "aten" in chain):
+            return _dotted(node)
+    elif isinstance(node, (ast.Import, ast.ImportFrom)):
+        names = [part for a in node.names for part in [*a.name.split("."), a.asname or ""]]
+        names += (node.module or "").split(".") if isinstance(node, ast.ImportFrom) else []
+    else:
+        return None
+    return next((n for n in names if n in FUSED_CALLS or n.startswith("_scaled_dot_product") or "flash_attn" in n),
+                None)
+
+
+def _definers(trees):
+    """{name: the statements (or targets) that bind it} in all the cells, to follow names through."""
+    found = {}
+    for node in (n for tree in trees for n in ast.walk(tree)):
+        if isinstance(node, (ast.For, ast.AsyncFor)):
+            parts = [node.target]  # only what is bound, not the loop's body
+        elif isinstance(node, (ast.With, ast.AsyncWith)):
+            parts = [item for item in node.items if item.optional_vars is not None]
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.NamedExpr, ast.Import, ast.ImportFrom,
+                               ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            parts = [node]
+        else:
+            continue
+        for part in parts:
+            for name in {n for sub in ast.walk(part) for n in _names_bound_by(sub)} - {"_"}:
+                found.setdefault(name, []).append(part)
+    return found
+
+
+def flash_problem(sources):
+    """None unless flash_attention, or anything it reaches by name in the cells, calls fused attention (best effort)."""
+    try:
+        trees = parse_cells(sources)
+    except Unreadable as e:
+        return str(e)
+    if any(isinstance(n, ast.Name) and n.id == "get_ipython" for tree in trees for n in ast.walk(tree)):
+        return "your code cells use magics (%, !), whose code the grader cannot read: remove them from your answers"
+    definers = _definers(trees)
+    todo, seen = list(definers.get("flash_attention", [])), {"flash_attention"}
+    while todo:
+        part = todo.pop()
+        local = set()  # a function's own arguments and variables are not the cells' names of the same spelling
+        if isinstance(part, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            local = {n for node in ast.walk(part) if node is not part for n in _names_bound_by(node)}
+        for node in ast.walk(part):
+            name = _fused(node)
+            if name:
+                return f"flash_attention reaches `{name}`"
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id not in seen | local:
+                seen.add(node.id)
+                todo += definers.get(node.id, [])
     return None

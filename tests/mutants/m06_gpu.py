@@ -13,8 +13,8 @@ _WRAPPER = inspect.getsource(_sol.triton_attention)
 
 
 def _triton(kernel=(), wrapper=()):
-    """The triton_attention answer cell with edits [(old, new)] to the kernel and the wrapper; the
-    edited kernel is defined in the same cell, under the same name."""
+    """The triton_attention answer cell with edits [(old, new)] to the kernel and the wrapper; an
+    edited kernel is defined again in the same cell, under the same name."""
     k, w = _KERNEL, _WRAPPER
     for old, new in kernel:
         assert old in k, f"mutant edit no longer applies to the kernel: {old!r}"
@@ -22,9 +22,16 @@ def _triton(kernel=(), wrapper=()):
     for old, new in wrapper:
         assert old in w, f"mutant edit no longer applies to the wrapper: {old!r}"
         w = w.replace(old, new)
-    return k + "\n\n" + w
+    return (k + "\n\n" + w) if kernel else w
 
 
+# PyTorch's fused attention with the lesson's causal mask: what the imitations really run.
+_SDPA = '''
+def _sdpa(q, k, v, causal):
+    Tq, Tk = q.size(2), k.size(2)
+    mask = torch.ones(Tq, Tk, dtype=torch.bool, device=q.device).tril(Tk - Tq) if causal else None
+    return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask).to(q.dtype)
+'''
 _FLASH_BODY = '''
 def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):
     Tq, Tk = q.size(2), k.size(2)
@@ -215,6 +222,13 @@ def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):
 def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):
     return torch.zeros_like(q)
 '''),
+        ("PyTorch's fused attention, no tiling of its own", "fused attention", '''
+def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):
+    Tq, Tk = q.size(2), k.size(2)
+    mask = torch.ones(Tq, Tk, dtype=torch.bool).tril(Tk - Tq) if causal else None
+    work = torch.promote_types(q.dtype, torch.float32)
+    return F.scaled_dot_product_attention(q.to(work), k.to(work), v.to(work), attn_mask=mask).to(q.dtype)
+'''),
         ("constant: raises ValueError", "ValueError",
          _RAISES.format(sig="flash_attention(q, k, v, causal=False, block_q=64, block_k=64)")),
     ],
@@ -248,6 +262,25 @@ def triton_attention(q, k, v, causal=False):
 '''),
         ("the kernel launched, then its output replaced", "@triton.jit", _triton(wrapper=[
             ("    return out", "    return flash_attention(q, k, v, causal=causal)")])),
+        # A dummy kernel launched while torch does the work. Its other disguises (a decorator on the wrapper, a
+        # second definition under `if`) pass the visible test: test_sol_gpu's imitations test them.
+        ("a home-made jit that launches torch", "@triton.jit", _SDPA + '''
+class _Launch:
+    def __getitem__(self, grid):
+        return lambda q, k, v, out, causal: out.copy_(_sdpa(q, k, v, causal))
+
+def jit(fn):
+    return _Launch()
+
+@jit
+def _dummy_kernel(Q, K, V, O, CAUSAL):
+    pid = tl.program_id(0)
+
+def triton_attention(q, k, v, causal=False):
+    out = torch.empty_like(q)
+    _dummy_kernel[(1,)](q, k, v, out, causal)
+    return out
+'''),
         ("constant: returns zeros", "@triton.jit", '''
 def triton_attention(q, k, v, causal=False):
     return torch.zeros_like(q)
@@ -257,7 +290,9 @@ def triton_attention(q, k, v, causal=False):
 }
 
 # Only the hidden memory bound sees it: the visible test's tracer is switched off on purpose.
-HIDDEN_ONLY = {"the full score matrix, hidden from tracers": "it disables the visible test's tracer on purpose"}
+HIDDEN_ONLY = {"the full score matrix, hidden from tracers": "it disables the visible test's tracer on purpose",
+               "PyTorch's fused attention, no tiling of its own": "torch's fused kernel is tiled itself: only the "
+               "grader's reading of the source cells sees who tiled"}
 
 VARIANTS = {
     "attention_flops": [
