@@ -104,13 +104,29 @@ def parse_cells(sources, drop_hidden_tests=True):
         if drop_hidden_tests:
             text = HIDDEN_TEST_LINE.sub("", text)
         try:
-            trees.append(ast.parse(_python(text)))
+            tree = ast.parse(_python(text))
+            tree.body = [stmt for stmt in tree.body if not _harmless_magic(stmt)]
+            trees.append(tree)
         except (SyntaxError, ValueError) as e:
             raise Unreadable(f"code cell {i + 1} does not parse as Python ({getattr(e, 'msg', e)}), so the grader "
                              "cannot tell what it defined: fix or delete it") from None
     if drop_hidden_tests and bindings(trees, "verify"):
         return parse_cells(sources, drop_hidden_tests=False)  # a `verify` of the student's own could be handed globals()
     return trees
+
+
+# Line magics that run no code of the student's: a cell with `%matplotlib inline` keeps its marks.
+HARMLESS_MAGICS = {"matplotlib", "config"}
+
+
+def _harmless_magic(stmt):
+    """A top-level statement that is exactly get_ipython().run_line_magic('<harmless>', '<text>')."""
+    call = stmt.value if isinstance(stmt, ast.Expr) else None
+    return (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "run_line_magic"
+            and isinstance(call.func.value, ast.Call) and isinstance(call.func.value.func, ast.Name)
+            and call.func.value.func.id == "get_ipython" and not call.func.value.args and not call.keywords
+            and len(call.args) == 2 and all(isinstance(a, ast.Constant) and isinstance(a.value, str) for a in call.args)
+            and call.args[0].value in HARMLESS_MAGICS)
 
 
 def _names_bound_by(node):
