@@ -320,3 +320,15 @@ def test_without_triton_the_check_is_the_instructors_to_run(monkeypatch):
         monkeypatch.undo()
         importlib.reload(checks)
     assert checks.UNAVAILABLE == {}
+
+
+def test_harmless_magics_keep_the_evidence_and_others_do_not():
+    from autograder import notebook as nbk
+    from autograder.checks import triton_evidence
+
+    nb = nbk.read(nbk.lesson_path("06_gpu"))
+    cells = [nbk.source(c) for c in nbk.code_cells(nb) if not nbk.is_test(c) and not nbk.is_demo(c)]
+    for magic in ("%matplotlib inline", "%config InlineBackend.figure_format = 'retina'"):
+        assert triton_evidence.flash_problem(cells + [magic]) is None
+        assert triton_evidence.problem(cells + [magic]) is None
+    assert "magics" in triton_evidence.flash_problem(cells + ["%timeit flash_attention"])
