@@ -8,12 +8,7 @@ from tests.lessons import LESSONS, fresh_namespace, graded_names
 
 
 def cases(kind):
-    out = []
-    for lesson in LESSONS:
-        module = mutants.for_lesson(lesson)
-        for name, items in (getattr(module, kind, {}) if module else {}).items():
-            out += [pytest.param(lesson, name, item, id=f"{lesson}-{name}-{item[0]}") for item in items]
-    return out
+    return mutants.cases(kind, LESSONS)
 
 
 @pytest.mark.parametrize("lesson", LESSONS)

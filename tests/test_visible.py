@@ -121,12 +121,7 @@ def run_lesson(lesson):
 
 
 def _cases(kind):
-    out = []
-    for lesson in LESSONS:
-        module = mutants.for_lesson(lesson)
-        for name, items in (getattr(module, kind, {}) if module else {}).items():
-            out += [pytest.param(lesson, name, item, id=f"{lesson}-{name}-{item[0]}") for item in items]
-    return out
+    return mutants.cases(kind, LESSONS)
 
 
 def _hidden_only(lesson):

@@ -13,3 +13,15 @@ def for_lesson(lesson):
         return importlib.import_module(f"tests.mutants.m{lesson}")
     except ModuleNotFoundError:
         return None
+
+
+def cases(kind, lessons):
+    """pytest params (lesson, name, item) of every MUTANTS or VARIANTS entry of the lessons."""
+    import pytest
+
+    out = []
+    for lesson in lessons:
+        module = for_lesson(lesson)
+        for name, items in (getattr(module, kind, {}) if module else {}).items():
+            out += [pytest.param(lesson, name, item, id=f"{lesson}-{name}-{item[0]}") for item in items]
+    return out
