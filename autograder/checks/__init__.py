@@ -196,6 +196,10 @@ class Subject:
         """target: a name the notebook defines, a Handle, or (Handle, method name)."""
         return self._request(self._call_request(target, args, kwargs))
 
+    def call_for_effect(self, target, *args, **kwargs):
+        """call(), for its effect only: the result is not sent back (a long stream of updates)."""
+        self._request(self._call_request(target, args, kwargs, discard=True))
+
     def call_traced(self, target, *args, **kwargs):
         """(result, ops): call(), plus every tensor op the call ran, as [name, first input's shape,
         [floating outputs' shapes]] (see sandbox.server.OpLog). The log is recorded next to the
