@@ -164,6 +164,8 @@ def exact_attention(q, k, v, mask, dtype):
     return reference(out, dtype=dtype), reference(w, dtype=dtype), cond
 
 
+LEAD_HINT = ("the inputs have leading dimensions such as (B, H): work on the last two axes only, "
+             "k.transpose(-2, -1) and softmax(dim=-1), which are right for any number of leading dimensions")
 WEIGHTS_HINT = "softmax over the keys of the scaled, masked scores: each query's weights sum to 1"
 
 
@@ -172,7 +174,8 @@ def attention(s):
     for q, k, v, mask in _attention_cases(s.rng):
         with s.aspect("scaled attention" if mask is None else "masks"):
             args = (tensor(q), tensor(k), tensor(v)) + (() if mask is None else (tensor(mask),))
-            out, weights = expect_pair(call_named(s, "attention(q, k, v, mask)", "attention", *args), "attention")
+            out, weights = expect_pair(call_named(s, "attention(q, k, v, mask)", "attention", *args, hint=LEAD_HINT),
+                                       "attention")
             want_out, want_w, cond = exact_attention(q, k, v, mask, q.dtype.name)
             mistakes = functools.cache(lambda: _attention_mistakes(q, k, v, mask))
             lead = ("B", "H", "G")[:q.ndim - 2]

@@ -156,6 +156,29 @@ def attention(q, k, v, mask=None):
     weights = torch.softmax(scores, dim=-1)
     return weights @ v, weights
 '''),
+        ("keys transposed with transpose(0, 1), right only for 2-D inputs", "transpose(-2, -1)", '''
+def attention(q, k, v, mask=None):
+    scores = q @ k.transpose(0, 1) / math.sqrt(q.size(-1))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    return weights @ v, weights
+'''),
+        ("softmax over dim=1, right only for 2-D scores", "dim=-1", '''
+def attention(q, k, v, mask=None):
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=1)
+    return weights @ v, weights
+'''),
+        ("returns only out, not (out, weights)", "pair", '''
+def attention(q, k, v, mask=None):
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
+'''),
         ("constant: returns zeros", "sum to 1", '''
 def attention(q, k, v, mask=None):
     lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
