@@ -310,10 +310,33 @@ def _copy_mistakes(key, init, src):
     return right, [(m, reference(as_torch(np.ascontiguousarray(a)))) for m, a in out]
 
 
-@CHECKS.add("load_torch_mha", aspects={"weights": 2, "biases": 1, "returns the module": 1})
+IN_PLACE = "load_torch_mha must copy into the module's own parameters in place (param.copy_ under torch.no_grad())"
+
+
+def _expect_in_place(s, shell, tmha, src, state, marked):
+    """The module's parameters are still its own (marked: each had requires_grad=False before the call,
+    which a new nn.Parameter does not keep) and share no memory with torch_mha (changing torch_mha's
+    weights afterwards, from here, leaves the module's as they were)."""
+    if marked:
+        for p in PROJ:
+            layer = s.get(shell, p)
+            for kind in ("weight", "bias"):
+                got = s.get(layer, kind) if isinstance(layer, Handle) else None
+                if isinstance(got, Array) and got.requires_grad:
+                    fail(f"{IN_PLACE}, not assign new ones: module.{p}.{kind} is a new nn.Parameter (or {p} a new "
+                         "layer), so whatever held the module's parameters (an optimizer, a hook) no longer sees them")
+    s.load(tmha, {k: v + 1 for k, v in src.items()})
+    after = s.state(shell)
+    for key in sorted(state):
+        if key in after and not np.array_equal(after[key].data, state[key].data):
+            fail(f"{IN_PLACE}, not assign torch_mha's tensors: module.{key} shares memory with torch_mha, so a "
+                 "change to one changes the other")
+
+
+@CHECKS.add("load_torch_mha", aspects={"weights": 2, "biases": 1, "returns the module": 1, "copied in place": 1})
 def load_torch_mha(s):
     rng = s.rng
-    for D, H, bias in [(12, 3, True), (16, 4, False), (20, 5, True), (8, 2, True)]:
+    for i, (D, H, bias) in enumerate([(12, 3, True), (16, 4, False), (20, 5, True), (8, 2, True)]):
         def rand(*shape):
             return rng.standard_normal(shape).astype(np.float32)
         src = {"in_proj_weight": rand(3 * D, D), "out_proj.weight": rand(D, D)}
@@ -328,6 +351,11 @@ def load_torch_mha(s):
         shell = s.helper("AttentionShell",
                          {p: (tensor(init[f"{p}.weight"]), tensor(init[f"{p}.bias"]) if bias else None) for p in PROJ},
                          d_model=D, n_heads=H, head_dim=D // H)
+        # The last case only: on parameters without requires_grad a copy_ outside torch.no_grad() does not
+        # raise (it makes them require grad), so the other cases still show that mistake as it is.
+        marked = i == 3
+        if marked:
+            s.call((shell, "requires_grad_"), False)
         with s.aspect("weights"):
             got = call_named(s, "load_torch_mha(module, torch_mha)", "load_torch_mha", shell, tmha)
             state = s.state(shell)
@@ -343,6 +371,8 @@ def load_torch_mha(s):
         with s.aspect("returns the module"):
             if not isinstance(got, Handle) or "AttentionShell" not in got.type:
                 fail(f"load_torch_mha should return the module it filled in, but returned {kind_of(got)}")
+        with s.aspect("copied in place"):
+            _expect_in_place(s, shell, tmha, src, state, marked)
 
 
 # ---- mha_param_count ------------------------------------------------------------------------

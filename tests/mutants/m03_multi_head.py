@@ -72,6 +72,9 @@ def concat_and_project(heads, w_o):
                "scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_model)"),
               ("out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)",
                "out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1 / math.sqrt(self.d_model))"))),
+        ("scaled by sqrt(d_model) in the explicit path only", "head_dim",
+         _mha(("scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)",
+               "scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_model)"))),
         ("mask inverted (nn.MultiheadAttention's convention)", "may attend",
          _mha(("scores = scores.masked_fill(~mask, float(\"-inf\"))", "scores = scores.masked_fill(mask, float(\"-inf\"))"),
               ("out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)",
@@ -154,6 +157,40 @@ def load_torch_mha(module, torch_mha):
             for proj, b in zip((module.q_proj, module.k_proj, module.v_proj), torch_mha.in_proj_bias.chunk(3)):
                 proj.bias.copy_(b)
             module.out_proj.bias.copy_(torch_mha.out_proj.bias)
+    return module
+'''),
+        ("new nn.Parameters, and torch_mha's own out_proj.weight shared", "in place", '''
+def load_torch_mha(module, torch_mha):
+    for proj, w in zip((module.q_proj, module.k_proj, module.v_proj), torch_mha.in_proj_weight.detach().chunk(3)):
+        proj.weight = nn.Parameter(w.clone())
+    module.out_proj.weight = torch_mha.out_proj.weight
+    if torch_mha.in_proj_bias is not None:
+        for proj, b in zip((module.q_proj, module.k_proj, module.v_proj), torch_mha.in_proj_bias.detach().chunk(3)):
+            proj.bias = nn.Parameter(b.clone())
+        module.out_proj.bias = nn.Parameter(torch_mha.out_proj.bias.detach().clone())
+    return module
+'''),
+        ("new nn.Parameters holding copies", "in place", '''
+def load_torch_mha(module, torch_mha):
+    for proj, w in zip((module.q_proj, module.k_proj, module.v_proj), torch_mha.in_proj_weight.detach().chunk(3)):
+        proj.weight = nn.Parameter(w.clone())
+    module.out_proj.weight = nn.Parameter(torch_mha.out_proj.weight.detach().clone())
+    if torch_mha.in_proj_bias is not None:
+        for proj, b in zip((module.q_proj, module.k_proj, module.v_proj), torch_mha.in_proj_bias.detach().chunk(3)):
+            proj.bias = nn.Parameter(b.clone())
+        module.out_proj.bias = nn.Parameter(torch_mha.out_proj.bias.detach().clone())
+    return module
+'''),
+        ("views of torch_mha's in_proj_weight assigned through .data (storage shared)", "in place", '''
+def load_torch_mha(module, torch_mha):
+    D = torch_mha.embed_dim
+    for i, proj in enumerate((module.q_proj, module.k_proj, module.v_proj)):
+        proj.weight.data = torch_mha.in_proj_weight.data[i * D:(i + 1) * D]
+        if torch_mha.in_proj_bias is not None:
+            proj.bias.data = torch_mha.in_proj_bias.data[i * D:(i + 1) * D]
+    module.out_proj.weight.data = torch_mha.out_proj.weight.data
+    if torch_mha.out_proj.bias is not None:
+        module.out_proj.bias.data = torch_mha.out_proj.bias.data
     return module
 '''),
         ("returns nothing", "return the module", '''
