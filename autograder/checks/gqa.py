@@ -249,7 +249,8 @@ POOL_MISTAKES = [
 
 def _expect_conversion(s, rng, D, H, Hkv, bias, dtype, keys):
     """mha_to_gqa on a multi-head shell holding random weights; compares the result's `keys`
-    ("weight", "bias") with the exact pooling. Returns the shell and the weights it was given."""
+    ("weight", "bias") with the exact pooling. Returns the shell, the weights and biases it was
+    given, and the result (a Handle)."""
     Dh = D // H
     weights = {n: (rng.standard_normal((D, D)) * 0.3).astype(dtype) for n in PROJECTIONS}
     biases = {n: (rng.standard_normal(D) * 0.3).astype(dtype) if bias else None for n in PROJECTIONS}
@@ -296,7 +297,7 @@ def _expect_conversion(s, rng, D, H, Hkv, bias, dtype, keys):
         else:
             hint = f"copy {name} unchanged from mha"
         expect_array(got_t, wanted, f"{what}: {key}", mistakes=mistakes, hint=hint)
-    return shell, weights, biases
+    return shell, weights, biases, got
 
 
 @CHECKS.add("mha_to_gqa", isolate=["GroupedQueryAttention"],
@@ -315,13 +316,21 @@ def mha_to_gqa(s):
         for D, H, Hkv in [(24, 6, 2), (24, 6, 3)]:
             _expect_conversion(s, rng, D, H, Hkv, False, np.float64, ("weight",))
     with s.aspect("mha left unchanged"):
-        shell, weights, biases = _expect_conversion(s, rng, 24, 6, 2, True, np.float32, ("weight",))
+        shell, weights, biases, gqa = _expect_conversion(s, rng, 24, 6, 2, True, np.float32, ("weight",))
         after = s.state(shell)
         for n in PROJECTIONS:
             for p, a in (("weight", weights[n]), ("bias", biases[n])):
                 if not np.array_equal(after[f"{n}.{p}"].data, a):
                     fail(f"mha_to_gqa(mha, n_kv_heads) changed mha's own {n}.{p}: build a new module and leave "
                          f"mha as it was")
+        # the result shares no memory with mha: changing mha's weights from here leaves the result's as they were
+        converted = s.state(gqa)
+        s.load(shell, {k: v.data + 1 for k, v in after.items()})
+        for key, value in sorted(s.state(gqa).items()):
+            if key in converted and not np.array_equal(value.data, converted[key].data):
+                fail(f"the result of mha_to_gqa(mha, n_kv_heads) shares {key} with mha, so a change to one changes "
+                     f"the other: copy into the new module's own parameters (param.copy_ under torch.no_grad()), "
+                     f"never assign mha's layers or tensors")
 
 
 # ---- kv_cache_bytes ----------------------------------------------------------------------------

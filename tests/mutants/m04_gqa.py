@@ -84,6 +84,11 @@ def repeat_kv(x, n_rep):
 def repeat_kv(x, n_rep):
     return torch.repeat_interleave(x, n_rep, dim=2)
 '''),
+        ("time and feature axes swapped inside (right only when T or Dh is 1)", "h // n_rep", '''
+def repeat_kv(x, n_rep):
+    B, Hkv, T, Dh = x.shape
+    return x[:, :, None].expand(B, Hkv, n_rep, T, Dh).transpose(3, 4).reshape(B, Hkv * n_rep, T, Dh)
+'''),
         ("expanded but not merged", "reshape", '''
 def repeat_kv(x, n_rep):
     return x[:, :, None].expand(-1, -1, n_rep, -1, -1)
@@ -146,6 +151,13 @@ def mha_to_gqa(mha, n_kv_heads):
 def mha_to_gqa(mha, n_kv_heads):
     raise ValueError(f"cannot convert to {n_kv_heads} key/value heads")
 '''),
+        ("q_proj and out_proj shared with mha, not copied", "shares", to_gqa(
+            ("        gqa.q_proj.weight.copy_(mha.q_proj.weight)\n        gqa.out_proj.weight.copy_(mha.out_proj.weight)\n",
+             "        gqa.q_proj, gqa.out_proj = mha.q_proj, mha.out_proj\n"),
+            ("            gqa.q_proj.bias.copy_(mha.q_proj.bias)\n            gqa.out_proj.bias.copy_(mha.out_proj.bias)\n", ""))),
+        ("mha's parameter tensors assigned through .data", "shares", to_gqa(
+            ("gqa.q_proj.weight.copy_(mha.q_proj.weight)", "gqa.q_proj.weight.data = mha.q_proj.weight.data"),
+            ("gqa.out_proj.weight.copy_(mha.out_proj.weight)", "gqa.out_proj.weight.data = mha.out_proj.weight.data"))),
         ("first head instead of the mean", "first head", to_gqa(
             (".mean(1).reshape(n_kv_heads * Dh", "[:, 0].reshape(n_kv_heads * Dh"))),
         ("pooled over the wrong axis (strided groups)", "wrong axis", to_gqa(
