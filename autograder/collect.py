@@ -131,7 +131,7 @@ def junk(parts):
 
 def owned_by_student(parts):
     """Whether an archive at parts is a student's upload (an LMS names it after them)."""
-    return any(CANVAS.fullmatch(p) or MOODLE.fullmatch(p) or INBOUND.fullmatch(p) for p in parts)
+    return any(map(lms_entry, parts))
 
 
 def walk(download):
@@ -232,51 +232,158 @@ def walk_zip(source, parts, student, depth=0):
 # Who and which lesson a file is
 # ---------------------------------------------------------------------------------------------
 
+NBGRADER_FOLDERS = ("inbound", "submitted")   # exchange/<course>/inbound/<entry>, <course>/submitted/<student>
+
+
+def lms_entry(name):
+    """(kind, match) when `name` is one the LMS gives a student's upload: an nbgrader exchange entry,
+    a Moodle or a Canvas name; else None."""
+    for kind, pattern in (("inbound", INBOUND), ("moodle", MOODLE), ("canvas", CANVAS)):
+        if m := pattern.fullmatch(name):
+            return kind, m
+    return None
+
+
+def is_archive(name):
+    return name.lower().endswith(".zip")
+
+
+class Layout:
+    """Where each file's student is named in a download: the outermost name the LMS gave an upload (a Canvas
+    or Moodle name, an nbgrader exchange entry, `submitted/<student>`) or, in plain folders, the first level
+    of folders that holds a student's work. Everything below that name is the student's own upload: its
+    folder and file names, archives and notebooks never name a student or order resubmissions.
+
+    paths: every file's parts (archive names are folders of their members). A level of plain folders holds
+    students when one of them holds a notebook, an archive or a lesson folder itself, or (with a roster) is
+    named like a roster student; otherwise its folders are containers (`course/`, a zipped download folder).
+    """
+
+    def __init__(self, paths, lessons, known=lambda name: False):
+        self.lessons, self.known = lessons, known
+        self.children = defaultdict(set)     # folder parts -> {(name, is a file)}
+        for parts in paths:
+            for i in range(len(parts)):
+                self.children[parts[:i]].add((parts[i], i == len(parts) - 1))
+        self.levels = {}
+
+    def plain(self, name):
+        return not (lms_entry(name) or name in NBGRADER_FOLDERS or is_archive(name) or self.is_lesson(name))
+
+    def is_lesson(self, name):
+        return match_lesson(name, self.lessons, loose=False)[0] is not None
+
+    def holds_work(self, folder):
+        return any(is_file and name.lower().endswith(".ipynb") or is_archive(name) or (not is_file and self.is_lesson(name))
+                   for name, is_file in self.children[folder])
+
+    def holds_students(self, folder):
+        if folder not in self.levels:
+            self.levels[folder] = any(not is_file and self.plain(name) and (self.holds_work(folder + (name,))
+                                                                            or self.known(name))
+                                      for name, is_file in self.children[folder])
+        return self.levels[folder]
+
+    def owner(self, parts):
+        """The index in parts of the name that says whose the file is, or None (a file no upload holds)."""
+        for i, name in enumerate(parts):
+            last = i == len(parts) - 1
+            if lms_entry(name):
+                return i
+            if last:
+                return None
+            if name == "submitted":
+                return i + 1 if i + 2 < len(parts) else None
+            if self.plain(name) and self.holds_students(parts[:i]):
+                return i
+        return None
+
+
 @dataclass
 class Clues:
     """What a file's path says: who (strongest first), which lesson, and its version."""
     who: list = field(default_factory=list)     # (kind, value): lms_id, participant, id, name
     folder_lesson: str | None = None
     file_name: str = ""                          # the name the student gave the file
-    folder: tuple = ()                           # the submission's folder (where timestamp.txt lies)
+    folder: tuple = ()                           # the upload's folder (where nbgrader's timestamp.txt lies)
     version: tuple = (0, "")                     # (Canvas resubmission number, nbgrader timestamp)
     late: bool = False
     participant: str | None = None
+    owner: int | None = None                     # the index of the part that names the student (Layout.owner)
 
 
-def read_clues(parts, lessons):
+def entry_who(name):
+    """(kind, who, match) of a name where an upload is named: what the LMS, or a plain folder, says."""
+    found = lms_entry(name)
+    if found is None:
+        return "plain", [("id", name)], None
+    kind, m = found
+    if kind == "inbound":
+        return kind, [("id", m["student"])], m
+    if kind == "moodle":
+        return kind, [("participant", m["pid"]), ("name", m["name"])], m
+    return kind, [("lms_id", m["uid"]), ("name", m["name"])], m
+
+
+def flat_who(file_name, lessons):
+    """(who, the file's own name) of a flat `<student>_<lesson>.ipynb`; ([], file_name) when it names no one."""
+    stem = Path(file_name).stem
+    lesson, _ = match_lesson(stem, lessons)
+    prefix = stem[:stem.casefold().find(lesson.casefold())].strip("_- .") if lesson else ""
+    if not prefix:
+        return [], file_name
+    return [("id", prefix), ("name", prefix)], stem[len(prefix):].strip("_- .") + ".ipynb"
+
+
+def read_clues(parts, lessons, layout=None):
+    """The Clues of the file at parts; layout is the download's (a Layout of this one path when None)."""
+    layout = layout or Layout([parts], lessons)
     c = Clues(file_name=parts[-1])
-    for i, part in enumerate(parts):
-        last = i == len(parts) - 1
-        if m := INBOUND.fullmatch(part):
-            c.who, c.folder_lesson, c.folder = [("id", m["student"])], m["lesson"], parts[:i + 1]
-            c.version = (0, m["time"])
-        elif m := MOODLE.fullmatch(part):
-            c.who, c.folder, c.participant = [("participant", m["pid"]), ("name", m["name"])], parts[:i + 1], m["pid"]
-            if last:
-                c.file_name = m["file"]
-        elif m := CANVAS.fullmatch(part):
-            c.who, c.late = [("lms_id", m["uid"]), ("name", m["name"])], bool(m["late"])
-            if last:
-                stem, suffix = os.path.splitext(m["file"])
-                if r := RESUBMISSION.fullmatch(stem):
-                    stem, c.version = r["stem"], (int(r["n"]), "")
-                c.file_name = stem + suffix
-    if c.who:
+    folders = [p for p in parts[:-1] if not is_archive(p)]
+    if folders and layout.is_lesson(folders[-1]):
+        c.folder_lesson = folders[-1]
+    c.owner = i = layout.owner(parts)
+    if i is None:
+        c.who, c.file_name = flat_who(parts[-1], lessons)
         return c
-    # Plain layouts: <student>/<lesson>/<file>, <student>/<file>, a flat <student>_<lesson>.ipynb.
-    folders = [p for p in parts[:-1] if not p.lower().endswith(".zip")]
-    if folders and match_lesson(folders[-1], lessons, loose=False)[0]:
-        c.folder_lesson = folders.pop()
-    if folders:
-        c.who, c.folder = [("id", folders[-1])], parts[:-1]
-    else:
-        stem = Path(parts[-1]).stem
-        lesson, _ = match_lesson(stem, lessons)
-        prefix = stem[:stem.casefold().find(lesson.casefold())].strip("_- .") if lesson else ""
-        if prefix:
-            c.who, c.file_name = [("id", prefix), ("name", prefix)], stem[len(prefix):].strip("_- .") + ".ipynb"
+    kind, c.who, m = entry_who(parts[i])
+    c.folder, last = parts[:i + 1], i == len(parts) - 1
+    if kind == "inbound":
+        c.folder_lesson, c.version = m["lesson"], (0, m["time"])
+    elif kind == "moodle":
+        c.participant = m["pid"]
+        if last:
+            c.file_name = m["file"]
+    elif kind == "canvas":
+        c.late = bool(m["late"])
+        stem, suffix = os.path.splitext(m["file"])   # Canvas's own -1, -2 on the upload's name: a file or a zip
+        if r := RESUBMISSION.fullmatch(stem):
+            stem, c.version = r["stem"], (int(r["n"]), "")
+        if last:
+            c.file_name = stem + suffix
     return c
+
+
+def names_inside(parts, clues, lessons, roster):
+    """[(name, who)] for each name inside an upload that looks like a student's: an LMS name, nbgrader's
+    `submitted/<student>`, and (with a roster, which says what a student id looks like) any folder or a
+    flat `<student>_<lesson>.ipynb`. They choose no one; a conflict with the uploader is reported."""
+    if clues.owner is None:
+        return []
+    out = []
+    for j in range(clues.owner + 1, len(parts)):
+        name, last = parts[j], j == len(parts) - 1
+        kind, who, _ = entry_who(name)
+        if kind == "plain":
+            if j > clues.owner + 1 and parts[j - 1] == "submitted" and not last:
+                who = [("id", name)]
+            elif roster is None or is_archive(name) or match_lesson(name, lessons, loose=False)[0]:
+                continue
+            elif last:
+                who = flat_who(name, lessons)[0]
+        if who:
+            out.append((name, who))
+    return out
 
 
 def match_lesson(text, lessons, loose=True):
@@ -479,12 +586,20 @@ def collect(download, out, roster=None, lesson=None, times=(), zone="UTC", strea
             worksheet.update(read_worksheet(sheet))
         else:
             given_times += [(who, lsn, t, Path(path).name) for who, lsn, t in read_times(sheet, path, lesson)]
+    known = (lambda name: bool(Students(roster, {}).lookup("id", name)[0])) if roster else (lambda name: False)
+    layout = Layout([f.parts for f in files], lessons, known)
     notebooks = []
     for f in files:
-        name = f.parts[-1].lower()
-        if name == "timestamp.txt":
+        name, owner = f.parts[-1].lower(), layout.owner(f.parts)
+        if name == "timestamp.txt" and not nbgrader_stamp(f.parts, owner):
+            rows.append(Row(f.shown, "ignored", "timestamp in an upload",
+                            "a timestamp.txt inside a student's upload: not a submission time"))
+        elif name == "timestamp.txt":
             stamps[f.parts[:-1]] = parse_time(f.data.decode("utf-8", "replace"))
             rows.append(Row(f.shown, "ignored", "", "nbgrader's submission time"))
+        elif name.endswith(".csv") and is_worksheet(first_line(f.data)) and owner is not None:
+            rows.append(Row(f.shown, "not collected", "worksheet in an upload", "a grading worksheet inside a "
+                            "student's upload: not a source of submission times or of who is who"))
         elif name.endswith(".csv") and is_worksheet(first_line(f.data)):
             worksheet.update(read_worksheet(read_csv_rows(f.data, f.shown)))
             rows.append(Row(f.shown, "ignored", "", "Moodle grading worksheet: submission times"))
@@ -496,7 +611,7 @@ def collect(download, out, roster=None, lesson=None, times=(), zone="UTC", strea
     students = Students(roster, worksheet)
     candidates = []
     for f in notebooks:
-        c = read_clues(f.parts, lessons)
+        c = read_clues(f.parts, lessons, layout)
         row = Row(f.shown, "not collected")
         rows.append(row)
         if not f.data.strip():
@@ -516,6 +631,12 @@ def collect(download, out, roster=None, lesson=None, times=(), zone="UTC", strea
             row.add(anomaly, detail)
             continue
         row.student = student
+        others = sorted({(name, other) for name, who in names_inside(f.parts, c, lessons, roster)
+                         if (other := students.resolve(who)[0]) not in (None, student)})
+        if others:
+            notes.append(("names another student", "; ".join(
+                f"inside {'/'.join(f.parts[:c.owner + 1])}, {name!r} looks like {other}'s" for name, other in others)
+                + f": the LMS says {student} uploaded it, so it is {student}'s"))
         chosen, why = choose_lesson(c, nb, lesson, lessons, answers)
         if chosen is None:
             row.add(*why)
@@ -602,6 +723,18 @@ def pick(candidates):
         if top != group[0][1].clues.version:
             row.add("resubmission", f"the latest of {len(group)} submissions")
     return chosen
+
+
+def nbgrader_stamp(parts, owner):
+    """Whether a timestamp.txt at parts is nbgrader's: at the top of an exchange entry, or in a plain (or
+    `submitted/`) student folder or its lesson folder, outside archives. Canvas and Moodle write none, and
+    one a student put in an upload is theirs."""
+    if owner is None:
+        return True
+    kind = entry_who(parts[owner])[0]
+    if kind == "inbound":
+        return len(parts) == owner + 2
+    return kind == "plain" and len(parts) <= owner + 3 and not any(map(is_archive, parts[owner:-1]))
 
 
 def submission_time(cand, stamps, worksheet, given_times, students):

@@ -2,6 +2,7 @@
 zips) built here file by file, into SUBMISSIONS/<student>/<lesson>/<lesson>.ipynb, with every anomaly
 reported and unsafe archives refused."""
 import copy
+import io
 import csv
 import json
 import os
@@ -15,6 +16,7 @@ from autograder import collect as col
 from autograder import notebook as nbk
 from autograder.__main__ import main
 from autograder.results import read_csv, read_timestamp
+from autograder.roster import load_roster
 
 ROSTER = """student,name,email,lms_id
 alice,"Liddell, Alice",alice@example.org,101
@@ -277,3 +279,179 @@ def test_collection_csv_neutralises_formulas(tmp_path):
     with open(out / "collection.csv", newline="") as f:
         files = [row["file"] for row in csv.DictReader(f)]
     assert files == ["'=cmd/01_attention.ipynb"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The student is whoever the LMS says uploaded the file: names inside an upload choose no one
+# ---------------------------------------------------------------------------------------------
+
+def zip_bytes(members):
+    """A zip in memory of {name: bytes}."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, data in members.items():
+            z.writestr(name, data)
+    return buffer.getvalue()
+
+
+def collect_of(tmp_path, dl, *args, out="SUBMISSIONS"):
+    """(SUBMISSIONS, what collect printed, {file: row of collection.csv}) after collecting dl."""
+    out = tmp_path / out
+    stream = io.StringIO()
+    assert col.collect(dl, out, *args, stream=stream) is not None
+    return out, stream.getvalue(), {r["file"]: r for r in log_rows(out)}
+
+
+def collected(out, student, lesson="01_attention"):
+    path = out / student / lesson / f"{lesson}.ipynb"
+    return path.read_bytes() if path.is_file() else None
+
+
+FAKE = "stonebob_102_9002_01_attention-9.ipynb"   # bob's Canvas entry, "resubmission 9"
+
+
+def bobs_metadata():
+    """A notebook whose metadata claims to be bob's (nothing reads it as an identity)."""
+    nb = json.loads(notebook("01_attention", 8))
+    nb["metadata"].update(student="bob", lms_id="102", nbgrader={"student": "bob"})
+    return json.dumps(nb).encode()
+
+
+@pytest.mark.parametrize("upload", ["zip", "zip in zip"])
+def test_canvas_upload_naming_a_classmate_stays_with_its_uploader(tmp_path, upload):
+    dl = tmp_path / "canvas"
+    member = {FAKE: notebook("01_attention", 9)}
+    for _ in range(upload.count("in zip")):
+        member = {"inner.zip": zip_bytes(member)}
+    put(dl, "liddellalice_101_9001_work.zip", zip_bytes(member))               # alice's upload
+    put(dl, "stonebob_102_9002_01_attention.ipynb", notebook("01_attention", 1))  # bob's real notebook
+    # honest classmates beside them: a zipped lesson folder, a renamed copy, Canvas's own resubmissions
+    put(dl, "danverscarol_103_9003_carol.zip", zip_bytes({"01_attention/01_attention.ipynb": notebook("01_attention", 3)}))
+    put(dl, "bowmandave_104_9004_01_attention (1).ipynb", notebook("01_attention", 4))
+    put(dl, "brockovicherin_105_9005_01_attention.ipynb", notebook("01_attention", 5))
+    put(dl, "brockovicherin_105_9005_01_attention-1.ipynb", notebook("01_attention", 6))
+    put(dl, "poolefrank_106_9006_work.zip", zip_bytes({"01_attention.ipynb": bobs_metadata()}))
+    for args in ((), (load_roster(put(tmp_path, "roster.csv", ROSTER.encode())),)):
+        out, said, rows = collect_of(tmp_path, dl, *args, out=f"SUBMISSIONS{len(args)}")
+        bob = "bob" if args else "stonebob"
+        assert collected(out, bob) == notebook("01_attention", 1), "bob keeps his own notebook"
+        assert "resubmission" not in rows["stonebob_102_9002_01_attention.ipynb"]["anomaly"]
+        fake = next(r for f, r in rows.items() if f.endswith(FAKE))
+        assert fake["student"] == ("alice" if args else "liddellalice") and fake["action"] == "collected"
+        assert "names another student" in fake["anomaly"] and "names another student (1)" in said
+        assert collected(out, "alice" if args else "liddellalice") == notebook("01_attention", 9)
+        if args:
+            assert collected(out, "carol") == notebook("01_attention", 3)
+            assert collected(out, "dave") == notebook("01_attention", 4)
+            assert collected(out, "erin") == notebook("01_attention", 6)
+            assert collected(out, "frank") == bobs_metadata()
+            assert all("names another student" not in r["anomaly"] for r in rows.values() if r is not fake)
+
+
+def test_canvas_resubmission_order_comes_only_from_the_outer_name(tmp_path, roster):
+    dl = tmp_path / "canvas"
+    put(dl, "liddellalice_101_9001_01_attention.ipynb", notebook("01_attention", 0))
+    put(dl, "liddellalice_101_9001_01_attention-1.ipynb", notebook("01_attention", 1))   # her latest
+    put(dl, "liddellalice_101_9001_old.zip",                                             # "resubmission 9" inside
+        zip_bytes({"liddellalice_101_9001_01_attention-9.ipynb": notebook("01_attention", 9)}))
+    # bob resubmits a zip: Canvas's -1 on the zip's own name orders his two uploads
+    put(dl, "stonebob_102_9002_work.zip", zip_bytes({"01_attention/01_attention.ipynb": notebook("01_attention", 2)}))
+    put(dl, "stonebob_102_9002_work-1.zip", zip_bytes({"01_attention/01_attention.ipynb": notebook("01_attention", 3)}))
+    out, _, rows = collect_of(tmp_path, dl, load_roster(roster))
+    assert collected(out, "alice") == notebook("01_attention", 1)
+    inner = rows["liddellalice_101_9001_old.zip/liddellalice_101_9001_01_attention-9.ipynb"]
+    assert inner["action"] == "not collected" and "resubmission" in inner["anomaly"]
+    assert collected(out, "bob") == notebook("01_attention", 3)
+
+
+@pytest.mark.parametrize("inside", ["moodle folder", "canvas name", "zip of a moodle folder", "worksheet"])
+def test_moodle_upload_naming_a_classmate_stays_with_its_uploader(tmp_path, roster, inside):
+    dl = tmp_path / "moodle"
+    mine = "Alice Liddell_501_assignsubmission_file_"
+    bobs = "Bob Stone_502_assignsubmission_file_"
+    put(dl, f"{bobs}/01_attention.ipynb", notebook("01_attention", 1))
+    put(dl, "Carol Danvers_503_assignsubmission_file_/01_attention (1).ipynb", notebook("01_attention", 3))
+    if inside == "moodle folder":
+        put(dl, f"{mine}/{bobs}/01_attention.ipynb", notebook("01_attention", 9))
+    elif inside == "canvas name":
+        put(dl, f"{mine}/{FAKE}", notebook("01_attention", 9))
+    elif inside == "zip of a moodle folder":
+        put(dl, f"{mine}/work.zip", zip_bytes({f"{bobs}/01_attention.ipynb": notebook("01_attention", 9)}))
+    else:  # a grading worksheet of her own that says participant 501 is bob
+        put(dl, f"{mine}/01_attention.ipynb", notebook("01_attention", 9))
+        put(dl, f"{mine}/grades.csv", b'"Identifier","Full name","Email address","Last modified (submission)"\n'
+                                      b'"Participant 501","Bob Stone","bob@example.org","1 October 2025, 11:00 PM"\n')
+    out, said, rows = collect_of(tmp_path, dl, load_roster(roster))
+    assert collected(out, "bob") == notebook("01_attention", 1)
+    assert collected(out, "carol") == notebook("01_attention", 3)
+    assert collected(out, "alice") == notebook("01_attention", 9)
+    assert not (out / "alice/01_attention/timestamp.txt").exists()
+    flagged = [r for r in rows.values() if "names another student" in r["anomaly"]
+               or "worksheet in an upload" in r["anomaly"]]
+    assert len(flagged) == 1 and flagged[0]["file"].startswith(mine)
+
+
+@pytest.mark.parametrize("inside", ["exchange entry", "submitted folder", "later exchange entry of her own"])
+def test_nbgrader_exchange_contents_choose_no_student_and_no_order(tmp_path, inside):
+    dl = tmp_path / "exchange"
+    t1, t2, t9 = "2025-10-01 10:00:00.000000 UTC", "2025-10-02 10:00:00.000000 UTC", "2099-01-01 00:00:00.000000 UTC"
+    put(dl, f"course/inbound/bob+01_attention+{t1}+r1/01_attention.ipynb", notebook("01_attention", 1))
+    put(dl, f"course/inbound/bob+01_attention+{t1}+r1/timestamp.txt", t1.encode())
+    alice = f"course/inbound/alice+01_attention+{t1}+r2"
+    put(dl, f"{alice}/01_attention.ipynb", notebook("01_attention", 2))
+    put(dl, f"{alice}/timestamp.txt", t1.encode())
+    put(dl, f"course/inbound/alice+01_attention+{t2}+r3/01_attention.ipynb", notebook("01_attention", 3))
+    put(dl, f"course/inbound/alice+01_attention+{t2}+r3/timestamp.txt", t2.encode())
+    who = "alice" if inside == "later exchange entry of her own" else "bob"
+    if inside == "submitted folder":
+        nested = "submitted/bob/01_attention"
+    else:
+        nested = f"{who}+01_attention+{t9}+r9"
+    put(dl, f"{alice}/{nested}/01_attention.ipynb", notebook("01_attention", 9))
+    put(dl, f"{alice}/{nested}/timestamp.txt", t9.encode())
+    put(dl, "submitted/carol/01_attention/01_attention.ipynb", notebook("01_attention", 4))
+    put(dl, "submitted/carol/01_attention/timestamp.txt", t2.encode())
+    put(dl, "submitted/dave/01_attention/dave/01_attention/01_attention.ipynb", notebook("01_attention", 5))
+    out, _, rows = collect_of(tmp_path, dl)
+    assert collected(out, "bob") == notebook("01_attention", 1)
+    assert read_timestamp(out / "bob/01_attention")[0] == "2025-10-01T10:00:00+00:00"
+    assert collected(out, "alice") == notebook("01_attention", 3), "her latest exchange entry, by its own name"
+    assert read_timestamp(out / "alice/01_attention")[0] == "2025-10-02T10:00:00+00:00"
+    assert collected(out, "carol") == notebook("01_attention", 4)
+    assert collected(out, "dave") == notebook("01_attention", 5)
+    fake = rows[f"{alice}/{nested}/01_attention.ipynb"]
+    assert fake["student"] == "alice" and fake["action"] == "not collected"
+    assert ("names another student" in fake["anomaly"]) == (who == "bob")
+
+
+# Alone and without a roster, alice/bob/01_attention/ cannot say which of its folders is the student.
+@pytest.mark.parametrize("with_roster,classmates", [(False, True), (True, True), (True, False)],
+                         ids=["class", "class-roster", "alone-roster"])
+def test_plain_folder_holding_a_classmates_folder_stays_with_its_owner(tmp_path, roster, with_roster, classmates):
+    dl = tmp_path / "plain"
+    put(dl, "alice/bob/01_attention/01_attention.ipynb", notebook("01_attention", 9))
+    if classmates:
+        put(dl, "bob/01_attention/01_attention.ipynb", notebook("01_attention", 1))
+        put(dl, "carol/01_attention (1).ipynb", notebook("01_attention", 3))
+        put(dl, "dave/work.zip", zip_bytes({"01_attention/01_attention.ipynb": notebook("01_attention", 4)}))
+        put(dl, f"erin/{FAKE}", notebook("01_attention", 5))   # bob's Canvas name in erin's folder
+    out, _, rows = collect_of(tmp_path, dl, *([load_roster(roster)] if with_roster else []))
+    assert collected(out, "alice") == notebook("01_attention", 9)
+    assert rows["alice/bob/01_attention/01_attention.ipynb"]["student"] == "alice"
+    if classmates:
+        assert collected(out, "bob") == notebook("01_attention", 1)
+        assert collected(out, "carol") == notebook("01_attention", 3)
+        assert collected(out, "dave") == notebook("01_attention", 4)
+        assert collected(out, "erin") == notebook("01_attention", 5)
+    if with_roster:
+        assert "names another student" in rows["alice/bob/01_attention/01_attention.ipynb"]["anomaly"]
+
+
+def test_timestamp_inside_a_students_upload_is_not_a_submission_time(tmp_path, roster):
+    dl = tmp_path / "canvas"
+    put(dl, "liddellalice_101_9001_work.zip", zip_bytes({"01_attention/01_attention.ipynb": notebook("01_attention"),
+                                                         "01_attention/timestamp.txt": b"2025-01-01 00:00:00 UTC"}))
+    out, _, rows = collect_of(tmp_path, dl, load_roster(roster))
+    assert collected(out, "alice") == notebook("01_attention")
+    assert read_timestamp(out / "alice/01_attention") == (None, None)
+    assert "not a submission time" in rows["liddellalice_101_9001_work.zip/01_attention/timestamp.txt"]["detail"]
