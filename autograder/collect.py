@@ -236,9 +236,10 @@ NBGRADER_FOLDERS = ("inbound", "submitted")   # exchange/<course>/inbound/<entry
 
 
 def lms_entry(name):
-    """(kind, match) when `name` is one the LMS gives a student's upload: an nbgrader exchange entry,
-    a Moodle or a Canvas name; else None."""
-    for kind, pattern in (("inbound", INBOUND), ("moodle", MOODLE), ("canvas", CANVAS)):
+    """(kind, match) when `name` is one the LMS gives a student's upload: a Canvas or a Moodle name, an
+    nbgrader exchange entry; else None. In that order: the tail of a Canvas or Moodle name is the file name
+    the student chose, which must never make it another LMS's name (Canvas's prefix fits no other)."""
+    for kind, pattern in (("canvas", CANVAS), ("moodle", MOODLE), ("inbound", INBOUND)):
         if m := pattern.fullmatch(name):
             return kind, m
     return None

@@ -455,3 +455,18 @@ def test_timestamp_inside_a_students_upload_is_not_a_submission_time(tmp_path, r
     assert collected(out, "alice") == notebook("01_attention")
     assert read_timestamp(out / "alice/01_attention") == (None, None)
     assert "not a submission time" in rows["liddellalice_101_9001_work.zip/01_attention/timestamp.txt"]["detail"]
+
+
+@pytest.mark.parametrize("name,uploader", [
+    ("liddellalice_101_9001_x_102_assignsubmission_file_01_attention.ipynb", "alice"),   # Moodle-shaped, bob's id
+    ("liddellalice_101_9001_stonebob+01_attention+2099-01-01.ipynb", "alice"),           # an exchange entry's shape
+    ("Alice Liddell_501_assignsubmission_file_stonebob+01_attention+2099-01-01.ipynb", "alice"),
+], ids=["canvas-moodle", "canvas-exchange", "moodle-exchange"])
+def test_the_file_name_a_student_chose_cannot_reshape_the_lms_name(tmp_path, roster, name, uploader):
+    """The tail of a Canvas or Moodle name is the student's own file name: it never makes the name another LMS's."""
+    dl = tmp_path / "dl"
+    put(dl, name, notebook("01_attention", 9))
+    put(dl, "stonebob_102_9002_01_attention.ipynb", notebook("01_attention", 1))
+    out, _, rows = collect_of(tmp_path, dl, load_roster(roster))
+    assert collected(out, "bob") == notebook("01_attention", 1)
+    assert rows[name]["student"] == uploader and collected(out, uploader) == notebook("01_attention", 9)
