@@ -1,6 +1,7 @@
 """A term with the real grader: lessons graded one after another into one RESULTS, hostile files
 beside honest students, fingerprints that make --resume regrade what changed, a class manifest
 and shards that merge only when whole, and SIGTERM in the middle of a run."""
+import io
 import json
 import os
 import shutil
@@ -8,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import zipfile
 
 import pytest
 
@@ -193,3 +195,30 @@ def test_a_signal_stops_cleanly_and_resume_finishes_the_same(term, tmp_path, sig
     p = run("grade", root / "subs", "--out", out, "--resume", "--quiet", env=env)
     assert f"({len(HONEST) - kept} not graded before)" in p.stderr
     assert (out / "grades.csv").read_text() == (root / "clean" / "grades.csv").read_text()
+
+
+def test_a_classmates_name_inside_an_upload_takes_nothing_from_the_classmate(term, tmp_path, cli):
+    """Alice's Canvas upload holds a zip with a blank notebook named as bob's Canvas resubmission 9. Collected
+    with the roster and graded, bob keeps his 6/6: the blank notebook is alice's, and the conflict is reported."""
+    root, notebooks, _ = term
+    dl, subs, out = tmp_path / "canvas", tmp_path / "subs", tmp_path / "results"
+    nbk.write(notebooks["blank"], tmp_path / "blank.ipynb")
+    inner, upload = io.BytesIO(), io.BytesIO()
+    with zipfile.ZipFile(inner, "w") as z:
+        z.writestr("stonebob_102_9002_01_attention-9.ipynb", (tmp_path / "blank.ipynb").read_bytes())
+    with zipfile.ZipFile(upload, "w") as z:
+        z.writestr("work.zip", inner.getvalue())
+    dl.mkdir()
+    (dl / "liddellalice_101_9001_work.zip").write_bytes(upload.getvalue())
+    nbk.write(notebooks["solved"], dl / "stonebob_102_9002_01_attention.ipynb")
+    roster = tmp_path / "roster.csv"
+    roster.write_text("student,name,lms_id\nalice,\"Liddell, Alice\",101\nbob,Bob Stone,102\n")
+    code, err = cli("collect", dl, "--out", subs, "--roster", roster)
+    assert code == 0, err
+    code, err = cli("grade", subs, "--out", out, "--quiet")
+    assert code == 0, err
+    grades = store.read_grades(out / "grades.csv")
+    points = {s: sum(float(r["points"]) for r in grades if r["student"] == s) for s in ("alice", "bob")}
+    assert points == {"alice": 0, "bob": 6}
+    flagged = [r for r in store.read_csv(subs / "collection.csv") if "names another student" in r["anomaly"]]
+    assert [r["student"] for r in flagged] == ["alice"]
