@@ -108,9 +108,10 @@ def _expect_updates(s, cache, draw, max_len, steps, dtype):
         k, v = draw(t)
         over_k[:, :, :t], over_v[:, :, :t] = k, v  # a cache that always writes at position 0
         got = _update(s, cache, k, v)
+        # the length first: update returns buffer[:, :, :length], so a length not advanced shows there
+        _expect_len(s, cache, cached_k.shape[2] + t, "len(cache) after update", max_len, i + 1, t)
         _expect_update(got, cached_k, cached_v, k, v, max_len, (over_k, over_v), dtype)
         cached_k, cached_v = np.concatenate([cached_k, k], 2), np.concatenate([cached_v, v], 2)
-        _expect_len(s, cache, cached_k.shape[2], "len(cache) after update", max_len, i + 1, t)
     return cached_k, cached_v
 
 
@@ -146,7 +147,51 @@ def _expect_fill(s, cache, draw, max_len):
     _expect_full(s, cache, *draw(1), max_len)
 
 
-@CHECKS.add("KVCache", aspects={"update and len": 3, "reset": 1, "full cache": 1, "dtype": 1})
+def _arrays(value, depth=0):
+    """The arrays in what s.get returned for an object's __dict__ (also inside lists, tuples and
+    dicts): the tensors the object keeps."""
+    if isinstance(value, Array):
+        return [value.data]
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
+    return [a for item in items for a in _arrays(item, depth + 1)] if depth < 3 else []
+
+
+PREALLOCATE = ("KVCache must preallocate its key and value buffers in __init__, (batch_size, n_kv_heads, max_seq_len, "
+               "head_dim) each, and write each update into them in place (buffer[:, :, a:b] = k)")
+
+
+def _buffers(s, cache, full):
+    """The arrays the cache keeps (its __dict__) of at least `full` elements; None without a __dict__."""
+    try:
+        return [a for a in _arrays(s.get(cache, "__dict__")) if a.size >= full]
+    except StudentError:  # __slots__: nothing to look at
+        return None
+
+
+def _expect_preallocated(s):
+    """Full-size buffers after __init__, and after updates they hold what was written. What the
+    student's process reports about itself: it catches the honest mistake (a cache grown by torch.cat,
+    or buffers left unused), not a forgery. (Memory evidence would not be cheap: a cache grown by
+    torch.cat peaks at only 1.5 times a full preallocated one, which would take 64 MiB through the wire
+    to tell apart from an honest process's own memory.)"""
+    B, Hkv, Dh, max_len = 2, 3, 4, 12
+    full = B * Hkv * max_len * Dh
+    cache = s.call("KVCache", B, max_len, Hkv, Dh)
+    buffers = _buffers(s, cache, full)
+    if buffers is not None and sum(a.size for a in buffers) < 2 * full:
+        fail(f"{PREALLOCATE}: a new cache keeps no full-size buffers, and growing the cache with torch.cat in "
+             "update copies all of it at every step")
+    for t, key in ((5, 7.0), (1, 5.0)):
+        _update(s, cache, np.full((B, Hkv, t, Dh), key, np.float32), np.full((B, Hkv, t, Dh), -key, np.float32))
+    buffers = _buffers(s, cache, full)
+    for t, key in ((5, 7.0), (1, 5.0)) if buffers is not None else ():
+        for value in (key, -key):
+            if sum(int((a == value).sum()) for a in buffers) < B * Hkv * t * Dh:
+                fail(f"{PREALLOCATE}: after two updates the full-size buffers do not hold what was written, so update "
+                     "builds new tensors instead (torch.cat, a copy), moving the whole cache at every step")
+
+
+@CHECKS.add("KVCache", aspects={"update and len": 3, "reset": 1, "full cache": 1, "dtype": 1, "preallocated": 1})
 def KVCache(s):
     rng = s.rng
     B, Hkv, Dh, max_len = 2, 3, 4, 12
@@ -162,6 +207,8 @@ def KVCache(s):
         B, Hkv, Dh, max_len = 3, 2, 8, 9
         cache = s.call("KVCache", B, max_len, Hkv, Dh, dtype=DType("float64"), device="cpu")
         _expect_updates(s, cache, _drawer(rng, B, Hkv, Dh, "float64"), max_len, (1, 1, 4), "float64")
+    with s.aspect("preallocated"):
+        _expect_preallocated(s)
 
 
 # ---- attend_with_cache ---------------------------------------------------------------------

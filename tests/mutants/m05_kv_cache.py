@@ -65,6 +65,52 @@ MUTANTS = {
         self.v[:, :, start:end] = v
         return self.k[:, :, :end], self.v[:, :, :end]
 ''')),
+        ("the length is never advanced: update returns buffer[:, :, :length]", "advance", _kv(_CHECKED + '''
+        self.k[:, :, start:end] = k
+        self.v[:, :, start:end] = v
+        return self.k[:, :, :self.length], self.v[:, :, :self.length]
+''')),
+        ("grown with torch.cat, no preallocated buffers", "preallocate", '''
+class KVCache:
+    def __init__(self, batch_size, max_seq_len, n_kv_heads, head_dim, dtype=torch.float32, device="cpu"):
+        self.max_seq_len, self.dtype, self.device = max_seq_len, dtype, device
+        self.k = self.v = None
+
+    def update(self, k, v):
+        if len(self) + k.size(2) > self.max_seq_len:
+            raise ValueError("KV cache full")
+        k, v = k.to(self.dtype), v.to(self.dtype)
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
+        return self.k, self.v
+
+    def __len__(self):
+        return 0 if self.k is None else self.k.size(2)
+
+    def reset(self):
+        self.k = self.v = None
+'''),
+        ("preallocated buffers left unused: update concatenates", "in place", '''
+class KVCache:
+    def __init__(self, batch_size, max_seq_len, n_kv_heads, head_dim, dtype=torch.float32, device="cpu"):
+        self.k_buf = torch.zeros(batch_size, n_kv_heads, max_seq_len, head_dim, dtype=dtype, device=device)
+        self.v_buf = torch.zeros_like(self.k_buf)
+        self.k = self.v = None
+
+    def update(self, k, v):
+        if len(self) + k.size(2) > self.k_buf.size(2):
+            raise ValueError("KV cache full")
+        k, v = k.to(self.k_buf.dtype), v.to(self.k_buf.dtype)
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
+        return self.k, self.v
+
+    def __len__(self):
+        return 0 if self.k is None else self.k.size(2)
+
+    def reset(self):
+        self.k = self.v = None
+'''),
         ("update returns the whole preallocated buffer", "whole preallocated buffer", _kv(_CHECKED + '''
         self.k[:, :, start:end] = k
         self.v[:, :, start:end] = v
