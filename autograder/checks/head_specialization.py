@@ -385,6 +385,36 @@ def _expect_restored(s, model, state, ids, before):
                  f"when the block ends (in a finally), so the model is restored")
 
 
+def _raise_in_block(s, cm):
+    """Leave the with-block of cm (entered) with an error, as `with cm: raise RuntimeError` does:
+    cm.__exit__(RuntimeError, None, None), the exception class taken from the builtins its __exit__ sees."""
+    exit_fn = s.get(s.get(cm, "__exit__"), "__func__")
+    builtins = s.get(exit_fn, "__builtins__")
+    error = builtins.get("RuntimeError") if isinstance(builtins, dict) else None
+    if not isinstance(error, Handle):
+        fail("the with-block of ablate_head(model, layer, head) could not be left with an error: its __exit__ "
+             "does not see Python's builtins")
+    try:
+        s.call((cm, "__exit__"), error, None, None)
+    except StudentError as e:
+        if not e.is_a("RuntimeError"):  # a class's __exit__ may raise it again: that is allowed
+            raise
+
+
+def _expect_restored_after_error(s, config, dtype, state, ids, before):
+    """A with-block that raises: the model is restored all the same (the notebook promises it)."""
+    model = _fresh_model(s, config, dtype, state)
+    cm = s.call("ablate_head", model, 1, 1)
+    _enter(s, cm, "ablate_head(model, layer, head)")
+    _raise_in_block(s, cm)
+    try:
+        _expect_restored(s, model, state, ids, before)
+    except AssertionError:
+        raise AssertionError("after a with-block that raised an error the model is not restored: undo the ablation "
+                             "in a finally (try: yield model, then finally: remove the hook or put the weights "
+                             "back), so it runs whatever the block does") from None
+
+
 @CHECKS.add("ablate_head", aspects={"removes one head": 3, "restores the model": 2, "nested ablations": 1,
                                     "errors": 1})
 def ablate_head(s):
@@ -414,6 +444,8 @@ def ablate_head(s):
                 restored = True
             if not restored:  # the rest is checked on a model without the leftovers
                 model = _fresh_model(s, config, dtype, state)
+        with s.aspect("restores the model"):
+            _expect_restored_after_error(s, config, dtype, state, ids, before)
         # two ablations at once, nested: leaving the inner one keeps the outer one
         with s.aspect("nested ablations"):
             layer = 1

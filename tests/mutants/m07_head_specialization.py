@@ -206,6 +206,16 @@ def induction_score(pattern, period):
             "        g = head // (attn.n_heads // attn.n_kv_heads)\n"
             "        attn.qkv.weight[v0 + g * attn.head_dim:v0 + (g + 1) * attn.head_dim] = 0\n"
             "        attn.qkv.bias[v0 + g * attn.head_dim:v0 + (g + 1) * attn.head_dim] = 0")),
+        ("no try/finally: an error in the with-block leaves the hook", "finally", _ABLATE_HEADER + '''
+    def hook(module, args):
+        x = args[0].clone()
+        x[..., lo:hi] = 0
+        return (x,)
+
+    handle = attn.out_proj.register_forward_pre_hook(hook)
+    yield model
+    handle.remove()
+'''),
         ("weights left zeroed", "not restored", _ABLATE_HEADER + '''
     with torch.no_grad():
         attn.out_proj.weight[:, lo:hi] = 0
@@ -338,6 +348,27 @@ def induction_score(pattern, period):
 '''),
     ],
     "ablate_head": [
+        ("a class with __enter__ and __exit__", '''
+class ablate_head:
+    def __init__(self, model, layer, head):
+        self.attn = model.layers[layer]
+        if not 0 <= head < self.attn.n_heads:
+            raise ValueError(f"no head {head}")
+        self.model, self.cols = model, slice(head * self.attn.head_dim, (head + 1) * self.attn.head_dim)
+
+    def _zero(self, module, args):
+        x = args[0].clone()
+        x[..., self.cols] = 0
+        return (x,)
+
+    def __enter__(self):
+        self.handle = self.attn.out_proj.register_forward_pre_hook(self._zero)
+        return self.model
+
+    def __exit__(self, exc_type, exc, tb):
+        self.handle.remove()
+        return False
+'''),
         ("zero out_proj's columns, then put them back", '''
 @contextlib.contextmanager
 def ablate_head(model, layer, head):
