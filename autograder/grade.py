@@ -34,6 +34,7 @@ from pathlib import Path
 from autograder import notebook as nbk
 from autograder import results as store
 from autograder.checks import LESSONS, OverBudget, PartialCredit, StudentError, Subject, Unchecked, checks_for
+from autograder.sandbox.runner import remove_tree
 from autograder.sandbox.wire import WireError
 from autograder.worker import DEFAULT_LIMITS, Sandbox, SandboxError, Session
 
@@ -395,7 +396,13 @@ def grade_one(sandbox, student, lesson, sub, tests, data_files, grader):
                            "errors": {labels[i]: store.cell_error(err) for i, err in session.cell_errors.items()
                                       if isinstance(i, int) and 0 <= i < len(labels)}}
     finally:
-        session.close()
+        try:
+            session.close()
+        except SandboxError as e:  # what the notebook left killed or hung its sandbox after it was graded:
+            if "tests" not in result:  # its verdict stands (the sandbox is replaced for the next one)
+                raise
+            result["notes"].append(f"after your notebook was graded, its sandbox could not be cleaned up ({e}): "
+                                   "your code left something behind that the grader had to remove by force")
     return result
 
 
@@ -649,7 +656,7 @@ def _run(todo, out, tests, graders, lessons, mode, limits, jobs, progress, anoma
         for s, h in handlers.items():
             signal.signal(s, h)
         tempfile.tempdir = old_tempdir
-        shutil.rmtree(run_tmp, ignore_errors=True)
+        remove_tree(run_tmp)  # whatever a submission left there, at any depth
     return written[0]
 
 

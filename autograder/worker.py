@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 from autograder.sandbox import wire
+from autograder.sandbox.runner import reap, remove_tree
 
 SANDBOX_PKG = Path(__file__).resolve().parent / "sandbox"
 SCRATCH = "/scratch"  # inside bubblewrap: the only writable folder (with /dev/shm)
@@ -260,6 +261,7 @@ class Sandbox:
 
     def __init__(self, mode, limits=None, data_dir=None):
         self.mode, self.limits = mode, dict(DEFAULT_LIMITS, **(limits or {}))
+        self.uid = None  # the uid mode's children's
         self.protect = mode != "none" and os.environ.get(UNPROTECTED_ENV) != "1"
         # The uid mode's child must be able to enter this folder: not one inside a private one.
         self._tmp = tempfile.mkdtemp(prefix="mha-sandbox-", dir="/tmp" if mode == "uid" else None)
@@ -290,7 +292,7 @@ class Sandbox:
                 uid = _free_uid()
                 why = _uid_refusal(uid)
                 if why:
-                    shutil.rmtree(self._tmp, ignore_errors=True)
+                    remove_tree(self._tmp)
                     raise SandboxError(why)
                 # The child may enter our folder (not list it), and write only to its scratch;
                 # the course's data files are copied where it may read them.
@@ -303,6 +305,7 @@ class Sandbox:
                             os.chmod(os.path.join(root, name), 0o755 if name in dirs else 0o644)
                     os.chmod(self.course_dir, 0o755)
                 cmd, popen_env = runner + [str(scratch), f"--uid={uid}"], local
+                self.uid = uid
             elif mode == "unshare":
                 cmd, popen_env = _unshare_base() + runner + [str(scratch), "--pidns"], local
             else:
@@ -396,8 +399,11 @@ class Sandbox:
             self.proc.wait()
         if self.proc.stderr:
             self.proc.stderr.close()
+        # A child outside the worker's process group (its own session) is ended too: by cgroup and,
+        # in the uid mode, by uid. Then its scratch folder goes, whatever it holds (never recursively).
+        reap({"pidns": False, "uid": self.uid, "cgroup": self.cgroup.path})
         self.cgroup.remove()
-        shutil.rmtree(self._tmp, ignore_errors=True)
+        remove_tree(self._tmp)
 
 
 class Session:

@@ -4,6 +4,8 @@ import json
 import os
 import socket
 import struct
+import tempfile
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -204,3 +206,85 @@ def test_the_uid_mode_cleans_what_the_childs_uid_left(tmp_path):
     runner.remove_ipc(uid)
     runner.wipe_owned("/dev/shm", uid)
     assert not owned() and not os.path.exists(f"/dev/shm/mha-test-{uid}")
+
+
+NASTY_TREE = '''
+import os, socket
+def nasty_tree(top, outside, files=20_000):
+    """What a child may leave in its scratch folder (top), with a link to `outside` that must survive."""
+    os.chdir(top)
+    home = os.open(".", os.O_RDONLY)
+    for name in ("d" * 1, "L" * 250):  # 1,500 nested folders; 40 nested names of 250 characters (past PATH_MAX)
+        for _ in range(1500 if len(name) == 1 else 40):
+            os.mkdir(name)
+            os.chdir(name)
+        os.fchdir(home)
+    for _ in range(files):  # one folder of many files
+        os.makedirs("many", exist_ok=True)
+        open(f"many/{_}", "w").close()
+    os.makedirs("locked/inner")
+    open("locked/inner/f", "w").close()
+    os.chmod("locked/inner", 0)
+    os.chmod("locked", 0)
+    os.makedirs("readonly")
+    open("readonly/f", "w").close()
+    os.chmod("readonly/f", 0)
+    os.chmod("readonly", 0o500)
+    os.mkfifo("fifo")
+    socket.socket(socket.AF_UNIX).bind("sock")
+    os.symlink("loop-b", "loop-a")
+    os.symlink("loop-a", "loop-b")
+    for name, target in (("up", ".."), ("root", "/"), ("outside", outside), ("outside-file", f"{outside}/canary")):
+        os.symlink(target, name)
+    keep = open("kept-open", "w")  # a file it still holds
+    os.chmod(".", 0)  # and the folder itself
+    return keep
+'''
+
+
+def test_the_wipe_removes_whatever_a_child_left(tmp_path):
+    """Deep trees, names past PATH_MAX, folders made unreadable, FIFOs, sockets, link loops, links out
+    (never followed), many files, the scratch folder itself made unreadable: emptied, never recursively."""
+    scope = {}
+    exec(NASTY_TREE, scope)
+    root = Path(tempfile.mkdtemp(dir="/tmp" if os.geteuid() == 0 else tmp_path))  # pytest's folders: mode 0700
+    top, outside = root / "scratch", root / "outside"
+    top.mkdir()
+    outside.mkdir()
+    (outside / "canary").write_text("x")
+    uid = 65534 if os.geteuid() == 0 else os.geteuid()  # as root, permissions would not be tested
+    for path in (root, top):
+        os.chmod(path, 0o755)
+    os.chown(top, uid, uid) if os.geteuid() == 0 else None
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child's tree and the worker's wipe, as the same unprivileged user
+        ok = b"?"
+        try:
+            os.setgid(uid) if os.geteuid() == 0 else None
+            os.setuid(uid) if os.geteuid() == 0 else None
+            keep = scope["nasty_tree"](str(top), str(outside))
+            os.chdir("/")
+            ok = b"1" if runner.wipe([str(top)], {str(top): 0o755}) else b"0"
+            keep.close()
+        except BaseException as e:
+            ok = repr(e).encode()[:500]
+        finally:
+            os.write(w, ok)
+            os._exit(0)
+    os.close(w)
+    os.waitpid(pid, 0)
+    with os.fdopen(r, "rb") as f:
+        assert f.read() == b"1"
+    try:
+        assert top.is_dir() and list(top.iterdir()) == [] and (top.stat().st_mode & 0o777) == 0o755
+        assert (outside / "canary").read_text() == "x"
+    finally:
+        assert runner.remove_tree(str(root))
+
+
+def test_a_tree_that_cannot_be_removed_is_reported_not_raised(tmp_path, monkeypatch):
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    monkeypatch.setattr(runner.os, "rmdir", lambda *a, **k: (_ for _ in ()).throw(PermissionError("no")))
+    assert runner.wipe([str(tmp_path)]) is False
+    assert runner.remove_tree(str(tmp_path)) is False

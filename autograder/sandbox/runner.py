@@ -23,15 +23,16 @@ and exited after each child.
 """
 import ctypes
 import hashlib
+import itertools
 import json
 import marshal
 import os
 import platform
 import resource
 import select
-import shutil
 import signal
 import socket
+import stat
 import struct
 import sys
 import time
@@ -40,6 +41,9 @@ import types
 
 PRIVATE = ("/dev/shm",)  # with --private-tmp (bubblewrap) this is ours alone, as is the scratch folder
 SHARED = ("/dev/shm", "/tmp", "/var/tmp")  # writable by anyone: in the uid mode, what the uid made goes
+O_PATH = getattr(os, "O_PATH", 0o10000000)
+# What a child left is removed within this (the grader waits 30 s for the worker's answer).
+WIPE_SECONDS = 20
 LIBC = ctypes.CDLL(None, use_errno=True)
 LIBC.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
 PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 4, 38, 22, 2
@@ -236,23 +240,115 @@ def child(data, shell, start, scratch, opts):
         send_frame(data, server.handle(request))
 
 
-def wipe(places):
-    """Empty the given folders (never the folders themselves)."""
-    for top in places:
-        if not os.path.isdir(top):
+def _unlock(dir_fd, name):
+    """Give the folder `name` in dir_fd (never a link: O_NOFOLLOW) its owner's rwx back, whatever
+    mode a child left it in (0 included), through an O_PATH descriptor, which needs no permission
+    on the folder itself."""
+    fd = os.open(name, O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY, dir_fd=dir_fd)
+    try:
+        os.chmod(f"/proc/self/fd/{fd}", 0o700)
+    finally:
+        os.close(fd)
+
+
+def _remove_one(top_fd, name, spare):
+    """Remove the entry `name` of the folder top_fd: anything but a folder is unlinked (a link is
+    never followed); a folder is unlocked, its files unlinked, its subfolders moved up into top_fd
+    (so no path and no stack grows with the depth of a tree) and it is removed once empty.
+    Returns how many entries it removed or moved (0: no progress)."""
+    try:
+        os.unlink(name, dir_fd=top_fd)
+        return 1
+    except IsADirectoryError:
+        pass
+    _unlock(top_fd, name)
+    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=top_fd)
+    done = 0
+    try:
+        with os.scandir(fd) as entries:
+            for entry in entries:
+                try:
+                    os.unlink(entry.name, dir_fd=fd)
+                    done += 1
+                except IsADirectoryError:
+                    done += _move_up(fd, entry.name, top_fd, spare)
+                except OSError:
+                    pass  # left for the next pass
+    finally:
+        os.close(fd)
+    try:
+        os.rmdir(name, dir_fd=top_fd)
+    except OSError:
+        return done
+    return done + 1
+
+
+def _move_up(fd, name, top_fd, spare):
+    """Move the folder `name` of fd into top_fd, under a name of ours; returns 1, or 0 when it cannot."""
+    try:
+        _unlock(fd, name)  # moving a folder rewrites its "..": it must be writable
+    except OSError:
+        return 0
+    for _ in range(100):  # a name a child already took is skipped
+        try:
+            os.rename(name, f".wipe-{next(spare)}", src_dir_fd=fd, dst_dir_fd=top_fd)
+            return 1
+        except FileNotFoundError:
+            return 0
+        except OSError:
             continue
-        for name in os.listdir(top):
-            path = os.path.join(top, name)
-            for root, dirs, _ in os.walk(path):  # a child may have made folders unreadable
-                for d in dirs:
+    return 0
+
+
+def wipe(places, modes=None, seconds=60):
+    """Empty the given folders (never the folders themselves) of whatever a child left there: trees
+    of any depth, names past PATH_MAX, folders and files it made unreadable or unwritable, links
+    (never followed, loops included), FIFOs, sockets, millions of files. Iterative and by file
+    descriptor, so nothing recurses and no path grows; passes are repeated until a folder is empty
+    (a process still writing refills it). modes: {folder: mode} to give each folder back first
+    (a child may chmod its own scratch). Never raises; returns False when something could not be
+    removed within `seconds` (then the worker is replaced rather than grade beside it)."""
+    deadline, spare, clean = time.monotonic() + seconds, itertools.count(), True
+    for top in places:
+        try:
+            if modes and top in modes:
+                os.chmod(top, modes[top])
+            top_fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            continue
+        except OSError:
+            clean = False
+            continue
+        try:
+            while names := os.listdir(top_fd):
+                done = 0
+                for name in names:
+                    if time.monotonic() > deadline:
+                        break
                     try:
-                        os.chmod(os.path.join(root, d), 0o700)
+                        done += _remove_one(top_fd, name, spare)
                     except OSError:
-                        pass
-            try:
-                shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.unlink(path)
-            except OSError:
-                pass
+                        pass  # gone already, or left for the next pass
+                if not done:  # nothing removable left, or no time
+                    clean = False
+                    break
+        except Exception:  # never the worker's end: it is replaced instead
+            clean = False
+        finally:
+            os.close(top_fd)
+    return clean
+
+
+def remove_tree(path, seconds=60):
+    """Remove a folder and everything in it (see wipe()); never raises, returns whether it is gone."""
+    done = wipe([path], seconds=seconds)
+    try:
+        os.rmdir(path)
+    except FileNotFoundError:
+        return done
+    except OSError:
+        return False
+    return done
 
 
 def vm_size(pid="self"):
@@ -371,6 +467,7 @@ def main():
             "protect": "--unprotected" not in sys.argv}
     # Outside bubblewrap /dev/shm is shared with the machine: only our own scratch folder is wiped.
     places = (scratch,) + (PRIVATE if "--private-tmp" in sys.argv else ())
+    modes = {top: os.stat(top).st_mode & 0o7777 for top in places}  # a child may chmod them: given back
     if opts["protect"]:
         _check(LIBC.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "not dumpable")
         opts["seccomp"] = seccomp_program()
@@ -408,34 +505,44 @@ def main():
             except OSError:
                 pass
         reap(opts)
-        wipe(places)
+        # Whatever the child left must not end the worker (its verdict would become the grader's
+        # failure): what cannot be removed in time makes the worker replaced instead.
+        clean = wipe(places, modes, WIPE_SECONDS)
         if opts["protect"] and opts["uid"]:  # shared with the machine: what the child's uid left there
             remove_ipc(opts["uid"])
             for top in SHARED:
-                wipe_owned(top, opts["uid"])
+                clean = wipe_owned(top, opts["uid"]) and clean
         elif opts["protect"] and opts["pidns"]:
             remove_ipc()  # our IPC namespace (bwrap, unshare): everything in it is the children's
-        tainted = opts["protect"] and fingerprint(shell) != pristine
+        tainted = not clean or opts["protect"] and fingerprint(shell) != pristine
         ctl.send(json.dumps({"op": "exited", "status": status, "restart": tainted}).encode())
         if tainted:
             return
 
 
 def wipe_owned(top, uid):
-    """Remove what `uid` made directly under `top` (a folder shared with the machine)."""
+    """Remove what `uid` made directly under `top` (a folder shared with the machine); returns
+    False when something of it is left."""
     try:
         names = os.listdir(top)
     except OSError:
-        return
+        return True
+    clean = True
     for name in names:
         path = os.path.join(top, name)
         try:
-            if os.lstat(path).st_uid == uid:
-                wipe([path]) if os.path.isdir(path) and not os.path.islink(path) else os.unlink(path)
-                if os.path.isdir(path):
-                    os.rmdir(path)
-        except OSError:
+            st = os.lstat(path)
+            if st.st_uid != uid:
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                clean = remove_tree(path, WIPE_SECONDS) and clean
+            else:
+                os.unlink(path)
+        except FileNotFoundError:
             pass
+        except OSError:
+            clean = False
+    return clean
 
 
 if __name__ == "__main__":
