@@ -354,9 +354,10 @@ class Sandbox:
     def bound(self, mb):
         """Before a bounded block of calls: the worker kills every process of the sandbox but itself
         and the serving child, then lowers the child's address-space limit (soft and hard, from
-        outside the child: nothing in the student's process takes part) to what it maps now plus
-        mb MiB, and its process limit to none. Returns None, or why it was refused (a student's
-        process that already holds too much, see runner.bound())."""
+        outside the child: nothing in the student's process takes part) to what a fresh worker maps
+        plus mb MiB, and its process limit to none. Returns {"held_mb": what the child mapped beyond
+        a fresh worker}, with "refused": why when refused (a student's process that already holds the
+        whole bound, see runner.bound(); held_mb is absent when it ended first)."""
         try:
             self.ctl.send(json.dumps({"op": "bound", "mb": int(mb)}).encode())
         except OSError as e:
@@ -365,7 +366,9 @@ class Sandbox:
         if reply is None or reply["op"] not in ("bounded", "refused"):
             self.close()
             raise SandboxError("the sandbox stopped answering")
-        return str(reply.get("why"))[:500] if reply["op"] == "refused" else None
+        held = reply.get("held_mb")
+        held = {"held_mb": held} if isinstance(held, int) and 0 <= held < 2**40 else {}
+        return {"refused": str(reply.get("why"))[:500], **held} if reply["op"] == "refused" else held
 
     def stop_child(self, data):
         """Make sure the current child is gone and the worker is clean again."""
@@ -549,11 +552,11 @@ class Session:
             return {"ok": None}
         if self.data is None:
             self.open()
-        why = self.sandbox.bound(request["mb"])
-        if why:
-            return {"refused": why}
+        reply = self.sandbox.bound(request["mb"])
+        if "refused" in reply:
+            return reply
         self.bounded = True
-        return {"ok": None}
+        return {"ok": None, **reply}
 
     def _reply(self, reply):
         """A reply frame, validated: exactly one known key, and an error that is plain data."""

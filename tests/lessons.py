@@ -4,7 +4,7 @@ import linecache
 import re
 
 from autograder import notebook as nbk
-from autograder.checks import checks_for
+from autograder.checks import checks_for, memory
 
 LESSONS = nbk.lesson_names()
 
@@ -21,9 +21,17 @@ def namespace_source(lesson):
     return [re.sub(r"^\s*[%!].*$", "", c, flags=re.M) for c in cells]  # no magics in-process
 
 
+@functools.lru_cache(maxsize=None)
+def _imported(lesson):
+    """The lesson's code run once in this process, so that what its imports map is there before a baseline."""
+    exec(compile("\n".join(namespace_source(lesson)), f"<{lesson}>", "exec"), {"__name__": "__lesson__"})
+
+
 def fresh_namespace(lesson, replace=None):
     """A namespace with the lesson's code run in it; replace: {graded name: answer cell code}."""
     ns = {"__name__": "__lesson__", "__cell_sources__": []}  # what LocalSubject gives checks as s.sources
+    _imported(lesson)
+    before = memory.in_use()
     replace = replace or {}
     nb = nbk.read(nbk.lesson_path(lesson))
     cells = [c for c in nbk.code_cells(nb) if not nbk.is_test(c) and not nbk.is_demo(c)]
@@ -34,6 +42,7 @@ def fresh_namespace(lesson, replace=None):
         linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
         ns["__cell_sources__"].append(source)
         exec(compile(source, filename, "exec"), ns)
+    memory.record_cells(ns, before)  # what the cells keep counts against the checks' memory bounds, as in the grader
     return ns
 
 

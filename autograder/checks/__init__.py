@@ -13,7 +13,6 @@ import contextlib
 import importlib
 import json
 import re
-import resource
 import warnings
 import zlib
 from pathlib import Path
@@ -21,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from autograder.checks.memory import LocalBound
 from autograder.sandbox import wire
-from autograder.sandbox.runner import vm_size
 from autograder.sandbox.server import ObjectServer
 from autograder.sandbox.wire import Array, Handle
 
@@ -166,6 +165,7 @@ class Subject:
         self.sources = [str(c) for c in sources]
         self._aspects = None
         self._isolated = ()  # the names isolate() replaced, until restore()
+        self.held_mb = 0  # see memory_bound()
 
     def _request(self, request, callback=None):
         reply = self._transport(request, callback=callback) if callback else self._transport(request)
@@ -212,21 +212,27 @@ class Subject:
 
     @contextlib.contextmanager
     def memory_bound(self, memory_mb):
-        """A block in which every call may allocate at most memory_mb MiB more than the student's
-        process maps at its start, and (in the sandbox) start no process: a hard limit set from
-        outside that process by the sandbox's worker (runner.bound()), after it killed every other
-        process of the sandbox. The limit cannot be lifted, so the grader ends that process after
-        the block: handles from before or inside it are gone, and the next request runs the cells
-        again. In-process (LocalSubject) the soft limit of this process is lowered for the block.
-        A call that runs out raises OverBudget or comes back as a StudentError (MemoryError, or
-        torch's "can't allocate memory"). One bound per block (no nesting).
-        Known limit: memory allocated before the block and freed inside it (a cell that keeps a big
-        array and frees it during the call) is headroom; the worker refuses the bound (an
-        AssertionError with its reason) when the process already maps more than
-        runner.BOUND_MARGIN_MB beyond a fresh one."""
+        """A block in which the student's process may map at most memory_mb MiB more than a fresh one
+        (in the sandbox: the pristine worker it is forked from), and (in the sandbox) start no process:
+        a hard limit set from outside that process by the sandbox's worker (runner.bound()), after it
+        killed every other process of the sandbox. What the process mapped before the block (its cells,
+        a buffer they keep, memory freed but still mapped, earlier checks) is part of memory_mb, never
+        headroom on top of it: size memory_mb for an honest process (runner.py says what one maps) and
+        the forbidden layout well above it. The limit cannot be lifted, so the grader ends that process
+        after the block: handles from before or inside it are gone, and the next request runs the
+        cells again. In-process (LocalSubject) the soft limit of this process is lowered for the block,
+        counted the same way (checks.memory). A call that runs out raises OverBudget or comes back as a
+        StudentError (MemoryError, or torch's "can't allocate memory"). One bound per block (no nesting).
+        A process that already holds memory_mb is over budget before the block (OverBudget); one that
+        ended before it could be bounded fails with that reason (AssertionError).
+        self.held_mb: what the process held beyond a fresh one when the block began."""
         reply = self._transport({"op": "bound", "mb": int(memory_mb)})
+        held = reply.get("held_mb") if isinstance(reply, dict) else None
+        self.held_mb = held if isinstance(held, int) else 0
         if isinstance(reply, dict) and "refused" in reply:
             self._transport({"op": "unbound"})
+            if isinstance(held, int):
+                raise OverBudget(str(reply["refused"]))
             raise AssertionError(f"your code's memory could not be checked: {reply['refused']}")
         try:
             yield
@@ -311,34 +317,19 @@ class LocalSubject(Subject):
         server = ObjectServer(namespace)
         roundtrip = lambda msg: json.loads(wire.dumps(msg))  # noqa: E731
 
+        bound = LocalBound()
+
         def transport(request, callback=None):
-            if request.get("op") in ("bound", "unbound"):
-                return _local_bound(request)
+            if request.get("op") == "bound":
+                return bound.enter(namespace, int(request["mb"]))
+            if request.get("op") == "unbound":
+                return bound.leave()
             server.channel = (lambda payload: roundtrip(wire.encode_plain(callback(wire.decode(roundtrip(payload))))))\
                 if callback else None
             return roundtrip(server.handle(roundtrip(request)))
 
         sources = namespace.get("In") or namespace.get("__cell_sources__") or ()
         super().__init__(transport, seed_text, [c for c in sources if isinstance(c, str)])
-
-
-_SOFT_AS = []  # the soft address-space limit before an in-process memory bound, to restore after it
-
-
-def _local_bound(request):
-    """LocalSubject's memory_bound: this process's soft address-space limit, lowered to what it maps
-    now plus mb MiB for the block and restored after it (never the hard limit: no trust is needed here)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    if request["op"] == "unbound":
-        if _SOFT_AS:
-            resource.setrlimit(resource.RLIMIT_AS, (_SOFT_AS.pop(), hard))
-        return {"ok": None}
-    if _SOFT_AS:
-        raise RuntimeError("memory bounds do not nest")
-    limit = vm_size() + int(request["mb"]) * 2**20
-    _SOFT_AS.append(soft)
-    resource.setrlimit(resource.RLIMIT_AS, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))
-    return {"ok": None}
 
 
 def verify(lesson, name, namespace):
@@ -369,23 +360,36 @@ def call_named(s, what, *args, hint="", **kwargs):
 def call_within_memory(s, memory_mb, message, target, *args, **kwargs):
     """s.call_bounded(memory_mb, target, ...); running out of memory there fails with `message` (what
     the answer must have materialised). Size the case so that the wrong layout needs one allocation
-    well above memory_mb: memory the process already holds is not counted again."""
+    well above memory_mb, which counts from a fresh process (Subject.memory_bound)."""
     with within_memory(s, memory_mb, message):
         return s.call(target, *args, **kwargs)
 
 
 @contextlib.contextmanager
 def within_memory(s, memory_mb, message):
-    """A block of calls in s.memory_bound(memory_mb); running out of memory there fails with `message`."""
+    """A block of calls in s.memory_bound(memory_mb); running out of memory there fails with `message`.
+    It gives reword(message), which sets the message for what follows in the block (one bound, calls
+    that must fit it for different reasons)."""
+    said = [message]
     try:
         with s.memory_bound(memory_mb):
-            yield
+            yield lambda new: said.__setitem__(0, new)
     except OverBudget:
-        fail(message)
+        fail(said[0] + _held(s))
     except StudentError as e:
         if e.is_a("MemoryError") or "alloc" in e.raw_message.lower():
-            fail(message)
+            fail(said[0] + _held(s))
         raise
+
+
+HELD_NOTE_MB = 16  # an honest process holds less than 8 MiB beyond a fresh one when a bound begins
+
+
+def _held(s):
+    """What a failure under a memory bound adds when the process already held much before it."""
+    return (f" (your notebook's process already held {s.held_mb} MiB more than a fresh one before the call: "
+            "memory your cells keep counts too: free large arrays they keep at top level)") \
+        if s.held_mb >= HELD_NOTE_MB else ""
 
 
 def tensor(array, dtype=None):

@@ -5,8 +5,9 @@ Results are compared with the exact answer (the reference computed in float64), 
 that follow the dtype and the scores' magnitude. How a result was computed is scored only where
 the evidence is out of the student's reach:
 
-- flash_attention "tiled": one call runs under a hard memory bound (Subject.call_bounded) with so
-  many keys that a (block_q, Tk) row of scores cannot fit while tiles do;
+- flash_attention "tiled": two calls run under a hard memory bound (Subject.memory_bound, counted from a
+  fresh process) with so many keys that a (block_q, Tk) row of scores cannot fit while tiles do, and,
+  causal, so many queries and keys that a full (Tq, Tk) boolean mask cannot fit either;
 - triton_attention "is a Triton kernel": the submission's source cells, parsed on the host
   (triton_evidence.py), plus correct values at run time; flash_attention's "tiled" reads the same
   cells (best effort) for a call to PyTorch's fused attention;
@@ -21,8 +22,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from autograder.checks import (Checks, Unchecked, call_within_memory, close, expect_array, expect_int, fail,
-                               kind_of, reference, tensor, triton_evidence)
+from autograder.checks import (Checks, Unchecked, close, expect_array, expect_int, fail,
+                               kind_of, reference, tensor, triton_evidence, within_memory)
 from autograder.sandbox.wire import Array, Handle
 from solutions import gpu as ref
 
@@ -221,12 +222,15 @@ def _attention_mistakes(q, k, v, causal, block_ks, dtype, triton=False):
     return out
 
 
-def _exact(q, k, v, causal, dtype):
-    """The exact answer (float64) to a question asked in `dtype`, and how far a float32 computation may
-    stray from it (relative to float32's tolerance): the error of exp(s - m) grows with the scores' size."""
+def _exact(q, k, v, causal, dtype, rows=None):
+    """The exact answer (float64) to a question asked in `dtype` (for the given query rows only, when
+    given), and how far a float32 computation may stray from it (relative to float32's tolerance): the
+    error of exp(s - m) grows with the scores' size."""
     q64, k64, v64 = (torch.from_numpy(a).double() for a in (q, k, v))
     tq, tk = q.shape[2], k.shape[2]
-    mask = torch.ones(tq, tk, dtype=torch.bool).tril(tk - tq) if causal else None
+    rows = torch.arange(tq) if rows is None else torch.from_numpy(np.asarray(rows))
+    q64 = q64[:, :, rows]
+    mask = torch.arange(tk)[None, :] <= rows[:, None] + (tk - tq) if causal else None  # bottom-right aligned
     # torch's fused CPU kernel in float64: exact to ~1e-14 and O(T) memory, for the bounded case's many keys
     want = reference(F.scaled_dot_product_attention(q64, k64, v64, attn_mask=mask), dtype=np.dtype(dtype).name)
     # |q . k| <= |q| |k|: a bound on the largest score without forming the score matrix
@@ -268,26 +272,50 @@ def _qkv(rng, b, h, tq, tk, dh, dtype, scale=2.0):
     return q, k, v
 
 
-# The bounded call: one query tile against TILED_KEYS keys. A (block_q, Tk) row of float32 scores takes
-# 64 MiB: one allocation above glibc's largest mmap threshold (32 MiB), so it always counts against the
-# bound, whatever memory the process had kept from earlier calls. Honest code (k and v take 1 MiB each,
-# a tile of scores 0.5 MiB in float32, 1 in float64, and a few temporaries) passes from 16 MiB on, with
-# float64 copies of k and v and a loop over heads; the bound leaves it twice that.
-TILED_KEYS, TILED_BLOCKS, TILED_DH, TILED_MB = 65536, (256, 512), 4, 32
-TILED_MESSAGE = ("flash_attention ran out of memory with {tk} keys in tiles of {bq} x {bk}: FlashAttention never "
-                 "materialises the full (Tq, Tk) score matrix, or a (block_q, Tk) row of it (here {mb} MiB of "
-                 "scores). Loop over tiles of queries AND keys, keeping only one block_q x block_k tile of scores")
+# The bounded block counts from a fresh process (Subject.memory_bound): what the cells keep (a buffer made
+# at top level to write the scores into) is part of TILED_MB, never headroom on top of it. An honest process
+# holds up to 7.5 MiB beyond a fresh one when the block begins, and its calls need up to 12 MiB more (k and v
+# take 1 MiB each, a tile of scores 0.5 MiB in float32, 1 in float64, and a few temporaries). Forbidden, each
+# one allocation well above TILED_MB: without a mask, one query tile against 65536 keys, whose (block_q, Tk)
+# row of float32 scores (the full matrix too) takes 64 MiB; with causal=True, 6144 queries and keys, whose
+# (Tq, Tk) boolean mask takes 36 MiB (the lesson says a full mask counts too). Only some rows are compared
+# with the exact answer: the reference's cost stays small.
+TILED_MB, TILED_ROWS = 28, 64
+TILED_CASES = [(False, 256, 65536, (256, 512)), (True, 6144, 6144, (256, 512))]  # causal, Tq, Tk, blocks
+TILED_DH = 4
+TILED_MESSAGE = ("flash_attention{causal} ran out of memory with {tq} queries and {tk} keys in tiles of {bq} x {bk}: "
+                 "FlashAttention never materialises anything of (Tq, Tk) size (here {mb} MiB of {what}): not the full "
+                 "score matrix, not a (block_q, Tk) row of it, not a full mask. Loop over tiles of queries AND keys, "
+                 "keeping only one block_q x block_k tile of scores (and of the causal mask)")
+
+
+def _rows(got, rows):
+    """The given query rows of a (B, H, Tq, Dh) answer; anything else as it came (expect_array names it)."""
+    if isinstance(got, Array) and got.data.ndim == 4 and got.data.shape[2] > max(rows):
+        return Array(got.kind, got.dtype, got.data[:, :, rows], device=got.device)
+    return got
 
 
 def _expect_tiled(s, rng):
-    """flash_attention within a memory bound that a tile fits and a row of scores does not."""
-    bq, bk = TILED_BLOCKS
-    q, k, v = _qkv(rng, 1, 1, bq, TILED_KEYS, TILED_DH, np.float32)
-    message = TILED_MESSAGE.format(tk=TILED_KEYS, bq=bq, bk=bk, mb=bq * TILED_KEYS * 4 // 2**20)
-    got = call_within_memory(s, TILED_MB, message, "flash_attention", tensor(q), tensor(k), tensor(v),
-                             block_q=bq, block_k=bk)
-    want, cond = _exact(q, k, v, False, np.float32)
-    _expect_attention(got, want, f"flash_attention with {TILED_KEYS} keys", lambda: [], bq, [bq], cond)
+    """flash_attention within a memory bound that tiles fit and a row of scores or a full mask do not."""
+    calls = []
+    for causal, tq, tk, (bq, bk) in TILED_CASES:
+        q, k, v = _qkv(rng, 1, 1, tq, tk, TILED_DH, np.float32)
+        rows = np.sort(rng.choice(tq, min(tq, TILED_ROWS), replace=False))
+        size, what = (tq * tk, "mask") if causal else (bq * tk * 4, "scores")
+        message = TILED_MESSAGE.format(causal=" (causal)" if causal else "", tq=tq, tk=tk, bq=bq, bk=bk,
+                                       mb=size // 2**20, what=what)
+        calls.append((causal, q, k, v, bq, bk, rows, message))
+    got = []
+    with within_memory(s, TILED_MB, calls[0][-1]) as reword:  # one bound (one restart of the process) for both
+        for causal, q, k, v, bq, bk, _, message in calls:
+            reword(message)
+            got.append(s.call("flash_attention", tensor(q), tensor(k), tensor(v), causal=causal, block_q=bq,
+                              block_k=bk))
+    for (causal, q, k, v, _, _, rows, _), answer in zip(calls, got):
+        want, cond = _exact(q, k, v, causal, np.float32, rows)
+        _expect_attention(_rows(answer, rows), want, f"flash_attention(causal={causal}) with {k.shape[2]} keys",
+                          lambda: [], len(rows), [], cond)
 
 
 @CHECKS.add("flash_attention", aspects={"values": 3, "causal": 1, "float16": 1, "tiled": 2})

@@ -25,3 +25,10 @@ def cases(kind, lessons):
         for name, items in (getattr(module, kind, {}) if module else {}).items():
             out += [pytest.param(lesson, name, item, id=f"{lesson}-{name}-{item[0]}") for item in items]
     return out
+
+
+def also_loses(lesson, what):
+    """The other graded names a mutant may cost (its module's ALSO_LOSES = {what: {name: why}}): memory its
+    cells keep counts against every memory bound of the lesson, as an honest notebook's would."""
+    module = for_lesson(lesson)
+    return set(getattr(module, "ALSO_LOSES", {}).get(what, {}))

@@ -231,6 +231,33 @@ def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):
 '''),
         ("constant: raises ValueError", "ValueError",
          _RAISES.format(sig="flash_attention(q, k, v, causal=False, block_q=64, block_k=64)")),
+        # Memory taken before the bound is part of it (issue 19): the full score matrix, written into a buffer
+        # that the cell reserved at top level.
+        ("the full score matrix, in a buffer reserved before the call", "never materialises", '''
+_SCORES = torch.empty(2**24 + 2**20)  # 68 MiB of float32, reserved when the cell runs
+
+
+def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):
+    B, H, Tq, Dh = q.shape
+    Tk = k.size(2)
+    work = torch.promote_types(q.dtype, torch.float32)
+    q3, k3, v3 = (t.to(work).reshape(B * H, -1, Dh) for t in (q, k, v))
+    n = B * H * Tq * Tk
+    out = _SCORES[:n].view(B * H, Tq, Tk) if work == torch.float32 and n <= _SCORES.numel() else None
+    scores = torch.bmm(q3, k3.transpose(1, 2), out=out).mul_(1 / math.sqrt(Dh))
+    if causal:
+        scores.masked_fill_(torch.ones(Tq, Tk, dtype=torch.bool).tril(Tk - Tq).logical_not(), float("-inf"))
+    scores.sub_(scores.amax(-1, keepdim=True)).exp_()
+    scores.div_(scores.sum(-1, keepdim=True))
+    return torch.bmm(scores, v3).reshape(B, H, Tq, Dh).to(q.dtype)
+'''),
+        # Tiles of scores, but the causal mask made whole first (issue 21: the lesson says a full mask counts too).
+        ("tiles, but a full (Tq, Tk) causal mask", "full mask", _flash().replace(
+            "    for qs in range(0, Tq, block_q):",
+            "    visible = torch.ones(Tq, Tk, dtype=torch.bool).tril(Tk - Tq) if causal else None\n"
+            "    for qs in range(0, Tq, block_q):").replace(
+            's.masked_fill(torch.arange(ks, ks + kb.size(2)) > rows, float("-inf"))',
+            's.masked_fill(~visible[qs:qs + n, ks:ks + kb.size(2)], float("-inf"))')),
     ],
     "fuse_qkv": [
         ("k, q, v order", "order", _fuse(projs="(attn.k_proj, attn.q_proj, attn.v_proj)")),

@@ -1,0 +1,106 @@
+"""The in-process memory bound (LocalSubject.memory_bound), counted like the grader's: the cells'
+memory is part of the bound, and what ran before in the same process gives no headroom.
+
+glibc keeps memory a process has freed mapped (free chunks of its heaps) and reuses it without
+mapping more, so under an address-space limit counted from what the process maps now, memory
+freed by an earlier test would be headroom. For the block, the free chunks glibc holds are taken
+(malloc'd, and freed after it: _soak), so the block must map what it uses, and the limit is
+
+    mapped now + mb - what the namespace's cells keep
+
+where what the cells keep (a buffer they made) is what they added to the memory in use (mapped,
+less the bytes glibc holds free: mallinfo2) while they ran, recorded once by record_cells() (the
+tests do; a notebook's own kernel has no record: only what the block maps counts). It does not
+depend on what ran in the process since. Without glibc (macOS) nothing is taken.
+"""
+import ctypes
+import resource
+
+from autograder.sandbox.runner import vm_size
+
+KEPT = "__memory_kept__"  # the namespace's key for record_cells()
+_SOAK_SIZES = [2**k for k in range(26, 15, -1)]  # 64 MiB down to 64 KiB: smaller chunks are left free
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                     "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def _glibc():
+    try:
+        libc = ctypes.CDLL(None)
+        libc.mallinfo2.restype = _MallInfo2
+    except (OSError, AttributeError):
+        return None
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.restype, libc.free.argtypes = None, [ctypes.c_void_p]
+    return libc
+
+
+_LIBC = _glibc()
+
+
+def _free_bytes():
+    """The bytes glibc holds free in all its arenas (their top chunks included)."""
+    return _LIBC.mallinfo2().fordblks if _LIBC else 0
+
+
+def in_use():
+    """Bytes this process maps, less what glibc holds free."""
+    return vm_size() - _free_bytes()
+
+
+def record_cells(namespace, before):
+    """After a namespace's cells ran (before: in_use() before they ran): what they keep will count
+    against its memory bounds."""
+    namespace[KEPT] = max(in_use() - before, 0)
+
+
+def _soak():
+    """malloc the free chunks glibc holds, largest first, as long as one comes without mapping more;
+    returns them for _release()."""
+    held, vm = [], vm_size()
+    for size in _SOAK_SIZES if _LIBC else ():
+        while _free_bytes() >= size:
+            p = _LIBC.malloc(size - 64)
+            if not p or vm_size() > vm:  # no free chunk that large: it was mapped anew
+                _LIBC.free(p)
+                vm = vm_size()
+                break
+            held.append(p)
+    return held
+
+
+def _release(held):
+    for p in held:
+        _LIBC.free(p)
+
+
+class LocalBound:
+    """One in-process bound at a time: enter(namespace, mb) lowers this process's soft address-space
+    limit (never the hard one: no trust is needed here), leave() restores it."""
+
+    def __init__(self):
+        self._saved = None  # (soft limit, soaked chunks) while bounded
+
+    def enter(self, namespace, mb):
+        if self._saved is not None:
+            raise RuntimeError("memory bounds do not nest")
+        kept = namespace.get(KEPT, 0)
+        if kept >= mb * 2**20:
+            return {"refused": f"your notebook's cells keep {kept >> 20} MiB, and this check allows {mb} MiB in all: "
+                               "free large arrays your cells keep at top level", "held_mb": kept >> 20}
+        held = _soak()
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        self._saved = (soft, held)
+        limit = vm_size() + mb * 2**20 - kept
+        resource.setrlimit(resource.RLIMIT_AS, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))
+        return {"ok": None, "held_mb": kept >> 20}
+
+    def leave(self):
+        if self._saved is not None:
+            (soft, held), self._saved = self._saved, None
+            resource.setrlimit(resource.RLIMIT_AS, (soft, resource.getrlimit(resource.RLIMIT_AS)[1]))
+            _release(held)
+        return {"ok": None}
