@@ -109,7 +109,12 @@ def main(argv=None):
         return _term(args)
     elif args.command == "gradescope-bundle":
         from autograder.gradescope import bundle
-        print(bundle(args.lesson, args.out, args.visibility, args.test_visibility, args.stdout_visibility))
+        from autograder.results import UsageError
+        try:
+            print(bundle(args.lesson, args.out, args.visibility, args.test_visibility, args.stdout_visibility))
+        except UsageError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     elif args.command == "sync":
         from autograder.sync import sync
         changed = sync(args.lesson, check=args.check)
@@ -152,8 +157,10 @@ def _manifest(args):
 
 
 def _merge(args):
+    from autograder.grade import check_gradebook
     from autograder.merge import merge
 
+    check_gradebook(args.gradebook)
     results = merge(args.results, args.out, args.gradescope, args.gradebook, args.manifest, args.allow_partial,
                     args.course_root)
     _summary(args.out, results)

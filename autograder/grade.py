@@ -490,13 +490,31 @@ def plan(submissions, out, lessons=None, all_lessons=False, students=None, shard
     return klass, lessons, selected, (m["id"] if m else None), anomalies, out, want_shard
 
 
+def check_gradebook(gradebook):
+    """GradeError, before any work, for a --gradebook that could not be written once the results
+    are: a folder, a file in a folder that does not exist, or no nbgrader to write it with."""
+    if not gradebook:
+        return
+    path = Path(gradebook)
+    if path.is_dir():
+        raise GradeError(f"--gradebook {gradebook} is a folder: name the gradebook file (e.g. gradebook.db)")
+    if not path.parent.is_dir():
+        raise GradeError(f"--gradebook {gradebook}: the folder {path.parent} does not exist (create it first)")
+    from importlib.util import find_spec
+    if find_spec("nbgrader") is None:
+        raise GradeError("--gradebook needs nbgrader: pip install 'nbgrader>=0.9,<0.10' (or the course's [dev] extra)")
+
+
 def grade(submissions, out, lessons=None, jobs=1, resume=False, shard=None, mode="bwrap", limits=None,
           gradescope=False, gradebook=None, progress=True, all_lessons=False, students=None, force=False,
           manifest=None, course_root=None):
     """Grade a class into RESULTS. Returns a summary dict (see __main__). Raises GradeError on bad
     input, before any work, and Interrupted after a clean stop on SIGTERM or SIGINT."""
+    check_gradebook(gradebook)
     klass, lessons, selected, manifest_id, anomalies, out, shard_text = plan(
         submissions, out, lessons, all_lessons, students, shard, manifest)
+    from autograder.selfcheck import check_reference
+    check_reference(lessons)  # a reference changed by mistake would grade the whole class wrong
     tests = {lesson: nbk.lesson_tests(lesson) for lesson in lessons}
     graders = {lesson: lesson_fingerprint(lesson, tests[lesson], mode, limits) for lesson in lessons}
     warnings_ = [f"warning: {lesson} test_{name} cannot be checked here ({why}): it gets status error, flagged for "

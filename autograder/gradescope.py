@@ -83,6 +83,8 @@ def bundle(lesson, out, visibility="visible", test_visibility="visible", stdout_
     out = Path(out)
     if out.is_dir():
         raise UsageError(f"{out} is a folder: give the zip file's path")
+    from autograder.selfcheck import check_reference
+    check_reference([lesson])  # the bundle carries solutions/: never a reference changed by mistake
     config = dict(lesson=lesson, visibility=visibility, test_visibility=test_visibility,
                   stdout_visibility=stdout_visibility, max_score=sum(p for _, p in nbk.lesson_tests(lesson)))
     out.parent.mkdir(parents=True, exist_ok=True)
