@@ -39,24 +39,43 @@ def _course_files(lesson):
 
 
 def setup_script(lesson):
+    """setup.sh: Python, bubblewrap, a venv with CPU torch and the course (editable), then a check that
+    everything grading imports is there (the sandbox's preload, the lesson's checks, the reference's
+    self-check), so that a missing package fails the image's build, not every submission.
+    Safe to run again: it reuses the venv and installs only what is missing. GRADESCOPE_TORCH (a pip
+    spec) and GRADESCOPE_TORCH_INDEX (empty: pip's own configured index) change where torch comes from."""
     extra = f"[{EXTRAS[lesson]}]" if lesson in EXTRAS else ""
     torch = f"torch=={importlib.metadata.version('torch').split('+')[0]}"  # the torch this was tested with
     return f"""#!/usr/bin/env bash
 # Gradescope runs this once, as root, when it builds the autograder's image (Ubuntu 24.04 base).
+# Running it again reuses the venv and installs only what is missing.
 set -euo pipefail
 root="${{GRADESCOPE_ROOT:-/autograder}}"
+torch="${{GRADESCOPE_TORCH:-{torch}}}"
+index="${{GRADESCOPE_TORCH_INDEX-{CPU_TORCH_INDEX}}}"
 packages="python3 python3-venv python3-pip bubblewrap"
-apt-get install -y -q --no-install-recommends $packages || (apt-get update -q && apt-get install -y -q $packages)
-python3 -m venv "$root/venv"
-pip="$root/venv/bin/python -m pip"
-$pip install --quiet --upgrade pip
+if ! dpkg -s $packages >/dev/null 2>&1; then
+    apt-get install -y -q --no-install-recommends $packages || (apt-get update -q && apt-get install -y -q $packages)
+fi
+[ -x "$root/venv/bin/python" ] || /usr/bin/python3 -m venv "$root/venv"
+python="$root/venv/bin/python"
 # torch for the CPU (a small wheel); the default index if that one is unreachable.
-$pip install --quiet "{torch}" --index-url {CPU_TORCH_INDEX} || $pip install --quiet "{torch}"
+if [ -n "$index" ]; then
+    "$python" -m pip install --quiet "$torch" --index-url "$index" || "$python" -m pip install --quiet "$torch"
+else
+    "$python" -m pip install --quiet "$torch"
+fi
 # Editable, so that solutions/ and the hidden checks stay in $root/source instead of being copied
 # into the venv, which the sandboxed student code can read.
-$pip install --quiet -e "$root/source/course{extra}"
+"$python" -m pip install --quiet -e "$root/source/course{extra}"
+# Everything grading imports, and the reference against this torch: a failure here fails the build.
+# (The reference first: solutions.gpu sets Triton's interpreter up before anything imports Triton.)
+"$python" -c "from autograder.selfcheck import check_reference; check_reference(['{lesson}'])
+from autograder.checks import checks_for; checks_for('{lesson}')
+from autograder.sandbox.runner import preload; preload()"
 # Only root may enter the course: a sandbox that runs student code under another uid cannot read it.
 chmod 0700 "$root/source"
+echo "setup.sh: the {lesson} autograder is ready"
 """
 
 
@@ -137,9 +156,10 @@ def run(root):
         except (UsageError, SandboxError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 1
-    broken = [f"{t['test']}: {t['message']}" for r in results for t in r["tests"] if t.get("grader_error")]
-    if broken:  # the grader could not decide these: a zero would be a wrong grade
-        print("error: the grader could not check " + "; ".join(broken), file=sys.stderr)
+    broken = [t for r in results for t in r["tests"] if t.get("grader_error")]
+    if broken:  # the grader could not decide these: a zero would be a wrong grade. One line, each cause once
+        causes = "; ".join(dict.fromkeys(t["message"] for t in broken))
+        print(f"error: the grader could not check {len(broken)} test(s) of {lesson}: {causes}", file=sys.stderr)
         return 1
     data = results_json(results, config["visibility"], config["test_visibility"], config["stdout_visibility"])
     data["execution_time"] = round(time.monotonic() - start)

@@ -319,9 +319,14 @@ class Sandbox:
         child_end.close()
         reply = self._recv(120)
         if reply is None or reply.get("op") != "ready":
-            err = self.proc.stderr.read1(4000).decode(errors="replace") if self.proc.poll() is not None else ""
+            try:  # it closed its socket as it died: let it end, so that what it wrote can be read
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+            err = self.proc.stderr.read1(65536).decode(errors="replace") if self.proc.poll() is not None else ""
             self.close()
-            raise SandboxError(f"the {mode} sandbox did not start: {err.strip()[-800:] or 'no answer'}")
+            last = [line.strip() for line in err.splitlines() if line.strip()]  # a traceback ends with its cause
+            raise SandboxError(f"the {mode} sandbox did not start: {last[-1][:300] if last else 'no answer'}")
         self.cgroup.limit_memory(self.limits["memory_mb"])
 
     def _recv(self, timeout):

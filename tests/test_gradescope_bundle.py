@@ -1,11 +1,15 @@
 """The Gradescope autograder zip, run as Gradescope runs it: unpacked into a root laid out like
 /autograder (source/, submission/, results/), run_autograder called on a correct, a wrong and a
 broken submission, and every results.json validated against Gradescope's documented format.
-setup.sh is not run: the test grades with this venv (GRADESCOPE_PYTHON)."""
+Most tests grade with this venv (GRADESCOPE_PYTHON); test_setup_sh_builds_a_grader_from_nothing
+runs setup.sh for real, as root, and grades with the venv it made, in an environment without ours."""
 import json
 import os
+import shutil
 import subprocess
 import sys
+import time
+import urllib.request
 import zipfile
 
 import jsonschema
@@ -56,8 +60,8 @@ def bundle(tmp_path_factory):
     return root, nbk.read(root / "release" / LESSON / f"{LESSON}.ipynb")
 
 
-def run_autograder(tmp_path, bundle_zip, files):
-    """Lay out a Gradescope root, upload files {name: bytes}, run run_autograder; results.json."""
+def unpack(tmp_path, bundle_zip):
+    """A Gradescope root (source/ holding the zip, submission/, results/, run_autograder)."""
     root = tmp_path / "autograder"
     for d in ("source", "submission", "results"):
         (root / d).mkdir(parents=True)
@@ -67,10 +71,17 @@ def run_autograder(tmp_path, bundle_zip, files):
             os.chmod(root / "source" / info.filename, (info.external_attr >> 16) & 0o777 or 0o644)
     (root / "run_autograder").write_bytes((root / "source" / "run_autograder").read_bytes())
     os.chmod(root / "run_autograder", 0o755)
+    return root
+
+
+def run_autograder(tmp_path, bundle_zip, files, root=None, env=None):
+    """Upload files {name: bytes} into a Gradescope root (a new one unless given), run run_autograder;
+    results.json, checked against Gradescope's format."""
+    root = root or unpack(tmp_path, bundle_zip)
     for name, data in files.items():
         (root / "submission" / name).parent.mkdir(parents=True, exist_ok=True)
         (root / "submission" / name).write_bytes(data)
-    env = dict(os.environ, GRADESCOPE_ROOT=str(root), GRADESCOPE_PYTHON=sys.executable)
+    env = env or dict(os.environ, GRADESCOPE_ROOT=str(root), GRADESCOPE_PYTHON=sys.executable)
     p = subprocess.run([str(root / "run_autograder")], cwd=root, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     data = json.loads((root / "results" / "results.json").read_text())
@@ -127,22 +138,105 @@ def test_broken_submission_scores_zero_with_a_reason(bundle, tmp_path):
     assert all("could not be read" in t["output"] for t in data["tests"])
 
 
-def test_a_test_the_grader_could_not_check_writes_no_results(tmp_path, monkeypatch):
-    """Never a zero for the grader's own failure: no results.json, exit 1, Gradescope shows a failed run."""
+def graded_as(root, monkeypatch, rows):
+    """A Gradescope root whose grading returns these test rows (the grader itself not run)."""
     import autograder.grade
 
-    row = dict(test="test_softmax", points=0.0, max_points=2.0, status="error", message="Triton is missing",
-               grader_error=True)
     monkeypatch.setattr(autograder.grade, "grade", lambda *a, **k: {"results": [dict(
-        student="submission", lesson=LESSON, notes=[], cells={}, tests=[row])]})
+        student="submission", lesson=LESSON, notes=[], cells={}, tests=rows)]})
     monkeypatch.setattr("autograder.worker.choose_mode", lambda *a: "bwrap")
     for d in ("source", "submission", "results"):
-        (tmp_path / d).mkdir()
-    (tmp_path / "source" / "gradescope.json").write_text(json.dumps(dict(
-        lesson=LESSON, visibility="visible", test_visibility="visible", stdout_visibility="hidden", max_score=2)))
+        (root / d).mkdir()
+    (root / "source" / "gradescope.json").write_text(json.dumps(dict(
+        lesson=LESSON, visibility="visible", test_visibility="visible", stdout_visibility="hidden",
+        max_score=sum(r["max_points"] for r in rows))))
+
+
+def test_a_test_the_grader_could_not_check_writes_no_results(tmp_path, monkeypatch):
+    """Never a zero for the grader's own failure: no results.json, exit 1, Gradescope shows a failed run."""
+    row = dict(test="test_softmax", points=0.0, max_points=2.0, status="error", message="Triton is missing",
+               grader_error=True)
+    graded_as(tmp_path, monkeypatch, [row])
     assert gradescope.run(tmp_path) == 1 and not (tmp_path / "results" / "results.json").exists()
     row.update(status="failed", grader_error=False)  # the same row as the student's failure is scored
     assert gradescope.run(tmp_path) == 0
     data = json.loads((tmp_path / "results" / "results.json").read_text())
     jsonschema.validate(data, RESULTS)
     assert data["score"] == 0 and data["tests"][0]["output"] == "Triton is missing"
+
+
+def test_a_sandbox_that_does_not_start_is_one_line_with_its_own_error(tmp_path, monkeypatch, capsys):
+    """The worker's own last words (here: the import that failed) in the error, and run_autograder's
+    failure one line naming that cause once, whatever the number of tests."""
+    from autograder.worker import DEFAULT_LIMITS, Sandbox, SandboxError
+
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\necho 'Traceback (most recent call last):' >&2\n"
+                    "echo \"ModuleNotFoundError: No module named 'IPython'\" >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(fake))
+    with pytest.raises(SandboxError) as e:
+        Sandbox("none", dict(DEFAULT_LIMITS), None)
+    assert str(e.value) == "the none sandbox did not start: ModuleNotFoundError: No module named 'IPython'"
+    monkeypatch.undo()
+
+    graded_as(tmp_path, monkeypatch, [dict(test=f"test_{n}", points=0.0, max_points=2.0, status="error",
+                                           grader_error=True, message=f"could not be graded: {e.value}")
+                                      for n in ("softmax", "causal_mask")])
+    assert gradescope.run(tmp_path) == 1 and not (tmp_path / "results" / "results.json").exists()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: the grader could not check 2 test(s) of {LESSON}: could not be graded: {e.value}"]
+
+
+def _setup_skip_reason():
+    """Why setup.sh cannot run here for real, or None."""
+    if os.geteuid() != 0:
+        return "setup.sh runs as root, as on Gradescope (apt-get, chmod of the course): run the tests as root"
+    if not (shutil.which("apt-get") and shutil.which("dpkg") and os.path.exists("/usr/bin/python3")):
+        return "setup.sh needs a Debian or Ubuntu system (apt-get, dpkg, /usr/bin/python3)"
+    missing = subprocess.run(["dpkg", "-s", "python3", "python3-venv", "python3-pip", "bubblewrap"],
+                             capture_output=True).returncode
+    if missing and subprocess.run(["apt-get", "update", "-q"], capture_output=True, timeout=300).returncode:
+        return "apt-get cannot reach its archive (apt-get update failed)"
+    if subprocess.run([sys.executable, "-m", "pip", "index", "versions", "ipython"], capture_output=True,
+                      timeout=120).returncode:
+        return "pip cannot reach a package index"
+    return None
+
+
+def _torch_index_reachable():
+    try:
+        urllib.request.urlopen(gradescope.CPU_TORCH_INDEX + "/torch/", timeout=10).close()
+        return True
+    except OSError:
+        return False
+
+
+def test_setup_sh_builds_a_grader_from_nothing(bundle, tmp_path_factory):
+    """setup.sh for real, as Gradescope runs it (root, GRADESCOPE_ROOT a temporary folder), twice (it
+    must be safe to run again), then run_autograder with none of this venv's environment: a correct
+    submission gets full marks. Where PyTorch's CPU index is unreachable, torch comes from pip's own
+    configured index (GRADESCOPE_TORCH_INDEX=, as Gradescope never needs)."""
+    why = _setup_skip_reason()
+    if why:
+        pytest.skip(why)
+    root_dir, rel = bundle
+    work = tmp_path_factory.mktemp("setup")
+    root = unpack(work, root_dir / "autograder.zip")
+    env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": os.environ.get("HOME", "/root"),
+           "LANG": "C.UTF-8", "GRADESCOPE_ROOT": str(root)}
+    setup_env = dict(env, **({} if _torch_index_reachable() else {"GRADESCOPE_TORCH_INDEX": ""}))
+    setup_env.update({k: v for k, v in os.environ.items() if k.startswith(("PIP_", "http_", "https_", "HTTP", "NO_PROXY"))})
+    try:
+        for attempt in ("first", "again"):
+            start = time.monotonic()
+            p = subprocess.run(["bash", str(root / "source" / "setup.sh")], cwd=root / "source", env=setup_env,
+                               capture_output=True, text=True, timeout=1500)
+            assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+            print(f"setup.sh ({attempt}): {time.monotonic() - start:.0f} s")
+        assert (root / "source").stat().st_mode & 0o777 == 0o700
+        data = run_autograder(work, None, {f"{LESSON}.ipynb": notebook_bytes(fill(rel, LESSON))}, root=root, env=env)
+        assert data["score"] == sum(t["max_score"] for t in data["tests"]) > 0
+        assert {t["status"] for t in data["tests"]} == {"passed"}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)  # a venv with torch: about a gigabyte
