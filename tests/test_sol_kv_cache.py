@@ -125,7 +125,7 @@ def test_a_generate_that_forges_the_call_log_loses_its_points():
 
 @pytest.mark.parametrize("name, what, share", [("attend_with_cache", "a square T x T mask", (3, 4)),
                                                ("generate", "ignores use_cache: always caches", (2, 3)),
-                                               ("KVCache", "reset() does not reset", (5, 6))])
+                                               ("KVCache", "reset() does not reset", (6, 7))])
 def test_one_slip_costs_its_share(name, what, share):
     from autograder.checks import PartialCredit, verify
     from tests.lessons import fresh_namespace
