@@ -27,7 +27,8 @@ TOP_MISTAKES = 5
 STYLE = """body{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem;color:#222}
 table{border-collapse:collapse;width:100%;margin-bottom:1rem}td,th{border-bottom:1px solid #ddd;padding:.4rem;
 text-align:left;vertical-align:top}td.n{text-align:right;white-space:nowrap}h2{margin-top:2.5rem}
-.muted{color:#666}img{max-width:100%}code{background:#f6f8fa;padding:0 .2rem}ul{margin:0;padding-left:1.2rem}"""
+.muted{color:#666}img{max-width:100%}code{background:#f6f8fa;padding:0 .2rem}ul{margin:0;padding-left:1.2rem}
+.warning{background:#ffebe9;color:#82071e;padding:.5rem 1rem;border-radius:4px}"""
 
 
 def mistakes(test):
@@ -169,7 +170,7 @@ def plural(n, word):
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
-def render(results, submissions=None):
+def render(results, submissions=None, warnings=()):
     e = html.escape
     stats, percentages = function_stats(results), lesson_percentages(results)
     students = sorted({r["student"] for r in results})
@@ -178,6 +179,7 @@ def render(results, submissions=None):
              f"<style>{STYLE}</style></head><body><h1>Class report</h1>"
              f"<p>{plural(len(students), 'student')}, {plural(len(lessons), 'lesson')}, "
              f"{plural(len(results), 'graded submission')}.</p>"]
+    parts += [f"<p class='warning'><b>{e(line)}</b></p>" for line in warnings]  # e.g. a sandbox that hides no file
     for lesson in lessons:
         parts.append(f"<h2 id='{e(lesson)}'>{e(lesson)}</h2>")
         if percentages.get(lesson):
@@ -216,8 +218,8 @@ def render(results, submissions=None):
     return "".join(parts)
 
 
-def write_report(out, results, submissions=None):
-    """Write RESULTS/report.html; returns its path."""
+def write_report(out, results, submissions=None, warnings=()):
+    """Write RESULTS/report.html (warnings: lines shown first); returns its path."""
     path = Path(out) / REPORT
-    write_atomic(path, render(results, submissions))
+    write_atomic(path, render(results, submissions, warnings))
     return path

@@ -36,7 +36,7 @@ from autograder import results as store
 from autograder.checks import LESSONS, OverBudget, PartialCredit, StudentError, Subject, Unchecked, checks_for
 from autograder.sandbox.runner import remove_tree
 from autograder.sandbox.wire import WireError
-from autograder.worker import DEFAULT_LIMITS, Sandbox, SandboxError, Session
+from autograder.worker import DEFAULT_LIMITS, Sandbox, SandboxError, Session, weak_mode_warning
 
 ROOT = Path(__file__).resolve().parent.parent
 IGNORED = ("__MACOSX", ".ipynb_checkpoints")
@@ -517,8 +517,9 @@ def grade(submissions, out, lessons=None, jobs=1, resume=False, shard=None, mode
     check_reference(lessons)  # a reference changed by mistake would grade the whole class wrong
     tests = {lesson: nbk.lesson_tests(lesson) for lesson in lessons}
     graders = {lesson: lesson_fingerprint(lesson, tests[lesson], mode, limits) for lesson in lessons}
-    warnings_ = [f"warning: {lesson} test_{name} cannot be checked here ({why}): it gets status error, flagged for "
-                 "regrading, never failed" for lesson in lessons for name, why in unavailable(lesson).items()]
+    weak = [line for line in [weak_mode_warning(mode)] if line]  # a mode that hides no file: said once, here
+    warnings_ = weak + [f"warning: {lesson} test_{name} cannot be checked here ({why}): it gets status error, "
+                        "flagged for regrading, never failed" for lesson in lessons for name, why in unavailable(lesson).items()]
     for line in warnings_:
         print(line, file=sys.stderr)
     # The references are small tensors computed by many threads at once: one torch thread each
@@ -558,7 +559,7 @@ def grade(submissions, out, lessons=None, jobs=1, resume=False, shard=None, mode
 
     from autograder import report
     results = report.write_all(out, {(s, x) for s in selected for x in lessons}, gradescope, gradebook, problems,
-                               course_root)
+                               course_root, warnings=weak)
     stale = [f"{r['student']}/{r['lesson']}" for r in results if r["lesson"] in graders and r.get("grader")
              and r["grader"] != graders[r["lesson"]]]
     for where in stale:

@@ -44,14 +44,15 @@ def placeholder(student, lesson, message):
                     for t, p in nbk.lesson_tests(lesson)])
 
 
-def write_all(out, expected=(), gradescope=False, gradebook=None, problems=None, course_root=None):
+def write_all(out, expected=(), gradescope=False, gradebook=None, problems=None, course_root=None, warnings=()):
     """Rewrite grades.csv, totals.csv, the class report, feedback, the error log (and Gradescope
-    files, the gradebook) from everything stored in RESULTS; returns the results."""
+    files, the gradebook) from everything stored in RESULTS; returns the results. warnings: lines
+    for the top of the class report (a sandbox mode that hides no file)."""
     out = Path(out)
     results = gather(out, expected, problems)
     store.write_grades(out / "grades.csv", results)
     write_totals(out, results)
-    write_report(out, results)
+    write_report(out, results, warnings=warnings)
     # Failures of the grader itself (never of a student's code), for the instructor.
     errors = [f"== {r['student']} {r['lesson']}\n{tb}" for r in results for tb in r.get("grader_errors", [])]
     log = out / "grader-errors.log"

@@ -1,6 +1,7 @@
 """The grader's side of the sandbox: start a sandboxed worker, run a submission in it.
 
-Modes, strongest first (see README, "The sandbox and what it protects"):
+Modes, strongest first (see README, "The sandbox and what it protects"); auto takes bwrap or uid, never
+a mode that hides no file:
 - bwrap: bubblewrap. New user, PID, network, IPC and mount namespaces; the file system is only
   the system's libraries, Python and its packages, read-only, with debuggers masked, plus an
   empty, writable /scratch (HOME and TMPDIR); /tmp exists but is read-only; no capabilities;
@@ -8,9 +9,9 @@ Modes, strongest first (see README, "The sandbox and what it protects"):
 - uid (root, where namespaces are refused: Docker, Kubernetes, Gradescope): each child runs as an
   unprivileged uid of its own sandbox, which must not be able to read the course (checked at
   start: fail closed). The worker runs as root and kills and cleans after that uid.
-- unshare: util-linux unshare. No network, its own PID and IPC namespaces (everything dies with
-  the worker), resource limits. The file system is NOT hidden: run the grader as a user who
-  cannot read the course repository.
+- unshare (only when asked for, with a warning: WEAK_MODES): util-linux unshare. No network, its
+  own PID and IPC namespaces (everything dies with the worker), resource limits. The file system
+  is NOT hidden: student code reads and writes whatever the grader's user can.
 - none (--unsafe only): a plain subprocess with resource limits.
 Every mode but none: a non-dumpable worker and, in each child, a seccomp filter (no ptrace, no
 process_vm_readv/writev, no IP sockets), no capabilities, its own IPC namespace and size-limited /dev/shm where
@@ -75,11 +76,13 @@ def _works(cmd):
 
 
 def choose_mode(requested="auto", unsafe=False):
-    """The sandbox mode to use; raises SandboxError (fail closed) when none works."""
+    """The sandbox mode to use; raises SandboxError (fail closed) when none works. auto takes only
+    a mode that hides the course, the gradebook and every other file from student code (bwrap,
+    uid); unshare and none, which do not, are used only when asked for (see WEAK_MODES)."""
     py = sys.executable
     probes = {"bwrap": _bwrap_base() + ["--", py, "-c", "pass"],
               "unshare": _unshare_base() + [py, "-c", "pass"]}
-    candidates = ["bwrap", "uid", "unshare"] if requested == "auto" else [requested]
+    candidates = ["bwrap", "uid"] if requested == "auto" else [requested]
     why = ""
     for mode in candidates:
         if mode == "uid":
@@ -90,10 +93,35 @@ def choose_mode(requested="auto", unsafe=False):
             if mode == "none" and not unsafe:
                 break
             return mode
-    hint = ("install bubblewrap (apt-get install bubblewrap) or util-linux's unshare with user namespaces, "
-            "or run as root with the course unreadable to other users (the uid mode), "
-            "or pass --unsafe to grade without a sandbox (only for code you trust)")
-    raise SandboxError(f"no sandbox available for mode {requested!r}: {why if requested == 'uid' else hint}")
+    if requested == "uid":
+        raise SandboxError(f"no sandbox available for mode 'uid': {why}")
+    if requested == "none":
+        raise SandboxError("--sandbox none runs student code with no sandbox at all: add --unsafe (only for code you trust)")
+    if requested == "unshare":
+        raise SandboxError("no sandbox available for mode 'unshare': util-linux's unshare cannot create its namespaces "
+                           "here; use --sandbox auto")
+    bwrap = ("bubblewrap cannot create its namespaces here (AppArmor's rule on unprivileged user namespaces, "
+             "a container): allow them" if shutil.which("bwrap") else "install bubblewrap (apt-get install bubblewrap)")
+    raise SandboxError(f"no sandbox that hides the file system from student code works here for mode {requested!r}: "
+                       f"{bwrap}, or run as root with the course unreadable to other users (the uid mode); "
+                       "--sandbox unshare (which hides no file) or --unsafe grade only code you trust")
+
+
+# Modes that do not hide the file system: taken only when asked for, and said once per run (grade.py).
+WEAK_MODES = {
+    "unshare": "the unshare sandbox hides no file: student code can read and write whatever the grader's user "
+               "can (solutions/, the hidden checks, other submissions, RESULTS, the gradebook, other copies of "
+               "the course); only its network, processes and limits are contained",
+    "none": "no sandbox (--unsafe): student code can read and write whatever the grader's user can (solutions/, "
+            "the hidden checks, other submissions, RESULTS, the gradebook), use the network and leave processes "
+            "behind",
+}
+
+
+def weak_mode_warning(mode):
+    """One line saying what `mode` does not protect, or None for a mode that hides the file system."""
+    return f"warning: {WEAK_MODES[mode]}; grade with bubblewrap or the uid mode for anything that counts" \
+        if mode in WEAK_MODES else None
 
 
 def _system_binds():

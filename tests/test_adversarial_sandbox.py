@@ -124,6 +124,62 @@ finally:
 if total >= 768:
 ''' + IF_IT_WORKED],
 }
+# Clean-up (issue 19): what a submission leaves in its scratch folder, or how its process ends, is
+# graded as the submission it is (the wrong softmax's points, status failed), never "the grader failed",
+# and the next student in the same worker keeps full marks. Each cell goes back to its folder at the end.
+HOME_FD = "import os, socket, time\nhome = os.open('.', os.O_RDONLY)\n"
+CLEANUP_ATTACKS = {
+    "cleanup-deep-tree": [HOME_FD + "for _ in range(1500):\n    os.mkdir('d')\n    os.chdir('d')\nos.fchdir(home)"],
+    "cleanup-long-names": [HOME_FD + "for _ in range(40):  # 10,000 characters of path\n    os.mkdir('L' * 250)\n"
+                           "    os.chdir('L' * 250)\nos.fchdir(home)"],
+    "cleanup-many-files": [HOME_FD + "os.mkdir('many')\nfor i in range(100_000):\n    open(f'many/{i}', 'w').close()"],
+    "cleanup-locked": [HOME_FD + '''
+os.makedirs("locked/inner")
+open("locked/inner/f", "w").close()
+os.makedirs("readonly")
+open("readonly/f", "w").close()
+os.chmod("readonly/f", 0)
+os.chmod("readonly", 0o500)
+os.chmod("locked/inner", 0)
+os.chmod("locked", 0)
+os.mkfifo("fifo")
+held = socket.socket(socket.AF_UNIX)
+held.bind("sock")
+os.symlink("loop-b", "loop-a")
+os.symlink("loop-a", "loop-b")
+os.symlink("..", "up")
+os.symlink("/", "root")
+kept = open("kept-open", "w")
+os.chmod(".", 0)  # its folder, and the scratch folder above it
+os.chmod("..", 0)
+'''],
+    "cleanup-keeps-writing": [HOME_FD + '''
+if os.fork() == 0:  # a daemon that keeps making folders and files while the worker wipes
+    os.setsid()
+    for i in range(100_000):
+        try:
+            os.makedirs(f"w/{i % 50}/{i}", exist_ok=True)
+            open(f"w/{i % 50}/{i}/f", "w").close()
+        except OSError:
+            time.sleep(0.01)
+    os._exit(0)
+time.sleep(0.5)
+''', "import os\nos._exit(0)  # and the process ends in its last cell"],
+}
+UNANSWERED_DEEP_TREE = "cleanup-unanswered-deep-tree"  # the issue's: the released notebook, unanswered
+
+
+def assert_cleanup_attacks_are_graded(rows):
+    """Each clean-up attacker gets what its answers earn, as failed or passed tests (never error)."""
+    graded = {r["student"] for r in rows}
+    for student in [*CLEANUP_ATTACKS, UNANSWERED_DEEP_TREE]:
+        assert student in graded, f"{student} has no row in grades.csv"
+        s = statuses(rows, student)
+        assert all(status in ("passed", "failed") for status, _ in s.values()), (student, s)
+        expected = 0 if student == UNANSWERED_DEEP_TREE else points(rows, "baseline")
+        assert points(rows, student) == expected, (student, s)
+
+
 # Student code that writes a frame of its own on every socket it holds (the data socket among them).
 SEND_FRAME = '''
 import os, socket, stat, struct
@@ -179,7 +235,7 @@ def memory_cgroup():
         cg.remove()
 
 
-def make_class(root, attacks, function_attacks=(), forged=False, pipeline=False, repo=REPO):
+def make_class(root, attacks, function_attacks=(), forged=False, pipeline=False, repo=REPO, cleanup=False):
     release(root / "release", [LESSON])
     rel = nbk.read(root / "release" / LESSON / f"{LESSON}.ipynb")
     subs = root / "submissions"
@@ -191,6 +247,9 @@ def make_class(root, attacks, function_attacks=(), forged=False, pipeline=False,
     put("baseline", wrong)
     for student in HONEST:
         put(student, fill(rel, LESSON))
+    if cleanup:
+        attacks = {**attacks, **CLEANUP_ATTACKS}
+        put(UNANSWERED_DEEP_TREE, with_cells(rel, CLEANUP_ATTACKS["cleanup-deep-tree"], after=-1))
     for name, cells in attacks.items():
         cells = [c.replace("{REPO}", str(repo)).replace("{ROOT}", str(root)) for c in cells]
         put(name, with_cells(wrong, cells, after=-1))
@@ -255,7 +314,7 @@ def statuses(rows, student):
 @pytest.fixture(scope="module")
 def protected(tmp_path_factory):
     root = tmp_path_factory.mktemp("protected")
-    subs = make_class(root, ATTACKS, FUNCTION_ATTACKS, forged=True, pipeline=True)
+    subs = make_class(root, ATTACKS, FUNCTION_ATTACKS, forged=True, pipeline=True, cleanup=True)
     env = {k: v for k, v in os.environ.items() if k != UNPROTECTED_ENV}
     return (*grade(root, subs, env=env), root / "results")
 
@@ -288,6 +347,10 @@ def test_every_attack_fails(protected, attack):
     if attack == "shm-sysv-over-memory" and not memory_cgroup():
         pytest.skip("no memory cgroup can be made here: SysV memory counts only while attached (README)")
     assert points(rows, attack) <= points(rows, "baseline"), statuses(rows, attack)
+
+
+def test_what_a_submission_leaves_is_its_own_verdict(protected):
+    assert_cleanup_attacks_are_graded(protected[1])
 
 
 def test_forged_frames_cost_only_their_cell(protected):
@@ -399,7 +462,7 @@ def uid_mode(tmp_path_factory):
     course = root / "course"
     for name in ("autograder", "solutions", "lessons"):  # the course as the grader reads it, private
         shutil.copytree(REPO / name, course / name, ignore=shutil.ignore_patterns("__pycache__"))
-    subs = make_class(root, UID_ATTACKS, repo=course)
+    subs = make_class(root, UID_ATTACKS, repo=course, cleanup=True)
     return grade(root, subs, extra=["--sandbox", "uid"], cwd=course, wrap=wrap,
                  env={k: v for k, v in os.environ.items() if k != UNPROTECTED_ENV})
 
@@ -412,3 +475,74 @@ def test_uid_mode_grades_honest_students(uid_mode):
 def test_uid_mode_stops_file_reading_and_takeover(uid_mode, attack):
     _, rows, _ = uid_mode
     assert points(rows, attack) <= points(rows, "baseline"), statuses(rows, attack)
+
+
+def test_uid_mode_grades_what_a_submission_leaves_as_its_own(uid_mode):
+    assert_cleanup_attacks_are_graded(uid_mode[1])
+
+
+# ---- the unshare mode, asked for: it hides no file, and says so ----------------------------------
+
+@pytest.fixture(scope="module")
+def unshare_mode(tmp_path_factory):
+    if not shutil.which("unshare"):
+        pytest.skip("no unshare here")
+    root = tmp_path_factory.mktemp("unshare")
+    subs = make_class(root, {}, cleanup=True)
+    return (*grade(root, subs, extra=["--sandbox", "unshare"],
+                   env={k: v for k, v in os.environ.items() if k != UNPROTECTED_ENV}), root / "results")
+
+
+def test_unshare_mode_grades_what_a_submission_leaves_as_its_own(unshare_mode):
+    p, rows, _, _ = unshare_mode
+    if p.returncode == 2 and "no sandbox" in p.stderr_text:
+        pytest.skip(f"unshare does not work here: {p.stderr_text.strip()}")
+    assert_completed_with_honest_full_marks(p, rows)
+    assert_cleanup_attacks_are_graded(rows)
+
+
+def test_unshare_mode_warns_once_what_it_does_not_protect(unshare_mode):
+    p, rows, _, results = unshare_mode
+    if p.returncode == 2 and "no sandbox" in p.stderr_text:
+        pytest.skip(f"unshare does not work here: {p.stderr_text.strip()}")
+    warned = [line for line in p.stderr_text.splitlines() if "hides no file" in line]
+    assert len(warned) == 1 and "solutions/" in warned[0] and "gradebook" in warned[0], p.stderr_text[-2000:]
+    assert "hides no file" in (results / "report.html").read_text(encoding="utf-8")
+
+
+# ---- auto where bubblewrap fails: never a mode that hides nothing -------------------------------
+
+IMPORT_SOLUTIONS = "from solutions.attention import softmax  # the reference itself, if it can be imported"
+
+
+@pytest.fixture(scope="module")
+def auto_without_bwrap(tmp_path_factory):
+    """`--sandbox auto` with a bwrap first on PATH that fails as on Ubuntu's AppArmor or in a container."""
+    root = tmp_path_factory.mktemp("auto-no-bwrap")
+    fake = root / "bin"
+    fake.mkdir()
+    (fake / "bwrap").write_text("#!/bin/sh\necho 'bwrap: setting up uid map: Permission denied' >&2\nexit 1\n")
+    (fake / "bwrap").chmod(0o755)
+    attacks = {"read-source-and-solutions": TRICKS["read_source_and_solutions"],
+               "tamper-results": TRICKS["tamper_gradebook_and_results"]}
+    subs = make_class(root, attacks)
+    rel = nbk.read(root / "release" / LESSON / f"{LESSON}.ipynb")
+    nbk.write(fill(rel, LESSON, {"softmax": IMPORT_SOLUTIONS}), subs / "import-solutions" / LESSON / f"{LESSON}.ipynb")
+    env = {k: v for k, v in os.environ.items() if k != UNPROTECTED_ENV}
+    env["PATH"] = f"{fake}:{env.get('PATH', '/usr/bin:/bin')}"
+    return (*grade(root, subs, extra=["--sandbox", "auto"], env=env), [*attacks, "import-solutions"], root)
+
+
+def test_auto_never_falls_back_to_a_mode_that_hides_nothing(auto_without_bwrap):
+    """Either a mode that hides the course (the uid mode, as root with the course private), or one line
+    saying what to install; never the unshare mode, where these attackers earn the points."""
+    p, rows, _, attackers, root = auto_without_bwrap
+    if p.returncode == 2:
+        lines = p.stderr_text.strip().splitlines()
+        assert len(lines) == 1 and "bubblewrap" in lines[0] and "no sandbox" in lines[0], p.stderr_text
+        assert not (root / "results" / "grades.csv").exists()
+        return
+    assert_completed_with_honest_full_marks(p, rows)
+    for attacker in attackers:
+        assert points(rows, attacker) <= points(rows, "baseline"), statuses(rows, attacker)
+    assert not (root / "results" / "planted").exists() and not (REPO / "planted").exists()

@@ -277,6 +277,7 @@ def test_the_wipe_removes_whatever_a_child_left(tmp_path):
     uid = 65534 if os.geteuid() == 0 else os.geteuid()  # as root, permissions would not be tested
     for path in (root, top):
         os.chmod(path, 0o755)
+    os.chmod(outside, 0o751)  # a link's target keeps its mode (a wipe that chmods through links: any folder)
     os.chown(top, uid, uid) if os.geteuid() == 0 else None
     r, w = os.pipe()
     pid = os.fork()
@@ -300,7 +301,7 @@ def test_the_wipe_removes_whatever_a_child_left(tmp_path):
         assert f.read() == b"1"
     try:
         assert top.is_dir() and list(top.iterdir()) == [] and (top.stat().st_mode & 0o777) == 0o755
-        assert (outside / "canary").read_text() == "x"
+        assert (outside / "canary").read_text() == "x" and (outside.stat().st_mode & 0o777) == 0o751
     finally:
         assert runner.remove_tree(str(root))
 
@@ -310,3 +311,19 @@ def test_a_tree_that_cannot_be_removed_is_reported_not_raised(tmp_path, monkeypa
     monkeypatch.setattr(runner.os, "rmdir", lambda *a, **k: (_ for _ in ()).throw(PermissionError("no")))
     assert runner.wipe([str(tmp_path)]) is False
     assert runner.remove_tree(str(tmp_path)) is False
+
+
+def test_auto_never_takes_a_mode_that_hides_no_file(tmp_path, monkeypatch):
+    """A bubblewrap that fails (Ubuntu's AppArmor rule, a container) first on PATH: auto takes the uid mode
+    (root, the course private) or refuses in one line naming bubblewrap; never unshare, which hides nothing."""
+    (tmp_path / "bwrap").write_text("#!/bin/sh\nexit 1\n")
+    (tmp_path / "bwrap").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    try:
+        assert choose_mode("auto") == "uid"
+    except SandboxError as e:
+        assert "bubblewrap" in str(e) and "\n" not in str(e), e
+    from autograder.worker import weak_mode_warning
+    for mode in ("unshare", "none"):
+        assert all(word in weak_mode_warning(mode) for word in ("solutions/", "RESULTS", "gradebook")), mode
+    assert weak_mode_warning("bwrap") is weak_mode_warning("uid") is None

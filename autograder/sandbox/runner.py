@@ -247,6 +247,8 @@ def _unlock(dir_fd, name):
     fd = os.open(name, O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY, dir_fd=dir_fd)
     try:
         os.chmod(f"/proc/self/fd/{fd}", 0o700)
+    except PermissionError:  # a non-dumpable worker's /proc/self/fd is root's: then by name, as an
+        os.chmod(name, 0o700, dir_fd=dir_fd)  # unprivileged worker, which may chmod only its own uid's files
     finally:
         os.close(fd)
 
