@@ -205,7 +205,7 @@ TRITON_IMITATIONS = {  # what each must be refused for (a word of the reason)
     "a trusted name rebound": ("max = lambda *a: 0\n", "redefines"),
     "exec": ("exec('x = 1')\n", "exec"),
     "a function's globals": ("g = triton_attention.__globals__\n", "__globals__"),
-    "the kernel rebound": ("_attention_kernel = flash_attention\n", "rebound"),
+    "the kernel rebound": ("_attention_kernel = flash_attention\n", "top level"),
     "a verify of one's own": ("def verify(lesson, name, g):\n    g['_attention_kernel'] = None\n", "globals"),
     "a loop in the wrapper": ("def triton_attention(q, k, v, causal=False):\n    out = torch.empty_like(q)\n"
                               "    for i in range(2):\n        _attention_kernel[(1,)](q, k, v, out)\n    return out\n", "loop"),
@@ -214,18 +214,18 @@ TRITON_IMITATIONS = {  # what each must be refused for (a word of the reason)
     "torch in the kernel": ("@triton.jit\ndef _attention_kernel(Q):\n    x = torch.softmax(Q, -1)\n", "torch"),
     # Each name the rules trust is bound once, at any nesting, by any means; the cells are read as IPython runs them.
     "the wrapper redefined under if": ("if True:\n    def triton_attention(q, k, v, causal=False):\n"
-                                       "        return flash_attention(q, k, v, causal)\n", "defined once"),
-    "the wrapper bound by import-as": ("from os import getcwd as triton_attention\n", "defined once"),
-    "the wrapper deleted": ("del triton_attention\n", "defined once"),
-    "the kernel bound by a walrus": ("(_attention_kernel := None)\n", "rebound"),
+                                       "        return flash_attention(q, k, v, causal)\n", "condition"),
+    "the wrapper bound by import-as": ("from os import getcwd as triton_attention\n", "top level"),
+    "the wrapper deleted": ("del triton_attention\n", "deleted"),
+    "the kernel bound by a walrus": ("(_attention_kernel := None)\n", "top level"),
     "tl bound by a for loop": ("for tl in []:\n    pass\n", "`tl`"),
     "torch bound by with-as": ("with open('x') as torch:\n    pass\n", "`torch`"),
-    "triton imported twice": ("import triton\n", "`triton`"),
-    "a builtin bound in a function": ("def helper():\n    max = 1\n", "`max`"),
+    "triton bound to another module": ("import torch as triton\n", "`triton`"),
+    "a builtin bound by a function": ("def helper():\n    global max\n    max = 1\n", "`max`"),
     "a stand-in outside the setup's except": ("triton = SimpleNamespace(jit=lambda fn: fn)\n", "`triton`"),
-    "a line magic": ("_ = %env\n", "get_ipython"),
+    "a magic that runs a file": ("%run helper.py\n", "%run"),
     "a cell magic hiding code": ("%%capture\ndef triton_attention(q, k, v, causal=False):\n    return q\n",
-                                 "get_ipython"),
+                                 "condition"),
     "a cell that does not parse": ("def f(:\n    pass\n", "does not parse"),
     "a decorator on the wrapper": ("def _use_torch(fn):\n    return fn\n\n@_use_torch\n"
                                    "def triton_attention(q, k, v, causal=False):\n    return q\n", "decorated"),
@@ -299,7 +299,7 @@ def test_flash_evidence_refuses_fused_attention(what):
 
 def test_flash_evidence_refuses_magics_and_unreadable_cells():
     from autograder.checks import triton_evidence
-    assert "magics" in triton_evidence.flash_problem(_lesson_cells() + ["%%capture\nx = 1\n"])
+    assert "%%writefile" in triton_evidence.flash_problem(_lesson_cells() + ["%%writefile m.py\nx = 1\n"])
     assert "does not parse" in triton_evidence.flash_problem(_lesson_cells() + ["def f(:\n"])
 
 
@@ -328,7 +328,8 @@ def test_harmless_magics_keep_the_evidence_and_others_do_not():
 
     nb = nbk.read(nbk.lesson_path("06_gpu"))
     cells = [nbk.source(c) for c in nbk.code_cells(nb) if not nbk.is_test(c) and not nbk.is_demo(c)]
-    for magic in ("%matplotlib inline", "%config InlineBackend.figure_format = 'retina'"):
+    for magic in ("%matplotlib inline", "%config InlineBackend.figure_format = 'retina'", "%timeit flash_attention",
+                  "_ = %env", "%%capture\nx = 1\n"):
         assert triton_evidence.flash_problem(cells + [magic]) is None
         assert triton_evidence.problem(cells + [magic]) is None
-    assert "magics" in triton_evidence.flash_problem(cells + ["%timeit flash_attention"])
+    assert "%load_ext" in triton_evidence.flash_problem(cells + ["%load_ext my_module"])
