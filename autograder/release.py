@@ -10,6 +10,10 @@ from pathlib import Path
 
 from autograder import notebook as nbk
 
+# The lesson's source rules (standard library only): a lesson whose visible tests import them gets the module
+# itself beside its notebook (in the course, lessons/<lesson>/ holds a link to it, for the source notebook's runs).
+SOURCE_RULES = Path(__file__).resolve().parent / "source_rules.py"
+USES_RULES = re.compile(r"^\s*(import|from)\s+source_rules\b", re.M)
 LEAK = re.compile(r"BEGIN SOLUTION|END SOLUTION|HIDDEN TESTS|^\s*(from|import)\s+(solutions|autograder)\b", re.M)
 SKIP = {".ipynb_checkpoints", "__pycache__"}
 
@@ -51,9 +55,12 @@ def release(out_dir, lessons=None, root=nbk.LESSONS_DIR):
             shutil.rmtree(dest)
         dest.mkdir(parents=True)
         for f in src.parent.iterdir():
-            if f.name in SKIP or f.suffix == ".ipynb":
+            if f.name in SKIP or f.suffix == ".ipynb" or f.name == SOURCE_RULES.name:
                 continue
             (shutil.copytree if f.is_dir() else shutil.copy2)(f, dest / f.name)
-        nbk.write(student_copy(nbk.read(src)), dest / src.name)
+        copy = student_copy(nbk.read(src))
+        if any(USES_RULES.search(nbk.source(c)) for c in nbk.code_cells(copy)):
+            shutil.copyfile(SOURCE_RULES, dest / SOURCE_RULES.name)
+        nbk.write(copy, dest / src.name)
         written.append(dest / src.name)
     return written

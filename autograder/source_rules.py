@@ -290,7 +290,10 @@ def read_cells(sources, drop_hidden_tests=True):
             if _depth(tree) > MAX_DEPTH:
                 raise Unreadable(f"code cell {number} nests expressions more than {MAX_DEPTH} deep, more than the "
                                  "grader reads: break the expression up")
-        except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError) as e:
+        except (RecursionError, MemoryError):
+            raise Unreadable(f"code cell {number} nests expressions too deeply (or is too large) for the grader to "
+                             "read: break it up") from None
+        except (SyntaxError, ValueError, OverflowError) as e:
             if isinstance(e, Unreadable):
                 raise
             why = getattr(e, "msg", None) or type(e).__name__

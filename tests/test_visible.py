@@ -48,6 +48,7 @@ def _run(cells, ns, failures):
     """Run cells in ns; a test cell's failure is recorded as {grade_id: message}, others raise.
     A warning counts as a failure too: plain nbgrader zeroes a cell that writes to stderr."""
     for kind, gid, code in cells:
+        ns.setdefault("In", [""]).append(code)  # IPython's In: the cells run so far, which source_rules reads
         if kind == "test":
             try:
                 with warnings.catch_warnings(record=True) as caught:
@@ -70,6 +71,7 @@ def _child(cells, ns, code, gid):
         sys.modules.pop(module, None)
     failures = {}
     try:
+        ns["In"] = [*ns.get("In", [""]), code]
         exec(compile(code, f"<{gid}>", "exec"), ns)
         _run(cells, ns, failures)
     except Exception as e:  # noqa: BLE001 - a provided cell broke: blame the answer's own test
@@ -111,6 +113,7 @@ def run_lesson(lesson):
     results, baseline = {}, {}
     cwd = os.getcwd()
     os.chdir(nbk.lesson_path(lesson).parent)  # data files are read relative to the notebook
+    sys.path.insert(0, str(nbk.lesson_path(lesson).parent))  # and its modules imported from there, as in Jupyter
     quiet = contextlib.redirect_stdout(io.StringIO())
     try:
         with quiet:
@@ -121,6 +124,7 @@ def run_lesson(lesson):
                 _run([(kind, gid, code)], ns, baseline)
     finally:
         os.chdir(cwd)
+        sys.path.remove(str(nbk.lesson_path(lesson).parent))
     results["<solutions>", ""] = baseline
     return results
 

@@ -1,0 +1,1 @@
+../../autograder/source_rules.py
