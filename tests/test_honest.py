@@ -1,0 +1,235 @@
+"""Honest notebooks keep every mark: ordinary notebook habits (imports again in each cell, magics, a scratch copy
+of an answer, a redefinition in a later cell, helpers, type hints, prints), graded by the real grader, one run per
+lesson whose checks use evidence (05: generate's call log; 06: the source rules and memory; 08: memory).
+
+Lesson 06's run also grades what the grader cannot read (a huge cell, a deeply nested expression) beside the
+honest students: the student's failure with a message, never the grader's error, and the grader's own memory
+stays bounded.
+"""
+import csv
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from autograder import notebook as nbk
+from autograder.release import release
+from tests.lessons import fill
+from tests.test_adversarial import with_cells
+
+pytestmark = pytest.mark.slow
+GRADER_MEMORY_MIB = 600  # the grader's own memory per job (issue 19)
+
+MAGICS = {  # cells a student adds anywhere: each is its own honest student, in every lesson's run
+    "matplotlib_inline": ["%matplotlib inline"],
+    "autoreload": ["%load_ext autoreload\n%autoreload 2"],
+    "pip_list": ["!pip list"],
+    "time_line": ["%time _ = sum(range(1000))"],
+    "time_cell": ["%%time\ntotal = 0\nfor i in range(100):\n    total += i"],
+    "timeit_line": ["%timeit -n 1 -r 1 sum(range(1000))"],
+    "timeit_cell": ["%%timeit -n 1 -r 1\nsum(range(1000))"],
+    "capture_and_config": ["%%capture\nprint('quiet')", "%config InlineBackend.figure_format = 'retina'\n_ = %env"],
+    "help_and_imports_twice": ["import math\nimport math\nfrom torch import nn\nfrom torch import nn\n"
+                               "import torch as T\nimport torch.nn.functional as F\nlen?"],
+}
+IMPORTS = "import math\nimport torch\nfrom torch import nn\nimport torch.nn.functional as F\n\n"
+
+
+def _answers(lesson):
+    """{grade_id: the solution's answer cell}, as a student who solved it has it."""
+    nb = nbk.read(nbk.lesson_path(lesson))
+    return {nbk.grade_id(c): nbk.without_markers(nbk.source(c)) for c in nbk.code_cells(nb) if nbk.is_answer(c)}
+
+
+def _common(lesson, answers, scratch):
+    """The habits every lesson shares: (cells inserted after the setup cell, answers replaced, cells at the end)."""
+    return {
+        **{f"magic_{name}": (cells, {}, []) for name, cells in MAGICS.items()},
+        "reimport_in_every_answer": ([], {gid: IMPORTS + code for gid, code in answers.items()}, []),
+        "scratch_copy": ([], {}, [scratch]),
+        "redefined_in_a_later_cell": ([], {}, [answers[g] for g in answers]),
+        "print_in_an_answer": ([], {g: c + "\n\nprint('defined', " + repr(g) + ")\n" for g, c in answers.items()}, []),
+    }
+
+
+WRAPPER_HELPERS = '''
+def _grid(seq_q: int, batch_heads: int, block_q: int) -> tuple:
+    """The launch grid: one program per query tile and (batch, head)."""
+    return (triton.cdiv(seq_q, block_q), batch_heads)
+
+'''
+JIT_HELPER = '''
+@triton.jit
+def _rescale(acc, alpha):
+    """acc * alpha, row by row (a helper kernel)."""
+    return acc * alpha[:, None]
+
+'''
+FLASH_HELPER = '''
+def _tile(x: torch.Tensor, start: int, size: int) -> torch.Tensor:
+    """Rows start..start+size of x (B, H, T, Dh), as the accumulation dtype."""
+    return x[:, :, start:start + size]
+
+'''
+
+
+def _lesson_06(answers):
+    kernel, wrapper, flash = answers["_attention_kernel"], answers["triton_attention"], answers["flash_attention"]
+    draft = "def triton_attention(q, k, v, causal=False):\n    return naive_attention(q, k, v, causal)\n"
+    typed = wrapper.replace("def triton_attention(q, k, v, causal=False):",
+                            "def triton_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,\n"
+                            "                     causal: bool = False) -> torch.Tensor:")
+    return {
+        "triton_reimports_torch_math": ([], {"triton_attention": "import torch\nimport math\n\n" + wrapper}, []),
+        "triton_reimports_triton": ([], {"_attention_kernel": "import triton\nimport triton.language as tl\n\n"
+                                         + kernel}, []),
+        "torch_under_another_name": ([], {"triton_attention": "import torch as T\nfrom math import sqrt\n\n"
+                                          + wrapper.replace("torch.empty_like", "T.empty_like")
+                                          .replace("math.sqrt(Dh)", "sqrt(Dh)")}, []),
+        "wrapper_with_typed_helper": ([], {"triton_attention": WRAPPER_HELPERS + wrapper.replace(
+            "grid = (triton.cdiv(Tq, block_q), B * H)", "grid = _grid(Tq, B * H, block_q)")}, []),
+        "wrapper_type_hints_and_print": ([], {"triton_attention": typed.replace(
+            "    return out\n", "    print(end='')\n    return out\n")}, []),
+        "kernel_with_jit_helper": ([], {"_attention_kernel": JIT_HELPER + kernel.replace(
+            "acc = acc * alpha[:, None] + tl.dot", "acc = _rescale(acc, alpha) + tl.dot")}, []),
+        "triton_draft_before_the_answer": ([draft], {}, []),
+        "triton_scratch_copy": ([], {}, ["f = triton_attention\n\ndef my_attempt(q, k, v, causal=False):\n"
+                                         "    return f(q, k, v, causal)\n"]),
+        "kernel_fixed_in_a_later_cell": ([], {}, [kernel, wrapper]),
+        "timing_the_kernel": ([], {}, ["%%time\nx = torch.randn(1, 1, 8, 16)\n_ = triton_attention(x, x, x)",
+                                       "%time _ = flash_attention(x, x, x)"]),
+        "flash_reimports_and_helper": ([], {"flash_attention": "import torch.nn.functional as F\nimport math\n"
+                                            + FLASH_HELPER + flash.replace("kb = k[:, :, ks:ks + block_k]",
+                                                                           "kb = _tile(k, ks, block_k)")}, []),
+        "flash_draft_then_final": ([], {}, ["def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):\n"
+                                            "    return naive_attention(q, k, v, causal)\n", flash]),
+        "sdpa_to_compare_in_a_scratch_cell": ([], {}, [
+            "from torch.nn.functional import scaled_dot_product_attention as sdpa\nx = torch.randn(1, 1, 8, 16)\n"
+            "print((sdpa(x, x, x) - flash_attention(x, x, x)).abs().max())"]),
+        "environment_and_flags": (["os.environ['TRITON_PRINT_AUTOTUNING'] = '0'\n"
+                                   "torch.backends.cudnn.allow_tf32 = False"], {}, []),
+    }
+
+
+def _lesson_05(answers):
+    return {"generate_helper_with_hints": ([], {"generate": answers["generate"] + '''
+
+def greedy(model, prompt: torch.Tensor, n: int) -> torch.Tensor:
+    """generate(), cached, with a docstring and type hints."""
+    return generate(model, prompt, n, use_cache=True)
+'''}, [])}
+
+
+def _lesson_08(answers):
+    return {"cache_subclass_in_scratch": ([], {}, [
+        "class MyCache(RollingKVCache):\n    \"\"\"A scratch subclass.\"\"\"\n\nc = MyCache\n"])}
+
+
+SCRATCH = {"05_kv_cache": "g = generate\nC = KVCache\n", "06_gpu": "f = flash_attention\ng = triton_attention\n",
+           "08_kv_compression": "C = RollingKVCache\nf = absorbed_attention\n"}
+LESSON_PATTERNS = {"05_kv_cache": _lesson_05, "06_gpu": _lesson_06, "08_kv_compression": _lesson_08}
+# What the grader cannot read, graded beside the honest students of lesson 06: the student's failure, never ours.
+UNREADABLE = {"huge_cell": "\n".join(["a = 1"] * 150_000), "deep_expression": "_x = " + "+".join(["1"] * 20_000)}
+
+
+def patterns(lesson):
+    answers = _answers(lesson)
+    return {**_common(lesson, answers, SCRATCH[lesson]), **LESSON_PATTERNS[lesson](answers)}
+
+
+def grade(root, subs, lesson):
+    """The real command; (process, grades.csv rows, the grader's peak resident memory in MiB)."""
+    tmp = root / "tmp"
+    tmp.mkdir()
+    cmd = [sys.executable, "-m", "autograder", "grade", str(subs), "--out", str(root / "results"), "--lesson", lesson,
+           "--jobs", "2", "--quiet"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, TMPDIR=str(tmp)))
+    peak = [0]
+
+    def watch():  # the grader's VmHWM, read while it runs
+        while proc.poll() is None:
+            try:
+                status = Path(f"/proc/{proc.pid}/status").read_text()
+                peak[0] = max(peak[0], int(status.split("VmHWM:")[1].split()[0]) // 1024)
+            except (OSError, IndexError):
+                pass
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    out, err = proc.communicate(timeout=1500)
+    watcher.join()
+    proc.stderr_text = err
+    rows = list(csv.DictReader((root / "results" / "grades.csv").open(newline=""))) if proc.returncode == 0 else []
+    return proc, rows, peak[0]
+
+
+# Lesson 08's memory bounds count what the notebook mapped before them (issue 19, "memory taken before the
+# bound", another part of it): an honest `%matplotlib inline` there costs RollingKVCache its memory aspect.
+MEMORY_BEFORE_THE_BOUND = pytest.mark.xfail(reason="lesson 08's memory bound counts memory mapped before it "
+                                                   "(issue 19): %matplotlib inline loses RollingKVCache's memory aspect")
+
+
+@pytest.fixture(scope="module", params=[pytest.param(lesson, marks=MEMORY_BEFORE_THE_BOUND)
+                                        if lesson == "08_kv_compression" else lesson
+                                        for lesson in sorted(LESSON_PATTERNS)])
+def graded(request, tmp_path_factory):
+    lesson = request.param
+    root = tmp_path_factory.mktemp(f"honest-{lesson}")
+    release(root / "release", [lesson])
+    rel = nbk.read(root / "release" / lesson / f"{lesson}.ipynb")
+    subs = root / "submissions"
+
+    def put(student, nb):
+        nbk.write(nb, subs / student / lesson / f"{lesson}.ipynb")
+
+    put("plain", fill(rel, lesson))
+    for name, (first, replace, last) in patterns(lesson).items():
+        nb = fill(rel, lesson, replace)
+        nb = with_cells(nb, first, after=0) if first else nb
+        put(f"honest-{name}", with_cells(nb, last, after=-1) if last else nb)
+    if lesson == "06_gpu":
+        for name, cell in UNREADABLE.items():
+            put(f"unreadable-{name}", with_cells(fill(rel, lesson), [cell], after=-1))
+    proc, rows, peak = grade(root, subs, lesson)
+    return lesson, proc, rows, peak
+
+
+def _by_student(rows):
+    out = {}
+    for r in rows:
+        out.setdefault(r["student"], []).append(r)
+    return out
+
+
+def test_the_corpus_is_large_enough():
+    assert sum(len(patterns(lesson)) for lesson in LESSON_PATTERNS) >= 30
+
+
+def test_honest_habits_keep_every_mark(graded):
+    lesson, proc, rows, _ = graded
+    assert proc.returncode == 0, proc.stderr_text[-3000:]
+    students = _by_student(rows)
+    assert set(f"honest-{n}" for n in patterns(lesson)) <= set(students)
+    for student, got in students.items():
+        if student.startswith(("honest-", "plain")):
+            lost = {r["test"]: r["message"] for r in got if float(r["points"]) < float(r["max_points"])}
+            assert not lost, (student, lost)
+
+
+def test_what_the_grader_cannot_read_is_the_students_failure(graded):
+    lesson, proc, rows, peak = graded
+    if lesson != "06_gpu":
+        pytest.skip("the unreadable cells are graded in lesson 06's run")
+    students = _by_student(rows)
+    for name in UNREADABLE:
+        got = {r["test"]: r for r in students[f"unreadable-{name}"]}
+        assert all(r["status"] in ("passed", "failed") for r in got.values()), got
+        for test in ("test_flash_attention", "test_triton_attention"):
+            assert got[test]["status"] == "failed" and "grader" in got[test]["message"], got[test]
+    assert peak < GRADER_MEMORY_MIB, f"the grader reached {peak} MiB"
