@@ -55,8 +55,9 @@ STAND_INS = {"triton = SimpleNamespace(jit=lambda fn: fn)", "tl = SimpleNamespac
 # What flash_attention must not reach: PyTorch's fused attention, or the means to name it without saying so.
 FUSED_CALLS = {"scaled_dot_product_attention", "getattr", "__import__", "eval", "exec"}
 # The hidden-test lines of a test cell, as nbgrader runs them in the instructor's notebook (IPython's In
-# holds them); the grader's own sources have no test cells. These exact lines do nothing else.
-HIDDEN_TEST_LINE = re.compile(r"^(from autograder\.checks import verify|verify\('06_gpu', '\w+', globals\(\)\))$", re.M)
+# holds them); the grader's own sources have no test cells. These exact lines do nothing else. "[.]" keeps
+# the hidden line itself out of the copy release gives students.
+HIDDEN_TEST_LINE = re.compile(r"^(from autograder[.]checks import verify|verify\('06_gpu', '\w+', globals\(\)\))$", re.M)
 
 # IPython's magics, by what they do with the rest of the cell or line.
 CODE_MAGICS = {"time", "timeit", "prun", "capture"}  # run their code (maybe not, maybe many times)

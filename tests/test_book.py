@@ -556,6 +556,13 @@ def test_leak_check_finds_a_planted_leak():
     assert not leaks_in("nothing to see here", lines)
 
 
+def test_files_release_adds_hold_no_secret():
+    """What release copies beside the notebooks (the source rules) is in every download of the book:
+    it holds no solution and no hidden-test line (a quick check of what the slow site scan finds)."""
+    from autograder.release import SOURCE_RULES
+    assert not leaks_in(SOURCE_RULES.read_text(encoding="utf-8"), secrets())
+
+
 @pytest.mark.slow
 def test_no_solution_or_hidden_test_in_the_site(site):
     """Every file of the site (pages, search index, JSON, images, ...), and also of everything else
