@@ -514,7 +514,7 @@ class Session:
                 while True:
                     frame = self._progress(self._recv(self.sandbox.limits["cell_seconds"]), len(run))
                     if frame[0] == "done":
-                        return
+                        break
                     current = run[frame[1]]
                     if frame[0] != "start":
                         if frame[2]:
@@ -528,6 +528,14 @@ class Session:
                 if current is None:
                     raise SandboxError(f"the notebook's process ended: {e}") from None
                 self.skipped[current] = "ended the Python process (os._exit, a crash or a resource limit)"
+            else:
+                # A cell that ran out of memory may keep what it took (a global list of buffers): every
+                # later call would fail for it, so it is skipped on a restart, as a cell that crashed.
+                starved = [i for i, e in self.cell_errors.items() if "MemoryError" in (e.get("mro") or ())]
+                if not starved:
+                    return
+                for i in starved:
+                    self.skipped[i] = "ran out of memory (MemoryError)"
 
     def transport(self, request, callback=None):
         """Send one check request; returns its reply (interfaces.md, section 1): ok, error (the

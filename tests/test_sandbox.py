@@ -107,6 +107,25 @@ def call(name, *args, **extra):
 
 
 @pytest.mark.slow
+def test_a_cell_that_ran_out_of_memory_is_skipped():
+    """A top-level cell that fills memory and keeps it (MemoryError) would starve every later call:
+    it is skipped on a restart, and the rest of the notebook is graded as if it were not there."""
+    try:
+        sandbox = Sandbox(choose_mode("auto"), {"memory_mb": 512, "call_seconds": 20})
+    except SandboxError as e:
+        pytest.skip(f"no sandbox here: {e}")
+    hog = "blob = []\nwhile True:\n    blob.append(bytearray(16 * 2**20))"
+    s = Session(sandbox, "01_attention", ["def room():\n    return len(bytearray(64 * 2**20))", hog])
+    try:
+        s.open()
+        assert s.skipped == {1: "ran out of memory (MemoryError)"}
+        assert s.transport(call("room")) == {"ok": 64 * 2**20}
+    finally:
+        s.close()
+        sandbox.close()
+
+
+@pytest.mark.slow
 def test_callbacks_are_answered_by_the_host(session):
     log = []
 
