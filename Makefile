@@ -30,12 +30,16 @@ system-packages:
 	    fi; \
 	else echo "not root with apt-get: install bubblewrap, chromium, slurm-wlm and munge yourself for the sandbox, browser and Slurm tests"; fi
 
+# Two test processes or more (each test file stays in one, so its shared fixtures are built once):
+# the grading runs wait on sandboxes as much as they compute.
+XDIST := -n auto --maxprocesses 4 --dist loadfile
+
 test:
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(XDIST)
 
 # The quick loop while writing code: no notebooks, no grading runs, no book.
 test-fast:
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q $(XDIST) -m "not slow"
 
 book:
 	$(PY) book/build.py
