@@ -14,8 +14,6 @@ import stat
 import subprocess
 import sys
 import sysconfig
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +21,7 @@ import pytest
 from autograder import notebook as nbk
 from autograder.release import release
 from autograder.worker import UNPROTECTED_ENV, _Cgroups
+from tests import watch
 from tests.lessons import fill
 from tests.test_adversarial import IF_IT_WORKED, LESSON, REPO, TRICKS, WRONG_SOFTMAX, with_cells
 
@@ -282,25 +281,11 @@ def grade(root, subs, extra=(), env=None, cwd=REPO, wrap=()):
            "--lesson", LESSON, "--jobs", "1", "--memory", "512", "--cell-timeout", "20", "--call-timeout", "20",
            "--quiet", *extra]
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    peak = [0]
-
-    def watch():  # the grader's VmHWM (its own peak resident memory), read while it runs
-        while proc.poll() is None:
-            try:
-                status = Path(f"/proc/{proc.pid}/status").read_text()
-                peak[0] = max(peak[0], int(status.split("VmHWM:")[1].split()[0]) // 1024)
-            except (OSError, IndexError):
-                pass
-            time.sleep(0.05)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    out, err = proc.communicate(timeout=900)
-    watcher.join()
+    out, err, peak = watch.communicate(proc, timeout=900)
     proc.stderr_text = err
     csv_path = root / "results" / "grades.csv"
     rows = list(csv.DictReader(csv_path.open(newline=""))) if csv_path.exists() and proc.returncode == 0 else None
-    return proc, rows, peak[0]
+    return proc, rows, peak
 
 
 def points(rows, student):

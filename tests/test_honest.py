@@ -10,14 +10,12 @@ import csv
 import os
 import subprocess
 import sys
-import threading
-import time
-from pathlib import Path
 
 import pytest
 
 from autograder import notebook as nbk
 from autograder.release import release
+from tests import watch
 from tests.lessons import fill
 from tests.test_adversarial import with_cells
 
@@ -149,24 +147,10 @@ def grade(root, subs, lesson):
            "--jobs", "2", "--quiet"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, TMPDIR=str(tmp)))
-    peak = [0]
-
-    def watch():  # the grader's VmHWM, read while it runs
-        while proc.poll() is None:
-            try:
-                status = Path(f"/proc/{proc.pid}/status").read_text()
-                peak[0] = max(peak[0], int(status.split("VmHWM:")[1].split()[0]) // 1024)
-            except (OSError, IndexError):
-                pass
-            time.sleep(0.05)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    out, err = proc.communicate(timeout=1500)
-    watcher.join()
+    out, err, peak = watch.communicate(proc, timeout=1500)
     proc.stderr_text = err
     rows = list(csv.DictReader((root / "results" / "grades.csv").open(newline=""))) if proc.returncode == 0 else []
-    return proc, rows, peak[0]
+    return proc, rows, peak
 
 
 # Lesson 08's memory bounds count what the notebook mapped before them (issue 19, "memory taken before the
