@@ -27,7 +27,7 @@ def test_every_graded_name_has_a_check_and_the_solutions_pass(lesson):
 @pytest.mark.parametrize("lesson", LESSONS)
 def test_every_graded_name_has_at_least_three_mutants(lesson):
     module = mutants.for_lesson(lesson)
-    assert module is not None, f"tests/mutants/m{lesson}.py is missing"
+    assert module is not None, f"autograder/mistakes/{lesson}.py is missing"
     for name in graded_names(lesson):
         assert len(module.MUTANTS.get(name, [])) >= 3, f"{lesson}: {name} needs at least three known-wrong answers"
 

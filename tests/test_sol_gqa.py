@@ -114,7 +114,9 @@ def test_imports_go_one_way():
 def test_one_slip_costs_its_share(name, what, share):
     from autograder.checks import PartialCredit, verify
     from tests.lessons import fresh_namespace
-    from tests.mutants import m04_gqa
+    from autograder import mistakes
+
+    m04_gqa = mistakes.for_lesson("04_gqa")
 
     code = next(c for w, _, c in m04_gqa.MUTANTS[name] if w.startswith(what))
     with pytest.raises(PartialCredit) as partial:

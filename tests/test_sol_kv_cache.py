@@ -129,7 +129,9 @@ def test_a_generate_that_forges_the_call_log_loses_its_points():
 def test_one_slip_costs_its_share(name, what, share):
     from autograder.checks import PartialCredit, verify
     from tests.lessons import fresh_namespace
-    from tests.mutants import m05_kv_cache
+    from autograder import mistakes
+
+    m05_kv_cache = mistakes.for_lesson("05_kv_cache")
 
     code = next(c for w, _, c in m05_kv_cache.MUTANTS[name] if w.startswith(what))
     with pytest.raises(PartialCredit) as partial:

@@ -1,0 +1,93 @@
+"""The known mistakes of each lesson, defined once: one module per lesson, autograder/mistakes/NN_name.py.
+
+A module holds
+    MUTANTS = {graded name: [Mistake(what, keyword, code, message=..., aspect=...) or (what, keyword, code)]}
+    VARIANTS = {graded name: [(how it differs, code)]}            # correct alternatives: full marks
+    HIDDEN_ONLY = {what: why}   # mistakes the visible tests may leave to the hidden checks (at most 5%)
+    ALSO_LOSES = {what: {other graded name: why}}   # other names a mistake may cost (memory the cells keep)
+
+code is the answer cell's source: the function (or class) a student who makes that mistake writes.
+keyword is a word the feedback must contain; message, where given, is what the check says when it
+recognises the mistake, and aspect the aspect it costs. A check recognises such a mistake by running
+the definition on its own inputs (`defined`), so the mutant the tests run and the formula the check
+compares with are one text.
+
+Grader-side only, like solutions/ and the checks: autograder/sandbox/ never imports it, and messages
+never name hidden inputs or expected values.
+"""
+import functools
+import importlib
+from pathlib import Path
+
+
+class Mistake(tuple):
+    """(what, keyword, code), a plain triple for the tests that unpack it, with message and aspect."""
+
+    def __new__(cls, what, keyword, code, message="", aspect=""):
+        self = super().__new__(cls, (what, keyword, code))
+        self.message, self.aspect = message, aspect
+        return self
+
+    what, keyword, code = (property(lambda self, i=i: self[i]) for i in range(3))
+
+
+def lessons():
+    """The lessons that have a mistakes module, in order."""
+    return sorted(p.stem for p in Path(__file__).parent.glob("[0-9][0-9]_*.py"))
+
+
+def for_lesson(lesson):
+    """The lesson's mistakes module, or None when it has none."""
+    if lesson not in lessons():
+        return None
+    return importlib.import_module(f"autograder.mistakes.{lesson}")
+
+
+def mutants(lesson):
+    """{graded name: [Mistake]} of the lesson (plain triples read as Mistakes without a message)."""
+    module = for_lesson(lesson)
+    return {name: [m if isinstance(m, Mistake) else Mistake(*m) for m in items]
+            for name, items in (getattr(module, "MUTANTS", {}) if module else {}).items()}
+
+
+def variants(lesson):
+    """{graded name: [(how it differs, code)]}."""
+    return dict(getattr(for_lesson(lesson), "VARIANTS", {}))
+
+
+def hidden_only(lesson):
+    return dict(getattr(for_lesson(lesson), "HIDDEN_ONLY", {}))
+
+
+def also_loses(lesson, what):
+    """The other graded names a mistake may cost (ALSO_LOSES): memory its cells keep counts against every
+    memory bound of the lesson, as an honest notebook's would."""
+    return set(getattr(for_lesson(lesson), "ALSO_LOSES", {}).get(what, {}))
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled(lesson, name, what):
+    from autograder.checks import LESSONS
+
+    [mistake] = [m for m in mutants(lesson)[name] if m.what == what]
+    # the answer cell runs beside the reference's other names (softmax inside attention, np, torch)
+    ns = dict(vars(importlib.import_module(f"solutions.{LESSONS[lesson]}")))
+    exec(compile(mistake.code, f"<mistake {lesson}:{name}: {what}>", "exec"), ns)
+    return ns[name]
+
+
+def defined(lesson, name):
+    """[(Mistake, its function)] of the mistakes of `name` that carry a message: what a check runs on its
+    own inputs to recognise them. Compiled once per process, against the reference's other names."""
+    return [(m, _compiled(lesson, name, m.what)) for m in mutants(lesson).get(name, []) if m.message]
+
+
+def message(lesson, name, what):
+    """The message of one defined mistake."""
+    [m] = [m for m in mutants(lesson)[name] if m.what == what]
+    return m.message
+
+
+def run(lesson, name, what, *args, **kwargs):
+    """Call one defined mistake."""
+    return _compiled(lesson, name, what)(*args, **kwargs)
