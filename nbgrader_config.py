@@ -20,6 +20,6 @@ c.Execute.timeout = 120
 # Feedback without the hidden tests: nbgrader's own shows their code and tracebacks.
 c.GenerateFeedback.preprocessors = [
     "nbgrader.preprocessors.GetGrades",
-    "autograder.nbgrader_feedback.HideHiddenTests",
+    "autograder.adapters.nbgrader_feedback.HideHiddenTests",
     "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
 ]

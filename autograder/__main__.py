@@ -108,7 +108,7 @@ def main(argv=None):
     elif args.command in ("collect", "export", "report"):
         return _term(args)
     elif args.command == "gradescope-bundle":
-        from autograder.gradescope import bundle
+        from autograder.adapters.gradescope import bundle
         from autograder.results import UsageError
         try:
             print(bundle(args.lesson, args.out, args.visibility, args.test_visibility, args.stdout_visibility))
@@ -200,12 +200,12 @@ def _grade(args):
 def _term(args):
     """collect, export and report (collect.py, export.py, classreport.py)."""
     from autograder.results import UsageError, load_results
-    from autograder.roster import load_roster
+    from autograder.adapters.roster import load_roster
 
     try:
         roster = load_roster(args.roster) if getattr(args, "roster", None) else None
         if args.command == "collect":
-            from autograder.collect import collect
+            from autograder.adapters.collect import collect
             collect(args.download, args.out, roster, args.lesson, args.times, args.timezone)
             return 0
         problems = []
@@ -215,10 +215,10 @@ def _term(args):
         if not results:
             raise UsageError(f"{args.results} holds no grading results (grade into it first)")
         if args.command == "report":
-            from autograder.classreport import write_report
+            from autograder.adapters.classreport import write_report
             print(f"wrote {write_report(args.results, results, args.submissions)}")
             return 0
-        from autograder.export import export
+        from autograder.adapters.export import export
         for line in export(args.results, results, args.format, args.out, roster, args.canvas_gradebook,
                            args.deadline, args.late_policy, args.timezone, args.submissions, args.assignment):
             print(f"warning: {line}", file=sys.stderr)

@@ -8,8 +8,8 @@ from pathlib import Path
 from autograder import notebook as nbk
 from autograder import results as store
 from autograder.checks import LESSONS
-from autograder.classreport import write_report
-from autograder.export import write_totals
+from autograder.adapters.classreport import write_report
+from autograder.adapters.export import write_totals
 
 
 def gather(out, expected=(), problems=None):
@@ -68,7 +68,7 @@ def write_all(out, expected=(), gradescope=False, gradebook=None, problems=None,
             store.write_derived(out / "gradescope" / student / "results.json",
                                json.dumps(results_json(mine), indent=1))
     if gradebook:
-        from autograder.gradebook import update_gradebook
+        from autograder.adapters.gradebook import update_gradebook
         lessons = sorted({r["lesson"] for r in results})
         update_gradebook(gradebook, results, {lesson: nbk.lesson_tests(lesson) for lesson in lessons}, course_root)
     return results

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from autograder import classreport
+from autograder.adapters import classreport
 from autograder import notebook as nbk
 from autograder.__main__ import main
 from autograder.results import save_result

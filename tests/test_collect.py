@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from autograder import collect as col
+from autograder.adapters import collect as col
 from autograder import notebook as nbk
 from autograder.__main__ import main
 from autograder.results import read_csv, read_timestamp
-from autograder.roster import load_roster
+from autograder.adapters.roster import load_roster
 
 ROSTER = """student,name,email,lms_id
 alice,"Liddell, Alice",alice@example.org,101

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from autograder.__main__ import main
-from autograder.export import write_totals
+from autograder.adapters.export import write_totals
 from autograder.results import load_results, save_result, write_timestamp
 
 # Canvas's documented gradebook import: these identity columns first, then one column per assignment

@@ -16,8 +16,8 @@ import jsonschema
 import pytest
 
 from autograder import notebook as nbk
-from autograder import gradescope
-from autograder.gradescope import setup_script
+from autograder.adapters import gradescope
+from autograder.adapters.gradescope import setup_script
 from autograder.release import release
 from tests import mutants
 from tests.lessons import fill

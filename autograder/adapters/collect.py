@@ -36,7 +36,7 @@ from pathlib import Path
 
 from autograder import notebook as nbk
 from autograder.results import TIMESTAMP_FILE, UsageError, csv_text, read_csv, write_atomic, write_timestamp
-from autograder.roster import SAFE_ID
+from autograder.adapters.roster import SAFE_ID
 
 MAX_FILE_BYTES = 256 * 2**20       # one archive member: far above any notebook, far below a machine's memory
 MAX_ARCHIVE_BYTES = 4 * 2**30      # everything one archive says it unpacks to

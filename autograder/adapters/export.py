@@ -25,7 +25,7 @@ from pathlib import Path
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from autograder.results import UsageError, csv_text, needs_regrade, read_timestamp, write_atomic
-from autograder.roster import squash
+from autograder.adapters.roster import squash
 
 TOTALS, PENALTIES = "totals.csv", "late-penalties.csv"
 CANVAS_IDENTITY = ["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]

@@ -9,7 +9,7 @@ and the zip's contents in /autograder/source); `run_autograder` writes
 (solutions, hidden checks, source notebook) lives.
 
 `python -m autograder gradescope-bundle --lesson L --out autograder_L.zip` writes the zip;
-`run_autograder` calls `python -m autograder.gradescope ROOT` (this module).
+`run_autograder` calls `python -m autograder.adapters.gradescope ROOT` (this module).
 """
 import importlib.metadata
 import json
@@ -21,7 +21,7 @@ import zipfile
 from pathlib import Path
 
 VISIBILITIES = ("visible", "hidden", "after_due_date", "after_published")
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CONFIG = "gradescope.json"  # the bundle's settings, next to setup.sh in /autograder/source
 STUDENT = "submission"      # Gradescope grades one submission at a time: its folder's name
 EXTRAS = {"06_gpu": "gpu"}  # pyproject extras a lesson's grading needs (lesson 06: Triton)
@@ -84,7 +84,7 @@ RUN_SCRIPT = """#!/usr/bin/env bash
 # grader and write /autograder/results/results.json. GRADESCOPE_ROOT and GRADESCOPE_PYTHON
 # move it elsewhere (to test a bundle outside Gradescope).
 root="${GRADESCOPE_ROOT:-/autograder}"
-cd "$root/source/course" && exec "${GRADESCOPE_PYTHON:-$root/venv/bin/python}" -m autograder.gradescope "$root"
+cd "$root/source/course" && exec "${GRADESCOPE_PYTHON:-$root/venv/bin/python}" -m autograder.adapters.gradescope "$root"
 """
 
 

@@ -22,7 +22,7 @@ def update_gradebook(db_path, results, tests, course_root=None):
     from nbgrader.api import Gradebook
     from sqlalchemy.exc import SAWarning
 
-    from autograder.formgrader import write_autograded
+    from autograder.adapters.formgrader import write_autograded
 
     if not shutil.which("alembic"):  # nbgrader runs `alembic`; it sits next to this Python
         os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
