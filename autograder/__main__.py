@@ -94,6 +94,10 @@ def main(argv=None):
     s.add_argument("--lesson", action="append", choices=list(LESSONS))
     s.add_argument("--check", action="store_true", help="change nothing; exit 1 if anything is out of date")
 
+    au = sub.add_parser("audit", help="run every known mistake and variant against a lesson's visible and hidden tests")
+    au.add_argument("lesson", choices=list(LESSONS), metavar="LESSON")
+    au.add_argument("--notebook", metavar="NB", help="an edited source notebook of the lesson (default: the lesson's)")
+
     args = p.parse_args(argv)
     if args.command == "release":
         from autograder.release import release
@@ -115,6 +119,12 @@ def main(argv=None):
         except UsageError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
+    elif args.command == "audit":
+        from autograder.audit import audit
+        if args.notebook and not Path(args.notebook).is_file():
+            print(f"error: --notebook {args.notebook}: no such file", file=sys.stderr)
+            return 2
+        return audit(args.lesson, args.notebook)
     elif args.command == "sync":
         from autograder.sync import sync
         changed = sync(args.lesson, check=args.check)
@@ -156,13 +166,20 @@ def _manifest(args):
     return 0
 
 
-def _merge(args):
+def _outputs(args):
+    """The adapters' writers that follow grade's and merge's reports; GradeError, before any work,
+    for a --gradebook that could not be written."""
+    from autograder.adapters import report_outputs
     from autograder.grade import check_gradebook
-    from autograder.merge import merge
 
     check_gradebook(args.gradebook)
-    results = merge(args.results, args.out, args.gradescope, args.gradebook, args.manifest, args.allow_partial,
-                    args.course_root)
+    return report_outputs(args.gradebook, args.course_root)
+
+
+def _merge(args):
+    from autograder.merge import merge
+
+    results = merge(args.results, args.out, args.gradescope, _outputs(args), args.manifest, args.allow_partial)
     _summary(args.out, results)
     return 0
 
@@ -183,8 +200,8 @@ def _grade(args):
     mode = choose_mode(args.sandbox, args.unsafe)
     limits = {k: getattr(args, k) for _, k, _ in LIMIT_FLAGS if getattr(args, k) is not None}
     run = grade(args.submissions, args.out, args.lesson, args.jobs, args.resume, shard, mode, limits,
-                args.gradescope, args.gradebook, progress=not args.quiet, all_lessons=args.all_lessons,
-                students=args.student, force=args.force, manifest=args.manifest, course_root=args.course_root)
+                args.gradescope, _outputs(args), progress=not args.quiet, all_lessons=args.all_lessons,
+                students=args.student, force=args.force, manifest=args.manifest)
     why = ", ".join(f"{n} {reason}" for reason, n in run["reasons"].most_common())
     print(f"graded {run['graded']} submission(s) of {', '.join(run['lessons'])}"
           + (f" ({why})" if args.resume and why else "") + (f"; reused {run['reused']} unchanged" if args.resume else ""),

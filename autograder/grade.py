@@ -506,11 +506,11 @@ def check_gradebook(gradebook):
 
 
 def grade(submissions, out, lessons=None, jobs=1, resume=False, shard=None, mode="bwrap", limits=None,
-          gradescope=False, gradebook=None, progress=True, all_lessons=False, students=None, force=False,
-          manifest=None, course_root=None):
+          gradescope=False, outputs=(), progress=True, all_lessons=False, students=None, force=False,
+          manifest=None):
     """Grade a class into RESULTS. Returns a summary dict (see __main__). Raises GradeError on bad
-    input, before any work, and Interrupted after a clean stop on SIGTERM or SIGINT."""
-    check_gradebook(gradebook)
+    input, before any work, and Interrupted after a clean stop on SIGTERM or SIGINT. outputs: the
+    adapters' writers report.write_all calls after the core's files (autograder.adapters.report_outputs)."""
     klass, lessons, selected, manifest_id, anomalies, out, shard_text = plan(
         submissions, out, lessons, all_lessons, students, shard, manifest)
     from autograder.selfcheck import check_reference
@@ -558,8 +558,8 @@ def grade(submissions, out, lessons=None, jobs=1, resume=False, shard=None, mode
     store.write_run(out, shard_text, manifest_id, set(store.read_run(out)["lessons"]) | set(lessons))
 
     from autograder import report
-    results = report.write_all(out, {(s, x) for s in selected for x in lessons}, gradescope, gradebook, problems,
-                               course_root, warnings=weak)
+    results = report.write_all(out, {(s, x) for s in selected for x in lessons}, gradescope, outputs, problems,
+                               warnings=weak)
     stale = [f"{r['student']}/{r['lesson']}" for r in results if r["lesson"] in graders and r.get("grader")
              and r["grader"] != graders[r["lesson"]]]
     for where in stale:

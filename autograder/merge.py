@@ -61,9 +61,10 @@ def shard_set_problems(runs, stored, manifest):
     return list(dict.fromkeys(problems))
 
 
-def merge(dirs, out, gradescope=False, gradebook=None, manifest=None, allow_partial=False, course_root=None):
-    """Copy every shard's results into OUT (its other lessons are kept) and rewrite its reports.
-    Returns the results; MergeError when the shard set is not whole, unless allow_partial."""
+def merge(dirs, out, gradescope=False, outputs=(), manifest=None, allow_partial=False):
+    """Copy every shard's results into OUT (its other lessons are kept) and rewrite its reports (and
+    the adapters' `outputs`, as report.write_all). Returns the results; MergeError when the shard set
+    is not whole, unless allow_partial."""
     out = store.prepare_out(out)
     m = store.read_manifest(manifest) if manifest else None
     if len({Path(d).resolve() for d in dirs}) < len(dirs):
@@ -98,4 +99,4 @@ def merge(dirs, out, gradescope=False, gradebook=None, manifest=None, allow_part
     store.write_run(out, None, m["id"] if m else next(iter({run["manifest"] for run in runs.values()})),
                     set(old["lessons"]) | lessons, problems)
     expected = {(s, x) for s in (m["students"] if m else []) for x in lessons}
-    return report.write_all(out, expected, gradescope, gradebook, course_root=course_root)
+    return report.write_all(out, expected, gradescope, outputs)

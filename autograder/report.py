@@ -1,6 +1,7 @@
-"""Everything written from stored results (results.py): grades.csv, totals.csv (export.py), feedback
-pages, Gradescope files, the nbgrader gradebook, the grader's error log. Always from everything RESULTS holds, so a
-term graded lesson after lesson keeps every lesson's rows."""
+"""Everything written from stored results (results.py): grades.csv, feedback pages, Gradescope files,
+the grader's error log, then whatever the adapters' writers given as `outputs` add (totals.csv, the
+class report, the nbgrader gradebook: autograder.adapters.report_outputs). Always from everything RESULTS
+holds, so a term graded lesson after lesson keeps every lesson's rows. The core imports no adapter."""
 import html
 import json
 from pathlib import Path
@@ -8,8 +9,6 @@ from pathlib import Path
 from autograder import notebook as nbk
 from autograder import results as store
 from autograder.checks import LESSONS
-from autograder.adapters.classreport import write_report
-from autograder.adapters.export import write_totals
 
 
 def gather(out, expected=(), problems=None):
@@ -44,15 +43,13 @@ def placeholder(student, lesson, message):
                     for t, p in nbk.lesson_tests(lesson)])
 
 
-def write_all(out, expected=(), gradescope=False, gradebook=None, problems=None, course_root=None, warnings=()):
-    """Rewrite grades.csv, totals.csv, the class report, feedback, the error log (and Gradescope
-    files, the gradebook) from everything stored in RESULTS; returns the results. warnings: lines
-    for the top of the class report (a sandbox mode that hides no file)."""
+def write_all(out, expected=(), gradescope=False, outputs=(), problems=None, warnings=()):
+    """Rewrite grades.csv, feedback, the error log (and Gradescope files) from everything stored in
+    RESULTS, then call each of `outputs` as write(out, results, warnings); returns the results.
+    warnings: lines for the top of the class report (a sandbox mode that hides no file)."""
     out = Path(out)
     results = gather(out, expected, problems)
     store.write_grades(out / "grades.csv", results)
-    write_totals(out, results)
-    write_report(out, results, warnings=warnings)
     # Failures of the grader itself (never of a student's code), for the instructor.
     errors = [f"== {r['student']} {r['lesson']}\n{tb}" for r in results for tb in r.get("grader_errors", [])]
     log = out / "grader-errors.log"
@@ -67,10 +64,8 @@ def write_all(out, expected=(), gradescope=False, gradebook=None, problems=None,
             mine = [r for r in results if r["student"] == student]
             store.write_derived(out / "gradescope" / student / "results.json",
                                json.dumps(results_json(mine), indent=1))
-    if gradebook:
-        from autograder.adapters.gradebook import update_gradebook
-        lessons = sorted({r["lesson"] for r in results})
-        update_gradebook(gradebook, results, {lesson: nbk.lesson_tests(lesson) for lesson in lessons}, course_root)
+    for write in outputs:
+        write(out, results, warnings)
     return results
 
 

@@ -2,7 +2,8 @@
 
 The core (release, grade, results, report, merge, sandbox/, worker, checks/) grades and stores; an
 adapter turns someone else's format into the core's or back, using only the core's public functions
-(results.py's stored formats, notebook.py, release.student_copy, report.feedback_text, grade.grade):
+(results.py's stored formats, notebook.py, release.student_copy, report.feedback_text and
+report.results_json, grade.grade):
 
   collect.py, roster.py     an LMS download (Canvas, Moodle, nbgrader's exchange) and its roster in
   export.py                 totals.csv and the LMS's gradebook import (Canvas CSV) out
@@ -10,4 +11,27 @@ adapter turns someone else's format into the core's or back, using only the core
   gradebook.py, formgrader.py, nbgrader_feedback.py   nbgrader's gradebook, formgrader and feedback
   gradescope.py             a Gradescope autograder bundle and its run_autograder entry point
 
+The core never imports an adapter: `python -m autograder` dispatches to them lazily, and hands grade
+and merge the writers of report_outputs() below, which report.write_all calls after the core's files.
+Adapters import one another only where one outside system spans two modules (roster.py, shared by the
+LMS's collect and export; formgrader.py, written by the gradebook's update). tests/test_layout.py
+checks the imports.
 """
+from autograder import notebook as nbk
+from autograder.adapters.classreport import write_report
+from autograder.adapters.export import write_totals
+from autograder.adapters.gradebook import update_gradebook
+
+
+def report_outputs(gradebook=None, course_root=None):
+    """The writers report.write_all calls after the core's files, each write(out, results, warnings):
+    totals.csv, the class report, and with a gradebook (nbgrader's database file) its scores and the
+    autograded notebooks under course_root (default: the gradebook's folder)."""
+    outputs = [lambda out, results, warnings: write_totals(out, results),
+               lambda out, results, warnings: write_report(out, results, warnings=warnings)]
+    if gradebook:
+        def to_gradebook(out, results, warnings):
+            tests = {lesson: nbk.lesson_tests(lesson) for lesson in sorted({r["lesson"] for r in results})}
+            update_gradebook(gradebook, results, tests, course_root)
+        outputs.append(to_gradebook)
+    return outputs

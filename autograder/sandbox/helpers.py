@@ -91,10 +91,15 @@ class HostDecoder(nn.Module):
         return _ask_grader({"op": "forward", "ids": ids, "caches": numbers})
 
 
+# payload -> the grader's reply: installed by server.py, which imports this module (so this one
+# imports no other of the sandbox's, and the two form no circle).
+host_callback = None
+
+
 def _ask_grader(payload):
     """The grader's answer to payload; its refusals ({"error": why}) become a ValueError here."""
-    from .server import host_callback  # server imports this module
-
+    if host_callback is None:
+        raise RuntimeError("no grader callback is active")
     reply = host_callback(payload)
     if isinstance(reply, dict) and "error" in reply:
         raise ValueError(str(reply["error"]))

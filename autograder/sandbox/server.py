@@ -25,6 +25,9 @@ def host_callback(payload):
     return _current._arg(channel(_current._encode(payload, [0])))
 
 
+helpers.host_callback = host_callback
+
+
 class TooLarge(Exception):
     pass
 
