@@ -157,10 +157,10 @@ def _manifest(args):
 
 
 def _outputs(args):
-    """The adapters' writers that follow grade's and merge's reports; GradeError, before any work,
+    """The adapters' writers that follow grade's and merge's reports; UsageError, before any work,
     for a --gradebook that could not be written."""
     from autograder.adapters import report_outputs
-    from autograder.grade import check_gradebook
+    from autograder.adapters.gradebook import check_gradebook
 
     check_gradebook(args.gradebook)
     return report_outputs(args.gradebook, args.course_root)

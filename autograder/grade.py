@@ -490,21 +490,6 @@ def plan(submissions, out, lessons=None, all_lessons=False, students=None, shard
     return klass, lessons, selected, (m["id"] if m else None), anomalies, out, want_shard
 
 
-def check_gradebook(gradebook):
-    """GradeError, before any work, for a --gradebook that could not be written once the results
-    are: a folder, a file in a folder that does not exist, or no nbgrader to write it with."""
-    if not gradebook:
-        return
-    path = Path(gradebook)
-    if path.is_dir():
-        raise GradeError(f"--gradebook {gradebook} is a folder: name the gradebook file (e.g. gradebook.db)")
-    if not path.parent.is_dir():
-        raise GradeError(f"--gradebook {gradebook}: the folder {path.parent} does not exist (create it first)")
-    from importlib.util import find_spec
-    if find_spec("nbgrader") is None:
-        raise GradeError("--gradebook needs nbgrader: pip install 'nbgrader>=0.9,<0.10' (or the course's [dev] extra)")
-
-
 def grade(submissions, out, lessons=None, jobs=1, resume=False, shard=None, mode="bwrap", limits=None,
           gradescope=False, outputs=(), progress=True, all_lessons=False, students=None, force=False,
           manifest=None):

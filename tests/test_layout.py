@@ -8,8 +8,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pytest
-
 AUTOGRADER = Path(__file__).resolve().parent.parent / "autograder"
 SANDBOX, ADAPTERS, CLI = "autograder.sandbox", "autograder.adapters", "autograder.__main__"
 

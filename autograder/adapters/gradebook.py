@@ -11,9 +11,25 @@ import shutil
 import sys
 import warnings
 from datetime import datetime, timezone
+from importlib.util import find_spec
 from pathlib import Path
 
 from autograder import notebook as nbk
+from autograder.results import UsageError
+
+
+def check_gradebook(gradebook):
+    """UsageError, before any work, for a --gradebook that could not be written once the results
+    are: a folder, a file in a folder that does not exist, or no nbgrader to write it with."""
+    if not gradebook:
+        return
+    path = Path(gradebook)
+    if path.is_dir():
+        raise UsageError(f"--gradebook {gradebook} is a folder: name the gradebook file (e.g. gradebook.db)")
+    if not path.parent.is_dir():
+        raise UsageError(f"--gradebook {gradebook}: the folder {path.parent} does not exist (create it first)")
+    if find_spec("nbgrader") is None:
+        raise UsageError("--gradebook needs nbgrader: pip install 'nbgrader>=0.9,<0.10' (or the course's [dev] extra)")
 
 
 def update_gradebook(db_path, results, tests, course_root=None):
