@@ -6,6 +6,7 @@ from functools import partial
 from autograder.checks import Checks, expect_pair, fail, reference
 from autograder.sandbox.wire import Array
 from autograder.checks import expect_array as _expect_array
+from autograder import mistakes
 from solutions import attention as ref
 
 # numpy widens float32 / np.sqrt(d) to float64; that is not what this lesson is about.
@@ -15,35 +16,23 @@ CHECKS = Checks()
 DTYPES = (np.float64, np.float32)
 
 
-def _softmax_wrong_axis(x, axis):
-    """What a softmax normalised over the other axis (or over everything) returns."""
-    other = 0 if axis % x.ndim == x.ndim - 1 else -1
-    with np.errstate(invalid="ignore", divide="ignore"):
-        e = np.exp(x - x.max())
-        return [("you normalised over the wrong axis: use the `axis` argument, the sums along it must be 1",
-                 reference((e / e.sum(axis=other, keepdims=True)).astype(x.dtype))),
-                ("you normalised over the whole array: sum along `axis` only (keepdims=True)",
-                 reference((e / e.sum()).astype(x.dtype)))]
+def _known(name, *args, dtype=None):
+    """[(message, what it returns)] of the known mistakes of `name` (autograder/mistakes/01_attention.py),
+    run on these inputs (cast to dtype)."""
+    return [(m.message, reference(np.asarray(got).astype(dtype) if dtype else got))
+            for m, got in mistakes.on("01_attention", name, *args)]
 
 
-def _global_max(x, axis):
-    """A softmax shifted by the max of the whole array, not of each row: rows far below it underflow."""
-    with np.errstate(invalid="ignore", divide="ignore"):
-        e = np.exp(x - x.max())
-        wrong = e / e.sum(axis=axis, keepdims=True)
-    return [("subtract each row's own max (np.max(x, axis=axis, keepdims=True)), not the global max x.max(): a row "
-             "far below the global max underflows to 0/0 = NaN, and a row whose finite entries all sit far below "
-             "it (next to -inf entries) loses every weight. The shift must be per row along `axis`",
-             reference(wrong.astype(x.dtype)))]
-
-
-def _no_keepdims(x, axis):
-    """On a square input, dividing by a sum without keepdims broadcasts along the wrong axis."""
-    if x.ndim != 2 or x.shape[0] != x.shape[1]:
-        return []
-    e = np.exp(x - x.max(axis=axis, keepdims=True))
-    return [("divide by the sum with keepdims=True, so it broadcasts along `axis`",
-             reference((e / e.sum(axis=axis)).astype(x.dtype)))]
+def _softmax_mistakes(x, axis):
+    """The known mistakes, and a softmax normalised over axis 0 where `axis` is the last (no definition:
+    'always the last axis' is right there)."""
+    found = _known("softmax", x, axis, dtype=x.dtype)
+    if axis % x.ndim == x.ndim - 1:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            e = np.exp(x - x.max())
+            found.append(("you normalised over the wrong axis: use the `axis` argument, the sums along it must be 1",
+                          reference((e / e.sum(axis=0, keepdims=True)).astype(x.dtype))))
+    return found
 
 
 SOFTMAX_HINT = "softmax(x) = e^x / sum of e^x along `axis`: the entries along `axis` are positive and sum to 1"
@@ -65,23 +54,23 @@ def softmax(s):
             for shape, axis, scale in [((6, 6), -1, 1.0), ((5, 5), 0, 2.0), ((4, 7), -1, 1.0), ((3, 5, 6), 1, 3.0),
                                        ((2, 3, 4), -1, 1.0)]:
                 x = (rng.standard_normal(shape) * scale).astype(dtype)
-                _expect_softmax(s, x, axis, "softmax(x, axis)", _softmax_wrong_axis(x, axis) + _no_keepdims(x, axis))
+                _expect_softmax(s, x, axis, "softmax(x, axis)", _softmax_mistakes(x, axis))
         x = rng.standard_normal((3, 5))
         got = s.call("softmax", x)
         expect_array(got, reference(ref.softmax(x)), "softmax(x) with the default axis",
-                     mistakes=_softmax_wrong_axis(x, -1), hint=SOFTMAX_HINT)
+                     mistakes=_softmax_mistakes(x, -1), hint=SOFTMAX_HINT)
     with s.aspect("large and -inf entries"):
         for dtype in DTYPES:
             # exp() overflows without a max shift; rows far apart underflow with one global shift
             x = (rng.standard_normal((3, 8)) * 800).astype(dtype)
-            _expect_softmax(s, x, -1, "softmax of large inputs", _global_max(x, -1) + _softmax_wrong_axis(x, -1))
+            _expect_softmax(s, x, -1, "softmax of large inputs", _softmax_mistakes(x, -1))
             x = (rng.standard_normal((4, 5)) + np.array([[0.0], [900.0], [-900.0], [5.0]])).astype(dtype)
-            _expect_softmax(s, x.T.copy(), 0, "softmax(x, axis) of rows far apart", _global_max(x.T, 0))
+            _expect_softmax(s, x.T.copy(), 0, "softmax(x, axis) of rows far apart", _softmax_mistakes(x.T.copy(), 0))
         # masked entries: -inf must get weight 0 and must not turn the row into NaN, even far below the others
         x = rng.standard_normal((4, 6))
         x[:, ::2] = -np.inf
         x[1] += 1000.0
-        _expect_softmax(s, x, -1, "softmax of a row with -inf entries", _global_max(x, -1))
+        _expect_softmax(s, x, -1, "softmax of a row with -inf entries", _softmax_mistakes(x, -1))
 
 
 MASK_RULE = "query i may see key j iff j <= i + (n_keys - n_queries)"
@@ -93,19 +82,11 @@ def causal_mask(s):
         with s.aspect(aspect):
             for nq, nk in sizes:
                 want = reference(ref.causal_mask(nq, nk))
-                top_left = np.tril(np.ones((nq, nk), dtype=bool))
                 got = s.call("causal_mask", nq, nk)
                 if isinstance(got, Array) and got.dtype != "bool":
                     fail(f"causal_mask(n_queries, n_keys) has dtype {got.dtype}: return a boolean mask (dtype bool, "
                          "True = may attend), e.g. np.ones(..., dtype=bool)")
-                expect_array(got, want, "causal_mask(n_queries, n_keys)", mistakes=[
-                    ("it is aligned top-left. With n_keys > n_queries the queries are the *last* n_queries positions "
-                     "(a KV cache holds the earlier keys), so query i sees key j iff j <= i + (n_keys - n_queries)",
-                     reference(top_left)),
-                    ("True must mean 'may attend': you marked the hidden (future) keys instead", reference(~want.data)),
-                    ("a query must be able to see its own position: keep the diagonal",
-                     reference(np.tril(np.ones((nq, nk), dtype=bool), k=nk - nq - 1))),
-                ], hint=MASK_RULE)
+                expect_array(got, want, "causal_mask(n_queries, n_keys)", mistakes=_known("causal_mask", nq, nk), hint=MASK_RULE)
     with s.aspect("lower triangle"):
         expect_array(s.call("causal_mask", 5), reference(ref.causal_mask(5)), "causal_mask(n) with n_keys left out",
                      hint="n_keys defaults to n_queries")
@@ -128,28 +109,17 @@ def _attention_cases(rng):
 
 
 def _sdpa_mistakes(q, k, v, mask):
-    """(message, (out, weights)) of the usual mistakes, on these inputs."""
-    def attend(scale, mask_mode="before", weights_axis=-1):
-        scores = q @ np.swapaxes(k, -1, -2) * scale
-        if mask is not None and mask_mode == "inverted":
-            scores = np.where(~mask, scores, -np.inf)
-        if mask is not None and mask_mode == "before":
-            scores = np.where(mask, scores, -np.inf)
-        w = ref.softmax(scores, axis=weights_axis)
-        if mask is not None and mask_mode == "after":
-            w = w * mask
-        return reference(((w @ v).astype(q.dtype), w.astype(q.dtype)))
-
+    """(message, (out, weights)) of the known mistakes on these inputs, and one without a definition:
+    scaling by the value width where it differs from the key width."""
+    args = (q, k, v) if mask is None else (q, k, v, mask)
+    cases = [(m.message, (reference(np.asarray(o).astype(q.dtype)), reference(np.asarray(w).astype(q.dtype))))
+             for m, (o, w) in mistakes.on("01_attention", "scaled_dot_product_attention", *args)]
     dk, dv = q.shape[-1], v.shape[-1]
-    cases = [("did you scale the scores by 1/sqrt(d_k)? They are not scaled", attend(1.0)),
-             ("scale the scores by 1/sqrt(d_k), not 1/d_k", attend(1.0 / dk)),
-             ("the softmax must run over the keys (last axis): each query's weights sum to 1", attend(dk ** -0.5, weights_axis=-2))]
     if dv != dk:
-        cases.append(("scale by the key width d_k = q.shape[-1], not the value width", attend(dv ** -0.5)))
-    if mask is not None:
-        cases += [("True in the mask means 'may attend': you hid the allowed keys instead", attend(dk ** -0.5, "inverted")),
-                  ("apply the mask before the softmax (masked scores -> -inf), so each row still sums to 1",
-                   attend(dk ** -0.5, "after"))]
+        scores = np.where(True if mask is None else mask, q @ np.swapaxes(k, -1, -2) * dv ** -0.5, -np.inf)
+        w = ref.softmax(scores)
+        cases.append(("scale by the key width d_k = q.shape[-1], not the value width",
+                      reference(((w @ v).astype(q.dtype), w.astype(q.dtype)))))
     return cases
 
 
@@ -168,9 +138,7 @@ def scaled_dot_product_attention(s):
             want_out, want_w = reference(want_out, dtype=q.dtype.name), reference(want_w, dtype=q.dtype.name)
             cond = max(1.0, float(np.abs(q64 @ np.swapaxes(k64, -1, -2)).max()) / np.sqrt(q.shape[-1]) / 100)
             mistakes = _sdpa_mistakes(q, k, v, mask)
-            expect_array(weights, want_w, "the attention weights", [(m, w) for m, (o, w) in mistakes] + [
-                ("return the weights per query, (..., Tq, Tk); yours are transposed",
-                 reference(np.swapaxes(want_w.data, -1, -2).astype(q.dtype)))],
+            expect_array(weights, want_w, "the attention weights", [(m, w) for m, (o, w) in mistakes],
                 nan_hint="subtract the row max inside the softmax", hint=WEIGHTS_HINT, cond=cond,
                 axes=("B", "H", "Tq", "Tk")[-q.ndim:], regions=None if mask is None else {"masked keys": ~mask})
             expect_array(out, want_out, "the attention output", [(m, o) for m, (o, w) in mistakes],

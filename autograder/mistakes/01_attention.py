@@ -1,3 +1,6 @@
+"""Lesson 01 (attention, numpy): known mistakes and correct variants (see autograder/mistakes)."""
+from autograder.mistakes import Mistake
+
 MUTANTS = {
     "softmax": [
         ("no max shift", "max", '''
@@ -5,26 +8,32 @@ def softmax(x, axis=-1):
     e = np.exp(x)
     return e / e.sum(axis=axis, keepdims=True)
 '''),
-        ("always the last axis", "axis", '''
+        Mistake("always the last axis", "axis", '''
 def softmax(x, axis=-1):
     e = np.exp(x - x.max(axis=-1, keepdims=True))
     return e / e.sum(axis=-1, keepdims=True)
-'''),
-        ("normalised over the whole array", "whole array", '''
+''', aspect="values along axis",
+            message="you normalised over the wrong axis: use the `axis` argument, the sums along it must be 1"),
+        Mistake("normalised over the whole array", "whole array", '''
 def softmax(x, axis=-1):
     e = np.exp(x - x.max())
     return e / e.sum()
-'''),
-        ("sum without keepdims", "keepdims", '''
+''', aspect="values along axis",
+            message="you normalised over the whole array: sum along `axis` only (keepdims=True)"),
+        Mistake("sum without keepdims", "keepdims", '''
 def softmax(x, axis=-1):
     e = np.exp(x - x.max(axis=axis, keepdims=True))
     return e / e.sum(axis=axis)
-'''),
-        ("shifted by the global max", "global max", '''
+''', aspect="values along axis",
+            message="divide by the sum with keepdims=True, so it broadcasts along `axis`"),
+        Mistake("shifted by the global max", "global max", '''
 def softmax(x, axis=-1):
     e = np.exp(x - x.max())
     return e / e.sum(axis=axis, keepdims=True)
-'''),
+''', aspect="large and -inf entries",
+            message=("subtract each row's own max (np.max(x, axis=axis, keepdims=True)), not the global max x.max(): a "
+             "row far below the global max underflows to 0/0 = NaN, and a row whose finite entries all sit far below "
+             "it (next to -inf entries) loses every weight. The shift must be per row along `axis`")),
         ("constant: returns zeros", "sum to 1", '''
 def softmax(x, axis=-1):
     return np.zeros_like(np.asarray(x, dtype=float))
@@ -48,21 +57,25 @@ def softmax(x, axis=-1):
 '''),
     ],
     "causal_mask": [
-        ("top-left alignment", "top-left", '''
+        Mistake("top-left alignment", "top-left", '''
 def causal_mask(n_queries, n_keys=None):
     n_keys = n_queries if n_keys is None else n_keys
     return np.tril(np.ones((n_queries, n_keys), dtype=bool))
-'''),
-        ("True means masked", "may attend", '''
+''', aspect="more keys than queries",
+            message=("it is aligned top-left. With n_keys > n_queries the queries are the *last* n_queries positions "
+             "(a KV cache holds the earlier keys), so query i sees key j iff j <= i + (n_keys - n_queries)")),
+        Mistake("True means masked", "may attend", '''
 def causal_mask(n_queries, n_keys=None):
     n_keys = n_queries if n_keys is None else n_keys
     return ~np.tril(np.ones((n_queries, n_keys), dtype=bool), k=n_keys - n_queries)
-'''),
-        ("diagonal excluded", "diagonal", '''
+''', aspect="lower triangle",
+            message="True must mean 'may attend': you marked the hidden (future) keys instead"),
+        Mistake("diagonal excluded", "diagonal", '''
 def causal_mask(n_queries, n_keys=None):
     n_keys = n_queries if n_keys is None else n_keys
     return np.tril(np.ones((n_queries, n_keys), dtype=bool), k=n_keys - n_queries - 1)
-'''),
+''', aspect="lower triangle",
+            message="a query must be able to see its own position: keep the diagonal"),
         ("float mask", "dtype", '''
 def causal_mask(n_queries, n_keys=None):
     n_keys = n_queries if n_keys is None else n_keys
@@ -78,53 +91,59 @@ def causal_mask(n_queries, n_keys=None):
 '''),
     ],
     "scaled_dot_product_attention": [
-        ("no scaling", "sqrt(d_k)", '''
+        Mistake("no scaling", "sqrt(d_k)", '''
 def scaled_dot_product_attention(q, k, v, mask=None):
     scores = q @ np.swapaxes(k, -1, -2)
     if mask is not None:
         scores = np.where(mask, scores, -np.inf)
     weights = softmax(scores)
     return weights @ v, weights
-'''),
-        ("scaled by 1/d_k", "1/d_k", '''
+''', aspect="scaled attention",
+            message="did you scale the scores by 1/sqrt(d_k)? They are not scaled"),
+        Mistake("scaled by 1/d_k", "1/d_k", '''
 def scaled_dot_product_attention(q, k, v, mask=None):
     scores = q @ np.swapaxes(k, -1, -2) / q.shape[-1]
     if mask is not None:
         scores = np.where(mask, scores, -np.inf)
     weights = softmax(scores)
     return weights @ v, weights
-'''),
-        ("inverted mask", "may attend", '''
+''', aspect="scaled attention",
+            message="scale the scores by 1/sqrt(d_k), not 1/d_k"),
+        Mistake("inverted mask", "may attend", '''
 def scaled_dot_product_attention(q, k, v, mask=None):
     scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
     if mask is not None:
         scores = np.where(mask, -np.inf, scores)
     weights = softmax(scores)
     return weights @ v, weights
-'''),
-        ("mask after the softmax", "before the softmax", '''
+''', aspect="masks",
+            message="True in the mask means 'may attend': you hid the allowed keys instead"),
+        Mistake("mask after the softmax", "before the softmax", '''
 def scaled_dot_product_attention(q, k, v, mask=None):
     weights = softmax(q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1]))
     if mask is not None:
         weights = weights * mask
     return weights @ v, weights
-'''),
-        ("weights transposed", "per query", '''
+''', aspect="masks",
+            message="apply the mask before the softmax (masked scores -> -inf), so each row still sums to 1"),
+        Mistake("weights transposed", "per query", '''
 def scaled_dot_product_attention(q, k, v, mask=None):
     scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
     if mask is not None:
         scores = np.where(mask, scores, -np.inf)
     weights = softmax(scores)
     return weights @ v, np.swapaxes(weights, -1, -2)
-'''),
-        ("softmax over the queries", "over the keys", '''
+''', aspect="scaled attention",
+            message="return the weights per query, (..., Tq, Tk); yours are transposed"),
+        Mistake("softmax over the queries", "over the keys", '''
 def scaled_dot_product_attention(q, k, v, mask=None):
     scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
     if mask is not None:
         scores = np.where(mask, scores, -np.inf)
     weights = softmax(scores, axis=-2)
     return weights @ v, weights
-'''),
+''', aspect="scaled attention",
+            message="the softmax must run over the keys (last axis): each query's weights sum to 1"),
         ("constant: returns zeros", "sum to 1", '''
 def scaled_dot_product_attention(q, k, v, mask=None):
     lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2])

@@ -17,7 +17,10 @@ never name hidden inputs or expected values.
 """
 import functools
 import importlib
+import warnings
 from pathlib import Path
+
+import numpy as np
 
 
 class Mistake(tuple):
@@ -82,12 +85,15 @@ def defined(lesson, name):
     return [(m, _compiled(lesson, name, m.what)) for m in mutants(lesson).get(name, []) if m.message]
 
 
-def message(lesson, name, what):
-    """The message of one defined mistake."""
-    [m] = [m for m in mutants(lesson)[name] if m.what == what]
-    return m.message
-
-
-def run(lesson, name, what, *args, **kwargs):
-    """Call one defined mistake."""
-    return _compiled(lesson, name, what)(*args, **kwargs)
+def on(lesson, name, *args, **kwargs):
+    """[(Mistake, what it returns on these inputs)] of the defined mistakes of `name`. One that raises on
+    them cannot be what the student's code did there, and is left out; its warnings are not the student's."""
+    out = []
+    for mistake, fn in defined(lesson, name):
+        try:
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                out.append((mistake, fn(*args, **kwargs)))
+        except Exception:  # noqa: BLE001 - e.g. a broadcast only square inputs allow
+            continue
+    return out
