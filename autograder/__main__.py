@@ -94,6 +94,10 @@ def main(argv=None):
     s.add_argument("--lesson", action="append", choices=list(LESSONS))
     s.add_argument("--check", action="store_true", help="change nothing; exit 1 if anything is out of date")
 
+    au = sub.add_parser("audit", help="run every known mistake and variant against a lesson's visible and hidden tests")
+    au.add_argument("lesson", choices=list(LESSONS), metavar="LESSON")
+    au.add_argument("--notebook", metavar="NB", help="an edited source notebook of the lesson (default: the lesson's)")
+
     args = p.parse_args(argv)
     if args.command == "release":
         from autograder.release import release
@@ -115,6 +119,12 @@ def main(argv=None):
         except UsageError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
+    elif args.command == "audit":
+        from autograder.audit import audit
+        if args.notebook and not Path(args.notebook).is_file():
+            print(f"error: --notebook {args.notebook}: no such file", file=sys.stderr)
+            return 2
+        return audit(args.lesson, args.notebook)
     elif args.command == "sync":
         from autograder.sync import sync
         changed = sync(args.lesson, check=args.check)

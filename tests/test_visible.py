@@ -1,132 +1,29 @@
-"""Visible tests teach before grading: every known-wrong answer (tests/mutants) fails its own
+"""Visible tests teach before grading: every known-wrong answer (autograder/mistakes) fails its own
 function's visible test in the RELEASED notebook, with a message that names the same mistake as
 the hidden check (its keyword), and no other function's visible test fails (no misblame); every
 correct variant passes them all.
 
-A lesson runs once, cell by cell, with the solutions; just before each answer cell it forks one
-child per mutant and variant of that function, which runs the rest of the notebook (demo cells
-skipped, the visible test cells recorded) with that answer instead.
+The runs are autograder.audit's (a lesson runs once with the solutions, forking a child per mutant
+and variant just before its answer cell); `python -m autograder audit LESSON` prints them as a table.
 
-    .venv/bin/python -m tests.test_visible [LESSON ...]   # the catch rate and misblame per lesson
+    .venv/bin/python -m tests.test_visible [LESSON ...]   # the audit's tables of these lessons
 """
-import contextlib
 import functools
-import io
-import json
-import os
-import re
-import signal
 import sys
-import warnings
 
 import pytest
 
-from autograder import notebook as nbk
-from autograder.release import student_copy
+from autograder import audit, mistakes
 from tests import mutants
-from tests.lessons import LESSONS, fill
+from tests.lessons import LESSONS
 
 MAX_HIDDEN_ONLY = 0.05  # the share of a lesson's mutants that only the hidden checks may catch
-CHILD_SECONDS = 120
-
-
-def _cells(lesson):
-    """[(kind, grade_id, code)] of the released notebook with the solutions filled in; kind is
-    answer, test or code (provided and setup cells). Demo cells are left out, magics dropped."""
-    nb = fill(student_copy(nbk.read(nbk.lesson_path(lesson))), lesson)
-    out = []
-    for cell in nbk.code_cells(nb):
-        if nbk.is_demo(cell):
-            continue
-        kind = "answer" if nbk.is_answer(cell) else "test" if nbk.is_test(cell) else "code"
-        code = re.sub(r"^\s*[%!].*$", "", nbk.source(cell), flags=re.M)
-        out.append((kind, nbk.grade_id(cell), code))
-    return out
-
-
-def _run(cells, ns, failures):
-    """Run cells in ns; a test cell's failure is recorded as {grade_id: message}, others raise.
-    A warning counts as a failure too: plain nbgrader zeroes a cell that writes to stderr."""
-    for kind, gid, code in cells:
-        ns.setdefault("In", [""]).append(code)  # IPython's In: the cells run so far, which source_rules reads
-        if kind == "test":
-            try:
-                with warnings.catch_warnings(record=True) as caught:
-                    warnings.simplefilter("always")
-                    exec(compile(code, f"<{gid}>", "exec"), ns)
-                if caught:
-                    failures[gid] = f"{caught[0].category.__name__} written to stderr: {caught[0].message}"[:2000]
-            except Exception as e:  # noqa: BLE001 - any exception fails a visible test
-                failures[gid] = f"{type(e).__name__}: {e}"[:2000]
-        else:
-            exec(compile(code, f"<{gid or 'cell'}>", "exec"), ns)
-
-
-GRADER_MODULES = ("sandbox.helpers", "autograder.sandbox.helpers", "autograder.checks.stand_ins")
-
-
-def _child(cells, ns, code, gid):
-    """In a forked child: this answer instead of the solution, then the rest of the notebook."""
-    for module in GRADER_MODULES:  # a student's kernel has none of the grader's code loaded (earlier tests did)
-        sys.modules.pop(module, None)
-    failures = {}
-    try:
-        ns["In"] = [*ns.get("In", [""]), code]
-        exec(compile(code, f"<{gid}>", "exec"), ns)
-        _run(cells, ns, failures)
-    except Exception as e:  # noqa: BLE001 - a provided cell broke: blame the answer's own test
-        failures.setdefault(f"test_{gid}", f"a later cell raised {type(e).__name__}: {e}"[:2000])
-    return failures
-
-
-def _fork(fn):
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(r)
-        signal.alarm(CHILD_SECONDS)
-        try:
-            sys.stdout = sys.stderr = open(os.devnull, "w")
-            payload = json.dumps(fn()).encode()
-        except BaseException as e:  # noqa: BLE001
-            payload = json.dumps({"<harness>": repr(e)}).encode()
-        os.write(w, payload) if len(payload) < 60_000 else os.write(w, json.dumps({"<harness>": "too long"}).encode())
-        os._exit(0)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        data = f.read()
-    os.waitpid(pid, 0)
-    return json.loads(data) if data else {"<harness>": "the child died (a hang or a crash)"}
 
 
 @functools.lru_cache(maxsize=None)
 def run_lesson(lesson):
-    """{(name, what): {visible test grade_id: failure message}} for every mutant and variant."""
-    import torch
-    torch.set_num_threads(1)
-    module = mutants.for_lesson(lesson)
-    answers = {n: [("mutant", m[0], m[2]) for m in ms] for n, ms in module.MUTANTS.items()}
-    for n, vs in getattr(module, "VARIANTS", {}).items():
-        answers.setdefault(n, []).extend(("variant", v[0], v[1]) for v in vs)
-    cells = _cells(lesson)
-    ns = {"__name__": "__main__"}
-    results, baseline = {}, {}
-    cwd = os.getcwd()
-    os.chdir(nbk.lesson_path(lesson).parent)  # data files are read relative to the notebook
-    sys.path.insert(0, str(nbk.lesson_path(lesson).parent))  # and its modules imported from there, as in Jupyter
-    quiet = contextlib.redirect_stdout(io.StringIO())
-    try:
-        with quiet:
-            for i, (kind, gid, code) in enumerate(cells):
-                if kind == "answer":
-                    for _, what, answer in answers.get(gid, []):
-                        results[gid, what] = _fork(lambda: _child(cells[i + 1:], ns, answer, gid))
-                _run([(kind, gid, code)], ns, baseline)
-    finally:
-        os.chdir(cwd)
-        sys.path.remove(str(nbk.lesson_path(lesson).parent))
-    results["<solutions>", ""] = baseline
-    return results
+    """{(name, what): {visible test grade_id: failure message}} for every mutant and variant (autograder.audit)."""
+    return audit.run_lesson(lesson)
 
 
 def _cases(kind):
@@ -138,13 +35,9 @@ def _hidden_only(lesson):
 
 
 def verdict(lesson, name, mutant):
-    """(caught, misblamed): caught when the own visible test fails naming the keyword."""
-    what, keyword = mutant[0], mutant[1]
-    failures = run_lesson(lesson)[name, what]
-    own = failures.get(f"test_{name}", "")
-    caught = keyword.lower() in own.lower()
-    misblamed = sorted(t for t in failures if t != f"test_{name}")
-    return caught, own, misblamed, failures
+    """(caught, own message, misblamed, failures): caught when the own visible test fails naming the keyword."""
+    caught, own, misblamed = audit.verdict(run_lesson(lesson), name, mistakes.Mistake(*mutant))
+    return caught, own, misblamed, run_lesson(lesson)[name, mutant[0]]
 
 
 pytestmark = pytest.mark.slow
@@ -183,20 +76,7 @@ def test_correct_variant_passes_every_visible_test(lesson, name, variant):
 
 def summary(lessons):
     for lesson in lessons:
-        module = mutants.for_lesson(lesson)
-        rows = [(n, m) for n, ms in module.MUTANTS.items() for m in ms]
-        caught = misblame = 0
-        for name, m in rows:
-            ok, own, blamed, _ = verdict(lesson, name, m)
-            caught += ok
-            misblame += bool(blamed)
-            if not ok or blamed:
-                print(f"  {name}: '{m[0]}' " + ("" if ok else f"NOT CAUGHT (own: {own[:100]!r}) ")
-                      + (f"MISBLAME {blamed}" if blamed else ""))
-        bad_variants = [w for (n, w), f in run_lesson(lesson).items() if f and n != "<solutions>"
-                        and any(v[0] == w for v in getattr(module, "VARIANTS", {}).get(n, []))]
-        print(f"{lesson}: caught {caught}/{len(rows)} ({100 * caught / max(len(rows), 1):.0f}%), "
-              f"misblame {misblame}, hidden-only {len(_hidden_only(lesson))}, variants failing {len(bad_variants)}")
+        print("\n".join(audit.table(lesson, audit.run_lesson(lesson, hidden=True))))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,249 @@
+"""python -m autograder audit LESSON [--notebook NB]: how the visible tests of a lesson teach.
+
+Every known mistake and correct variant (autograder/mistakes) replaces its answer in the RELEASED
+notebook, and the rest of the notebook runs as a student's kernel would. Per graded name it says what
+the visible tests catch (the function's own test fails naming the mistake's keyword), what they misblame
+(another function's visible test fails), what a correct variant loses (a visible test, or its hidden
+check), and the hidden-only escapes: mistakes the visible test misses, with the hidden check's verdict.
+
+A lesson runs once, cell by cell, with the solutions; just before each answer cell it forks one child
+per mistake and variant of that function (several at once), which runs the rest of the notebook (demo
+cells skipped, the visible test cells recorded) with that answer instead. tests/test_visible.py asserts
+on the same runs. With --notebook, the lesson is read from an edited source notebook (its answer cells
+the solutions), as an instructor checks an exercise before releasing it.
+"""
+import contextlib
+import io
+import json
+import os
+import re
+import select
+import signal
+import sys
+import warnings
+
+from autograder import mistakes
+from autograder import notebook as nbk
+from autograder.release import student_copy
+
+CHILD_SECONDS = 120
+HIDDEN = "hidden:"  # the key prefix of a hidden check's verdict in a child's failures
+
+
+def fill(release_nb, source_nb, replace=None):
+    """A submission: the release copy (a dict) with every answer cell filled from the source notebook's
+    solution, or from replace[grade_id]."""
+    import copy
+
+    replace = replace or {}
+    solved = {nbk.grade_id(c): nbk.without_markers(nbk.source(c)) for c in nbk.code_cells(source_nb) if nbk.is_answer(c)}
+    nb = copy.deepcopy(release_nb)
+    for cell in nbk.code_cells(nb):
+        gid = nbk.grade_id(cell)
+        if nbk.is_answer(cell):
+            nbk.set_source(cell, replace.get(gid, solved[gid]))
+    return nb
+
+
+def _cells(source_nb):
+    """[(kind, grade_id, code)] of the released notebook with the solutions filled in; kind is
+    answer, test or code (provided and setup cells). Demo cells are left out, magics dropped."""
+    out = []
+    for cell in nbk.code_cells(fill(student_copy(source_nb), source_nb)):
+        if nbk.is_demo(cell):
+            continue
+        kind = "answer" if nbk.is_answer(cell) else "test" if nbk.is_test(cell) else "code"
+        code = re.sub(r"^\s*[%!].*$", "", nbk.source(cell), flags=re.M)
+        out.append((kind, nbk.grade_id(cell), code))
+    return out
+
+
+def _run(cells, ns, failures):
+    """Run cells in ns; a test cell's failure is recorded as {grade_id: message}, others raise.
+    A warning counts as a failure too: plain nbgrader zeroes a cell that writes to stderr."""
+    for kind, gid, code in cells:
+        ns.setdefault("In", [""]).append(code)  # IPython's In: the cells run so far, which source_rules reads
+        if kind == "test":
+            try:
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    exec(compile(code, f"<{gid}>", "exec"), ns)
+                if caught:
+                    failures[gid] = f"{caught[0].category.__name__} written to stderr: {caught[0].message}"[:2000]
+            except Exception as e:  # noqa: BLE001 - any exception fails a visible test
+                failures[gid] = f"{type(e).__name__}: {e}"[:2000]
+        else:
+            exec(compile(code, f"<{gid or 'cell'}>", "exec"), ns)
+
+
+GRADER_MODULES = ("sandbox.helpers", "autograder.sandbox.helpers", "autograder.checks.stand_ins")
+
+
+def _child(cells, ns, code, gid, hidden):
+    """In a forked child: this answer instead of the solution, then the rest of the notebook.
+    hidden: the lesson whose hidden check of gid to run afterwards (on variants, and on mistakes the
+    visible test missed: keyword), or None."""
+    for module in GRADER_MODULES:  # a student's kernel has none of the grader's code loaded (earlier tests did)
+        sys.modules.pop(module, None)
+    failures = {}
+    try:
+        ns["In"] = [*ns.get("In", [""]), code]
+        exec(compile(code, f"<{gid}>", "exec"), ns)
+        _run(cells, ns, failures)
+    except Exception as e:  # noqa: BLE001 - a provided cell broke: blame the answer's own test
+        failures.setdefault(f"test_{gid}", f"a later cell raised {type(e).__name__}: {e}"[:2000])
+    if hidden:
+        lesson, keyword = hidden
+        if keyword is None or keyword.lower() not in failures.get(f"test_{gid}", "").lower():
+            failures[HIDDEN + gid] = _hidden(lesson, gid, ns)
+    return failures
+
+
+def _hidden(lesson, name, ns):
+    """The hidden check's verdict on ns: '' when it passes, else what it says (with the points earned)."""
+    from autograder.checks import PartialCredit, verify
+
+    try:
+        verify(lesson, name, ns)
+        return ""
+    except PartialCredit as e:
+        return f"{e.earned}/{e.total}: {e}"[:2000]
+    except AssertionError as e:
+        return f"0: {e}"[:2000]
+    except Exception as e:  # noqa: BLE001 - recorded, the audit goes on
+        return f"0: the check raised {type(e).__name__}: {e}"[:2000]
+
+
+def _start(fn):
+    """fn() in a forked child, which writes its JSON answer to a pipe: (pid, read end)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        signal.alarm(CHILD_SECONDS)
+        try:
+            sys.stdout = sys.stderr = open(os.devnull, "w")
+            payload = json.dumps(fn()).encode()
+        except BaseException as e:  # noqa: BLE001
+            payload = json.dumps({"<harness>": repr(e)}).encode()
+        # under the pipe's buffer, so the child never waits for the parent to read
+        os.write(w, payload) if len(payload) < 60_000 else os.write(w, json.dumps({"<harness>": "too long"}).encode())
+        os._exit(0)
+    os.close(w)
+    return pid, r
+
+
+def _collect(pid, r):
+    with os.fdopen(r, "rb") as f:
+        data = f.read()
+    os.waitpid(pid, 0)
+    return json.loads(data) if data else {"<harness>": "the child died (a hang or a crash)"}
+
+
+def run_lesson(lesson, notebook=None, hidden=False, jobs=None):
+    """{(name, what): {visible test grade_id: failure message}} for every mistake and variant, and
+    ("<solutions>", "") for the solutions. hidden: also the hidden check's verdict (key 'hidden:NAME')
+    on variants and on the mistakes their visible test misses. notebook: an edited source notebook."""
+    import torch
+    torch.set_num_threads(1)
+    answers = {n: [("mutant", m.what, m.code, m.keyword) for m in ms] for n, ms in mistakes.mutants(lesson).items()}
+    for n, vs in mistakes.variants(lesson).items():
+        answers.setdefault(n, []).extend(("variant", v[0], v[1], None) for v in vs)
+    path = nbk.lesson_path(lesson)
+    cells = _cells(nbk.read(notebook or path))
+    jobs = jobs or len(os.sched_getaffinity(0))
+    ns = {"__name__": "__main__"}
+    results, baseline, running = {}, {}, {}
+    cwd = os.getcwd()
+    os.chdir(path.parent)  # data files are read relative to the notebook
+    sys.path.insert(0, str(path.parent))  # and its modules imported from there, as in Jupyter
+    quiet = contextlib.redirect_stdout(io.StringIO())
+    try:
+        with quiet:
+            for i, (kind, gid, code) in enumerate(cells):
+                for _, what, answer, keyword in answers.get(gid, []) if kind == "answer" else ():
+                    while len(running) >= jobs:
+                        _finish_one(running, results)
+                    check = (lesson, keyword) if hidden else None
+                    running[_start(lambda: _child(cells[i + 1:], ns, answer, gid, check))] = (gid, what)
+                _run([(kind, gid, code)], ns, baseline)
+            while running:
+                _finish_one(running, results)
+    finally:
+        os.chdir(cwd)
+        sys.path.remove(str(path.parent))
+    results["<solutions>", ""] = baseline
+    return results
+
+
+def _finish_one(running, results):
+    ready, _, _ = select.select([r for _, r in running], [], [])
+    [(pid, r)] = [job for job in running if job[1] == ready[0]]
+    results[running.pop((pid, r))] = _collect(pid, r)
+
+
+def verdict(results, name, mistake):
+    """(caught, own message, misblamed visible tests): caught when the own visible test fails naming
+    the keyword."""
+    failures = {t: m for t, m in results[name, mistake.what].items() if not t.startswith(HIDDEN)}
+    own = failures.get(f"test_{name}", "")
+    return mistake.keyword.lower() in own.lower(), own, sorted(t for t in failures if t != f"test_{name}")
+
+
+def table(lesson, results):
+    """The audit's lines: one row per graded name, then a line for each mistake or variant to look at."""
+    rows, notes = [], []
+    declared = mistakes.hidden_only(lesson)
+    names = dict.fromkeys([*mistakes.mutants(lesson), *mistakes.variants(lesson)])
+    total = dict(mistakes=0, caught=0, misblamed=0, hidden_only=0, escapes=0, variants=0, losing=0)
+    for name in names:
+        ms, vs = mistakes.mutants(lesson).get(name, []), mistakes.variants(lesson).get(name, [])
+        row = dict(mistakes=len(ms), caught=0, misblamed=0, hidden_only=0, escapes=0, variants=len(vs), losing=0)
+        for m in ms:
+            caught, own, blamed = verdict(results, name, m)
+            row["caught"] += caught
+            row["misblamed"] += bool(blamed)
+            if blamed:
+                notes.append(f"  {name}: '{m.what}' misblames {', '.join(blamed)}")
+            if not caught:
+                hidden = results[name, m.what].get(HIDDEN + name)
+                missed = hidden == ""
+                row["escapes" if missed else "hidden_only"] += 1
+                why = f" (declared: {declared[m.what]})" if m.what in declared else ""
+                seen = f"its visible test says {own[:100]!r}" if own else "its visible test passes"
+                verdict_hidden = ("" if hidden is None else " - the hidden check passes it too" if missed
+                                  else " - the hidden check catches it" + ("" if m.keyword.lower() in hidden.lower()
+                                                                           else f" without naming {m.keyword!r}"))
+                notes.append(f"  {name}: '{m.what}' NOT CAUGHT by the visible test{why}: {seen}{verdict_hidden}")
+        for v in vs:
+            lost = {t: msg for t, msg in results[name, v[0]].items() if msg}
+            row["losing"] += bool(lost)
+            if lost:
+                notes.append(f"  {name}: correct variant '{v[0]}' loses {', '.join(lost)}: {next(iter(lost.values()))[:100]!r}")
+        rows.append((name, row))
+        for key in total:
+            total[key] += row[key]
+    rows.append(("all", total))
+    head = f"{'function':<28} {'mistakes':>8} {'caught':>7} {'misblamed':>9} {'hidden-only':>11} {'escapes':>7} {'variants losing':>15}"
+    lines = [f"{lesson}: {total['mistakes']} known mistakes and {total['variants']} correct variants against the "
+             "visible tests of the released notebook (hidden checks on what they miss and on the variants)", head]
+    for name, r in rows:
+        lines.append(f"{name:<28} {r['mistakes']:>8} {r['caught']:>7} {r['misblamed']:>9} {r['hidden_only']:>11} "
+                     f"{r['escapes']:>7} {str(r['losing']) + '/' + str(r['variants']):>15}")
+    base = {t: m for t, m in results["<solutions>", ""].items()}
+    if base:
+        lines.append(f"the solutions fail visible tests: {', '.join(base)}")
+    return lines + notes
+
+
+def audit(lesson, notebook=None):
+    """Print the table; 1 when anything is to fix (what tests/test_visible.py fails on): the solutions fail
+    a visible test, a mistake is misblamed or caught only by the hidden check without being declared
+    HIDDEN_ONLY, or escapes both, or a correct variant loses."""
+    results = run_lesson(lesson, notebook, hidden=True)
+    lines = table(lesson, results)
+    print("\n".join(lines))
+    declared = [f"'{what}' NOT CAUGHT by the visible test (declared" for what in mistakes.hidden_only(lesson)]
+    notes = [line for line in lines if line.startswith("  ")
+             and not (any(d in line for d in declared) and line.endswith("the hidden check catches it"))]
+    return 1 if notes or results["<solutions>", ""] else 0

@@ -1,0 +1,49 @@
+"""python -m autograder audit: the known mistakes and variants against a lesson's visible and hidden tests."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from autograder import notebook as nbk
+
+REPO = Path(__file__).resolve().parent.parent
+LESSON = "01_attention"
+
+
+def _audit(*args):
+    return subprocess.run([sys.executable, "-m", "autograder", "audit", LESSON, *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+
+
+def _row(out, name):
+    """{column: value} of one function's row of the table."""
+    head, row = (line.split() for line in out.splitlines() if line.startswith(("function ", f"{name} ")))
+    return dict(zip(["function", "mistakes", "caught", "misblamed", "hidden-only", "escapes", "variants losing"], row))
+
+
+def test_audit_of_the_lesson_catches_every_mistake():
+    run = _audit()
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert _row(run.stdout, "softmax") == {"function": "softmax", "mistakes": "9", "caught": "9", "misblamed": "0",
+                                           "hidden-only": "0", "escapes": "0", "variants losing": "0/2"}
+
+
+def test_audit_reports_a_visible_test_that_checks_nothing(tmp_path):
+    """An instructor's edit that empties softmax's visible test: every softmax mistake becomes a hidden-only
+    escape, named, and the command fails; the other functions keep their row."""
+    nb = nbk.read(nbk.lesson_path(LESSON))
+    [cell] = [c for c in nbk.code_cells(nb) if nbk.is_test(c) and nbk.grade_id(c) == "test_softmax"]
+    nbk.set_source(cell, "assert True  # checks nothing\n")
+    edited = tmp_path / f"{LESSON}.ipynb"
+    edited.write_text(json.dumps(nb))
+    run = _audit("--notebook", str(edited))
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert _row(run.stdout, "softmax")["caught"] == "0"
+    assert _row(run.stdout, "softmax")["hidden-only"] == "9"
+    assert "softmax: 'no max shift' NOT CAUGHT by the visible test: its visible test passes - the hidden check catches it" in run.stdout
+    assert _row(run.stdout, "causal_mask")["caught"] == "6"
+
+
+def test_audit_refuses_a_missing_notebook(tmp_path):
+    run = _audit("--notebook", str(tmp_path / "nope.ipynb"))
+    assert run.returncode == 2 and "no such file" in run.stderr
