@@ -21,12 +21,27 @@ How the cells are read:
 - Whatever cannot be read (a cell too large or nested too deeply, a cell that does not parse) is refused
   with a message, never a crash: MAX_CELL_CHARS, MAX_TOTAL_CHARS and MAX_DEPTH bound the work.
 
-Deliberately obfuscated code can still hide work (a module the cells write to a file and import, a
-module patched through a function argument); the values are checked at run time as well, and the
-verdict only concerns what the lesson teaches.
+- Code the rules cannot read is refused wherever it is: an import of a file of the working folder rather
+  than an installed module (a module the cells wrote, a file beside the notebook: what the visible tests
+  see; the grader's sandbox puts no writable folder on sys.path, so there such an import fails, as does
+  a package the grader lacks),
+  a relative import, modules that run files or bytes (runpy, importlib, pickle ...), and any use of
+  sys.path, sys.modules or the `sys` module other than reading them by name.
+- A genuine module or class is followed wherever the cells pass it (Flow): through an alias, an argument,
+  a default, a container, an object's attribute, a function's result; changing an attribute of anything
+  that may be one (not a literal flag, not os.environ) is refused. Passing a module to a helper that only
+  reads it is not.
+
+What still hides from a reading (torch.load of a pickle, a dispatch mode entered by hand, code in a
+string given to a timer) is left to the run-time checks of the values; the verdict only concerns what
+the lesson teaches.
 """
 import ast
+import importlib.machinery
+import os
 import re
+import sys
+import types
 
 MAX_CELL_CHARS = 100_000     # an honest lesson 06 notebook: 45,000 characters of code in all, 5,300 in one cell
 MAX_TOTAL_CHARS = 300_000
@@ -163,6 +178,9 @@ def _magic(text, number):
     name, _, rest = body.lstrip("%").partition(" ")
     if name in CODE_MAGICS - {"capture"}:
         return _magic_code(name, rest, number)
+    if name == "aimport":  # autoreload's import: read as the import it is
+        modules = [m for m in rest.replace(",", " ").split() if not m.startswith("-")]
+        return "import " + ", ".join(modules) if modules else None
     if name == "sx" or name == "system":
         return _magic("!" + rest, number)
     if name in QUIET_MAGICS and (name != "load_ext" or rest.strip() in EXTENSIONS) \
@@ -351,6 +369,7 @@ class Cells:
         self.trees = trees
         self.top, self.globals_declared, self.all_nodes = {}, set(), []
         self.top_defs = {id(s) for tree in trees for s in tree.body}
+        self._flow = None
         for tree in trees:
             todo = [(stmt, stmt, False, True) for stmt in reversed(tree.body)]
             while todo:
@@ -399,6 +418,12 @@ class Cells:
             return "deleted"
         return stmt
 
+    def flow(self):
+        """What may hold a genuine module when the cells run (Flow), read once for both rules."""
+        if self._flow is None:
+            self._flow = Flow(self)
+        return self._flow
+
     def module(self, name):
         """The module path `name` means when the cells end ('torch', 'triton.language'), or None: every top-level
         binding imports the same module (or is the setup cell's stand-in for it), and no function rebinds it."""
@@ -441,41 +466,368 @@ def _root(node):
     return node.id if isinstance(node, ast.Name) else None
 
 
-def _module_valued(cells, value):
-    """Whether a value can hold a module or one of its classes (`torch`, `[torch.Tensor]`, `type(q)`): a name
-    or attribute chain rooted at a module, not called; what a call returns is a value, not its module."""
-    todo = [value]
-    while todo:
-        node = todo.pop()
-        if isinstance(node, ast.Call):
-            if isinstance(node.func, ast.Name) and node.func.id in ("type", "getattr"):
-                return True
-            continue
-        if isinstance(node, (ast.Name, ast.Attribute)) and isinstance(node.ctx, ast.Load):
-            root = node
-            while isinstance(root, ast.Attribute):
+# ---- what may hold a genuine module, and what changes one ------------------------------------------
+
+# Builtins that read their arguments and never return or call them: passing a module to these is only reading.
+READERS = {"print", "len", "str", "repr", "isinstance", "issubclass", "hasattr", "callable", "id", "hash", "bool",
+           "int", "float", "format", "round", "abs", "dir", "help"}
+# Where Python finds and loads modules: changing these lets an import run a file the cells wrote.
+IMPORT_MACHINERY = {"path", "meta_path", "path_hooks", "path_importer_cache", "modules"}
+# Modules that run code from files or bytes, or change modules by name, where the rules cannot see it.
+LOADERS = {"importlib", "imp", "runpy", "zipimport", "pkgutil", "site", "pickle", "_pickle", "shelve", "dill",
+           "cloudpickle", "unittest"}
+OWN_MODULES = {"source_rules"}  # the course's own module beside the notebook (its visible tests import it)
+MAX_PASSES = 10  # the module-flow reading converges in 2 or 3 passes on honest code
+_MISSING = object()
+
+
+def _genuine_may_be_module(path):
+    """Whether the genuine object at the dotted `path` ('torch.nn', 'torch.float32') may be a module or a class,
+    whose attributes other code reads: looked up, never imported, in the modules this process has loaded; what
+    is not loaded here may be one."""
+    parts = path.split(".")
+    for i in range(len(parts), 0, -1):
+        obj = sys.modules.get(".".join(parts[:i]))
+        if obj is not None:
+            break
+    else:
+        return True
+    for part in parts[i:]:
+        obj = getattr(obj, "__dict__", {}).get(part, _MISSING)
+        if obj is _MISSING:
+            return True
+    return isinstance(obj, (types.ModuleType, type))
+
+
+def _beside_the_notebook(name):
+    """Whether the top-level module `name` is a file of the working folder (where a notebook's cells write theirs,
+    which a kernel imports before any installed module), not the standard library or an installed package. One
+    that is nowhere fails to import in the grader's sandbox, which puts no writable folder on sys.path."""
+    if name in sys.builtin_module_names or name in getattr(sys, "stdlib_module_names", ()):
+        return False
+    here = os.getcwd()
+    return os.path.isfile(os.path.join(here, name, "__init__.py")) or any(
+        os.path.isfile(os.path.join(here, name + suffix)) for suffix in importlib.machinery.all_suffixes())
+
+
+class Flow:
+    """What may hold a genuine module or class when the cells run, read without running them: names, by Python's
+    scoping (a function's parameters and locals are its own), and attribute names (`.m` once something stores
+    one in an attribute `m`, on any object) that may be bound to one, and the functions whose result may be one,
+    found as a fixed point over every binding: assignments, loops, with-as, arguments passed to a function (its
+    parameters; every function's, when the call's target cannot be followed), defaults, returns, containers and
+    calls that may return their arguments (`dict(t=torch)`, `g()` of a `def g(): return torch`)."""
+
+    def __init__(self, cells):
+        self.cells, self.names, self.attrs, self.returns = cells, set(), set(), set()
+        self.defs, self.methods, self.classes = {}, set(), set()
+        self.nodes, self.enclosing, self.locals, self.returned_by = [], {}, {}, {}
+        todo = [(stmt, None) for tree in reversed(cells.trees) for stmt in reversed(tree.body)]
+        while todo:  # every node with the function it runs in (None: the top level)
+            node, scope = todo.pop()
+            self.nodes.append((node, scope))
+            inner = scope
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                self.enclosing[id(node)], inner = scope, node
+                self.locals[id(node)] = set()
+                if scope is not None and not isinstance(node, ast.Lambda):
+                    self.locals[id(scope)].add(node.name)
+            elif scope is not None and not isinstance(node, ast.arg):
+                self.locals[id(scope)].update(_names_bound_by(node))
+            if isinstance(node, (ast.Return, ast.Yield, ast.YieldFrom)) and scope is not None:
+                self.returned_by[id(node)] = getattr(scope, "name", None)
+            outer = []  # decorators and defaults run where the function is defined
+            if inner is not scope:
+                a = node.args
+                outer = [*getattr(node, "decorator_list", []), *a.defaults, *(d for d in a.kw_defaults if d)]
+                self.locals[id(node)].update(p.arg for p in (*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg,
+                                                               a.kwarg) if p is not None)
+            todo += [(c, scope if any(c is o for o in outer) else inner)
+                     for c in reversed(list(ast.iter_child_nodes(node)))]
+        for node, scope in self.nodes:
+            if isinstance(node, (ast.Global, ast.Nonlocal)) and scope is not None:
+                self.locals[id(scope)] -= set(node.names)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                self.defs.setdefault(node.name, []).append(node)
+            elif isinstance(node, ast.ClassDef):
+                self.classes.add(node.name)
+                for stmt in node.body:
+                    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                        self.methods.add(id(stmt))
+                        self.defs.setdefault(f"{node.name}.", []).append(stmt)
+            elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Lambda):
+                for t in node.targets:
+                    if isinstance(t, ast.Name):
+                        self.defs.setdefault(t.id, []).append(node.value)
+        self.functions = [n for n, _ in self.nodes
+                          if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))]
+        for node, scope in self.nodes:
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and not getattr(node, "level", 0):
+                for a in node.names:
+                    path = a.name if isinstance(node, ast.Import) else f"{node.module}.{a.name}"
+                    if a.name != "*" and _genuine_may_be_module(path if a.asname or isinstance(node, ast.ImportFrom)
+                                                                else a.name.split(".")[0]):
+                        self.names.add(self.key((a.asname or a.name).split(".")[0], scope))
+        for _ in range(MAX_PASSES):
+            before = (len(self.names), len(self.attrs), len(self.returns))
+            for node, scope in self.nodes:
+                self._visit(node, scope)
+            if (len(self.names), len(self.attrs), len(self.returns)) == before:
+                return
+        raise Unreadable("your code passes modules through more names than the grader follows: simplify it")
+
+    def key(self, name, scope):
+        """(the function whose local `name` is, or None for the cells' top level, name)."""
+        while scope is not None:
+            if name in self.locals[id(scope)]:
+                return id(scope), name
+            scope = self.enclosing[id(scope)]
+        return None, name
+
+    # -- what may be a module --
+    def may(self, node, scope=None):
+        """Whether the expression may evaluate to a genuine module or class, or to a container holding one."""
+        if isinstance(node, ast.Name):
+            return self.key(node.id, scope) in self.names
+        if isinstance(node, (ast.Attribute, ast.Subscript)):
+            chain, root = [], node
+            while isinstance(root, (ast.Attribute, ast.Subscript)):
+                if isinstance(root, ast.Attribute):
+                    if root.attr in self.attrs:
+                        return True
+                    chain.append(root.attr)
+                else:
+                    chain.append(None)
                 root = root.value
-            if isinstance(root, ast.Name) and cells.module(root.id) is not None:
+            if isinstance(root, ast.Name) and self.key(root.id, scope) == (None, root.id) and None not in chain \
+                    and (None, root.id) in self.names and self.cells.module(root.id) is not None:
+                return _genuine_may_be_module(".".join([self.cells.module(root.id), *reversed(chain)]))
+            return self.may(root, scope)
+        if isinstance(node, ast.Call):
+            func = node.func
+            builtin = isinstance(func, ast.Name) and not self.cells.top.get(func.id)
+            if builtin and func.id in ("type", "getattr", "vars"):
                 return True
-        todo += ast.iter_child_nodes(node)
-    return False
+            if builtin and func.id in READERS:
+                return False
+            if isinstance(func, ast.Name) and func.id in self.classes:
+                return False  # an instance (what it keeps in its attributes is followed by attribute name)
+            if isinstance(func, (ast.Name, ast.Attribute)) and getattr(func, "id", getattr(func, "attr", "")) \
+                    in self.returns:
+                return True  # g() or obj.g() of a def g that may return a module
+            if isinstance(func, ast.Attribute) and self.cells.resolve(func) is None and self.may(func.value, scope):
+                return True  # a method of what may hold a module (d.get('t'), mods.pop())
+            return any(self.may(a, scope) for a in self._arguments(node))
+        if isinstance(node, (ast.List, ast.Tuple, ast.Set, ast.Starred, ast.IfExp, ast.BoolOp, ast.NamedExpr,
+                             ast.Await, ast.Dict, ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
+            parts = {ast.IfExp: lambda n: [n.body, n.orelse], ast.ListComp: lambda n: [n.elt],
+                     ast.SetComp: lambda n: [n.elt], ast.GeneratorExp: lambda n: [n.elt],
+                     ast.DictComp: lambda n: [n.key, n.value], ast.Dict: lambda n: n.values,
+                     ast.NamedExpr: lambda n: [n.value]}.get(type(node), lambda n: list(ast.iter_child_nodes(n)))
+            return any(p is not None and self.may(p, scope) for p in parts(node))
+        return False
+
+    @staticmethod
+    def _arguments(call):
+        return [*call.args, *(k.value for k in call.keywords)]
+
+    # -- how it spreads --
+    def _bind(self, target, scope):
+        """The target of a binding whose value may be a module: a name, or what an attribute or item is stored in."""
+        if isinstance(target, ast.Name):
+            self.names.add(self.key(target.id, scope))
+        elif isinstance(target, ast.Attribute):
+            self.attrs.add(target.attr)
+        elif isinstance(target, (ast.Subscript, ast.Starred)):
+            self._bind(target.value, scope)
+        elif isinstance(target, (ast.Tuple, ast.List)):
+            for t in target.elts:
+                self._bind(t, scope)
+
+    def _params(self, fn, with_self=True):
+        a = fn.args
+        params = [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg]
+        if not with_self and id(fn) in self.methods and (a.posonlyargs or a.args):
+            params = params[1:]
+        self.names.update((id(fn), p.arg) for p in params if p is not None)
+
+    def _bound_params(self, fn, call, scope, with_self=True):
+        """The parameters of fn that a direct call hands what may be a module, argument by argument."""
+        a = fn.args
+        positional = [*a.posonlyargs, *a.args]
+        if not with_self and id(fn) in self.methods:
+            positional = positional[1:]
+        named = {p.arg: p for p in [*positional, *a.kwonlyargs]}
+        hit = []
+        for i, arg in enumerate(call.args):
+            if self.may(arg, scope):
+                if isinstance(arg, ast.Starred):
+                    return self._params(fn, with_self)
+                hit.append(positional[i] if i < len(positional) else a.vararg)
+        for k in call.keywords:
+            if self.may(k.value, scope):
+                if k.arg is None:
+                    return self._params(fn, with_self)
+                hit.append(named.get(k.arg, a.kwarg))
+        self.names.update((id(fn), p.arg) for p in hit if p is not None)
+
+    def _visit(self, node, scope):
+        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.NamedExpr)):
+            if node.value is not None and self.may(node.value, scope):
+                for t in (node.targets if isinstance(node, ast.Assign) else [node.target]):
+                    self._bind(t, scope)
+        elif isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):
+            if self.may(node.iter, scope):
+                self._bind(node.target, scope)
+        elif isinstance(node, ast.withitem):
+            if node.optional_vars is not None and self.may(node.context_expr, scope):
+                self._bind(node.optional_vars, scope)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            a = node.args
+            defaults = list(zip(reversed([*a.posonlyargs, *a.args]), reversed(a.defaults)))
+            defaults += [(p, d) for p, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None]
+            self.names.update((id(node), p.arg) for p, d in defaults if self.may(d, scope))
+            if isinstance(node, ast.Lambda) and self.may(node.body, node):
+                self.returns.update(name for name, fns in self.defs.items() if any(f is node for f in fns))
+        elif isinstance(node, (ast.Return, ast.Yield, ast.YieldFrom)) and node.value is not None \
+                and self.returned_by.get(id(node)) and self.may(node.value, scope):
+            self.returns.add(self.returned_by[id(node)])
+        elif isinstance(node, ast.Call):
+            self._call(node, scope)
+
+    def _passed(self, args):
+        """The functions handed to a call with the module (map(f, [torch]), functools.partial(f, torch))."""
+        for a in args:
+            for fn in ([a] if isinstance(a, ast.Lambda) else self.defs.get(getattr(a, "id", None), [])):
+                self._params(fn)
+
+    def _call(self, node, scope):
+        """A call that passes something that may be a module: the parameters it may reach may hold one."""
+        args = self._arguments(node)
+        if not any(self.may(a, scope) for a in args):
+            return
+        func = node.func
+        if isinstance(func, ast.Name) and func.id in READERS and not self.cells.top.get(func.id):
+            return
+        if isinstance(func, ast.Name) and func.id in self.classes:  # C(torch): __init__'s parameters, not self
+            for fn in self.defs.get(f"{func.id}.", []):
+                self._bound_params(fn, node, scope, with_self=False)
+            return
+        if isinstance(func, ast.Name) and func.id in self.defs:  # f(torch): f's parameters
+            for fn in self.defs[func.id]:
+                self._bound_params(fn, node, scope)
+            return
+        if self.cells.resolve(func) is not None or (isinstance(func, ast.Attribute) and self.may(func.value, scope)):
+            # a builtin, a genuine function or a method of what may be a module (lib.sqrt(x), mods.append(m)):
+            # the functions it was handed with the module
+            self._passed(args)
+            return
+        if isinstance(func, (ast.Attribute, ast.Subscript)):
+            self._bind(func.value, scope)  # mods.append(torch), obj.keep(torch): the object now holds it
+            root = func
+            while isinstance(root, (ast.Attribute, ast.Subscript)):
+                root = root.value
+            if isinstance(root, ast.Name) and root.id in self.classes:  # C.method(torch): its self too
+                for fn in self.defs.get(f"{root.id}.", []):
+                    self._params(fn)
+                return
+        self._passed(args)
+        for fn in self.functions:  # called through a name the rules cannot follow: any function's parameters
+            self._params(fn, with_self=False)
+
+
+def _literal(node):
+    try:
+        ast.literal_eval(node)
+        return True
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False
+
+
+def _is_environ(node):
+    return isinstance(node, ast.Attribute) and node.attr == "environ" and isinstance(node.value, ast.Name)
+
+
+def _parents(cells):
+    parents = {}
+    for node in cells.all_nodes:
+        for child in ast.iter_child_nodes(node):
+            parents[id(child)] = node
+    return parents
+
+
+def _loader_problem(cells):
+    """Code the cells may load from a file they wrote: an import of a module not installed where the rules run,
+    a relative import, a module that runs files, or a change to where Python finds modules."""
+    parents = None
+    for node in cells.all_nodes:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            if getattr(node, "level", 0):
+                return "your code uses a relative import (`from . import`), which loads a file the grader cannot read"
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]
+            for name in names:
+                top = name.split(".")[0]
+                if top in LOADERS:
+                    return (f"your code imports `{top}`, which can run code from a file or change a module where the "
+                            "grader cannot read it")
+                if top == "sys" and isinstance(node, ast.ImportFrom) and \
+                        any(a.name in IMPORT_MACHINERY for a in node.names):
+                    return "your code takes sys.path or sys.modules by name, which decide what an import runs"
+                if top not in OWN_MODULES and _beside_the_notebook(top):
+                    return (f"your code imports `{name}`, a file beside your notebook (or one it wrote), not an "
+                            "installed module: the grader has only your notebook and cannot read that code")
+        if isinstance(node, ast.Name) and node.id == "__import__":
+            return "your code uses `__import__`, which imports what the grader cannot read"
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and cells.module(node.id) == "sys":
+            parents = parents or _parents(cells)
+            up = parents.get(id(node))
+            if not isinstance(up, ast.Attribute) and not (isinstance(up, ast.Call) and node is not up.func and
+                                                          isinstance(up.func, ast.Name) and up.func.id in READERS):
+                return ("your code passes the `sys` module around (getattr, an alias, an argument): the grader "
+                        "reads sys.path and sys.modules only by name")
+        if isinstance(node, ast.Attribute) and node.attr in IMPORT_MACHINERY and isinstance(node.value, ast.Name) \
+                and cells.module(node.value.id) == "sys":
+            parents = parents or _parents(cells)
+            up = parents.get(id(node))
+            reading = isinstance(up, (ast.Expr, ast.Compare)) or (
+                isinstance(up, ast.Call) and node is not up.func and isinstance(up.func, ast.Name)
+                and up.func.id in READERS)
+            if not reading:
+                return (f"your code uses `sys.{node.attr}` other than to read it: it decides what an import runs, "
+                        "so a changed one can run a file the grader cannot read")
+    return None
+
+
+def _patch_problem(cells, flow):
+    """A change to a genuine module or class (or to what may be one), which would change what a trusted name does."""
+    for node, scope in flow.nodes:
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("setattr", "delattr") \
+                and not cells.top.get(node.func.id) and node.args and flow.may(node.args[0], scope):
+            return f"your code changes an attribute of `{ast.unparse(node.args[0])[:40]}` with {node.func.id}"
+        if isinstance(node, ast.Attribute) and node.attr in ("__setattr__", "__delattr__", "__dict__"):
+            return f"your code reaches `.{node.attr}`"
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
+            if getattr(node, "value", None) is not None and _literal(node.value):
+                continue  # a flag set to a literal (torch.backends.cudnn.allow_tf32 = False) runs no code
+            targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+            for t in (t for tt in targets for t in ast.walk(tt) if isinstance(t, (ast.Attribute, ast.Subscript))):
+                root = _root(t)
+                module = cells.module(root) if root else None
+                # into a module by name, into what may hold one (an alias, an argument, a call's result), or
+                # through something the rules cannot name
+                if root is None or (isinstance(t, ast.Attribute) and flow.may(t.value, scope)) or (
+                        module is not None and not (module == "os" and isinstance(t, ast.Subscript)
+                                                    and _is_environ(t.value))):
+                    return f"your code changes `{ast.unparse(t)[:40]}`"
+    return None
 
 
 def _global_problem(cells):
     """Anything in any cell, at any nesting, that could change what the rules trust."""
-    patched_roots = {name for name, found in cells.top.items() for node, stmt, _ in found
-                     if (isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and stmt.value is not None
-                         and _module_valued(cells, stmt.value))
-                     or (isinstance(stmt, (ast.For, ast.AsyncFor)) and _module_valued(cells, stmt.iter))
-                     or (isinstance(node, ast.Name) and any(isinstance(n, ast.NamedExpr) and n.target is node
-                                                            and _module_valued(cells, n.value)
-                                                            for n in ast.walk(stmt)))}
     for node in cells.all_nodes:
         if isinstance(node, ast.Name) and node.id in DYNAMIC:
             return f"your code uses `{node.id}`"
-        if isinstance(node, ast.Attribute) and (node.attr in DUNDERS or
-                                                (isinstance(node.value, ast.Name) and node.attr == "modules"
-                                                 and cells.module(node.value.id) == "sys")):
+        if isinstance(node, ast.Attribute) and node.attr in DUNDERS:
             return f"your code reaches `.{node.attr}`"
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             if any(a.name == "*" for a in node.names):
@@ -484,23 +836,7 @@ def _global_problem(cells):
                 [f"{node.module}.{a.name}" for a in node.names]
             if any(m.split(".")[0] in REWRITERS for m in mods):
                 return "your code imports a module that can rewrite other code"
-        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
-            if isinstance(getattr(node, "value", None), ast.Constant):
-                continue  # a flag set to a constant (torch.backends.cudnn.allow_tf32 = False) runs no code
-            targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
-            for t in (t for tt in targets for t in ast.walk(tt) if isinstance(t, (ast.Attribute, ast.Subscript))):
-                root = _root(t)
-                module = cells.module(root) if root else None
-                # a store into a module, or into what may hold one (`x = torch; x.f = ...`), or through a call
-                if root is None or (root in patched_roots and isinstance(t, ast.Attribute)) or (
-                        module is not None and not (module == "os" and isinstance(t, ast.Subscript)
-                                                    and _is_environ(t.value))):
-                    return f"your code changes `{ast.unparse(t)[:40]}`"
-    return None
-
-
-def _is_environ(node):
-    return isinstance(node, ast.Attribute) and node.attr == "environ" and isinstance(node.value, ast.Name)
+    return _loader_problem(cells) or _patch_problem(cells, cells.flow())
 
 
 # ---- triton_attention ---------------------------------------------------------------------------------
@@ -699,6 +1035,9 @@ def _fused(node):
 
 
 def _flash_problem(cells):
+    found = _loader_problem(cells) or _patch_problem(cells, cells.flow())
+    if found:
+        return f"{found}, so the grader cannot tell what flash_attention calls"
     todo, seen = [], {"flash_attention"}
 
     def reach(name):

@@ -73,6 +73,31 @@ def _tile(x: torch.Tensor, start: int, size: int) -> torch.Tensor:
     return x[:, :, start:start + size]
 
 '''
+MODULE_READERS = {  # lesson 06: modules and genuine objects passed around only to be read (the source rules
+    # refuse what changes something that may be a module, never what reads one)
+    "a module passed to print its version": ("def show(m):\n    print(m.__name__, m.__version__)\n\n"
+                                             "show(torch)\nshow(triton)"),
+    "math passed to a helper": "def root(lib, x):\n    return lib.sqrt(x)\n\nprint(root(math, 2.0))",
+    "a timing helper": ("import time\n\ndef timeit(fn, *args):\n    start = time.perf_counter()\n    fn(*args)\n"
+                        "    return time.perf_counter() - start\n\nx = torch.randn(1, 1, 8, 16)\n"
+                        "print(timeit(flash_attention, x, x, x), timeit(torch.matmul, x, x.transpose(-2, -1)))"),
+    "dtypes passed to a helper": ("def make(shape, dtype):\n    buf = torch.zeros(shape, dtype=dtype)\n    buf[0] = 1\n"
+                                  "    buf.requires_grad = False\n    return buf\n\nb = make((2, 3), torch.float32)\n"
+                                  "h = make((2,), torch.float16)"),
+    "an object keeping a module": ("class Backend:\n    def __init__(self, lib):\n        self.lib = lib\n"
+                                   "        self.name = lib.__name__\n        self.calls = 0\n\n"
+                                   "    def zeros(self, n):\n        self.calls = self.calls + 1\n"
+                                   "        return self.lib.zeros(n)\n\n"
+                                   "b = Backend(torch)\nz = b.zeros(3)"),
+    "modules in a list, read": ("for m in [torch, math]:\n    print(m.__name__)\nlibs = {'torch': torch}\n"
+                                "print(libs['torch'].pi)"),
+    "a guarded import of a missing package": "try:\n    import google.colab\nexcept ImportError:\n    pass",
+    "an import of a package the grader lacks": "from google.colab import drive",
+    "reading sys.path and sys.modules": "import sys\nprint(sys.path)\nprint('triton' in sys.modules)",
+    "matplotlib settings": "plt.rcParams['figure.figsize'] = (8, 3)\nplt.rcParams.update({'font.size': 9})",
+    "a layer's weights set in a helper": ("def load(layer, w):\n    layer.weight = nn.Parameter(w)\n\n"
+                                          "lin = nn.Linear(2, 2)\nload(lin, torch.eye(2))"),
+}
 
 
 def _lesson_06(answers):
@@ -108,6 +133,7 @@ def _lesson_06(answers):
         "sdpa_to_compare_in_a_scratch_cell": ([], {}, [
             "from torch.nn.functional import scaled_dot_product_attention as sdpa\nx = torch.randn(1, 1, 8, 16)\n"
             "print((sdpa(x, x, x) - flash_attention(x, x, x)).abs().max())"]),
+        "modules_read_by_helpers": ([], {}, list(MODULE_READERS.values())),
         "environment_and_flags": (["os.environ['TRITON_PRINT_AUTOTUNING'] = '0'\n"
                                    "torch.backends.cudnn.allow_tf32 = False"], {}, []),
     }

@@ -52,17 +52,85 @@ TRICKS = {  # cells appended to a solved notebook, and a word of the reason each
     "an extension of one's own": ("%load_ext helper", "%load_ext"),
     "a pasted prompt hiding a binding": ("In [1]: triton_attention = flash_attention", "prompts"),
     "a builtin rebound at the top level": ("max = lambda *a: 0", "`max`"),
+    # a module reached without its name: through an argument, a local, a call's result, a container, an object
+    "torch patched through an argument": ("def f(m):\n    m.empty_like = lambda q: q\n\nf(torch)", "m.empty_like"),
+    "torch patched through a default": ("def f(m=torch):\n    m.empty_like = lambda q: q\n\nf()", "m.empty_like"),
+    "torch patched through a local": ("def f():\n    x = torch\n    x.empty_like = lambda q: q\n\nf()",
+                                      "x.empty_like"),
+    "torch returned by a function": ("def g():\n    return torch\n\nt = g()\nt.empty_like = lambda q: q",
+                                     "t.empty_like"),
+    "torch in a dict built by a call": ("d = dict(t=torch)\nd['t'].empty_like = lambda q: q", "empty_like"),
+    "torch appended to a list": ("mods = []\nmods.append(torch)\nmods[0].empty_like = lambda q: q", "empty_like"),
+    "torch kept by an object": ("class P:\n    def __init__(self, m):\n        self.m = m\n\n"
+                                "    def patch(self):\n        self.m.empty_like = lambda q: q\n\nP(torch).patch()",
+                                "self.m.empty_like"),
+    "a class patched by a comprehension's helper": ("def f(c):\n    c.contiguous = lambda t: t\n\n"
+                                                     "_ = [f(c) for c in [torch.Tensor]]", "c.contiguous"),
+    "a class patched through functools.partial": ("import functools\n\ndef f(c):\n    c.contiguous = lambda t: t\n\n"
+                                                   "functools.partial(f, torch.Tensor)()", "c.contiguous"),
+    # a module the cells wrote, or code loaded from a file
+    "a module the cells wrote": ("from pathlib import Path\nPath('helper.py').write_text('import torch')\n"
+                                 "import helper", "`helper`"),
+    "a module copied and imported": ("import shutil\nshutil.copy('data.txt', 'helper2.py')\nfrom helper2 import f",
+                                     "`helper2`"),
+    "a written module imported by %aimport": ("open('helper.py', 'w').write('x = 1')\n%aimport helper", "`helper`"),
+    "the import path changed": ("import sys\nsys.path.insert(0, '')", "sys.path"),
+    "the import path changed through an alias": ("import sys\np = sys.path\np.append('.')", "sys.path"),
+    "a file run by runpy": ("import runpy\nns = runpy.run_path('helper.py')", "runpy"),
+    "a relative import": ("from . import helper", "relative"),
+    "sys reached through getattr": ("import sys\ngetattr(sys, 'pa' + 'th').insert(0, '')", "`sys`"),
+    "sys under an alias": ("import sys\ns = sys\ns.path.insert(0, '')", "`sys`"),
+    "a pickle that runs code": ("import pickle\npickle.loads(b'')", "pickle"),
+    "a module patched by name with mock": ("from unittest import mock\nmock.patch('torch.empty_like', None).start()",
+                                           "unittest"),
     "a wrapper helper that calls torch": ("def _grid(*a):\n    return naive_attention(*a)\n\n" + "\n".join(
         line.replace("grid = (triton.cdiv(Tq, block_q), B * H)", "grid = _grid(q, k, v)")
         for line in test_honest._answers("06_gpu")["triton_attention"].splitlines()), "naive_attention"),
 }
 
 
+@pytest.fixture
+def beside_the_notebook(tmp_path, monkeypatch):
+    """The working folder as the visible tests see it once the cells wrote their modules (the grader's sandbox
+    cannot import them: no writable folder is on its sys.path)."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("helper", "helper2", "fa"):
+        (tmp_path / f"{name}.py").write_text("import torch\n")
+
+
 @pytest.mark.parametrize("trick", TRICKS)
-def test_tricks_are_refused(trick):
+def test_tricks_are_refused(trick, beside_the_notebook):
     cell, word = TRICKS[trick]
     found = source_rules.triton_problem(_grader_cells(last=[cell]))
     assert found and word in found, found
+
+
+FLASH_TRICKS = {  # a cell that hands flash_attention fused attention unseen, what it is called as, a word of the reason
+    "a module the cells wrote": ("open('fa.py', 'w').write('import torch.nn.functional as F\\nrun = F.scaled_dot_'\n"
+                                 "                           'product_attention\\n')\nimport fa", "fa.run", "`fa`"),
+    "a module patched through an argument": ("def alias(m):\n    m.tiled = m.scaled_dot_product_attention\n\n"
+                                             "alias(F)", "F.tiled", "m.tiled"),
+    "setattr through an argument": ("def alias(m, name, to):\n    setattr(m, name, getattr(m, to))\n\n"
+                                    "alias(F, 'tiled', 'scaled_dot_product' + '_attention')", "F.tiled", "setattr"),
+    "a module patched at the top level": ("F.tiled = F.scaled_dot_product_attention", "F.tiled", "F.tiled"),
+    "a module found in sys.modules": ("import sys\nsys.modules['torch.nn.functional'].tiled = "
+                                      "F.scaled_dot_product_attention", "F.tiled", "sys.modules"),
+    "the import path changed": ("import sys\nsys.path.insert(0, '')", "F.tiled", "sys.path"),
+}
+CALLS = "def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):\n    return {}(q, k, v, is_causal=causal)"
+
+
+@pytest.mark.parametrize("trick", FLASH_TRICKS)
+def test_flash_refuses_fused_attention_reached_unseen(trick, beside_the_notebook):
+    cell, call, word = FLASH_TRICKS[trick]
+    found = source_rules.flash_problem(_grader_cells(last=[cell, CALLS.format(call)]))
+    assert found and word in found, found
+
+
+@pytest.mark.parametrize("use", test_honest.MODULE_READERS)
+def test_modules_read_through_helpers_keep_every_mark(use):
+    """Each alone (test_honest grades them all in one notebook)."""
+    assert source_rules.problems(_grader_cells(last=[test_honest.MODULE_READERS[use]])) == {}
 
 
 def test_flash_refuses_a_late_redefinition_that_calls_sdpa():
