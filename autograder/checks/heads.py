@@ -6,6 +6,7 @@ import torch
 
 from autograder.checks import (as_torch, call_named, Checks, expect_array, expect_pair, fail, kind_of,
                                reference, StudentError, tensor)
+from autograder import mistakes
 from solutions import heads as ref
 
 CHECKS = Checks()
@@ -15,19 +16,8 @@ DTYPES = (np.float32, np.float64)
 # ---- split_heads ----------------------------------------------------------------------------
 
 def _split_mistakes(x, H):
-    B, T, D = x.shape
-    Dh = D // H
-    t = as_torch(x)
-    return [
-        ("a reshape (or view) straight to (B, H, T, Dh) mixes time steps and features, because memory holds x "
-         "as (B, T, D): reshape to (B, T, H, Dh) first, then transpose(1, 2)",
-         reference(t.reshape(B, H, T, Dh))),
-        ("the heads axis must come before time, (B, H, T, Dh): transpose(1, 2) after the reshape to (B, T, H, Dh)",
-         reference(t.reshape(B, T, H, Dh))),
-        ("head h must hold the contiguous features h*Dh:(h+1)*Dh, not every H-th feature: reshape the last axis "
-         "to (H, Dh), not (Dh, H)",
-         reference(t.reshape(B, T, Dh, H).permute(0, 3, 1, 2))),
-    ]
+    """The known layout mistakes (autograder/mistakes/02_heads.py) on this input."""
+    return mistakes.compared("02_heads", "split_heads", as_torch(x), H)
 
 
 @CHECKS.add("split_heads", aspects={"heads layout": 2, "errors": 1})
@@ -59,14 +49,8 @@ def split_heads(s):
 # ---- merge_heads ----------------------------------------------------------------------------
 
 def _merge_mistakes(x):
-    B, H, T, Dh = x.shape
-    t = as_torch(x)
-    return [
-        ("transpose back to (B, T, H, Dh) before the reshape: a reshape of (B, H, T, Dh) straight to "
-         "(B, T, H*Dh) mixes time steps and heads", reference(t.reshape(B, T, H * Dh))),
-        ("concatenate the heads: head h's features go to h*Dh:(h+1)*Dh (transpose(1, 2), not a permute that "
-         "puts the heads last)", reference(t.permute(0, 2, 3, 1).reshape(B, T, H * Dh))),
-    ]
+    """The known layout mistakes (autograder/mistakes/02_heads.py) on this input."""
+    return mistakes.compared("02_heads", "merge_heads", as_torch(x))
 
 
 MERGE_HINT = "features h*Dh:(h+1)*Dh of each token are head h's output"

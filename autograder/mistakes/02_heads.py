@@ -1,26 +1,35 @@
+"""Lesson 02 (heads): known mistakes and correct variants (see autograder/mistakes)."""
+from autograder.mistakes import Mistake
+
 MUTANTS = {
     "split_heads": [
-        ("reshape straight to (B, H, T, Dh), no transpose", "transpose", '''
+        Mistake("reshape straight to (B, H, T, Dh), no transpose", "transpose", '''
 def split_heads(x, n_heads):
     B, T, D = x.shape
     if D % n_heads:
         raise ValueError(f"D={D} is not divisible by n_heads={n_heads}")
     return x.view(B, n_heads, T, D // n_heads)
-'''),
-        ("reshape to (B, T, H, Dh), heads after time", "transpose", '''
+''', aspect="heads layout",
+            message=("a reshape (or view) straight to (B, H, T, Dh) mixes time steps and features, because memory "
+             "holds x as (B, T, D): reshape to (B, T, H, Dh) first, then transpose(1, 2)")),
+        Mistake("reshape to (B, T, H, Dh), heads after time", "transpose", '''
 def split_heads(x, n_heads):
     B, T, D = x.shape
     if D % n_heads:
         raise ValueError(f"D={D} is not divisible by n_heads={n_heads}")
     return x.reshape(B, T, n_heads, D // n_heads)
-'''),
-        ("strided heads: every H-th feature", "contiguous features", '''
+''', aspect="heads layout",
+            message=("the heads axis must come before time, (B, H, T, Dh): transpose(1, 2) after the reshape to "
+             "(B, T, H, Dh)")),
+        Mistake("strided heads: every H-th feature", "contiguous features", '''
 def split_heads(x, n_heads):
     B, T, D = x.shape
     if D % n_heads:
         raise ValueError(f"D={D} is not divisible by n_heads={n_heads}")
     return x.reshape(B, T, D // n_heads, n_heads).permute(0, 3, 1, 2)
-'''),
+''', aspect="heads layout",
+            message=("head h must hold the contiguous features h*Dh:(h+1)*Dh, not every H-th feature: reshape the "
+             "last axis to (H, Dh), not (Dh, H)")),
         ("no ValueError when D % H != 0", "ValueError", '''
 def split_heads(x, n_heads):
     B, T, D = x.shape
@@ -48,16 +57,20 @@ def split_heads(x, n_heads):
 '''),
     ],
     "merge_heads": [
-        ("reshape without transposing back", "transpose back", '''
+        Mistake("reshape without transposing back", "transpose back", '''
 def merge_heads(x):
     B, H, T, Dh = x.shape
     return x.reshape(B, T, H * Dh)
-'''),
-        ("heads put last before the reshape", "concatenate the heads", '''
+''',
+            message=("transpose back to (B, T, H, Dh) before the reshape: a reshape of (B, H, T, Dh) straight to "
+             "(B, T, H*Dh) mixes time steps and heads")),
+        Mistake("heads put last before the reshape", "concatenate the heads", '''
 def merge_heads(x):
     B, H, T, Dh = x.shape
     return x.permute(0, 2, 3, 1).reshape(B, T, H * Dh)
-'''),
+''',
+            message=("concatenate the heads: head h's features go to h*Dh:(h+1)*Dh (transpose(1, 2), not a permute "
+             "that puts the heads last)")),
         ("view after transpose (not contiguous)", "reshape", '''
 def merge_heads(x):
     B, H, T, Dh = x.shape

@@ -97,3 +97,11 @@ def on(lesson, name, *args, **kwargs):
         except Exception:  # noqa: BLE001 - e.g. a broadcast only square inputs allow
             continue
     return out
+
+
+def compared(lesson, name, *args, convert=None):
+    """[(message, reference)] of the defined mistakes of `name` on these inputs: the `mistakes=` list of
+    expect_array. convert: what each result goes through first (a cast to the inputs' dtype)."""
+    from autograder.checks import reference
+
+    return [(m.message, reference(convert(got) if convert else got)) for m, got in on(lesson, name, *args)]
