@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from autograder.checks import (as_torch, call_named, Checks, expect_array, expect_int, expect_int_attributes,
                                expect_pair, fail, kind_of, reference, StudentError, tensor)
 from autograder.sandbox.wire import Array, Handle
+from autograder import mistakes
 from solutions import multi_head as ref
 
 CHECKS = Checks()
@@ -30,19 +31,8 @@ def _expect_value_error(s, what, *args, **kwargs):
 # ---- concat_and_project ---------------------------------------------------------------------
 
 def _concat_mistakes(heads, w_o):
-    B, H, T, Dh = heads.shape
-    h, w = as_torch(heads), as_torch(w_o)
-    merged = h.transpose(1, 2).reshape(B, T, H * Dh)
-    return [(m, reference(r)) for m, r in [
-        ("transpose the heads to (B, T, H, Dh) before merging: a reshape of (B, H, T, Dh) straight to (B, T, D) "
-         "mixes time steps and heads", h.reshape(B, T, H * Dh) @ w),
-        ("concatenate the heads in order: head h's features go to h*Dh:(h+1)*Dh (transpose(1, 2), not a permute "
-         "that puts the heads last)", h.permute(0, 2, 3, 1).reshape(B, T, H * Dh) @ w),
-        ("apply w_o as merged @ w_o (not w_o.T): here w_o is (D_in, D_out), not an nn.Linear weight", merged @ w.T),
-        ("multiply the concatenated heads by w_o: the output projection is missing", merged),
-        ("every head used the first Dh rows of w_o: concatenate the heads, so that head h meets its own rows "
-         "h*Dh:(h+1)*Dh of w_o", h.sum(dim=1) @ w[:Dh]),
-    ]]
+    """The known mistakes (autograder/mistakes/03_multi_head.py) on these inputs."""
+    return mistakes.compared("03_multi_head", "concat_and_project", as_torch(heads), as_torch(w_o))
 
 
 @CHECKS.add("concat_and_project")

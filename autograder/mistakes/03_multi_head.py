@@ -1,6 +1,8 @@
+"""Lesson 03 (multi-head attention): known mistakes and correct variants (see autograder/mistakes)."""
 import inspect
 import textwrap
 
+from autograder.mistakes import Mistake
 from solutions import multi_head as _ref
 
 # Each MultiHeadAttention mutant is the reference class with one change (old -> new, which must occur).
@@ -17,30 +19,38 @@ def _mha(*changes):
 
 MUTANTS = {
     "concat_and_project": [
-        ("merged without the transpose", "transpose", '''
+        Mistake("merged without the transpose", "transpose", '''
 def concat_and_project(heads, w_o):
     B, H, T, Dh = heads.shape
     return heads.reshape(B, T, H * Dh) @ w_o
-'''),
-        ("w_o applied transposed", "w_o.T", '''
+''',
+            message=("transpose the heads to (B, T, H, Dh) before merging: a reshape of (B, H, T, Dh) straight to "
+             "(B, T, D) mixes time steps and heads")),
+        Mistake("w_o applied transposed", "w_o.T", '''
 def concat_and_project(heads, w_o):
     B, H, T, Dh = heads.shape
     return heads.transpose(1, 2).reshape(B, T, H * Dh) @ w_o.T
-'''),
-        ("no projection", "projection is missing", '''
+''',
+            message="apply w_o as merged @ w_o (not w_o.T): here w_o is (D_in, D_out), not an nn.Linear weight"),
+        Mistake("no projection", "projection is missing", '''
 def concat_and_project(heads, w_o):
     B, H, T, Dh = heads.shape
     return heads.transpose(1, 2).reshape(B, T, H * Dh)
-'''),
-        ("heads interleaved", "in order", '''
+''',
+            message="multiply the concatenated heads by w_o: the output projection is missing"),
+        Mistake("heads interleaved", "in order", '''
 def concat_and_project(heads, w_o):
     B, H, T, Dh = heads.shape
     return heads.permute(0, 2, 3, 1).reshape(B, T, H * Dh) @ w_o
-'''),
-        ("heads summed instead of concatenated", "own rows", '''
+''',
+            message=("concatenate the heads in order: head h's features go to h*Dh:(h+1)*Dh (transpose(1, 2), not a "
+             "permute that puts the heads last)")),
+        Mistake("heads summed instead of concatenated", "own rows", '''
 def concat_and_project(heads, w_o):
     return heads.sum(dim=1) @ w_o[:heads.shape[-1]]
-'''),
+''',
+            message=("every head used the first Dh rows of w_o: concatenate the heads, so that head h meets its "
+             "own rows h*Dh:(h+1)*Dh of w_o")),
         ("constant: returns zeros", "concat(heads) @ w_o", '''
 def concat_and_project(heads, w_o):
     B, H, T, Dh = heads.shape
