@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from autograder.checks import (Checks, expect_array, expect_error, expect_int, expect_int_attributes, fail, kind_of,
                                reference, tensor)
 from autograder.sandbox.wire import Array, Handle
+from autograder import mistakes
 from solutions import gqa as ref
 
 CHECKS = Checks()
@@ -20,18 +21,12 @@ PROJECTIONS = ("q_proj", "k_proj", "v_proj", "out_proj")
 # ---- repeat_kv ---------------------------------------------------------------------------
 
 def _repeat_kv_mistakes(x, n_rep):
+    """The known mistakes (autograder/mistakes/04_gqa.py) on this input, and a repeat along the feature or
+    the batch axis (no definition)."""
     t = torch.from_numpy(x)
-    B, Hkv, T, Dh = t.shape
-    return [
-        ("you tiled the heads (h0, h1, h0, h1, ...), as .repeat does. Key/value head j must serve the adjacent "
-         "query heads j*n_rep ... (j+1)*n_rep - 1, so repeat each head in place (h0, h0, h1, h1, ...): "
-         "repeat_interleave along dim 1, or expand a new axis after the head axis and reshape",
-         reference(t.repeat(1, n_rep, 1, 1))),
-        ("repeat along the head axis (dim 1), not the time axis", reference(t.repeat_interleave(n_rep, dim=2))),
+    return mistakes.compared("04_gqa", "repeat_kv", t, n_rep) + [
         ("repeat along the head axis (dim 1), not the feature axis", reference(t.repeat_interleave(n_rep, dim=3))),
         ("repeat along the head axis (dim 1), not the batch axis", reference(t.repeat_interleave(n_rep, dim=0))),
-        ("merge the repeat axis into the head axis: reshape (B, Hkv, n_rep, T, Dh) to (B, Hkv*n_rep, T, Dh)",
-         reference(t[:, :, None].expand(B, Hkv, n_rep, T, Dh))),
     ]
 
 

@@ -1,4 +1,6 @@
-"""Lesson 04 (grouped-query attention): known-wrong answers and correct variants."""
+"""Lesson 04 (grouped-query attention): known mistakes and correct variants (see autograder/mistakes)."""
+from autograder.mistakes import Mistake
+
 _GQA = '''
 class GroupedQueryAttention(nn.Module):
     def __init__(self, d_model, n_heads, n_kv_heads, bias=False):
@@ -76,23 +78,28 @@ MUTANTS = {
 def repeat_kv(x, n_rep):
     return x
 '''),
-        ("tiled with .repeat", "tiled", '''
+        Mistake("tiled with .repeat", "tiled", '''
 def repeat_kv(x, n_rep):
     return x.repeat(1, n_rep, 1, 1)
-'''),
-        ("repeated along the time axis", "head axis", '''
+''',
+            message=("you tiled the heads (h0, h1, h0, h1, ...), as .repeat does. Key/value head j must serve the "
+             "adjacent query heads j*n_rep ... (j+1)*n_rep - 1, so repeat each head in place (h0, h0, h1, h1, ...): "
+             "repeat_interleave along dim 1, or expand a new axis after the head axis and reshape")),
+        Mistake("repeated along the time axis", "head axis", '''
 def repeat_kv(x, n_rep):
     return torch.repeat_interleave(x, n_rep, dim=2)
-'''),
+''',
+            message="repeat along the head axis (dim 1), not the time axis"),
         ("time and feature axes swapped inside (right only when T or Dh is 1)", "h // n_rep", '''
 def repeat_kv(x, n_rep):
     B, Hkv, T, Dh = x.shape
     return x[:, :, None].expand(B, Hkv, n_rep, T, Dh).transpose(3, 4).reshape(B, Hkv * n_rep, T, Dh)
 '''),
-        ("expanded but not merged", "reshape", '''
+        Mistake("expanded but not merged", "reshape", '''
 def repeat_kv(x, n_rep):
     return x[:, :, None].expand(-1, -1, n_rep, -1, -1)
-'''),
+''',
+            message="merge the repeat axis into the head axis: reshape (B, Hkv, n_rep, T, Dh) to (B, Hkv*n_rep, T, Dh)"),
         ("tiled by concatenation", "tiled", '''
 def repeat_kv(x, n_rep):
     return torch.cat([x] * n_rep, dim=1)
