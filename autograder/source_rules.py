@@ -20,13 +20,11 @@ How the cells are read:
   binding of that name imports the same module. Names bound inside functions are theirs alone.
 - Whatever cannot be read (a cell too large or nested too deeply, a cell that does not parse) is refused
   with a message, never a crash: MAX_CELL_CHARS, MAX_TOTAL_CHARS and MAX_DEPTH bound the work.
-
-- Code the rules cannot read is refused wherever it is: an import of a file of the working folder rather
-  than an installed module (a module the cells wrote, a file beside the notebook: what the visible tests
-  see; the grader's sandbox puts no writable folder on sys.path, so there such an import fails, as does
-  a package the grader lacks),
-  a relative import, modules that run files or bytes (runpy, importlib, pickle ...), and any use of
-  sys.path, sys.modules or the `sys` module other than reading them by name.
+- Code loaded where the rules cannot read it is refused, in any cell: an import of a file of the working
+  folder rather than an installed module (a module the cells wrote, a file beside the notebook, as the
+  visible tests see it; the grader's sandbox puts no writable folder on sys.path, so there such an import
+  fails, as one of a package the grader lacks does), a relative import, modules that run files or bytes
+  (runpy, importlib, pickle, ...), and sys.path, sys.modules or `sys` itself used other than read by name.
 - A genuine module or class is followed wherever the cells pass it (Flow): through an alias, an argument,
   a default, a container, an object's attribute, a function's result; changing an attribute of anything
   that may be one (not a literal flag, not os.environ) is refused. Passing a module to a helper that only
@@ -756,6 +754,12 @@ def _parents(cells):
     return parents
 
 
+def _read_by(up, node):
+    """Whether node is an argument of a call that only reads or copies it (print(sys.path), sorted(sys.modules))."""
+    return isinstance(up, ast.Call) and node is not up.func and isinstance(up.func, ast.Name) \
+        and up.func.id in READERS | {"list", "sorted", "set", "tuple"}
+
+
 def _loader_problem(cells):
     """Code the cells may load from a file they wrote: an import of a module not installed where the rules run,
     a relative import, a module that runs files, or a change to where Python finds modules."""
@@ -781,17 +785,15 @@ def _loader_problem(cells):
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and cells.module(node.id) == "sys":
             parents = parents or _parents(cells)
             up = parents.get(id(node))
-            if not isinstance(up, ast.Attribute) and not (isinstance(up, ast.Call) and node is not up.func and
-                                                          isinstance(up.func, ast.Name) and up.func.id in READERS):
+            if not isinstance(up, (ast.Attribute, ast.Expr)) and not _read_by(up, node):
                 return ("your code passes the `sys` module around (getattr, an alias, an argument): the grader "
                         "reads sys.path and sys.modules only by name")
         if isinstance(node, ast.Attribute) and node.attr in IMPORT_MACHINERY and isinstance(node.value, ast.Name) \
                 and cells.module(node.value.id) == "sys":
             parents = parents or _parents(cells)
             up = parents.get(id(node))
-            reading = isinstance(up, (ast.Expr, ast.Compare)) or (
-                isinstance(up, ast.Call) and node is not up.func and isinstance(up.func, ast.Name)
-                and up.func.id in READERS)
+            reading = isinstance(up, (ast.Expr, ast.Compare)) or _read_by(up, node) or (
+                isinstance(up, (ast.For, ast.comprehension)) and node is up.iter)
             if not reading:
                 return (f"your code uses `sys.{node.attr}` other than to read it: it decides what an import runs, "
                         "so a changed one can run a file the grader cannot read")

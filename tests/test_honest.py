@@ -93,7 +93,8 @@ MODULE_READERS = {  # lesson 06: modules and genuine objects passed around only 
                                 "print(libs['torch'].pi)"),
     "a guarded import of a missing package": "try:\n    import google.colab\nexcept ImportError:\n    pass",
     "an import of a package the grader lacks": "from google.colab import drive",
-    "reading sys.path and sys.modules": "import sys\nprint(sys.path)\nprint('triton' in sys.modules)",
+    "reading sys.path and sys.modules": ("import sys\nprint(sys.path)\nprint('triton' in sys.modules)\n"
+                                         "for p in sys.path:\n    print(p)\nmods = sorted(sys.modules)\nsys"),
     "matplotlib settings": "plt.rcParams['figure.figsize'] = (8, 3)\nplt.rcParams.update({'font.size': 9})",
     "a layer's weights set in a helper": ("def load(layer, w):\n    layer.weight = nn.Parameter(w)\n\n"
                                           "lin = nn.Linear(2, 2)\nload(lin, torch.eye(2))"),
