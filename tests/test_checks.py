@@ -91,3 +91,16 @@ def test_the_released_stub_scores_nothing(lesson):
 @pytest.mark.parametrize("lesson, name, mutant", [c for c in cases("MUTANTS") if c.values[2][0].startswith("constant")])
 def test_constant_stubs_score_nothing(lesson, name, mutant):
     assert _zero_points(lesson, name, mutant[2]), f"'{mutant[0]}' earns partial credit"
+
+
+@pytest.mark.parametrize("lesson, name, mutant", [c for c in cases("MUTANTS") if getattr(c.values[2], "aspect", "")])
+def test_a_defined_mistake_costs_the_aspect_it_names(lesson, name, mutant):
+    """A mistake's definition names the aspect it costs (autograder/mistakes): that aspect fails. A plain
+    AssertionError means the core failed, and with it every aspect."""
+    from autograder.checks import checks_for
+
+    with pytest.raises(AssertionError) as caught:
+        verify(lesson, name, fresh_namespace(lesson, {name: mutant.code}))
+    rows = getattr(caught.value, "rows", None)
+    failed = {r["aspect"] for r in rows if not r["passed"]} if rows else set(checks_for(lesson)[name].aspects)
+    assert mutant.aspect in failed, f"'{mutant.what}' should cost {mutant.aspect!r}; it failed {sorted(failed)}"
