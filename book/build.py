@@ -58,6 +58,7 @@ CACHE_VERSION = "2"                      # bump when the way lessons are execute
 KERNEL_ARGS = ["--InlineBackend.figure_formats=retina"]
 
 sys.path.insert(0, str(ROOT))
+from autograder import lessons as manifests  # noqa: E402
 from autograder import notebook as nbk  # noqa: E402
 from autograder.release import release, student_copy  # noqa: E402
 
@@ -72,8 +73,8 @@ def load_yaml(path):
 
 
 def module_of(lesson):
-    """The solutions module of a lesson: its name without the number (01_attention -> attention)."""
-    return lesson.split("_", 1)[1]
+    """The solutions module of a lesson (its manifest's `solutions`)."""
+    return manifests.read(lesson)["solutions"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -828,8 +829,8 @@ def instructor_page():
 
 
 def assemble(jobs, fresh, results=RESULTS):
-    catalogue = load_yaml(BOOK / "lessons.yml")
-    lessons = nbk.lesson_names()
+    catalogue = manifests.catalogue()
+    lessons = manifests.names()
     copies = lesson_copies(lessons, jobs, fresh)
     titles = {lesson: lesson_title(nb, lesson) for lesson, nb in copies.items()}
     graded = {lesson: [gid.removeprefix("test_") for gid, _ in nbk.graded_tests(nb)] for lesson, nb in copies.items()}

@@ -2,11 +2,14 @@
 import ast
 import inspect
 import importlib
+import json
 import re
 import time
+from pathlib import Path
 
 import pytest
 
+from autograder import lessons
 from autograder import notebook as nbk
 from autograder.checks import LESSONS as ALL_LESSONS
 from autograder.release import release
@@ -92,3 +95,142 @@ def test_release_copy_runs_and_fails_only_at_the_exercises(released, lesson):
     assert {name for _, name in failed} == {"NotImplementedError"}, f"unexpected errors: {failed}"
     tests_cells = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and nbk.is_test(c)]
     assert set(tests_cells) <= {i for i, _ in failed}, "every test cell should fail on a blank copy"
+
+
+# ---- a lesson is described once (lessons/NN_name/lesson.toml) ------------------------------------
+
+def missing_pieces(lesson, root=nbk.LESSONS_DIR):
+    """What a lesson with a manifest lacks, in words: its solutions module and each graded name there,
+    its notebook with an answer and a test cell (the manifest's points) per graded name, its checks
+    module, its mistakes module with mutants and variants per graded name, and its data files."""
+    from autograder import mistakes
+
+    manifest = lessons.read(lesson, root)
+    module, graded = manifest["solutions"], lessons.points(lesson, root)
+    missing = []
+    try:
+        solutions = importlib.import_module(f"solutions.{module}")
+        missing += [f"solutions/{module}.py defines no {n}" for n in graded if not hasattr(solutions, n)]
+    except ImportError:
+        missing.append(f"no solutions module solutions/{module}.py")
+    try:
+        nb = nbk.read(nbk.lesson_path(lesson, root))
+        ids = {nbk.grade_id(c) for c in nbk.code_cells(nb) if nbk.is_answer(c)}
+        tests = dict(nbk.graded_tests(nb))
+        missing += [f"the notebook has no answer cell {n}" for n in graded if n not in ids]
+        missing += [f"the notebook's test_{n} has {tests.get(f'test_{n}')} points, the manifest {p}"
+                    for n, p in graded.items() if tests.get(f"test_{n}") != p]
+        missing += [f"the notebook grades {t}, which the manifest does not name" for t in tests
+                    if t.removeprefix("test_") not in graded]
+    except nbk.NotebookError:
+        missing.append(f"no notebook lessons/{lesson}/{lesson}.ipynb")
+    try:
+        checks = importlib.import_module(f"autograder.checks.{module}").CHECKS
+        missing += [f"autograder/checks/{module}.py has no check of {n}" for n in graded if n not in checks]
+    except ImportError:
+        missing.append(f"no checks module autograder/checks/{module}.py")
+    if mistakes.for_lesson(lesson) is None:
+        missing.append(f"no mistakes module autograder/mistakes/{lesson}.py")
+    else:
+        known, variants = mistakes.mutants(lesson), mistakes.variants(lesson)
+        missing += [f"autograder/mistakes/{lesson}.py has no mutant of {n}" for n in graded if not known.get(n)]
+        missing += [f"autograder/mistakes/{lesson}.py has no variant of {n}" for n in graded if not variants.get(n)]
+    folder = Path(root) / lesson
+    extra = {p.name for p in folder.iterdir() if p.is_file()} - {f"{lesson}.ipynb", lessons.MANIFEST, *manifest["data"]}
+    missing += [f"{lesson}/{name} is not in the manifest's data" for name in sorted(extra)]
+    return missing
+
+
+@pytest.mark.parametrize("lesson", LESSONS)
+def test_every_lesson_has_every_piece(lesson):
+    assert missing_pieces(lesson) == []
+
+
+def test_every_lesson_folder_has_a_manifest():
+    assert nbk.lesson_names() == [x for x in nbk.lesson_names() if x in LESSONS], "a lesson notebook without lesson.toml"
+
+
+def toy_lesson(root, graded='[graded.toy_fn]\npoints = 2\ncontract = "Does the toy thing."\n', extra=""):
+    folder = Path(root) / "99_toy"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / lessons.MANIFEST).write_text(f'title = "A toy"\nsummary = "Nothing."\nsolutions = "toy"\n'
+                                           f'extras = ["gpu"]\n{extra}\n{graded}', encoding="utf-8")
+    return "99_toy"
+
+
+def test_a_lesson_missing_its_pieces_is_listed(tmp_path):
+    lesson = toy_lesson(tmp_path)
+    (tmp_path / lesson / "notes.txt").write_text("stray")
+    assert missing_pieces(lesson, tmp_path) == [
+        "no solutions module solutions/toy.py", f"no notebook lessons/{lesson}/{lesson}.ipynb",
+        "no checks module autograder/checks/toy.py", f"no mistakes module autograder/mistakes/{lesson}.py",
+        f"{lesson}/notes.txt is not in the manifest's data"]
+    # A real lesson's notebook, with the manifest's points changed and a graded name it lacks.
+    real = (nbk.LESSONS_DIR / "01_attention" / lessons.MANIFEST).read_text(encoding="utf-8")
+    (tmp_path / "01_attention").mkdir()
+    (tmp_path / "01_attention" / "01_attention.ipynb").write_bytes(nbk.lesson_path("01_attention").read_bytes())
+    (tmp_path / "01_attention" / lessons.MANIFEST).write_text(
+        real.replace("points = 2", "points = 5", 1) + '\n[graded.lost]\npoints = 1\ncontract = "x"\n', encoding="utf-8")
+    found = missing_pieces("01_attention", tmp_path)
+    assert "the notebook's test_softmax has 2.0 points, the manifest 5" in found
+    assert {"solutions/attention.py defines no lost", "the notebook has no answer cell lost",
+            "autograder/checks/attention.py has no check of lost",
+            "autograder/mistakes/01_attention.py has no mutant of lost"} <= set(found)
+
+
+def test_a_new_lesson_is_picked_up_everywhere(tmp_path):
+    """A throw-away lesson's manifest in a copy of the course: LESSONS, the tests' list, the book's
+    list and Gradescope's extras all name it, with nothing else edited."""
+    import shutil
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    shutil.copytree(root / "autograder", tmp_path / "autograder", ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "book").mkdir()
+    for rel in ("tests/__init__.py", "tests/lessons.py", "book/build.py"):
+        shutil.copy(root / rel, tmp_path / rel)
+    for lesson in LESSONS:
+        shutil.copytree(root / "lessons" / lesson, tmp_path / "lessons" / lesson, ignore=shutil.ignore_patterns("*.ipynb"))
+    toy_lesson(tmp_path / "lessons")
+    probe = ("import json, sys; sys.path.insert(0, 'book'); import build; from autograder import checks; "
+             "from autograder.adapters import gradescope; import tests.lessons as t; "
+             "print(json.dumps([checks.LESSONS, t.LESSONS, build.manifests.catalogue(), gradescope.EXTRAS]))")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    lessons_, tests_list, book, extras = json.loads(out.stdout.splitlines()[-1])
+    assert lessons_["99_toy"] == "toy" and list(lessons_)[:-1] == LESSONS
+    assert tests_list == LESSONS + ["99_toy"]
+    assert book["99_toy"] == {"title": "A toy", "summary": "Nothing.", "graded": {"toy_fn": "Does the toy thing."}}
+    assert extras["99_toy"] == ["gpu"]
+
+
+@pytest.mark.parametrize("text, error", [
+    ('title = "T"\nsummary = "S"\nsolutions = "toy"\n', "graded: missing"),
+    ('title = "T"\nsummary = "S"\nsolutions = "toy"\ncolour = "red"\n[graded.f]\npoints = 1\ncontract = "c"\n',
+     "colour: unknown key"),
+    ('title = "T"\nsummary = "S"\nsolutions = "toy"\n[graded.f]\npoints = 0\ncontract = "c"\n',
+     "graded.f.points: should be a positive number"),
+    ('title = "T"\nsummary = "S"\nsolutions = "toy"\ndata = ["gone.npz"]\n[graded.f]\npoints = 1\ncontract = "c"\n',
+     "data: gone.npz is not a file"),
+    ('title = "T"\nsummary = "S"\nsolutions = "toy"\n[graded.f]\npoints = 1\ncontract = "c"\n'
+     '[needs.triton]\nnames = ["g"]\nreason = "r"\n', "needs.triton.names: g is not a graded name"),
+    ('title = "T\nsummary = "S"\n', "not valid TOML"),
+])
+def test_a_bad_manifest_gets_one_line_naming_the_file_and_the_key(tmp_path, text, error):
+    (tmp_path / "99_toy").mkdir()
+    (tmp_path / "99_toy" / lessons.MANIFEST).write_text(text, encoding="utf-8")
+    with pytest.raises(lessons.LessonError) as e:
+        lessons.read("99_toy", tmp_path)
+    assert str(e.value).startswith(str(tmp_path / "99_toy" / lessons.MANIFEST)) and error in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("lesson", LESSONS)
+def test_the_python_3_10_reader_reads_every_manifest_as_tomllib_does(lesson):
+    import tomllib
+
+    text = (nbk.LESSONS_DIR / lesson / lessons.MANIFEST).read_text(encoding="utf-8")
+    assert lessons._toml_subset(text) == tomllib.loads(text)

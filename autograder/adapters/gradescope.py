@@ -20,11 +20,13 @@ import time
 import zipfile
 from pathlib import Path
 
+from autograder import lessons
+
 VISIBILITIES = ("visible", "hidden", "after_due_date", "after_published")
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = "gradescope.json"  # the bundle's settings, next to setup.sh in /autograder/source
 STUDENT = "submission"      # Gradescope grades one submission at a time: its folder's name
-EXTRAS = {"06_gpu": "gpu"}  # pyproject extras a lesson's grading needs (lesson 06: Triton)
+EXTRAS = lessons.extras()  # {lesson: pyproject extras its grading needs}, from its manifest (lesson 06: Triton)
 CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
 
 
@@ -44,7 +46,7 @@ def setup_script(lesson):
     self-check), so that a missing package fails the image's build, not every submission.
     Safe to run again: it reuses the venv and installs only what is missing. GRADESCOPE_TORCH (a pip
     spec) and GRADESCOPE_TORCH_INDEX (empty: pip's own configured index) change where torch comes from."""
-    extra = f"[{EXTRAS[lesson]}]" if lesson in EXTRAS else ""
+    extra = f"[{','.join(EXTRAS[lesson])}]" if lesson in EXTRAS else ""
     torch = f"torch=={importlib.metadata.version('torch').split('+')[0]}"  # the torch this was tested with
     return f"""#!/usr/bin/env bash
 # Gradescope runs this once, as root, when it builds the autograder's image (Ubuntu 24.04 base).

@@ -20,21 +20,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from autograder import lessons
 from autograder.checks.memory import LocalBound
 from autograder.sandbox import wire
 from autograder.sandbox.server import ObjectServer
 from autograder.sandbox.wire import Array, Handle
 
-LESSONS = {
-    "01_attention": "attention",
-    "02_heads": "heads",
-    "03_multi_head": "multi_head",
-    "04_gqa": "gqa",
-    "05_kv_cache": "kv_cache",
-    "06_gpu": "gpu",
-    "07_head_specialization": "head_specialization",
-    "08_kv_compression": "kv_compression",
-}
+LESSONS = lessons.solutions_modules()  # {lesson: its solutions and checks module}, from lessons/*/lesson.toml
 
 
 def checks_for(lesson):

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from autograder import lessons
 from autograder.checks import (Checks, Unchecked, close, expect_array, expect_int, fail,
                                kind_of, reference, tensor, triton_evidence, within_memory)
 from autograder.sandbox.wire import Array, Handle
@@ -29,8 +30,7 @@ from solutions import gpu as ref
 
 CHECKS = Checks()
 # Checks that cannot run here (grade.py reads this: their tests get status error, for the instructor).
-UNAVAILABLE = {} if ref.HAS_TRITON else {
-    "triton_attention": "Triton is not installed where the grader runs (pip install triton==3.7.1; Linux only)"}
+UNAVAILABLE = lessons.unavailable("06_gpu", {"triton": ref.HAS_TRITON})  # the reasons: lessons/06_gpu/lesson.toml
 
 
 # ---- attention_flops --------------------------------------------------------------------------
