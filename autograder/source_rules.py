@@ -800,8 +800,17 @@ def _loader_problem(cells):
     return None
 
 
-def _patch_problem(cells, flow):
-    """A change to a genuine module or class (or to what may be one), which would change what a trusted name does."""
+def _changed(node, items):
+    """Whether a node of an assignment's target is a change to check: an attribute stored (or any attribute on
+    the way, with items), an item (with items), or an item of what a call returned (vars(m)[k] = ...)."""
+    if isinstance(node, ast.Attribute):
+        return items or isinstance(node.ctx, (ast.Store, ast.Del))
+    return isinstance(node, ast.Subscript) and (items or _root(node) is None)
+
+
+def _patch_problem(cells, flow, items=True):
+    """A change to a genuine module or class (or to what may be one), which would change what a trusted name does;
+    with items, also a change to an item of something a module holds (plt.rcParams[k] = size, a registry)."""
     for node, scope in flow.nodes:
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("setattr", "delattr") \
                 and not cells.top.get(node.func.id) and node.args and flow.may(node.args[0], scope):
@@ -812,7 +821,7 @@ def _patch_problem(cells, flow):
             if getattr(node, "value", None) is not None and _literal(node.value):
                 continue  # a flag set to a literal (torch.backends.cudnn.allow_tf32 = False) runs no code
             targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
-            for t in (t for tt in targets for t in ast.walk(tt) if isinstance(t, (ast.Attribute, ast.Subscript))):
+            for t in (t for tt in targets for t in ast.walk(tt) if _changed(t, items)):
                 root = _root(t)
                 module = cells.module(root) if root else None
                 # into a module by name, into what may hold one (an alias, an argument, a call's result), or
@@ -1037,7 +1046,7 @@ def _fused(node):
 
 
 def _flash_problem(cells):
-    found = _loader_problem(cells) or _patch_problem(cells, cells.flow())
+    found = _loader_problem(cells) or _patch_problem(cells, cells.flow(), items=False)
     if found:
         return f"{found}, so the grader cannot tell what flash_attention calls"
     todo, seen = [], {"flash_attention"}

@@ -116,6 +116,8 @@ FLASH_TRICKS = {  # a cell that hands flash_attention fused attention unseen, wh
     "a module found in sys.modules": ("import sys\nsys.modules['torch.nn.functional'].tiled = "
                                       "F.scaled_dot_product_attention", "F.tiled", "sys.modules"),
     "the import path changed": ("import sys\nsys.path.insert(0, '')", "F.tiled", "sys.path"),
+    "a module's namespace changed through vars()": ("vars(F)['tiled'] = F.scaled_dot_product_attention", "F.tiled",
+                                                    "vars(F)"),
 }
 CALLS = "def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):\n    return {}(q, k, v, is_causal=causal)"
 
@@ -131,6 +133,14 @@ def test_flash_refuses_fused_attention_reached_unseen(trick, beside_the_notebook
 def test_modules_read_through_helpers_keep_every_mark(use):
     """Each alone (test_honest grades them all in one notebook)."""
     assert source_rules.problems(_grader_cells(last=[test_honest.MODULE_READERS[use]])) == {}
+
+
+def test_flash_accepts_a_setting_that_the_triton_rules_refuse():
+    """An item a module holds, set from a variable, cannot hand flash_attention fused attention; the Triton rules,
+    which trust what torch and triton hold, still refuse it."""
+    cells = _grader_cells(last=["size = 9\nplt.rcParams['font.size'] = size"])
+    assert source_rules.flash_problem(cells) is None
+    assert "plt.rcParams" in source_rules.triton_problem(cells)
 
 
 def test_flash_refuses_a_late_redefinition_that_calls_sdpa():
