@@ -384,15 +384,16 @@ class Sandbox:
             theirs.close()
         return ours
 
-    def bound(self, mb):
+    def bound(self, mb, headroom=0):
         """Before a bounded block of calls: the worker kills every process of the sandbox but itself
         and the serving child, then lowers the child's address-space limit (soft and hard, from
         outside the child: nothing in the student's process takes part) to what a fresh worker maps
-        plus mb MiB, and its process limit to none. Returns {"held_mb": what the child mapped beyond
-        a fresh worker}, with "refused": why when refused (a student's process that already holds the
-        whole bound, see runner.bound(); held_mb is absent when it ended first)."""
+        plus mb MiB (plus what it holds, up to headroom MiB: runner.bound), and its process limit to
+        none. Returns {"held_mb": what the child mapped beyond a fresh worker}, with "refused": why
+        when refused (a student's process that already holds the whole bound, see runner.bound();
+        held_mb is absent when it ended first)."""
         try:
-            self.ctl.send(json.dumps({"op": "bound", "mb": int(mb)}).encode())
+            self.ctl.send(json.dumps({"op": "bound", "mb": int(mb), "headroom": int(headroom)}).encode())
         except OSError as e:
             raise SandboxError(f"the sandbox stopped answering: {e}") from None
         reply = self._recv(30)
@@ -593,7 +594,7 @@ class Session:
             return {"ok": None}
         if self.data is None:
             self.open()
-        reply = self.sandbox.bound(request["mb"])
+        reply = self.sandbox.bound(request["mb"], request.get("headroom", 0))
         if "refused" in reply:
             return reply
         self.bounded = True

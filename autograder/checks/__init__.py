@@ -12,6 +12,7 @@ A check sees only plain data (numpy arrays in wire.Array, numbers, handles), whi
 import contextlib
 import importlib
 import json
+import math
 import re
 import warnings
 import zlib
@@ -23,6 +24,7 @@ import torch
 from autograder import lessons
 from autograder.checks.memory import LocalBound
 from autograder.sandbox import wire
+from autograder.sandbox.runner import HONEST_HELD_MB
 from autograder.sandbox.server import ObjectServer
 from autograder.sandbox.wire import Array, Handle
 
@@ -203,7 +205,7 @@ class Subject:
         return reply
 
     @contextlib.contextmanager
-    def memory_bound(self, memory_mb):
+    def memory_bound(self, memory_mb, headroom_mb=0):
         """A block in which the student's process may map at most memory_mb MiB more than a fresh one
         (in the sandbox: the pristine worker it is forked from), and (in the sandbox) start no process:
         a hard limit set from outside that process by the sandbox's worker (runner.bound()), after it
@@ -217,8 +219,12 @@ class Subject:
         StudentError (MemoryError, or torch's "can't allocate memory"). One bound per block (no nesting).
         A process that already holds memory_mb is over budget before the block (OverBudget); one that
         ended before it could be bounded fails with that reason (AssertionError).
-        self.held_mb: what the process held beyond a fresh one when the block began."""
-        reply = self._transport({"op": "bound", "mb": int(memory_mb)})
+        self.held_mb: what the process held beyond a fresh one when the block began.
+        headroom_mb: a process holding more than an honest fresh one (runner.HONEST_HELD_MB: %matplotlib
+        inline, a scratch tensor) gets what it holds on top of memory_mb, up to headroom_mb (over budget
+        above it): a check that allows it sizes its forbidden layout from self.held_mb, well above
+        self.held_mb + memory_mb + 64 MiB (a buffer kept before the block is then too small to hold it)."""
+        reply = self._transport({"op": "bound", "mb": int(memory_mb), "headroom": int(headroom_mb)})
         held = reply.get("held_mb") if isinstance(reply, dict) else None
         self.held_mb = held if isinstance(held, int) else 0
         if isinstance(reply, dict) and "refused" in reply:
@@ -313,7 +319,7 @@ class LocalSubject(Subject):
 
         def transport(request, callback=None):
             if request.get("op") == "bound":
-                return bound.enter(namespace, int(request["mb"]))
+                return bound.enter(namespace, int(request["mb"]), int(request.get("headroom", 0)))
             if request.get("op") == "unbound":
                 return bound.leave()
             server.channel = (lambda payload: roundtrip(wire.encode_plain(callback(wire.decode(roundtrip(payload))))))\
@@ -358,13 +364,13 @@ def call_within_memory(s, memory_mb, message, target, *args, **kwargs):
 
 
 @contextlib.contextmanager
-def within_memory(s, memory_mb, message):
-    """A block of calls in s.memory_bound(memory_mb); running out of memory there fails with `message`.
+def within_memory(s, memory_mb, message, headroom_mb=0):
+    """A block of calls in s.memory_bound(memory_mb, headroom_mb); running out of memory there fails with `message`.
     It gives reword(message), which sets the message for what follows in the block (one bound, calls
     that must fit it for different reasons)."""
     said = [message]
     try:
-        with s.memory_bound(memory_mb):
+        with s.memory_bound(memory_mb, headroom_mb):
             yield lambda new: said.__setitem__(0, new)
     except OverBudget:
         fail(said[0] + _held(s))
@@ -372,6 +378,19 @@ def within_memory(s, memory_mb, message):
         if e.is_a("MemoryError") or "alloc" in e.raw_message.lower():
             fail(said[0] + _held(s))
         raise
+
+
+GLIBC_SLACK_MB = 64 + 16  # a thread arena's unused heap, which no address-space limit sees (runner.bound), and a margin
+
+
+def evidence_times(s, memory_mb, unit_mb):
+    """Inside s.memory_bound(memory_mb, headroom_mb): how many times larger a check makes its case,
+    whose forbidden layout takes unit_mb MiB at its usual size, so that it exceeds what the process
+    held before the block (which headroom put on top of memory_mb: a buffer kept to hold it) plus
+    memory_mb plus glibc's slack. 1 for a process holding no more than an honest fresh one."""
+    if s.held_mb < HONEST_HELD_MB:
+        return 1
+    return max(1, math.ceil((s.held_mb + memory_mb + GLIBC_SLACK_MB) / unit_mb))
 
 
 HELD_NOTE_MB = 16  # an honest process holds less than 8 MiB beyond a fresh one when a bound begins

@@ -16,7 +16,7 @@ depend on what ran in the process since. Without glibc (macOS) nothing is taken.
 import ctypes
 import resource
 
-from autograder.sandbox.runner import vm_size
+from autograder.sandbox.runner import allowed, vm_size
 
 KEPT = "__memory_kept__"  # the namespace's key for record_cells()
 _SOAK_SIZES = [2**k for k in range(26, 15, -1)]  # 64 MiB down to 64 KiB: smaller chunks are left free
@@ -84,17 +84,19 @@ class LocalBound:
     def __init__(self):
         self._saved = None  # (soft limit, soaked chunks) while bounded
 
-    def enter(self, namespace, mb):
+    def enter(self, namespace, mb, headroom=0):
+        """As runner.bound: what the cells keep is part of mb, unless headroom allows it on top."""
         if self._saved is not None:
             raise RuntimeError("memory bounds do not nest")
         kept = namespace.get(KEPT, 0)
-        if kept >= mb * 2**20:
-            return {"refused": f"your notebook's cells keep {kept >> 20} MiB, and this check allows {mb} MiB in all: "
-                               "free large arrays your cells keep at top level", "held_mb": kept >> 20}
+        allowance, over = allowed(kept, mb, headroom)
+        if over:
+            return {"refused": f"your notebook's cells keep {kept >> 20} MiB, and this check {over}",
+                    "held_mb": kept >> 20}
         held = _soak()
         soft, hard = resource.getrlimit(resource.RLIMIT_AS)
         self._saved = (soft, held)
-        limit = vm_size() + mb * 2**20 - kept
+        limit = vm_size() + mb * 2**20 - (kept - allowance)
         resource.setrlimit(resource.RLIMIT_AS, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))
         return {"ok": None, "held_mb": kept >> 20}
 

@@ -44,6 +44,7 @@ SHARED = ("/dev/shm", "/tmp", "/var/tmp")  # writable by anyone: in the uid mode
 O_PATH = getattr(os, "O_PATH", 0o10000000)
 # What a child left is removed within this (the grader waits 30 s for the worker's answer).
 WIPE_SECONDS = 20
+HONEST_HELD_MB = 8  # a fresh child running honest cells holds less beyond the pristine worker (bound())
 LIBC = ctypes.CDLL(None, use_errno=True)
 LIBC.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
 PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 4, 38, 22, 2
@@ -359,7 +360,18 @@ def vm_size(pid="self"):
         return int(next(line for line in f if line.startswith("VmSize:")).split()[1]) * 1024
 
 
-def bound(pid, mb, opts):
+def allowed(held, mb, headroom):
+    """(allowance, over): what of held (bytes beyond a fresh process) a bound of mb MiB with headroom
+    MiB (bound()) puts on top of mb, and, when held is over budget, the end of a sentence saying
+    what the check allows (else None)."""
+    allowance = held if headroom and held >= HONEST_HELD_MB * 2**20 else 0
+    if held - allowance < mb * 2**20 and allowance <= headroom * 2**20:
+        return allowance, None
+    allows = f"{headroom} MiB before it and {mb} MiB in it" if allowance else f"{mb} MiB in all"
+    return allowance, f"allows {allows}: free large arrays your cells keep at top level"
+
+
+def bound(pid, mb, opts, headroom=0):
     """Before a bounded block of calls: kill every other process of the sandbox (daemons would work
     outside the bound), then, from here, outside the child's reach, lower its address-space limit
     (soft and hard: it has no CAP_SYS_RESOURCE to raise it again) to what the pristine worker maps
@@ -369,16 +381,20 @@ def bound(pid, mb, opts):
     never headroom on top of it. Known limit: a glibc thread arena's 64 MiB heap is mapped whole
     and committed as it grows, so its unused part is headroom that no limit sees: make a forbidden
     allocation larger than 64 MiB where it can be. Irreversible: the grader ends the child after
-    the block. Refused when the child already maps mb MiB beyond the pristine worker. Returns the reply for the grader,
-    with what the child held beyond the pristine worker (MiB) when bounded."""
+    the block. Refused when the child already maps mb MiB beyond the pristine worker.
+    headroom (MiB, for a check that sizes its evidence from held_mb, Subject.memory_bound): a child
+    holding HONEST_HELD_MB or more beyond the pristine worker (%matplotlib inline, a scratch tensor)
+    gets what it holds on top of mb, up to headroom MiB, and is refused above it. Returns the reply
+    for the grader, with what the child held beyond the pristine worker (MiB) when bounded."""
     reap(opts, keep=(pid,))
     try:
         held = vm_size(pid) - opts["pristine_vm"]
-        if held >= mb * 2**20:
+        allowance, over = allowed(held, mb, headroom)
+        if over:
             return {"op": "refused", "held_mb": held >> 20,
                     "why": f"your notebook's process already holds {held >> 20} MiB more than a fresh one, and this "
-                           f"check allows {mb} MiB in all: free large arrays your cells keep at top level"}
-        resource.prlimit(pid, resource.RLIMIT_AS, (opts["pristine_vm"] + mb * 2**20,) * 2)
+                           f"check {over}"}
+        resource.prlimit(pid, resource.RLIMIT_AS, (opts["pristine_vm"] + allowance + mb * 2**20,) * 2)
         resource.prlimit(pid, resource.RLIMIT_NPROC, (0, 0))
     except (OSError, StopIteration, ValueError):
         return {"op": "refused", "why": "your notebook's process ended before its memory could be bounded"}
@@ -398,7 +414,7 @@ def supervise(ctl, pid, opts):
             request = json.loads(msg) if msg else {}
             op = request.get("op")
             if op == "bound":
-                ctl.send(json.dumps(bound(pid, int(request["mb"]), opts)).encode())
+                ctl.send(json.dumps(bound(pid, int(request["mb"]), opts, int(request.get("headroom", 0)))).encode())
             elif op == "kill" or not msg:
                 os.killpg(pid, signal.SIGKILL)
                 if not msg:
