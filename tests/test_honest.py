@@ -150,8 +150,12 @@ def greedy(model, prompt: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def _lesson_08(answers):
-    return {"cache_subclass_in_scratch": ([], {}, [
-        "class MyCache(RollingKVCache):\n    \"\"\"A scratch subclass.\"\"\"\n\nc = MyCache\n"])}
+    return {
+        "cache_subclass_in_scratch": ([], {}, [
+            "class MyCache(RollingKVCache):\n    \"\"\"A scratch subclass.\"\"\"\n\nc = MyCache\n"]),
+        # a scratch tensor kept at top level: more than RollingKVCache's whole bound (issue 19)
+        "scratch_tensor_kept": ([], {}, ["big = torch.randn(8, 2**20)  # 32 MiB\nprint(big.std())"]),
+    }
 
 
 SCRATCH = {"05_kv_cache": "g = generate\nC = KVCache\n", "06_gpu": "f = flash_attention\ng = triton_attention\n",
@@ -180,15 +184,7 @@ def grade(root, subs, lesson):
     return proc, rows, peak
 
 
-# Lesson 08's memory bounds count what the notebook mapped before them (issue 19, "memory taken before the
-# bound", another part of it): an honest `%matplotlib inline` there costs RollingKVCache its memory aspect.
-MEMORY_BEFORE_THE_BOUND = pytest.mark.xfail(reason="lesson 08's memory bound counts memory mapped before it "
-                                                   "(issue 19): %matplotlib inline loses RollingKVCache's memory aspect")
-
-
-@pytest.fixture(scope="module", params=[pytest.param(lesson, marks=MEMORY_BEFORE_THE_BOUND)
-                                        if lesson == "08_kv_compression" else lesson
-                                        for lesson in sorted(LESSON_PATTERNS)])
+@pytest.fixture(scope="module", params=sorted(LESSON_PATTERNS))
 def graded(request, tmp_path_factory):
     lesson = request.param
     root = tmp_path_factory.mktemp(f"honest-{lesson}")
