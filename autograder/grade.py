@@ -520,11 +520,11 @@ def grade(submissions, out, lessons=None, jobs=1, resume=False, shard=None, mode
                 anomalies.add(kind, f"{student}/{lesson}")
             why = "regraded" if not resume else "forced (--force)" if force else None
             if why is None:
-                done, damaged = store.load_result(out, student, lesson)
+                done, damaged = store.load_result(out, student, lesson, tests[lesson])
                 sha, key = sub.key()
                 if damaged:
-                    anomalies.add("damaged stored result, graded again", damaged)
-                    why = "stored result damaged"
+                    anomalies.add("stored result damaged or refused, graded again", damaged)
+                    why = "stored result damaged or refused"
                 elif not done:
                     why = "not graded before"
                 elif done["fingerprint"] == fingerprint(graders[lesson], key, sub.submitted_at):

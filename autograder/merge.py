@@ -69,14 +69,14 @@ def merge(dirs, out, gradescope=False, outputs=(), manifest=None, allow_partial=
     m = store.read_manifest(manifest) if manifest else None
     if len({Path(d).resolve() for d in dirs}) < len(dirs):
         raise MergeError("a RESULTS folder is given twice")
-    runs, stored, damaged = {}, {}, []
+    runs, stored, damaged, tests = {}, {}, [], report.lesson_tests()
     for d in map(Path, dirs):
         if not (d / store.STORE).is_dir():
             raise MergeError(f"{d} holds no grading results (no {store.STORE}/ folder)")
         if d.resolve() == out.resolve():
             raise MergeError(f"--out {out} is also one of the folders to merge: merge into a folder of its own")
-        runs[d], stored[d] = store.read_run(d), store.load_results(d, damaged)
-    problems = shard_set_problems(runs, stored, m) + [f"damaged: {p}" for p in damaged]
+        runs[d], stored[d] = store.read_run(d), store.load_results(d, damaged, tests)
+    problems = shard_set_problems(runs, stored, m) + damaged  # each names its file and why
     if problems and not allow_partial:
         raise MergeError("refusing an incomplete or inconsistent shard set: " + "; ".join(problems)
                          + " (--allow-partial merges what there is and marks the gaps)")
@@ -89,6 +89,13 @@ def merge(dirs, out, gradescope=False, outputs=(), manifest=None, allow_partial=
             if (r["student"], r["lesson"]) not in seen:  # with --allow-partial, the first shard wins
                 seen.add((r["student"], r["lesson"]))
                 store.save_result(out, r)
+    for d in dirs:  # with --allow-partial, a refused or damaged result is left out, named, flagged for regrading
+        kept = {(r["student"], r["lesson"]) for r in stored[Path(d)]}
+        for student, lesson in sorted(store.stored_pairs(d) - kept - seen):
+            if lesson in LESSONS and not store.check_student(student):
+                seen.add((student, lesson))
+                store.save_result(out, report.placeholder(
+                    student, lesson, f"not graded: its stored result in {d} was refused; grade it with --resume"))
     n = next((int(run["shard"].split("/")[1]) for run in runs.values() if run["shard"]), 1)
     for i, student in enumerate(m["students"] if m else []):  # the gaps, named, flagged for regrading
         for lesson in sorted(lessons):

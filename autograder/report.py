@@ -17,7 +17,7 @@ def gather(out, expected=(), problems=None):
     are errors flagged for regrading (never zeros). problems: list to append damaged files to."""
     problems = [] if problems is None else problems
     results = {}
-    for r in store.load_results(out, problems):
+    for r in store.load_results(out, problems, lesson_tests()):
         if r["lesson"] in LESSONS:
             results[r["student"], r["lesson"]] = r
         else:
@@ -34,6 +34,18 @@ def gather(out, expected=(), problems=None):
                 results[student, lesson] = placeholder(student, lesson, f"not graded: {why}; grade it with "
                                                                          f"--lesson {lesson} --resume")
     return [results[k] for k in sorted(results)]
+
+
+def lesson_tests():
+    """lesson -> its tests [(name, max_points)] (None for a lesson the course does not have), each
+    read once: what load_results checks every stored result against."""
+    known = {}
+
+    def tests(lesson):
+        if lesson not in known:
+            known[lesson] = nbk.lesson_tests(lesson) if lesson in LESSONS and nbk.lesson_path(lesson).exists() else None
+        return known[lesson]
+    return tests
 
 
 def placeholder(student, lesson, message):

@@ -9,6 +9,8 @@ A RESULTS folder holds a term:
                                                load_results, result_path
     RESULTS/.results/run.json                  what the folder holds (shard, manifest, lessons): read_run, write_run
     RESULTS/grades.csv                         one row per (student, lesson, test): write_grades, read_grades
+    the results key (outside RESULTS: $MHA_RESULTS_KEY, else ~/.config/mha-course/results.key, mode 0600)
+                                               signs every stored verdict: key_path, results_key, digest
     (prepare_out checks and makes a RESULTS folder; write_atomic writes any file in it)
     class.json (anywhere, the instructor's)    the class list shards split: write_manifest, read_manifest
     SUBMISSIONS/<student>/<lesson>/timestamp.txt  the submission time a real source gave (collect writes it,
@@ -22,7 +24,8 @@ A result (every field checked by validate_result on read):
      cells: {skipped: {label: why}, errors: {label: {type, message}}},
      tests: [{test, points, max_points, status, message,
               aspects?: [{aspect, points, max_points, passed, message}], grader_error?: bool}],
-     grader_errors?: [traceback str] (our own bugs, for RESULTS/grader-errors.log)}
+     grader_errors?: [traceback str] (our own bugs, for RESULTS/grader-errors.log),
+     digest (HMAC-SHA256, under the results key, of the canonical JSON of every other field)}
 
     status is one of STATUSES. grader_error marks a test the grader itself could not run (a missing
     Triton, a sandbox that did not start, a bug of ours, a shard that was not merged): never count
@@ -38,6 +41,14 @@ it again. To join a CSV with RESULTS, read it with read_csv() (or read_grades())
 Every stored text goes through clean(): control characters stripped (newlines only where a field
 keeps them), and capped, so no submission can bloat or garble a report.
 
+A stored result is trusted only when its digest verifies: one edited after grading (a test set to
+full marks, its grader field removed), or written before results were signed, is refused by
+load_result like a damaged one (grade --resume regrades it, merge refuses the shard set). The key
+lives outside RESULTS, where the sandbox cannot see it (bwrap shows student code the system and
+Python folders only, never the home folder or the course), and every shard and the merge must use
+the same one: $MHA_RESULTS_KEY names it on a cluster. lesson_problem checks a result against the
+lesson's tests and maximum points.
+
 Bad input from the instructor (a missing folder, an unreadable manifest) raises UsageError: the
 CLI prints its one line and exits 2.
 
@@ -52,11 +63,13 @@ The API, by use:
 """
 import csv
 import hashlib
+import hmac
 import io
 import json
 import math
 import os
 import re
+import secrets
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
@@ -69,6 +82,7 @@ COLUMNS = ["student", "lesson", "test", "points", "max_points", "status", "messa
 MESSAGE_CAP, NOTE_CAP, NAME_CAP = 4000, 1000, 200
 MAX_STORED_BYTES = 2 << 20  # a result is a few kB; anything bigger was not written by us
 MANIFEST_FORMAT = "mha-course-class-manifest/1"
+KEY_ENV = "MHA_RESULTS_KEY"
 
 
 class UsageError(ValueError):
@@ -173,6 +187,78 @@ def sha256_text(*parts):
     return h.hexdigest()
 
 
+# ---- the results key and the digest --------------------------------------------------------
+
+def key_path():
+    """Where the results key is: $MHA_RESULTS_KEY, else $XDG_CONFIG_HOME (or ~/.config)/mha-course/results.key."""
+    if os.environ.get(KEY_ENV):
+        return Path(os.environ[KEY_ENV]).expanduser()
+    return Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "mha-course" / "results.key"
+
+
+def results_key(create=False):
+    """The key (32 bytes) that signs stored results, or None when there is none and create=False.
+    create=True makes it on first use, mode 0600, atomically (shards starting together agree on one)."""
+    path = key_path()
+    try:
+        text = _read_small(path, 1000)
+    except FileNotFoundError:
+        if not create:
+            return None
+        try:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")  # mode 0600
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(32) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            try:
+                os.link(tmp, path)  # never replaces a key another shard made meanwhile
+            except FileExistsError:
+                pass
+            finally:
+                os.unlink(tmp)
+        except OSError as e:
+            raise UsageError(f"cannot make the results key {path}: {e.strerror} (set {KEY_ENV} to a file of yours)") from None
+        return results_key()
+    except (OSError, ValueError) as e:
+        raise UsageError(f"cannot read the results key {path} ({clean(str(e), 100, newlines=False)}): "
+                         f"set {KEY_ENV} to the key the results were graded with") from None
+    if not re.fullmatch(r"[0-9a-f]{64}", text.strip()):
+        raise UsageError(f"{path} is not a results key (64 hex digits): restore it, or delete it and regrade")
+    return bytes.fromhex(text.strip())
+
+
+def digest(result, key):
+    """HMAC-SHA256 of a result's canonical JSON (sorted keys, no spaces; its own digest left out)."""
+    body = json.dumps({k: v for k, v in result.items() if k != "digest"}, sort_keys=True, separators=(",", ":"))
+    return hmac.new(key, body.encode(), hashlib.sha256).hexdigest()
+
+
+def _unsigned(raw):
+    """Why a stored result's verdict cannot be trusted, or None when its digest verifies."""
+    key = results_key()
+    if not isinstance(raw, dict) or not isinstance(raw.get("digest"), str):
+        return "it carries no digest (written before results were signed, or by hand)"
+    if key is None:
+        return f"there is no results key at {key_path()} to verify it (set {KEY_ENV} to the key it was graded with)"
+    if not hmac.compare_digest(raw["digest"], digest(raw, key)):
+        return "its verdict was changed after grading (its digest does not match)"
+    return None
+
+
+def lesson_problem(result, tests):
+    """Why a result does not fit its lesson's tests [(name, max_points)], or None."""
+    got = [(t["test"], t["max_points"]) for t in result["tests"]]
+    if [name for name, _ in got] != [name for name, _ in tests]:
+        return "its tests are not the lesson's"
+    if any(abs(a - float(b)) > 1e-9 for (_, a), (_, b) in zip(got, tests)):
+        return "its maximum points are not the lesson's"
+    if result.get("grader") is None and not any(map(needs_regrade, result["tests"])):
+        return "it names no grader"
+    return None
+
+
 # ---- results -------------------------------------------------------------------------------
 
 def result_path(out, student, lesson):
@@ -258,22 +344,29 @@ def cell_error(value):
 
 
 def save_result(out, result):
-    """Validate, clean and write one result atomically; returns the cleaned result."""
+    """Validate, clean, sign and write one result atomically; returns the cleaned result (unsigned)."""
     result = validate_result(result)
-    write_atomic(result_path(out, result["student"], result["lesson"]), json.dumps(result, indent=1) + "\n")
+    signed = dict(result, digest=digest(result, results_key(create=True)))
+    write_atomic(result_path(out, result["student"], result["lesson"]), json.dumps(signed, indent=1) + "\n")
     return result
 
 
-def load_result(out, student, lesson):
+def load_result(out, student, lesson, tests=None):
     """(result, None), (None, None) when nothing is stored, or (None, why) when the stored file is
-    malformed (then it is graded again)."""
+    malformed, unsigned, changed after grading or (given the lesson's tests [(name, max_points)])
+    not the lesson's: then it is refused, and graded again."""
     path = result_path(out, student, lesson)
     try:
-        return validate_result(json.loads(_read_small(path)), student, lesson), None
+        raw = json.loads(_read_small(path))
+        result = validate_result(raw, student, lesson)
     except FileNotFoundError:
         return None, None
     except (OSError, ValueError, RecursionError) as e:  # ResultError, JSON and UTF-8 errors are ValueErrors
         return None, f"{path}: unreadable stored result ({clean(str(e), 200, newlines=False)})"
+    why = _unsigned(raw) or (lesson_problem(result, tests) if tests is not None else None)
+    if why:
+        return None, f"{path}: refused: {why}; regrade it (grade --resume)"
+    return result, None
 
 
 def stored_pairs(out):
@@ -288,12 +381,13 @@ def stored_pairs(out):
     return pairs
 
 
-def load_results(out, problems=None):
-    """Every valid stored result, sorted by (student, lesson). A malformed one is left out and
-    described in `problems` (a list to append to), so the caller reports it and grades it again."""
+def load_results(out, problems=None, lesson_tests=None):
+    """Every valid stored result, sorted by (student, lesson). A malformed or refused one is left out
+    and described in `problems` (a list to append to), so the caller reports it and grades it again.
+    lesson_tests(lesson) -> [(name, max_points)], or None for a lesson it does not know: checked too."""
     results = []
     for student, lesson in sorted(stored_pairs(out)):
-        result, why = load_result(out, student, lesson)
+        result, why = load_result(out, student, lesson, lesson_tests(lesson) if lesson_tests else None)
         if result:
             results.append(result)
         elif why and problems is not None:

@@ -1,4 +1,9 @@
 import os
+import tempfile
+
+# Stored results are signed with a key kept outside RESULTS (autograder.results.KEY_ENV): the tests
+# use one of their own, never the user's, and every CLI and Slurm job they start inherits it.
+os.environ["MHA_RESULTS_KEY"] = os.path.join(tempfile.mkdtemp(prefix="mha-test-key-"), "results.key")
 
 # Triton reads this when a kernel is defined, so it must be set before solutions.gpu is
 # imported: without a GPU, kernels run in Triton's interpreter.

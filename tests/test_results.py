@@ -4,6 +4,7 @@ notebooks, partial credit rows, merge's shard-set checks."""
 import copy
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -233,3 +234,84 @@ def test_merge_names_every_gap_and_inconsistency():
     assert any("2 different versions" in p for p in problems)
     problems = shard_set_problems(whole, stored, {"students": ["s1", "s2", "s9"], "id": None})
     assert any("in no shard: s9" in p for p in problems)
+
+
+# ---- signed results ----------------------------------------------------------------------------
+
+def _edit(path, change):
+    r = json.loads(path.read_text())
+    change(r)
+    path.write_text(json.dumps(r))
+
+
+def _inflate(r):
+    """The attack: the grader field removed, one test set to 1000/1000."""
+    r.pop("grader")
+    r["tests"][0].update(points=1000.0, max_points=1000.0, status="passed")
+
+
+def test_a_verdict_changed_after_grading_or_never_signed_is_refused(tmp_path):
+    saved = store.save_result(tmp_path, result())
+    assert store.load_result(tmp_path, "alice", "01_attention") == (saved, None)  # an honest one verifies
+    key = store.key_path()
+    assert key.stat().st_mode & 0o777 == 0o600 and not key.is_relative_to(tmp_path)
+    path = store.result_path(tmp_path, "alice", "01_attention")
+    _edit(path, _inflate)
+    got, why = store.load_result(tmp_path, "alice", "01_attention")
+    assert got is None and "changed after grading" in why and str(path) in why and "regrade" in why
+    store.save_result(tmp_path, result("bob"))
+    _edit(store.result_path(tmp_path, "bob", "01_attention"), lambda r: r.pop("digest"))  # written before signing
+    got, why = store.load_result(tmp_path, "bob", "01_attention")
+    assert got is None and "no digest" in why and "grade --resume" in why
+
+
+def test_a_result_that_does_not_fit_its_lesson_is_refused(tmp_path):
+    tests = nbk.lesson_tests("01_attention")
+    honest = result(tests=[dict(test=t, points=p, max_points=p, status="passed", message="") for t, p in tests])
+    store.save_result(tmp_path, honest)
+    store.save_result(tmp_path, result("bob"))  # signed, but its tests are not lesson 01's
+    store.save_result(tmp_path, dict(honest, student="carol", grader=None))
+    problems = []
+    loaded = store.load_results(tmp_path, problems, report.lesson_tests())
+    assert [r["student"] for r in loaded] == ["alice"]
+    assert any("bob.json" in p and "not the lesson's" in p for p in problems)
+    assert any("carol.json" in p and "names no grader" in p for p in problems)
+
+
+def test_the_key_is_outside_everything_the_sandbox_sees(monkeypatch, tmp_path):
+    from autograder.worker import _system_binds
+    monkeypatch.delenv(store.KEY_ENV)
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    default = store.key_path()
+    assert default == Path.home() / ".config" / "mha-course" / "results.key"
+    assert not any(default.resolve().is_relative_to(Path(p).resolve()) for p in _system_binds())
+
+
+def test_merge_refuses_a_shard_whose_result_was_edited(tmp_path):
+    from autograder.merge import MergeError, merge
+    tests = nbk.lesson_tests("01_attention")
+    shards = [tmp_path / f"shard{i}" for i in range(2)]
+    for i, (out, student) in enumerate(zip(shards, ("alice", "bob"))):
+        store.prepare_out(out)
+        store.save_result(out, result(student, tests=[dict(test=t, points=p, max_points=p, status="passed",
+                                                            message="") for t, p in tests]))
+        store.write_run(out, f"{i}/2", None, ["01_attention"])
+    assert len(merge(shards, tmp_path / "merged")) == 2  # honest shards merge
+    _edit(store.result_path(shards[1], "bob", "01_attention"), _inflate)
+    with pytest.raises(MergeError, match="bob.json: refused: its verdict was changed after grading"):
+        merge(shards, tmp_path / "again")
+    assert not (tmp_path / "again" / "grades.csv").exists()
+    merged = {r["student"]: r for r in merge(shards, tmp_path / "partial", allow_partial=True)}
+    assert all(store.needs_regrade(t) for t in merged["bob"]["tests"])  # left out, flagged for regrading
+
+
+def test_integers_in_a_students_exception_are_masked_but_the_graders_own_shapes_are_not():
+    from autograder.checks import StudentError, student_message
+    e = StudentError("IndexError", ["IndexError"], "index 7 is out of bounds for axis -1 with size 12 (dtype float32)")
+    assert not any(ch.isdigit() for ch in e.message.replace("float32", "")) and "float32" in e.message
+    assert student_message("got (3, 5, 4) and 0.5 and [1, 2]") == "got (\u2026, \u2026, \u2026) and \u2026 and \u2026"
+
+    def body(s):
+        raise AssertionError("wrong shape: expected (2, 5, 4), got (3, 5, 4)")
+    row = run_check(_check(body), Subject(lambda request: {}), 2.0)
+    assert "got (3, 5, 4)" in row["message"]  # the check's own text keeps its numbers

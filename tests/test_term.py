@@ -166,7 +166,40 @@ def test_shards_merge_only_when_the_set_is_whole(term, tmp_path, cli):
     assert cli("merge", shards[0], "--out", tmp_path / "partial", "--manifest", manifest, "--allow-partial")[0] == 0
     gaps = [r for r in store.read_grades(tmp_path / "partial" / "grades.csv") if "was not merged" in r["message"]]
     assert {r["student"] for r in gaps} == set(sorted(HONEST)[1::2]) and {r["status"] for r in gaps} == {"error"}
+    code, err = cli("merge", *shards, "--out", tmp_path / "merged", "--manifest", manifest)
+    assert code == 0, err
+    assert (tmp_path / "merged" / "grades.csv").read_text() == (root / "clean" / "grades.csv").read_text()
+
+
+def _inflate(path):
+    """The attack on a stored result: its grader field removed, one test set to 1000/1000."""
+    r = json.loads(path.read_text())
+    r.pop("grader")
+    r["tests"][0].update(points=1000.0, max_points=1000.0, status="passed")
+    path.write_text(json.dumps(r))
+
+
+def test_a_result_edited_after_grading_is_refused_by_merge_and_regraded_by_resume(term, tmp_path, cli):
+    root, _, _ = term
+    manifest = tmp_path / "class.json"
+    assert cli("manifest", root / "subs", "--out", manifest)[0] == 0
+    shards = [tmp_path / f"shard{i}" for i in range(2)]
+    for i, out in enumerate(shards):
+        code, err = cli("grade", root / "subs", "--out", out, "--shard", f"{i}/2", "--manifest", manifest, "--quiet")
+        assert code == 0, err
+    victim = store.result_path(shards[0], "carol", L1)  # shard 0 holds =bob, carol and erin
+    _inflate(victim)
+    code, err = cli("merge", *shards, "--out", tmp_path / "merged", "--manifest", manifest)
+    assert code == 2 and f"{victim}: refused: its verdict was changed after grading" in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "merged" / "grades.csv").exists()
+    code, err = cli("grade", root / "subs", "--out", shards[0], "--shard", "0/2", "--manifest", manifest,
+                    "--resume", "--quiet")
+    assert code == 0 and "stored result damaged or refused, graded again" in err, err
     assert cli("merge", *shards, "--out", tmp_path / "merged", "--manifest", manifest)[0] == 0
+    assert (tmp_path / "merged" / "grades.csv").read_text() == (root / "clean" / "grades.csv").read_text()
+    _inflate(store.result_path(tmp_path / "merged", "carol", L1))  # and in the merged folder itself
+    code, err = cli("grade", root / "subs", "--out", tmp_path / "merged", "--manifest", manifest, "--resume", "--quiet")
+    assert code == 0 and "refused" in err, err
     assert (tmp_path / "merged" / "grades.csv").read_text() == (root / "clean" / "grades.csv").read_text()
 
 
