@@ -126,11 +126,13 @@ NOT_IMPLEMENTED = "not implemented yet: replace `raise NotImplementedError()` wi
 MAX_STUDENT_MESSAGE = 300
 # Numbers and array reprs in a student's exception message may be the hidden inputs.
 _NUMBERS = re.compile(r"(?:tensor|array)\((?:[^()]|\([^()]*\))*\)|\[[-+\d.,eEinfa\s\[\]]*\d[-+\d.,eEinfa\s\[\]]*\]"
-                      r"|-?\d+\.\d*(?:[eE][-+]?\d+)?|-?\d+[eE][-+]?\d+")
+                      r"|-?\d+\.\d*(?:[eE][-+]?\d+)?|-?\d+[eE][-+]?\d+"
+                      r"|(?<![\w.])-?\d+(?![\w.])")  # an integer on its own (an index, a size), not float32's
 
 
 def student_message(text):
-    """A student's exception message as feedback shows it: array data and decimals masked, capped."""
+    """A student's exception message as feedback shows it: array data, decimals and integers masked,
+    capped. Only the student's text comes here: the grader's own messages (shapes it reports) never do."""
     text = _NUMBERS.sub("\u2026", str(text))
     return text if len(text) <= MAX_STUDENT_MESSAGE else text[:MAX_STUDENT_MESSAGE - 1] + "\u2026"
 
