@@ -235,10 +235,12 @@ def lesson_fingerprint(lesson, tests, mode, limits):
     files = _code_closure([f"autograder.checks.{LESSONS[lesson]}", "autograder.worker"])
     files += [ROOT / "autograder" / f"{m}.py" for m in ("grade", "notebook", "results")]  # not their lazy imports
     files += sorted((ROOT / "autograder" / "sandbox").glob("*.py"))
-    folder = nbk.lesson_path(lesson).parent
-    files += sorted(f for f in folder.iterdir() if f.is_file() and f.suffix != ".ipynb" and not f.name.startswith("."))
+    named = {p: p.relative_to(ROOT) for p in files}
+    folder = nbk.lesson_path(lesson).parent  # its manifest and data files, named within the lesson
+    named.update((f, f"{lesson}/{f.name}") for f in sorted(folder.iterdir())
+                 if f.is_file() and f.suffix != ".ipynb" and not f.name.startswith("."))
     parts = [_version(), lesson, repr(tests), mode, repr(sorted(dict(DEFAULT_LIMITS, **(limits or {})).items()))]
-    parts += [f"{p.relative_to(ROOT)}:{hashlib.sha256(p.read_bytes()).hexdigest()}" for p in dict.fromkeys(files)]
+    parts += [f"{name}:{hashlib.sha256(p.read_bytes()).hexdigest()}" for p, name in named.items()]
     return store.sha256_text(*parts)
 
 

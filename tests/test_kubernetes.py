@@ -120,3 +120,13 @@ def test_the_three_jobs_share_one_volume_and_one_manifest(jobs):
     for name in ("mha-grade", "mha-merge"):
         assert f"--manifest {manifest}" in command(jobs[name])
     assert "seq -f /data/shard_%g 0 $((SHARDS - 1))" in command(jobs["mha-merge"])  # every index, so a gap is seen
+
+
+def test_every_shard_and_the_merge_sign_with_one_key_outside_results(jobs):
+    """The shards' verdicts are signed with the key MHA_RESULTS_KEY names; merge refuses any it cannot verify,
+    so every pod must name the same key, on the shared volume and outside each RESULTS folder."""
+    keys = {env(jobs[name]).get("MHA_RESULTS_KEY") for name in ("mha-grade", "mha-merge")}
+    assert len(keys) == 1 and None not in keys, keys
+    key = keys.pop()
+    assert key.startswith("/data/") and not key.startswith(("/data/shard_", "/data/merged")), key
+
