@@ -124,6 +124,18 @@ def main(argv=None):
         if args.notebook and not Path(args.notebook).is_file():
             print(f"error: --notebook {args.notebook}: no such file", file=sys.stderr)
             return 2
+        if args.notebook:  # another lesson's notebook, or one without an answer cell, is named, not a traceback
+            from autograder import lessons, notebook as nbk
+            try:
+                ids = {nbk.grade_id(c) for c in nbk.code_cells(nbk.read(args.notebook)) if nbk.is_answer(c)}
+            except (nbk.NotebookError, OSError, ValueError) as e:
+                print(f"error: --notebook {args.notebook}: {e}", file=sys.stderr)
+                return 2
+            missing = [name for name in lessons.points(args.lesson) if name not in ids]
+            if missing:
+                print(f"error: --notebook {args.notebook} has no answer cell for {', '.join(missing)} of "
+                      f"{args.lesson} (another lesson's notebook?)", file=sys.stderr)
+                return 2
         return audit(args.lesson, args.notebook)
     elif args.command == "sync":
         from autograder.sync import sync

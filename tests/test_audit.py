@@ -47,3 +47,9 @@ def test_audit_reports_a_visible_test_that_checks_nothing(tmp_path):
 def test_audit_refuses_a_missing_notebook(tmp_path):
     run = _audit("--notebook", str(tmp_path / "nope.ipynb"))
     assert run.returncode == 2 and "no such file" in run.stderr
+
+
+def test_audit_refuses_another_lessons_notebook():
+    run = _audit("--notebook", str(nbk.lesson_path("02_heads")))
+    assert run.returncode == 2 and "no answer cell for softmax" in run.stderr and "Traceback" not in run.stderr, run.stderr
+
