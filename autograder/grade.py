@@ -31,9 +31,11 @@ from collections import Counter, defaultdict
 from importlib import metadata
 from pathlib import Path
 
+from autograder import lessons as manifests
 from autograder import notebook as nbk
 from autograder import results as store
 from autograder.checks import LESSONS, OverBudget, PartialCredit, StudentError, Subject, Unchecked, checks_for
+from autograder.release import lesson_files
 from autograder.sandbox.runner import remove_tree
 from autograder.sandbox.wire import WireError
 from autograder.worker import DEFAULT_LIMITS, Sandbox, SandboxError, Session, weak_mode_warning
@@ -228,18 +230,25 @@ def _version():
         return "unknown"
 
 
+def lesson_limits(lesson, given=None):
+    """The limits a lesson is graded under: worker.DEFAULT_LIMITS, then its manifest's [limits], then
+    `given` (grade's flags: --memory, --cell-timeout, ...), each over the one before."""
+    return {**DEFAULT_LIMITS, **manifests.limits(lesson, nbk.lesson_path(lesson).parent.parent), **(given or {})}
+
+
 def lesson_fingerprint(lesson, tests, mode, limits):
     """What a lesson's verdicts depend on besides the submission: its tests and points, the code
-    of its checks, of solutions/ they import, of the grader and the sandbox, the lesson's data
-    files, the sandbox mode and limits, and the package's version."""
+    of its checks, of solutions/ they import, of the grader and the sandbox, what of its manifest
+    grading reads (lessons.grading_keys: not the book's text), the files its notebook has beside it,
+    the sandbox mode, the limits it is graded under (lesson_limits) and the package's version."""
     files = _code_closure([f"autograder.checks.{LESSONS[lesson]}", "autograder.worker"])
     files += [ROOT / "autograder" / f"{m}.py" for m in ("grade", "notebook", "results")]  # not their lazy imports
     files += sorted((ROOT / "autograder" / "sandbox").glob("*.py"))
     named = {p: p.relative_to(ROOT) for p in files}
-    folder = nbk.lesson_path(lesson).parent  # its manifest and data files, named within the lesson
-    named.update((f, f"{lesson}/{f.name}") for f in sorted(folder.iterdir())
-                 if f.is_file() and f.suffix != ".ipynb" and not f.name.startswith("."))
-    parts = [_version(), lesson, repr(tests), mode, repr(sorted(dict(DEFAULT_LIMITS, **(limits or {})).items()))]
+    root = nbk.lesson_path(lesson).parent.parent
+    named.update((f, f"{lesson}/{name}") for name, f in lesson_files(lesson, root).items())  # named within the lesson
+    parts = [_version(), lesson, repr(tests), mode, repr(sorted(lesson_limits(lesson, limits).items())),
+             repr(manifests.grading_keys(lesson, root))]
     parts += [f"{name}:{hashlib.sha256(p.read_bytes()).hexdigest()}" for p, name in named.items()]
     return store.sha256_text(*parts)
 
@@ -408,17 +417,16 @@ def grade_one(sandbox, student, lesson, sub, tests, data_files, grader):
     return result
 
 
-def stage_data(lessons, dest):
-    """Copy each lesson's data files (what students also get) into dest/<lesson>/; returns their names."""
-    names = {}
-    for lesson in lessons:
-        src = nbk.lesson_path(lesson).parent
-        files = [f for f in src.iterdir() if f.is_file() and f.suffix != ".ipynb" and not f.name.startswith(".")]
+def stage_data(names, dest):
+    """Copy each lesson's files (release.lesson_files: what students get beside the notebook) into
+    dest/<lesson>/; returns {lesson: their names}."""
+    staged = {}
+    for lesson in names:
         (dest / lesson).mkdir(parents=True)
-        for f in files:
-            shutil.copy2(f, dest / lesson / f.name)
-        names[lesson] = [f.name for f in files]
-    return names
+        for name, f in lesson_files(lesson).items():
+            shutil.copy2(f, dest / lesson / name)
+        staged[lesson] = sorted(lesson_files(lesson))
+    return staged
 
 
 class Progress:
@@ -558,10 +566,15 @@ def grade(submissions, out, lessons=None, jobs=1, resume=False, shard=None, mode
 
 
 def _run(todo, out, tests, graders, lessons, mode, limits, jobs, progress, anomalies):
-    """Grade todo in `jobs` threads, one sandbox each; returns how many results were written.
+    """Grade todo in `jobs` threads, one sandbox each, started under the limits of the lesson it grades
+    (lesson_limits; todo is taken lesson limits by lesson limits, so a thread rarely starts another);
+    returns how many results were written.
     SIGTERM/SIGINT: stop, kill the sandboxes, remove every temporary folder, raise Interrupted."""
     if not todo:
         return 0
+    limits_of = {lesson: lesson_limits(lesson, limits) for lesson in lessons}
+    order = {key: i for i, key in enumerate(dict.fromkeys(repr(sorted(v.items())) for v in limits_of.values()))}
+    todo = sorted(todo, key=lambda item: order[repr(sorted(limits_of[item[1]].items()))])  # stable: else as given
     run_tmp = Path(tempfile.mkdtemp(prefix="mha-grade-"))
     old_tempdir, tempfile.tempdir = tempfile.tempdir, str(run_tmp)  # every sandbox folder lands in run_tmp
     stop, lock, live, failures, written = threading.Event(), threading.Lock(), set(), [], [0]
@@ -595,8 +608,13 @@ def _run(todo, out, tests, graders, lessons, mode, limits, jobs, progress, anoma
                 result = None
                 for attempt in range(2):  # a worker killed by a submission is replaced once
                     try:
+                        if sandbox is not None and sandbox.limits != limits_of[lesson]:  # another lesson's
+                            with lock:
+                                live.discard(sandbox)
+                            sandbox.close()
+                            sandbox = None
                         if sandbox is None or not sandbox.alive():
-                            sandbox = Sandbox(mode, limits, run_tmp / "data")
+                            sandbox = Sandbox(mode, limits_of[lesson], run_tmp / "data")
                             with lock:
                                 live.add(sandbox)
                         result = grade_one(sandbox, student, lesson, sub, tests[lesson], data_files[lesson],

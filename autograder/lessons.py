@@ -6,7 +6,12 @@ A manifest holds what the course knows about a lesson beyond its notebook and co
     summary = "One line on what it teaches (the book's lesson table)."
     solutions = "attention"    # solutions/attention.py, autograder/checks/attention.py
     extras = []                # pyproject extras its grading needs (Gradescope's setup.sh installs them)
-    data = []                  # files of the lesson's folder its notebook reads, besides the notebook
+    data = []                  # files of the lesson's folder its notebook reads: students get them beside the
+                               # notebook (release), and so does its code when it is graded
+
+    [limits]                   # optional: the grader's limits for this lesson, over autograder.worker's
+    memory_mb = 4096           # DEFAULT_LIMITS (any of its keys, positive whole numbers); grade's own
+    notebook_seconds = 900     # flags (--memory, --cell-timeout, ...) override both
 
     [graded.softmax]           # one table per graded name, in the notebook's order
     points = 2                 # equal to the notebook's test cell points (a test checks it)
@@ -16,8 +21,9 @@ A manifest holds what the course knows about a lesson beyond its notebook and co
     names = ["triton_attention"]
     reason = "Triton is not installed where the grader runs (...)"
 
-`LESSONS` (autograder.checks), Gradescope's extras, the book's lesson list and the tests' lesson list
-are derived from these files. Python 3.10 has no tomllib: there a small reader takes the subset above
+`LESSONS` (autograder.checks), Gradescope's extras, the book's lesson list, the tests' lesson list, the
+files a release and a grading run give the notebook, and each lesson's limits are derived from these files;
+title, summary and contract are the book's text, and editing them regrades nobody (grading_keys). Python 3.10 has no tomllib: there a small reader takes the subset above
 (tables, and strings, numbers and lists of strings on one line each).
 """
 import ast
@@ -27,9 +33,11 @@ import re
 from pathlib import Path
 
 from autograder import notebook as nbk
+from autograder.worker import DEFAULT_LIMITS
 
 MANIFEST = "lesson.toml"
-KEYS = {"title": str, "summary": str, "solutions": str, "extras": list, "data": list, "graded": dict, "needs": dict}
+KEYS = {"title": str, "summary": str, "solutions": str, "extras": list, "data": list, "graded": dict, "needs": dict,
+        "limits": dict}
 REQUIRED = ("title", "summary", "solutions", "graded")
 
 
@@ -101,7 +109,12 @@ def validate(data, path):
             if isinstance(entry["names"], list) else ["(not a list)"]
         if unknown:
             bad(f"{key}.names", f"{unknown[0]} is not a graded name of this lesson")
-    return {"extras": [], "data": [], "needs": {}, **data}
+    for key, value in data.get("limits", {}).items():
+        if key not in DEFAULT_LIMITS:
+            bad(f"limits.{key}", f"unknown limit; a lesson may set {', '.join(DEFAULT_LIMITS)}")
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            bad(f"limits.{key}", f"should be a positive whole number, not {value!r}")
+    return {"extras": [], "data": [], "needs": {}, "limits": {}, **data}
 
 
 def solutions_modules():
@@ -124,6 +137,20 @@ def catalogue():
     return {lesson: {"title": read(lesson)["title"], "summary": read(lesson)["summary"],
                      "graded": {n: e["contract"] for n, e in read(lesson)["graded"].items()}}
             for lesson in names()}
+
+
+def limits(lesson, root=nbk.LESSONS_DIR):
+    """{limit: value} the lesson sets over autograder.worker.DEFAULT_LIMITS (often none)."""
+    return dict(read(lesson, root)["limits"])
+
+
+def grading_keys(lesson, root=nbk.LESSONS_DIR):
+    """What of the manifest a verdict depends on (grade's fingerprint hashes it): the solutions module, the
+    graded names and points, the data files' names, the optional packages' checks and the limits. Not the
+    title, the summary, the contracts (the book's text) or the extras (what Gradescope installs)."""
+    m = read(lesson, root)
+    return {"solutions": m["solutions"], "points": points(lesson, root), "data": m["data"], "needs": m["needs"],
+            "limits": m["limits"]}
 
 
 def unavailable(lesson, installed=None):

@@ -1,21 +1,38 @@
 """Student copies of the lessons: `python -m autograder release OUT [--lesson L ...]`.
 
 Each answer region becomes a stub that raises NotImplementedError, hidden tests disappear,
-outputs are cleared, and the lesson's data files come along. The result is checked: no
-solution marker, hidden test, or import of solutions/autograder may remain.
+outputs are cleared, and the files the manifest declares come along (lesson_files: nothing else of
+the lesson's folder, not its lesson.toml). The result is checked: no solution marker, hidden test,
+or import of solutions/autograder may remain.
 """
 import re
 import shutil
 from pathlib import Path
 
+from autograder import lessons
 from autograder import notebook as nbk
 
 # The lesson's source rules (standard library only): a lesson whose visible tests import them gets the module
-# itself beside its notebook (in the course, lessons/<lesson>/ holds a link to it, for the source notebook's runs).
+# itself beside its notebook. In the course, `sync` keeps a copy in lessons/<lesson>/ (for the source notebook's
+# runs and the book), and `sync --check` fails when it differs from this one.
 SOURCE_RULES = Path(__file__).resolve().parent / "source_rules.py"
 USES_RULES = re.compile(r"^\s*(import|from)\s+source_rules\b", re.M)
 LEAK = re.compile(r"BEGIN SOLUTION|END SOLUTION|HIDDEN TESTS|^\s*(from|import)\s+(solutions|autograder)\b", re.M)
-SKIP = {".ipynb_checkpoints", "__pycache__"}
+
+
+def uses_source_rules(nb):
+    """Whether a code cell of the notebook dict imports source_rules (lesson 06's visible tests do)."""
+    return any(USES_RULES.search(nbk.source(c)) for c in nbk.code_cells(nb))
+
+
+def lesson_files(lesson, root=nbk.LESSONS_DIR):
+    """{name: file} of what a lesson's notebook has beside it, for students (release) and for its code when
+    it is graded (grade.stage_data): the manifest's data files, and source_rules.py where a cell imports it."""
+    folder = nbk.lesson_path(lesson, root).parent
+    files = {name: folder / name for name in lessons.read(lesson, root)["data"]}
+    if uses_source_rules(nbk.read(nbk.lesson_path(lesson, root))):
+        files[SOURCE_RULES.name] = SOURCE_RULES
+    return files
 
 
 def student_copy(nb, keep_outputs=False):
@@ -42,25 +59,20 @@ def student_copy(nb, keep_outputs=False):
     return out
 
 
-def release(out_dir, lessons=None, root=nbk.LESSONS_DIR):
-    """Write OUT/<lesson>/<lesson>.ipynb and the lesson's data files; returns the notebook paths."""
+def release(out_dir, names=None, root=nbk.LESSONS_DIR):
+    """Write OUT/<lesson>/<lesson>.ipynb and the lesson's files (lesson_files); returns the notebook paths."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise NotADirectoryError(f"{out_dir} exists and is not a folder")
     written = []
-    for lesson in lessons or nbk.lesson_names(root):
+    for lesson in names or nbk.lesson_names(root):
         src = nbk.lesson_path(lesson, root)
         dest = out_dir / lesson
         if dest.exists():
             shutil.rmtree(dest)
         dest.mkdir(parents=True)
-        for f in src.parent.iterdir():
-            if f.name in SKIP or f.suffix == ".ipynb" or f.name == SOURCE_RULES.name:
-                continue
-            (shutil.copytree if f.is_dir() else shutil.copy2)(f, dest / f.name)
-        copy = student_copy(nbk.read(src))
-        if any(USES_RULES.search(nbk.source(c)) for c in nbk.code_cells(copy)):
-            shutil.copyfile(SOURCE_RULES, dest / SOURCE_RULES.name)
-        nbk.write(copy, dest / src.name)
+        for name, f in lesson_files(lesson, root).items():
+            shutil.copy2(f, dest / name)
+        nbk.write(student_copy(nbk.read(src)), dest / src.name)
         written.append(dest / src.name)
     return written
