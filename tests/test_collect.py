@@ -271,6 +271,24 @@ def test_read_clues_of_each_layout():
     assert plain.who == [("id", "jsmith")] and plain.folder_lesson == "02_heads"
 
 
+def test_each_lms_is_read_by_a_module_of_its_own():
+    """collect.py files what canvas.py, moodle.py and exchange.py read, each an LMS's names and nothing else of
+    collect's (tests/test_layout.py holds the imports); a name is tried against Canvas's first."""
+    from autograder.adapters import canvas, exchange, moodle
+
+    assert col.LMS == (canvas, moodle, exchange)
+    for name, lms in [("smithjohn_12345_67890_01_attention.ipynb", canvas),
+                      ("John Smith_42_assignsubmission_file_", moodle), ("jsmith+01_attention+2024-10-01 12:00:00 UTC", exchange),
+                      ("smithjohn_12345_67890_John Smith_42_assignsubmission_file_", canvas)]:
+        assert col.lms_entry(name)[0] is lms, name
+    inbound = col.read_clues(("inbound", "jsmith+01_attention+2024-10-01 12:00:00 UTC", "01_attention.ipynb"),
+                             nbk.lesson_names())
+    assert inbound.who == [("id", "jsmith")] and inbound.folder_lesson == "01_attention"
+    assert inbound.version == (0, "2024-10-01 12:00:00 UTC")
+    assert col.parse_time("2024-10-01 12:00:00.123456 UTC").utcoffset().total_seconds() == 0
+    assert col.parse_time("Tuesday, 1 October 2024, 11:59 PM").hour == 23
+
+
 def test_collection_csv_neutralises_formulas(tmp_path):
     dl = tmp_path / "dl"
     put(dl, "=cmd/01_attention.ipynb", notebook("01_attention"))

@@ -5,7 +5,8 @@ adapter turns someone else's format into the core's or back, using only the core
 (results.py's stored formats, notebook.py, release.student_copy, report.feedback_text and
 report.results_json, grade.grade):
 
-  collect.py, roster.py     an LMS download (Canvas, Moodle, nbgrader's exchange) and its roster in
+  collect.py, roster.py     an LMS download and its roster in: collect.py files what canvas.py,
+                            moodle.py and exchange.py (nbgrader's) read of each LMS's names
   export.py                 totals.csv and the LMS's gradebook import (Canvas CSV) out
   classreport.py            the class report (HTML) from stored results
   gradebook.py, formgrader.py, nbgrader_feedback.py   nbgrader's gradebook, formgrader and feedback
@@ -14,7 +15,8 @@ report.results_json, grade.grade):
 The core never imports an adapter: `python -m autograder` dispatches to them lazily, and hands grade
 and merge the writers of report_outputs() below, which report.write_all calls after the core's files.
 Adapters import one another only where one outside system spans two modules (roster.py, shared by the
-LMS's collect and export; formgrader.py, written by the gradebook's update). tests/test_layout.py
+LMS's collect and export; canvas.py, moodle.py and exchange.py, read by collect; formgrader.py, written by
+the gradebook's update). tests/test_layout.py
 checks the imports.
 """
 from autograder import notebook as nbk

@@ -1,11 +1,9 @@
 """python -m autograder collect DOWNLOAD --out SUBMISSIONS: an LMS download (a folder or a zip) into
 SUBMISSIONS/<student>/<lesson>/<lesson>.ipynb, every anomaly reported, nothing guessed silently.
 
-It reads, in folders and zips (and zips students uploaded, one level down):
-  Canvas    `smithjohn[_late]_<user id>_<submission id>_<file>`; a resubmission is `<file>-1`, `<file>-2`
-  Moodle    `John Smith_<participant>_assignsubmission_file_/<file>` (or the same as one flat name)
-  nbgrader  exchange `inbound/<student>+<lesson>+<timestamp>[+<random>]/` and `submitted/<student>/<lesson>/`
-  plain     `<student>/<lesson>/<file>`, `<student>/<file>`, `<student>_<lesson>.ipynb`
+It reads, in folders and zips (and zips students uploaded, one level down), what each LMS names an upload
+(one small module each: canvas.py, moodle.py, exchange.py for nbgrader's exchange, read in that order), and
+plain `<student>/<lesson>/<file>`, `<student>/<file>`, `<student>_<lesson>.ipynb`; this module files them.
 A notebook's lesson is the one whose answer cells (nbgrader grade_ids) it holds; its name and folder are
 used when it has lost that metadata, and any disagreement is reported.
 
@@ -36,6 +34,7 @@ from pathlib import Path
 
 from autograder import notebook as nbk
 from autograder.results import TIMESTAMP_FILE, UsageError, csv_text, read_csv, write_atomic, write_timestamp
+from autograder.adapters import canvas, exchange, moodle
 from autograder.adapters.roster import SAFE_ID
 
 MAX_FILE_BYTES = 256 * 2**20       # one archive member: far above any notebook, far below a machine's memory
@@ -44,10 +43,9 @@ MAX_RATIO = 200                    # unpacked/packed size of a member above 1 Mi
 LOG_FILE = "collection.csv"
 LOG_COLUMNS = ["download", "file", "student", "lesson", "action", "anomaly", "detail", "submitted_at", "time_source"]
 
-CANVAS = re.compile(r"(?P<name>[A-Za-z0-9-]+?)(?P<late>_late)?_(?P<uid>\d+)_(?P<sid>\d{3,})_(?P<file>.+)", re.I)
-MOODLE = re.compile(r"(?P<name>.+?)_(?P<pid>\d+)_assign(?:submission|feedback)_[a-z]+_(?P<file>.*)")
-INBOUND = re.compile(r"(?P<student>[^+]+)\+(?P<lesson>[^+]+)\+(?P<time>[^+]+)(?:\+[^+]*)?")
-RESUBMISSION = re.compile(r"(?P<stem>.+)-(?P<n>\d+)")
+# The LMS modules, in the order a name is tried: the tail of a Canvas or Moodle name is the file name the
+# student chose, which must never make it another LMS's name (Canvas's prefix fits no other).
+LMS = (canvas, moodle, exchange)
 JUNK_NAMES = {".ds_store", "thumbs.db", "desktop.ini"}
 
 
@@ -58,14 +56,12 @@ class CollectError(UsageError):
 def parse_time(text):
     """A datetime from ISO 8601, nbgrader's timestamp ("2024-10-01 12:00:00.123456 UTC") or Moodle's
     worksheet ("Tuesday, 1 October 2024, 11:59 PM"); None when it is none of them."""
-    text = str(text).strip()
-    if text.endswith(" UTC"):
-        text = text[:-4] + "+00:00"
+    text = exchange.iso_time(str(text).strip())
     try:
         return datetime.fromisoformat(text)
     except ValueError:
         pass
-    for form in ("%A, %d %B %Y, %I:%M %p", "%A, %d %B %Y, %H:%M", "%d %B %Y, %I:%M %p", "%d %B %Y, %H:%M"):
+    for form in moodle.TIME_FORMATS:
         try:
             return datetime.strptime(text, form)
         except ValueError:
@@ -232,16 +228,12 @@ def walk_zip(source, parts, student, depth=0):
 # Who and which lesson a file is
 # ---------------------------------------------------------------------------------------------
 
-NBGRADER_FOLDERS = ("inbound", "submitted")   # exchange/<course>/inbound/<entry>, <course>/submitted/<student>
-
-
 def lms_entry(name):
-    """(kind, match) when `name` is one the LMS gives a student's upload: a Canvas or a Moodle name, an
-    nbgrader exchange entry; else None. In that order: the tail of a Canvas or Moodle name is the file name
-    the student chose, which must never make it another LMS's name (Canvas's prefix fits no other)."""
-    for kind, pattern in (("canvas", CANVAS), ("moodle", MOODLE), ("inbound", INBOUND)):
-        if m := pattern.fullmatch(name):
-            return kind, m
+    """(LMS module, match) when `name` is one an LMS gives a student's upload (a Canvas or a Moodle name, an
+    nbgrader exchange entry, tried in LMS's order); else None."""
+    for lms in LMS:
+        if m := lms.NAME.fullmatch(name):
+            return lms, m
     return None
 
 
@@ -269,7 +261,7 @@ class Layout:
         self.levels = {}
 
     def plain(self, name):
-        return not (lms_entry(name) or name in NBGRADER_FOLDERS or is_archive(name) or self.is_lesson(name))
+        return not (lms_entry(name) or name in exchange.FOLDERS or is_archive(name) or self.is_lesson(name))
 
     def is_lesson(self, name):
         return match_lesson(name, self.lessons, loose=False)[0] is not None
@@ -293,7 +285,7 @@ class Layout:
                 return i
             if last:
                 return None
-            if name == "submitted":
+            if name == exchange.SUBMITTED:
                 return i + 1 if i + 2 < len(parts) else None
             if self.plain(name) and self.holds_students(parts[:i]):
                 return i
@@ -314,16 +306,13 @@ class Clues:
 
 
 def entry_who(name):
-    """(kind, who, match) of a name where an upload is named: what the LMS, or a plain folder, says."""
+    """(LMS module, who, match) of a name where an upload is named: what the LMS says, or (None, ...) what a
+    plain folder says."""
     found = lms_entry(name)
     if found is None:
-        return "plain", [("id", name)], None
-    kind, m = found
-    if kind == "inbound":
-        return kind, [("id", m["student"])], m
-    if kind == "moodle":
-        return kind, [("participant", m["pid"]), ("name", m["name"])], m
-    return kind, [("lms_id", m["uid"]), ("name", m["name"])], m
+        return None, [("id", name)], None
+    lms, m = found
+    return lms, lms.who(m), m
 
 
 def flat_who(file_name, lessons):
@@ -347,21 +336,10 @@ def read_clues(parts, lessons, layout=None):
     if i is None:
         c.who, c.file_name = flat_who(parts[-1], lessons)
         return c
-    kind, c.who, m = entry_who(parts[i])
-    c.folder, last = parts[:i + 1], i == len(parts) - 1
-    if kind == "inbound":
-        c.folder_lesson, c.version = m["lesson"], (0, m["time"])
-    elif kind == "moodle":
-        c.participant = m["pid"]
-        if last:
-            c.file_name = m["file"]
-    elif kind == "canvas":
-        c.late = bool(m["late"])
-        stem, suffix = os.path.splitext(m["file"])   # Canvas's own -1, -2 on the upload's name: a file or a zip
-        if r := RESUBMISSION.fullmatch(stem):
-            stem, c.version = r["stem"], (int(r["n"]), "")
-        if last:
-            c.file_name = stem + suffix
+    lms, c.who, m = entry_who(parts[i])
+    c.folder = parts[:i + 1]
+    if lms:
+        lms.read(m, c, last=i == len(parts) - 1)
     return c
 
 
@@ -374,9 +352,9 @@ def names_inside(parts, clues, lessons, roster):
     out = []
     for j in range(clues.owner + 1, len(parts)):
         name, last = parts[j], j == len(parts) - 1
-        kind, who, _ = entry_who(name)
-        if kind == "plain":
-            if j > clues.owner + 1 and parts[j - 1] == "submitted" and not last:
+        lms, who, _ = entry_who(name)
+        if lms is None:
+            if j > clues.owner + 1 and parts[j - 1] == exchange.SUBMITTED and not last:
                 who = [("id", name)]
             elif roster is None or is_archive(name) or match_lesson(name, lessons, loose=False)[0]:
                 continue
@@ -495,25 +473,6 @@ def first_line(data):
         return []
 
 
-def is_worksheet(header):
-    return "identifier" in [h.strip().casefold() for h in header]
-
-
-def read_worksheet(rows):
-    """{participant id: {email, name, time}} from a Moodle grading worksheet."""
-    header = [h.strip().casefold() for h in rows[0]]
-    col = {name: header.index(name) for name in ("identifier", "full name", "email address",
-                                                 "last modified (submission)") if name in header}
-    out = {}
-    for values in rows[1:]:
-        get = lambda name: values[col[name]].strip() if name in col and col[name] < len(values) else ""
-        m = re.search(r"(\d+)", get("identifier"))
-        if m:
-            out[m[1]] = {"email": get("email address"), "name": get("full name"),
-                         "time": parse_time(get("last modified (submission)"))}
-    return out
-
-
 def read_times(rows, shown, default_lesson):
     """[(who, lesson, datetime)] from a --times CSV: student (or lms_id, email, name), lesson, submitted_at."""
     header = [h.strip().casefold() for h in rows[0]]
@@ -583,8 +542,8 @@ def collect(download, out, roster=None, lesson=None, times=(), zone="UTC", strea
         sheet = read_csv_rows(data, path)
         if not sheet:
             raise CollectError(f"the times file {path} is empty")
-        if is_worksheet(sheet[0]):
-            worksheet.update(read_worksheet(sheet))
+        if moodle.is_worksheet(sheet[0]):
+            worksheet.update(moodle.read_worksheet(sheet, parse_time))
         else:
             given_times += [(who, lsn, t, Path(path).name) for who, lsn, t in read_times(sheet, path, lesson)]
     known = (lambda name: bool(Students(roster, {}).lookup("id", name)[0])) if roster else (lambda name: False)
@@ -598,11 +557,11 @@ def collect(download, out, roster=None, lesson=None, times=(), zone="UTC", strea
         elif name == "timestamp.txt":
             stamps[f.parts[:-1]] = parse_time(f.data.decode("utf-8", "replace"))
             rows.append(Row(f.shown, "ignored", "", "nbgrader's submission time"))
-        elif name.endswith(".csv") and is_worksheet(first_line(f.data)) and owner is not None:
+        elif name.endswith(".csv") and moodle.is_worksheet(first_line(f.data)) and owner is not None:
             rows.append(Row(f.shown, "not collected", "worksheet in an upload", "a grading worksheet inside a "
                             "student's upload: not a source of submission times or of who is who"))
-        elif name.endswith(".csv") and is_worksheet(first_line(f.data)):
-            worksheet.update(read_worksheet(read_csv_rows(f.data, f.shown)))
+        elif name.endswith(".csv") and moodle.is_worksheet(first_line(f.data)):
+            worksheet.update(moodle.read_worksheet(read_csv_rows(f.data, f.shown), parse_time))
             rows.append(Row(f.shown, "ignored", "", "Moodle grading worksheet: submission times"))
         elif not name.endswith(".ipynb"):
             rows.append(Row(f.shown, "not collected", "not a notebook", "only .ipynb files are graded"))
@@ -732,10 +691,10 @@ def nbgrader_stamp(parts, owner):
     one a student put in an upload is theirs."""
     if owner is None:
         return True
-    kind = entry_who(parts[owner])[0]
-    if kind == "inbound":
+    lms = entry_who(parts[owner])[0]
+    if lms is exchange:
         return len(parts) == owner + 2
-    return kind == "plain" and len(parts) <= owner + 3 and not any(map(is_archive, parts[owner:-1]))
+    return lms is None and len(parts) <= owner + 3 and not any(map(is_archive, parts[owner:-1]))
 
 
 def submission_time(cand, stamps, worksheet, given_times, students):
