@@ -41,6 +41,8 @@ from autograder.sandbox.runner import reap, remove_tree
 
 SANDBOX_PKG = Path(__file__).resolve().parent / "sandbox"
 SCRATCH = "/scratch"  # inside bubblewrap: the only writable folder (with /dev/shm)
+# Per submission. A lesson's manifest may raise or lower any of them ([limits] in lesson.toml, checked by
+# autograder/lessons.py), and grade's flags (--memory, --cell-timeout, ...) override both: grade.lesson_limits.
 DEFAULT_LIMITS = dict(memory_mb=3072, cpu_seconds=600, file_mb=64, processes=256,
                       cell_seconds=60, call_seconds=30, notebook_seconds=600)
 # Debuggers are masked inside bubblewrap (the seccomp filter stops them anyway).
