@@ -112,7 +112,14 @@ def _online_mistakes(x, block):
     ]:
         with np.errstate(all="ignore"):
             out.append((message, reference(_online_variant(x, block, **kwargs).to(getattr(torch, x.dtype.name)))))
+    # Computed in x's own dtype, where it overflows: exp(x) without the max, then divided by its sum.
+    e = torch.exp(torch.from_numpy(x))
+    out.append((_NO_MAX, reference(e / e.sum(-1, keepdim=True))))
     return out
+
+
+_NO_MAX = ("exp(x) overflows on large entries (exp(89) is inf in float32): subtract the running max before exp, "
+           "exp(x - m), and rescale the sum when the max grows")
 
 
 def _cond(x):
@@ -142,7 +149,8 @@ def online_softmax(s):
                 want = reference(ref.online_softmax(torch.from_numpy(x).double(), block), dtype=np.dtype(dtype).name)
                 expect_array(got, want, "online_softmax(x, block_size)", mistakes=lambda: _online_mistakes(x, block),
                              cond=_cond(x), axes=("rows",) * (x.ndim - 1) + ("N",),
-                             nan_hint="-inf entries must get weight 0, and a row whose first blocks are all -inf must "
+                             nan_hint=_NO_MAX if kind != "masked" else
+                                      "-inf entries must get weight 0, and a row whose first blocks are all -inf must "
                                       "not turn into NaN: exp(-inf - (-inf)) is NaN, so while the running max is "
                                       "still -inf, subtract a finite number instead (e.g. clamp it to "
                                       "torch.finfo(dtype).min)")
