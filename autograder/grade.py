@@ -573,8 +573,8 @@ def _run(todo, out, tests, graders, lessons, mode, limits, jobs, progress, anoma
     if not todo:
         return 0
     limits_of = {lesson: lesson_limits(lesson, limits) for lesson in lessons}
-    order = {key: i for i, key in enumerate(dict.fromkeys(repr(sorted(v.items())) for v in limits_of.values()))}
-    todo = sorted(todo, key=lambda item: order[repr(sorted(limits_of[item[1]].items()))])  # stable: else as given
+    same = {lesson: list(limits_of.values()).index(v) for lesson, v in limits_of.items()}  # lessons alike share a rank
+    todo = sorted(todo, key=lambda item: same[item[1]])  # stable: otherwise in the order given
     run_tmp = Path(tempfile.mkdtemp(prefix="mha-grade-"))
     old_tempdir, tempfile.tempdir = tempfile.tempdir, str(run_tmp)  # every sandbox folder lands in run_tmp
     stop, lock, live, failures, written = threading.Event(), threading.Lock(), set(), [], [0]
