@@ -533,7 +533,7 @@ def grade(submissions, out, lessons=None, jobs=1, resume=False, shard=None, mode
                 done, damaged = store.load_result(out, student, lesson, tests[lesson])
                 sha, key = sub.key()
                 if damaged:
-                    anomalies.add("stored result damaged or refused, graded again", damaged)
+                    anomalies.add("stored result damaged or refused, graded again", damaged.removesuffix(store.REGRADE))
                     why = "stored result damaged or refused"
                 elif not done:
                     why = "not graded before"

@@ -69,13 +69,15 @@ def merge(dirs, out, gradescope=False, outputs=(), manifest=None, allow_partial=
     m = store.read_manifest(manifest) if manifest else None
     if len({Path(d).resolve() for d in dirs}) < len(dirs):
         raise MergeError("a RESULTS folder is given twice")
-    runs, stored, damaged, tests = {}, {}, [], report.lesson_tests()
+    runs, stored, refused, damaged, tests = {}, {}, {}, [], report.lesson_tests()
     for d in map(Path, dirs):
         if not (d / store.STORE).is_dir():
             raise MergeError(f"{d} holds no grading results (no {store.STORE}/ folder)")
         if d.resolve() == out.resolve():
             raise MergeError(f"--out {out} is also one of the folders to merge: merge into a folder of its own")
-        runs[d], stored[d] = store.read_run(d), store.load_results(d, damaged, tests)
+        term = store.load_term(d, tests)  # each result checked against d's own signed index
+        runs[d], stored[d], refused[d] = store.read_run(d), term.results, term.refused
+        damaged += term.lines
     problems = shard_set_problems(runs, stored, m) + damaged  # each names its file and why
     if problems and not allow_partial:
         raise MergeError("refusing an incomplete or inconsistent shard set: " + "; ".join(problems)
@@ -90,12 +92,11 @@ def merge(dirs, out, gradescope=False, outputs=(), manifest=None, allow_partial=
                 seen.add((r["student"], r["lesson"]))
                 store.save_result(out, r)
     for d in dirs:  # with --allow-partial, a refused or damaged result is left out, named, flagged for regrading
-        kept = {(r["student"], r["lesson"]) for r in stored[Path(d)]}
-        for student, lesson in sorted(store.stored_pairs(d) - kept - seen):
-            if lesson in LESSONS and not store.check_student(student):
+        for (student, lesson), why in sorted(refused[Path(d)].items()):
+            if (student, lesson) not in seen and lesson in LESSONS and not store.check_student(student):
                 seen.add((student, lesson))
                 store.save_result(out, report.placeholder(
-                    student, lesson, f"not graded: its stored result in {d} was refused; grade it with --resume"))
+                    student, lesson, f"not graded: its stored result in {d} was refused ({why}); grade it with --resume"))
     n = next((int(run["shard"].split("/")[1]) for run in runs.values() if run["shard"]), 1)
     for i, student in enumerate(m["students"] if m else []):  # the gaps, named, flagged for regrading
         for lesson in sorted(lessons):

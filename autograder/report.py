@@ -14,26 +14,34 @@ from autograder.checks import LESSONS
 def gather(out, expected=(), problems=None):
     """One result per (student, lesson) of the term in RESULTS: every stored result, and for each
     student and lesson it knows (or `expected`) with no valid result, a placeholder whose tests
-    are errors flagged for regrading (never zeros). problems: list to append damaged files to."""
+    are errors flagged for regrading (never zeros), naming why (a refused result says its reason).
+    problems: list to append refused results to."""
     problems = [] if problems is None else problems
+    term = store.load_term(out, lesson_tests())
+    problems += term.lines
     results = {}
-    for r in store.load_results(out, problems, lesson_tests()):
+    for r in term.results:
         if r["lesson"] in LESSONS:
             results[r["student"], r["lesson"]] = r
         else:
             problems.append(f"{r['student']}/{r['lesson']}: a result for an unknown lesson, left out")
-    damaged = {(s, x) for s, x in store.stored_pairs(out) - set(results) if x in LESSONS and not store.check_student(s)}
-    known = set(results) | set(expected) | damaged
+    refused = {k: why for k, why in term.refused.items() if k[1] in LESSONS and not store.check_student(k[0])}
+    known = set(results) | set(expected) | set(refused)
     lessons = [x for x in LESSONS if x in {x for _, x in known} | set(store.read_run(out)["lessons"])]
     students = sorted({s for s, _ in known})
     for student in students:
         for lesson in lessons:
             if (student, lesson) not in results:
-                why = ("its stored result is damaged" if (student, lesson) in damaged
+                why = (refused_message(refused[student, lesson]) if (student, lesson) in refused
                        else "no result is stored for this lesson")
                 results[student, lesson] = placeholder(student, lesson, f"not graded: {why}; grade it with "
                                                                          f"--lesson {lesson} --resume")
     return [results[k] for k in sorted(results)]
+
+
+def refused_message(why):
+    """A placeholder's words for a refused stored result: said as damaged (what an instructor acts on), and why."""
+    return f"its stored result is damaged or refused ({why})"
 
 
 def lesson_tests():

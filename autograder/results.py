@@ -8,6 +8,8 @@ A RESULTS folder holds a term:
     RESULTS/.results/<lesson>/<student>.json   one result per (student, lesson): save_result, load_result,
                                                load_results, result_path
     RESULTS/.results/run.json                  what the folder holds (shard, manifest, lessons): read_run, write_run
+    RESULTS/.results/index.json                the folder's nonce and the digest of the result it holds last for each
+                                               (student, lesson), signed: what save_result wrote, nothing older
     RESULTS/grades.csv                         one row per (student, lesson, test): write_grades, read_grades
     the results key (outside RESULTS: $MHA_RESULTS_KEY, else ~/.config/mha-course/results.key, mode 0600)
                                                signs every stored verdict: key_path, results_key, digest
@@ -25,7 +27,8 @@ A result (every field checked by validate_result on read):
      tests: [{test, points, max_points, status, message,
               aspects?: [{aspect, points, max_points, passed, message}], grader_error?: bool}],
      grader_errors?: [traceback str] (our own bugs, for RESULTS/grader-errors.log),
-     digest (HMAC-SHA256, under the results key, of the canonical JSON of every other field)}
+     digest (HMAC-SHA256, under the results key, of the folder's nonce and the canonical JSON of every
+             other field)}
 
     status is one of STATUSES. grader_error marks a test the grader itself could not run (a missing
     Triton, a sandbox that did not start, a bug of ours, a shard that was not merged): never count
@@ -41,9 +44,17 @@ it again. To join a CSV with RESULTS, read it with read_csv() (or read_grades())
 Every stored text goes through clean(): control characters stripped (newlines only where a field
 keeps them), and capped, so no submission can bloat or garble a report.
 
-A stored result is trusted only when its digest verifies: one edited after grading (a test set to
-full marks, its grader field removed), or written before results were signed, is refused by
-load_result like a damaged one (grade --resume regrades it, merge refuses the shard set). The key
+A stored result is trusted only when its digest verifies and the folder's signed index records that
+digest as its (student, lesson)'s last: one edited after grading (a test set to full marks, its grader
+field removed), written before results were signed, copied from another RESULTS folder (another nonce)
+or an older result of the same student put back (not the digest the index records) is refused by
+load_result like a damaged one (grade --resume regrades it, merge refuses the shard set, export and
+report name it and exit 1); a result the index records whose file is gone is refused as deleted.
+merge carries results into its own folder by signing them again there (save_result). An index that
+does not verify means the key is not the one the folder was graded with (or the index was edited):
+every result of the folder is refused, said once (load_term), and prepare_out refuses to grade into
+it. Rolling a whole RESULTS folder back (its index with it) is not detected here: `report --submissions`
+compares each result's sha256 with the notebook SUBMISSIONS holds. The key
 lives outside RESULTS, where the sandbox cannot see it (bwrap shows student code the system and
 Python folders only, never the home folder or the course), and every shard and the merge must use
 the same one: $MHA_RESULTS_KEY names it on a cluster. lesson_problem checks a result against the
@@ -55,7 +66,8 @@ CLI prints its one line and exits 2.
 The API, by use:
     write a run     prepare_out(out, submissions), save_result(out, r), write_run, write_grades, write_atomic,
                     write_derived (a file made again from results on every run: unchanged ones are kept)
-    read a term     load_results(out, problems) (valid results only; damaged files described in problems),
+    read a term     load_term(out, lesson_tests) -> Term(results, refused {(student, lesson): why}, lines),
+                    load_results(out, problems) (valid results only; damaged files described in problems),
                     load_result(out, student, lesson) -> (result, why), stored_pairs, read_run, read_grades,
                     needs_regrade(test)
     CSV exports     csv_text(rows, columns), csv_cell(value), read_csv(path)
@@ -70,12 +82,17 @@ import math
 import os
 import re
 import secrets
+import sys
 import tempfile
+import threading
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
 STORE = ".results"
 RUN_FILE = "run.json"
+INDEX_FILE = "index.json"
+INDEX_FORMAT = "mha-course-results-index/1"
 TIMESTAMP_FILE = "timestamp.txt"
 STATUSES = ("passed", "failed", "error", "missing")
 COLUMNS = ["student", "lesson", "test", "points", "max_points", "status", "message"]
@@ -83,6 +100,7 @@ MESSAGE_CAP, NOTE_CAP, NAME_CAP = 4000, 1000, 200
 MAX_STORED_BYTES = 2 << 20  # a result is a few kB; anything bigger was not written by us
 MANIFEST_FORMAT = "mha-course-class-manifest/1"
 KEY_ENV = "MHA_RESULTS_KEY"
+REGRADE = "; regrade it (grade --resume)"  # the end of load_result's refusals, for a caller that is regrading
 
 
 class UsageError(ValueError):
@@ -91,6 +109,10 @@ class UsageError(ValueError):
 
 class ResultError(ValueError):
     """A stored result that is not what save_result writes: reported, and graded again."""
+
+
+class MisplacedError(ResultError):
+    """A stored result of another student or lesson than its file name says (files swapped)."""
 
 
 # ---- clean text ----------------------------------------------------------------------------
@@ -155,6 +177,10 @@ def prepare_out(out, submissions=None):
         (out / STORE).mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UsageError(f"cannot write to the output folder {out}: {e.strerror}") from None
+    if index_path(out).exists():  # never grade on top of results signed with another key
+        _, why = _read_index(out, results_key())
+        if why:
+            raise UsageError(f"{out}: {why}")
     return out
 
 
@@ -196,9 +222,20 @@ def key_path():
     return Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "mha-course" / "results.key"
 
 
+def key_source():
+    """What chose key_path(), in words, for messages."""
+    if os.environ.get(KEY_ENV):
+        return f"${KEY_ENV}"
+    return "$XDG_CONFIG_HOME/mha-course/results.key" if os.environ.get("XDG_CONFIG_HOME") else "the default place"
+
+
+_warned_open_keys = set()
+
+
 def results_key(create=False):
     """The key (32 bytes) that signs stored results, or None when there is none and create=False.
-    create=True makes it on first use, mode 0600, atomically (shards starting together agree on one)."""
+    create=True makes it on first use, mode 0600, atomically (shards starting together agree on one).
+    A key other users may read is used, with one warning per run: they could sign any verdict."""
     path = key_path()
     try:
         text = _read_small(path, 1000)
@@ -226,23 +263,111 @@ def results_key(create=False):
                          f"set {KEY_ENV} to the key the results were graded with") from None
     if not re.fullmatch(r"[0-9a-f]{64}", text.strip()):
         raise UsageError(f"{path} is not a results key (64 hex digits): restore it, or delete it and regrade")
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077 and path not in _warned_open_keys:
+        _warned_open_keys.add(path)
+        print(f"warning: the results key {path} is readable by other users (mode {mode:o}): anyone who reads it "
+              f"can sign a verdict; chmod 600 {path}", file=sys.stderr)
     return bytes.fromhex(text.strip())
 
 
-def digest(result, key):
-    """HMAC-SHA256 of a result's canonical JSON (sorted keys, no spaces; its own digest left out)."""
+def digest(result, key, nonce=""):
+    """HMAC-SHA256 of a folder's nonce and a result's canonical JSON (sorted keys, no spaces; its own
+    digest left out): valid only in the folder whose index holds that nonce."""
     body = json.dumps({k: v for k, v in result.items() if k != "digest"}, sort_keys=True, separators=(",", ":"))
+    return hmac.new(key, f"{nonce}\0{body}".encode(), hashlib.sha256).hexdigest()
+
+
+# ---- the folder's index --------------------------------------------------------------------
+
+_index_lock = threading.Lock()   # save_result runs in grading threads: one index update at a time
+_index_cache = {}                # index path -> (stat, key, (index, why)): grade --resume reads it per result
+
+
+def index_path(out):
+    return Path(out) / STORE / INDEX_FILE
+
+
+def _index_mac(index, key):
+    body = json.dumps([INDEX_FORMAT, index["nonce"], index["entries"]], sort_keys=True, separators=(",", ":"))
     return hmac.new(key, body.encode(), hashlib.sha256).hexdigest()
 
 
-def _unsigned(raw):
-    """Why a stored result's verdict cannot be trusted, or None when its digest verifies."""
-    key = results_key()
+def folder_problem(out):
+    """Why no result of RESULTS can be trusted with the key at hand, said once for the folder (the key is
+    probably not the one it was graded with, there is none, the index is damaged or missing), or None."""
+    index, why = _read_index(out, results_key())
+    if why is None and index is None:
+        return (f"it has no index of its results ({index_path(out)}): they were written before results were "
+                "indexed, or the index was deleted")
+    return why
+
+
+def _read_index(out, key):
+    """(index {nonce, entries {"lesson/student": digest}}, None), (None, None) when there is none, or
+    (None, why) when it cannot be trusted with this key."""
+    path = index_path(out)
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return None, None
+    stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+    cached = _index_cache.get(path)
+    if cached and cached[0] == stamp and cached[1] == key:
+        return cached[2]
+    where = f"the index {path}"
+    try:
+        raw = json.loads(_read_small(path, 64 << 20))
+        ok = (isinstance(raw, dict) and raw.get("format") == INDEX_FORMAT and isinstance(raw.get("nonce"), str)
+              and isinstance(raw.get("entries"), dict) and isinstance(raw.get("mac"), str)
+              and all(isinstance(v, str) for v in raw["entries"].values()))
+        why = None if ok else f"{where} is damaged"
+    except (OSError, ValueError, RecursionError) as e:
+        why = f"{where} is unreadable ({clean(str(e), 100, newlines=False)})"
+    if why is None and key is None:
+        why = f"there is no results key at {key_path()} (from {key_source()}) to verify {where}"
+    elif why is None and not hmac.compare_digest(raw["mac"], _index_mac(raw, key)):
+        why = (f"{where} is not signed by the results key {key_path()} (from {key_source()}): the key is probably "
+               f"not the one these results were graded with (set {KEY_ENV} to that key's file), or the index was "
+               f"edited; if the key is lost, delete {path} and regrade with --resume")
+    found = ({"nonce": raw["nonce"], "entries": raw["entries"]}, None) if why is None else (None, why)
+    _index_cache[path] = (stamp, key, found)
+    return found
+
+
+def _record(out, result, key):
+    """Sign result for RESULTS (its nonce) and record its digest in the folder's index; returns the digest.
+    The index is made on first use; under a lock (threads) and flock (processes)."""
+    import fcntl
+    path = index_path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _index_lock, open(path.parent / ".index.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        index, why = _read_index(out, key)
+        if why:  # prepare_out refused this before grading; a folder damaged since starts afresh
+            index = None
+        index = index or {"nonce": secrets.token_hex(16), "entries": {}}
+        signed = digest(result, key, index["nonce"])
+        write_atomic(result_path(out, result["student"], result["lesson"]),
+                     json.dumps(dict(result, digest=signed), indent=1) + "\n")
+        index["entries"][f"{result['lesson']}/{result['student']}"] = signed
+        write_atomic(path, json.dumps(dict(format=INDEX_FORMAT, mac=_index_mac(index, key), **index)) + "\n",
+                     durable=False)  # a crash before it lands leaves the result refused, so regraded: never trusted
+    return signed
+
+
+def _unsigned(raw, student, lesson, index):
+    """Why a stored result's verdict cannot be trusted, or None when the folder's index records it
+    and its digest verifies (index: as _read_index gave it, trusted)."""
     if not isinstance(raw, dict) or not isinstance(raw.get("digest"), str):
         return "it carries no digest (written before results were signed, or by hand)"
-    if key is None:
-        return f"there is no results key at {key_path()} to verify it (set {KEY_ENV} to the key it was graded with)"
-    if not hmac.compare_digest(raw["digest"], digest(raw, key)):
+    recorded = index["entries"].get(f"{lesson}/{student}")
+    if recorded is None:
+        return "this folder never recorded a result for it (copied from another RESULTS folder?)"
+    if not hmac.compare_digest(raw["digest"], recorded):
+        return ("it is not the result this folder recorded last (an older result put back, or one copied from "
+                "another RESULTS folder)")
+    if not hmac.compare_digest(raw["digest"], digest(raw, results_key(), index["nonce"])):
         return "its verdict was changed after grading (its digest does not match)"
     return None
 
@@ -285,7 +410,7 @@ def validate_result(r, student=None, lesson=None):
         raise ResultError("not a JSON object")
     out = {key: _text(r.get(key), key, NAME_CAP) for key in ("student", "lesson")}
     if student is not None and out["student"] != student or lesson is not None and out["lesson"] != lesson:
-        raise ResultError("its student or lesson does not match its file name")
+        raise MisplacedError("its student or lesson does not match its file name")
     for key in ("notebook", "sha256", "fingerprint", "grader", "submitted_at"):
         out[key] = _text(r.get(key), key, 1000, optional=True)
     notes = r.get("notes", [])
@@ -344,33 +469,44 @@ def cell_error(value):
 
 
 def save_result(out, result):
-    """Validate, clean, sign and write one result atomically; returns the cleaned result (unsigned)."""
+    """Validate, clean, sign and write one result atomically, recorded in the folder's index as its
+    (student, lesson)'s last; returns the cleaned result (unsigned)."""
     result = validate_result(result)
-    signed = dict(result, digest=digest(result, results_key(create=True)))
-    write_atomic(result_path(out, result["student"], result["lesson"]), json.dumps(signed, indent=1) + "\n")
+    _record(out, result, results_key(create=True))
     return result
 
 
 def load_result(out, student, lesson, tests=None):
     """(result, None), (None, None) when nothing is stored, or (None, why) when the stored file is
-    malformed, unsigned, changed after grading or (given the lesson's tests [(name, max_points)])
-    not the lesson's: then it is refused, and graded again."""
+    malformed, unsigned, changed after grading, not the one the folder's index records (copied, put
+    back), gone though the index records it, or (given the lesson's tests [(name, max_points)]) not
+    the lesson's: then it is refused, and graded again."""
     path = result_path(out, student, lesson)
+    key = results_key()
+    index, folder_why = _read_index(out, key)
     try:
         raw = json.loads(_read_small(path))
         result = validate_result(raw, student, lesson)
     except FileNotFoundError:
+        if index and f"{lesson}/{student}" in index["entries"]:
+            return None, f"{path}: refused: it was deleted (the folder's index records a result){REGRADE}"
         return None, None
+    except MisplacedError as e:
+        if isinstance(raw.get("digest"), str):  # a signed result moved here, not a damaged file
+            return None, f"{path}: refused: it is another student's or lesson's result, moved here ({e}){REGRADE}"
+        return None, f"{path}: unreadable stored result ({e})"
     except (OSError, ValueError, RecursionError) as e:  # ResultError, JSON and UTF-8 errors are ValueErrors
         return None, f"{path}: unreadable stored result ({clean(str(e), 200, newlines=False)})"
-    why = _unsigned(raw) or (lesson_problem(result, tests) if tests is not None else None)
+    why = ((folder_problem(out) if index is None else None) or _unsigned(raw, student, lesson, index)
+           or (lesson_problem(result, tests) if tests is not None else None))
     if why:
-        return None, f"{path}: refused: {why}; regrade it (grade --resume)"
+        return None, f"{path}: refused: {why}{REGRADE}"
     return result, None
 
 
 def stored_pairs(out):
-    """{(student, lesson)} of every result file in RESULTS (valid or not)."""
+    """{(student, lesson)} of every result file in RESULTS (valid or not), and of every result its index
+    records (a deleted one)."""
     store = Path(out) / STORE
     pairs = set()
     if store.is_dir():
@@ -378,21 +514,51 @@ def stored_pairs(out):
             if lesson_dir.is_dir() and not lesson_dir.is_symlink():
                 pairs |= {(f.name[:-5], lesson_dir.name) for f in lesson_dir.iterdir()
                           if f.name.endswith(".json") and not f.name.startswith(".")}
+    index, _ = _read_index(out, results_key())
+    for pair in (index or {"entries": {}})["entries"]:
+        lesson, _, student = pair.partition("/")
+        if not check_student(student):
+            pairs.add((student, lesson))
     return pairs
+
+
+@dataclass
+class Term:
+    """What a RESULTS folder holds: the valid results (sorted by student, lesson), the refused ones
+    {(student, lesson): why} (damaged, edited, copied, put back, deleted), and the lines to show: one
+    per refused result, or one for the whole folder when its key or index is wrong."""
+    results: list = field(default_factory=list)
+    refused: dict = field(default_factory=dict)
+    lines: list = field(default_factory=list)
+
+
+def load_term(out, lesson_tests=None):
+    """Every stored result of RESULTS, valid or refused (Term). lesson_tests(lesson) -> [(name, max_points)],
+    or None for a lesson it does not know: checked too."""
+    term = Term()
+    folder_why = folder_problem(out) if (Path(out) / STORE).is_dir() else None
+    for student, lesson in sorted(stored_pairs(out)):
+        result, why = load_result(out, student, lesson, lesson_tests(lesson) if lesson_tests else None)
+        if result:
+            term.results.append(result)
+        elif why:
+            term.refused[student, lesson] = (why.removeprefix(f"{result_path(out, student, lesson)}: ")
+                                             .removeprefix("refused: ").removesuffix(REGRADE))
+            if not folder_why:
+                term.lines.append(why)
+    if folder_why and term.refused:
+        term.lines.append(f"{out}: all {len(term.refused)} stored results refused: {folder_why}")
+    return term
 
 
 def load_results(out, problems=None, lesson_tests=None):
     """Every valid stored result, sorted by (student, lesson). A malformed or refused one is left out
     and described in `problems` (a list to append to), so the caller reports it and grades it again.
     lesson_tests(lesson) -> [(name, max_points)], or None for a lesson it does not know: checked too."""
-    results = []
-    for student, lesson in sorted(stored_pairs(out)):
-        result, why = load_result(out, student, lesson, lesson_tests(lesson) if lesson_tests else None)
-        if result:
-            results.append(result)
-        elif why and problems is not None:
-            problems.append(why)
-    return results
+    term = load_term(out, lesson_tests)
+    if problems is not None:
+        problems += term.lines
+    return term.results
 
 
 def needs_regrade(test):

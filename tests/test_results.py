@@ -315,3 +315,99 @@ def test_integers_in_a_students_exception_are_masked_but_the_graders_own_shapes_
         raise AssertionError("wrong shape: expected (2, 5, 4), got (3, 5, 4)")
     row = run_check(_check(body), Subject(lambda request: {}), 2.0)
     assert "got (3, 5, 4)" in row["message"]  # the check's own text keeps its numbers
+
+
+# ---- replayed, deleted and moved results; the key ------------------------------------------------
+
+def _fitting(student, points=None):
+    """A signed-looking result that fits lesson 01 (its tests, its points), `points` earned in each."""
+    return result(student, tests=[dict(test=t, points=p if points is None else points, max_points=p,
+                                       status="passed" if points is None else "failed", message="")
+                                  for t, p in nbk.lesson_tests("01_attention")])
+
+
+def test_a_result_copied_from_another_folder_or_put_back_is_refused(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    store.save_result(a, _fitting("alice"))
+    store.save_result(a, _fitting("bob"))
+    store.save_result(b, _fitting("alice", points=0.0))
+    (b / store.STORE / "01_attention" / "bob.json").write_bytes(store.result_path(a, "bob", "01_attention").read_bytes())
+    store.result_path(b, "alice", "01_attention").write_bytes(store.result_path(a, "alice", "01_attention").read_bytes())
+    got, why = store.load_result(b, "bob", "01_attention")  # b never graded bob: copied from a
+    assert got is None and "never recorded a result for it" in why and "regrade" in why
+    got, why = store.load_result(b, "alice", "01_attention")  # a's full marks over b's zero
+    assert got is None and "not the result this folder recorded last" in why
+    old = store.result_path(a, "bob", "01_attention").read_bytes()
+    store.save_result(a, _fitting("bob", points=0.0))  # bob regraded in a: 0 points
+    store.result_path(a, "bob", "01_attention").write_bytes(old)  # his older full marks put back
+    got, why = store.load_result(a, "bob", "01_attention")
+    assert got is None and "an older result put back" in why
+    term = store.load_term(a, report.lesson_tests())
+    assert [r["student"] for r in term.results] == ["alice"] and list(term.refused) == [("bob", "01_attention")]
+    rows = {r["student"]: r for r in report.gather(a)}  # the report flags it for regrading, saying why
+    assert all(store.needs_regrade(t) for t in rows["bob"]["tests"]) and "put back" in rows["bob"]["tests"][0]["message"]
+
+
+def test_a_deleted_result_is_named_not_forgotten(tmp_path):
+    store.save_result(tmp_path, _fitting("alice"))
+    store.save_result(tmp_path, _fitting("bob"))
+    store.result_path(tmp_path, "bob", "01_attention").unlink()
+    got, why = store.load_result(tmp_path, "bob", "01_attention")
+    assert got is None and "deleted" in why
+    term = store.load_term(tmp_path)
+    assert "deleted" in term.refused["bob", "01_attention"] and any("bob.json" in line for line in term.lines)
+    rows = {r["student"]: r for r in report.gather(tmp_path)}
+    assert "deleted" in rows["bob"]["tests"][0]["message"] and all(store.needs_regrade(t) for t in rows["bob"]["tests"])
+
+
+def test_a_result_moved_onto_another_student_is_refused_not_unreadable(tmp_path):
+    store.save_result(tmp_path, _fitting("alice"))
+    store.save_result(tmp_path, _fitting("bob", points=0.0))
+    store.result_path(tmp_path, "bob", "01_attention").write_bytes(
+        store.result_path(tmp_path, "alice", "01_attention").read_bytes())
+    got, why = store.load_result(tmp_path, "bob", "01_attention")
+    assert got is None and "refused" in why and "unreadable" not in why and "moved here" in why
+
+
+def test_a_wrong_key_is_said_once_and_grading_into_the_folder_is_refused(tmp_path, monkeypatch):
+    for student in ("alice", "bob", "carol", "dave"):
+        store.save_result(tmp_path, _fitting(student))
+    other = tmp_path / "elsewhere" / "results.key"
+    monkeypatch.setenv(store.KEY_ENV, str(other))
+    store.results_key(create=True)
+    term = store.load_term(tmp_path)
+    assert term.results == [] and len(term.refused) == 4
+    assert len(term.lines) == 1 and "all 4 stored results refused" in term.lines[0]
+    assert "probably not the one" in term.lines[0] and str(other) in term.lines[0] and store.KEY_ENV in term.lines[0]
+    with pytest.raises(store.UsageError, match="probably not the one"):
+        store.prepare_out(tmp_path)
+    monkeypatch.setenv(store.KEY_ENV, str(tmp_path / "none" / "results.key"))  # no key at all: also said once
+    term = store.load_term(tmp_path)
+    assert len(term.lines) == 1 and "there is no results key" in term.lines[0]
+
+
+def test_a_key_other_users_can_read_gets_a_warning(tmp_path, monkeypatch, capsys):
+    key = tmp_path / "shared.key"
+    monkeypatch.setenv(store.KEY_ENV, str(key))
+    store.results_key(create=True)
+    assert "readable by other users" not in capsys.readouterr().err
+    key.chmod(0o644)
+    assert store.results_key() is not None
+    err = capsys.readouterr().err
+    assert "readable by other users" in err and str(key) in err and "chmod 600" in err
+
+
+def test_merge_carries_results_into_its_folder_and_refuses_one_copied_between_shards(tmp_path):
+    from autograder.merge import MergeError, merge
+    shards = [tmp_path / f"shard{i}" for i in range(2)]
+    for i, (out, student) in enumerate(zip(shards, ("alice", "bob"))):
+        store.save_result(out, _fitting(student, points=0.0))
+        store.write_run(out, f"{i}/2", None, ["01_attention"])
+    merge(shards, tmp_path / "merged")
+    term = store.load_term(tmp_path / "merged", report.lesson_tests())  # signed again for the merged folder
+    assert [r["student"] for r in term.results] == ["alice", "bob"] and not term.refused
+    store.save_result(tmp_path / "elsewhere", _fitting("bob"))  # bob's full marks from another folder
+    store.result_path(shards[1], "bob", "01_attention").write_bytes(
+        store.result_path(tmp_path / "elsewhere", "bob", "01_attention").read_bytes())
+    with pytest.raises(MergeError, match="bob.json: refused: it is not the result this folder recorded last"):
+        merge(shards, tmp_path / "again")
