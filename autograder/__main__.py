@@ -228,7 +228,8 @@ def _grade(args):
 
 def _term(args):
     """collect, export and report (collect.py, export.py, classreport.py)."""
-    from autograder.results import UsageError, load_results
+    from autograder.checks import LESSONS
+    from autograder.results import UsageError, load_term
     from autograder.adapters.roster import load_roster
 
     try:
@@ -237,25 +238,32 @@ def _term(args):
             from autograder.adapters.collect import collect
             collect(args.download, args.out, roster, args.lesson, args.times, args.timezone)
             return 0
-        problems = []
-        results = load_results(args.results, problems)
-        for line in problems:
-            print(f"warning: {line}", file=sys.stderr)
-        if not results:
+        term = load_term(args.results)  # a refused result is named and marked, never a silent blank: exit 1
+        for line in term.lines:
+            print(f"error: {line}", file=sys.stderr)
+        results, refused = term.results, term.refused
+        if not results and not refused:
             raise UsageError(f"{args.results} holds no grading results (grade into it first)")
         if args.command == "report":
-            from autograder.adapters.classreport import write_report
-            print(f"wrote {write_report(args.results, results, args.submissions)}")
-            return 0
+            from autograder import report
+            from autograder.adapters.classreport import submission_mismatches, write_report
+            stale = submission_mismatches(results, args.submissions)
+            for line in stale:
+                print(f"error: {line}", file=sys.stderr)
+            results += [report.placeholder(s, lsn, "not graded: " + report.refused_message(why))
+                        for (s, lsn), why in sorted(refused.items()) if lsn in LESSONS]
+            print(f"wrote {write_report(args.results, results, args.submissions, term.lines + stale)}")
+            return 1 if refused or stale else 0
         from autograder.adapters.export import export
         for line in export(args.results, results, args.format, args.out, roster, args.canvas_gradebook,
-                           args.deadline, args.late_policy, args.timezone, args.submissions, args.assignment):
+                           args.deadline, args.late_policy, args.timezone, args.submissions, args.assignment,
+                           refused):
             print(f"warning: {line}", file=sys.stderr)
         print(f"wrote {args.out}")
+        return 1 if refused else 0
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    return 0
 
 
 def _summary(out, results):

@@ -2,6 +2,7 @@
 histogram per lesson, groups of identical answers (answer cells only; stubs and short answers left
 out), rendered and opened in headless Chromium."""
 import copy
+import hashlib
 import json
 import os
 import shutil
@@ -13,6 +14,7 @@ import pytest
 from autograder.adapters import classreport
 from autograder import notebook as nbk
 from autograder.__main__ import main
+from autograder import results as store
 from autograder.results import save_result
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -118,3 +120,23 @@ def test_report_in_headless_chromium(graded):
     # The histogram's bars (#4c72b0) are on screen: the embedded PNG was decoded and drawn.
     bars = (abs(pixels - [0x4c / 255, 0x72 / 255, 0xb0 / 255]).max(axis=-1) < 0.03).sum()
     assert bars > 500, "the histogram is not visible in the rendered page"
+
+
+def test_a_refused_result_or_another_notebook_is_named_and_exits_1(graded, capsys):
+    out, subs = graded / "RESULTS", graded / "SUBMISSIONS"
+    graded_from = subs / "dave" / LESSON / f"{LESSON}.ipynb"
+    save_result(out, dict(result("dave", False), sha256=hashlib.sha256(graded_from.read_bytes()).hexdigest()))
+    assert main(["report", str(out), "--submissions", str(subs)]) == 0  # dave's notebook is the one graded
+    path = store.result_path(out, "carol", LESSON)
+    r = json.loads(path.read_text())
+    r["tests"][0].update(points=2.0, status="passed")  # carol's softmax set to full marks by hand
+    path.write_text(json.dumps(r))
+    graded_from.write_text(submission())  # SUBMISSIONS now holds another notebook than dave's result graded
+    capsys.readouterr()
+    assert main(["report", str(out), "--submissions", str(subs)]) == 1
+    err = capsys.readouterr().err
+    assert "carol.json: refused: its verdict was changed after grading" in err
+    assert "dave 01_attention: its result was graded from another notebook" in err
+    page = (out / "report.html").read_text()
+    assert "carol.json: refused" in page and "dave 01_attention: its result was graded from another notebook" in page
+    assert "1 to grade again" in page, "carol is counted to grade again, not left out"

@@ -2,6 +2,7 @@
 columns of a gradebook exported from Canvas), a plain CSV, late penalties from stored submission
 times, and tests the grader could not run, which never count as 0."""
 import csv
+import json
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 
 from autograder.__main__ import main
 from autograder.adapters.export import write_totals
-from autograder.results import load_results, save_result, write_timestamp
+from autograder.results import load_results, result_path, save_result, write_timestamp
 
 # Canvas's documented gradebook import: these identity columns first, then one column per assignment
 # ("Name (assignment id)" for an existing one); an optional "Points Possible" row under the header.
@@ -154,3 +155,32 @@ def test_bad_input_is_one_line_and_exit_2(term, capsys, monkeypatch, extra, mess
 def test_export_of_an_empty_folder_is_refused(tmp_path, capsys):
     assert main(["export", str(tmp_path), "--format", "csv", "--out", str(tmp_path / "x.csv")]) == 2
     assert "holds no grading results" in capsys.readouterr().err
+
+
+def _tamper(path):
+    """A stored result edited after grading: every test at full marks."""
+    r = json.loads(path.read_text())
+    for t in r["tests"]:
+        t.update(points=t["max_points"], status="passed")
+    path.write_text(json.dumps(r))
+
+
+def test_a_refused_or_deleted_result_is_named_and_marked_never_a_silent_blank(term, capsys):
+    results = term / "RESULTS"
+    _tamper(result_path(results, "carol", "01_attention"))
+    result_path(results, "alice", "02_heads").unlink()
+    assert main(["export", str(results), "--format", "csv", "--out", str(term / "scores.csv")]) == 1
+    err = capsys.readouterr().err
+    assert "carol.json: refused: its verdict was changed after grading" in err and "alice.json: refused: it was deleted" in err
+    rows = {r["student"]: r for r in csv.DictReader(open(term / "scores.csv", newline=""))}
+    assert rows["carol"]["01_attention"] == "" and "01_attention: refused: its verdict was changed" in rows["carol"]["regrade"]
+    assert rows["alice"]["02_heads"] == "" and "02_heads: refused: it was deleted" in rows["alice"]["regrade"]
+    result_path(results, "alice", "02_heads").parent.joinpath("bob.json").unlink()  # bob's 02: his only other result
+    out = term / "canvas.csv"
+    assert main(["export", str(results), "--format", "canvas", "--roster", str(term / "roster.csv"),
+                 "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "carol 01_attention: left blank, its stored result was refused (its verdict was changed" in err
+    assert "bob 02_heads: left blank, its stored result was refused (it was deleted" in err
+    by_id = {r[1]: r for r in read(out)[2:]}
+    assert by_id["103"][5] == "" and by_id["102"][6] == ""

@@ -203,6 +203,31 @@ def test_a_result_edited_after_grading_is_refused_by_merge_and_regraded_by_resum
     assert (tmp_path / "merged" / "grades.csv").read_text() == (root / "clean" / "grades.csv").read_text()
 
 
+def test_an_older_result_put_back_is_refused_by_export_and_report_and_regraded_by_resume(term, tmp_path, cli):
+    """carol's first grade (4 points of 6) is put back after she resubmitted and was regraded (6/6): signed,
+    but not the result the folder recorded last. export and report name her and exit 1; grade --resume
+    regrades her as a refused result (not as a changed submission), and its line does not tell it to regrade."""
+    root, notebooks, _ = term
+    subs, out = tmp_path / "subs", tmp_path / "results"
+    shutil.copytree(root / "subs", subs, symlinks=True)
+    shutil.copytree(root / "clean", out)  # a whole folder, copied with its index: still valid
+    older = store.result_path(out, "carol", L1).read_bytes()
+    put(subs, "carol", notebooks["solved"])
+    assert cli("grade", subs, "--out", out, "--resume", "--quiet")[0] == 0
+    regraded = (out / "grades.csv").read_text()
+    store.result_path(out, "carol", L1).write_bytes(older)
+    code, err = cli("export", out, "--format", "csv", "--out", tmp_path / "scores.csv")
+    assert code == 1 and "carol.json: refused: it is not the result this folder recorded last" in err, err
+    assert "refused" in next(r for r in store.read_csv(tmp_path / "scores.csv") if r["student"] == "carol")["regrade"]
+    code, err = cli("report", out)
+    assert code == 1 and "carol.json: refused" in err and "carol.json: refused" in (out / "report.html").read_text()
+    code, err = cli("grade", subs, "--out", out, "--resume", "--quiet")
+    assert code == 0 and "(1 stored result damaged or refused)" in err and "submission changed" not in err, err
+    line = next(line for line in err.splitlines() if "graded again" in line)
+    assert "carol.json" in line and "regrade it" not in line, line
+    assert (out / "grades.csv").read_text() == regraded
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_stops_cleanly_and_resume_finishes_the_same(term, tmp_path, signum):
     root, _, _ = term

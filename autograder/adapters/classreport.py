@@ -8,6 +8,10 @@
   signature and docstring); stubs and answers too short to mean anything are left out. The page
   says "identical" and nothing more: short, canonical answers are often written the same way.
 
+With --submissions, each result that names the notebook it graded (sha256) is compared with the
+notebook SUBMISSIONS holds now: one graded from another notebook (an older result put back with its
+folder, a later submission not graded yet) is named at the top of the page (submission_mismatches).
+
 The page is one file: no scripts, no external requests.
 """
 import base64
@@ -118,6 +122,23 @@ def lesson_answers(lesson):
             stub = set(normal_lines(nbk.strip_solutions(source)))
             out[nbk.grade_id(cell)] = (stub, own_code(nbk.without_markers(source), stub))
     return out
+
+
+def submission_mismatches(results, submissions):
+    """Lines naming each result whose notebook (sha256) is not the one SUBMISSIONS holds for it now;
+    [] without submissions. A result without a sha256 (nothing was submitted) is not compared."""
+    if not submissions:
+        return []
+    from autograder.grade import locate  # the core's own way to find a student's notebook
+    lines = []
+    for r in results:
+        if r.get("sha256"):
+            now, _ = locate(submissions, r["student"], r["lesson"]).key()
+            if now != r["sha256"]:
+                lines.append(f"{r['student']} {r['lesson']}: its result was graded from another notebook than "
+                             f"{submissions} holds ({'none there now' if now is None else 'sha256 differs'}): "
+                             "regrade it (grade --resume)")
+    return lines
 
 
 def notebook_of(result, submissions):

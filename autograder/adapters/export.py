@@ -3,7 +3,9 @@
 
 A lesson's score is the sum of its tests' points. A test the grader itself could not run
 (results.needs_regrade) counts neither as 0 nor as full marks: the student's lesson is left blank
-(out of the total and its maximum too) and listed under `regrade`, to be graded again.
+(out of the total and its maximum too) and listed under `regrade`, to be graded again. So is a stored
+result the store refused (edited, copied from another folder, put back, deleted: results.load_term):
+its row says `<lesson>: refused: <why>`, and the command names it and exits 1, never a silent blank.
 
 Late penalties (--deadline LESSON=ISO8601, --late-policy 10%/day[,max=50%]): each started day (or
 hour) after the deadline costs that share of the points earned, up to the cap. Submission times come
@@ -51,6 +53,7 @@ class Score:
     raw: float | None = None   # before a late penalty
     late: int = 0              # started days (or hours) after the deadline
     penalty: float = 0.0       # share of the points taken, 0..1
+    refused: str = ""          # why the stored result was refused (then points is None)
 
 
 def score(result):
@@ -60,9 +63,12 @@ def score(result):
                  any(t["status"] != "missing" for t in result["tests"]), raw=points)
 
 
-def table(results):
-    """(students, lessons, {(student, lesson): Score}) of a list of results."""
+def table(results, refused=None):
+    """(students, lessons, {(student, lesson): Score}) of a list of results and of the refused stored
+    results {(student, lesson): why}, which have no score."""
     scores = {(r["student"], r["lesson"]): score(r) for r in results}
+    for pair, why in (refused or {}).items():
+        scores.setdefault(pair, Score(None, 0.0, [], False, refused=why))
     return sorted({s for s, _ in scores}), sorted({lsn for _, lsn in scores}), scores
 
 
@@ -78,7 +84,7 @@ def totals_rows(students, lessons, scores, detail=False):
                 regrade.append(f"{lesson}: not graded")
                 continue
             if s.points is None:
-                regrade.append(f"{lesson}: {', '.join(s.regrade)}")
+                regrade.append(f"{lesson}: refused: {s.refused}" if s.refused else f"{lesson}: {', '.join(s.regrade)}")
                 continue
             row[lesson] = round(s.points, 2)
             if detail:
@@ -95,10 +101,10 @@ def totals_columns(lessons, detail=False):
     return ["student"] + [c for cols in per for c in cols] + ["total", "max_points", "percentage", "regrade"]
 
 
-def write_totals(out, results):
+def write_totals(out, results, refused=None):
     """RESULTS/totals.csv: one row per student, a column per lesson, total, max_points, percentage,
-    regrade (what must be graded again, never counted). Returns its path."""
-    students, lessons, scores = table(results)
+    regrade (what must be graded again, never counted; refused {(student, lesson): why} too). Returns its path."""
+    students, lessons, scores = table(results, refused)
     path = Path(out) / TOTALS
     write_atomic(path, csv_text(totals_rows(students, lessons, scores), totals_columns(lessons)))
     return path
@@ -289,18 +295,19 @@ def canvas_fill(path, students_rows, lessons, scores, assignments):
 # ---------------------------------------------------------------------------------------------
 
 def export(out, results, fmt, dest, roster=None, gradebook=None, deadlines=(), policy=None, zone="UTC",
-           submissions=None, assignments=()):
+           submissions=None, assignments=(), refused=None):
     """Write the export to dest, RESULTS/totals.csv (raw scores) and, when penalised,
-    RESULTS/late-penalties.csv; returns warning lines.
+    RESULTS/late-penalties.csv; returns warning lines. refused: {(student, lesson): why} of stored
+    results the store refused: marked in the rows, left blank in Canvas, each named in a warning.
     ExportError on bad input, before anything is written."""
     if fmt not in ("canvas", "csv"):
         raise ExportError(f"unknown format {fmt!r}: use canvas or csv")
-    if not results:
+    if not results and not refused:
         raise ExportError(f"{out} holds no grading results")
     dest = Path(dest)
     if dest.is_dir():
         raise ExportError(f"--out {dest} is a folder; name the CSV file to write")
-    students, lessons, scores = table(results)
+    students, lessons, scores = table(results, refused)
     if bool(deadlines) != bool(policy):
         raise ExportError("late penalties need both --deadline LESSON=ISO8601 and --late-policy")
     pairs = dict(a.partition("=")[::2] for a in assignments)
@@ -321,11 +328,13 @@ def export(out, results, fmt, dest, roster=None, gradebook=None, deadlines=(), p
             warnings += more
         else:
             text = canvas_new(students_rows, lessons, scores)
-    regrade = sorted(f"{s} {lsn}" for (s, lsn), sc in scores.items() if sc.points is None)
+    regrade = sorted(f"{s} {lsn}" for (s, lsn), sc in scores.items() if sc.points is None and not sc.refused)
+    warnings += [f"{s} {lsn}: left blank, its stored result was refused ({sc.refused}): regrade it (grade --resume)"
+                 for (s, lsn), sc in sorted(scores.items()) if sc.refused]
     if regrade:
         warnings.append(f"left blank, to be graded again (the grader could not run a test): {', '.join(regrade)}")
     if penalties:
         write_atomic(Path(out) / PENALTIES, csv_text(penalties, list(penalties[0])))
-    write_totals(out, results)
+    write_totals(out, results, refused)
     write_atomic(dest, text)
     return warnings
