@@ -225,3 +225,23 @@ def test_a_failed_task_still_reaches_merge_which_refuses(cluster, tiny_class, tm
     log = next(work.glob("mha-merge-*.out")).read_text()
     assert "shard_1" in log and not (work / "merged" / "grades.csv").exists(), log
     print(f"array job {array}, merge job {merge}: {states}; merge said: {log.strip().splitlines()[-1]}")
+
+
+def test_every_task_and_the_merge_sign_with_one_key_outside_results(tmp_path):
+    """submit.sh hands every task and the merge one MHA_RESULTS_KEY (sbatch exports the environment),
+    made once, mode 0600, in WORK beside the shard folders, never inside one. sbatch is a stand-in
+    here that records what each job would see."""
+    bin_, work, subs = tmp_path / "bin", tmp_path / "work", tmp_path / "subs"
+    (subs / "alice" / LESSON).mkdir(parents=True)
+    bin_.mkdir()
+    (bin_ / "sbatch").write_text('#!/bin/sh\necho "$MHA_RESULTS_KEY" >> "$WORK/keys"\necho 7\n')
+    (bin_ / "sbatch").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "MHA_RESULTS_KEY"}
+    env.update(PATH=f"{bin_}:{env['PATH']}", COURSE=str(REPO), SUBMISSIONS=str(subs), WORK=str(work),
+               PYTHON=sys.executable, SHARDS="2")
+    p = subprocess.run([str(REPO / "examples/slurm/submit.sh"), "--lesson", LESSON], capture_output=True,
+                       text=True, env=env, timeout=120)
+    assert p.returncode == 0, p.stderr
+    keys = (work / "keys").read_text().split()
+    assert keys == [str(work / "results.key")] * 2, keys  # the array and the merge
+    assert (work / "results.key").stat().st_mode & 0o777 == 0o600
