@@ -477,19 +477,17 @@ def save_result(out, result):
 
 
 def load_result(out, student, lesson, tests=None):
-    """(result, None), (None, None) when nothing is stored, or (None, why) when the stored file is
-    malformed, unsigned, changed after grading, not the one the folder's index records (copied, put
-    back), gone though the index records it, or (given the lesson's tests [(name, max_points)]) not
-    the lesson's: then it is refused, and graded again."""
+    """(result, None), (None, None) when nothing is stored (grade --resume grades it: "not graded
+    before"), or (None, why) when the stored file is malformed, unsigned, changed after grading, not
+    the one the folder's index records (copied, put back), or (given the lesson's tests
+    [(name, max_points)]) not the lesson's: then it is refused, and graded again."""
     path = result_path(out, student, lesson)
     key = results_key()
     index, folder_why = _read_index(out, key)
     try:
         raw = json.loads(_read_small(path))
         result = validate_result(raw, student, lesson)
-    except FileNotFoundError:
-        if index and f"{lesson}/{student}" in index["entries"]:
-            return None, f"{path}: refused: it was deleted (the folder's index records a result){REGRADE}"
+    except FileNotFoundError:  # never written (a run stopped first), or deleted: load_term tells them apart
         return None, None
     except MisplacedError as e:
         if isinstance(raw.get("digest"), str):  # a signed result moved here, not a damaged file
@@ -537,8 +535,11 @@ def load_term(out, lesson_tests=None):
     or None for a lesson it does not know: checked too."""
     term = Term()
     folder_why = folder_problem(out) if (Path(out) / STORE).is_dir() else None
+    index, _ = _read_index(out, results_key())
     for student, lesson in sorted(stored_pairs(out)):
         result, why = load_result(out, student, lesson, lesson_tests(lesson) if lesson_tests else None)
+        if not result and not why:  # the index records it, its file is gone
+            why = f"{result_path(out, student, lesson)}: refused: it was deleted (the folder's index records it){REGRADE}"
         if result:
             term.results.append(result)
         elif why:
