@@ -137,6 +137,18 @@ def _lesson_06(answers):
         "modules_read_by_helpers": ([], {}, list(MODULE_READERS.values())),
         "environment_and_flags": (["os.environ['TRITON_PRINT_AUTOTUNING'] = '0'\n"
                                    "torch.backends.cudnn.allow_tf32 = False"], {}, []),
+        # beside the rules on code run unseen (test_source_rules has more that need a GPU or __main__)
+        "timing_with_timeit": ([], {}, [
+            "import timeit\nx = torch.randn(1, 1, 8, 16)\n"
+            "print(timeit.timeit(lambda: flash_attention(x, x, x), number=2))\n"
+            "print(timeit.repeat('flash_attention(x, x, x)', globals={'flash_attention': flash_attention, 'x': x},\n"
+            "                    number=1, repeat=2))", "%timeit -n 1 -r 1 flash_attention(x, x, x)"]),
+        "tensors_saved_and_loaded": ([], {}, [
+            "import numpy as np\ntorch.save({'w': torch.ones(2)}, 'weights.pt')\nstate = torch.load('weights.pt')\n"
+            "state = torch.load('weights.pt', map_location='cpu', weights_only=True)\n"
+            "np.save('ones.npy', np.ones(3))\nones = np.load('ones.npy')"]),
+        "gc_between_timings": ([], {}, ["import gc\ngc.collect()\nif torch.cuda.is_available():\n"
+                                        "    torch.cuda.empty_cache()"]),
     }
 
 

@@ -169,3 +169,100 @@ def test_a_list_of_cells_gives_every_rule_its_verdict():
     cells = _grader_cells(last=["%run helper.py"])
     assert set(source_rules.problems(cells)) == {"triton_attention", "flash_attention"}
     assert source_rules.problems(_grader_cells()) == {}
+
+
+HIDDEN_CODE = {  # code run where no reading sees it, in any cell: refused by both rules, with a word of the reason
+    "torch.load that unpickles": ("m = torch.load('m.pt', weights_only=False)", "weights_only=False"),
+    "torch.load told by a variable": ("safe = False\nm = torch.load('m.pt', weights_only=safe)", "weights_only=safe"),
+    "torch.load given its options unseen": ("opts = {}\nm = torch.load('m.pt', **opts)", "torch.load"),
+    "torch.load given a pickle module by position": ("m = torch.load('m.pt', None, torch)", "torch.load"),
+    "torch.load under another name": ("load = torch.load\nm = load('m.pt')", "passes `torch.load`"),
+    "torch.load's default turned off": ("os.environ['TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD'] = '1'",
+                                        "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"),
+    "globals allowed to unpickle": ("torch.serialization.add_safe_globals([print])", "add_safe_globals"),
+    "numpy that unpickles": ("import numpy as np\na = np.load('a.npy', allow_pickle=True)", "allow_pickle"),
+    "pandas that unpickles": ("import pandas as pd\na = pd.read_pickle('a.pkl')", "read_pickle"),
+    "marshalled code": ("import marshal\ncode = marshal.loads(b'')", "marshal"),
+    "exec at the top level": ("exec('import torch')", "`exec`"),
+    "code compiled from a string": ("c = compile('x = 1', 'cell', 'exec')", "`compile`"),
+    "ctypes": ("import ctypes\nctypes.pythonapi.Py_IncRef", "ctypes"),
+    "a TorchFunctionMode of one's own": ("from torch.overrides import TorchFunctionMode\n\n"
+                                         "class Quiet(TorchFunctionMode):\n    pass", "TorchFunctionMode"),
+    "a TorchDispatchMode of one's own": (
+        "from torch.utils._python_dispatch import TorchDispatchMode\n\nclass Quiet(TorchDispatchMode):\n"
+        "    def __torch_dispatch__(self, func, types, args=(), kwargs=None):\n        return func(*args)",
+        "TorchDispatchMode"),
+    "the lesson's OpLog changed": (
+        "class OpLog(TorchDispatchMode):\n    def __torch_dispatch__(self, func, types, args=(), kwargs=None):\n"
+        "        return func(*args, **(kwargs or {}))", "TorchDispatchMode"),
+    "a tensor subclass with __torch_function__": (
+        "class T(torch.Tensor):\n    @classmethod\n"
+        "    def __torch_function__(cls, func, types, args=(), kwargs=None):\n"
+        "        return func(*args, **(kwargs or {}))", "__torch_function__"),
+    "an aten kernel registered by hand": ("lib = torch.library.Library('aten', 'IMPL')", "torch.library"),
+    "torch's C internals": ("torch._C._set_grad_enabled(True)", "torch._C"),
+    "a profile hook": ("import sys\nsys.setprofile(lambda frame, event, arg: None)", "sys.setprofile"),
+    "a trace hook on every thread": ("import threading\nthreading.settrace(print)", "threading.settrace"),
+    "the caller's frame": ("import sys\nf = sys._getframe(0)", "sys._getframe"),
+    "a frame reached from a traceback": ("try:\n    1 / 0\nexcept ZeroDivisionError as e:\n"
+                                         "    up = e.__traceback__.tb_frame", "frame"),
+    "every live object": ("import gc\nobjs = gc.get_objects()", "gc.get_objects"),
+    "gc under another name": ("import gc\ng = gc\nobjs = g.get_objects()", "`gc`"),
+    # code in strings given to timers: a literal is read as code (and refused for what it does), anything else is
+    # refused as unreadable
+    "code in a timeit string": ("import timeit\ntimeit.timeit(\"exec('import torch')\", number=1)", "`exec`"),
+    "a patch in a timeit string": ("import timeit\nns = {'F': F}\ntimeit.timeit('F.tiled = "
+                                   "F.scaled_dot_product_attention', globals=ns, number=1)", "F.tiled"),
+    "a written module imported in a timeit setup": ("import timeit\ntimeit.timeit('pass', setup='import helper')",
+                                                    "`helper`"),
+    "code built for timeit": ("import timeit\ncode = 'import ' + 'helper'\ntimeit.timeit(code, number=1)",
+                              "`code`"),
+    "code given to a Timer by name": ("from timeit import Timer\nTimer(stmt='imp' + 'ort helper').timeit(1)", "stmt"),
+    "code run by cProfile": ("import cProfile\ncProfile.run(\"eval('1')\")", "`eval`"),
+    "timeit under another name": ("import timeit\nt = timeit.timeit\nt('import helper')", "passes `timeit.timeit`"),
+    "timeit through an alias of its module": ("import timeit\nm = timeit\nm.timeit('import helper')", "m.timeit"),
+    "a timeit string that does not parse": ("import timeit\ntimeit.timeit('def (:', number=1)", "does not parse"),
+}
+
+
+@pytest.mark.parametrize("trick", HIDDEN_CODE)
+def test_code_run_unseen_is_refused_by_both_rules(trick, beside_the_notebook):
+    cell, word = HIDDEN_CODE[trick]
+    cells = _grader_cells(last=[cell])
+    for rule in (source_rules.triton_problem, source_rules.flash_problem):
+        found = rule(cells)
+        assert found and word in found, (rule.__name__, found)
+
+
+HONEST_NEAR_THE_RULES = {  # beside each rule above, what honest notebooks do (those that run anywhere are also
+    # graded in test_honest's lesson 06 run)
+    "torch.load with its defaults": ("m = torch.load('m.pt')\n"
+                                     "m = torch.load('m.pt', map_location='cpu', weights_only=True)"),
+    "torch.load imported by name": "from torch.serialization import load\nm = load('m.pt')",
+    "numpy.load with its defaults": ("import numpy as np\na = np.load('a.npy')\n"
+                                     "a = np.load('a.npy', allow_pickle=False)"),
+    "%timeit of an answer": "x = torch.randn(1, 1, 8, 16)\n%timeit flash_attention(x, x, x)",
+    "%prun of an answer": "x = torch.randn(1, 1, 8, 16)\n%prun -s cumtime flash_attention(x, x, x)",
+    "timeit given a lambda": ("import timeit\nx = torch.randn(1, 1, 8, 16)\n"
+                              "timeit.timeit(lambda: flash_attention(x, x, x))"),
+    "timeit given a function": ("import timeit\n\ndef step():\n    flash_attention(x, x, x)\n\n"
+                                "timeit.repeat(step, number=2)"),
+    "timeit given a literal": ("from timeit import timeit, Timer\ntimeit('flash_attention(x, x, x)', "
+                               "globals={'flash_attention': flash_attention, 'x': x}, number=1)\n"
+                               "Timer('sum(range(9))').timeit(1)"),
+    "a timing helper around timeit": ("import timeit\n\ndef bench(fn, *args):\n"
+                                      "    return timeit.timeit(lambda: fn(*args), number=3)\n\n"
+                                      "bench(flash_attention, x, x, x)"),
+    "torch's benchmark Timer": ("import torch.utils.benchmark as benchmark\nt = benchmark.Timer("
+                                "stmt='flash_attention(x, x, x)',\n"
+                                "                    globals={'flash_attention': flash_attention, 'x': x})"),
+    "cProfile of an answer": "import cProfile\ncProfile.run('flash_attention(x, x, x)')",
+    "gc between timings": "import gc\ngc.collect()\nfrom gc import collect\ncollect()",
+    "the lesson's own OpLog, run again": "with OpLog() as log:\n    flash_attention(x, x, x)\nprint(len(log.ops))",
+    "a model put in eval mode": "lin = nn.Linear(2, 2).eval()",
+}
+
+
+@pytest.mark.parametrize("use", HONEST_NEAR_THE_RULES)
+def test_honest_timing_and_loading_keep_every_mark(use):
+    assert source_rules.problems(_grader_cells(last=[HONEST_NEAR_THE_RULES[use]])) == {}

@@ -30,15 +30,25 @@ How the cells are read:
   that may be one (not a literal flag, not os.environ) is refused. Passing a module to a helper that only
   reads it is not.
 
-What still hides from a reading (torch.load of a pickle, a dispatch mode entered by hand, code in a
-string given to a timer) is left to the run-time checks of the values; the verdict only concerns what
-the lesson teaches.
+- Code run where no reading sees it is refused, in any cell (_hidden_code_problem): exec, eval, compile;
+  unpickling (torch.load with weights_only other than True, numpy's allow_pickle, a pickle_module,
+  pandas.read_pickle, marshal); code placed between torch and its callers, where the checks record the ops
+  a call runs (a TorchFunctionMode or TorchDispatchMode, `__torch_function__`, torch.library, torch._C), or
+  over the frames that call it (sys.settrace/setprofile, sys._getframe, frame attributes, gc's object
+  lists: gc.collect() is fine). The lesson's own OpLog cell, as the notebook has it, is the exception.
+  A timer's code given as a literal string (timeit.timeit('f(x)'), cProfile.run, torch's benchmark Timer)
+  is read as code that may run; code given as anything but a function or a literal is refused.
+
+What still hides from a reading (an attribute taken by a computed name, getattr(torch, name)) is left to
+the run-time checks of the values; the verdict only concerns what the lesson teaches.
 """
 import ast
+import hashlib
 import importlib.machinery
 import os
 import re
 import sys
+import textwrap
 import types
 
 MAX_CELL_CHARS = 100_000     # an honest lesson 06 notebook: 45,000 characters of code in all, 5,300 in one cell
@@ -61,7 +71,7 @@ DYNAMIC = {"exec", "eval", "compile", "setattr", "delattr", "globals", "vars", "
 DUNDERS = {"__dict__", "__globals__", "__code__", "__builtins__", "__class__", "__bases__", "__subclasses__",
            "__closure__", "__defaults__", "__kwdefaults__", "__wrapped__", "__self__", "__func__", "__mro__",
            "__getitem__", "__call__", "__setitem__"}
-REWRITERS = {"builtins", "gc", "inspect", "importlib", "ctypes", "imp", "marshal"}
+REWRITERS = {"builtins", "inspect", "importlib", "ctypes", "imp", "marshal"}  # gc: only gc.collect() (below)
 # The setup cell's stand-ins, allowed only in `except ImportError` after `import triton` (never run by a
 # grader that has Triton, which is the only grader that runs the Triton check).
 STAND_INS = {"triton = SimpleNamespace(jit=lambda fn: fn)", "tl = SimpleNamespace(constexpr=None)"}
@@ -199,7 +209,6 @@ def _assigned(text, code):
 def _cell_text(text, number):
     """IPython's cleanup of a cell (leading empty lines and common indentation), then the cell as Python
     text, with every magic line replaced by a placeholder and {placeholder line: the magic's code or None}."""
-    import textwrap
     lines = text.splitlines(keepends=True)
     while lines and not lines[0].strip():
         lines.pop(0)
@@ -473,7 +482,8 @@ READERS = {"print", "len", "str", "repr", "isinstance", "issubclass", "hasattr",
 IMPORT_MACHINERY = {"path", "meta_path", "path_hooks", "path_importer_cache", "modules"}
 # Modules that run code from files or bytes, or change modules by name, where the rules cannot see it.
 LOADERS = {"importlib", "imp", "runpy", "zipimport", "pkgutil", "site", "pickle", "_pickle", "shelve", "dill",
-           "cloudpickle", "unittest"}
+           "cloudpickle", "unittest", "marshal", "copyreg", "joblib", "code", "codeop", "doctest", "pdb", "bdb",
+           "trace", "ctypes", "_ctypes", "cffi", "builtins"}
 OWN_MODULES = {"source_rules"}  # the course's own module beside the notebook (its visible tests import it)
 MAX_PASSES = 10  # the module-flow reading converges in 2 or 3 passes on honest code
 _MISSING = object()
@@ -800,6 +810,170 @@ def _loader_problem(cells):
     return None
 
 
+# ---- code run where a reading cannot see it: from a string, from data, or between torch and its callers ----
+
+# Names that run code given as a string (or hand out the means to).
+CODE_FROM_STRINGS = {"exec", "eval", "compile", "get_ipython", "__builtins__", "breakpoint"}
+# Calls that run strings as code: {canonical name: (positions, keywords) of the code arguments, position of globals
+# or None}. The code of a literal string is read (_with_timed_code); anything else given as code is refused.
+TIMERS = {"timeit.timeit": ((0, 1), ("stmt", "setup"), 4), "timeit.repeat": ((0, 1), ("stmt", "setup"), 5),
+          "timeit.Timer": ((0, 1), ("stmt", "setup"), 3), "cProfile.run": ((0,), ("statement",), None),
+          "cProfile.runctx": ((0,), ("statement",), 1), "profile.run": ((0,), ("statement",), None),
+          "profile.runctx": ((0,), ("statement",), 1),
+          "torch.utils.benchmark.Timer": ((0, 1, 2), ("stmt", "setup", "global_setup"), 4)}
+SHARED_NAMESPACE = {"cProfile.run", "profile.run"}  # they run their code in __main__: the notebook's namespace
+# Attribute names a timer or a loader goes by: a call of one on what may be a module but cannot be named is refused.
+LOADER_ATTRS = {"timeit", "repeat", "Timer", "run", "runctx", "read_pickle"}
+# Loaders of data that unpickle, hence run code, unless told not to: {canonical name: the positional arguments
+# they may be given (beyond which come their pickle options)}.
+UNPICKLERS = {"torch.load": 2, "torch.serialization.load": 2, "numpy.load": 2, "pandas.read_pickle": -1}
+SAFE_KEYWORDS = {"weights_only": True, "allow_pickle": False}  # the one value each may be given
+# Where code slips between torch and its callers (the checks record the ops a call runs), or watches the frames
+# that call it (the grader's), or runs bytes as code: refused under any name.
+INTERCEPTORS = ("torch.overrides", "torch.utils._python_dispatch", "torch._C", "torch.library", "torch._library",
+                "torch._ops", "torch._dynamo", "torch.serialization", "sys.setprofile", "sys.settrace",
+                "sys._getframe", "sys._current_frames", "sys.monitoring", "sys.call_tracing", "sys.addaudithook",
+                "threading.setprofile", "threading.settrace", "inspect.currentframe", "inspect.stack",
+                "inspect.trace", "inspect.getouterframes", "inspect.getinnerframes", "traceback.walk_stack",
+                "traceback.walk_tb", "types.CodeType", "gc")
+INTERCEPTOR_EXCEPTIONS = {"torch.serialization.load", "torch.serialization.save", "gc.collect", "gc.isenabled"}
+TORCH_HOOKS = {"__torch_function__", "__torch_dispatch__"}
+UNPICKLING_SETTINGS = {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"}  # makes torch.load's default unpickle
+# The lesson's own code that does so, as its notebook has it (the sha256 of ast.unparse of the top-level statement,
+# cut to 16 digits): its "Watch it run" cell's `from torch.utils._python_dispatch import TorchDispatchMode` and
+# `class OpLog(TorchDispatchMode)`, which only records the ops its caller runs (a student's OpLog is not the
+# grader's). An edited cell no longer matches, and the honest tests, which grade the lesson's cells, say so.
+COURSE_CODE = {"aca3d3864942d6db", "8f5d94a6dd665055"}
+FRAME_ATTRS = {"f_back", "f_locals", "f_globals", "f_builtins", "f_code", "f_trace", "tb_frame", "gi_frame",
+               "cr_frame", "ag_frame", "__traceback__", "__code__", "__globals__", "__closure__"}
+
+
+def _timer_code(cells, call):
+    """For a call of a timer (TIMERS): ([(argument, its name)] of what it runs as code, whether that code runs in the
+    notebook's namespace); None for any other call."""
+    name = cells.resolve(call.func)
+    if name not in TIMERS:
+        return None
+    positions, keywords, globals_at = TIMERS[name]
+    code = [(a, f"argument {i + 1}") for i, a in enumerate(call.args) if i in positions or isinstance(a, ast.Starred)]
+    code += [(k.value, k.arg or "**") for k in call.keywords if k.arg in keywords or k.arg is None]
+    given = [k.value for k in call.keywords if k.arg == "globals"]
+    given += call.args[globals_at:globals_at + 1] if globals_at is not None else []
+    shared = name in SHARED_NAMESPACE or any(not isinstance(g, ast.Dict) and not _literal(g) for g in given)
+    return code, shared
+
+
+def _is_text(node):
+    return isinstance(node, ast.Constant) and isinstance(node.value, str)
+
+
+def _with_timed_code(trees):
+    """The Cells of the trees, where each literal string a timer runs as code (timeit.timeit('f(x)')) is read as
+    code that may run: a conditional block at the end of its cell when it runs in the notebook's namespace, else a
+    function of its own. Strings in those strings are read in turn, three deep at most."""
+    done = set()
+    for _ in range(4):
+        cells, found = Cells(trees), False
+        for number, tree in enumerate(trees, 1):
+            for call in [n for n in ast.walk(tree) if isinstance(n, ast.Call) and id(n) not in done]:
+                timed = _timer_code(cells, call)
+                done.add(id(call))
+                texts = [a.value for a, _ in (timed or ([], False))[0] if _is_text(a)]
+                if not texts:
+                    continue
+                try:
+                    body = [s for text in texts for s in ast.parse(textwrap.dedent(text)).body]
+                except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
+                    raise Unreadable(f"code cell {number} gives `{ast.unparse(call.func)[:40]}` code that does not "
+                                     "parse as Python: fix it, or pass a function (lambda: ...)") from None
+                block = ast.parse("if __magic__:\n    pass" if timed[1] else "def __timed__():\n    pass").body[0]
+                block.body = body or [ast.Pass()]
+                tree.body.append(block)
+                found = True
+        if not found:
+            return cells
+    raise Unreadable("your code nests code in strings given to timers too deeply for the grader to read")
+
+
+def _reads_as_function(cells, node):
+    """Whether a timer given node as code is given a function the rules can see (a lambda, a def of the cells, a
+    genuine function), or a literal string (_with_timed_code reads it)."""
+    if isinstance(node, ast.Lambda) or _is_text(node):
+        return True
+    if isinstance(node, ast.Name) and isinstance(cells.final(node.id), (ast.FunctionDef, ast.Import, ast.ImportFrom)):
+        return True
+    return isinstance(node, (ast.Name, ast.Attribute)) and cells.resolve(node) is not None
+
+
+def _intercepts(path):
+    return path not in INTERCEPTOR_EXCEPTIONS and any(path == p or path.startswith(p + ".") for p in INTERCEPTORS)
+
+
+def _hidden_code_problem(cells, flow):
+    """Code the cells run where no reading can see it: given to exec, eval or a timer as a string built at run time,
+    unpickled from a file (torch.load with weights_only=False, numpy's allow_pickle), or placed between torch and
+    its callers (a TorchFunctionMode or TorchDispatchMode, __torch_function__, torch.library) or over the frames
+    that call it (sys.settrace, sys._getframe, gc's object lists), where it could fake what the checks record."""
+    parents = _parents(cells)
+    course = {id(n) for tree in cells.trees for stmt in tree.body if isinstance(stmt, (ast.ClassDef, ast.ImportFrom))
+              and hashlib.sha256(ast.unparse(stmt).encode()).hexdigest()[:16] in COURSE_CODE for n in ast.walk(stmt)}
+    for node, scope in flow.nodes:
+        if id(node) in course:
+            continue
+        if isinstance(node, ast.Name) and node.id in CODE_FROM_STRINGS:
+            return f"your code uses `{node.id}`, which runs code from a string the grader cannot read"
+        if isinstance(node, ast.Attribute) and node.attr in FRAME_ATTRS:
+            return f"your code reaches `.{node.attr}`, which reads or rewrites running code (the grader's frames)"
+        hook = node.name if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else \
+            getattr(node, "id", getattr(node, "attr", node.value if _is_text(node) else None))
+        if hook in TORCH_HOOKS:
+            return f"your code defines or names `{hook}`, which intercepts torch's calls (what the grader records)"
+        if hook in UNPICKLING_SETTINGS:
+            return f"your code names `{hook}`, which makes torch.load unpickle, running code the grader cannot read"
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and not getattr(node, "level", 0):
+            paths = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [f"{node.module}.{a.name}" for a in node.names]
+            found = next((p for p in paths if _intercepts(p) and p != "gc"), None)  # gc is judged where it is used
+            if found:
+                return f"your code imports `{found}`, which can intercept torch's calls or reach the code making them"
+        if isinstance(node, (ast.Name, ast.Attribute)) and isinstance(node.ctx, ast.Load):
+            path = cells.resolve(node)
+            up = parents.get(id(node))
+            if path and _intercepts(path) and not isinstance(up, ast.Attribute) and path != "gc":
+                return f"your code uses `{path}`, which can intercept torch's calls or reach the code making them"
+            called = isinstance(up, ast.Call) and up.func is node
+            if path in (*UNPICKLERS, *TIMERS) and not called:
+                return (f"your code passes `{path}` around: the grader reads what it runs only where it is "
+                        "called by name")
+            if path == "gc" and not isinstance(up, ast.Attribute):
+                return "your code passes the `gc` module around: the grader allows only gc.collect()"
+        if not isinstance(node, ast.Call):
+            continue
+        for k in node.keywords:
+            if k.arg in SAFE_KEYWORDS and not (isinstance(k.value, ast.Constant)
+                                               and k.value.value is SAFE_KEYWORDS[k.arg]):
+                return (f"your code calls `{ast.unparse(node.func)[:40]}` with {k.arg}={ast.unparse(k.value)[:30]}: "
+                        f"unpickling runs code the grader cannot read (leave {k.arg} at {SAFE_KEYWORDS[k.arg]})")
+            if k.arg == "pickle_module":
+                return "your code gives a loader its own pickle_module, which runs code the grader cannot read"
+        name = cells.resolve(node.func)
+        if name in UNPICKLERS and (UNPICKLERS[name] < 0 or len(node.args) > UNPICKLERS[name] or any(
+                k.arg is None for k in node.keywords) or any(isinstance(a, ast.Starred) for a in node.args)):
+            return (f"your code calls `{name}` in a way that may unpickle, which runs code the grader cannot read: "
+                    "load tensors with torch.load(path) or numpy.load(path) and their default options")
+        timed = _timer_code(cells, node)
+        for arg, which in (timed or ([], False))[0]:
+            if not _reads_as_function(cells, arg):
+                return (f"your code gives `{name}` code to run ({which}: `{ast.unparse(arg)[:30]}`) that the grader "
+                        "cannot read: pass it a function (lambda: ...) or the code as a literal string")
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr in LOADER_ATTRS and name is None \
+                and flow.may(func.value, scope):
+            return (f"your code calls `{ast.unparse(func)[:40]}` on a module the grader cannot name (an alias, an "
+                    "argument): call it by its module's name")
+    return None
+
+
 def _changed(node, items):
     """Whether a node of an assignment's target is a change to check: an attribute stored (or any attribute on
     the way, with items), an item (with items), or an item of what a call returned (vars(m)[k] = ...)."""
@@ -845,9 +1019,11 @@ def _global_problem(cells):
                 return "your code uses `import *`"
             mods = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [f"{node.module}.{a.name}" for a in node.names]
-            if any(m.split(".")[0] in REWRITERS for m in mods):
-                return "your code imports a module that can rewrite other code"
-    return _loader_problem(cells) or _patch_problem(cells, cells.flow())
+            rewriter = next((m for m in mods if m.split(".")[0] in REWRITERS), None)
+            if rewriter:
+                return f"your code imports `{rewriter}`, a module that can rewrite other code"
+    flow = cells.flow()
+    return _loader_problem(cells) or _hidden_code_problem(cells, flow) or _patch_problem(cells, flow)
 
 
 # ---- triton_attention ---------------------------------------------------------------------------------
@@ -1046,7 +1222,8 @@ def _fused(node):
 
 
 def _flash_problem(cells):
-    found = _loader_problem(cells) or _patch_problem(cells, cells.flow(), items=False)
+    found = _loader_problem(cells) or _hidden_code_problem(cells, cells.flow()) \
+        or _patch_problem(cells, cells.flow(), items=False)
     if found:
         return f"{found}, so the grader cannot tell what flash_attention calls"
     todo, seen = [], {"flash_attention"}
@@ -1086,10 +1263,10 @@ def _read(sources):
     key = tuple(str(s) for s in sources)
     if _LAST[0] != key:
         try:
-            cells = Cells(read_cells(key))
+            cells = _with_timed_code(read_cells(key))
             if cells.top.get("verify") or "verify" in cells.globals_declared:
                 # a `verify` of the student's own would be handed globals() by the hidden-test line: read it too
-                cells = Cells(read_cells(key, drop_hidden_tests=False))
+                cells = _with_timed_code(read_cells(key, drop_hidden_tests=False))
             _LAST[:] = [key, cells]
         except Unreadable as e:
             _LAST[:] = [key, e]
