@@ -9,10 +9,15 @@ check), and the hidden-only escapes: mistakes the visible test misses, with the 
 A lesson runs once, cell by cell, with the solutions; just before each answer cell it forks one child
 per mistake and variant of that function (several at once), which runs the rest of the notebook (demo
 cells skipped, the visible test cells recorded) with that answer instead. tests/test_visible.py asserts
-on the same runs. With --notebook, the lesson is read from an edited source notebook (its answer cells
-the solutions), as an instructor checks an exercise before releasing it.
+on the same runs; the command's fast run (run_lesson(fast=True)) lets a child stop where the rest of the
+notebook can no longer differ from the solutions' run, and tests/test_audit.py holds it to the same
+verdicts. With --notebook, the lesson is read from an edited source notebook (its answer cells the
+solutions), as an instructor checks an exercise before releasing it.
 """
+import ast
 import contextlib
+import hashlib
+import importlib
 import io
 import json
 import os
@@ -20,6 +25,7 @@ import re
 import select
 import signal
 import sys
+import types
 import warnings
 
 from autograder import mistakes
@@ -79,17 +85,29 @@ def _run(cells, ns, failures):
 GRADER_MODULES = ("sandbox.helpers", "autograder.sandbox.helpers", "autograder.checks.stand_ins")
 
 
-def _child(cells, ns, code, gid, hidden):
+def _child(cells, ns, code, gid, hidden, plan=None):
     """In a forked child: this answer instead of the solution, then the rest of the notebook.
     hidden: the lesson whose hidden check of gid to run afterwards (on variants, and on mistakes the
-    visible test missed: keyword), or None."""
+    visible test missed: keyword), or None. plan (the fast run): what lets the child stop early, with
+    the solutions' verdicts for the cells it leaves (see _stops)."""
     for module in GRADER_MODULES:  # a student's kernel has none of the grader's code loaded (earlier tests did)
         sys.modules.pop(module, None)
     failures = {}
+    tainted = {gid, "In", *_names(code)[1]}  # what may differ from the solutions' run: In lists this answer
     try:
         ns["In"] = [*ns.get("In", [""]), code]
         exec(compile(code, f"<{gid}>", "exec"), ns)
-        _run(cells, ns, failures)
+        for k, cell in enumerate(cells):
+            _run([cell], ns, failures)
+            if plan is None:
+                continue
+            loads, stores = plan["names"][k]
+            if "*" in loads or loads & tainted:
+                tainted |= stores
+            needs_hidden = hidden and (hidden[1] is None or hidden[1].lower() not in failures.get(f"test_{gid}", "").lower())
+            if not needs_hidden and _stops(plan, k, ns, tainted):
+                failures.update(plan["after"][k])
+                break
     except Exception as e:  # noqa: BLE001 - a provided cell broke: blame the answer's own test
         failures.setdefault(f"test_{gid}", f"a later cell raised {type(e).__name__}: {e}"[:2000])
     if hidden:
@@ -97,6 +115,123 @@ def _child(cells, ns, code, gid, hidden):
         if keyword is None or keyword.lower() not in failures.get(f"test_{gid}", "").lower():
             failures[HIDDEN + gid] = _hidden(lesson, gid, ns)
     return failures
+
+
+def _stops(plan, k, ns, tainted):
+    """True when the cells after the k-th (of those the child runs) would give what they gave the solutions:
+    none of them reads a name the answer changed (tainted: bound by it, or by a cell that read one, at any
+    depth), and the kernel's state equals the solutions' run after the same cell (_state: random states,
+    torch's global settings, the environment, the modules loaded, the names and what each is, and the
+    attributes of the modules the cells hold). What this cannot see, a change inside a value that no
+    tainted name reaches, the exact run (fast=False, what tests/test_visible.py runs) makes no bet on;
+    tests/test_audit.py holds the two equal."""
+    if any("*" in loads or loads & tainted for loads, _ in plan["names"][k + 1:]):
+        return False
+    if not set(sys.modules) <= plan["modules"]:
+        return False
+    glob, names = _state(ns)
+    want_glob, want_names = plan["states"][k]
+    return glob == want_glob and ({n: h for n, h in names.items() if n not in tainted}
+                                  == {n: h for n, h in want_names.items() if n not in tainted})
+
+
+def _names(code):
+    """(names a cell reads, names it binds), at any depth: a local that shares a global's name counts, which
+    only makes the fast run stop later. A cell that reaches names by string (globals(), eval, ...) reads '*'."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return {"*"}, set()
+    loads, stores = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            (loads if isinstance(node.ctx, ast.Load) else stores).add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            stores.add(node.name)
+        elif isinstance(node, ast.alias):
+            stores.add((node.asname or node.name).split(".")[0])
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            stores.update(node.names)
+    if loads & BY_STRING:
+        loads.add("*")
+    return loads, stores
+
+
+BY_STRING = {"globals", "locals", "vars", "eval", "exec", "dir", "__import__", "getattr", "setattr", "get_ipython"}
+
+
+def _state(ns):
+    """(hash of the process's state, {name: hash of what it holds}) after a cell, comparable between two
+    forked runs: torch's and numpy's random states (Python's random is seeded afresh in each forked child,
+    the exact run's too), torch's global settings, environment, working directory, sys.path, the
+    warning filters; per name its value's type, and for a module its attributes' types and names."""
+    import numpy as np
+    import torch
+
+    glob = [torch.get_rng_state().numpy().tobytes(), np.random.get_state()[1].tobytes(),
+            torch.get_default_dtype(), torch.is_grad_enabled(), torch.get_num_threads(),
+            torch.are_deterministic_algorithms_enabled(), sorted(os.environ.items()), os.getcwd(), sys.path,
+            warnings.filters, np.geterr()]
+    names = {n: _hash(_describe(v)) for n, v in ns.items() if n != "__builtins__"}
+    return _hash(glob), names
+
+
+def _describe(value):
+    def kind(x):
+        try:  # torch.ops and torch.classes answer any attribute with an object: only strings are kept
+            own = [getattr(x, a, None) for a in ("__module__", "__qualname__")]
+        except Exception:  # noqa: BLE001 - an attribute that raises when read
+            own = []
+        return type(x).__module__, type(x).__qualname__, *(a for a in own if isinstance(a, str))
+    if isinstance(value, types.ModuleType):
+        return value.__name__, sorted((a, kind(x)) for a, x in list(vars(value).items()))
+    return kind(value)
+
+
+def _hash(x):
+    return hashlib.sha1(repr(x).encode()).hexdigest()[:16]
+
+
+def _scout(cells, ns):
+    """In a forked child: the solutions' run, as the fast run's plan. Per cell: _state after it (names
+    sent only where they changed), the test failures so far; and every module the run loaded, in order."""
+    for module in GRADER_MODULES:
+        sys.modules.pop(module, None)
+    failures, states, after, seen = {}, [], [], {}
+    for cell in cells:
+        _run([cell], ns, failures)
+        glob, names = _state(ns)
+        states.append([glob, {n: h for n, h in names.items() if seen.get(n) != h}])
+        seen = names
+        after.append(dict(failures))
+    return {"failures": failures, "states": states, "after": after, "modules": list(sys.modules)}
+
+
+def _plan(cells, scout, start):
+    """What a child forked before cell `start` needs to stop early (see _child): per later cell its names,
+    the solutions' state after it, and the solutions' failures of the cells after it."""
+    full, states = {}, []
+    for glob, changed in scout["states"]:
+        full = {**full, **changed}
+        states.append((glob, full))
+    final = scout["failures"]
+    return {"names": [_names(code) for _, _, code in cells[start:]], "states": states[start:],
+            "after": [{t: m for t, m in final.items() if t not in seen} for seen in scout["after"][start:]],
+            "modules": set(scout["modules"])}
+
+
+def _warm(scout):
+    """Import, before forking, the modules the solutions' run loads later inside packages already loaded
+    (torch._dynamo, which torch loads lazily in every child otherwise: 1.4 s each in lesson 06). Packages
+    not yet loaded are left to the cells, which may set what they read first (TRITON_INTERPRET)."""
+    with warnings.catch_warnings():  # the filters a module sets when loaded (a test cell's are dropped after it)
+        for name in scout["modules"]:
+            if name not in sys.modules and name.split(".")[0] in sys.modules and not name.startswith(GRADER_SIDE):
+                with contextlib.suppress(Exception):
+                    importlib.import_module(name)
+
+
+GRADER_SIDE = ("autograder", "solutions", "tests", "sandbox")
 
 
 def _hidden(lesson, name, ns):
@@ -114,8 +249,9 @@ def _hidden(lesson, name, ns):
         return f"0: the check raised {type(e).__name__}: {e}"[:2000]
 
 
-def _start(fn):
-    """fn() in a forked child, which writes its JSON answer to a pipe: (pid, read end)."""
+def _start(fn, whole=False):
+    """fn() in a forked child, which writes its JSON answer to a pipe: (pid, read end). Unless whole (the
+    parent reads at once), an answer stays under the pipe's buffer, so the child never waits for the parent."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -126,8 +262,11 @@ def _start(fn):
             payload = json.dumps(fn()).encode()
         except BaseException as e:  # noqa: BLE001
             payload = json.dumps({"<harness>": repr(e)}).encode()
-        # under the pipe's buffer, so the child never waits for the parent to read
-        os.write(w, payload) if len(payload) < 60_000 else os.write(w, json.dumps({"<harness>": "too long"}).encode())
+        if len(payload) >= 60_000 and not whole:
+            payload = json.dumps({"<harness>": "too long"}).encode()
+        view = memoryview(payload)
+        while view:
+            view = view[os.write(w, view):]
         os._exit(0)
     os.close(w)
     return pid, r
@@ -140,10 +279,15 @@ def _collect(pid, r):
     return json.loads(data) if data else {"<harness>": "the child died (a hang or a crash)"}
 
 
-def run_lesson(lesson, notebook=None, hidden=False, jobs=None):
+def run_lesson(lesson, notebook=None, hidden=False, jobs=None, fast=False):
     """{(name, what): {visible test grade_id: failure message}} for every mistake and variant, and
     ("<solutions>", "") for the solutions. hidden: also the hidden check's verdict (key 'hidden:NAME')
-    on variants and on the mistakes their visible test misses. notebook: an edited source notebook."""
+    on variants and on the mistakes their visible test misses. notebook: an edited source notebook.
+    fast (the audit command): a first child runs the solutions and records their state after each cell;
+    the lazily loaded modules it met are loaded before forking, and each child stops where the rest of
+    the notebook can no longer differ from the solutions' run (_stops), taking the solutions' verdicts
+    for it. A child that will run the hidden check runs the whole notebook, as the hidden check sees it."""
+    import numpy.random  # noqa: F401 - seeded when first loaded: here, so the fast run's children share one state
     import torch
     torch.set_num_threads(1)
     answers = {n: [("mutant", m.what, m.code, m.keyword) for m in ms] for n, ms in mistakes.mutants(lesson).items()}
@@ -160,18 +304,26 @@ def run_lesson(lesson, notebook=None, hidden=False, jobs=None):
     quiet = contextlib.redirect_stdout(io.StringIO())
     try:
         with quiet:
+            scout = _collect(*_start(lambda: _scout(cells, ns), whole=True)) if fast else None
+            if scout is not None and "<harness>" in scout:
+                raise RuntimeError(f"audit: the solutions' run failed: {scout['<harness>']}")
             for i, (kind, gid, code) in enumerate(cells):
+                if scout and kind == "answer" and gid in answers:
+                    _warm(scout)
+                    plan = _plan(cells, scout, i + 1)
                 for _, what, answer, keyword in answers.get(gid, []) if kind == "answer" else ():
                     while len(running) >= jobs:
                         _finish_one(running, results)
                     check = (lesson, keyword) if hidden else None
-                    running[_start(lambda: _child(cells[i + 1:], ns, answer, gid, check))] = (gid, what)
+                    running[_start(lambda: _child(cells[i + 1:], ns, answer, gid, check, plan if scout else None))] = (gid, what)
                 _run([(kind, gid, code)], ns, baseline)
             while running:
                 _finish_one(running, results)
     finally:
         os.chdir(cwd)
         sys.path.remove(str(path.parent))
+    if scout and scout["failures"] != baseline:  # loading modules early changed the solutions' run: no shortcut
+        return run_lesson(lesson, notebook, hidden, jobs)
     results["<solutions>", ""] = baseline
     return results
 
@@ -240,7 +392,7 @@ def audit(lesson, notebook=None):
     """Print the table; 1 when anything is to fix (what tests/test_visible.py fails on): the solutions fail
     a visible test, a mistake is misblamed or caught only by the hidden check without being declared
     HIDDEN_ONLY, or escapes both, or a correct variant loses."""
-    results = run_lesson(lesson, notebook, hidden=True)
+    results = run_lesson(lesson, notebook, hidden=True, fast=True)
     lines = table(lesson, results)
     print("\n".join(lines))
     declared = [f"'{what}' NOT CAUGHT by the visible test (declared" for what in mistakes.hidden_only(lesson)]

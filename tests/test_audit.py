@@ -53,3 +53,29 @@ def test_audit_refuses_another_lessons_notebook():
     run = _audit("--notebook", str(nbk.lesson_path("02_heads")))
     assert run.returncode == 2 and "no answer cell for softmax" in run.stderr and "Traceback" not in run.stderr, run.stderr
 
+
+
+# The audit command's fast run (autograder.audit.run_lesson(fast=True)) must give what the exact run gives,
+# the runs tests/test_visible.py asserts on: every visible test's verdict and every hidden check's.
+def test_the_fast_run_gives_the_exact_runs_verdicts():
+    from autograder import audit
+
+    assert audit.run_lesson(LESSON, hidden=True, fast=True) == audit.run_lesson(LESSON, hidden=True)
+
+
+def test_the_fast_run_sees_a_mistake_that_changes_a_module(monkeypatch):
+    """A causal_mask that also replaces np.swapaxes breaks scaled_dot_product_attention's visible test, which
+    never names causal_mask: the fast run must not stop after causal_mask's own test, as it does when
+    nothing but its names changed."""
+    from autograder import audit, mistakes
+
+    solution = "def causal_mask(n_queries, n_keys=None):\n    n_keys = n_queries if n_keys is None else n_keys\n" \
+               "    return np.tril(np.ones((n_queries, n_keys), dtype=bool), k=n_keys - n_queries)\n"
+    planted = {"causal_mask": [mistakes.Mistake("right, but np.swapaxes replaced", "mask",
+                                                solution + "np.swapaxes = lambda a, i, j: a\n"),
+                               mistakes.Mistake("right", "mask", solution)]}
+    monkeypatch.setattr(mistakes, "mutants", lambda lesson: planted)
+    monkeypatch.setattr(mistakes, "variants", lambda lesson: {})
+    fast, exact = audit.run_lesson(LESSON, fast=True), audit.run_lesson(LESSON)
+    assert "test_scaled_dot_product_attention" in exact["causal_mask", "right, but np.swapaxes replaced"]
+    assert fast == exact
