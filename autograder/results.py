@@ -74,6 +74,7 @@ The API, by use:
     clean text      clean(text, cap, newlines), check_student(name), cell_error(value)
 """
 import csv
+import fcntl
 import hashlib
 import hmac
 import io
@@ -338,7 +339,6 @@ def _read_index(out, key):
 def _record(out, result, key):
     """Sign result for RESULTS (its nonce) and record its digest in the folder's index; returns the digest.
     The index is made on first use; under a lock (threads) and flock (processes)."""
-    import fcntl
     path = index_path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     with _index_lock, open(path.parent / ".index.lock", "a") as lock:
@@ -346,13 +346,16 @@ def _record(out, result, key):
         index, why = _read_index(out, key)
         if why:  # prepare_out refused this before grading; a folder damaged since starts afresh
             index = None
-        index = index or {"nonce": secrets.token_hex(16), "entries": {}}
+        index = {"nonce": index["nonce"], "entries": dict(index["entries"])} if index else \
+            {"nonce": secrets.token_hex(16), "entries": {}}  # a copy: the cached one stays what the disk holds
         signed = digest(result, key, index["nonce"])
         write_atomic(result_path(out, result["student"], result["lesson"]),
                      json.dumps(dict(result, digest=signed), indent=1) + "\n")
         index["entries"][f"{result['lesson']}/{result['student']}"] = signed
         write_atomic(path, json.dumps(dict(format=INDEX_FORMAT, mac=_index_mac(index, key), **index)) + "\n",
                      durable=False)  # a crash before it lands leaves the result refused, so regraded: never trusted
+        st = os.stat(path)
+        _index_cache[path] = ((st.st_ino, st.st_size, st.st_mtime_ns), key, (index, None))  # not read back
     return signed
 
 
