@@ -342,60 +342,109 @@ def verdict(results, name, mistake):
     return mistake.keyword.lower() in own.lower(), own, sorted(t for t in failures if t != f"test_{name}")
 
 
-def table(lesson, results):
-    """The audit's lines: one row per graded name, then a line for each mistake or variant to look at."""
-    rows, notes = [], []
+def judge(lesson, results):
+    """{name: [(status, what, detail)]} of every mistake and variant, and the problems: the lines that make
+    the audit fail. A mistake is
+      caught       its own visible test fails naming its keyword (what tests/test_visible.py asks);
+      hidden-only  it is not, is declared in HIDDEN_ONLY, and the hidden check catches it naming the keyword;
+      UNNAMED      its own visible test fails, but the message does not name the mistake: the student learns
+                   that something is wrong, not what;
+      NOT CAUGHT   its own visible test passes: the student is told the answer is right.
+    and MISBLAMES when another function's visible test fails too. A variant keeps every mark or LOSES some."""
     declared = mistakes.hidden_only(lesson)
-    names = dict.fromkeys([*mistakes.mutants(lesson), *mistakes.variants(lesson)])
-    total = dict(mistakes=0, caught=0, misblamed=0, hidden_only=0, escapes=0, variants=0, losing=0)
-    for name in names:
-        ms, vs = mistakes.mutants(lesson).get(name, []), mistakes.variants(lesson).get(name, [])
-        row = dict(mistakes=len(ms), caught=0, misblamed=0, hidden_only=0, escapes=0, variants=len(vs), losing=0)
-        for m in ms:
+    ms, vs = mistakes.mutants(lesson), mistakes.variants(lesson)
+    out, problems = {}, []
+    for name in dict.fromkeys([*ms, *vs]):
+        rows = out.setdefault(name, [])
+        for m in ms.get(name, []):
             caught, own, blamed = verdict(results, name, m)
-            row["caught"] += caught
-            row["misblamed"] += bool(blamed)
+            hidden = results[name, m.what].get(HIDDEN + name)
+            named = hidden is not None and hidden != "" and m.keyword.lower() in hidden.lower()
+            said = (f"its visible test says {own[:120]!r}" if own else "its visible test passes") + (
+                "" if hidden is None else "; the hidden check passes it too" if hidden == ""
+                else "; the hidden check catches it" + ("" if named else f" without naming {m.keyword!r}"))
+            if caught:
+                status, detail = "caught", ""
+            elif m.what in declared:
+                status, detail = ("hidden-only" if named else "HIDDEN-ONLY, HIDDEN MISSES"), f"{said} (declared: {declared[m.what]})"
+            else:
+                status, detail = ("UNNAMED" if own else "NOT CAUGHT"), f"{said}; the feedback must name {m.keyword!r}"
             if blamed:
-                notes.append(f"  {name}: '{m.what}' misblames {', '.join(blamed)}")
-            if not caught:
-                hidden = results[name, m.what].get(HIDDEN + name)
-                missed = hidden == ""
-                row["escapes" if missed else "hidden_only"] += 1
-                why = f" (declared: {declared[m.what]})" if m.what in declared else ""
-                seen = f"its visible test says {own[:100]!r}" if own else "its visible test passes"
-                verdict_hidden = ("" if hidden is None else " - the hidden check passes it too" if missed
-                                  else " - the hidden check catches it" + ("" if m.keyword.lower() in hidden.lower()
-                                                                           else f" without naming {m.keyword!r}"))
-                notes.append(f"  {name}: '{m.what}' NOT CAUGHT by the visible test{why}: {seen}{verdict_hidden}")
-        for v in vs:
-            lost = {t: msg for t, msg in results[name, v[0]].items() if msg}
-            row["losing"] += bool(lost)
+                status, detail = f"{status}, MISBLAMES", f"{detail}; " * bool(detail) + f"it also fails {', '.join(blamed)}"
+            rows.append((status, m.what, detail))
+            if status not in ("caught", "hidden-only"):
+                problems.append(f"{name}: '{m.what}' {status}: {detail}")
+        for what, _ in vs.get(name, []):
+            lost = {t: msg for t, msg in results[name, what].items() if msg}
+            detail = "; ".join(f"loses {t}: {msg[:120]!r}" for t, msg in lost.items())
+            rows.append(("variant LOSES" if lost else "variant ok", what, detail))
             if lost:
-                notes.append(f"  {name}: correct variant '{v[0]}' loses {', '.join(lost)}: {next(iter(lost.values()))[:100]!r}")
-        rows.append((name, row))
-        for key in total:
-            total[key] += row[key]
-    rows.append(("all", total))
-    head = f"{'function':<28} {'mistakes':>8} {'caught':>7} {'misblamed':>9} {'hidden-only':>11} {'escapes':>7} {'variants losing':>15}"
-    lines = [f"{lesson}: {total['mistakes']} known mistakes and {total['variants']} correct variants against the "
-             "visible tests of the released notebook (hidden checks on what they miss and on the variants)", head]
-    for name, r in rows:
-        lines.append(f"{name:<28} {r['mistakes']:>8} {r['caught']:>7} {r['misblamed']:>9} {r['hidden_only']:>11} "
-                     f"{r['escapes']:>7} {str(r['losing']) + '/' + str(r['variants']):>15}")
-    base = {t: m for t, m in results["<solutions>", ""].items()}
-    if base:
-        lines.append(f"the solutions fail visible tests: {', '.join(base)}")
-    return lines + notes
+                problems.append(f"{name}: correct variant '{what}' {detail}")
+    total = sum(len(v) for v in ms.values())
+    known = {m.what for v in ms.values() for m in v}
+    if set(declared) - known:
+        problems.append(f"HIDDEN_ONLY names unknown mistakes: {', '.join(sorted(set(declared) - known))}")
+    if len(declared) > MAX_HIDDEN_ONLY * total:
+        problems.append(f"HIDDEN_ONLY declares {len(declared)} of {total} mistakes: at most {MAX_HIDDEN_ONLY:.0%} "
+                        f"({int(MAX_HIDDEN_ONLY * total)}) may be left to the hidden checks")
+    if results["<solutions>", ""]:
+        problems.append(f"the solutions fail visible tests: {', '.join(results['<solutions>', ''])}")
+    return out, problems
+
+
+MAX_HIDDEN_ONLY = mistakes.MAX_HIDDEN_ONLY
+COLUMNS = ("mistakes", "caught", "hidden-only", "unnamed", "not caught", "misblames", "variants losing")
+
+
+def table(lesson, results):
+    """The audit's lines: the counts per function, then a table per function (a row per mistake and
+    variant), the problems, and a summary line."""
+    judged, problems = judge(lesson, results)
+    counts = {}
+    for name, rows in judged.items():
+        c = dict.fromkeys(COLUMNS, 0)
+        mistake_rows = [s for s, _, _ in rows if not s.startswith("variant")]
+        c["mistakes"] = len(mistake_rows)
+        for col, test in (("caught", "caught"), ("hidden-only", "hidden-only"), ("unnamed", "UNNAMED"),
+                          ("not caught", "NOT CAUGHT")):
+            c[col] = sum(s.split(",")[0] == test for s in mistake_rows)
+        c["misblames"] = sum(s.endswith("MISBLAMES") for s in mistake_rows)
+        variants = [s for s, _, _ in rows if s.startswith("variant")]
+        c["variants losing"] = f"{variants.count('variant LOSES')}/{len(variants)}"
+        counts[name] = c
+    total = {col: sum(c[col] for c in counts.values()) for col in COLUMNS[:-1]}
+    losing = [tuple(map(int, c["variants losing"].split("/"))) for c in counts.values()]
+    total["variants losing"] = f"{sum(a for a, _ in losing)}/{sum(b for _, b in losing)}"
+    width = max(28, *(len(n) for n in counts))
+    fmt = lambda first, cells: f"{first:<{width}} " + " ".join(f"{str(v):>{len(col)}}" for col, v in zip(COLUMNS, cells))
+    lines = [f"{lesson}: {total['mistakes']} known mistakes and {total['variants losing'].split('/')[1]} correct variants "
+             "against the visible tests of the released notebook (and the hidden check, where the visible test "
+             "misses and on every variant)", "", fmt("function", COLUMNS)]
+    lines += [fmt(name, c.values()) for name, c in counts.items()] + [fmt("all", total.values())]
+    for name, rows in judged.items():
+        lines += ["", f"{name}:"]
+        status_width = min(max(len(s) for s, _, _ in rows), len("hidden-only"))  # a longer status runs over
+        lines += [f"  {s:<{status_width}}  {what}" + (f": {detail}" if detail else "") for s, what, detail in rows]
+    if problems:
+        lines += ["", f"to fix ({len(problems)}):"] + [f"  {p}" for p in problems]
+    declared = len(mistakes.hidden_only(lesson))
+    lines += ["", f"{lesson}: {total['caught']} of {total['mistakes']} mistakes caught by the visible tests, "
+                  f"{declared} declared hidden-only (at most {int(MAX_HIDDEN_ONLY * total['mistakes'])}), "
+                  f"{total['unnamed']} unnamed, {total['not caught']} not caught, {total['misblames']} misblaming, "
+                  f"{total['variants losing']} variants losing: "
+                  + (f"{len(problems)} to fix (exit 1)" if problems else "nothing to fix (exit 0)")]
+    return lines
+
+
+EXIT_STATUS = """exit status: 0 nothing to fix; 1 something to fix: the solutions fail a visible test, a mistake's
+own visible test passes it (NOT CAUGHT) or fails without naming it (UNNAMED) and HIDDEN_ONLY does not
+declare it, a declared one escapes the hidden check too, a mistake makes another function's visible test
+fail (MISBLAMES), a correct variant loses a mark, or HIDDEN_ONLY declares more than 5% of the lesson's
+mistakes; 2 the command cannot run (no such notebook, one without the lesson's answer cells)."""
 
 
 def audit(lesson, notebook=None):
-    """Print the table; 1 when anything is to fix (what tests/test_visible.py fails on): the solutions fail
-    a visible test, a mistake is misblamed or caught only by the hidden check without being declared
-    HIDDEN_ONLY, or escapes both, or a correct variant loses."""
+    """Print the table; the exit status is EXIT_STATUS's: 1 when judge finds anything to fix."""
     results = run_lesson(lesson, notebook, hidden=True, fast=True)
-    lines = table(lesson, results)
-    print("\n".join(lines))
-    declared = [f"'{what}' NOT CAUGHT by the visible test (declared" for what in mistakes.hidden_only(lesson)]
-    notes = [line for line in lines if line.startswith("  ")
-             and not (any(d in line for d in declared) and line.endswith("the hidden check catches it"))]
-    return 1 if notes or results["<solutions>", ""] else 0
+    print("\n".join(table(lesson, results)))
+    return 1 if judge(lesson, results)[1] else 0

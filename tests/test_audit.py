@@ -4,6 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from autograder import audit, mistakes
 from autograder import notebook as nbk
 
 REPO = Path(__file__).resolve().parent.parent
@@ -16,21 +17,23 @@ def _audit(*args):
 
 
 def _row(out, name):
-    """{column: value} of one function's row of the table."""
-    head, row = (line.split() for line in out.splitlines() if line.startswith(("function ", f"{name} ")))
-    return dict(zip(["function", "mistakes", "caught", "misblamed", "hidden-only", "escapes", "variants losing"], row))
+    """{column: value} of one function's row of the counts table."""
+    [row] = [line for line in out.splitlines() if line.startswith(f"{name} ")]
+    cells = row.split()
+    return {"function": cells[0], **dict(zip(audit.COLUMNS, cells[1:]))}
 
 
 def test_audit_of_the_lesson_catches_every_mistake():
     run = _audit()
     assert run.returncode == 0, run.stdout + run.stderr
-    assert _row(run.stdout, "softmax") == {"function": "softmax", "mistakes": "9", "caught": "9", "misblamed": "0",
-                                           "hidden-only": "0", "escapes": "0", "variants losing": "0/2"}
+    assert _row(run.stdout, "softmax") == {"function": "softmax", "mistakes": "9", "caught": "9", "hidden-only": "0",
+                                           "unnamed": "0", "not caught": "0", "misblames": "0", "variants losing": "0/2"}
+    assert run.stdout.rstrip().endswith("nothing to fix (exit 0)")
 
 
 def test_audit_reports_a_visible_test_that_checks_nothing(tmp_path):
-    """An instructor's edit that empties softmax's visible test: every softmax mistake becomes a hidden-only
-    escape, named, and the command fails; the other functions keep their row."""
+    """An instructor's edit that empties softmax's visible test: every softmax mistake is NOT CAUGHT, named
+    with the hidden check's verdict, and the command fails; the other functions keep their row."""
     nb = nbk.read(nbk.lesson_path(LESSON))
     [cell] = [c for c in nbk.code_cells(nb) if nbk.is_test(c) and nbk.grade_id(c) == "test_softmax"]
     nbk.set_source(cell, "assert True  # checks nothing\n")
@@ -39,9 +42,54 @@ def test_audit_reports_a_visible_test_that_checks_nothing(tmp_path):
     run = _audit("--notebook", str(edited))
     assert run.returncode == 1, run.stdout + run.stderr
     assert _row(run.stdout, "softmax")["caught"] == "0"
-    assert _row(run.stdout, "softmax")["hidden-only"] == "9"
-    assert "softmax: 'no max shift' NOT CAUGHT by the visible test: its visible test passes - the hidden check catches it" in run.stdout
+    assert _row(run.stdout, "softmax")["not caught"] == "9"
+    assert "NOT CAUGHT  no max shift: its visible test passes; the hidden check catches it" in run.stdout
     assert _row(run.stdout, "causal_mask")["caught"] == "6"
+    assert run.stdout.rstrip().endswith("9 to fix (exit 1)")
+
+
+def _results(lesson, **own):
+    """Audit results where every mistake's own visible test fails naming its keyword, every variant keeps
+    every mark and the hidden check catches what it is asked about; own: {what: own test's message}."""
+    out = {("<solutions>", ""): {}}
+    for name, ms in mistakes.mutants(lesson).items():
+        for m in ms:
+            message = own.get(m.what, f"AssertionError: {m.keyword}")
+            out[name, m.what] = {f"test_{name}": message} if message else {}
+            if m.keyword.lower() not in message.lower():
+                out[name, m.what][audit.HIDDEN + name] = f"0: {m.keyword}"
+    for name, vs in mistakes.variants(lesson).items():
+        out.update({(name, what): {} for what, _ in vs})
+    return out
+
+
+def test_a_visible_test_that_fails_without_naming_the_mistake_does_not_catch_it():
+    judged, problems = audit.judge(LESSON, _results(LESSON, **{"no max shift": "AssertionError: wrong values"}))
+    assert ("UNNAMED", "no max shift") == judged["softmax"][0][:2]
+    assert len(problems) == 1 and "'no max shift' UNNAMED" in problems[0] and "wrong values'" in problems[0]
+    assert _row("\n".join(audit.table(LESSON, _results(LESSON, **{"no max shift": "AssertionError: wrong values"}))),
+                "softmax")["unnamed"] == "1"
+
+
+def test_only_a_declared_escape_is_left_to_the_hidden_check(monkeypatch):
+    escaped = _results(LESSON, **{"no max shift": "", "float mask": ""})
+    judged, problems = audit.judge(LESSON, escaped)
+    assert {p.split(":")[0] for p in problems} == {"softmax", "causal_mask"}, problems
+    monkeypatch.setattr(mistakes, "hidden_only", lambda lesson: {"no max shift": "a reason"})
+    judged, problems = audit.judge(LESSON, escaped)
+    assert ("hidden-only", "no max shift") == judged["softmax"][0][:2]
+    assert [p.split(":")[0] for p in problems] == ["causal_mask"], problems  # the undeclared one still fails
+    escaped["softmax", "no max shift"][audit.HIDDEN + "softmax"] = ""  # the hidden check misses it too
+    assert any("'no max shift' HIDDEN-ONLY, HIDDEN MISSES" in p for p in audit.judge(LESSON, escaped)[1])
+
+
+def test_hidden_only_is_capped_at_five_percent(monkeypatch):
+    """Lesson 01 has 23 mistakes: one may be declared hidden-only, two may not."""
+    monkeypatch.setattr(mistakes, "hidden_only", lambda lesson: {"no max shift": "a reason"})
+    assert audit.judge(LESSON, _results(LESSON))[1] == []
+    monkeypatch.setattr(mistakes, "hidden_only", lambda lesson: {"no max shift": "a reason", "float mask": "another"})
+    [problem] = audit.judge(LESSON, _results(LESSON))[1]
+    assert "HIDDEN_ONLY declares 2 of 23 mistakes: at most 5% (1)" in problem
 
 
 def test_audit_refuses_a_missing_notebook(tmp_path):

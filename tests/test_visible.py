@@ -17,7 +17,7 @@ from autograder import audit, mistakes
 from tests import mutants
 from tests.lessons import LESSONS
 
-MAX_HIDDEN_ONLY = 0.05  # the share of a lesson's mutants that only the hidden checks may catch
+MAX_HIDDEN_ONLY = mistakes.MAX_HIDDEN_ONLY  # the share of a lesson's mutants that only the hidden checks may catch
 
 
 @functools.lru_cache(maxsize=None)

@@ -58,7 +58,11 @@ def variants(lesson):
     return dict(getattr(for_lesson(lesson), "VARIANTS", {}))
 
 
+MAX_HIDDEN_ONLY = 0.05  # the share of a lesson's mistakes that HIDDEN_ONLY may leave to the hidden checks
+
+
 def hidden_only(lesson):
+    """{what: why} of the mistakes the visible tests may leave to the hidden checks (at most MAX_HIDDEN_ONLY)."""
     return dict(getattr(for_lesson(lesson), "HIDDEN_ONLY", {}))
 
 
