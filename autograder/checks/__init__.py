@@ -277,9 +277,10 @@ class Subject:
     def get(self, handle, name):
         return self._request({"op": "getattr", "handle": handle.id, "name": name})
 
-    def state(self, handle):
-        """A module's state_dict as {name: Array}."""
-        return self._request({"op": "state", "handle": handle.id})
+    def state(self, handle, keep_vars=False):
+        """A module's state_dict as {name: Array}; keep_vars: state_dict(keep_vars=True), the parameters
+        themselves, whose Arrays keep their requires_grad (a plain state_dict detaches them)."""
+        return self._request({"op": "state", "handle": handle.id, **({"keep_vars": True} if keep_vars else {})})
 
     def load(self, handle, state):
         """load_state_dict(strict=True) with {name: numpy array}, sent as tensors."""

@@ -308,13 +308,12 @@ def _expect_in_place(s, shell, tmha, src, state, marked):
     which a new nn.Parameter does not keep) and share no memory with torch_mha (changing torch_mha's
     weights afterwards, from here, leaves the module's as they were)."""
     if marked:
-        for p in PROJ:
-            layer = s.get(shell, p)
-            for kind in ("weight", "bias"):
-                got = s.get(layer, kind) if isinstance(layer, Handle) else None
-                if isinstance(got, Array) and got.requires_grad:
-                    fail(f"{IN_PLACE}, not assign new ones: module.{p}.{kind} is a new nn.Parameter (or {p} a new "
-                         "layer), so whatever held the module's parameters (an optimizer, a hook) no longer sees them")
+        params = s.state(shell, keep_vars=True)  # one request, where a getattr per layer and parameter took 12
+        for p, kind in ((p, kind) for p in PROJ for kind in ("weight", "bias")):
+            got = params.get(f"{p}.{kind}") if isinstance(params, dict) else None
+            if isinstance(got, Array) and got.requires_grad:
+                fail(f"{IN_PLACE}, not assign new ones: module.{p}.{kind} is a new nn.Parameter (or {p} a new "
+                     "layer), so whatever held the module's parameters (an optimizer, a hook) no longer sees them")
     s.load(tmha, {k: v + 1 for k, v in src.items()})
     after = s.state(shell)
     for key in sorted(state):

@@ -69,7 +69,8 @@ class ObjectServer:
         if op == "getattr":
             return getattr(self.objects[req["handle"]], req["name"])
         if op == "state":
-            return {k: v for k, v in self.objects[req["handle"]].state_dict().items()}
+            module = self.objects[req["handle"]]
+            return {k: v for k, v in module.state_dict(keep_vars=req.get("keep_vars") is True).items()}
         if op == "load":
             module = self.objects[req["handle"]]
             state = {k: self._arg(v) for k, v in req["state"].items()}
