@@ -14,8 +14,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from autograder.checks import (Checks, StudentError, call_within_memory, evidence_times, expect_array, expect_error,
-                               expect_int, expect_int_attributes, fail, kind_of, reference, tensor, within_memory)
+from autograder.checks import (HEADROOM_MB, Checks, StudentError, call_within_memory, evidence_times, expect_array,
+                               expect_error, expect_int, expect_int_attributes, fail, kind_of, reference, tensor,
+                               within_memory)
 from autograder.sandbox.wire import Array, DType
 from solutions import kv_compression as ref
 
@@ -164,10 +165,10 @@ def _run_cache(s, cache, rng, shape, window, steps, dtype, seen=0, k_all=None, v
 STREAM = dict(batch_size=1, n_kv_heads=1, head_dim=256, steps=160, chunk=64)  # 20 MiB if every position is kept
 STREAM_WINDOW, STREAM_MB = 64, 10  # a correct cache holds 128 KiB and makes a few 128 KiB contexts per update
 # A notebook that holds more than an honest fresh one when the stream begins (%matplotlib inline: 30 to 60 MiB,
-# a scratch tensor) keeps what it holds on top of STREAM_MB, up to STREAM_HEADROOM_MB (Subject.memory_bound):
+# a scratch tensor) keeps what it holds on top of STREAM_MB, up to HEADROOM_MB (Subject.memory_bound):
 # then the stream grows (chunks up to 4 times longer, then more steps) until every position seen takes more
 # than that, glibc's slack included (evidence_times), so that no store it reserved before can keep them all.
-STREAM_HEADROOM_MB, STREAM_MAX_CHUNKS = 320, 4
+STREAM_MAX_CHUNKS = 4
 
 
 def _stream_size(s):
@@ -187,7 +188,7 @@ def _expect_fixed_memory(s):
     message = ("RollingKVCache ran out of memory while streaming many updates through a small window: its memory "
                "grows with the number of positions seen. Between calls keep only the last window positions "
                "(buffers of shape (B, Hkv, window, Dh)), never every position seen")
-    with within_memory(s, STREAM_MB, message, STREAM_HEADROOM_MB):
+    with within_memory(s, STREAM_MB, message, HEADROOM_MB):
         steps, chunk = _stream_size(s)
         for i in range(steps):
             k = np.ascontiguousarray(np.broadcast_to(
@@ -208,7 +209,7 @@ def _expect_fixed_memory(s):
 
 @CHECKS.add("RollingKVCache", aspects={"before the window fills": 3, "after the window fills": 2,
                                        "prefill longer than the window": 1, "fixed memory": 2,
-                                       "dtype and reset": 1, "errors": 1})
+                                       "dtype and reset": 1, "errors": 1, "window attribute": 1})
 def RollingKVCache(s):
     rng = s.rng
     shape, window = (2, 3, 4), 6
@@ -238,6 +239,8 @@ def RollingKVCache(s):
     with s.aspect("errors"):
         with expect_error("ValueError", "RollingKVCache with window < 1"):
             s.call("RollingKVCache", 1, 0, 1, 2)
+    with s.aspect("window attribute"):  # the contract names it: the lesson's demonstrations read cache.window
+        expect_int_attributes(s, s.call("RollingKVCache", 1, 5, 1, 2), {"window": (5, "window")}, "RollingKVCache")
 
 
 # ---- MultiHeadLatentAttention --------------------------------------------------------------
@@ -367,7 +370,9 @@ def _expect_forward(s, rng, dtype, B, D, H, L, bias, chunks, mask=None):
             raise
         want = reference(_mla_forward(mla64, x64, prev, mask=None if m is None else torch.from_numpy(m)), dtype=dtype)
         expect_array(got, want, "MultiHeadLatentAttention's forward" + (" with a cache" if with_cache else ""),
-                     (lambda: _mistakes(mla64, x64, prev, dtype, with_cache)) if m is None else (),
+                     (lambda: _mistakes(mla64, x64, prev, dtype, with_cache)) if m is None else
+                     [("the mask you were given was not applied: use mask when it is given, and the causal mask "
+                       "only when mask is None", reference(_mla_forward(mla64, x64, prev), dtype=dtype))],
                      axes=("B", "T", "D"),
                      hint="c = kv_down(x); keys k_up(c) and values v_up(c), split into heads (B, H, Tk, Dh); "
                           "attention with the queries, scale 1/sqrt(head_dim), the causal mask when mask is None; "
@@ -509,20 +514,53 @@ def _expect_absorbed(s, rng, dtype, B, D, H, L, T, Tk, bias):
 # (B, H, T, Tk) score tensors (2 MiB each) and the latents (2 MiB).
 BOUND = dict(B=1, D=512, H=2, L=4, T=2, Tk=131072)
 BOUND_MB = 64
+# A notebook that holds more than an honest fresh one when the bound begins (%matplotlib inline, a dataset, a
+# scratch tensor) keeps what it holds on top of BOUND_MB, up to HEADROOM_MB: then the cached latents grow until
+# one head's keys take more than that, glibc's slack included (evidence_times), so that no buffer reserved
+# before the bound can hold them (4 times as many at most, where the absorbed form needs some 40 MiB).
+
+
+SQUARE_MASK = ("absorbed_attention ran out of memory because its causal mask is (Tk, Tk), every cached position "
+               "against every other, before keeping its last T rows: make it (T, Tk) directly, "
+               "torch.ones(T, Tk, dtype=torch.bool).tril(Tk - T)")
+
+
+def _makes_square_mask(s):
+    """Whether absorbed_attention, on a small case, runs an op on a (..., Tk, Tk) tensor. Read from the op
+    log (recorded next to the student's code), so it only names the mistake of a call that already failed."""
+    B, D, H, L, T, Tk = 1, 16, 2, 3, 2, 37
+    rng = np.random.default_rng(0)
+    params = _params(rng, D, L, False, "float32")
+    x = rng.standard_normal((B, T, D)).astype(np.float32)
+    c = rng.standard_normal((B, Tk, L)).astype(np.float32)
+    try:
+        _, ops = s.call_traced("absorbed_attention", _shell(s, params, D, H, L), tensor(x), tensor(c))
+    except StudentError:
+        return False
+    return any(list(shape[-2:]) == [Tk, Tk] for _, first, outs in ops for shape in [first or [], *outs])
 
 
 def _expect_never_forms_keys(s, rng):
-    B, D, H, L, T, Tk = (BOUND[k] for k in ("B", "D", "H", "L", "T", "Tk"))
+    B, D, H, L, T = (BOUND[k] for k in ("B", "D", "H", "L", "T"))
     params = _params(rng, D, L, False, "float32")
     shell = _shell(s, params, D, H, L)
     x = rng.standard_normal((B, T, D)).astype(np.float32)
-    c = rng.standard_normal((B, Tk, L)).astype(np.float32)
-    message = (f"absorbed_attention ran out of memory with {Tk} cached latents of width {L}: it forms keys or values "
-               f"for every cached position (one head's alone take {B * Tk * (D // H) * 4 // 2**20} MiB here). Fold "
-               "k_up into the queries and v_up into the output projection, so that only (B, H, T, Tk) scores and "
-               "the latents themselves ever involve every cached position (and make the causal mask (T, Tk), "
-               "not (Tk, Tk))")
-    got = call_within_memory(s, BOUND_MB, message, "absorbed_attention", shell, tensor(x), tensor(c))
+    message = lambda Tk: (
+        f"absorbed_attention ran out of memory with {Tk} cached latents of width {L}: it forms keys or values "
+        f"for every cached position (one head's alone take {B * Tk * (D // H) * 4 // 2**20} MiB here). Fold "
+        "k_up into the queries and v_up into the output projection, so that only (B, H, T, Tk) scores and "
+        "the latents themselves ever involve every cached position (and make the causal mask (T, Tk), "
+        "not (Tk, Tk))")
+    try:
+        with within_memory(s, BOUND_MB, message(BOUND["Tk"]), HEADROOM_MB) as reword:
+            Tk = BOUND["Tk"] * evidence_times(s, BOUND_MB, B * BOUND["Tk"] * (D // H) * 4 >> 20)
+            c = rng.standard_normal((B, Tk, L), dtype=np.float32)
+            reword(message(Tk))
+            got = s.call("absorbed_attention", shell, tensor(x), tensor(c))
+    except AssertionError:
+        if _makes_square_mask(s):
+            fail(SQUARE_MASK)
+        raise
     mla64 = _mla64(params, D, H, L, False)
     with torch.no_grad():
         want = reference(ref.absorbed_attention(mla64, *(torch.from_numpy(a.astype(np.float64)) for a in (x, c))),
@@ -531,7 +569,8 @@ def _expect_never_forms_keys(s, rng):
     expect_array(got, want, f"absorbed_attention with {Tk} cached latents", axes=("B", "T", "D"), cond=30.0)
 
 
-@CHECKS.add("absorbed_attention", aspects={"values": 3, "bias": 1, "never forms keys or values": 3})
+# "never forms keys or values" is the exercise's point: half of its points (a notebook that forms them keeps the rest).
+@CHECKS.add("absorbed_attention", aspects={"values": 3, "bias": 1, "never forms keys or values": 4})
 def absorbed_attention(s):
     rng = s.rng
     with s.aspect("values"):

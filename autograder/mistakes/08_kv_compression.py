@@ -277,6 +277,10 @@ def sliding_window_mask(n_queries, window, n_keys=None, device=None):
 ''', init=_ROLL_INIT.replace('''        if window < 1:
             raise ValueError("window must be at least 1")
 ''', ""))),
+        ("the window kept under another name (self.W)", "attribute", _roll(_SHIFT.replace("self.window", "self.W") + '''
+        self.length += k.size(2)
+        return k_ctx, v_ctx
+''', init=_ROLL_INIT.replace("self.window, self.length", "self.W, self.length"))),
     ],
     "MultiHeadLatentAttention": [
         ("constant: forward returns zeros", "differs", _MLA_INIT + '''
@@ -343,6 +347,9 @@ class MultiHeadLatentAttention(nn.Module):
     def _dh(self):
         return self.d_model // self.n_heads
 ''').replace("H, Dh = self.n_heads, self.head_dim", "H, Dh = self.n_heads, self._dh")),
+        ("the mask it is given is ignored: always the causal one", "not applied", _mla(_MLA_KV + '''
+        mask = torch.ones(T, Tk, dtype=torch.bool, device=x.device).tril(diagonal=Tk - T)
+''' + _MLA_OUT)),
         ("no ValueError when d_model % n_heads != 0", "ValueError", _mla(_MLA_KV + _MLA_MASK + _MLA_OUT,
                                                                           init=_MLA_INIT.replace('''        if d_model % n_heads:
             raise ValueError("d_model is not divisible by n_heads")
@@ -392,6 +399,9 @@ def absorbed_attention(mla, x, latents):
     out = torch.einsum("bhtl,hle->bte", o_latent, folded)
 '''))),
         ("no causal mask", "causal", _abs(_abs_scores(mask=False))),
+        ("a (Tk, Tk) causal mask, sliced to its last T rows", "mask is (Tk, Tk)", _ABS_HEAD.replace(
+            "torch.ones(T, Tk, dtype=torch.bool, device=x.device).tril(diagonal=Tk - T)",
+            "torch.ones(Tk, Tk, dtype=torch.bool, device=x.device).tril()[Tk - T:]") + _abs_scores() + _ABS_BIAS),
         # Memory taken before the bound is part of it (issue 19): one head's keys at a time, written into a
         # buffer given as a default argument (made when the cell runs); the values absorbed.
         ("one head's keys at a time, in a buffer reserved before the call", "memory", '''
