@@ -199,6 +199,9 @@ HIDDEN_CODE = {  # code run where no reading sees it, in any cell: refused by bo
         "class T(torch.Tensor):\n    @classmethod\n"
         "    def __torch_function__(cls, func, types, args=(), kwargs=None):\n"
         "        return func(*args, **(kwargs or {}))", "__torch_function__"),
+    "the visible test's tracer switched off": (
+        "from torch.utils._python_dispatch import _disable_current_modes\n\nwith _disable_current_modes():\n"
+        "    pass", "_disable_current_modes"),
     "an aten kernel registered by hand": ("lib = torch.library.Library('aten', 'IMPL')", "torch.library"),
     "torch's C internals": ("torch._C._set_grad_enabled(True)", "torch._C"),
     "a profile hook": ("import sys\nsys.setprofile(lambda frame, event, arg: None)", "sys.setprofile"),

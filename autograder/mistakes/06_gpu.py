@@ -214,16 +214,17 @@ def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):
         ("output left in float32 for half inputs", "dtype", _flash(out_dtype="acc_dtype")),
         ("float64 inputs computed in float32", "float64", _flash().replace(
             "acc_dtype = torch.promote_types(q.dtype, torch.float32)", "acc_dtype = torch.float32")),
-        ("the full score matrix, hidden from tracers", "never materialises", '''
+        ("the full score matrix in numpy, unseen by torch's tracer", "never materialises", '''
 def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):
-    from torch.utils._python_dispatch import _disable_current_modes
-    with _disable_current_modes():
-        Tq, Tk = q.size(2), k.size(2)
-        work = torch.promote_types(q.dtype, torch.float32)
-        scores = q.to(work) @ k.to(work).transpose(-2, -1) / math.sqrt(q.size(-1))
-        if causal:
-            scores = scores.masked_fill(torch.ones(Tq, Tk, dtype=torch.bool).tril(Tk - Tq).logical_not(), float("-inf"))
-        return (scores.softmax(-1) @ v.to(work)).to(q.dtype)
+    import numpy as np
+    Tq, Tk = q.size(2), k.size(2)
+    work = torch.promote_types(q.dtype, torch.float32)
+    qn, kn, vn = (t.detach().to(work).numpy() for t in (q, k, v))
+    scores = qn @ kn.swapaxes(-2, -1) / math.sqrt(q.size(-1))
+    if causal:
+        scores = np.where(np.tri(Tq, Tk, Tk - Tq, dtype=bool), scores, -np.inf)
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    return torch.from_numpy(p / p.sum(-1, keepdims=True) @ vn).to(q.dtype)
 '''),
         ("constant: returns zeros", "differs", '''
 def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):
@@ -323,8 +324,9 @@ def triton_attention(q, k, v, causal=False):
     ],
 }
 
-# Only the hidden memory bound sees it: the visible test's tracer is switched off on purpose.
-HIDDEN_ONLY = {"the full score matrix, hidden from tracers": "it disables the visible test's tracer on purpose",
+# Only the hidden checks see these: the visible tests read what torch runs, the grader its memory and the source.
+HIDDEN_ONLY = {"the full score matrix in numpy, unseen by torch's tracer": "the visible test's tracer sees torch's "
+               "operations only",
                "PyTorch's fused attention, no tiling of its own": "torch's fused kernel is tiled itself: only the "
                "grader's reading of the source cells sees who tiled"}
 
