@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from autograder import lessons
-from autograder.checks import (Checks, Unchecked, close, expect_array, expect_int, fail,
+from autograder.checks import (HEADROOM_MB, Checks, Unchecked, close, evidence_times, expect_array, expect_int, fail,
                                kind_of, reference, tensor, triton_evidence, within_memory)
 from autograder.sandbox.wire import Array, Handle
 from solutions import gpu as ref
@@ -280,21 +280,38 @@ def _qkv(rng, b, h, tq, tk, dh, dtype, scale=2.0):
     return q, k, v
 
 
-# The bounded block counts from a fresh process (Subject.memory_bound): what the cells keep (a buffer made
-# at top level to write the scores into) is part of TILED_MB, never headroom on top of it. An honest process
-# holds up to 7.5 MiB beyond a fresh one when the block begins, and its calls need up to 12 MiB more (k and v
-# take 1 MiB each, a tile of scores 0.5 MiB in float32, 1 in float64, and a few temporaries). Forbidden, each
-# one allocation well above TILED_MB: without a mask, one query tile against 65536 keys, whose (block_q, Tk)
-# row of float32 scores (the full matrix too) takes 64 MiB; with causal=True, 6144 queries and keys, whose
-# (Tq, Tk) boolean mask takes 36 MiB (the lesson says a full mask counts too). Only some rows are compared
-# with the exact answer: the reference's cost stays small.
+# The bounded block counts from a fresh process (Subject.memory_bound). An honest process holds up to 7.5 MiB
+# beyond a fresh one when the block begins, and its calls need up to 12 MiB more (k and v take 1 MiB each, a tile
+# of scores 0.5 MiB in float32, 1 in float64, and a few temporaries). Forbidden, each one allocation well above
+# TILED_MB: without a mask, one query tile of 256 against 65536 keys, whose (block_q, Tk) row of float32 scores
+# (the full matrix too) takes 64 MiB; with causal=True, 6144 queries and keys, whose (Tq, Tk) boolean mask takes
+# 36 MiB (the lesson says a full mask counts too). Only some rows are compared with the exact answer: the
+# reference's cost stays small.
+# A notebook that holds more than an honest fresh one when the block begins (%matplotlib inline, a dataset, a
+# scratch tensor) keeps what it holds on top of TILED_MB, up to HEADROOM_MB: then both cases grow until their
+# forbidden layout takes more than that, glibc's slack included (evidence_times), so that no buffer reserved
+# before the block can hold it: the query tile grows (its key tiles shrink, a tile of scores stays 0.5 MiB),
+# the causal case's queries and keys grow by the square root.
 TILED_MB, TILED_ROWS = 28, 64
-TILED_CASES = [(False, 256, 65536, (256, 512)), (True, 6144, 6144, (256, 512))]  # causal, Tq, Tk, blocks
+TILED_ROW = dict(tq=256, tk=65536, bk=512)  # causal=False: one query tile, Tq = block_q
+TILED_MASK = dict(t=6144, bq=256, bk=512)  # causal=True: Tq = Tk
 TILED_DH = 4
 TILED_MESSAGE = ("flash_attention{causal} ran out of memory with {tq} queries and {tk} keys in tiles of {bq} x {bk}: "
                  "FlashAttention never materialises anything of (Tq, Tk) size (here {mb} MiB of {what}): not the full "
                  "score matrix, not a (block_q, Tk) row of it, not a full mask. Loop over tiles of queries AND keys, "
                  "keeping only one block_q x block_k tile of scores (and of the causal mask)")
+
+
+def _tiled_cases(s):
+    """[(causal, Tq, Tk, block_q, block_k, MiB of the forbidden layout, what it is)] inside the bound,
+    grown from what the process held before it (evidence_times)."""
+    tq, tk, bk = (TILED_ROW[k] for k in ("tq", "tk", "bk"))
+    row = evidence_times(s, TILED_MB, tq * tk * 4 >> 20)
+    t, bq_mask, bk_mask = (TILED_MASK[k] for k in ("t", "bq", "bk"))
+    mask = evidence_times(s, TILED_MB, t * t >> 20)
+    t = math.ceil(t * math.sqrt(mask) / bk_mask) * bk_mask
+    return [(False, tq * row, tk, tq * row, max(bk // row, 16), tq * row * tk * 4 >> 20, "scores"),
+            (True, t, t, bq_mask, bk_mask, t * t >> 20, "mask")]
 
 
 def _rows(got, rows):
@@ -307,20 +324,17 @@ def _rows(got, rows):
 def _expect_tiled(s, rng):
     """flash_attention within a memory bound that tiles fit and a row of scores or a full mask do not."""
     calls = []
-    for causal, tq, tk, (bq, bk) in TILED_CASES:
-        q, k, v = _qkv(rng, 1, 1, tq, tk, TILED_DH, np.float32)
-        rows = np.sort(rng.choice(tq, min(tq, TILED_ROWS), replace=False))
-        size, what = (tq * tk, "mask") if causal else (bq * tk * 4, "scores")
-        message = TILED_MESSAGE.format(causal=" (causal)" if causal else "", tq=tq, tk=tk, bq=bq, bk=bk,
-                                       mb=size // 2**20, what=what)
-        calls.append((causal, q, k, v, bq, bk, rows, message))
-    got = []
-    with within_memory(s, TILED_MB, calls[0][-1]) as reword:  # one bound (one restart of the process) for both
-        for causal, q, k, v, bq, bk, _, message in calls:
-            reword(message)
-            got.append(s.call("flash_attention", tensor(q), tensor(k), tensor(v), causal=causal, block_q=bq,
-                              block_k=bk))
-    for (causal, q, k, v, _, _, rows, _), answer in zip(calls, got):
+    first = TILED_MESSAGE.format(causal="", tq=TILED_ROW["tq"], tk=TILED_ROW["tk"], bq=TILED_ROW["tq"],
+                                 bk=TILED_ROW["bk"], mb=TILED_ROW["tq"] * TILED_ROW["tk"] * 4 >> 20, what="scores")
+    with within_memory(s, TILED_MB, first, HEADROOM_MB) as reword:  # one bound (one restart of the process) for both
+        for causal, tq, tk, bq, bk, mb, what in _tiled_cases(s):
+            q, k, v = _qkv(rng, 1, 1, tq, tk, TILED_DH, np.float32)
+            rows = np.sort(rng.choice(tq, min(tq, TILED_ROWS), replace=False))
+            reword(TILED_MESSAGE.format(causal=" (causal)" if causal else "", tq=tq, tk=tk, bq=bq, bk=bk, mb=mb,
+                                        what=what))
+            got = s.call("flash_attention", tensor(q), tensor(k), tensor(v), causal=causal, block_q=bq, block_k=bk)
+            calls.append((causal, q, k, v, rows, got))
+    for causal, q, k, v, rows, answer in calls:
         want, cond = _exact(q, k, v, causal, np.float32, rows)
         _expect_attention(_rows(answer, rows), want, f"flash_attention(causal={causal}) with {k.shape[2]} keys",
                           lambda: [], len(rows), [], cond)
