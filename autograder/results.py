@@ -18,7 +18,8 @@ A RESULTS folder holds a term:
     SUBMISSIONS/<student>/<lesson>/timestamp.txt  the submission time a real source gave (collect writes it,
                                                nbgrader's own name and format): read_timestamp, write_timestamp
 
-A result (every field checked by validate_result on read):
+A result, typed as Result (its tests TestRow, their aspects Aspect; frozen dataclasses, each read and
+validated by its from_json, naming the field wrong, and written by its to_json, the JSON below):
 
     {student, lesson, notebook (path or None), sha256 (of the notebook's bytes, or None),
      fingerprint (of everything the verdict depends on), grader (the lesson's part of it),
@@ -72,6 +73,8 @@ The API, by use:
                     needs_regrade(test)
     CSV exports     csv_text(rows, columns), csv_cell(value), read_csv(path)
     clean text      clean(text, cap, newlines), check_student(name), cell_error(value)
+    typed results   Result / TestRow / Aspect .from_json(raw) (ResultError naming the field), .to_json();
+                    validate_result(raw) -> the cleaned dict (the reader, then the writer)
 """
 import csv
 import fcntl
@@ -407,60 +410,138 @@ def _text(value, what, cap=MESSAGE_CAP, optional=False):
     return clean(value, cap)
 
 
-def validate_result(r, student=None, lesson=None):
-    """A cleaned copy of a result dict; ResultError naming the first thing wrong."""
-    if not isinstance(r, dict):
-        raise ResultError("not a JSON object")
-    out = {key: _text(r.get(key), key, NAME_CAP) for key in ("student", "lesson")}
-    if student is not None and out["student"] != student or lesson is not None and out["lesson"] != lesson:
-        raise MisplacedError("its student or lesson does not match its file name")
-    for key in ("notebook", "sha256", "fingerprint", "grader", "submitted_at"):
-        out[key] = _text(r.get(key), key, 1000, optional=True)
-    notes = r.get("notes", [])
-    if not isinstance(notes, list):
-        raise ResultError("notes is not a list")
-    out["notes"] = [_text(n, "a note", NOTE_CAP) for n in notes[:50]]
-    cells = r.get("cells") or {}
-    skipped, errors = (cells.get("skipped") or {}, cells.get("errors") or {}) if isinstance(cells, dict) else (0, 0)
-    if not isinstance(skipped, dict) or not isinstance(errors, dict):
-        raise ResultError("cells is not {skipped: {}, errors: {}}")
-    out["cells"] = {"skipped": {clean(str(k), NOTE_CAP): _text(v, "a skipped cell", NOTE_CAP)
-                                for k, v in list(skipped.items())[:200]},
-                    "errors": {clean(str(k), NOTE_CAP): cell_error(v) for k, v in list(errors.items())[:200]}}
-    tests = r.get("tests")
-    if not isinstance(tests, list) or not tests:
-        raise ResultError("tests is not a list of tests")
-    out["tests"] = [_validate_test(t) for t in tests[:200]]
-    if isinstance(r.get("grader_errors"), list):  # tracebacks of our own bugs, for the instructor
-        out["grader_errors"] = [clean(str(tb), 20_000) for tb in r["grader_errors"][:20]]
-    return out
+@dataclass(frozen=True)
+class Aspect:
+    """One aspect of a test (a part of its points): the typed form of {aspect, points, max_points, passed,
+    message}. from_json is its one reader (validates and cleans), to_json its one writer."""
+    aspect: str
+    points: float
+    max_points: float
+    passed: bool
+    message: str = ""
+
+    @classmethod
+    def from_json(cls, a, where="an aspect") -> "Aspect":
+        """A cleaned Aspect from its stored dict; ResultError naming `where` and the field when it is not one."""
+        if not isinstance(a, dict):
+            raise ResultError(f"{where} is not a JSON object")
+        return cls(_text(a.get("aspect"), f"{where}.aspect", NAME_CAP), _number(a.get("points"), f"{where}.points"),
+                   _number(a.get("max_points"), f"{where}.max_points"), bool(a.get("passed")),
+                   _text(a.get("message", ""), f"{where}.message"))
+
+    def to_json(self) -> dict:
+        return {"aspect": self.aspect, "points": self.points, "max_points": self.max_points, "passed": self.passed,
+                "message": self.message}
 
 
-def _validate_test(t):
-    if not isinstance(t, dict):
-        raise ResultError("a test is not a JSON object")
-    row = {"test": _text(t.get("test"), "test", NAME_CAP), "points": _number(t.get("points"), "points"),
-           "max_points": _number(t.get("max_points"), "max_points"), "status": t.get("status"),
-           "message": _text(t.get("message"), "message")}
-    if row["status"] not in STATUSES:
-        raise ResultError(f"status {clean(str(row['status']), 40)!r} is not one of {', '.join(STATUSES)}")
-    if row["points"] > row["max_points"] + 1e-9:
-        raise ResultError("points above max_points")
-    if t.get("grader_error"):
-        row["grader_error"] = True
-    if "aspects" in t:
-        if not isinstance(t["aspects"], list):
-            raise ResultError("aspects is not a list")
-        row["aspects"] = [_validate_aspect(a) for a in t["aspects"][:50]]
-    return row
+@dataclass(frozen=True)
+class TestRow:
+    """One test of a result: {test, points, max_points, status (one of STATUSES), message, aspects?,
+    grader_error?}. aspects is None when the test has none; grader_error is stored only when True."""
+    __test__ = False  # not a pytest class
+    test: str
+    points: float
+    max_points: float
+    status: str
+    message: str
+    aspects: tuple = None
+    grader_error: bool = False
+
+    @classmethod
+    def from_json(cls, t, where="a test") -> "TestRow":
+        """A cleaned TestRow from its stored dict; ResultError naming `where` and the field when it is not one."""
+        if not isinstance(t, dict):
+            raise ResultError(f"{where} is not a JSON object")
+        status = t.get("status")
+        if status not in STATUSES:
+            raise ResultError(f"{where}.status {clean(str(status), 40)!r} is not one of {', '.join(STATUSES)}")
+        points, max_points = _number(t.get("points"), f"{where}.points"), _number(t.get("max_points"), f"{where}.max_points")
+        if points > max_points + 1e-9:
+            raise ResultError(f"{where}.points above max_points")
+        aspects = t.get("aspects")
+        if "aspects" in t:
+            if not isinstance(aspects, list):
+                raise ResultError(f"{where}.aspects is not a list")
+            aspects = tuple(Aspect.from_json(a, f"{where}.aspects[{i}]") for i, a in enumerate(aspects[:50]))
+        return cls(_text(t.get("test"), f"{where}.test", NAME_CAP), points, max_points, status,
+                   _text(t.get("message"), f"{where}.message"), aspects, bool(t.get("grader_error")))
+
+    def to_json(self) -> dict:
+        row = {"test": self.test, "points": self.points, "max_points": self.max_points, "status": self.status,
+               "message": self.message}
+        if self.grader_error:
+            row["grader_error"] = True
+        if self.aspects is not None:
+            row["aspects"] = [a.to_json() for a in self.aspects]
+        return row
+
+    @property
+    def needs_regrade(self) -> bool:
+        """True when the status says nothing about the student: the grader could not run the test."""
+        return self.status == "error" and self.grader_error
 
 
-def _validate_aspect(a):
-    if not isinstance(a, dict):
-        raise ResultError("an aspect is not a JSON object")
-    return {"aspect": _text(a.get("aspect"), "aspect", NAME_CAP), "points": _number(a.get("points"), "aspect points"),
-            "max_points": _number(a.get("max_points"), "aspect max_points"), "passed": bool(a.get("passed")),
-            "message": _text(a.get("message", ""), "aspect message")}
+@dataclass(frozen=True)
+class Result:
+    """One stored result (the format in this module's docstring, digest aside): from_json is its one
+    reader, which validates and cleans (ResultError naming the field), to_json its one writer, whose
+    dict is what save_result signs and stores, so the stored bytes are those of before it was typed."""
+    student: str
+    lesson: str
+    tests: tuple
+    notebook: str = None
+    sha256: str = None
+    fingerprint: str = None
+    grader: str = None
+    submitted_at: str = None
+    notes: tuple = ()
+    skipped: dict = field(default_factory=dict)   # cells.skipped {label: why}
+    errors: dict = field(default_factory=dict)    # cells.errors {label: {type, message}}
+    grader_errors: tuple = None                   # tracebacks of our own bugs, stored only when there are
+
+    @classmethod
+    def from_json(cls, r, student=None, lesson=None) -> "Result":
+        """A cleaned Result from its stored dict; MisplacedError when it is not (student, lesson)'s,
+        ResultError naming the first field wrong."""
+        if not isinstance(r, dict):
+            raise ResultError("not a JSON object")
+        who = {key: _text(r.get(key), key, NAME_CAP) for key in ("student", "lesson")}
+        if student is not None and who["student"] != student or lesson is not None and who["lesson"] != lesson:
+            raise MisplacedError("its student or lesson does not match its file name")
+        about = {key: _text(r.get(key), key, 1000, optional=True)
+                 for key in ("notebook", "sha256", "fingerprint", "grader", "submitted_at")}
+        notes = r.get("notes", [])
+        if not isinstance(notes, list):
+            raise ResultError("notes is not a list")
+        cells = r.get("cells") or {}
+        skipped, errors = (cells.get("skipped") or {}, cells.get("errors") or {}) if isinstance(cells, dict) else (0, 0)
+        if not isinstance(skipped, dict) or not isinstance(errors, dict):
+            raise ResultError("cells is not {skipped: {}, errors: {}}")
+        tests = r.get("tests")
+        if not isinstance(tests, list) or not tests:
+            raise ResultError("tests is not a list of tests")
+        tracebacks = r.get("grader_errors")
+        return cls(**who, **about, notes=tuple(_text(n, f"notes[{i}]", NOTE_CAP) for i, n in enumerate(notes[:50])),
+                   skipped={clean(str(k), NOTE_CAP): _text(v, "cells.skipped", NOTE_CAP)
+                            for k, v in list(skipped.items())[:200]},
+                   errors={clean(str(k), NOTE_CAP): cell_error(v) for k, v in list(errors.items())[:200]},
+                   tests=tuple(TestRow.from_json(t, f"tests[{i}]") for i, t in enumerate(tests[:200])),
+                   grader_errors=tuple(clean(str(tb), 20_000) for tb in tracebacks[:20])
+                   if isinstance(tracebacks, list) else None)
+
+    def to_json(self) -> dict:
+        out = {"student": self.student, "lesson": self.lesson, "notebook": self.notebook, "sha256": self.sha256,
+               "fingerprint": self.fingerprint, "grader": self.grader, "submitted_at": self.submitted_at,
+               "notes": list(self.notes), "cells": {"skipped": dict(self.skipped), "errors": dict(self.errors)},
+               "tests": [t.to_json() for t in self.tests]}
+        if self.grader_errors is not None:
+            out["grader_errors"] = list(self.grader_errors)
+        return out
+
+
+def validate_result(r, student=None, lesson=None) -> dict:
+    """A cleaned copy of a result dict (Result's reader then writer); ResultError naming the first thing wrong."""
+    return Result.from_json(r, student, lesson).to_json()
 
 
 def cell_error(value):

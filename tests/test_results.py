@@ -4,6 +4,7 @@ notebooks, partial credit rows, merge's shard-set checks."""
 import copy
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -410,3 +411,40 @@ def test_merge_carries_results_into_its_folder_and_refuses_one_copied_between_sh
         store.result_path(tmp_path / "elsewhere", "bob", "01_attention").read_bytes())
     with pytest.raises(MergeError, match="bob.json: refused: it is not the result this folder recorded last"):
         merge(shards, tmp_path / "again")
+
+
+@pytest.mark.parametrize("damage, field", [
+    (lambda r: r["tests"][1].update(points=-1), "tests[1].points"),
+    (lambda r: r["tests"][0].update(status="hacked"), "tests[0].status"),
+    (lambda r: r["tests"][0].update(message=["not text"]), "tests[0].message"),
+    (lambda r: r["tests"][0].update(aspects=[dict(aspect="a", points=0, max_points="1")]), "tests[0].aspects[0].max_points"),
+    (lambda r: r["tests"][1].update(aspects={"a": 1}), "tests[1].aspects"),
+    (lambda r: r.update(notes=["ok", 3]), "notes[1]"),
+    (lambda r: r.update(grader=7), "grader"),
+], ids=["points", "status", "message", "aspect", "aspects", "note", "grader"])
+def test_a_malformed_stored_result_is_refused_by_its_reader_naming_the_file_and_field(tmp_path, damage, field):
+    raw = result()
+    damage(raw)
+    with pytest.raises(store.ResultError, match=f"^{re.escape(field)} "):
+        store.Result.from_json(raw)
+    path = store.result_path(tmp_path, "alice", "01_attention")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(raw))
+    got, why = store.load_result(tmp_path, "alice", "01_attention")
+    assert got is None and why.startswith(f"{path}: unreadable stored result ({field} ") and "\n" not in why
+
+
+def test_the_typed_result_reads_and_writes_the_stored_format_unchanged(tmp_path):
+    saved = store.save_result(tmp_path, result(cells={"skipped": {"cell 2": "why"}, "errors": {}}, tests=[
+        dict(test="test_softmax", points=1, max_points=2, status="failed", message="m", aspects=[
+            dict(aspect="rows sum to 1", points=1, max_points=1, passed=True, message=""),
+            dict(aspect="stable", points=0, max_points=1, passed=False, message="overflow")]),
+        dict(test="test_causal_mask", points=0, max_points=1, status="error", message="no sandbox", grader_error=True)]))
+    raw = json.loads(store.result_path(tmp_path, "alice", "01_attention").read_text())
+    typed = store.Result.from_json(raw, "alice", "01_attention")
+    assert typed.tests[0].aspects[1].message == "overflow" and typed.tests[1].needs_regrade
+    assert typed.tests[0].aspects is not None and typed.tests[1].aspects is None
+    assert typed.to_json() == saved and dict(typed.to_json(), digest=raw["digest"]) == raw  # the bytes it signs
+    assert store.load_result(tmp_path, "alice", "01_attention") == (saved, None)
+    with pytest.raises(AttributeError):
+        typed.tests[0].points = 2.0  # frozen
