@@ -136,13 +136,23 @@ def test_times_csv_and_recollection(tmp_path, roster):
     out = tmp_path / "SUBMISSIONS"
     assert main(["collect", str(dl), "--out", str(out), "--roster", str(roster), "--times", str(times)]) == 0
     assert read_timestamp(out / "alice/01_attention")[0] == "2025-10-01T16:00:00+00:00"
-    # A later download without times replaces the notebook and drops the time that belonged to the old one.
+    # A later download without times (a plain folder) replaces the notebook and keeps the stored time.
     put(dl, "alice/01_attention.ipynb", notebook("01_attention", 1))
     put(dl, "bob/02_heads.ipynb", notebook("02_heads"))
     assert main(["collect", str(dl), "--out", str(out), "--roster", str(roster)]) == 0
-    assert read_timestamp(out / "alice/01_attention") == (None, None)
-    assert "replaced" in anomalies(out)["alice/01_attention.ipynb"]
+    assert read_timestamp(out / "alice/01_attention")[0] == "2025-10-01T16:00:00+00:00"
+    assert {"replaced", "time kept"} <= anomalies(out)["alice/01_attention.ipynb"]
+    row = next(r for r in log_rows(out) if r["file"] == "alice/01_attention.ipynb")
+    assert "kept the submission time 2025-10-01T16:00:00+00:00" in row["detail"]
     assert (out / "bob/02_heads/02_heads.ipynb").is_file()
+    # An older real time keeps the stored one too; only a newer one replaces it, and says what it replaced.
+    for when, stored, kind in [("2025-09-30T12:00:00+00:00", "2025-10-01T16:00:00+00:00", "time kept"),
+                               ("2025-10-02T12:00:00+00:00", "2025-10-02T12:00:00+00:00", "time replaced")]:
+        put(tmp_path, "times.csv", f"lms_id,lesson,submitted_at\n101,01_attention,{when}\n".encode())
+        assert main(["collect", str(dl), "--out", str(out), "--roster", str(roster), "--times", str(times)]) == 0
+        assert read_timestamp(out / "alice/01_attention")[0] == stored
+        row = next(r for r in log_rows(out) if r["file"] == "alice/01_attention.ipynb")
+        assert kind in row["anomaly"] and "2025-10-01T16:00:00+00:00" in row["detail"]
 
 
 def test_messy_download_reports_every_anomaly(tmp_path, roster, capsys):

@@ -12,7 +12,8 @@ Submission times come only from real sources: nbgrader's timestamp.txt, a Moodle
 modification time is when it was downloaded, so it is never used. A time without a zone (Moodle's) is
 read in --timezone (UTC unless given). Each goes to SUBMISSIONS/<student>/<lesson>/timestamp.txt
 (results.write_timestamp: nbgrader's name), and every file looked at, collected or not, with what was
-done with it, to SUBMISSIONS/collection.csv.
+done with it, to SUBMISSIONS/collection.csv. A stored time is kept when a student is collected again,
+unless the new download brings a newer real one ("time kept" or "time replaced" says which, and what).
 
 Archives are read in memory, never unpacked: a member whose path leaves the archive, a symbolic link
 or a size out of proportion (a zip bomb) refuses the download (or, inside a student's own zip, that zip).
@@ -28,12 +29,12 @@ import zipfile
 import zlib
 from collections import Counter, defaultdict
 from dataclasses import InitVar, dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from pathlib import Path
 
 from autograder import notebook as nbk
-from autograder.results import TIMESTAMP_FILE, UsageError, csv_text, read_csv, write_atomic, write_timestamp
+from autograder.results import UsageError, csv_text, read_csv, read_timestamp, write_atomic, write_timestamp
 from autograder.adapters import canvas, exchange, moodle
 from autograder.adapters.roster import SAFE_ID
 
@@ -713,7 +714,7 @@ def submission_time(cand, stamps, worksheet, given_times, students):
 
 def write(out, chosen, rows, download):
     """The notebooks, their timestamp.txt and collection.csv. Cumulative: other lessons' and other
-    downloads' lines are kept; a replaced notebook without a time of its own loses the old one."""
+    downloads' lines are kept, and so is a stored submission time (keep_time)."""
     out.mkdir(parents=True, exist_ok=True)
     by_file = {r.file: r for r in rows}
     for (student, lesson), cand in sorted(chosen.items()):
@@ -723,13 +724,29 @@ def write(out, chosen, rows, download):
             row.add("replaced", f"replaced the copy collected before in {dest.parent}")
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.write_bytes(cand.file.data)
-        if cand.submitted:
+        if keep_time(dest.parent, cand.submitted, row, changed):
             write_timestamp(dest.parent, cand.submitted)
-        elif changed and (dest.parent / TIMESTAMP_FILE).exists():
-            (dest.parent / TIMESTAMP_FILE).unlink()
     log = out / LOG_FILE
     kept = [r for r in read_csv(log) if r.get("download") != str(download)] if log.is_file() else []
     write_atomic(log, csv_text(kept + [r.csv(download) for r in rows], LOG_COLUMNS))
+
+
+def keep_time(folder, new, row, changed):
+    """Whether to write the new submission time (aware datetime or None) over the one stored in folder:
+    only a newer real one replaces it, since a plain folder or an LMS that writes no times brings none,
+    and a time, once lost, is lost for every late penalty. Row says what was kept (for a changed notebook
+    or an older time) or replaced."""
+    stored, _ = read_timestamp(folder)
+    if stored is None or (new and new.astimezone(timezone.utc).isoformat() == stored):
+        return new is not None
+    if new and new > datetime.fromisoformat(stored):
+        row.add("time replaced", f"the submission time {stored} stored before became {new.isoformat()}")
+        return True
+    if new or changed:
+        row.add("time kept", f"kept the submission time {stored} stored before: this download brings "
+                + (f"an older one ({new.isoformat()})" if new else "none"))
+    row.submitted_at, row.time_source = stored, "stored before"
+    return False
 
 
 def report(rows, chosen, stream, out, roster):
