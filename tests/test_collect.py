@@ -253,9 +253,13 @@ def test_unsafe_archive_a_student_uploaded_is_one_anomaly(tmp_path):
      ["--roster", "r.csv"], "cannot name a folder"),
     (lambda t: put(t, "dl/a/01_attention.ipynb", b"{}") and put(t, "times.csv", b"student,lesson,submitted_at\na,01_attention,soon\n"),
      ["--times", "times.csv"], "is not a time"),
+    (lambda t: put(t, "dl/liddellalice_101_9001_01_attention.ipynb", notebook("01_attention"))
+     and put(t, "r.csv", b"student,email\nalice,alice@example.org\n"), ["--roster", "r.csv"],
+     "has no 'lms_id' or 'name' column, which the download names its students by"),
     (lambda t: put(t, "dl/a/01_attention.ipynb", b"{}"), ["--timezone", "Mars/Olympus"], "unknown time zone"),
     (lambda t: put(t, "dl/a/01_attention.ipynb", b"{}"), ["--out", "dl/SUB"], "inside the download"),
-], ids=["not-a-zip", "unreadable-roster", "duplicate-id", "no-student-column", "unsafe-id", "bad-time", "bad-zone",
+], ids=["not-a-zip", "unreadable-roster", "duplicate-id", "no-student-column", "unsafe-id", "bad-time",
+                                    "roster-without-lms-id", "bad-zone",
         "out-inside"])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch, setup, args, message):
     monkeypatch.chdir(tmp_path)

@@ -408,6 +408,11 @@ def slug(text):
     return text[:100] if text and SAFE_ID.fullmatch(text[:100]) else None
 
 
+# The roster columns each kind of clue is matched against (Students.lookup).
+CLUE_COLUMNS = {"lms_id": ("lms_id",), "name": ("name",), "participant": ("email", "lms_id"),
+                "id": ("student", "lms_id", "email", "name")}
+
+
 class Students:
     """Turns a file's clues into a student id, with the roster when there is one."""
 
@@ -573,6 +578,9 @@ def collect(download, out, roster=None, lesson=None, times=(), zone="UTC", strea
     candidates = []
     for f in notebooks:
         c = read_clues(f.parts, lessons, layout)
+        if roster and c.who:
+            roster.require(sorted({col for kind, _ in c.who for col in CLUE_COLUMNS[kind]}),
+                           f"the download names its students by (as in {f.shown}): add the LMS's user ids")
         row = Row(f.shown, "not collected")
         rows.append(row)
         if not f.data.strip():

@@ -47,6 +47,14 @@ def name_keys(name):
 @dataclass
 class Roster:
     rows: list = field(default_factory=list)  # dicts with every key of COLUMNS (missing ones are "")
+    columns: frozenset = frozenset(COLUMNS)   # the columns of COLUMNS its header has
+    path: str = ""
+
+    def require(self, columns, why):
+        """RosterError (a one-line error, exit 2) when the roster has none of `columns`; why says who needs them."""
+        if not self.columns & set(columns):
+            raise RosterError(f"the roster {self.path} has no {' or '.join(map(repr, columns))} column, which {why} "
+                              f"(its columns: {', '.join(c for c in COLUMNS if c in self.columns)})")
 
     def by(self, column, value):
         """Rows whose `column` equals value (ids compared exactly, names and emails loosely)."""
@@ -77,7 +85,8 @@ def load_roster(path):
     names = [ALIASES.get(h.strip().casefold(), h.strip().casefold()) for h in header]
     if "student" not in names:
         raise RosterError(f"the roster {path} has no 'student' column (its columns: {', '.join(header)})")
-    roster, seen = Roster(), {c: {} for c in ("student", "lms_id", "email")}
+    roster = Roster(columns=frozenset(names) & set(COLUMNS), path=str(path))
+    seen = {c: {} for c in ("student", "lms_id", "email")}
     for number, values in enumerate(lines, 2):
         if not any(v.strip() for v in values):
             continue
