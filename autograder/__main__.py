@@ -243,7 +243,7 @@ def _term(args):
         term = load_term(args.results)  # a refused result is named and marked, never a silent blank: exit 1
         for line in term.lines:
             print(f"error: {line}", file=sys.stderr)
-        results, refused = term.results, term.refused
+        results, refused = [r.to_json() for r in term.results], term.refused  # the adapters read the JSON form
         if not results and not refused:
             raise UsageError(f"{args.results} holds no grading results (grade into it first)")
         if args.command == "report":

@@ -437,8 +437,8 @@ class Progress:
     def update(self, student, lesson, result):
         with self.lock:
             self.done += 1
-            got = sum(t["points"] for t in result["tests"])
-            full = sum(t["max_points"] for t in result["tests"])
+            got = sum(t.points for t in result.tests)
+            full = sum(t.max_points for t in result.tests)
             bar = "#" * int(30 * self.done / max(self.total, 1))
             rate = (time.monotonic() - self.start) / self.done
             self.stream.write(f"[{bar:<30}] {self.done}/{self.total}  {store.clean(student, 60, newlines=False)} "
@@ -537,12 +537,12 @@ def grade(submissions, out, lessons=None, jobs=1, resume=False, shard=None, mode
                     why = "stored result damaged or refused"
                 elif not done:
                     why = "not graded before"
-                elif done["fingerprint"] == fingerprint(graders[lesson], key, sub.submitted_at):
-                    why = "grader failed last time" if any(map(store.needs_regrade, done["tests"])) else None
-                elif done["sha256"] != sha:
+                elif done.fingerprint == fingerprint(graders[lesson], key, sub.submitted_at):
+                    why = "grader failed last time" if any(t.needs_regrade for t in done.tests) else None
+                elif done.sha256 != sha:
                     why = "submission changed"
                 else:
-                    why = ("submission time changed" if done["submitted_at"] != sub.submitted_at
+                    why = ("submission time changed" if done.submitted_at != sub.submitted_at
                            else "checks, tests or grader changed")
             if why:
                 todo.append((student, lesson, sub))

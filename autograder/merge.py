@@ -15,8 +15,9 @@ class MergeError(store.UsageError):
     pass
 
 
-def shard_set_problems(runs, stored, manifest):
-    """What is wrong with a set of RESULTS folders as the shards of one run: [str]."""
+def shard_set_problems(runs, stored, manifest) -> list:
+    """What is wrong with a set of RESULTS folders as the shards of one run (runs {folder: read_run},
+    stored {folder: [Result]}): [str]."""
     problems = []
     shards = {d: run["shard"] for d, run in runs.items()}
     if any(shards.values()):
@@ -46,11 +47,11 @@ def shard_set_problems(runs, stored, manifest):
     graders, owner = defaultdict(set), {}
     for d, results in stored.items():
         for r in results:
-            if r.get("grader"):
-                graders[r["lesson"]].add(r["grader"])
-            if owner.setdefault(r["student"], d) != d:
-                problems.append(f"student {r['student']} is in two shards ({owner[r['student']]} and {d})")
-                owner[r["student"]] = d  # report each pair once
+            if r.grader:
+                graders[r.lesson].add(r.grader)
+            if owner.setdefault(r.student, d) != d:
+                problems.append(f"student {r.student} is in two shards ({owner[r.student]} and {d})")
+                owner[r.student] = d  # report each pair once
     problems += [f"{lesson} was graded by {len(g)} different versions of its checks, tests or limits: "
                  "grade every shard with --resume again" for lesson, g in sorted(graders.items()) if len(g) > 1]
     if manifest:
@@ -61,7 +62,7 @@ def shard_set_problems(runs, stored, manifest):
     return list(dict.fromkeys(problems))
 
 
-def merge(dirs, out, gradescope=False, outputs=(), manifest=None, allow_partial=False):
+def merge(dirs, out, gradescope=False, outputs=(), manifest=None, allow_partial=False) -> list:
     """Copy every shard's results into OUT (its other lessons are kept) and rewrite its reports (and
     the adapters' `outputs`, as report.write_all). Returns the results; MergeError when the shard set
     is not whole, unless allow_partial."""
@@ -88,8 +89,8 @@ def merge(dirs, out, gradescope=False, outputs=(), manifest=None, allow_partial=
     seen = set()
     for d in dirs:
         for r in stored[Path(d)]:
-            if (r["student"], r["lesson"]) not in seen:  # with --allow-partial, the first shard wins
-                seen.add((r["student"], r["lesson"]))
+            if (r.student, r.lesson) not in seen:  # with --allow-partial, the first shard wins
+                seen.add((r.student, r.lesson))
                 store.save_result(out, r)
     for d in dirs:  # with --allow-partial, a refused or damaged result is left out, named, flagged for regrading
         for (student, lesson), why in sorted(refused[Path(d)].items()):

@@ -21,10 +21,10 @@ def gather(out, expected=(), problems=None):
     problems += term.lines
     results = {}
     for r in term.results:
-        if r["lesson"] in LESSONS:
-            results[r["student"], r["lesson"]] = r
+        if r.lesson in LESSONS:
+            results[r.student, r.lesson] = r.to_json()  # the writers below and the adapters read the JSON form
         else:
-            problems.append(f"{r['student']}/{r['lesson']}: a result for an unknown lesson, left out")
+            problems.append(f"{r.student}/{r.lesson}: a result for an unknown lesson, left out")
     refused = {k: why for k, why in term.refused.items() if k[1] in LESSONS and not store.check_student(k[0])}
     known = set(results) | set(expected) | set(refused)
     lessons = [x for x in LESSONS if x in {x for _, x in known} | set(store.read_run(out)["lessons"])]

@@ -68,8 +68,8 @@ The API, by use:
     write a run     prepare_out(out, submissions), save_result(out, r), write_run, write_grades, write_atomic,
                     write_derived (a file made again from results on every run: unchanged ones are kept)
     read a term     load_term(out, lesson_tests) -> Term(results, refused {(student, lesson): why}, lines),
-                    load_results(out, problems) (valid results only; damaged files described in problems),
-                    load_result(out, student, lesson) -> (result, why), stored_pairs, read_run, read_grades,
+                    load_results(out, problems) ([Result], valid only; damaged files described in problems),
+                    load_result(out, student, lesson) -> (Result, why), stored_pairs, read_run, read_grades,
                     needs_regrade(test)
     CSV exports     csv_text(rows, columns), csv_cell(value), read_csv(path)
     clean text      clean(text, cap, newlines), check_student(name), cell_error(value)
@@ -379,13 +379,13 @@ def _unsigned(raw, student, lesson, index):
 
 
 def lesson_problem(result, tests):
-    """Why a result does not fit its lesson's tests [(name, max_points)], or None."""
-    got = [(t["test"], t["max_points"]) for t in result["tests"]]
+    """Why a Result does not fit its lesson's tests [(name, max_points)], or None."""
+    got = [(t.test, t.max_points) for t in result.tests]
     if [name for name, _ in got] != [name for name, _ in tests]:
         return "its tests are not the lesson's"
     if any(abs(a - float(b)) > 1e-9 for (_, a), (_, b) in zip(got, tests)):
         return "its maximum points are not the lesson's"
-    if result.get("grader") is None and not any(map(needs_regrade, result["tests"])):
+    if result.grader is None and not any(t.needs_regrade for t in result.tests):
         return "it names no grader"
     return None
 
@@ -552,16 +552,16 @@ def cell_error(value):
     return {"type": "error", "message": clean(value, NOTE_CAP)}
 
 
-def save_result(out, result):
-    """Validate, clean, sign and write one result atomically, recorded in the folder's index as its
-    (student, lesson)'s last; returns the cleaned result (unsigned)."""
-    result = validate_result(result)
-    _record(out, result, results_key(create=True))
-    return result
+def save_result(out, result) -> Result:
+    """Validate, clean, sign and write one result (a Result, or its JSON dict as grading builds it)
+    atomically, recorded in the folder's index as its (student, lesson)'s last; returns the Result."""
+    typed = result if isinstance(result, Result) else Result.from_json(result)
+    _record(out, typed.to_json(), results_key(create=True))
+    return typed
 
 
-def load_result(out, student, lesson, tests=None):
-    """(result, None), (None, None) when nothing is stored (grade --resume grades it: "not graded
+def load_result(out, student, lesson, tests=None) -> tuple:
+    """(Result, None), (None, None) when nothing is stored (grade --resume grades it: "not graded
     before"), or (None, why) when the stored file is malformed, unsigned, changed after grading, not
     the one the folder's index records (copied, put back), or (given the lesson's tests
     [(name, max_points)]) not the lesson's: then it is refused, and graded again."""
@@ -570,7 +570,7 @@ def load_result(out, student, lesson, tests=None):
     index, folder_why = _read_index(out, key)
     try:
         raw = json.loads(_read_small(path))
-        result = validate_result(raw, student, lesson)
+        result = Result.from_json(raw, student, lesson)
     except FileNotFoundError:  # never written (a run stopped first), or deleted: load_term tells them apart
         return None, None
     except MisplacedError as e:
@@ -606,7 +606,7 @@ def stored_pairs(out):
 
 @dataclass
 class Term:
-    """What a RESULTS folder holds: the valid results (sorted by student, lesson), the refused ones
+    """What a RESULTS folder holds: the valid results (Result, sorted by student, lesson), the refused ones
     {(student, lesson): why} (damaged, edited, copied, put back, deleted), and the lines to show: one
     per refused result, or one for the whole folder when its key or index is wrong."""
     results: list = field(default_factory=list)
@@ -614,7 +614,7 @@ class Term:
     lines: list = field(default_factory=list)
 
 
-def load_term(out, lesson_tests=None):
+def load_term(out, lesson_tests=None) -> Term:
     """Every stored result of RESULTS, valid or refused (Term). lesson_tests(lesson) -> [(name, max_points)],
     or None for a lesson it does not know: checked too."""
     term = Term()
@@ -636,8 +636,8 @@ def load_term(out, lesson_tests=None):
     return term
 
 
-def load_results(out, problems=None, lesson_tests=None):
-    """Every valid stored result, sorted by (student, lesson). A malformed or refused one is left out
+def load_results(out, problems=None, lesson_tests=None) -> list:
+    """Every valid stored Result, sorted by (student, lesson). A malformed or refused one is left out
     and described in `problems` (a list to append to), so the caller reports it and grades it again.
     lesson_tests(lesson) -> [(name, max_points)], or None for a lesson it does not know: checked too."""
     term = load_term(out, lesson_tests)
@@ -646,9 +646,12 @@ def load_results(out, problems=None, lesson_tests=None):
     return term.results
 
 
-def needs_regrade(test):
-    """True for a test whose status says nothing about the student: the grader could not run it."""
-    return test["status"] == "error" and bool(test.get("grader_error"))
+def needs_regrade(test) -> bool:
+    """True for a test (a TestRow, or its JSON dict as the adapters read it) whose status says nothing
+    about the student: the grader could not run it."""
+    if isinstance(test, TestRow):
+        return test.needs_regrade
+    return test["status"] == "error" and bool(test.get("grader_error"))  # the dict form, until the adapters are typed
 
 
 # ---- the run record and the manifest -------------------------------------------------------

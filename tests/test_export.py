@@ -57,7 +57,7 @@ def read(path):
 
 
 def test_totals(term):
-    path = write_totals(term / "RESULTS", load_results(term / "RESULTS"))
+    path = write_totals(term / "RESULTS", [r.to_json() for r in load_results(term / "RESULTS")])
     rows = {r["student"]: r for r in csv.DictReader(open(path, newline=""))}
     assert read(path)[0] == ["student", "01_attention", "02_heads", "total", "max_points", "percentage", "regrade"]
     assert rows["alice"] == dict(student="alice", **{"01_attention": "6", "02_heads": "6"}, total="12",

@@ -43,7 +43,7 @@ def test_a_result_round_trips_and_damaged_ones_are_reported_not_raised(tmp_path)
     (folder / "linked.json").symlink_to(folder / "alice.json")
     problems = []
     loaded = store.load_results(tmp_path, problems)
-    assert [r["student"] for r in loaded] == ["alice"]
+    assert [r.student for r in loaded] == ["alice"]
     assert len(problems) == len(damaged) + 1 and all("unreadable stored result" in p for p in problems)
     # the report turns them into errors flagged for regrading, never zeros, and never crashes
     rows = {r["student"]: r for r in report.gather(tmp_path)}
@@ -222,16 +222,16 @@ def test_merge_names_every_gap_and_inconsistency():
         return {"shard": shard, "manifest": manifest, "lessons": list(lessons), "partial": []}
 
     whole = {"a": run("0/3"), "b": run("1/3"), "c": run("2/3")}
-    stored = {"a": [result("s1")], "b": [result("s2")], "c": []}
+    stored = {"a": [store.Result.from_json(result("s1"))], "b": [store.Result.from_json(result("s2"))], "c": []}
     assert shard_set_problems(whole, stored, None) == []
     assert shard_set_problems({"a": run("0/3"), "c": run("2/3")}, stored, None) == ["missing shard 1/3"]
     assert "shard 0/3 given twice (a, b)" in shard_set_problems({"a": run("0/3"), "b": run("0/3"), "c": run("2/3")},
                                                                 stored, None)
     problems = shard_set_problems(whole | {"c": run("2/3", ("01_attention", "02_heads"))}, stored, None)
     assert any("different lessons" in p for p in problems)
-    problems = shard_set_problems(whole, stored | {"c": [result("s1")]}, None)
+    problems = shard_set_problems(whole, stored | {"c": [store.Result.from_json(result("s1"))]}, None)
     assert any("student s1 is in two shards" in p for p in problems)
-    problems = shard_set_problems(whole, stored | {"c": [result("s3", grader="other")]}, None)
+    problems = shard_set_problems(whole, stored | {"c": [store.Result.from_json(result("s3", grader="other"))]}, None)
     assert any("2 different versions" in p for p in problems)
     problems = shard_set_problems(whole, stored, {"students": ["s1", "s2", "s9"], "id": None})
     assert any("in no shard: s9" in p for p in problems)
@@ -274,7 +274,7 @@ def test_a_result_that_does_not_fit_its_lesson_is_refused(tmp_path):
     store.save_result(tmp_path, dict(honest, student="carol", grader=None))
     problems = []
     loaded = store.load_results(tmp_path, problems, report.lesson_tests())
-    assert [r["student"] for r in loaded] == ["alice"]
+    assert [r.student for r in loaded] == ["alice"]
     assert any("bob.json" in p and "not the lesson's" in p for p in problems)
     assert any("carol.json" in p and "names no grader" in p for p in problems)
 
@@ -344,7 +344,7 @@ def test_a_result_copied_from_another_folder_or_put_back_is_refused(tmp_path):
     got, why = store.load_result(a, "bob", "01_attention")
     assert got is None and "an older result put back" in why
     term = store.load_term(a, report.lesson_tests())
-    assert [r["student"] for r in term.results] == ["alice"] and list(term.refused) == [("bob", "01_attention")]
+    assert [r.student for r in term.results] == ["alice"] and list(term.refused) == [("bob", "01_attention")]
     rows = {r["student"]: r for r in report.gather(a)}  # the report flags it for regrading, saying why
     assert all(store.needs_regrade(t) for t in rows["bob"]["tests"]) and "put back" in rows["bob"]["tests"][0]["message"]
 
@@ -405,7 +405,7 @@ def test_merge_carries_results_into_its_folder_and_refuses_one_copied_between_sh
         store.write_run(out, f"{i}/2", None, ["01_attention"])
     merge(shards, tmp_path / "merged")
     term = store.load_term(tmp_path / "merged", report.lesson_tests())  # signed again for the merged folder
-    assert [r["student"] for r in term.results] == ["alice", "bob"] and not term.refused
+    assert [r.student for r in term.results] == ["alice", "bob"] and not term.refused
     store.save_result(tmp_path / "elsewhere", _fitting("bob"))  # bob's full marks from another folder
     store.result_path(shards[1], "bob", "01_attention").write_bytes(
         store.result_path(tmp_path / "elsewhere", "bob", "01_attention").read_bytes())
@@ -444,7 +444,7 @@ def test_the_typed_result_reads_and_writes_the_stored_format_unchanged(tmp_path)
     typed = store.Result.from_json(raw, "alice", "01_attention")
     assert typed.tests[0].aspects[1].message == "overflow" and typed.tests[1].needs_regrade
     assert typed.tests[0].aspects is not None and typed.tests[1].aspects is None
-    assert typed.to_json() == saved and dict(typed.to_json(), digest=raw["digest"]) == raw  # the bytes it signs
+    assert typed == saved and dict(saved.to_json(), digest=raw["digest"]) == raw  # the bytes it signs
     assert store.load_result(tmp_path, "alice", "01_attention") == (saved, None)
     with pytest.raises(AttributeError):
         typed.tests[0].points = 2.0  # frozen
