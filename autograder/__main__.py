@@ -85,6 +85,8 @@ def main(argv=None):
     x.add_argument("--late-policy", metavar="POLICY", help="e.g. 10%%/day,max=50%% (of the points earned)")
     x.add_argument("--timezone", default="UTC", help="the zone of deadlines that name none (default: UTC)")
     x.add_argument("--submissions", metavar="SUBMISSIONS", help="where collect wrote the submission times")
+    x.add_argument("--extensions", metavar="CSV", help="student,lesson,deadline (an ISO 8601 time or 'exempt')")
+    x.add_argument("--grace", metavar="DURATION", help="e.g. 15m, 2h or 1d: work this late counts as on time")
 
     rp = sub.add_parser("report", help="write RESULTS/report.html: pass rates, mistakes, histograms, identical answers")
     rp.add_argument("results", metavar="RESULTS")
@@ -259,7 +261,7 @@ def _term(args):
         from autograder.adapters.export import export
         for line in export(args.results, results, args.format, args.out, roster, args.canvas_gradebook,
                            args.deadline, args.late_policy, args.timezone, args.submissions, args.assignment,
-                           refused):
+                           refused, args.extensions, args.grace):
             print(f"warning: {line}", file=sys.stderr)
         print(f"wrote {args.out}")
         return 1 if refused else 0

@@ -123,11 +123,49 @@ def test_late_penalties(term, capsys):
     penalties = {r["student"]: r for r in csv.DictReader(open(term / "RESULTS/late-penalties.csv", newline=""))}
     assert penalties["alice"]["raw"] == "6" and penalties["alice"]["penalised"] == "5.1"
     assert penalties["alice"]["penalty_percent"] == "15" and penalties["alice"]["late_units"] == "2"
-    # Without a time source the export is refused, and nothing is written.
-    (term / "scores.csv").unlink()
-    assert main(args) == 2
-    assert "no submission time" in capsys.readouterr().err
-    assert not (term / "scores.csv").exists()
+    # A submission without a time is exported unpenalised and flagged, named in a warning; bob, who has
+    # one, is still penalised the same way, and the export goes on.
+    (subs / "alice/02_heads/timestamp.txt").unlink()
+    write_timestamp(subs / "bob/02_heads", datetime(2025, 10, 2, 20, 0, tzinfo=timezone.utc))     # 1 day late
+    capsys.readouterr()
+    assert main(args + ["--submissions", str(subs)]) == 0
+    assert "no submission time for 1 submission(s) of 02_heads: alice: exported unpenalised" in capsys.readouterr().err
+    rows = {r["student"]: r for r in csv.DictReader(open(term / "scores.csv", newline=""))}
+    assert rows["alice"]["02_heads"] == "6" and rows["alice"]["flags"] == "02_heads: no submission time: not penalised"
+    assert rows["bob"]["02_heads"] == "5.4" and rows["bob"]["flags"] == ""
+    penalties = {r["student"]: r for r in csv.DictReader(open(term / "RESULTS/late-penalties.csv", newline=""))}
+    assert penalties["alice"]["submitted_at"] == "" and penalties["alice"]["penalised"] == "6"
+
+
+def test_extensions_and_grace(term, capsys):
+    subs = term / "SUBMISSIONS"
+    write_timestamp(subs / "alice/02_heads", datetime(2025, 10, 3, 12, 0, tzinfo=timezone.utc))   # 2 days late
+    write_timestamp(subs / "bob/02_heads", datetime(2025, 10, 2, 0, 10, tzinfo=timezone.utc))     # 11 minutes late
+    write_timestamp(subs / "alice/01_attention", datetime(2025, 10, 5, 12, 0, tzinfo=timezone.utc))
+    (term / "ext.csv").write_text("\ufeffStudent,Lesson,Deadline\nalice,02_heads,2025-10-04T00:00:00\n"
+                                  "alice,01_attention,exempt\n")
+    args = ["export", str(term / "RESULTS"), "--format", "csv", "--out", str(term / "scores.csv"),
+            "--deadline", "02_heads=2025-10-01T23:59:00+00:00", "--deadline", "01_attention=2025-10-01T23:59:00+00:00",
+            "--late-policy", "10%/day", "--submissions", str(subs)]
+    assert main(args + ["--extensions", str(term / "ext.csv"), "--grace", "15m"]) == 0
+    rows = {r["student"]: r for r in csv.DictReader(open(term / "scores.csv", newline=""))}
+    assert rows["alice"]["02_heads"] == "6", "on time by her own deadline"
+    assert rows["alice"]["01_attention"] == "6" and rows["alice"]["flags"] == "01_attention: exempt from the deadline"
+    assert rows["bob"]["02_heads"] == "6", "within the grace period"
+    # Past the grace period, lateness counts from the deadline: 11 minutes is a started day.
+    assert main(args + ["--extensions", str(term / "ext.csv"), "--grace", "5m"]) == 0
+    rows = {r["student"]: r for r in csv.DictReader(open(term / "scores.csv", newline=""))}
+    assert rows["bob"]["02_heads"] == "5.4" and rows["alice"]["02_heads"] == "6"
+    capsys.readouterr()
+    for content, extra, message in [
+            ("student,lesson,deadline\nalice,03_multi_head,exempt\n", [], "'03_multi_head' has no --deadline"),
+            ("student,lesson,deadline\nalice,02_heads,soon\n", [], "line 2: 'soon' is not an ISO 8601 time"),
+            ("student,lesson\nalice,02_heads\n", [], "need the columns student, lesson, deadline"),
+            ("student,lesson,deadline\n", ["--grace", "a while"], "--grace takes a duration")]:
+        (term / "ext.csv").write_text(content)
+        assert main(args + ["--extensions", str(term / "ext.csv")] + extra) == 2
+        err = capsys.readouterr().err.strip()
+        assert message in err and "\n" not in err
 
 
 @pytest.mark.parametrize("extra,message", [

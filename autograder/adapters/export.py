@@ -8,10 +8,13 @@ result the store refused (edited, copied from another folder, put back, deleted:
 its row says `<lesson>: refused: <why>`, and the command names it and exits 1, never a silent blank.
 
 Late penalties (--deadline LESSON=ISO8601, --late-policy 10%/day[,max=50%]): each started day (or
-hour) after the deadline costs that share of the points earned, up to the cap. Submission times come
-from the stored results (submitted_at) or SUBMISSIONS/<student>/<lesson>/timestamp.txt, which
-`collect` writes from real sources only; without them the export is refused. Raw and penalised
-scores are both kept: in the plain CSV, and in RESULTS/late-penalties.csv for every export.
+hour) after the deadline costs that share of the points earned, up to the cap. --grace 15m (or 2h, 1d)
+lets work that late count as on time (later work is counted from the deadline), and --extensions FILE
+(student,lesson,deadline or student,lesson,exempt) gives a student their own deadline or none.
+Submission times come from the stored results (submitted_at) or SUBMISSIONS/<student>/<lesson>/
+timestamp.txt, which `collect` writes from real sources only; a submission without one is exported
+unpenalised, flagged in the plain CSV's `flags` and named in a warning, and the rest are penalised as
+usual. Raw and penalised scores are both kept: in the plain CSV, and in RESULTS/late-penalties.csv.
 
 Canvas: with --canvas-gradebook (a CSV exported from Canvas's gradebook) the lesson columns of that
 file ("Name (assignment id)") are filled, so the import updates the existing assignments; without it,
@@ -30,6 +33,7 @@ from autograder.results import UsageError, csv_text, needs_regrade, read_timesta
 from autograder.adapters.roster import squash
 
 TOTALS, PENALTIES = "totals.csv", "late-penalties.csv"
+EXEMPT = "exempt"   # an extension's deadline that takes none
 CANVAS_IDENTITY = ["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]
 POINTS_POSSIBLE = "    Points Possible"   # how Canvas's own export writes that row
 POLICY = re.compile(r"(?P<rate>\d+(?:\.\d+)?)%/(?P<unit>day|hour)(?:,\s*max=(?P<cap>\d+(?:\.\d+)?)%)?")
@@ -54,6 +58,7 @@ class Score:
     late: int = 0              # started days (or hours) after the deadline
     penalty: float = 0.0       # share of the points taken, 0..1
     refused: str = ""          # why the stored result was refused (then points is None)
+    flag: str = ""             # why its late penalty was not taken (no submission time, exempt)
 
 
 def score(result):
@@ -77,12 +82,14 @@ def totals_rows(students, lessons, scores, detail=False):
     also `<lesson> raw` and `<lesson> penalty %` (the late penalty taken)."""
     rows = []
     for student in students:
-        row, got, full, regrade = {"student": student}, 0.0, 0.0, []
+        row, got, full, regrade, flags = {"student": student}, 0.0, 0.0, [], []
         for lesson in lessons:
             s = scores.get((student, lesson))
             if s is None:
                 regrade.append(f"{lesson}: not graded")
                 continue
+            if s.flag:
+                flags.append(f"{lesson}: {s.flag}")
             if s.points is None:
                 regrade.append(f"{lesson}: refused: {s.refused}" if s.refused else f"{lesson}: {', '.join(s.regrade)}")
                 continue
@@ -92,13 +99,16 @@ def totals_rows(students, lessons, scores, detail=False):
             got, full = got + s.points, full + s.max_points
         row.update(total=round(got, 2), max_points=round(full, 2),
                    percentage=round(100 * got / full, 2) if full else "", regrade="; ".join(regrade))
+        if detail:
+            row["flags"] = "; ".join(flags)
         rows.append(row)
     return rows
 
 
 def totals_columns(lessons, detail=False):
     per = [[lsn, f"{lsn} raw", f"{lsn} penalty %"] if detail else [lsn] for lsn in lessons]
-    return ["student"] + [c for cols in per for c in cols] + ["total", "max_points", "percentage", "regrade"]
+    return ["student"] + [c for cols in per for c in cols] + ["total", "max_points", "percentage", "regrade"] \
+        + (["flags"] if detail else [])
 
 
 def write_totals(out, results, refused=None):
@@ -121,6 +131,18 @@ def parse_zone(name):
         raise ExportError(f"unknown time zone {name!r} (use a name like UTC or Europe/Berlin)") from None
 
 
+def parse_moment(when, shown, zone):
+    """An aware datetime from an ISO 8601 time (`zone` when it names none); shown names it in errors."""
+    try:
+        moment = datetime.fromisoformat(when.strip())
+    except ValueError:
+        raise ExportError(f"{shown}: {when!r} is not an ISO 8601 time (e.g. 2026-10-01T23:59:00+02:00)") from None
+    if "T" not in when.strip().upper().replace(" ", "T"):  # a date alone would mean its first second
+        raise ExportError(f"{shown}: give the time too (e.g. {when.strip()}T23:59:00), "
+                          "a date alone would mean midnight at its start")
+    return moment if moment.tzinfo else moment.replace(tzinfo=zone)
+
+
 def parse_deadlines(specs, lessons, zone):
     """{lesson: aware datetime} from LESSON=ISO8601 strings; a time without a zone is in `zone`."""
     deadlines = {}
@@ -129,18 +151,43 @@ def parse_deadlines(specs, lessons, zone):
         if not sep or lesson not in lessons:
             raise ExportError(f"--deadline takes LESSON=ISO8601 with a lesson of these results "
                               f"({', '.join(lessons)}); got {spec!r}")
-        if "T" not in when.strip().upper().replace(" ", "T"):  # a date alone would mean its first second
-            raise ExportError(f"--deadline {spec!r}: give the time too (e.g. {when.strip()}T23:59:00), "
-                              "a date alone would mean midnight at its start")
         if lesson in deadlines:
             raise ExportError(f"--deadline given twice for {lesson}")
-        try:
-            moment = datetime.fromisoformat(when.strip())
-        except ValueError:
-            raise ExportError(f"--deadline {spec!r}: {when!r} is not an ISO 8601 time "
-                              "(e.g. 2026-10-01T23:59:00+02:00)") from None
-        deadlines[lesson] = moment if moment.tzinfo else moment.replace(tzinfo=zone)
+        deadlines[lesson] = parse_moment(when, f"--deadline {spec!r}", zone)
     return deadlines
+
+
+def parse_extensions(path, deadlines, zone):
+    """{(student, lesson): aware datetime, or EXEMPT} from a CSV student,lesson,deadline where deadline
+    is an ISO 8601 time or `exempt`; each of its lessons must have a --deadline."""
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:   # a spreadsheet's CSV may start with a BOM
+            reader = csv.DictReader(f)
+            rows = [{k.strip().casefold(): (v or "") for k, v in row.items() if k} for row in reader]
+            header = {k.strip().casefold() for k in reader.fieldnames or ()}
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise ExportError(f"cannot read the extensions {path}: {e}") from None
+    if not {"student", "lesson", "deadline"} <= header:
+        raise ExportError(f"the extensions {path} need the columns student, lesson, deadline (a time or 'exempt')")
+    found = {}
+    for number, row in enumerate(rows, 2):
+        student, lesson, when = (row[c].strip() for c in ("student", "lesson", "deadline"))
+        shown = f"the extensions {path}, line {number}"
+        if lesson not in deadlines:
+            raise ExportError(f"{shown}: {lesson!r} has no --deadline (lessons with one: {', '.join(deadlines)})")
+        if (student, lesson) in found:
+            raise ExportError(f"{shown}: a second extension for {student} {lesson}")
+        found[student, lesson] = EXEMPT if when.casefold() == EXEMPT else parse_moment(when, shown, zone)
+    return found
+
+
+def parse_grace(text):
+    """A timedelta from '15m', '2h' or '1d' (minutes, hours, days)."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(m|min|h|d)", (text or "").strip())
+    if not m:
+        raise ExportError(f"--grace takes a duration like 15m, 2h or 1d; got {text!r}")
+    unit = {"m": "minutes", "min": "minutes", "h": "hours", "d": "days"}[m[2]]
+    return timedelta(**{unit: float(m[1])})
 
 
 def parse_policy(text):
@@ -164,33 +211,37 @@ def submission_time(result, submissions):
     return moment if moment.tzinfo else moment.replace(tzinfo=ZoneInfo("UTC"))
 
 
-def apply_penalties(results, scores, deadlines, policy, submissions):
-    """Penalise scores in place; returns the late-penalties.csv rows. ExportError when a submitted
-    result of a lesson with a deadline has no submission time."""
+def apply_penalties(results, scores, deadlines, policy, submissions, extensions=None, grace=timedelta(0)):
+    """Penalise scores in place; returns (the late-penalties.csv rows, warning lines). A submitted result
+    of a lesson with a deadline and no submission time, or an exempt one, is not penalised and is flagged
+    (Score.flag); work within `grace` of its deadline is on time; extensions {(student, lesson): datetime
+    or EXEMPT} replace a lesson's deadline for a student."""
     rate, unit, cap = policy
     rows, untimed = [], {}
     for r in results:
-        deadline, s = deadlines.get(r["lesson"]), scores[(r["student"], r["lesson"])]
+        pair, s = (r["student"], r["lesson"]), scores[(r["student"], r["lesson"])]
+        deadline = (extensions or {}).get(pair, deadlines.get(r["lesson"]))
         if deadline is None or not s.submitted:
             continue
-        moment = submission_time(r, submissions)
+        moment = None if deadline == EXEMPT else submission_time(r, submissions)
         if moment is None:
-            untimed.setdefault(r["lesson"], []).append(r["student"])
-            continue
-        late = moment - deadline
-        s.late = math.ceil(late / unit) if late > timedelta(0) else 0
-        s.penalty = min(cap, rate * s.late)
-        if s.points is not None:
-            s.points = round(s.raw * (1 - s.penalty), 4)
-        rows.append(dict(student=r["student"], lesson=r["lesson"], submitted_at=moment.isoformat(),
-                         deadline=deadline.isoformat(), late_units=s.late, penalty_percent=round(100 * s.penalty, 2),
-                         raw=s.raw if s.raw is not None else "", penalised=s.points if s.points is not None else ""))
-    if untimed:
-        lesson, who = next(iter(sorted(untimed.items())))
-        raise ExportError(f"no submission time for {len(who)} submission(s) of {lesson} (e.g. {', '.join(who[:3])}): "
-                          "late penalties need times from a real source; collect with --times or a Moodle worksheet, "
-                          "or give --submissions where collect wrote timestamp.txt")
-    return rows
+            s.flag = "exempt from the deadline" if deadline == EXEMPT else "no submission time: not penalised"
+            if deadline != EXEMPT:
+                untimed.setdefault(r["lesson"], []).append(r["student"])
+        else:
+            late = moment - deadline
+            s.late = math.ceil(late / unit) if late > grace else 0
+            s.penalty = min(cap, rate * s.late)
+            if s.points is not None:
+                s.points = round(s.raw * (1 - s.penalty), 4)
+        rows.append(dict(student=r["student"], lesson=r["lesson"], submitted_at=moment.isoformat() if moment else "",
+                         deadline=deadline if deadline == EXEMPT else deadline.isoformat(), late_units=s.late,
+                         penalty_percent=round(100 * s.penalty, 2), raw=s.raw if s.raw is not None else "",
+                         penalised=s.points if s.points is not None else "", flag=s.flag))
+    warnings = [f"no submission time for {len(who)} submission(s) of {lesson}: {', '.join(who)}: exported "
+                "unpenalised and flagged; collect with --times or a Moodle worksheet, or give --submissions where "
+                "collect wrote timestamp.txt" for lesson, who in sorted(untimed.items())]
+    return rows, warnings
 
 
 # ---------------------------------------------------------------------------------------------
@@ -295,7 +346,7 @@ def canvas_fill(path, students_rows, lessons, scores, assignments):
 # ---------------------------------------------------------------------------------------------
 
 def export(out, results, fmt, dest, roster=None, gradebook=None, deadlines=(), policy=None, zone="UTC",
-           submissions=None, assignments=(), refused=None):
+           submissions=None, assignments=(), refused=None, extensions=None, grace=None):
     """Write the export to dest, RESULTS/totals.csv (raw scores) and, when penalised,
     RESULTS/late-penalties.csv; returns warning lines. refused: {(student, lesson): why} of stored
     results the store refused: marked in the rows, left blank in Canvas, each named in a warning.
@@ -313,16 +364,21 @@ def export(out, results, fmt, dest, roster=None, gradebook=None, deadlines=(), p
     pairs = dict(a.partition("=")[::2] for a in assignments)
     if any(lsn not in lessons or not name for lsn, name in pairs.items()):
         raise ExportError(f"--assignment takes LESSON=NAME with a lesson of these results ({', '.join(lessons)})")
-    penalties = []
+    if (extensions or grace) and not deadlines:
+        raise ExportError("--extensions and --grace change late penalties: give --deadline and --late-policy too")
+    penalties, warnings = [], []
     if deadlines:
-        penalties = apply_penalties(results, scores, parse_deadlines(deadlines, lessons, parse_zone(zone)),
-                                    parse_policy(policy), submissions)
-    warnings = []
+        by_lesson = parse_deadlines(deadlines, lessons, parse_zone(zone))
+        penalties, warnings = apply_penalties(
+            results, scores, by_lesson, parse_policy(policy), submissions,
+            parse_extensions(extensions, by_lesson, parse_zone(zone)) if extensions else None,
+            parse_grace(grace) if grace else timedelta(0))
     if fmt == "csv":
         text = csv_text(totals_rows(students, lessons, scores, detail=bool(deadlines)),
                         totals_columns(lessons, detail=bool(deadlines)))
     else:
-        students_rows, warnings = roster_for(roster, results)
+        students_rows, more = roster_for(roster, results)
+        warnings += more
         if gradebook:
             text, more = canvas_fill(gradebook, students_rows, lessons, scores, pairs)
             warnings += more
