@@ -9,7 +9,7 @@ import re
 import shutil
 from pathlib import Path
 
-from autograder import lessons
+from autograder import check_submission, lessons
 from autograder import notebook as nbk
 
 # The lesson's source rules (standard library only): a lesson whose visible tests import them gets the module
@@ -17,6 +17,7 @@ from autograder import notebook as nbk
 # runs and the book), and `sync --check` fails when it differs from this one.
 SOURCE_RULES = Path(__file__).resolve().parent / "source_rules.py"
 USES_RULES = re.compile(r"^\s*(import|from)\s+source_rules\b", re.M)
+CHECK_SCRIPT = Path(check_submission.__file__)
 LEAK = re.compile(r"BEGIN SOLUTION|END SOLUTION|HIDDEN TESTS|^\s*(from|import)\s+(solutions|autograder)\b", re.M)
 
 
@@ -59,8 +60,16 @@ def student_copy(nb, keep_outputs=False):
     return out
 
 
+def check_script(nb, lesson):
+    """The text of check_submission.py for a released notebook dict: the template with its LESSON filled in."""
+    text = CHECK_SCRIPT.read_text(encoding="utf-8")
+    line = next(x for x in text.splitlines() if x.startswith("LESSON = None"))
+    return text.replace(line, f"LESSON = {check_submission.lesson_facts(nb, lesson)!r}", 1)
+
+
 def release(out_dir, names=None, root=nbk.LESSONS_DIR):
-    """Write OUT/<lesson>/<lesson>.ipynb and the lesson's files (lesson_files); returns the notebook paths."""
+    """Write OUT/<lesson>/<lesson>.ipynb, the lesson's files (lesson_files) and check_submission.py (the
+    students' check before submitting, check_script); returns the notebook paths."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise NotADirectoryError(f"{out_dir} exists and is not a folder")
@@ -73,6 +82,8 @@ def release(out_dir, names=None, root=nbk.LESSONS_DIR):
         dest.mkdir(parents=True)
         for name, f in lesson_files(lesson, root).items():
             shutil.copy2(f, dest / name)
-        nbk.write(student_copy(nbk.read(src)), dest / src.name)
+        copy = student_copy(nbk.read(src))
+        nbk.write(copy, dest / src.name)
+        (dest / CHECK_SCRIPT.name).write_text(check_script(copy, lesson), encoding="utf-8")
         written.append(dest / src.name)
     return written

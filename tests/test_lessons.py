@@ -306,7 +306,8 @@ def edit(path, old, new):
 
 def test_a_release_holds_exactly_what_the_manifest_declares(released, tmp_path):
     for lesson in LESSONS:
-        want = {f"{lesson}.ipynb", *lessons.read(lesson)["data"]} | ({SOURCE_RULES.name} if lesson == "06_gpu" else set())
+        want = {f"{lesson}.ipynb", "check_submission.py", *lessons.read(lesson)["data"]} | (
+            {SOURCE_RULES.name} if lesson == "06_gpu" else set())
         assert {p.name for p in (released / lesson).iterdir()} == want, lesson
     assert (released / "06_gpu" / SOURCE_RULES.name).read_bytes() == SOURCE_RULES.read_bytes()
     # A file the manifest does not declare stays in the course, and so does the manifest.
@@ -314,7 +315,7 @@ def test_a_release_holds_exactly_what_the_manifest_declares(released, tmp_path):
     (root / "07_head_specialization" / "notes.txt").write_text("the instructor's notes")
     release(tmp_path / "out", ["07_head_specialization"], root)
     assert sorted(p.name for p in (tmp_path / "out" / "07_head_specialization").iterdir()) == [
-        "07_head_specialization.ipynb", "induction_model.npz", "induction_model_gqa.npz"]
+        "07_head_specialization.ipynb", "check_submission.py", "induction_model.npz", "induction_model_gqa.npz"]
     lessons.read.cache_clear()
 
 

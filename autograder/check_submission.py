@@ -1,0 +1,217 @@
+"""Check a lesson notebook before submitting it: `python check_submission.py 01_attention.ipynb`.
+
+`release` copies this file into every lesson folder it writes, with LESSON filled in (lesson_facts): the
+lesson's name, the grade_ids of its answer cells and, per test cell, its points and the sha256 of the
+visible tests students were given. It holds no solution and no hidden test, and needs only what students
+have: the standard library and IPython (numpy, torch, ... only as the notebook imports them).
+
+It says, in the grader's own words where the grader has them:
+- whether the notebook is this lesson, with its answer and test cells and their nbgrader metadata intact;
+- what the grader would not read (code in a test cell or a demo cell) and, for a lesson with source rules
+  (source_rules.py beside it), what it would refuse (source_rules.problems on the cells the grader reads);
+- the result of each visible test, running the code cells in order (demos skipped, as the grader does) in a
+  fresh Python with a timeout.
+Exit status: 0 when nothing is wrong, 1 when something is (each a line starting 'PROBLEM'), 2 on bad usage.
+"""
+import argparse
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+LESSON = None  # release writes: {"name": ..., "answers": [grade_id, ...], "tests": {grade_id: [points, sha256]}}
+
+# The grader's words (autograder/grade.py and notebook.py; tests/test_check_submission.py holds them equal).
+LOST_METADATA = "the notebook has lost its nbgrader metadata; every code cell was run"
+MAX_NOTEBOOK_BYTES = 20 << 20
+TOO_BIG = f"is larger than {MAX_NOTEBOOK_BYTES >> 20} MB; clear large outputs and submit it again"
+DEMO_TAG = "demo"
+DEFAULT_TIMEOUT = 900  # seconds for the whole run of the notebook's cells
+
+
+def source(cell):
+    src = cell.get("source", "")
+    return "".join(src) if isinstance(src, list) else str(src)
+
+
+def meta(cell):
+    m = cell.get("metadata", {})
+    m = m.get("nbgrader", {}) if isinstance(m, dict) else {}
+    return m if isinstance(m, dict) else {}
+
+
+def is_test(cell):
+    return bool(meta(cell).get("grade")) and not meta(cell).get("solution")
+
+
+def is_demo(cell):
+    tags = cell.get("metadata", {}).get("tags", []) if isinstance(cell.get("metadata"), dict) else []
+    return isinstance(tags, list) and DEMO_TAG in tags
+
+
+def visible_sha(text):
+    """The sha256 of a test cell's visible tests (trailing whitespace aside), as release records it."""
+    return hashlib.sha256(text.rstrip().encode("utf-8")).hexdigest()
+
+
+def lesson_facts(nb, name):
+    """The LESSON a released notebook dict (release.student_copy's) gives this script."""
+    code = [c for c in nb["cells"] if c.get("cell_type") == "code"]
+    return {"name": name, "answers": [meta(c)["grade_id"] for c in code if meta(c).get("solution")],
+            "tests": {meta(c)["grade_id"]: [float(meta(c).get("points", 0)), visible_sha(source(c))]
+                      for c in code if is_test(c)}}
+
+
+def read(path):
+    """(notebook dict, None) or (None, why the grader would not read it)."""
+    path = Path(path)
+    if path.is_symlink() or not path.is_file():
+        return None, f"{path.name} is not a regular file; submit the notebook itself"
+    if path.stat().st_size > MAX_NOTEBOOK_BYTES:
+        return None, f"the notebook {TOO_BIG}"
+    try:
+        nb = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        return None, f"not a readable notebook (corrupt JSON?): {type(e).__name__}: {str(e)[:200]}"
+    if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
+        return None, "not a notebook: it has no list of cells"
+    if nb.get("nbformat") != 4:
+        return None, f"unsupported notebook format {str(nb.get('nbformat'))[:20]!r} (expected 4)"
+    if not all(isinstance(c, dict) and isinstance(c.get("cell_type"), str) for c in nb["cells"]):
+        return None, "a cell is not a notebook cell (no cell_type)"
+    return nb, None
+
+
+def graded_sources(nb):
+    """The code the grader reads, as grade.submission_cells takes it: every code cell but tests and demos."""
+    return [source(c) for c in nb["cells"] if c["cell_type"] == "code" and not is_test(c) and not is_demo(c)
+            and not str(meta(c).get("grade_id") or "").startswith("test_")]
+
+
+def structure(nb, lesson):
+    """[(is_problem, line)] on whether the notebook is the lesson with its answer and test cells intact."""
+    out = []
+    code = [(n, c) for n, c in enumerate(nb["cells"], 1) if c["cell_type"] == "code"]
+    ids = {meta(c).get("grade_id"): (n, c) for n, c in code if meta(c).get("grade_id")}
+    answers, tests = lesson["answers"], lesson["tests"]
+    if not any(meta(c) for c in nb["cells"]):
+        return [(True, f"{LOST_METADATA} (was it copied into a new notebook? start again from the released "
+                       f"{lesson['name']}.ipynb and paste your answers into it)")]
+    if not set(ids) & (set(answers) | set(tests)):
+        return [(True, f"this is not lesson {lesson['name']}: it has none of its cells "
+                       f"({', '.join(answers[:3])}, ...); check that you are submitting the right notebook")]
+    for name in answers:
+        if name not in ids:
+            out.append((True, f"the answer cell '{name}' has lost its nbgrader metadata or was deleted: "
+                              "copy your code into the lesson's released notebook"))
+    for name, (points, sha) in tests.items():
+        if name not in ids:
+            out.append((True, f"the test cell '{name}' ({points:g} points) has lost its metadata or was deleted: "
+                              "the grader would run it as your code"))
+        elif visible_sha(source(ids[name][1])) != sha:
+            out.append((True, f"cell {ids[name][0]} ('{name}') was edited: the grader does not read test cells "
+                              "(it runs its own tests), so code you put there is not graded"))
+    graded = set(answers)
+    define = re.compile(r"^\s*(?:async\s+)?(?:def|class)\s+(\w+)", re.M)
+    for n, c in code:
+        names = set(define.findall(source(c))) & graded
+        if names and is_demo(c):
+            out.append((True, f"cell {n} defines {', '.join(sorted(names))} but is a demo cell, which the grader "
+                              "skips: define it in its answer cell"))
+    return out
+
+
+def rules(nb, folder):
+    """[(True, line)] of what the lesson's source rules (source_rules.py beside the script) would refuse."""
+    if not (folder / "source_rules.py").is_file():
+        return []
+    sys.path.insert(0, str(folder))
+    try:
+        import source_rules
+    finally:
+        sys.path.remove(str(folder))
+    return [(True, f"{name}: {why}") for name, why in source_rules.problems(graded_sources(nb)).items()]
+
+
+CHILD = r"""
+import json, sys
+from IPython.core.interactiveshell import InteractiveShell
+cells, out = json.load(open(sys.argv[1])), sys.argv[2]
+shell = InteractiveShell.instance()
+for n, name, code in cells:
+    r = shell.run_cell(code, store_history=True)
+    e = r.error_before_exec or r.error_in_exec
+    text = str(e).strip().splitlines()[0] if e and str(e).strip() else ""
+    line = f"{type(e).__name__}: {text}" if text else type(e).__name__ if e else ""
+    if isinstance(e, NotImplementedError) and not text:
+        line += " (an answer is still the released stub)"
+    with open(out, "a") as f:
+        f.write(json.dumps([n, name, line]) + "\n")
+"""
+
+
+def run_tests(nb, folder, timeout):
+    """[(is_problem, line)]: each visible test's result, running the code cells (demos skipped) in order."""
+    cells = [(n, meta(c).get("grade_id") if is_test(c) else None, source(c))
+             for n, c in enumerate(nb["cells"], 1) if c["cell_type"] == "code" and not is_demo(c)]
+    with tempfile.TemporaryDirectory() as tmp:
+        todo, done = Path(tmp, "cells.json"), Path(tmp, "done.jsonl")
+        todo.write_text(json.dumps(cells))
+        crash = ""
+        try:
+            child = subprocess.run([sys.executable, "-c", CHILD, str(todo), str(done)], cwd=folder, timeout=timeout,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                   env=dict(os.environ, MPLBACKEND="Agg"))
+            last = child.stderr.strip().splitlines()[-1:] if child.returncode else []
+            crash = f"stopped the notebook (exit status {child.returncode}{': ' + last[0][:200] if last else ''})"
+        except subprocess.TimeoutExpired:
+            crash = f"did not finish within {timeout} s"
+        ran = [json.loads(line) for line in done.read_text().splitlines()] if done.exists() else []
+    out = []
+    for n, name, error in ran:
+        if name:
+            out.append((bool(error), f"{name}: {'FAILED: ' + error if error else 'passed'}"))
+        elif error:
+            out.append((True, f"cell {n} raised {error}"))
+    if len(ran) < len(cells):
+        out.append((True, f"cell {cells[len(ran)][0]} {crash}; the tests after it did not run"))
+    return out
+
+
+def check(path, lesson=None, timeout=DEFAULT_TIMEOUT, run=True):
+    """[(is_problem, line)] for the notebook at path, as main prints them."""
+    lesson = lesson or LESSON
+    nb, why = read(path)
+    if why:
+        return [(True, why)]
+    found = structure(nb, lesson)
+    if any("not lesson" in line or LOST_METADATA in line for _, line in found):
+        return found
+    found += rules(nb, Path(path).resolve().parent)
+    return found + (run_tests(nb, Path(path).resolve().parent, timeout) if run else [])
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("notebook", help=f"the notebook to check, e.g. {(LESSON or {}).get('name', 'NN_name')}.ipynb")
+    p.add_argument("--timeout", type=int, default=DEFAULT_TIMEOUT, help="seconds for running all its cells")
+    p.add_argument("--no-run", action="store_true", help="check the notebook without running its tests")
+    args = p.parse_args(argv)
+    if LESSON is None:
+        p.error("this is the course's template: use the copy in a released lesson folder")
+    if not Path(args.notebook).exists():
+        p.error(f"no notebook at {args.notebook}")
+    found = check(args.notebook, timeout=args.timeout, run=not args.no_run)
+    for bad, line in found:
+        print(("PROBLEM " if bad else "ok      ") + line)
+    bad = sum(b for b, _ in found)
+    print(f"{bad} problem(s): fix them before you submit" if bad else "nothing wrong found: ready to submit")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

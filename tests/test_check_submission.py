@@ -1,0 +1,141 @@
+"""check_submission.py, the check students run before submitting: release puts it in every lesson folder,
+it holds nothing of solutions/ or checks/, and it says what the grader would say, in the grader's words."""
+import copy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autograder import check_submission as cs
+from autograder import grade, source_rules
+from autograder import notebook as nbk
+from autograder.release import release
+from tests.lessons import LESSONS, fill
+
+ROOT = Path(__file__).resolve().parent.parent
+LESSON = "01_attention"
+
+
+@pytest.fixture(scope="module")
+def released(tmp_path_factory):
+    out = tmp_path_factory.mktemp("release")
+    release(out)
+    return out
+
+
+def script(released, lesson, notebook, *args):
+    """Run the released check_submission.py on a notebook dict saved in the lesson's folder: (exit status, output)."""
+    folder = released / lesson
+    nbk.write(notebook, folder / "mine.ipynb")
+    done = subprocess.run([sys.executable, "check_submission.py", "mine.ipynb", *args], cwd=folder,
+                          capture_output=True, text=True, timeout=600)
+    return done.returncode, done.stdout
+
+
+def notebook(released, lesson=LESSON):
+    return nbk.read(released / lesson / f"{lesson}.ipynb")
+
+
+def test_every_released_folder_has_the_check_for_its_lesson(released):
+    for lesson in LESSONS:
+        text = (released / lesson / "check_submission.py").read_text()
+        facts = cs.lesson_facts(notebook(released, lesson), lesson)
+        assert f"LESSON = {facts!r}" in text
+        assert [t for t, _ in nbk.lesson_tests(lesson)] == list(facts["tests"])
+
+
+def test_released_folders_hold_nothing_from_solutions_or_checks(released):
+    """No line of solutions/ or autograder/checks/ (beyond short ones such as imports) is in a released
+    file other than the notebook (whose stubs keep the functions' signatures and docstrings) and lesson 06's
+    source_rules.py (the grader's rules, released by design: the same file as autograder's)."""
+    private = {line.strip() for f in [*(ROOT / "solutions").glob("*.py"), *(ROOT / "autograder" / "checks").glob("*.py")]
+               for line in f.read_text().splitlines() if len(line.strip()) >= 40 and not line.strip().startswith("#")}
+    assert private
+    for f in released.rglob("*.py"):
+        if f.name == source_rules.__name__.split(".")[-1] + ".py":
+            assert f.read_bytes() == Path(source_rules.__file__).read_bytes()
+            continue
+        text = f.read_text()
+        assert not {line.strip() for line in text.splitlines()} & private, f
+        assert "BEGIN SOLUTION" not in text and "HIDDEN TESTS" not in text, f
+
+
+def test_the_template_refuses_to_run_itself(capsys):
+    with pytest.raises(SystemExit) as e:
+        cs.main(["x.ipynb"])
+    assert e.value.code == 2 and "released lesson folder" in capsys.readouterr().err
+
+
+def test_an_honest_notebook_passes_and_the_released_one_does_not(released):
+    rc, out = script(released, LESSON, fill(notebook(released), LESSON))
+    assert rc == 0, out
+    assert out.count("passed") == 3 and "ready to submit" in out
+    rc, out = script(released, LESSON, notebook(released))
+    assert rc == 1 and out.count("FAILED: NotImplementedError (an answer is still the released stub)") == 3, out
+
+
+def test_a_failing_visible_test_names_its_assertion(released):
+    nb = fill(notebook(released), LESSON, {"causal_mask": "def causal_mask(n_queries, n_keys=None):\n"
+                                                          "    import numpy as np\n"
+                                                          "    return np.ones((n_queries, n_keys or n_queries), bool)\n"})
+    rc, out = script(released, LESSON, nb)
+    assert rc == 1 and "PROBLEM test_causal_mask: FAILED: AssertionError" in out and "ok      test_softmax" in out
+
+
+def test_a_hanging_cell_is_stopped_and_named(released):
+    nb = fill(notebook(released), LESSON)
+    nb["cells"].insert(2, {"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
+                           "source": "while True:\n    pass\n"})
+    rc, out = script(released, LESSON, nb, "--timeout", "20")
+    assert rc == 1 and "cell 3 did not finish within 20 s; the tests after it did not run" in out
+
+
+def problems(nb, lesson_nb, folder):
+    """The problem lines check gives nb (saved in folder), for the lesson of the released notebook lesson_nb."""
+    nbk.write(nb, folder / "x.ipynb")
+    return [line for bad, line in cs.check(folder / "x.ipynb", cs.lesson_facts(lesson_nb, LESSON), run=False) if bad]
+
+
+def cell(nb, grade_id):
+    return next(c for c in nb["cells"] if nbk.grade_id(c) == grade_id)
+
+
+def test_the_wrong_lesson_and_lost_metadata_in_the_graders_words(released, tmp_path):
+    [line] = problems(notebook(released, "02_heads"), notebook(released), tmp_path)
+    assert line.startswith(f"this is not lesson {LESSON}")
+    nb = fill(notebook(released), LESSON)
+    for c in nb["cells"]:
+        c["metadata"].pop("nbgrader", None)
+    [line] = problems(nb, notebook(released), tmp_path)
+    assert line.startswith(cs.LOST_METADATA)
+    assert cs.LOST_METADATA in grade.submission_cells(nb)[2]  # the grader's own note
+    assert (cs.TOO_BIG, cs.MAX_NOTEBOOK_BYTES, cs.DEMO_TAG) == (nbk.TOO_BIG, nbk.MAX_NOTEBOOK_BYTES, nbk.DEMO_TAG)
+
+
+def test_cells_the_grader_would_not_read(released, tmp_path):
+    nb = fill(notebook(released), LESSON)
+    honest = copy.deepcopy(nb)
+    assert problems(honest, notebook(released), tmp_path) == []
+    nbk.set_source(cell(nb, "test_softmax"), nbk.source(cell(nb, "test_softmax")) + "\ndef softmax(x): ...\n")
+    cell(nb, "causal_mask")["metadata"].pop("nbgrader")
+    demo = next(c for c in nb["cells"] if nbk.is_demo(c))
+    nbk.set_source(demo, "def scaled_dot_product_attention(q, k, v, mask=None):\n    return q\n")
+    found = problems(nb, notebook(released), tmp_path)
+    assert any("('test_softmax') was edited" in line for line in found)
+    assert any("answer cell 'causal_mask' has lost its nbgrader metadata" in line for line in found)
+    assert any("defines scaled_dot_product_attention but is a demo cell" in line for line in found)
+    assert len(found) == 3, found
+    # the grader indeed reads neither the test cell nor the demo
+    assert not any("def softmax(x): ..." in s or "return q" in s for s in grade.submission_cells(nb)[0])
+
+
+def test_source_rules_refusals_are_the_graders_own(released):
+    """Lesson 06's released notebook, unanswered: its source rules refuse it, and the check says so with
+    the words of source_rules.problems on the cells grade.submission_cells reads."""
+    nb = notebook(released, "06_gpu")
+    path = released / "06_gpu" / "mine.ipynb"
+    nbk.write(nb, path)
+    found = [line for bad, line in cs.check(path, cs.lesson_facts(nb, "06_gpu"), run=False) if bad]
+    expected = source_rules.problems(grade.submission_cells(nb)[0])
+    assert expected and found == [f"{name}: {why}" for name, why in expected.items()]
