@@ -87,6 +87,8 @@ def main(argv=None):
     x.add_argument("--submissions", metavar="SUBMISSIONS", help="where collect wrote the submission times")
     x.add_argument("--extensions", metavar="CSV", help="student,lesson,deadline (an ISO 8601 time or 'exempt')")
     x.add_argument("--grace", metavar="DURATION", help="e.g. 15m, 2h or 1d: work this late counts as on time")
+    x.add_argument("--missing-blank", action="store_true",
+                   help="leave a roster student's lesson never handed in blank (and flagged), not 0")
 
     rp = sub.add_parser("report", help="write RESULTS/report.html: pass rates, mistakes, histograms, identical answers")
     rp.add_argument("results", metavar="RESULTS")
@@ -261,7 +263,7 @@ def _term(args):
         from autograder.adapters.export import export
         for line in export(args.results, results, args.format, args.out, roster, args.canvas_gradebook,
                            args.deadline, args.late_policy, args.timezone, args.submissions, args.assignment,
-                           refused, args.extensions, args.grace):
+                           refused, args.extensions, args.grace, args.missing_blank):
             print(f"warning: {line}", file=sys.stderr)
         print(f"wrote {args.out}")
         return 1 if refused else 0

@@ -70,6 +70,33 @@ def test_totals(term):
     assert rows["carol"]["02_heads"] == "0" and rows["carol"]["percentage"] == "14.29"
 
 
+def test_every_roster_student_has_a_row(term, capsys):
+    """dave is on the roster and never handed anything in; erin handed in work and is not on it."""
+    (term / "roster.csv").write_text(ROSTER + "dave,Dave Bowman,dave@example.org,104,dbowman,B\n")
+    save_result(term / "RESULTS", result("erin", "01_attention", [2, 1, 3]))
+    args = ["export", str(term / "RESULTS"), "--format", "csv", "--out", str(term / "scores.csv"),
+            "--roster", str(term / "roster.csv")]
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert "never handed in, counted as 0: dave 01_attention, dave 02_heads" in err
+    assert "not in the roster, kept: erin" in err
+    for path in (term / "scores.csv", term / "RESULTS/totals.csv"):
+        rows = {r["student"]: r for r in csv.DictReader(open(path, newline=""))}
+        assert set(rows) == {"alice", "bob", "carol", "dave", "erin"}
+        assert (rows["dave"]["01_attention"], rows["dave"]["total"], rows["dave"]["max_points"]) == ("0", "0", "14")
+        assert rows["dave"]["flags"] == "01_attention: never handed in; 02_heads: never handed in"
+        assert rows["alice"]["flags"] == "" and rows["alice"]["total"] == "12"
+    assert main(args + ["--missing-blank"]) == 0
+    assert "never handed in, left blank: dave 01_attention" in capsys.readouterr().err
+    rows = {r["student"]: r for r in csv.DictReader(open(term / "scores.csv", newline=""))}
+    assert (rows["dave"]["01_attention"], rows["dave"]["max_points"], rows["dave"]["percentage"]) == ("", "0", "")
+    assert rows["dave"]["regrade"] == "" and "never handed in" in rows["dave"]["flags"]
+    assert main(["export", str(term / "RESULTS"), "--format", "canvas", "--out", str(term / "canvas.csv"),
+                 "--roster", str(term / "roster.csv")]) == 0
+    by_id = {r[1]: r for r in read(term / "canvas.csv")[2:]}
+    assert by_id["104"][5:] == ["0", "0"], "Canvas gets dave's zeros, not blanks"
+
+
 def test_canvas_import_layout(term, capsys):
     out = term / "canvas.csv"
     assert main(["export", str(term / "RESULTS"), "--format", "canvas", "--roster", str(term / "roster.csv"),

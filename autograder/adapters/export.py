@@ -34,6 +34,7 @@ from autograder.adapters.roster import squash
 
 TOTALS, PENALTIES = "totals.csv", "late-penalties.csv"
 EXEMPT = "exempt"   # an extension's deadline that takes none
+MISSING = "never handed in"   # a roster student's lesson with no result
 CANVAS_IDENTITY = ["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]
 POINTS_POSSIBLE = "    Points Possible"   # how Canvas's own export writes that row
 POLICY = re.compile(r"(?P<rate>\d+(?:\.\d+)?)%/(?P<unit>day|hour)(?:,\s*max=(?P<cap>\d+(?:\.\d+)?)%)?")
@@ -68,13 +69,21 @@ def score(result):
                  any(t["status"] != "missing" for t in result["tests"]), raw=points)
 
 
-def table(results, refused=None):
+def table(results, refused=None, roster=None, blank_missing=False):
     """(students, lessons, {(student, lesson): Score}) of a list of results and of the refused stored
-    results {(student, lesson): why}, which have no score."""
+    results {(student, lesson): why}, which have no score. With a roster, every roster student has a
+    score in every lesson: one never handed in is MISSING, 0 of the lesson's points (blank_missing:
+    no score, out of the total)."""
     scores = {(r["student"], r["lesson"]): score(r) for r in results}
     for pair, why in (refused or {}).items():
         scores.setdefault(pair, Score(None, 0.0, [], False, refused=why))
-    return sorted({s for s, _ in scores}), sorted({lsn for _, lsn in scores}), scores
+    lessons = sorted({lsn for _, lsn in scores})
+    full = {lsn: max(s.max_points for (_, l2), s in scores.items() if l2 == lsn) for lsn in lessons}
+    for student in (r["student"] for r in (roster.rows if roster else ())):
+        for lsn in lessons:
+            scores.setdefault((student, lsn), Score(None, 0.0, [], False, flag=MISSING) if blank_missing else
+                              Score(0.0, full[lsn], [], False, raw=0.0, flag=MISSING))
+    return sorted({s for s, _ in scores}), lessons, scores
 
 
 def totals_rows(students, lessons, scores, detail=False):
@@ -90,6 +99,8 @@ def totals_rows(students, lessons, scores, detail=False):
                 continue
             if s.flag:
                 flags.append(f"{lesson}: {s.flag}")
+            if s.points is None and s.flag == MISSING:
+                continue
             if s.points is None:
                 regrade.append(f"{lesson}: refused: {s.refused}" if s.refused else f"{lesson}: {', '.join(s.regrade)}")
                 continue
@@ -99,24 +110,30 @@ def totals_rows(students, lessons, scores, detail=False):
             got, full = got + s.points, full + s.max_points
         row.update(total=round(got, 2), max_points=round(full, 2),
                    percentage=round(100 * got / full, 2) if full else "", regrade="; ".join(regrade))
-        if detail:
+        if detail or flagged(scores):
             row["flags"] = "; ".join(flags)
         rows.append(row)
     return rows
 
 
-def totals_columns(lessons, detail=False):
+def flagged(scores):
+    return any(s.flag for s in scores.values())
+
+
+def totals_columns(lessons, scores, detail=False):
     per = [[lsn, f"{lsn} raw", f"{lsn} penalty %"] if detail else [lsn] for lsn in lessons]
     return ["student"] + [c for cols in per for c in cols] + ["total", "max_points", "percentage", "regrade"] \
-        + (["flags"] if detail else [])
+        + (["flags"] if detail or flagged(scores) else [])
 
 
-def write_totals(out, results, refused=None):
-    """RESULTS/totals.csv: one row per student, a column per lesson, total, max_points, percentage,
-    regrade (what must be graded again, never counted; refused {(student, lesson): why} too). Returns its path."""
-    students, lessons, scores = table(results, refused)
+def write_totals(out, results, refused=None, roster=None, blank_missing=False):
+    """RESULTS/totals.csv: one row per student (every roster student, with a roster), a column per lesson,
+    total, max_points, percentage, regrade (what must be graded again, never counted; refused
+    {(student, lesson): why} too) and, where a score is flagged (a lesson never handed in), flags.
+    Returns its path."""
+    students, lessons, scores = table(results, refused, roster, blank_missing)
     path = Path(out) / TOTALS
-    write_atomic(path, csv_text(totals_rows(students, lessons, scores), totals_columns(lessons)))
+    write_atomic(path, csv_text(totals_rows(students, lessons, scores), totals_columns(lessons, scores)))
     return path
 
 
@@ -346,7 +363,7 @@ def canvas_fill(path, students_rows, lessons, scores, assignments):
 # ---------------------------------------------------------------------------------------------
 
 def export(out, results, fmt, dest, roster=None, gradebook=None, deadlines=(), policy=None, zone="UTC",
-           submissions=None, assignments=(), refused=None, extensions=None, grace=None):
+           submissions=None, assignments=(), refused=None, extensions=None, grace=None, blank_missing=False):
     """Write the export to dest, RESULTS/totals.csv (raw scores) and, when penalised,
     RESULTS/late-penalties.csv; returns warning lines. refused: {(student, lesson): why} of stored
     results the store refused: marked in the rows, left blank in Canvas, each named in a warning.
@@ -358,7 +375,7 @@ def export(out, results, fmt, dest, roster=None, gradebook=None, deadlines=(), p
     dest = Path(dest)
     if dest.is_dir():
         raise ExportError(f"--out {dest} is a folder; name the CSV file to write")
-    students, lessons, scores = table(results, refused)
+    students, lessons, scores = table(results, refused, roster, blank_missing)
     if bool(deadlines) != bool(policy):
         raise ExportError("late penalties need both --deadline LESSON=ISO8601 and --late-policy")
     pairs = dict(a.partition("=")[::2] for a in assignments)
@@ -375,7 +392,7 @@ def export(out, results, fmt, dest, roster=None, gradebook=None, deadlines=(), p
             parse_grace(grace) if grace else timedelta(0))
     if fmt == "csv":
         text = csv_text(totals_rows(students, lessons, scores, detail=bool(deadlines)),
-                        totals_columns(lessons, detail=bool(deadlines)))
+                        totals_columns(lessons, scores, detail=bool(deadlines)))
     else:
         students_rows, more = roster_for(roster, results)
         warnings += more
@@ -389,8 +406,13 @@ def export(out, results, fmt, dest, roster=None, gradebook=None, deadlines=(), p
                  for (s, lsn), sc in sorted(scores.items()) if sc.refused]
     if regrade:
         warnings.append(f"left blank, to be graded again (the grader could not run a test): {', '.join(regrade)}")
+    missing = sorted(f"{s} {lsn}" for (s, lsn), sc in scores.items() if sc.flag == MISSING)
+    if missing:
+        warnings.append(f"never handed in, {'left blank' if blank_missing else 'counted as 0'}: {', '.join(missing)}")
+    if roster and fmt == "csv" and (outside := sorted(set(students) - {r["student"] for r in roster.rows})):
+        warnings.append(f"not in the roster, kept: {', '.join(outside)}")
     if penalties:
         write_atomic(Path(out) / PENALTIES, csv_text(penalties, list(penalties[0])))
-    write_totals(out, results, refused)
+    write_totals(out, results, refused, roster, blank_missing)
     write_atomic(dest, text)
     return warnings
