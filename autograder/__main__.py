@@ -93,6 +93,8 @@ def main(argv=None):
     rp = sub.add_parser("report", help="write RESULTS/report.html: pass rates, mistakes, histograms, identical answers")
     rp.add_argument("results", metavar="RESULTS")
     rp.add_argument("--submissions", metavar="SUBMISSIONS", help="the graded notebooks, to find identical answers")
+    rp.add_argument("--no-names", action="store_true", help="leave students' names out (for a projector)")
+    rp.add_argument("--roster", metavar="CSV", help="student, section: adds each lesson's scores per section")
 
     s = sub.add_parser("sync", help="rewrite the notebooks' solution and hidden-test cells from solutions/")
     s.add_argument("--lesson", action="append", choices=list(LESSONS))
@@ -258,7 +260,9 @@ def _term(args):
                 print(f"error: {line}", file=sys.stderr)
             results += [report.placeholder(s, lsn, "not graded: " + report.refused_message(why))
                         for (s, lsn), why in sorted(refused.items()) if lsn in LESSONS]
-            print(f"wrote {write_report(args.results, results, args.submissions, term.lines + stale)}")
+            sections = {r["student"]: r["section"] for r in roster.rows} if roster and "section" in roster.columns else None
+            path = write_report(args.results, results, args.submissions, term.lines + stale, not args.no_names, sections)
+            print(f"wrote {path}")
             return 1 if refused or stale else 0
         from autograder.adapters.export import export
         for line in export(args.results, results, args.format, args.out, roster, args.canvas_gradebook,

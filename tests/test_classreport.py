@@ -101,6 +101,38 @@ def test_report_content(graded):
     assert "<script" not in page and "http://" not in page and "https://" not in page
 
 
+def test_report_says_who_made_each_mistake_unless_told_not_to(graded):
+    """Per named mistake the students behind it; --no-names (a projector) leaves every name out, the
+    identical answers' too; every function on one table, lowest pass rate first."""
+    results, subs = graded / "RESULTS", str(graded / "SUBMISSIONS")
+    assert main(["report", str(results), "--submissions", subs]) == 0
+    page = (results / "report.html").read_text()
+    assert "softmax over the wrong axis?<br><span class='muted'>carol, dave, frank, gina, hank</span>" in page
+    assert "True means may attend<br><span class='muted'>bob, dave</span>" in page
+    across = page[page.index("id='functions'"):page.index("id='identical'")]
+    assert [across.index(f"<code>{f}</code>") < across.index(f"<code>{g}</code>")
+            for f, g in (("softmax", "scaled_dot_product_attention"), ("scaled_dot_product_attention", "causal_mask"))] \
+        == [True, True] and "3/8 (38%)" in across and "6/8 (75%)" in across and "8/8 (100%)" in across
+    assert main(["report", str(results), "--submissions", subs, "--no-names"]) == 0
+    page = (results / "report.html").read_text()
+    assert not [s for s in ("alice", "bob", "carol", "dave", "erin", "frank", "gina", "hank") if s in page]
+    assert "5 &times; weights do not sum to 1" in page and "identical: 2 students" in page
+
+
+def test_report_splits_by_roster_section(graded):
+    results = [r.to_json() for r in store.load_term(graded / "RESULTS").results]
+    sections = {"alice": "A", "bob": "A", "carol": "A", "dave": "B", "erin": "B", "frank": "B"}
+    rows = classreport.by_section(results, sections)
+    # A: alice 100%, bob 5/6, carol 4/6; B: dave 3/6, erin 100%, frank 4/6; gina 4/6 and hank 4/6 have none.
+    assert [(s, n, round(mean, 1), ok) for s, _, n, mean, ok in rows] == [
+        ("(none)", 2, 66.7, 0), ("A", 3, 83.3, 1), ("B", 3, 72.2, 1)]
+    page = classreport.render(results, sections=sections)
+    assert "<h2 id='sections'>By section</h2>" in page and "<td class='n'>83%</td><td class='n'>1/3</td>" in page
+    assert "id='sections'" not in classreport.render(results)
+    (graded / "roster.csv").write_text("student,section\n" + "".join(f"{s},{x}\n" for s, x in sections.items()))
+    assert main(["report", str(graded / "RESULTS"), "--roster", str(graded / "roster.csv")]) == 0
+    assert "<td class='n'>83%</td><td class='n'>1/3</td>" in (graded / "RESULTS" / "report.html").read_text()
+
 def test_report_in_headless_chromium(graded):
     if CHROMIUM is None:
         pytest.skip("Chromium is not installed (/usr/bin/chromium): `make setup` installs it as root")

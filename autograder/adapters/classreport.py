@@ -1,8 +1,11 @@
 """RESULTS/report.html: the class at a glance, for the instructor (`python -m autograder report`).
 
 - per lesson, a histogram of the students' scores (a matplotlib PNG inside the page);
-- per function, the pass rate and the most common named mistakes, with counts (the checks name the
-  mistake, so equal messages are the same mistake);
+- per function, the pass rate and the most common named mistakes, with counts and the students who made
+  each (the checks name the mistake, so equal messages are the same mistake); `report --no-names` leaves
+  the names out, for a projector;
+- every function of every lesson on one table, lowest pass rate first (functions_across_lessons);
+- with a roster that has a section column, each lesson's mean score and pass count per section (by_section);
 - per function, groups of students whose answer cells are identical. Only the graded answer cells
   count, compared after normalising whitespace, without the lines the released stub gives (the
   signature and docstring); stubs and answers too short to mean anything are left out. The page
@@ -50,9 +53,10 @@ def mistakes(test):
 
 
 def function_stats(results):
-    """{(lesson, test): {passed, counted, missing, regrade, points, max_points, mistakes: Counter}}."""
+    """{(lesson, test): {passed, counted, missing, regrade, points, max_points, mistakes: Counter,
+    who: {mistake: {students}}}}."""
     stats = defaultdict(lambda: {"passed": 0, "counted": 0, "missing": 0, "regrade": 0, "points": 0.0,
-                                 "max_points": 0.0, "mistakes": Counter()})
+                                 "max_points": 0.0, "mistakes": Counter(), "who": defaultdict(set)})
     for r in results:
         for t in r["tests"]:
             s = stats[(r["lesson"], t["test"])]
@@ -67,7 +71,33 @@ def function_stats(results):
                 s["max_points"] += t["max_points"]
                 if t["status"] != "passed":
                     s["mistakes"].update(mistakes(t))
+                    for m in mistakes(t):
+                        s["who"][m].add(r["student"])
     return stats
+
+
+def pass_rate(s):
+    """'passed/counted (pct%)' of one function's stats, or '-' when nobody's test counted."""
+    return f"{s['passed']}/{s['counted']} ({100 * s['passed'] / s['counted']:.0f}%)" if s["counted"] else "-"
+
+
+def functions_across_lessons(stats):
+    """[(lesson, function, pass rate text)] of every function with a counted test, lowest pass rate first."""
+    rows = [(s["passed"] / s["counted"], lesson, test.removeprefix("test_"), pass_rate(s))
+            for (lesson, test), s in stats.items() if s["counted"]]
+    return [(lesson, name, rate) for _, lesson, name, rate in sorted(rows)]
+
+
+def by_section(results, sections):
+    """[(section, lesson, students with a score, mean score %, students who passed every test)] for the
+    roster's sections ({student: section}; students without a section are '(none)')."""
+    scores = defaultdict(list)
+    for r in results:
+        if (pct := percentage(r)) is not None:
+            scores[(sections.get(r["student"]) or "(none)", r["lesson"])].append(
+                (pct, all(t["status"] == "passed" for t in r["tests"])))
+    return [(section, lesson, len(v), sum(p for p, _ in v) / len(v), sum(ok for _, ok in v))
+            for (section, lesson), v in sorted(scores.items())]
 
 
 def histogram(percentages, lesson):
@@ -87,15 +117,21 @@ def histogram(percentages, lesson):
     return buf.getvalue()
 
 
+def percentage(result):
+    """A result's score in % of the lesson's points; None when nothing was submitted or a test is to grade again."""
+    tests = result["tests"]
+    if all(t["status"] == "missing" for t in tests) or any(needs_regrade(t) for t in tests):
+        return None
+    full = sum(t["max_points"] for t in tests)
+    return 100 * sum(t["points"] for t in tests) / full if full else 0.0
+
+
 def lesson_percentages(results):
     """{lesson: [score % of each student who submitted and whose tests were all run]}."""
     out = defaultdict(list)
     for r in results:
-        tests = r["tests"]
-        if all(t["status"] == "missing" for t in tests) or any(needs_regrade(t) for t in tests):
-            continue
-        full = sum(t["max_points"] for t in tests)
-        out[r["lesson"]].append(100 * sum(t["points"] for t in tests) / full if full else 0.0)
+        if (pct := percentage(r)) is not None:
+            out[r["lesson"]].append(pct)
     return out
 
 
@@ -191,7 +227,8 @@ def plural(n, word):
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
-def render(results, submissions=None, warnings=()):
+def render(results, submissions=None, warnings=(), names=True, sections=None):
+    """The page; names=False leaves out who made each mistake, sections ({student: section}) adds by_section."""
     e = html.escape
     stats, percentages = function_stats(results), lesson_percentages(results)
     students = sorted({r["student"] for r in results})
@@ -211,14 +248,27 @@ def render(results, submissions=None, warnings=()):
         for (lsn, test), s in stats.items():
             if lsn != lesson:
                 continue
-            rate = f"{s['passed']}/{s['counted']} ({100 * s['passed'] / s['counted']:.0f}%)" if s["counted"] else "-"
+            rate = pass_rate(s)
             mean = f"{s['points'] / s['counted']:.2f} / {s['max_points'] / s['counted']:g}" if s["counted"] else "-"
             extra = [f"{n} not submitted" for n in [s["missing"]] if n] + [f"{n} to grade again" for n in [s["regrade"]] if n]
-            common = "".join(f"<li>{count} &times; {e(m)}</li>" for m, count in s["mistakes"].most_common(TOP_MISTAKES))
+            common = "".join(f"<li>{count} &times; {e(m)}"
+                             + (f"<br><span class='muted'>{e(', '.join(sorted(s['who'][m])))}</span>" if names else "")
+                             + "</li>" for m, count in s["mistakes"].most_common(TOP_MISTAKES))
             parts.append(f"<tr><td><code>{e(test.removeprefix('test_'))}</code>"
                          + (f"<br><span class='muted'>{e(', '.join(extra))}</span>" if extra else "")
                          + f"</td><td class='n'>{rate}</td><td class='n'>{mean}</td>"
                          f"<td>{f'<ul>{common}</ul>' if common else ''}</td></tr>")
+        parts.append("</table>")
+    parts.append("<h2 id='functions'>Functions across lessons</h2><p class='muted'>Lowest pass rate first.</p>"
+                 "<table><tr><th>lesson</th><th>function</th><th>passed</th></tr>")
+    parts += [f"<tr><td>{e(lesson)}</td><td><code>{e(name)}</code></td><td class='n'>{rate}</td></tr>"
+              for lesson, name, rate in functions_across_lessons(stats)]
+    parts.append("</table>")
+    if sections:
+        parts.append("<h2 id='sections'>By section</h2><table><tr><th>section</th><th>lesson</th><th>students</th>"
+                     "<th>mean score</th><th>passed every test</th></tr>")
+        parts += [f"<tr><td>{e(section)}</td><td>{e(lesson)}</td><td class='n'>{n}</td><td class='n'>{mean:.0f}%</td>"
+                  f"<td class='n'>{ok}/{n}</td></tr>" for section, lesson, n, mean, ok in by_section(results, sections)]
         parts.append("</table>")
     groups = identical_groups(results, submissions)
     parts.append("<h2 id='identical'>Identical answers</h2><p class='muted'>Answer cells whose code is the same after "
@@ -227,10 +277,10 @@ def render(results, submissions=None, warnings=()):
                  "way: this says they are identical, nothing more.</p>")
     if groups:
         parts.append("<table><tr><th>lesson</th><th>answer</th><th>students</th></tr>")
-        for lesson, gid, names, same_as_reference in groups:
+        for lesson, gid, students, same_as_reference in groups:
             note = " <span class='muted'>(identical to the reference solution)</span>" if same_as_reference else ""
             parts.append(f"<tr><td>{e(lesson)}</td><td><code>{e(gid)}</code>{note}</td>"
-                         f"<td>identical: {e(', '.join(names))}</td></tr>")
+                         f"<td>identical: {e(', '.join(students)) if names else plural(len(students), 'student')}</td></tr>")
         parts.append("</table>")
     else:
         parts.append("<p>No identical answers." + ("" if submissions or any(r.get("notebook") for r in results)
@@ -239,8 +289,8 @@ def render(results, submissions=None, warnings=()):
     return "".join(parts)
 
 
-def write_report(out, results, submissions=None, warnings=()):
-    """Write RESULTS/report.html (warnings: lines shown first); returns its path."""
+def write_report(out, results, submissions=None, warnings=(), names=True, sections=None):
+    """Write RESULTS/report.html (warnings: lines shown first; names and sections as render); returns its path."""
     path = Path(out) / REPORT
-    write_atomic(path, render(results, submissions, warnings))
+    write_atomic(path, render(results, submissions, warnings, names, sections))
     return path
