@@ -200,17 +200,19 @@ def test_extensions_and_grace(term, capsys):
     (["--format", "canvas", "--roster", "missing.csv"], "cannot read the roster"),
     (["--format", "canvas", "--roster", "dup.csv"], "duplicate student"),
     (["--format", "canvas"], "needs --roster"),
+    (["--format", "canvas", "--roster", "noid.csv"], "has no 'lms_id' column, which Canvas's import matches"),
     (["--format", "csv", "--deadline", "01_attention=next friday", "--late-policy", "10%/day"], "not an ISO 8601"),
     (["--format", "csv", "--deadline", "09_nope=2025-10-01", "--late-policy", "10%/day"], "LESSON=ISO8601"),
     (["--format", "csv", "--deadline", "01_attention=2025-10-01T23:59", "--late-policy", "lots"], "--late-policy takes"),
     (["--format", "csv", "--deadline", "01_attention=2025-10-01T23:59"], "need both"),
     (["--format", "csv", "--deadline", "01_attention=2025-10-01", "--late-policy", "10%/day"], "give the time too"),
     (["--format", "canvas", "--roster", "roster.csv", "--canvas-gradebook", "roster.csv"], "not a gradebook exported"),
-], ids=["format", "unreadable-roster", "duplicate-id", "no-roster", "bad-deadline", "unknown-lesson", "bad-policy",
+], ids=["format", "unreadable-roster", "duplicate-id", "no-roster", "roster-without-lms-id", "bad-deadline", "unknown-lesson", "bad-policy",
         "policy-missing", "date-only", "not-a-gradebook"])
 def test_bad_input_is_one_line_and_exit_2(term, capsys, monkeypatch, extra, message):
     monkeypatch.chdir(term)
     (term / "dup.csv").write_text("student,lms_id\nalice,1\nalice,2\n")
+    (term / "noid.csv").write_text("student,name\nalice,Alice Liddell\n")
     assert main(["export", "RESULTS", "--out", "out.csv"] + extra) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and message in err and "\n" not in err

@@ -269,6 +269,7 @@ def roster_for(roster, results):
     """{student: roster row}; ExportError for none, a warning line for students it lacks."""
     if roster is None:
         raise ExportError("--format canvas needs --roster (Canvas matches rows by its user ID, the roster's lms_id)")
+    roster.require(("lms_id",), "Canvas's import matches rows by (its user ID)")
     rows = {r["student"]: r for r in roster.rows}
     missing = sorted({r["student"] for r in results} - set(rows))
     return rows, [f"not in the roster, left out: {', '.join(missing)}"] if missing else []
