@@ -238,10 +238,12 @@ def _term(args):
     """collect, export and report (collect.py, export.py, classreport.py)."""
     from autograder.checks import LESSONS
     from autograder.results import UsageError, load_term
-    from autograder.adapters.roster import load_roster
+    from autograder.adapters.roster import load_roster, stored_roster
 
     try:
         roster = load_roster(args.roster) if getattr(args, "roster", None) else None
+        if roster is None and args.command != "collect":   # the roster collect kept, when there is one
+            roster = stored_roster(getattr(args, "submissions", None))
         if args.command == "collect":
             from autograder.adapters.collect import collect
             collect(args.download, args.out, roster, args.lesson, args.times, args.timezone)

@@ -97,6 +97,18 @@ def test_every_roster_student_has_a_row(term, capsys):
     assert by_id["104"][5:] == ["0", "0"], "Canvas gets dave's zeros, not blanks"
 
 
+def test_export_uses_the_roster_collect_kept(term, capsys):
+    subs = term / "SUBMISSIONS"
+    (term / "dl/dave").mkdir(parents=True)
+    (term / "roster.csv").write_text(ROSTER + "dave,Dave Bowman,dave@example.org,104,dbowman,B\n")
+    assert main(["collect", str(term / "dl"), "--out", str(subs), "--roster", str(term / "roster.csv")]) == 0
+    (term / "roster.csv").unlink()
+    assert main(["export", str(term / "RESULTS"), "--format", "csv", "--out", str(term / "scores.csv"),
+                 "--submissions", str(subs)]) == 0
+    rows = {r["student"]: r for r in csv.DictReader(open(term / "scores.csv", newline=""))}
+    assert rows["dave"]["01_attention"] == "0" and "never handed in" in rows["dave"]["flags"]
+
+
 def test_canvas_import_layout(term, capsys):
     out = term / "canvas.csv"
     assert main(["export", str(term / "RESULTS"), "--format", "canvas", "--roster", str(term / "roster.csv"),

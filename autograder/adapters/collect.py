@@ -36,7 +36,7 @@ from pathlib import Path
 from autograder import notebook as nbk
 from autograder.results import UsageError, csv_text, read_csv, read_timestamp, write_atomic, write_timestamp
 from autograder.adapters import canvas, exchange, moodle
-from autograder.adapters.roster import SAFE_ID
+from autograder.adapters.roster import SAFE_ID, STORED
 
 MAX_FILE_BYTES = 256 * 2**20       # one archive member: far above any notebook, far below a machine's memory
 MAX_ARCHIVE_BYTES = 4 * 2**30      # everything one archive says it unpacks to
@@ -627,6 +627,8 @@ def collect(download, out, roster=None, lesson=None, times=(), zone="UTC", strea
         elif have_times:
             row.add("no submission time", "the download's time sources do not list this submission")
     write(out, chosen, rows, download)
+    if roster:   # export and report read it from SUBMISSIONS when no --roster is given
+        write_atomic(out / STORED, Path(roster.path).read_text(encoding="utf-8-sig"))
     report(rows, chosen, stream or sys.stdout, out, roster)
     return rows
 

@@ -10,6 +10,7 @@ Columns (header names, any case; extra columns are ignored):
 """
 import csv
 import re
+from pathlib import Path
 from dataclasses import dataclass, field
 
 from autograder.results import UsageError
@@ -19,6 +20,15 @@ ALIASES = {"student_id": "student", "id": "student", "full name": "name", "email
            "canvas_id": "lms_id", "moodle_id": "lms_id", "user_id": "lms_id"}
 # A student id becomes a folder name: no separators, no leading dot, nothing a shell or a URL mangles.
 SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+-]{0,99}")
+
+
+STORED = "roster.csv"   # collect keeps the roster it used in SUBMISSIONS under this name
+
+
+def stored_roster(submissions):
+    """The roster collect kept in the SUBMISSIONS folder, or None where there is none."""
+    path = Path(submissions) / STORED if submissions else None
+    return load_roster(path) if path and path.is_file() else None
 
 
 class RosterError(UsageError):
