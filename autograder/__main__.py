@@ -38,6 +38,8 @@ def main(argv=None):
     g.add_argument("--gradebook", metavar="DB", help="also update this nbgrader gradebook (e.g. gradebook.db)")
     g.add_argument("--course-root", metavar="DIR", help="where --gradebook writes autograded/ (default: its folder)")
     g.add_argument("--quiet", action="store_true", help="no progress output")
+    g.add_argument("--roster", metavar="CSV", help="the class: totals.csv gets a row for every student on it "
+                   "(default: the roster collect kept in SUBMISSIONS)")
     for flag, key, unit in LIMIT_FLAGS:
         g.add_argument(flag, type=int, dest=key, metavar=unit.upper(), help=f"limit per {key.split('_')[0]} ({unit})")
 
@@ -191,9 +193,12 @@ def _outputs(args):
     for a --gradebook that could not be written."""
     from autograder.adapters import report_outputs
     from autograder.adapters.gradebook import check_gradebook
+    from autograder.adapters.roster import load_roster, stored_roster
 
     check_gradebook(args.gradebook)
-    return report_outputs(args.gradebook, args.course_root)
+    roster = load_roster(args.roster) if getattr(args, "roster", None) else \
+        stored_roster(getattr(args, "submissions", None))   # the roster collect kept, when there is one
+    return report_outputs(args.gradebook, args.course_root, roster)
 
 
 def _merge(args):

@@ -109,6 +109,19 @@ def test_export_uses_the_roster_collect_kept(term, capsys):
     assert rows["dave"]["01_attention"] == "0" and "never handed in" in rows["dave"]["flags"]
 
 
+def test_grade_writes_totals_for_every_roster_student(term, capsys):
+    from autograder.adapters import report_outputs
+    from autograder.adapters.roster import load_roster
+    (term / "roster.csv").write_text(ROSTER + "dave,Dave Bowman,dave@example.org,104,dbowman,B\n")
+    write_totals_of_grade = report_outputs(roster=load_roster(term / "roster.csv"))[0]
+    write_totals_of_grade(term / "RESULTS", [r.to_json() for r in load_results(term / "RESULTS")], [])
+    rows = {r["student"]: r for r in csv.DictReader(open(term / "RESULTS/totals.csv", newline=""))}
+    assert rows["dave"]["total"] == "0" and rows["dave"]["max_points"] == "14"
+    # grade takes --roster: a roster it cannot read stops it before any grading.
+    assert main(["grade", str(term / "SUBMISSIONS"), "--out", str(term / "R2"), "--roster", str(term / "nope.csv")]) == 2
+    assert "cannot read the roster" in capsys.readouterr().err and not (term / "R2").exists()
+
+
 def test_canvas_import_layout(term, capsys):
     out = term / "canvas.csv"
     assert main(["export", str(term / "RESULTS"), "--format", "canvas", "--roster", str(term / "roster.csv"),

@@ -25,11 +25,12 @@ from autograder.adapters.export import write_totals
 from autograder.adapters.gradebook import update_gradebook
 
 
-def report_outputs(gradebook=None, course_root=None):
+def report_outputs(gradebook=None, course_root=None, roster=None):
     """The writers report.write_all calls after the core's files, each write(out, results, warnings):
-    totals.csv, the class report, and with a gradebook (nbgrader's database file) its scores and the
-    autograded notebooks under course_root (default: the gradebook's folder)."""
-    outputs = [lambda out, results, warnings: write_totals(out, results),
+    totals.csv (a row for every student of the roster, when one is given), the class report, and with a
+    gradebook (nbgrader's database file) its scores and the autograded notebooks under course_root
+    (default: the gradebook's folder)."""
+    outputs = [lambda out, results, warnings: write_totals(out, results, roster=roster),
                lambda out, results, warnings: write_report(out, results, warnings=warnings)]
     if gradebook:
         def to_gradebook(out, results, warnings):
