@@ -1,8 +1,9 @@
 """Lesson 06: making attention fast.
 
 FLOP counting, the online softmax, FlashAttention's tiled forward in torch, a fused QKV
-projection, and the same forward as a Triton kernel. Layout (B, H, T, Dh); the causal mask
-is bottom-right aligned (query i sees key j iff j <= i + Tk - Tq).
+projection, a warm-up Triton kernel (a row softmax), and the same forward as a Triton kernel.
+Layout (B, H, T, Dh); the causal mask is bottom-right aligned (query i sees key j iff
+j <= i + Tk - Tq).
 
 Besides the graded names, the lesson provides (and benchmarks/gpu_attention.py uses) a naive
 attention, a timer and a peak-memory meter.
@@ -132,6 +133,38 @@ def fuse_qkv(attn):
         if fused.bias is not None:
             fused.bias.copy_(torch.cat([p.bias for p in projs]))
     return fused
+
+
+@triton.jit
+def _softmax_kernel(X, Y, n_cols, stride_x, stride_y, BLOCK: tl.constexpr):
+    """One program computes one row of Y = softmax(X, dim=-1).
+
+    X and Y point at (rows, n_cols) tensors whose last stride is 1; BLOCK, a power of two >= n_cols,
+    holds the whole row. The tail past n_cols is read as -inf (exp gives it weight 0, and it cannot
+    raise the max) and never written.
+    """
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    ok = cols < n_cols
+    x = tl.load(X + row * stride_x + cols, mask=ok, other=float("-inf")).to(tl.float32)
+    e = tl.exp(x - tl.max(x, 0))  # max-subtracted: exp never overflows, the largest term is 1
+    tl.store(Y + row * stride_y + cols, (e / tl.sum(e, 0)).to(Y.dtype.element_ty), mask=ok)
+
+
+def triton_softmax(x):
+    """softmax(x, dim=-1) as a Triton kernel: x (rows, cols), float32 or float16, cols <= 4096 ->
+    (rows, cols) in x's dtype. One program per row, the row in one block. Runs on a GPU, or on the
+    CPU under TRITON_INTERPRET=1."""
+    if not HAS_TRITON:
+        raise RuntimeError("triton_softmax needs Triton (pip install triton; Linux only)")
+    if x.dim() != 2 or x.size(1) > 4096 or x.dtype not in (torch.float32, torch.float16):
+        raise ValueError(f"triton_softmax takes a 2-D float32 or float16 tensor of at most 4096 columns, "
+                         f"got {tuple(x.shape)} {x.dtype}")
+    x = x.contiguous()
+    rows, cols = x.shape
+    out = torch.empty_like(x)
+    _softmax_kernel[(rows,)](x, out, cols, x.stride(0), out.stride(0), BLOCK=triton.next_power_of_2(cols))
+    return out
 
 
 @triton.jit

@@ -167,8 +167,14 @@ def test_what_cannot_be_read_is_refused_with_a_message(cell, words):
 
 def test_a_list_of_cells_gives_every_rule_its_verdict():
     cells = _grader_cells(last=["%run helper.py"])
-    assert set(source_rules.problems(cells)) == {"triton_attention", "flash_attention"}
+    assert set(source_rules.problems(cells)) == {"triton_attention", "flash_attention", "triton_softmax"}
     assert source_rules.problems(_grader_cells()) == {}
+
+
+def test_the_warm_up_kernel_is_judged_by_its_own_rule():
+    cells = _grader_cells(last=["def triton_softmax(x):\n    return torch.softmax(x, dim=-1)\n"])
+    assert set(source_rules.problems(cells)) == {"triton_softmax"}
+    assert "triton_softmax calls `torch.softmax`" in source_rules.softmax_problem(cells)
 
 
 HIDDEN_CODE = {  # code run where no reading sees it, in any cell: refused by both rules, with a word of the reason

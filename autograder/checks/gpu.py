@@ -1,5 +1,5 @@
 """Hidden checks of lesson 06 (making attention fast): attention_flops, online_softmax,
-flash_attention, fuse_qkv, triton_attention.
+flash_attention, fuse_qkv, triton_softmax (the warm-up kernel), triton_attention.
 
 Results are compared with the exact answer (the reference computed in float64), with tolerances
 that follow the dtype and the scores' magnitude. How a result was computed is scored only where
@@ -8,7 +8,7 @@ the evidence is out of the student's reach:
 - flash_attention "tiled": two calls run under a hard memory bound (Subject.memory_bound, counted from a
   fresh process) with so many keys that a (block_q, Tk) row of scores cannot fit while tiles do, and,
   causal, so many queries and keys that a full (Tq, Tk) boolean mask cannot fit either;
-- triton_attention "is a Triton kernel": the submission's source cells, parsed on the host
+- triton_softmax and triton_attention "is a Triton kernel": the submission's source cells, parsed on the host
   (triton_evidence.py), plus correct values at run time; flash_attention's "tiled" reads the same
   cells (best effort) for a call to PyTorch's fused attention;
 - online_softmax "one pass" is NOT scored: a second pass over a row leaves no trace that the student's
@@ -441,6 +441,73 @@ def fuse_qkv(s):
 def _on(array, device):
     array.device = device
     return array
+
+
+# One program per row in the interpreter: few rows. Every width but 64 leaves a masked tail (37, 1000,
+# 100 are not powers of two); scale 50 overflows exp without the max; "-inf": a third of the entries.
+SOFTMAX_CASES = [("float32", np.float32, (5, 37), 3.0, False), ("float32", np.float32, (3, 64), 50.0, False),
+                 ("float32", np.float32, (4, 1000), 5.0, True), ("float32", np.float32, (2, 4096), 2.0, False),
+                 ("float16", np.float16, (6, 100), 4.0, True), ("float16", np.float16, (3, 40), 8.0, False)]
+SOFTMAX_NO_MAX = ("exp(x) overflows on large entries (exp(89) is inf in float32): subtract the row's max before exp, "
+                  "exp(x - tl.max(x, 0))")
+
+
+def _softmax_mistakes(x):
+    """[(message, what a kernel with that mistake returns)] on the rows x (float64 values)."""
+    t, name = torch.from_numpy(x).double(), x.dtype.name
+    block = 1 << max(0, x.shape[1] - 1).bit_length()
+    padded = F.pad(t, (0, block - x.shape[1]), value=0.0).softmax(-1)[:, :x.shape[1]]
+    e = torch.from_numpy(x).float().exp()  # in float32, as the kernel computes: exp overflows to inf, then NaN
+    return [(SOFTMAX_NO_MAX, reference(e / e.sum(-1, keepdim=True), dtype=name)),
+            ("the tail of the block is read as 0 (other=0.0): masked entries then count in the sum and can raise "
+             "the max; read them as -inf (other=float('-inf')), which gets weight 0", reference(padded, dtype=name)),
+            ("the softmax runs over the wrong axis: each row (dim=-1) sums to 1", reference(t.softmax(0), dtype=name)),
+            ("the result is not normalised: divide exp(x - max) by the row's sum",
+             reference((t - t.amax(-1, keepdim=True)).exp(), dtype=name))]
+
+
+def _expect_softmax(got, want, x, what):
+    """expect_array, most specific first: a known mistake, a block narrower than the row, a grid of one
+    program, then where the result differs."""
+    if not close(got, want) and isinstance(got, Array) and got.shape == want.shape and got.dtype == want.dtype:
+        for message, wrong in _softmax_mistakes(x):
+            if close(got, wrong):
+                fail(f"{what}: {message}")
+        t = torch.from_numpy(x).double()
+        for b in (2 ** i for i in range(12)):
+            if b < x.shape[1] and close(Array(got.kind, got.dtype, got.data[:, :b]),
+                                        reference(t[:, :b].softmax(-1), dtype=got.dtype)):
+                fail(f"{what}: only the first {b} columns are a softmax (of themselves): the block must hold the "
+                     "whole row, BLOCK = triton.next_power_of_2(cols)")
+        if x.shape[0] > 1 and close(Array(got.kind, got.dtype, got.data[:1]), Array(want.kind, want.dtype, want.data[:1])):
+            fail(f"{what}: only the first row is right: launch one program per row, grid = (rows,), and let "
+                 "tl.program_id(0) pick the row")
+    expect_array(got, want, what, axes=("rows", "cols"), nan_hint=SOFTMAX_NO_MAX)
+
+
+@CHECKS.add("triton_softmax", aspects={"float32": 2, "float16": 1})
+def triton_softmax(s):
+    if not ref.HAS_TRITON:
+        raise Unchecked(UNAVAILABLE["triton_softmax"])
+    if not s.sources:
+        raise Unchecked("triton_softmax needs the notebook's code cells, which the grader did not receive")
+    rng = s.rng
+    device = "cuda:0" if torch.cuda.is_available() else "cpu"
+    for aspect, dtype, shape, scale, with_inf in SOFTMAX_CASES:
+        with s.aspect(aspect):
+            x = rng.standard_normal(shape) * scale
+            if with_inf:  # -inf entries, never a whole row of them (the contract)
+                x[:, 1::3] = -np.inf
+            x = x.astype(dtype)
+            # Called first, so an unwritten answer is told it is not implemented yet.
+            got = s.call("triton_softmax", _on(tensor(x), device))
+            if aspect == "float32":
+                problem = triton_evidence.softmax_problem(s.sources)
+                if problem:
+                    fail(f"triton_softmax must launch a @triton.jit kernel that does the work: {problem}")
+            what = f"triton_softmax(x) in {np.dtype(dtype).name}"
+            want = _on(reference(torch.from_numpy(x).double().softmax(-1), dtype=np.dtype(dtype).name), device)
+            _expect_softmax(got, want, x, what)
 
 
 # Small sizes: on a CPU this runs in Triton's interpreter, whose cost grows with the programs launched

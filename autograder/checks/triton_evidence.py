@@ -9,6 +9,11 @@ def problem(sources):
     return source_rules.triton_problem(sources)
 
 
+def softmax_problem(sources):
+    """None when the sources show a triton_softmax that launches a Triton kernel; else why not."""
+    return source_rules.softmax_problem(sources)
+
+
 def flash_problem(sources):
     """None unless flash_attention, or anything it reaches by name in the cells, calls fused attention."""
     return source_rules.flash_problem(sources)

@@ -1,6 +1,7 @@
 """Lesson 06 (making attention fast): known-wrong answers and correct variants.
 
-The Triton mutants and variants are the reference kernel and wrapper with one edit each, so
+The Triton mutants and variants (triton_softmax, triton_attention) are the reference kernel and
+wrapper with one edit each, so
 they stay in step with solutions/gpu.py (an edit that no longer applies fails at import).
 """
 import inspect
@@ -8,14 +9,19 @@ import textwrap
 
 from solutions import gpu as _sol
 
-_KERNEL = textwrap.dedent(inspect.getsource(getattr(_sol._attention_kernel, "fn", _sol._attention_kernel)))
+def _kernel_source(kernel):
+    return textwrap.dedent(inspect.getsource(getattr(kernel, "fn", kernel)))
+
+
+_KERNEL = _kernel_source(_sol._attention_kernel)
 _WRAPPER = inspect.getsource(_sol.triton_attention)
+_SOFTMAX_KERNEL = _kernel_source(_sol._softmax_kernel)
+_SOFTMAX_WRAPPER = inspect.getsource(_sol.triton_softmax)
 
 
-def _triton(kernel=(), wrapper=()):
-    """The triton_attention answer cell with edits [(old, new)] to the kernel and the wrapper; an
-    edited kernel is defined again in the same cell, under the same name."""
-    k, w = _KERNEL, _WRAPPER
+def _edited(k, w, kernel, wrapper):
+    """An answer cell: the wrapper w with edits [(old, new)], after the kernel k with its edits when
+    there are any (an edited kernel is defined again in the same cell, under the same name)."""
     for old, new in kernel:
         assert old in k, f"mutant edit no longer applies to the kernel: {old!r}"
         k = k.replace(old, new)
@@ -23,6 +29,16 @@ def _triton(kernel=(), wrapper=()):
         assert old in w, f"mutant edit no longer applies to the wrapper: {old!r}"
         w = w.replace(old, new)
     return (k + "\n\n" + w) if kernel else w
+
+
+def _triton(kernel=(), wrapper=()):
+    """The triton_attention answer cell with edits [(old, new)] to the kernel and the wrapper."""
+    return _edited(_KERNEL, _WRAPPER, kernel, wrapper)
+
+
+def _softmax(kernel=(), wrapper=()):
+    """The triton_softmax answer cell with edits [(old, new)] to the kernel and the wrapper."""
+    return _edited(_SOFTMAX_KERNEL, _SOFTMAX_WRAPPER, kernel, wrapper)
 
 
 # PyTorch's fused attention with the lesson's causal mask: what the imitations really run.
@@ -288,6 +304,25 @@ def fuse_qkv(attn):
 '''),
         ("constant: raises ValueError", "ValueError", _RAISES.format(sig="fuse_qkv(attn)")),
     ],
+    "triton_softmax": [
+        ("no max subtraction", "overflows", _softmax(kernel=[("e = tl.exp(x - tl.max(x, 0))", "e = tl.exp(x)")])),
+        ("tail read as 0 (other=0.0)", "read as 0",
+         _softmax(kernel=[('mask=ok, other=float("-inf")', "mask=ok, other=0.0")])),
+        ("a block of 128 columns, narrower than the row", "whole row",
+         _softmax(wrapper=[("BLOCK=triton.next_power_of_2(cols)", "BLOCK=128")])),
+        ("one program for all the rows", "one program per row", _softmax(wrapper=[("[(rows,)]", "[(1,)]")])),
+        ("output always float32", "dtype",
+         _softmax(wrapper=[("out = torch.empty_like(x)", "out = torch.empty_like(x, dtype=torch.float32)")])),
+        ("torch.softmax, no kernel", "@triton.jit", '''
+def triton_softmax(x):
+    return torch.softmax(x, dim=-1)
+'''),
+        ("constant: returns zeros", "@triton.jit", '''
+def triton_softmax(x):
+    return torch.zeros_like(x)
+'''),
+        ("constant: raises ValueError", "ValueError", _RAISES.format(sig="triton_softmax(x)")),
+    ],
     "triton_attention": [
         ("causal mask top-left", "top-left", _triton(kernel=[("last_key = rows + (seq_k - seq_q)", "last_key = rows")])),
         ("keys past seq_k not masked", "masked out", _triton(kernel=[("ok = k_ok[None, :]", "ok = keys[None, :] >= 0")])),
@@ -492,6 +527,44 @@ def fuse_qkv(attn):
     if attn.q_proj.bias is not None:
         fused.bias = nn.Parameter(torch.cat([l.bias.detach() for l in layers]).clone())
     return fused
+'''),
+    ],
+    "triton_softmax": [
+        ("exp2 with log2(e)", _softmax(kernel=[("e = tl.exp(x - tl.max(x, 0))",
+                                                "e = tl.math.exp2((x - tl.max(x, 0)) * 1.4426950408889634)")])),
+        ("two passes: the max, then the row loaded again", _softmax(kernel=[(
+            "    e = tl.exp(x - tl.max(x, 0))",
+            "    m = tl.max(x, 0)\n"
+            "    x = tl.load(X + row * stride_x + cols, mask=ok, other=float(\"-inf\")).to(tl.float32)\n"
+            "    e = tl.exp(x - m)")])),
+        ("a loop over blocks of 64 columns, online", '''
+@triton.jit
+def _softmax_kernel(X, Y, n_cols, stride_x, stride_y, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    m = tl.full([BLOCK], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, n_cols, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(X + row * stride_x + cols, mask=cols < n_cols, other=float("-inf")).to(tl.float32)
+        m_new = tl.maximum(m, x)
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        l = l * tl.exp(m - shift) + tl.exp(x - shift)
+        m = m_new
+    m_row = tl.max(m, 0)
+    total = tl.sum(l * tl.exp(m - m_row), 0)
+    for start in range(0, n_cols, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(X + row * stride_x + cols, mask=cols < n_cols, other=float("-inf")).to(tl.float32)
+        tl.store(Y + row * stride_y + cols, (tl.exp(x - m_row) / total).to(Y.dtype.element_ty), mask=cols < n_cols)
+
+
+def triton_softmax(x):
+    if x.dim() != 2 or x.size(1) > 4096 or x.dtype not in (torch.float32, torch.float16):
+        raise ValueError(f"triton_softmax takes a 2-D float32 or float16 tensor, got {x.dtype}")
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    _softmax_kernel[(x.size(0),)](x, out, x.size(1), x.stride(0), out.stride(0), BLOCK=64)
+    return out
 '''),
     ],
     "triton_attention": [

@@ -4,8 +4,9 @@ Standard library only: the grader imports it, and `release` copies it beside the
 where the visible tests judge the cells the kernel ran (IPython's `In`) with the same rules and the
 same messages. Each function takes a list of cell sources, in the order they ran.
 
-- triton_problem(cells): None when `triton_attention`, as bound when the cells end, only prepares its
-  inputs and launches `@triton.jit` kernels that use only `tl.*` operations; else why not.
+- triton_problem(cells, name): None when `name` (triton_attention, or the warm-up triton_softmax), as bound
+  when the cells end, only prepares its inputs and launches `@triton.jit` kernels that use only `tl.*`
+  operations; else why not.
 - flash_problem(cells): None unless `flash_attention`, or anything it reaches by name, can call
   PyTorch's fused attention (best effort); else why.
 
@@ -1026,7 +1027,7 @@ def _global_problem(cells):
     return _loader_problem(cells) or _hidden_code_problem(cells, flow) or _patch_problem(cells, flow)
 
 
-# ---- triton_attention ---------------------------------------------------------------------------------
+# ---- triton_attention and triton_softmax --------------------------------------------------------------
 
 def _untrusted(cells, func):
     """Why a call's name cannot be trusted when it looks like a trusted one (a builtin or module rebound), or ''."""
@@ -1176,27 +1177,27 @@ def _returns_launched_buffer(cells, wrapper):
                            for r in returns)
 
 
-def _triton_problem(cells):
-    wrapper, why = _function(cells, "triton_attention", "triton_attention")
+def _triton_problem(cells, name):
+    wrapper, why = _function(cells, name, name)
     if why:
         return why
     if wrapper.decorator_list:
-        return "triton_attention must not be decorated: a decorator can replace the function the grader reads"
+        return f"{name} must not be decorated: a decorator can replace the function the grader reads"
     found = _global_problem(cells)
     if found:
         return found + ", which the grader cannot trust in a Triton exercise"
     kernels = set()
-    found = _wrapper_problem(cells, wrapper, kernels, {"triton_attention"})
+    found = _wrapper_problem(cells, wrapper, kernels, {name})
     if found:
         return found
     if not kernels:
-        return "triton_attention never launches a kernel: call your @triton.jit kernel as kernel[grid](...)"
-    for name in sorted(kernels):
-        found = _kernel_problem(cells, name, set())
+        return f"{name} never launches a kernel: call your @triton.jit kernel as kernel[grid](...)"
+    for kernel in sorted(kernels):
+        found = _kernel_problem(cells, kernel, set())
         if found:
             return found
     if not _returns_launched_buffer(cells, wrapper):
-        return ("triton_attention should return the output buffer it allocated (torch.empty_like) and passed to the "
+        return (f"{name} should return the output buffer it allocated (torch.empty_like) and passed to the "
                 "kernel, as the kernel wrote it")
     return None
 
@@ -1284,9 +1285,10 @@ def _judge(rule, sources):
         return "your code cells are too large or too deeply nested for the grader to read: simplify them"
 
 
-def triton_problem(sources):
-    """None when the cells show a triton_attention that launches a Triton kernel; else why not (one line)."""
-    return _judge(_triton_problem, sources)
+def triton_problem(sources, name="triton_attention"):
+    """None when the cells show a `name` (triton_attention or triton_softmax) that launches a Triton kernel;
+    else why not (one line)."""
+    return _judge(lambda cells: _triton_problem(cells, name), sources)
 
 
 def flash_problem(sources):
@@ -1294,7 +1296,12 @@ def flash_problem(sources):
     return _judge(_flash_problem, sources)
 
 
-RULES = {"triton_attention": triton_problem, "flash_attention": flash_problem}
+def softmax_problem(sources):
+    """None when the cells show a triton_softmax that launches a Triton kernel; else why not (one line)."""
+    return triton_problem(sources, "triton_softmax")
+
+
+RULES = {"triton_attention": triton_problem, "flash_attention": flash_problem, "triton_softmax": softmax_problem}
 
 
 def problems(sources):
