@@ -228,7 +228,7 @@ def test_a_new_lesson_is_picked_up_everywhere(tmp_path):
     assert tests_list == LESSONS + ["99_toy"]
     assert book["99_toy"] == {"title": "A toy", "summary": "Nothing.", "graded": {"toy_fn": "Does the toy thing."}}
     assert extras["99_toy"] == ["gpu"]
-    assert released_files == ["99_toy.ipynb", "toy.npz"] and staged == {"99_toy": ["toy.npz"]}
+    assert released_files == ["99_toy.ipynb", "check_submission.py", "toy.npz"] and staged == {"99_toy": ["toy.npz"]}
     from autograder.worker import DEFAULT_LIMITS
     assert limits == dict(DEFAULT_LIMITS, memory_mb=4096, notebook_seconds=900)
 
