@@ -129,6 +129,11 @@ def rules(nb, folder):
     """[(True, line)] of what the lesson's source rules (source_rules.py beside the script) would refuse."""
     if not (folder / "source_rules.py").is_file():
         return []
+    for library in ("torch", "triton.language"):  # loaded, as in the kernel the grader reads the cells in
+        try:
+            __import__(library)
+        except Exception:  # not installed (Triton is optional), or broken: the rules judge without it
+            pass
     sys.path.insert(0, str(folder))
     try:
         import source_rules

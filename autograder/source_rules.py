@@ -490,10 +490,23 @@ MAX_PASSES = 10  # the module-flow reading converges in 2 or 3 passes on honest 
 _MISSING = object()
 
 
+# The dtypes of torch and Triton are instances, never modules or classes. Named here so that `x.to(tl.float32)`
+# reads the same on a grader without Triton installed as on one with it: an argument that may be a module, handed
+# to a method the rules cannot follow, reaches every function's parameters.
+DTYPES = {"torch": {"float16", "float32", "float64", "bfloat16", "half", "float", "double", "int8", "int16",
+                    "int32", "int64", "uint8", "bool", "long", "int", "short", "complex64", "complex128"},
+          "triton.language": {"float16", "float32", "float64", "bfloat16", "int1", "int8", "int16", "int32",
+                              "int64", "uint8", "uint16", "uint32", "uint64", "float8e5", "float8e4nv"}}
+
+
 def _genuine_may_be_module(path):
     """Whether the genuine object at the dotted `path` ('torch.nn', 'torch.float32') may be a module or a class,
     whose attributes other code reads: looked up, never imported, in the modules this process has loaded; what
-    is not loaded here may be one."""
+    is not loaded here may be one, unless it is one of DTYPES. (The grader reads the cells where the notebook
+    ran, with what it imported loaded; check_submission.py loads torch and Triton first, to read them alike.)"""
+    owner, _, last = path.rpartition(".")
+    if last in DTYPES.get(owner, ()):
+        return False
     parts = path.split(".")
     for i in range(len(parts), 0, -1):
         obj = sys.modules.get(".".join(parts[:i]))

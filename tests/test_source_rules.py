@@ -135,6 +135,27 @@ def test_modules_read_through_helpers_keep_every_mark(use):
     assert source_rules.problems(_grader_cells(last=[test_honest.MODULE_READERS[use]])) == {}
 
 
+def test_the_verdict_does_not_depend_on_what_this_process_has_loaded():
+    """The rules look genuine objects up in sys.modules, never importing: the grader reads the cells where the
+    notebook ran, which has torch loaded and Triton only where it is installed. The honest patterns get the same
+    verdict in a fresh Python with torch and without Triton (here, both are loaded)."""
+    import json
+    import subprocess
+
+    import triton.language  # noqa: F401 - loaded here, so that the two processes differ
+
+    cases = {name: _grader_cells(*test_honest.patterns("06_gpu")[name]) for name in test_honest.patterns("06_gpu")}
+    here = {name: source_rules.problems(cells) for name, cells in cases.items()}
+    probe = ("import importlib.util, json, sys; s = importlib.util.spec_from_file_location('r', sys.argv[1]); "
+             "r = importlib.util.module_from_spec(s); s.loader.exec_module(r); import torch; "
+             "assert 'triton' not in sys.modules; "
+             "print(json.dumps({n: r.problems(c) for n, c in json.load(sys.stdin).items()}))")
+    p = subprocess.run([sys.executable, "-I", "-c", probe, source_rules.__file__], input=json.dumps(cases),
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert json.loads(p.stdout) == here == {name: {} for name in cases}
+
+
 def test_flash_accepts_a_setting_that_the_triton_rules_refuse():
     """An item a module holds, set from a variable, cannot hand flash_attention fused attention; the Triton rules,
     which trust what torch and triton hold, still refuse it."""
