@@ -8,9 +8,11 @@ have: the standard library and IPython (numpy, torch, ... only as the notebook i
 It says, in the grader's own words where the grader has them:
 - whether the notebook is this lesson, with its answer and test cells and their nbgrader metadata intact;
 - what the grader would not read (code in a test cell or a demo cell) and, for a lesson with source rules
-  (source_rules.py beside it), what it would refuse (source_rules.problems on the cells the grader reads);
+  (source_rules.py beside this script, wherever the notebook is), what it would refuse (source_rules.problems
+  on the cells the grader reads);
 - the result of each visible test, running the code cells in order (demos skipped, as the grader does) in a
-  fresh Python with a timeout.
+  fresh Python with a timeout, in this script's folder (where release put the lesson's data files, which the
+  grader stages beside the notebook).
 Exit status: 0 when nothing is wrong, 1 when something is (each a line starting 'PROBLEM'), 2 on bad usage.
 """
 import argparse
@@ -31,6 +33,7 @@ MAX_NOTEBOOK_BYTES = 20 << 20
 TOO_BIG = f"is larger than {MAX_NOTEBOOK_BYTES >> 20} MB; clear large outputs and submit it again"
 DEMO_TAG = "demo"
 DEFAULT_TIMEOUT = 900  # seconds for the whole run of the notebook's cells
+HERE = Path(__file__).resolve().parent  # the released lesson folder: its source_rules.py and data files
 
 
 def source(cell):
@@ -187,8 +190,9 @@ def run_tests(nb, folder, timeout):
     return out
 
 
-def check(path, lesson=None, timeout=DEFAULT_TIMEOUT, run=True):
-    """[(is_problem, line)] for the notebook at path, as main prints them."""
+def check(path, lesson=None, timeout=DEFAULT_TIMEOUT, run=True, folder=HERE):
+    """[(is_problem, line)] for the notebook at path, as main prints them; folder holds the lesson's released
+    files (this script's folder, not the notebook's: a student may keep the notebook anywhere)."""
     lesson = lesson or LESSON
     nb, why = read(path)
     if why:
@@ -196,8 +200,8 @@ def check(path, lesson=None, timeout=DEFAULT_TIMEOUT, run=True):
     found = structure(nb, lesson)
     if any("not lesson" in line or LOST_METADATA in line for _, line in found):
         return found
-    found += rules(nb, Path(path).resolve().parent)
-    return found + (run_tests(nb, Path(path).resolve().parent, timeout) if run else [])
+    found += rules(nb, folder)
+    return found + (run_tests(nb, folder, timeout) if run else [])
 
 
 def main(argv=None):

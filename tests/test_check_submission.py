@@ -94,7 +94,8 @@ def test_a_hanging_cell_is_stopped_and_named(released):
 def problems(nb, lesson_nb, folder):
     """The problem lines check gives nb (saved in folder), for the lesson of the released notebook lesson_nb."""
     nbk.write(nb, folder / "x.ipynb")
-    return [line for bad, line in cs.check(folder / "x.ipynb", cs.lesson_facts(lesson_nb, LESSON), run=False) if bad]
+    return [line for bad, line in cs.check(folder / "x.ipynb", cs.lesson_facts(lesson_nb, LESSON), run=False,
+                                           folder=folder) if bad]
 
 
 def cell(nb, grade_id):
@@ -136,6 +137,20 @@ def test_source_rules_refusals_are_the_graders_own(released):
     nb = notebook(released, "06_gpu")
     path = released / "06_gpu" / "mine.ipynb"
     nbk.write(nb, path)
-    found = [line for bad, line in cs.check(path, cs.lesson_facts(nb, "06_gpu"), run=False) if bad]
+    found = [line for bad, line in cs.check(path, cs.lesson_facts(nb, "06_gpu"), run=False, folder=path.parent)
+             if bad]
     expected = source_rules.problems(grade.submission_cells(nb)[0])
     assert expected and found == [f"{name}: {why}" for name, why in expected.items()]
+
+
+def test_the_check_reads_the_rules_beside_itself_when_the_notebook_is_elsewhere(released, tmp_path):
+    """A student who keeps their notebook in another folder (python ../06_gpu/check_submission.py mine.ipynb)
+    still gets lesson 06's source rules: the script reads source_rules.py beside itself, not beside the notebook."""
+    nb = notebook(released, "06_gpu")
+    nbk.write(nb, tmp_path / "mine.ipynb")
+    done = subprocess.run([sys.executable, str(released / "06_gpu" / "check_submission.py"), "mine.ipynb",
+                           "--no-run"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    expected = source_rules.problems(grade.submission_cells(nb)[0])
+    assert expected and done.returncode == 1, done.stdout + done.stderr
+    for name, why in expected.items():
+        assert f"PROBLEM {name}: {why}" in done.stdout
