@@ -26,6 +26,13 @@ def softmax(x, axis=-1):
     return e / e.sum(axis=axis)
 ''', aspect="values along axis",
             message="divide by the sum with keepdims=True, so it broadcasts along `axis`"),
+        Mistake("max without keepdims", "keepdims", '''
+def softmax(x, axis=-1):
+    e = np.exp(x - np.max(x, axis=axis))
+    return e / np.sum(e, axis=axis, keepdims=True)
+''', aspect="values along axis",
+            message=("subtract each row's own max, np.max(x, axis=axis, keepdims=True): without keepdims the max "
+             "broadcasts along the wrong axis")),
         Mistake("shifted by the global max", "global max", '''
 def softmax(x, axis=-1):
     e = np.exp(x - x.max())
@@ -118,6 +125,16 @@ def scaled_dot_product_attention(q, k, v, mask=None):
     return weights @ v, weights
 ''', aspect="masks",
             message="True in the mask means 'may attend': you hid the allowed keys instead"),
+        Mistake("masked scores set to 0, not -inf", "-inf", '''
+def scaled_dot_product_attention(q, k, v, mask=None):
+    scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = np.where(mask, scores, 0.0)
+    weights = softmax(scores)
+    return weights @ v, weights
+''', aspect="masks",
+            message=("set the masked scores to -inf before the softmax: a score of 0 (or any finite number) still "
+             "gets a weight")),
         Mistake("mask after the softmax", "before the softmax", '''
 def scaled_dot_product_attention(q, k, v, mask=None):
     weights = softmax(q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1]))
