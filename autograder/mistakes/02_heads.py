@@ -151,6 +151,22 @@ def attention(q, k, v, mask=None):
     weights = torch.softmax(scores, dim=-1)
     return weights @ v, weights
 '''),
+        ("scaled by the number of keys", "scale", '''
+def attention(q, k, v, mask=None):
+    scores = q @ k.transpose(-2, -1) / math.sqrt(k.size(-2))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    return weights @ v, weights
+'''),
+        ("returns (weights, out), the pair swapped", "weights", '''
+def attention(q, k, v, mask=None):
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    return weights, weights @ v
+'''),
         ("naive exp without max shift", "overflow", '''
 def attention(q, k, v, mask=None):
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
