@@ -92,6 +92,14 @@ def main(argv=None):
     x.add_argument("--missing-blank", action="store_true",
                    help="leave a roster student's lesson never handed in blank (and flagged), not 0")
 
+    fu = sub.add_parser("feedback-upload", help="write the zip Canvas or Moodle takes to attach each student's "
+                        "feedback page to their submission, one per lesson")
+    fu.add_argument("results", metavar="RESULTS")
+    fu.add_argument("--submissions", required=True, metavar="SUBMISSIONS", help="where collect wrote collection.csv")
+    fu.add_argument("--format", required=True, choices=["canvas", "moodle"], help="the LMS the download came from")
+    fu.add_argument("--out", required=True, metavar="FOLDER", help="where <lesson>_feedback_<format>.zip go")
+    fu.add_argument("--lesson", action="append", choices=list(LESSONS), help="only this lesson (repeatable)")
+
     rp = sub.add_parser("report", help="write RESULTS/report.html: pass rates, mistakes, histograms, identical answers")
     rp.add_argument("results", metavar="RESULTS")
     rp.add_argument("--submissions", metavar="SUBMISSIONS", help="the graded notebooks, to find identical answers")
@@ -121,6 +129,18 @@ def main(argv=None):
         return _grade_or_merge(args)
     elif args.command in ("collect", "export", "report"):
         return _term(args)
+    elif args.command == "feedback-upload":
+        from autograder.adapters.feedback_upload import feedback_upload
+        from autograder.results import UsageError
+        try:
+            zips, lines = feedback_upload(args.results, args.submissions, args.format, args.out, args.lesson)
+        except UsageError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        for line in lines:
+            print(f"warning: {line}", file=sys.stderr)
+        for path in zips:
+            print(f"wrote {path}")
     elif args.command == "gradescope-bundle":
         from autograder.adapters.gradescope import bundle
         from autograder.results import UsageError

@@ -1,0 +1,65 @@
+"""Feedback back to the LMS: per lesson, the zip Canvas's "Re-upload submissions" or Moodle's "Upload
+multiple feedback files in a zip" takes, with each student's feedback page (RESULTS/feedback/<student>/
+<lesson>.html, written by grade) under the name of the upload collect stored for them (collection.csv's
+`file` column), so the LMS attaches it to that student's submission.
+
+- Canvas reads a re-uploaded file's base name, split on "_": its first two all-digit parts are the user id
+  and the id of an attachment of that user's submission (the download's `smithjohn[_late]_<user id>_<id>_
+  <file>`), and adds the file to the submission as a comment. The page keeps the download's prefix:
+  `smithjohn_101_9001_01_attention_feedback.html`.
+- Moodle reads `Full Name_<participant>_assignsubmission_file_/<file>` (or the same prefix on a flat
+  name) and imports each file that the submission does not hold as a feedback file:
+  `Alice Liddell_501_assignsubmission_file_/01_attention_feedback.html`.
+"""
+import zipfile
+from pathlib import Path
+
+from autograder.adapters import canvas, moodle
+from autograder.adapters.collect import LOG_FILE
+from autograder.results import UsageError, read_csv
+
+FORMATS = {"canvas": canvas, "moodle": moodle}
+
+
+def upload_name(kind, file):
+    """The name the LMS of kind takes for the feedback page of the upload stored as file (collection.csv's
+    `file`: the path inside the download, '/'-separated), less the '<lesson>_feedback.html' it ends with;
+    None when no part of the path is named the way that LMS names an upload."""
+    for part in reversed(file.split("/")):
+        if m := FORMATS[kind].NAME.fullmatch(part):
+            return part + "/" if kind == "moodle" and not m["file"] else part[:m.start("file")]
+    return None
+
+
+def feedback_upload(results, submissions, kind, out, lessons=None):
+    """Write OUT/<lesson>_feedback_<kind>.zip for each lesson collected (or only lessons) and return
+    ([zip paths], [lines]): each line names a student left out of a zip (no feedback page, or an upload
+    this LMS did not name), never a stop. UsageError (one line, exit 2) without a collection.csv."""
+    if kind not in FORMATS:
+        raise UsageError(f"--format {kind}: the feedback upload is for canvas or moodle")
+    log = Path(submissions) / LOG_FILE
+    if not log.is_file():
+        raise UsageError(f"{submissions} has no {LOG_FILE}: collect the LMS download into it first")
+    latest = {}  # (lesson, student) -> the file collected last (later downloads are later rows)
+    for row in read_csv(log):
+        if row["action"] == "collected" and row["student"] and (not lessons or row["lesson"] in lessons):
+            latest[row["lesson"], row["student"]] = row["file"]
+    zips, lines, pages = {}, [], {}
+    for (lesson, student), file in sorted(latest.items()):
+        page = Path(results) / "feedback" / student / f"{lesson}.html"
+        name = upload_name(kind, file)
+        if not page.is_file():
+            lines.append(f"{student}: no feedback page for {lesson} in {results} (not graded?); left out")
+        elif name is None:
+            lines.append(f"{student}: {lesson} was collected from {file}, which {kind.capitalize()} did not "
+                         "name; left out")
+        else:
+            pages.setdefault(lesson, []).append((f"{name}{lesson}_feedback.html", page))
+    Path(out).mkdir(parents=True, exist_ok=True)
+    for lesson, files in pages.items():
+        path = Path(out) / f"{lesson}_feedback_{kind}.zip"
+        with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+            for name, page in files:
+                z.write(page, name)
+        zips[lesson] = path
+    return list(zips.values()), lines
