@@ -6,7 +6,8 @@ visible tests students were given. It holds no solution and no hidden test, and 
 have: the standard library and IPython (numpy, torch, ... only as the notebook imports them).
 
 It says, in the grader's own words where the grader has them:
-- whether the notebook is this lesson, with its answer and test cells and their nbgrader metadata intact;
+- whether the notebook is this lesson, with its answer and test cells and their nbgrader metadata intact,
+  and each written question (a markdown answer cell graded by hand) kept and answered;
 - what the grader would not read (code in a test cell or a demo cell) and, for a lesson with source rules
   (source_rules.py beside this script, wherever the notebook is), what it would refuse (source_rules.problems
   on the cells the grader reads);
@@ -25,13 +26,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-LESSON = None  # release writes: {"name": ..., "answers": [grade_id, ...], "tests": {grade_id: [points, sha256]}}
+LESSON = None  # release writes: {"name": ..., "answers": [grade_id, ...], "tests": {grade_id: [points, sha256]},
+#                                 "written": {grade_id: points}}
 
 # The grader's words (autograder/grade.py and notebook.py; tests/test_check_submission.py holds them equal).
 LOST_METADATA = "the notebook has lost its nbgrader metadata; every code cell was run"
 MAX_NOTEBOOK_BYTES = 20 << 20
 TOO_BIG = f"is larger than {MAX_NOTEBOOK_BYTES >> 20} MB; clear large outputs and submit it again"
 DEMO_TAG = "demo"
+TEXT_STUB = "YOUR ANSWER HERE"  # what release leaves in a written question's answer (notebook.TEXT_STUB)
 DEFAULT_TIMEOUT = 900  # seconds for the whole run of the notebook's cells
 HERE = Path(__file__).resolve().parent  # the released lesson folder: its source_rules.py and data files
 
@@ -51,6 +54,12 @@ def is_test(cell):
     return bool(meta(cell).get("grade")) and not meta(cell).get("solution")
 
 
+def is_written(cell):
+    """Whether a cell is a written question: a markdown answer cell that a person grades (nbgrader's manually
+    graded answer: solution and grade)."""
+    return cell.get("cell_type") == "markdown" and bool(meta(cell).get("solution")) and bool(meta(cell).get("grade"))
+
+
 def is_demo(cell):
     tags = cell.get("metadata", {}).get("tags", []) if isinstance(cell.get("metadata"), dict) else []
     return isinstance(tags, list) and DEMO_TAG in tags
@@ -66,7 +75,8 @@ def lesson_facts(nb, name):
     code = [c for c in nb["cells"] if c.get("cell_type") == "code"]
     return {"name": name, "answers": [meta(c)["grade_id"] for c in code if meta(c).get("solution")],
             "tests": {meta(c)["grade_id"]: [float(meta(c).get("points", 0)), visible_sha(source(c))]
-                      for c in code if is_test(c)}}
+                      for c in code if is_test(c)},
+            "written": {meta(c)["grade_id"]: float(meta(c).get("points", 0)) for c in nb["cells"] if is_written(c)}}
 
 
 def read(path):
@@ -118,6 +128,14 @@ def structure(nb, lesson):
         elif visible_sha(source(ids[name][1])) != sha:
             out.append((True, f"cell {ids[name][0]} ('{name}') was edited: the grader does not read test cells "
                               "(it runs its own tests), so code you put there is not graded"))
+    texts = {meta(c).get("grade_id"): source(c) for c in nb["cells"] if is_written(c)}
+    for name, points in lesson.get("written", {}).items():
+        said = f"the written question '{name}' ({points:g} points)"
+        if name not in texts:
+            out.append((True, f"{said} has lost its nbgrader metadata or was deleted: paste your answer into "
+                              "its cell in the lesson's released notebook, or it is not graded"))
+        elif TEXT_STUB in texts[name]:
+            out.append((True, f"{said} still holds {TEXT_STUB}: write your answer in its place"))
     graded = set(answers)
     define = re.compile(r"^\s*(?:async\s+)?(?:def|class)\s+(\w+)", re.M)
     for n, c in code:

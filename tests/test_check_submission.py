@@ -111,7 +111,8 @@ def test_the_wrong_lesson_and_lost_metadata_in_the_graders_words(released, tmp_p
     [line] = problems(nb, notebook(released), tmp_path)
     assert line.startswith(cs.LOST_METADATA)
     assert cs.LOST_METADATA in grade.submission_cells(nb)[2]  # the grader's own note
-    assert (cs.TOO_BIG, cs.MAX_NOTEBOOK_BYTES, cs.DEMO_TAG) == (nbk.TOO_BIG, nbk.MAX_NOTEBOOK_BYTES, nbk.DEMO_TAG)
+    assert (cs.TOO_BIG, cs.MAX_NOTEBOOK_BYTES, cs.DEMO_TAG, cs.TEXT_STUB) == (nbk.TOO_BIG, nbk.MAX_NOTEBOOK_BYTES,
+                                                                             nbk.DEMO_TAG, nbk.TEXT_STUB)
 
 
 def test_cells_the_grader_would_not_read(released, tmp_path):
@@ -154,3 +155,41 @@ def test_the_check_reads_the_rules_beside_itself_when_the_notebook_is_elsewhere(
     assert expected and done.returncode == 1, done.stdout + done.stderr
     for name, why in expected.items():
         assert f"PROBLEM {name}: {why}" in done.stdout
+
+
+def written(nb, grade_id="why_scale", points=2, text="YOUR ANSWER HERE"):
+    """nb with a written question after its first cell: a markdown answer cell graded by hand (nbgrader's
+    manually graded answer: solution and grade, its points)."""
+    nb = copy.deepcopy(nb)
+    nb["cells"].insert(1, {"cell_type": "markdown", "source": text, "metadata": {"nbgrader": {
+        "grade": True, "solution": True, "grade_id": grade_id, "points": points, "locked": False}}})
+    return nb
+
+
+def test_written_questions_are_checked_kept_and_answered(released, tmp_path):
+    """release records each written question (grade_id: points); the check names one whose cell lost its
+    metadata and one still holding the released stub, and is quiet about an answered one."""
+    lesson_nb = written(notebook(released))
+    facts = cs.lesson_facts(lesson_nb, LESSON)
+    assert facts["written"] == {"why_scale": 2.0} and "why_scale" not in facts["answers"]
+    check = lambda nb: problems(nb, lesson_nb, tmp_path)  # noqa: E731
+    answered = fill(notebook(released), LESSON)
+    assert check(written(answered, text="Without it the logits grow like sqrt(d_k).")) == []
+    [line] = check(written(answered))
+    assert line.startswith("the written question 'why_scale' (2 points) still holds YOUR ANSWER HERE")
+    lost = written(answered, text="My answer.")
+    lost["cells"][1]["metadata"] = {}
+    [line] = check(lost)
+    assert line.startswith("the written question 'why_scale' (2 points) has lost its nbgrader metadata")
+
+
+def test_release_keeps_a_written_question_and_tells_the_check(tmp_path):
+    """A written question in a lesson's source: the student copy keeps its cell and metadata with the answer
+    replaced by the stub, and the released check_submission.py knows its points."""
+    from autograder.release import check_script, student_copy
+    src = written(nbk.read(nbk.lesson_path(LESSON)),
+                  text=f"Why scale?\n{nbk.BEGIN_SOLUTION}\nThe logits grow like sqrt(d_k).\n{nbk.END_SOLUTION}\n")
+    copy_ = student_copy(src)
+    cell_ = copy_["cells"][1]
+    assert nbk.TEXT_STUB in nbk.source(cell_) and "sqrt" not in nbk.source(cell_) and cs.is_written(cell_)
+    assert "'written': {'why_scale': 2.0}" in check_script(copy_, LESSON)
