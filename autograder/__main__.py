@@ -89,6 +89,9 @@ def main(argv=None):
     x.add_argument("--submissions", metavar="SUBMISSIONS", help="where collect wrote the submission times")
     x.add_argument("--extensions", metavar="CSV", help="student,lesson,deadline (an ISO 8601 time or 'exempt')")
     x.add_argument("--grace", metavar="DURATION", help="e.g. 15m, 2h or 1d: work this late counts as on time")
+    x.add_argument("--gradebook", metavar="DB", help="nbgrader's gradebook: its manual scores and extra credit count")
+    x.add_argument("--stale-overrides", choices=["keep", "drop"], default="keep",
+                   help="a manual score made before its test's autograded result changed: keep it (default) or drop it")
     x.add_argument("--missing-blank", action="store_true",
                    help="leave a roster student's lesson never handed in blank (and flagged), not 0")
 
@@ -294,13 +297,23 @@ def _term(args):
         from autograder.adapters.export import export
         for line in export(args.results, results, args.format, args.out, roster, args.canvas_gradebook,
                            args.deadline, args.late_policy, args.timezone, args.submissions, args.assignment,
-                           refused, args.extensions, args.grace, args.missing_blank):
+                           refused, args.extensions, args.grace, args.missing_blank,
+                           _reviews(args.gradebook), args.stale_overrides):
             print(f"warning: {line}", file=sys.stderr)
         print(f"wrote {args.out}")
         return 1 if refused else 0
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+
+
+def _reviews(gradebook):
+    """The gradebook's manual scores (gradebook.read_reviews), or None without --gradebook."""
+    if not gradebook:
+        return None
+    from autograder.adapters.gradebook import check_gradebook, read_reviews
+    check_gradebook(gradebook)
+    return read_reviews(gradebook)
 
 
 def _summary(out, results):

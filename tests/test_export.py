@@ -122,6 +122,73 @@ def test_grade_writes_totals_for_every_roster_student(term, capsys):
     assert "cannot read the roster" in capsys.readouterr().err and not (term / "R2").exists()
 
 
+def _gradebook_with_reviews(term):
+    """nbgrader's gradebook of the term, filled as grade --gradebook does, then a TA's review: carol's
+    test_scaled_dot_product_attention 2 (of 3, autograded 0), bob's (the grader could not run it) 3, and
+    0.5 extra credit on alice's 02_heads test_merge_heads. Returns (its path, the results)."""
+    from autograder.adapters.gradebook import _open, update_gradebook
+    db, results = term / "gradebook.db", [r.to_json() for r in load_results(term / "RESULTS")]
+    update_gradebook(db, results, TESTS, term / "course")
+    with _open(db) as gb:
+        for student, lesson, test, manual, extra in (
+                ("carol", "01_attention", "test_scaled_dot_product_attention", 2.0, None),
+                ("bob", "01_attention", "test_scaled_dot_product_attention", 3.0, None),
+                ("alice", "02_heads", "test_merge_heads", None, 0.5)):
+            g = gb.find_grade(test, lesson, lesson, student)
+            g.manual_score, g.extra_credit, g.needs_manual_grade = manual, extra, False   # as formgrader saves it
+        gb.db.commit()
+    return db, results
+
+
+def test_the_gradebooks_manual_scores_reach_the_export_and_totals(term, capsys):
+    db, results = _gradebook_with_reviews(term)
+    args = ["export", str(term / "RESULTS"), "--format", "csv", "--out", str(term / "scores.csv"), "--gradebook", str(db)]
+    assert main(args) == 0
+    assert "stale" not in capsys.readouterr().err
+    for path in (term / "scores.csv", term / "RESULTS/totals.csv"):
+        rows = {r["student"]: r for r in csv.DictReader(open(path, newline=""))}
+        assert (rows["carol"]["01_attention"], rows["carol"]["total"]) == ("4", "4"), "1 + 1 + the manual 2"
+        assert rows["carol"]["flags"] == "01_attention: manual: test_scaled_dot_product_attention"
+        # A manual score decides a test the grader could not run: no regrade left.
+        assert (rows["bob"]["01_attention"], rows["bob"]["total"], rows["bob"]["regrade"]) == ("5", "11", "")
+        assert (rows["alice"]["02_heads"], rows["alice"]["total"], rows["alice"]["max_points"]) == ("6.5", "12.5", "14")
+        assert rows["alice"]["flags"] == "02_heads: extra credit: test_merge_heads"
+    # grade --gradebook writes totals.csv after the gradebook, with its reviews.
+    from autograder.adapters import report_outputs
+    (term / "RESULTS/totals.csv").unlink()
+    for write in report_outputs(gradebook=db, course_root=term / "course")[:2]:
+        write(term / "RESULTS", results, [])
+    rows = {r["student"]: r for r in csv.DictReader(open(term / "RESULTS/totals.csv", newline=""))}
+    assert (rows["carol"]["total"], rows["bob"]["total"], rows["alice"]["total"]) == ("4", "11", "12.5")
+
+
+def test_a_stale_override_is_named_and_the_flag_chooses_whether_it_wins(term, capsys):
+    """carol resubmits a correct test_scaled_dot_product_attention (3 of 3) after her manual 2."""
+    from autograder.adapters.gradebook import read_reviews, update_gradebook
+    db, results = _gradebook_with_reviews(term)
+    regraded = result("carol", "01_attention", [1, 1, 3])
+    save_result(term / "RESULTS", regraded)
+    update_gradebook(db, [regraded], {"01_attention": TESTS["01_attention"]}, term / "course")
+    assert read_reviews(db)["carol", "01_attention"].stale == ["test_scaled_dot_product_attention"]
+    assert read_reviews(db)["bob", "01_attention"].stale == [], "a regrade that changes nothing keeps it fresh"
+    out = ["export", str(term / "RESULTS"), "--format", "csv", "--out", str(term / "scores.csv"), "--gradebook", str(db)]
+    for extra, total, verb in (([], "4", "kept"), (["--stale-overrides", "drop"], "5", "dropped")):
+        assert main(out + extra) == 0
+        err = capsys.readouterr().err
+        assert "stale manual scores" in err and "carol 01_attention test_scaled_dot_product_attention" in err
+        rows = {r["student"]: r for r in csv.DictReader(open(term / "scores.csv", newline=""))}
+        assert rows["carol"]["01_attention"] == total
+        assert f"stale override {verb}: test_scaled_dot_product_attention" in rows["carol"]["flags"]
+    # A TA who saves the score again in formgrader (which clears needs_manual_grade) makes it fresh.
+    from autograder.adapters.gradebook import _open
+    with _open(db) as gb:
+        gb.find_grade("test_scaled_dot_product_attention", "01_attention", "01_attention", "carol").needs_manual_grade = False
+        gb.db.commit()
+    assert main(out) == 0 and "stale" not in capsys.readouterr().err
+    assert main(out[:-1] + [str(term / "nope.db")]) == 2
+    assert "no such gradebook" in capsys.readouterr().err
+
+
 def test_canvas_import_layout(term, capsys):
     out = term / "canvas.csv"
     assert main(["export", str(term / "RESULTS"), "--format", "canvas", "--roster", str(term / "roster.csv"),

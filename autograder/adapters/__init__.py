@@ -24,19 +24,21 @@ checks the imports.
 from autograder import notebook as nbk
 from autograder.adapters.classreport import write_report
 from autograder.adapters.export import write_totals
-from autograder.adapters.gradebook import update_gradebook
+from autograder.adapters.gradebook import read_reviews, update_gradebook
 
 
 def report_outputs(gradebook=None, course_root=None, roster=None):
     """The writers report.write_all calls after the core's files, each write(out, results, warnings):
-    totals.csv (a row for every student of the roster, when one is given), the class report, and with a
-    gradebook (nbgrader's database file) its scores and the autograded notebooks under course_root
-    (default: the gradebook's folder)."""
-    outputs = [lambda out, results, warnings: write_totals(out, results, roster=roster),
-               lambda out, results, warnings: write_report(out, results, warnings=warnings)]
-    if gradebook:
+    with a gradebook (nbgrader's database file) its scores and the autograded notebooks under course_root
+    (default: the gradebook's folder); totals.csv (a row for every student of the roster, when one is
+    given; the gradebook's manual scores and extra credit counted and flagged); the class report."""
+    outputs = []
+    if gradebook:   # first, so that totals.csv counts its manual scores (stale ones kept, as nbgrader does)
         def to_gradebook(out, results, warnings):
             tests = {lesson: nbk.lesson_tests(lesson) for lesson in sorted({r["lesson"] for r in results})}
             update_gradebook(gradebook, results, tests, course_root)
         outputs.append(to_gradebook)
+    outputs += [lambda out, results, warnings: write_totals(
+                    out, results, roster=roster, reviews=read_reviews(gradebook) if gradebook else None),
+                lambda out, results, warnings: write_report(out, results, warnings=warnings)]
     return outputs

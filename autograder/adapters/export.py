@@ -24,12 +24,13 @@ column per lesson, with a "Points Possible" row.
 import csv
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from autograder.results import UsageError, csv_text, needs_regrade, read_timestamp, write_atomic
+from autograder.adapters.gradebook import Review
 from autograder.adapters.roster import squash
 
 TOTALS, PENALTIES = "totals.csv", "late-penalties.csv"
@@ -59,22 +60,36 @@ class Score:
     late: int = 0              # started days (or hours) after the deadline
     penalty: float = 0.0       # share of the points taken, 0..1
     refused: str = ""          # why the stored result was refused (then points is None)
-    flag: str = ""             # why its late penalty was not taken (no submission time, exempt)
+    flag: str = ""             # manual scores, why its late penalty was not taken (no submission time, exempt)
+    stale: list = field(default_factory=list)   # tests whose manual score predates their autograded result
 
 
-def score(result):
-    regrade = [t["test"] for t in result["tests"] if needs_regrade(t)]
-    points = None if regrade else sum(t["points"] for t in result["tests"])
+def score(result, review=None, drop_stale=False):
+    """The result's Score; with a gradebook Review, a test's manual score replaces its autograded points
+    (a stale one only unless drop_stale; a test the grader could not run is decided by one) and extra
+    credit adds to the lesson's points, not to its maximum, as nbgrader counts them."""
+    review = review or Review()
+    manual = {t: p for t, p in review.manual.items() if not (drop_stale and t in review.stale)}
+    regrade = [t["test"] for t in result["tests"] if needs_regrade(t) and t["test"] not in manual]
+    tests = {t["test"] for t in result["tests"]}
+    points = None if regrade else sum(manual.get(t["test"], t["points"]) for t in result["tests"]) \
+        + sum(p for t, p in review.extra.items() if t in tests)
+    flags = [f"manual: {', '.join(sorted(t for t in manual if t in tests))}"] if set(manual) & tests else []
+    flags += [f"stale override {'dropped' if drop_stale else 'kept'}: {t}" for t in sorted(review.stale) if t in tests]
+    flags += [f"extra credit: {t}" for t in sorted(review.extra) if t in tests]
     return Score(points, sum(t["max_points"] for t in result["tests"]), regrade,
-                 any(t["status"] != "missing" for t in result["tests"]), raw=points)
+                 any(t["status"] != "missing" for t in result["tests"]), raw=points, flag="; ".join(flags),
+                 stale=sorted(t for t in review.stale if t in tests))
 
 
-def table(results, refused=None, roster=None, blank_missing=False):
+def table(results, refused=None, roster=None, blank_missing=False, reviews=None, drop_stale=False):
     """(students, lessons, {(student, lesson): Score}) of a list of results and of the refused stored
     results {(student, lesson): why}, which have no score. With a roster, every roster student has a
     score in every lesson: one never handed in is MISSING, 0 of the lesson's points (blank_missing:
-    no score, out of the total)."""
-    scores = {(r["student"], r["lesson"]): score(r) for r in results}
+    no score, out of the total). reviews: the gradebook's {(student, lesson): Review} (see score)."""
+    reviews = reviews or {}
+    scores = {(r["student"], r["lesson"]): score(r, reviews.get((r["student"], r["lesson"])), drop_stale)
+              for r in results}
     for pair, why in (refused or {}).items():
         scores.setdefault(pair, Score(None, 0.0, [], False, refused=why))
     lessons = sorted({lsn for _, lsn in scores})
@@ -126,12 +141,12 @@ def totals_columns(lessons, scores, detail=False):
         + (["flags"] if detail or flagged(scores) else [])
 
 
-def write_totals(out, results, refused=None, roster=None, blank_missing=False):
+def write_totals(out, results, refused=None, roster=None, blank_missing=False, reviews=None, drop_stale=False):
     """RESULTS/totals.csv: one row per student (every roster student, with a roster), a column per lesson,
     total, max_points, percentage, regrade (what must be graded again, never counted; refused
-    {(student, lesson): why} too) and, where a score is flagged (a lesson never handed in), flags.
-    Returns its path."""
-    students, lessons, scores = table(results, refused, roster, blank_missing)
+    {(student, lesson): why} too) and, where a score is flagged (a lesson never handed in, a manual score
+    from the gradebook's reviews), flags. Returns its path."""
+    students, lessons, scores = table(results, refused, roster, blank_missing, reviews, drop_stale)
     path = Path(out) / TOTALS
     write_atomic(path, csv_text(totals_rows(students, lessons, scores), totals_columns(lessons, scores)))
     return path
@@ -242,7 +257,8 @@ def apply_penalties(results, scores, deadlines, policy, submissions, extensions=
             continue
         moment = None if deadline == EXEMPT else submission_time(r, submissions)
         if moment is None:
-            s.flag = "exempt from the deadline" if deadline == EXEMPT else "no submission time: not penalised"
+            s.flag = "; ".join(filter(None, [s.flag, "exempt from the deadline" if deadline == EXEMPT
+                                             else "no submission time: not penalised"]))
             if deadline != EXEMPT:
                 untimed.setdefault(r["lesson"], []).append(r["student"])
         else:
@@ -364,11 +380,17 @@ def canvas_fill(path, students_rows, lessons, scores, assignments):
 # ---------------------------------------------------------------------------------------------
 
 def export(out, results, fmt, dest, roster=None, gradebook=None, deadlines=(), policy=None, zone="UTC",
-           submissions=None, assignments=(), refused=None, extensions=None, grace=None, blank_missing=False):
+           submissions=None, assignments=(), refused=None, extensions=None, grace=None, blank_missing=False,
+           reviews=None, stale_overrides="keep"):
     """Write the export to dest, RESULTS/totals.csv (raw scores) and, when penalised,
     RESULTS/late-penalties.csv; returns warning lines. refused: {(student, lesson): why} of stored
     results the store refused: marked in the rows, left blank in Canvas, each named in a warning.
+    reviews: nbgrader's gradebook {(student, lesson): Review} (gradebook.read_reviews), whose manual
+    scores and extra credit count; stale_overrides keep|drop: whether a stale manual score still wins.
     ExportError on bad input, before anything is written."""
+    if stale_overrides not in ("keep", "drop"):
+        raise ExportError(f"--stale-overrides takes keep or drop; got {stale_overrides!r}")
+    drop_stale = stale_overrides == "drop"
     if fmt not in ("canvas", "csv"):
         raise ExportError(f"unknown format {fmt!r}: use canvas or csv")
     if not results and not refused:
@@ -376,7 +398,7 @@ def export(out, results, fmt, dest, roster=None, gradebook=None, deadlines=(), p
     dest = Path(dest)
     if dest.is_dir():
         raise ExportError(f"--out {dest} is a folder; name the CSV file to write")
-    students, lessons, scores = table(results, refused, roster, blank_missing)
+    students, lessons, scores = table(results, refused, roster, blank_missing, reviews, drop_stale)
     if bool(deadlines) != bool(policy):
         raise ExportError("late penalties need both --deadline LESSON=ISO8601 and --late-policy")
     pairs = dict(a.partition("=")[::2] for a in assignments)
@@ -412,8 +434,13 @@ def export(out, results, fmt, dest, roster=None, gradebook=None, deadlines=(), p
         warnings.append(f"never handed in, {'left blank' if blank_missing else 'counted as 0'}: {', '.join(missing)}")
     if roster and fmt == "csv" and (outside := sorted(set(students) - {r["student"] for r in roster.rows})):
         warnings.append(f"not in the roster, kept: {', '.join(outside)}")
+    stale = [f"{s} {lsn} {t}" for (s, lsn), sc in sorted(scores.items()) for t in sc.stale]
+    if stale:
+        warnings.append(f"stale manual scores (the autograded result changed since they were made; review them in "
+                        f"formgrader), {'dropped: the new result counts' if drop_stale else 'kept: they still win (--stale-overrides drop to use the new result)'}: "
+                        f"{', '.join(stale)}")
     if penalties:
         write_atomic(Path(out) / PENALTIES, csv_text(penalties, list(penalties[0])))
-    write_totals(out, results, refused, roster, blank_missing)
+    write_totals(out, results, refused, roster, blank_missing, reviews, drop_stale)
     write_atomic(dest, text)
     return warnings

@@ -5,11 +5,16 @@ formgrader show the scores the grader decided; and the autograded notebooks form
 The grader owns every grade's auto_score. An instructor's review (manual_score, extra credit,
 comments, made in formgrader or through nbgrader.api) is never touched: a regrade or a --resume
 keeps it, and nbgrader shows it in place of the auto_score.
+
+An override is stale when a regrade changes the autograded score it was made against: the update
+marks its grade needs_manual_grade (formgrader lists it to review again, and clears the mark when a
+TA saves a score), and read_reviews reports it, so export and totals.csv name it.
 """
 import os
 import shutil
 import sys
 import warnings
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from importlib.util import find_spec
 from pathlib import Path
@@ -32,17 +37,53 @@ def check_gradebook(gradebook):
         raise UsageError("--gradebook needs nbgrader: pip install 'nbgrader>=0.9,<0.10' (or the course's [dev] extra)")
 
 
+@dataclass
+class Review:
+    """A submission's scores from the gradebook: {test: manual score}, {test: extra credit}, and the
+    tests whose manual score is stale (made before the autograded result last changed)."""
+    manual: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)
+    stale: list = field(default_factory=list)
+
+
+def _open(db_path):
+    from nbgrader.api import Gradebook
+
+    if not shutil.which("alembic"):  # nbgrader runs `alembic`; it sits next to this Python
+        os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    return Gradebook(f"sqlite:///{Path(db_path).resolve()}")
+
+
+def read_reviews(db_path):
+    """{(student, lesson): Review} of every submission with a manual score or extra credit in the
+    gradebook at db_path; UsageError when there is no such file (it is never created here)."""
+    from nbgrader.api import Grade
+
+    if not Path(db_path).is_file():
+        raise UsageError(f"--gradebook {db_path}: no such gradebook (grade --gradebook {db_path} creates it)")
+    reviews = {}
+    with _open(db_path) as gb:
+        for g in gb.db.query(Grade):
+            if g.manual_score is None and not g.extra_credit:
+                continue
+            review = reviews.setdefault((g.student.id, g.assignment.name), Review())
+            if g.manual_score is not None:
+                review.manual[g.name] = float(g.manual_score)
+                if g.needs_manual_grade:   # see update_gradebook: the autograded result changed under it
+                    review.stale.append(g.name)
+            if g.extra_credit:
+                review.extra[g.name] = float(g.extra_credit)
+    return reviews
+
+
 def update_gradebook(db_path, results, tests, course_root=None):
     """Create the lessons' structure (assignment, notebook, grade and solution cells), set every
     auto_score, and write the autograded notebooks under course_root (default: the gradebook's folder)."""
-    from nbgrader.api import Gradebook
     from sqlalchemy.exc import SAWarning
 
     from autograder.adapters.formgrader import write_autograded
 
-    if not shutil.which("alembic"):  # nbgrader runs `alembic`; it sits next to this Python
-        os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    with Gradebook(f"sqlite:///{Path(db_path).resolve()}") as gb, warnings.catch_warnings():
+    with _open(db_path) as gb, warnings.catch_warnings():
         # nbgrader's add_submission trips SQLAlchemy's autoflush warnings; its rows are right
         warnings.simplefilter("ignore", SAWarning)
         for lesson, cells in tests.items():
@@ -60,8 +101,12 @@ def update_gradebook(db_path, results, tests, course_root=None):
             notebook = _submission_notebook(gb, r)
             for t in r["tests"]:
                 grade = next(g for g in notebook.grades if g.name == t["test"])
+                # A manual score made against another autograded result is stale until a TA saves one again
+                # (formgrader clears needs_manual_grade then); the grader could not decide a grader_error.
+                changed = grade.auto_score is not None and abs(grade.auto_score - t["points"]) > 1e-9
+                stale = grade.manual_score is not None and (changed or bool(grade.needs_manual_grade))
                 grade.auto_score = t["points"]
-                grade.needs_manual_grade = bool(t.get("grader_error"))  # the grader could not decide
+                grade.needs_manual_grade = bool(t.get("grader_error")) or stale
             gb.db.commit()
     write_autograded(course_root or Path(db_path).resolve().parent, results)
 
