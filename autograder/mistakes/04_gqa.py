@@ -141,6 +141,8 @@ def repeat_kv(x, n_rep):
             ("attn_mask=mask, is_causal", "attn_mask=None if mask is None else ~mask, is_causal"))),
         ("key/value heads tiled in forward", "h // n_rep", gqa(
             ("k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)", "k, v = k.repeat(1, n_rep, 1, 1), v.repeat(1, n_rep, 1, 1)"))),
+        ("key/value heads never repeated (no repeat_kv)", "RuntimeError", gqa(
+            ("k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)", "pass"))),
         ("bias defaults to True", "defaults to False", gqa(
             ("n_kv_heads, bias=False):", "n_kv_heads, bias=True):"))),
         ("scaled by 1/sqrt(d_model)", "1/sqrt(head_dim)", gqa(
