@@ -51,6 +51,7 @@ def main(argv=None):
     m.add_argument("--course-root", metavar="DIR", help="where --gradebook writes autograded/ (default: its folder)")
     m.add_argument("--manifest", metavar="CLASS_JSON", help="check that the shards cover this class list")
     m.add_argument("--allow-partial", action="store_true", help="merge an incomplete shard set, marking the gaps")
+    m.add_argument("--roster", metavar="CSV", help="the class: totals.csv gets a row for every student on it")
 
     c = sub.add_parser("manifest", help="write the class list (students, lessons) that sharded runs split")
     c.add_argument("submissions", metavar="SUBMISSIONS")
@@ -291,7 +292,8 @@ def _term(args):
             results += [report.placeholder(s, lsn, "not graded: " + report.refused_message(why))
                         for (s, lsn), why in sorted(refused.items()) if lsn in LESSONS]
             sections = {r["student"]: r["section"] for r in roster.rows} if roster and "section" in roster.columns else None
-            path = write_report(args.results, results, args.submissions, term.lines + stale, not args.no_names, sections)
+            path = write_report(args.results, results, args.submissions, term.lines + stale, not args.no_names, sections,
+                                [r["student"] for r in roster.rows] if roster else None)
             print(f"wrote {path}")
             return 1 if refused or stale else 0
         from autograder.adapters.export import export

@@ -133,6 +133,17 @@ def test_report_splits_by_roster_section(graded):
     assert main(["report", str(graded / "RESULTS"), "--roster", str(graded / "roster.csv")]) == 0
     assert "<td class='n'>83%</td><td class='n'>1/3</td>" in (graded / "RESULTS" / "report.html").read_text()
 
+
+def test_report_roster_names_who_never_submitted(graded):
+    """ivan and judy are on the roster and never handed the lesson in; --no-names counts them."""
+    roster = graded / "roster.csv"
+    roster.write_text("student,section\n" + "".join(f"{s},A\n" for s in ("alice", "bob", "ivan", "judy")))
+    for extra, line in (([], "Never submitted: 2 roster students: ivan, judy</p>"),
+                        (["--no-names"], "Never submitted: 2 roster students</p>")):
+        assert main(["report", str(graded / "RESULTS"), "--roster", str(roster)] + extra) == 0
+        assert line in (graded / "RESULTS" / "report.html").read_text()
+    assert "Never submitted" not in classreport.render([r.to_json() for r in store.load_term(graded / "RESULTS").results])
+
 def test_report_in_headless_chromium(graded):
     if CHROMIUM is None:
         pytest.skip("Chromium is not installed (/usr/bin/chromium): `make setup` installs it as root")

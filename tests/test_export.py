@@ -189,6 +189,15 @@ def test_a_stale_override_is_named_and_the_flag_chooses_whether_it_wins(term, ca
     assert "no such gradebook" in capsys.readouterr().err
 
 
+def test_merge_writes_totals_for_every_roster_student(term, capsys):
+    (term / "roster.csv").write_text(ROSTER + "dave,Dave Bowman,dave@example.org,104,dbowman,B\n")
+    assert main(["merge", str(term / "RESULTS"), "--out", str(term / "MERGED"), "--roster", str(term / "roster.csv"),
+                 "--allow-partial"]) == 0
+    rows = {r["student"]: r for r in csv.DictReader(open(term / "MERGED/totals.csv", newline=""))}
+    assert set(rows) == {"alice", "bob", "carol", "dave"} and rows["dave"]["total"] == "0"
+    assert "never handed in" in rows["dave"]["flags"]
+
+
 def test_canvas_import_layout(term, capsys):
     out = term / "canvas.csv"
     assert main(["export", str(term / "RESULTS"), "--format", "canvas", "--roster", str(term / "roster.csv"),

@@ -100,6 +100,13 @@ def by_section(results, sections):
             for (section, lesson), v in sorted(scores.items())]
 
 
+def never_submitted(results, roster):
+    """{lesson: sorted roster students with no submission of it} (no result, or every test `missing`)."""
+    handed = {(r["student"], r["lesson"]) for r in results if any(t["status"] != "missing" for t in r["tests"])}
+    lessons = sorted({r["lesson"] for r in results})
+    return {lsn: sorted(s for s in set(roster) if (s, lsn) not in handed) for lsn in lessons}
+
+
 def histogram(percentages, lesson):
     """A PNG (bytes) of the lesson's score distribution."""
     from matplotlib.figure import Figure  # no pyplot: no global state, no display needed
@@ -227,8 +234,9 @@ def plural(n, word):
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
-def render(results, submissions=None, warnings=(), names=True, sections=None):
-    """The page; names=False leaves out who made each mistake, sections ({student: section}) adds by_section."""
+def render(results, submissions=None, warnings=(), names=True, sections=None, roster=None):
+    """The page; names=False leaves out who made each mistake, sections ({student: section}) adds by_section,
+    roster (its students) names under each lesson those who never submitted it."""
     e = html.escape
     stats, percentages = function_stats(results), lesson_percentages(results)
     students = sorted({r["student"] for r in results})
@@ -238,8 +246,13 @@ def render(results, submissions=None, warnings=(), names=True, sections=None):
              f"<p>{plural(len(students), 'student')}, {plural(len(lessons), 'lesson')}, "
              f"{plural(len(results), 'graded submission')}.</p>"]
     parts += [f"<p class='warning'><b>{e(line)}</b></p>" for line in warnings]  # e.g. a sandbox that hides no file
+    missing = never_submitted(results, roster) if roster is not None else {}
     for lesson in lessons:
         parts.append(f"<h2 id='{e(lesson)}'>{e(lesson)}</h2>")
+        if missing.get(lesson):
+            who = missing[lesson]
+            parts.append(f"<p class='warning'>Never submitted: {plural(len(who), 'roster student')}"
+                         + (f": {e(', '.join(who))}" if names else "") + "</p>")
         if percentages.get(lesson):
             png = base64.b64encode(histogram(percentages[lesson], lesson)).decode()
             parts.append(f"<img src='data:image/png;base64,{png}' alt='histogram of the scores of {e(lesson)}: "
@@ -289,8 +302,8 @@ def render(results, submissions=None, warnings=(), names=True, sections=None):
     return "".join(parts)
 
 
-def write_report(out, results, submissions=None, warnings=(), names=True, sections=None):
-    """Write RESULTS/report.html (warnings: lines shown first; names and sections as render); returns its path."""
+def write_report(out, results, submissions=None, warnings=(), names=True, sections=None, roster=None):
+    """Write RESULTS/report.html (warnings: lines shown first; names, sections and roster as render); returns its path."""
     path = Path(out) / REPORT
-    write_atomic(path, render(results, submissions, warnings, names, sections))
+    write_atomic(path, render(results, submissions, warnings, names, sections, roster))
     return path
