@@ -253,6 +253,22 @@ def attend_with_cache(attn, x, cache):
     out = F.scaled_dot_product_attention(q, k_all.repeat(1, n_rep, 1, 1), v_all.repeat(1, n_rep, 1, 1), attn_mask=mask)
     return attn.out_proj(out.transpose(1, 2).reshape(B, T, attn.d_model))
 '''),
+        ("the repeated key/value heads cached (repeat_kv before cache.update)", "appended to the cache", _ATTEND + '''
+    n_rep = attn.n_heads // attn.n_kv_heads
+    k_all, v_all = cache.update(repeat_kv(k, n_rep), repeat_kv(v, n_rep))
+    Tk = k_all.size(2)
+    mask = torch.ones(T, Tk, dtype=torch.bool).tril(diagonal=Tk - T)
+    out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)
+    return attn.out_proj(out.transpose(1, 2).reshape(B, T, attn.d_model))
+'''),
+        ("mask offset by the cache length before the update", "bottom-right", _ATTEND + '''
+    past = len(cache)
+    k_all, v_all = cache.update(k, v)
+    Tk = k_all.size(2)
+    mask = torch.ones(T, Tk, dtype=torch.bool).tril(diagonal=past - T)
+    out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, enable_gqa=True)
+    return attn.out_proj(out.transpose(1, 2).reshape(B, T, attn.d_model))
+'''),
         ("out_proj left out", "out_proj", _ATTEND + '''
     k_all, v_all = cache.update(k, v)
     Tk = k_all.size(2)
