@@ -100,6 +100,17 @@ MODULE_READERS = {  # lesson 06: modules and genuine objects passed around only 
                                           "lin = nn.Linear(2, 2)\nload(lin, torch.eye(2))"),
 }
 
+# Memory kept at top level when the memory-bound checks run, up to their headroom (checks.HEADROOM_MB): a scratch
+# tensor, or %matplotlib inline with a dataset (issue 19)
+HELD = {
+    "scratch_tensor_128MiB_kept": ([], {}, ["big = torch.randn(2**25)  # 128 MiB\nprint(big.std())"]),
+    "scratch_tensor_256MiB_kept": ([], {}, ["big = torch.randn(2**26)  # 256 MiB\nprint(big.std())"]),
+    "matplotlib_and_a_dataset_kept": ([], {}, [
+        "%matplotlib inline\nimport numpy as np\nimport matplotlib.pyplot as plt\n"
+        "data = np.random.default_rng(0).standard_normal(2**24)  # a 128 MiB dataset\n"
+        "_ = plt.plot(data[:100])"]),
+}
+
 
 def _lesson_06(answers):
     kernel, wrapper, flash = answers["_attention_kernel"], answers["triton_attention"], answers["flash_attention"]
@@ -149,6 +160,7 @@ def _lesson_06(answers):
             "np.save('ones.npy', np.ones(3))\nones = np.load('ones.npy')"]),
         "gc_between_timings": ([], {}, ["import gc\ngc.collect()\nif torch.cuda.is_available():\n"
                                         "    torch.cuda.empty_cache()"]),
+        **HELD,
     }
 
 
@@ -167,6 +179,7 @@ def _lesson_08(answers):
             "class MyCache(RollingKVCache):\n    \"\"\"A scratch subclass.\"\"\"\n\nc = MyCache\n"]),
         # a scratch tensor kept at top level: more than RollingKVCache's whole bound (issue 19)
         "scratch_tensor_kept": ([], {}, ["big = torch.randn(8, 2**20)  # 32 MiB\nprint(big.std())"]),
+        **HELD,
     }
 
 
