@@ -38,7 +38,7 @@ from autograder.checks import LESSONS, OverBudget, PartialCredit, StudentError, 
 from autograder.release import lesson_files
 from autograder.sandbox.runner import remove_tree
 from autograder.sandbox.wire import WireError
-from autograder.worker import DEFAULT_LIMITS, Sandbox, SandboxError, Session, weak_mode_warning
+from autograder.worker import Limits, Sandbox, SandboxError, Session, weak_mode_warning
 
 ROOT = Path(__file__).resolve().parent.parent
 IGNORED = ("__MACOSX", ".ipynb_checkpoints")
@@ -230,10 +230,10 @@ def _version():
         return "unknown"
 
 
-def lesson_limits(lesson, given=None):
-    """The limits a lesson is graded under: worker.DEFAULT_LIMITS, then its manifest's [limits], then
-    `given` (grade's flags: --memory, --cell-timeout, ...), each over the one before."""
-    return {**DEFAULT_LIMITS, **manifests.limits(lesson, nbk.lesson_path(lesson).parent.parent), **(given or {})}
+def lesson_limits(lesson, given=None) -> Limits:
+    """The Limits a lesson is graded under: worker.DEFAULT_LIMITS, then its manifest's [limits], then
+    `given` {field: value} (grade's flags: --memory, --cell-timeout, ...), each over the one before."""
+    return manifests.limits(lesson, nbk.lesson_path(lesson).parent.parent).over(given, "grade's limits")
 
 
 def lesson_fingerprint(lesson, tests, mode, limits):
@@ -247,7 +247,7 @@ def lesson_fingerprint(lesson, tests, mode, limits):
     named = {p: p.relative_to(ROOT) for p in files}
     root = nbk.lesson_path(lesson).parent.parent
     named.update((f, f"{lesson}/{name}") for name, f in lesson_files(lesson, root).items())  # named within the lesson
-    parts = [_version(), lesson, repr(tests), mode, repr(sorted(lesson_limits(lesson, limits).items())),
+    parts = [_version(), lesson, repr(tests), mode, repr(sorted(lesson_limits(lesson, limits).to_json().items())),
              repr(manifests.grading_keys(lesson, root))]
     parts += [f"{name}:{hashlib.sha256(p.read_bytes()).hexdigest()}" for p, name in named.items()]
     return store.sha256_text(*parts)

@@ -10,7 +10,7 @@ A manifest holds what the course knows about a lesson beyond its notebook and co
                                # notebook (release), and so does its code when it is graded
 
     [limits]                   # optional: the grader's limits for this lesson, over autograder.worker's
-    memory_mb = 4096           # DEFAULT_LIMITS (any of its keys, positive whole numbers); grade's own
+    memory_mb = 4096           # DEFAULT_LIMITS (any field of Limits, positive whole numbers); grade's own
     notebook_seconds = 900     # flags (--memory, --cell-timeout, ...) override both
 
     [graded.softmax]           # one table per graded name, in the notebook's order
@@ -33,7 +33,7 @@ import re
 from pathlib import Path
 
 from autograder import notebook as nbk
-from autograder.worker import DEFAULT_LIMITS
+from autograder.worker import DEFAULT_LIMITS, Limits, LimitsError
 
 MANIFEST = "lesson.toml"
 KEYS = {"title": str, "summary": str, "solutions": str, "extras": list, "data": list, "graded": dict, "needs": dict,
@@ -109,11 +109,10 @@ def validate(data, path):
             if isinstance(entry["names"], list) else ["(not a list)"]
         if unknown:
             bad(f"{key}.names", f"{unknown[0]} is not a graded name of this lesson")
-    for key, value in data.get("limits", {}).items():
-        if key not in DEFAULT_LIMITS:
-            bad(f"limits.{key}", f"unknown limit; a lesson may set {', '.join(DEFAULT_LIMITS)}")
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            bad(f"limits.{key}", f"should be a positive whole number, not {value!r}")
+    try:
+        DEFAULT_LIMITS.over(data.get("limits"))  # Limits' own reader names the field
+    except LimitsError as e:
+        raise LessonError(f"{path}: {e}") from None
     return {"extras": [], "data": [], "needs": {}, "limits": {}, **data}
 
 
@@ -139,9 +138,10 @@ def catalogue():
             for lesson in names()}
 
 
-def limits(lesson, root=nbk.LESSONS_DIR):
-    """{limit: value} the lesson sets over autograder.worker.DEFAULT_LIMITS (often none)."""
-    return dict(read(lesson, root)["limits"])
+def limits(lesson, root=nbk.LESSONS_DIR) -> Limits:
+    """The Limits the lesson is graded under: autograder.worker.DEFAULT_LIMITS with its manifest's [limits]
+    (often none) over them."""
+    return DEFAULT_LIMITS.over(read(lesson, root)["limits"])
 
 
 def grading_keys(lesson, root=nbk.LESSONS_DIR):

@@ -34,6 +34,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from autograder.sandbox import wire
@@ -41,10 +42,50 @@ from autograder.sandbox.runner import reap, remove_tree
 
 SANDBOX_PKG = Path(__file__).resolve().parent / "sandbox"
 SCRATCH = "/scratch"  # inside bubblewrap: the only writable folder (with /dev/shm)
-# Per submission. A lesson's manifest may raise or lower any of them ([limits] in lesson.toml, checked by
-# autograder/lessons.py), and grade's flags (--memory, --cell-timeout, ...) override both: grade.lesson_limits.
-DEFAULT_LIMITS = dict(memory_mb=3072, cpu_seconds=600, file_mb=64, processes=256,
-                      cell_seconds=60, call_seconds=30, notebook_seconds=600)
+
+
+class LimitsError(ValueError):
+    """Limits that cannot be used: one line naming the field (the caller adds the file or flag)."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one submission may use: memory (MB), CPU time (s), file size (MB) and processes (the child's
+    rlimits and cgroup), and the wall clock per cell, per checked call and per notebook (s).
+    DEFAULT_LIMITS is the grader's; a lesson's manifest ([limits] in lesson.toml, autograder/lessons.py)
+    raises or lowers any of them, and grade's flags (--memory, --cell-timeout, ...) override both
+    (grade.lesson_limits), each through over(), the one reader, which validates."""
+    memory_mb: int = 3072
+    cpu_seconds: int = 600
+    file_mb: int = 64
+    processes: int = 256
+    cell_seconds: int = 60
+    call_seconds: int = 30
+    notebook_seconds: int = 600
+
+    def over(self, overrides, where="limits") -> "Limits":
+        """These limits with `overrides` {field: value} put over them; LimitsError naming `where`.field for
+        a field Limits has not or a value that is not a positive whole number."""
+        names = [f.name for f in fields(self)]
+        for key, value in (overrides or {}).items():
+            if key not in names:
+                raise LimitsError(f"{where}.{key}: unknown limit; a lesson may set {', '.join(names)}")
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise LimitsError(f"{where}.{key}: should be a positive whole number, not {value!r}")
+        return replace(self, **(overrides or {}))
+
+    def to_json(self) -> dict:
+        """{field: value}: what grade's fingerprint hashes."""
+        return asdict(self)
+
+    def child(self) -> dict:
+        """The four the sandbox's child sets on itself (sandbox/runner.set_limits), as its start message sends them."""
+        return {"memory_mb": self.memory_mb, "cpu_seconds": self.cpu_seconds, "file_mb": self.file_mb,
+                "processes": self.processes}
+
+
+DEFAULT_LIMITS = Limits()
+
 # Debuggers are masked inside bubblewrap (the seccomp filter stops them anyway).
 DEBUGGERS = ("gdb", "gdbserver", "gdb-multiarch", "gcore", "strace", "ltrace", "lldb", "lldb-server", "perf",
              "eu-stack", "pstack")
@@ -289,8 +330,8 @@ class _Cgroups:
 class Sandbox:
     """One sandboxed worker. start() gives a fresh child per submission (see runner.py)."""
 
-    def __init__(self, mode, limits=None, data_dir=None):
-        self.mode, self.limits = mode, dict(DEFAULT_LIMITS, **(limits or {}))
+    def __init__(self, mode, limits: Limits = DEFAULT_LIMITS, data_dir=None) -> None:
+        self.mode, self.limits = mode, limits
         self.uid = None  # the uid mode's children's
         self.protect = mode != "none" and os.environ.get(UNPROTECTED_ENV) != "1"
         # The uid mode's child must be able to enter this folder: not one inside a private one.
@@ -303,7 +344,7 @@ class Sandbox:
         flags = [] if self.protect else ["--unprotected"]
         popen_env = None
         if mode == "bwrap":
-            cmd = _bwrap_base(self.limits["memory_mb"], self.protect)
+            cmd = _bwrap_base(self.limits.memory_mb, self.protect)
             cmd += ["--ro-bind", self._tmp, "/opt/grader", "--chdir", SCRATCH, "--clearenv"]
             for k, v in dict(_env(SCRATCH), PYTHONPATH="/opt/grader").items():
                 cmd += ["--setenv", k, v]
@@ -340,7 +381,7 @@ class Sandbox:
                 cmd, popen_env = _unshare_base() + runner + [str(scratch), "--pidns"], local
             else:
                 cmd, popen_env = runner + [str(scratch)], local
-        self.cgroup = _Cgroups(self.limits["processes"], memory=self.protect)
+        self.cgroup = _Cgroups(self.limits.processes, memory=self.protect)
         if self.cgroup.path and mode != "bwrap":
             cmd.append(f"--cgroup={self.cgroup.path}")
         self.proc = subprocess.Popen(cmd + flags, pass_fds=[fd], env=popen_env, cwd=self._tmp,
@@ -357,7 +398,7 @@ class Sandbox:
             self.close()
             last = [line.strip() for line in err.splitlines() if line.strip()]  # a traceback ends with its cause
             raise SandboxError(f"the {mode} sandbox did not start: {last[-1][:300] if last else 'no answer'}")
-        self.cgroup.limit_memory(self.limits["memory_mb"])
+        self.cgroup.limit_memory(self.limits.memory_mb)
 
     def _recv(self, timeout):
         """One control message from the worker, a dict with a str "op" (None when it is gone or
@@ -375,8 +416,7 @@ class Sandbox:
     def start(self, lesson, data_files):
         """A fresh child for one submission; returns its data socket."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        limits = {k: self.limits[k] for k in ("memory_mb", "cpu_seconds", "file_mb", "processes")}
-        start = {"op": "start", "limits": limits, "data_files": data_files,
+        start = {"op": "start", "limits": self.limits.child(), "data_files": data_files,
                  "data_dir": f"{self.course_dir}/{lesson}" if self.course_dir else ""}
         try:
             socket.send_fds(self.ctl, [json.dumps(start).encode()], [theirs.fileno()])
@@ -462,7 +502,7 @@ class Session:
         self.data = None
         self.bounded = False  # inside Subject.memory_bound: the child runs under a memory bound
         self.starts = 0
-        self.deadline = time.monotonic() + sandbox.limits["notebook_seconds"]
+        self.deadline = time.monotonic() + sandbox.limits.notebook_seconds
         # What the grader parses from the sandbox is capped (its own memory); tests may lift it.
         self.caps = {} if sandbox.protect else {"max_bytes": 2**32 - 1, "max_tokens": None}
 
@@ -515,7 +555,7 @@ class Session:
             try:
                 wire.send_frame(self.data, {"cells": [self.cells[i] for i in run]})
                 while True:
-                    frame = self._progress(self._recv(self.sandbox.limits["cell_seconds"]), len(run))
+                    frame = self._progress(self._recv(self.sandbox.limits.cell_seconds), len(run))
                     if frame[0] == "done":
                         break
                     current = run[frame[1]]
@@ -526,7 +566,7 @@ class Session:
             except Timeout as e:
                 if str(e) == "notebook" or current is None:
                     raise SandboxError("the notebook ran past its time limit") from None
-                self.skipped[current] = f"did not finish within {self.sandbox.limits['cell_seconds']} s"
+                self.skipped[current] = f"did not finish within {self.sandbox.limits.cell_seconds} s"
             except (Died, OSError) as e:
                 if current is None:
                     raise SandboxError(f"the notebook's process ended: {e}") from None
@@ -554,7 +594,7 @@ class Session:
         try:
             wire.send_frame(self.data, request)
             for _ in range(MAX_CALLBACKS + 1):
-                reply = self._recv(self.sandbox.limits["call_seconds"])
+                reply = self._recv(self.sandbox.limits.call_seconds)
                 if "callback" not in reply:
                     return self._reply(reply)
                 if callback is None:
@@ -572,7 +612,7 @@ class Session:
             self.close()
             if str(e) == "notebook":
                 return {"unchecked": "the notebook's total time limit ran out"}
-            return {"unchecked": f"your code did not finish within {self.sandbox.limits['call_seconds']} s "
+            return {"unchecked": f"your code did not finish within {self.sandbox.limits.call_seconds} s "
                                  "(an infinite loop?)"}
         except Malformed as e:
             self.close()

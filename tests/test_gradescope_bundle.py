@@ -176,7 +176,7 @@ def test_a_sandbox_that_does_not_start_is_one_line_with_its_own_error(tmp_path, 
     fake.chmod(0o755)
     monkeypatch.setattr(sys, "executable", str(fake))
     with pytest.raises(SandboxError) as e:
-        Sandbox("none", dict(DEFAULT_LIMITS), None)
+        Sandbox("none", DEFAULT_LIMITS, None)
     assert str(e.value) == "the none sandbox did not start: ModuleNotFoundError: No module named 'IPython'"
     monkeypatch.undo()
 

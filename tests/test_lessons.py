@@ -5,6 +5,7 @@ import importlib
 import json
 import re
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -219,7 +220,7 @@ def test_a_new_lesson_is_picked_up_everywhere(tmp_path):
              "from autograder.adapters import gradescope; import tests.lessons as t; "
              "release.release('out', ['99_toy']); staged = grade.stage_data(['99_toy'], Path(tempfile.mkdtemp())); "
              "print(json.dumps([checks.LESSONS, t.LESSONS, build.manifests.catalogue(), gradescope.EXTRAS, "
-             "sorted(os.listdir('out/99_toy')), staged, grade.lesson_limits('99_toy')]))")
+             "sorted(os.listdir('out/99_toy')), staged, grade.lesson_limits('99_toy').to_json()]))")
     out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=300,
                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path)})
     assert out.returncode == 0, out.stderr[-2000:]
@@ -230,7 +231,7 @@ def test_a_new_lesson_is_picked_up_everywhere(tmp_path):
     assert extras["99_toy"] == ["gpu"]
     assert released_files == ["99_toy.ipynb", "check_submission.py", "toy.npz"] and staged == {"99_toy": ["toy.npz"]}
     from autograder.worker import DEFAULT_LIMITS
-    assert limits == dict(DEFAULT_LIMITS, memory_mb=4096, notebook_seconds=900)
+    assert limits == replace(DEFAULT_LIMITS, memory_mb=4096, notebook_seconds=900).to_json()
 
 
 @pytest.mark.parametrize("text, error", [
@@ -352,8 +353,28 @@ def test_a_lessons_limits_come_from_its_manifest_and_the_flags_win(lessons_in):
     root = lessons_in("01_attention")
     assert lesson_limits("01_attention") == DEFAULT_LIMITS
     edit(root / "01_attention" / lessons.MANIFEST, "\n[graded.", "\n[limits]\nmemory_mb = 4096\ncell_seconds = 90\n\n[graded.")
-    assert lesson_limits("01_attention") == dict(DEFAULT_LIMITS, memory_mb=4096, cell_seconds=90)
-    assert lesson_limits("01_attention", {"memory_mb": 2048}) == dict(DEFAULT_LIMITS, memory_mb=2048, cell_seconds=90)
+    assert lesson_limits("01_attention") == replace(DEFAULT_LIMITS, memory_mb=4096, cell_seconds=90)
+    assert lesson_limits("01_attention", {"memory_mb": 2048}) == replace(DEFAULT_LIMITS, memory_mb=2048, cell_seconds=90)
+
+
+def test_limits_are_one_frozen_type_whose_one_reader_names_the_field(lessons_in):
+    """Limits is frozen, and over() is the one reader of the manifest's [limits] and of grade's flags: an unknown
+    field or a bad value is one line naming it. The fingerprint hashes the same text as the dict it replaced."""
+    from dataclasses import FrozenInstanceError
+
+    from autograder.grade import lesson_limits
+    from autograder.worker import DEFAULT_LIMITS, LimitsError
+
+    lessons_in("01_attention")
+    with pytest.raises(FrozenInstanceError):
+        DEFAULT_LIMITS.memory_mb = 1
+    with pytest.raises(LimitsError, match=r"^grade's limits\.memory: unknown limit; a lesson may set memory_mb, "):
+        lesson_limits("01_attention", {"memory": 4096})
+    with pytest.raises(LimitsError, match=r"^grade's limits\.cell_seconds: should be a positive whole number, not 0$"):
+        lesson_limits("01_attention", {"cell_seconds": 0})
+    assert sorted(DEFAULT_LIMITS.to_json().items()) == sorted(dict(
+        memory_mb=3072, cpu_seconds=600, file_mb=64, processes=256, cell_seconds=60, call_seconds=30,
+        notebook_seconds=600).items())
 
 
 def test_the_fingerprint_follows_what_grading_reads_not_the_books_text(lessons_in):
@@ -398,12 +419,12 @@ def test_one_run_grades_each_lesson_under_its_own_limits(lessons_in, tmp_path, m
     seen, real = [], grader.grade_one
 
     def grade_one(sandbox, student, lesson, *args):
-        seen.append((student, lesson, dict(sandbox.limits)))
+        seen.append((student, lesson, sandbox.limits))
         return real(sandbox, student, lesson, *args)
 
     monkeypatch.setattr(grader, "grade_one", grade_one)
     run = grader.grade(tmp_path / "subs", tmp_path / "results", mode=choose_mode("auto"), progress=False, jobs=1)
     assert run["graded"] == 4
-    want = {"01_attention": DEFAULT_LIMITS, "02_heads": dict(DEFAULT_LIMITS, cell_seconds=50, memory_mb=3000)}
+    want = {"01_attention": DEFAULT_LIMITS, "02_heads": replace(DEFAULT_LIMITS, cell_seconds=50, memory_mb=3000)}
     assert sorted((s, x) for s, x, _ in seen) == [(s, x) for s in ("ann", "ben") for x in want]
     assert all(limits == want[lesson] for _, lesson, limits in seen), seen

@@ -5,6 +5,7 @@ import os
 import socket
 import struct
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -15,7 +16,7 @@ from autograder.checks import PartialCredit, Subject, checks_for
 from autograder.grade import submission_cells
 from autograder.release import release
 from autograder.sandbox import runner, wire
-from autograder.worker import Malformed, Sandbox, Session, SandboxError, choose_mode
+from autograder.worker import DEFAULT_LIMITS, Malformed, Sandbox, Session, SandboxError, choose_mode
 from tests.lessons import fill
 
 
@@ -38,7 +39,7 @@ def test_frames_are_capped_before_they_are_parsed():
                                    {"cell": 0, "state": "running"}, {"cell": 0, "state": "done", "error": "x"},
                                    {"cell": 0, "state": "done", "error": {"type": 1, "mro": [], "message": ""}}])
 def test_malformed_cell_frames_are_refused(frame):
-    session = Session(SimpleNamespace(limits={"notebook_seconds": 10}, protect=True), "01_attention", [])
+    session = Session(SimpleNamespace(limits=replace(DEFAULT_LIMITS, notebook_seconds=10), protect=True), "01_attention", [])
     with pytest.raises(Malformed):
         session._progress(frame, 3)
     error = {"type": "ValueError", "mro": ["ValueError", "Exception"], "message": "m" * 5000}
@@ -47,7 +48,7 @@ def test_malformed_cell_frames_are_refused(frame):
 
 @pytest.mark.parametrize("reply", [{"ok": 1, "error": {}}, {"error": "boom"}, {"result": 1}, {"error": {"type": "E"}}])
 def test_malformed_replies_are_refused(reply):
-    session = Session(SimpleNamespace(limits={"notebook_seconds": 10}, protect=True), "01_attention", [])
+    session = Session(SimpleNamespace(limits=replace(DEFAULT_LIMITS, notebook_seconds=10), protect=True), "01_attention", [])
     with pytest.raises(Malformed):
         session._reply(reply)
 
@@ -92,7 +93,7 @@ def processes():  # the daemon, and the live processes this one can see
 @pytest.fixture(scope="module")
 def session():
     try:
-        sandbox = Sandbox(choose_mode("auto"), {"memory_mb": 512, "call_seconds": 20})
+        sandbox = Sandbox(choose_mode("auto"), replace(DEFAULT_LIMITS, memory_mb=512, call_seconds=20))
     except SandboxError as e:
         pytest.skip(f"no sandbox here: {e}")
     s = Session(sandbox, "01_attention", [CELL])
@@ -111,7 +112,7 @@ def test_a_cell_that_ran_out_of_memory_is_skipped():
     """A top-level cell that fills memory and keeps it (MemoryError) would starve every later call:
     it is skipped on a restart, and the rest of the notebook is graded as if it were not there."""
     try:
-        sandbox = Sandbox(choose_mode("auto"), {"memory_mb": 512, "call_seconds": 20})
+        sandbox = Sandbox(choose_mode("auto"), replace(DEFAULT_LIMITS, memory_mb=512, call_seconds=20))
     except SandboxError as e:
         pytest.skip(f"no sandbox here: {e}")
     hog = "blob = []\nwhile True:\n    blob.append(bytearray(16 * 2**20))"
