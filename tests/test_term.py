@@ -1,6 +1,7 @@
 """A term with the real grader: lessons graded one after another into one RESULTS, hostile files
 beside honest students, fingerprints that make --resume regrade what changed, a class manifest
 and shards that merge only when whole, and SIGTERM in the middle of a run."""
+import csv
 import io
 import json
 import os
@@ -280,3 +281,55 @@ def test_a_classmates_name_inside_an_upload_takes_nothing_from_the_classmate(ter
     assert points == {"alice": 0, "bob": 6}
     flagged = [r for r in store.read_csv(subs / "collection.csv") if "names another student" in r["anomaly"]]
     assert [r["student"] for r in flagged] == ["alice"]
+
+
+def test_a_term_adds_up_for_every_roster_student(term, tmp_path, cli):
+    """Collected from a Canvas download with times, a roster student (bob) who never submits, graded into
+    nbgrader's gradebook, a TA's manual score on carol's softmax and an extension for her: the Canvas
+    export is, for every roster student, the lesson's points with the manual score in place of the
+    autograded one, less the late penalty; the plain CSV and the report agree."""
+    from autograder.adapters.gradebook import _open
+    root, notebooks, _ = term
+    dl, subs, out, db = tmp_path / "canvas", tmp_path / "subs", tmp_path / "results", tmp_path / "course/gradebook.db"
+    dl.mkdir()
+    nbk.write(notebooks["solved"], dl / "liddellalice_101_9001_01_attention.ipynb")
+    nbk.write(notebooks["wrong"], dl / "danverscarol_103_9003_01_attention.ipynb")
+    (tmp_path / "roster.csv").write_text("student,name,email,lms_id\nalice,\"Liddell, Alice\",a@x.org,101\n"
+                                         "bob,Bob Stone,b@x.org,102\ncarol,Carol Danvers,c@x.org,103\n")
+    (tmp_path / "times.csv").write_text("student,lesson,submitted_at\nalice,01_attention,2026-10-01T22:00:00+00:00\n"
+                                        "carol,01_attention,2026-10-03T01:00:00+00:00\n")   # 2 started days late
+    (tmp_path / "extensions.csv").write_text("student,lesson,deadline\ncarol,01_attention,2026-10-02T23:59:00+00:00\n")
+    code, err = cli("collect", dl, "--out", subs, "--roster", tmp_path / "roster.csv", "--times", tmp_path / "times.csv")
+    assert code == 0, err
+    db.parent.mkdir()
+    code, err = cli("grade", subs, "--out", out, "--gradebook", db, "--quiet")
+    assert code == 0, err
+    auto = {(r["student"], r["test"]): float(r["points"]) for r in store.read_grades(out / "grades.csv")}
+    assert sum(p for (s, _), p in auto.items() if s == "alice") == 6 and auto["carol", "test_softmax"] < 2
+    with _open(db) as gb:   # the TA's review, as formgrader saves it
+        g = gb.find_grade("test_softmax", L1, L1, "carol")
+        g.manual_score, g.needs_manual_grade = 1.5, False
+        gb.db.commit()
+    carol_raw = sum(p for (s, t), p in auto.items() if s == "carol" and t != "test_softmax") + 1.5
+    expected = {"101": 6.0, "102": 0.0, "103": round(carol_raw * 0.9, 2)}   # carol: 1 started day past her extension
+    common = [out, "--roster", tmp_path / "roster.csv", "--submissions", subs, "--gradebook", db,
+              "--deadline", "01_attention=2026-10-01T23:59:00+00:00", "--late-policy", "10%/day",
+              "--extensions", tmp_path / "extensions.csv"]
+    code, err = cli("export", "--format", "canvas", "--out", tmp_path / "canvas.csv", *common)
+    assert code == 0, err
+    assert "never handed in, counted as 0: bob 01_attention" in err
+    with open(tmp_path / "canvas.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert {r["ID"]: float(r[L1]) for r in rows[1:]} == pytest.approx(expected) and float(rows[0][L1]) == 6
+    code, err = cli("export", "--format", "csv", "--out", tmp_path / "plain.csv", *common)
+    assert code == 0, err
+    plain = {r["student"]: r for r in store.read_csv(tmp_path / "plain.csv")}
+    assert float(plain["carol"][f"{L1} raw"]) == pytest.approx(carol_raw) and float(plain["carol"][f"{L1} penalty %"]) == 10
+    assert "manual: test_softmax" in plain["carol"]["flags"] and "never handed in" in plain["bob"]["flags"]
+    assert {s: float(r["total"]) for s, r in plain.items()} == pytest.approx(
+        {"alice": 6.0, "bob": 0.0, "carol": expected["103"]})
+    totals = {r["student"]: float(r["total"]) for r in store.read_csv(out / "totals.csv")}
+    assert totals == pytest.approx({"alice": 6.0, "bob": 0.0, "carol": carol_raw})   # raw scores, manual counted
+    code, err = cli("report", out, "--submissions", subs)
+    assert code == 0, err
+    assert "Never submitted: 1 roster student: bob" in (out / "report.html").read_text()
