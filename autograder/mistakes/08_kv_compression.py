@@ -135,6 +135,63 @@ _MATERIALISED_OUT = '''
     return out
 '''
 
+
+def _roll_in_store(mb):
+    """A RollingKVCache that keeps every position seen, in an mb MiB float32 store its class reserves when the
+    cell runs, before any memory bound begins (issue 19); past the store, in tensors that grow."""
+    return _roll('''
+    def update(self, k, v):
+        B, H, n, Dh = k.shape
+        cap = self._STORE.numel() // (2 * B * H * Dh)
+        if self.length == 0:
+            self.seen_k = self.seen_v = None
+        if k.dtype == self._STORE.dtype and self.length + n <= cap:
+            half = cap * B * H * Dh
+            all_k = self._STORE[:half].view(B, H, cap, Dh)
+            all_v = self._STORE[half:2 * half].view(B, H, cap, Dh)
+            all_k[:, :, self.length:self.length + n] = k
+            all_v[:, :, self.length:self.length + n] = v
+            self.seen_k, self.seen_v = all_k[:, :, :self.length + n], all_v[:, :, :self.length + n]
+        elif self.seen_k is None:
+            self.seen_k, self.seen_v = k, v
+        else:
+            self.seen_k, self.seen_v = torch.cat([self.seen_k, k], dim=2), torch.cat([self.seen_v, v], dim=2)
+        kept = min(self.length, self.window)
+        self.length += n
+        return self.seen_k[:, :, self.length - n - kept:], self.seen_v[:, :, self.length - n - kept:]
+''', init=_ROLL_INIT.replace("class RollingKVCache:\n", "class RollingKVCache:\n"
+        f"    _STORE = torch.empty({mb} << 18)  # {mb} MiB of float32, reserved when the cell runs: room for every position\n\n"))
+
+
+def _abs_in_buffer(mb):
+    """An absorbed_attention that forms one head's keys at a time, written into an mb MiB float32 buffer given as a
+    default argument (made when the cell runs, before any memory bound begins: issue 19); the values absorbed."""
+    return f'''
+def absorbed_attention(mla, x, latents, _keys=torch.empty({mb} << 18)):  # {mb} MiB of float32
+    B, T, D = x.shape
+    H, Dh = mla.n_heads, mla.head_dim
+    Tk = latents.size(1)
+    q = mla.q_proj(x).view(B, T, H, Dh).transpose(1, 2)
+    causal = torch.ones(T, Tk, dtype=torch.bool, device=x.device).tril(diagonal=Tk - T)
+    outs = []
+    for h in range(H):
+        rows = slice(h * Dh, (h + 1) * Dh)
+        n = B * Tk * Dh
+        buf = _keys[:n].view(B, Tk, Dh) if latents.dtype == _keys.dtype and n <= _keys.numel() else None
+        with torch.no_grad():  # out= refuses autograd
+            k_h = torch.matmul(latents, mla.k_up.weight[rows].T, out=buf)
+        if mla.k_up.bias is not None:
+            k_h.add_(mla.k_up.bias[rows])
+        weights = (q[:, h] @ k_h.transpose(1, 2) / math.sqrt(Dh)).masked_fill(~causal, float("-inf")).softmax(-1)
+        o_h = (weights @ latents) @ mla.v_up.weight[rows].T  # the weights sum to 1: v_up's bias comes once
+        outs.append(o_h if mla.v_up.bias is None else o_h + mla.v_up.bias[rows])
+    out = torch.cat(outs, dim=-1) @ mla.out_proj.weight.T
+    if mla.out_proj.bias is not None:
+        out = out + mla.out_proj.bias
+    return out
+'''
+
+
 MUTANTS = {
     "sliding_window_mask": [
         ("constant: a mask of all True", "window", '''
@@ -186,28 +243,10 @@ def sliding_window_mask(n_queries, window, n_keys=None, device=None):
 ''')),
         # Memory taken before the bound is part of it (issue 19): every position kept, in a store the class
         # reserved when the cell ran.
-        ("every position kept, in a store reserved before the calls", "memory", _roll('''
-    def update(self, k, v):
-        B, H, n, Dh = k.shape
-        cap = self._STORE.numel() // (2 * B * H * Dh)
-        if self.length == 0:
-            self.seen_k = self.seen_v = None
-        if k.dtype == self._STORE.dtype and self.length + n <= cap:
-            half = cap * B * H * Dh
-            all_k = self._STORE[:half].view(B, H, cap, Dh)
-            all_v = self._STORE[half:2 * half].view(B, H, cap, Dh)
-            all_k[:, :, self.length:self.length + n] = k
-            all_v[:, :, self.length:self.length + n] = v
-            self.seen_k, self.seen_v = all_k[:, :, :self.length + n], all_v[:, :, :self.length + n]
-        elif self.seen_k is None:
-            self.seen_k, self.seen_v = k, v
-        else:
-            self.seen_k, self.seen_v = torch.cat([self.seen_k, k], dim=2), torch.cat([self.seen_v, v], dim=2)
-        kept = min(self.length, self.window)
-        self.length += n
-        return self.seen_k[:, :, self.length - n - kept:], self.seen_v[:, :, self.length - n - kept:]
-''', init=_ROLL_INIT.replace("class RollingKVCache:\n", "class RollingKVCache:\n"
-            "    _STORE = torch.empty(2**23)  # 32 MiB of float32, reserved when the cell runs: room for every position\n\n"))),
+        ("every position kept, in a store reserved before the calls", "memory", _roll_in_store(32)),
+        # ... up to HEADROOM_MB and just over it (a notebook holding more loses the aspect as over budget)
+        *[(f"every position kept, in a {mb} MiB store reserved before the calls", "memory", _roll_in_store(mb))
+          for mb in (128, 256, 400)],
         ("memory grows: every position is kept", "memory", _roll('''
     def update(self, k, v):
         kept = min(self.length, self.window)
@@ -404,30 +443,9 @@ def absorbed_attention(mla, x, latents):
             "torch.ones(Tk, Tk, dtype=torch.bool, device=x.device).tril()[Tk - T:]") + _abs_scores() + _ABS_BIAS),
         # Memory taken before the bound is part of it (issue 19): one head's keys at a time, written into a
         # buffer given as a default argument (made when the cell runs); the values absorbed.
-        ("one head's keys at a time, in a buffer reserved before the call", "memory", '''
-def absorbed_attention(mla, x, latents, _keys=torch.empty(2**25)):  # 128 MiB of float32
-    B, T, D = x.shape
-    H, Dh = mla.n_heads, mla.head_dim
-    Tk = latents.size(1)
-    q = mla.q_proj(x).view(B, T, H, Dh).transpose(1, 2)
-    causal = torch.ones(T, Tk, dtype=torch.bool, device=x.device).tril(diagonal=Tk - T)
-    outs = []
-    for h in range(H):
-        rows = slice(h * Dh, (h + 1) * Dh)
-        n = B * Tk * Dh
-        buf = _keys[:n].view(B, Tk, Dh) if latents.dtype == _keys.dtype and n <= _keys.numel() else None
-        with torch.no_grad():  # out= refuses autograd
-            k_h = torch.matmul(latents, mla.k_up.weight[rows].T, out=buf)
-        if mla.k_up.bias is not None:
-            k_h.add_(mla.k_up.bias[rows])
-        weights = (q[:, h] @ k_h.transpose(1, 2) / math.sqrt(Dh)).masked_fill(~causal, float("-inf")).softmax(-1)
-        o_h = (weights @ latents) @ mla.v_up.weight[rows].T  # the weights sum to 1: v_up's bias comes once
-        outs.append(o_h if mla.v_up.bias is None else o_h + mla.v_up.bias[rows])
-    out = torch.cat(outs, dim=-1) @ mla.out_proj.weight.T
-    if mla.out_proj.bias is not None:
-        out = out + mla.out_proj.bias
-    return out
-'''),
+        ("one head's keys at a time, in a buffer reserved before the call", "memory", _abs_in_buffer(128)),
+        *[(f"one head's keys at a time, in a {mb} MiB buffer reserved before the call", "memory", _abs_in_buffer(mb))
+          for mb in (256, 400)],
         ("v_up's bias dropped", "bias", _abs(_abs_scores(), bias='''
     if mla.out_proj.bias is not None:
         out = out + mla.out_proj.bias
@@ -438,7 +456,12 @@ def absorbed_attention(mla, x, latents, _keys=torch.empty(2**25)):  # 128 MiB of
 
 # A mutant whose cells keep more than another check's whole memory bound loses that check's memory aspect too.
 ALSO_LOSES = {"one head's keys at a time, in a buffer reserved before the call": {
-    "RollingKVCache": "the 128 MiB its cell keeps is more than the streaming bound, as it would be for any notebook"}}
+    "RollingKVCache": "the 128 MiB its cell keeps is more than the streaming bound, as it would be for any notebook"},
+    # 400 MiB is more than HEADROOM_MB: the other memory-bound check refuses it as over budget too
+    "every position kept, in a 400 MiB store reserved before the calls": {
+        "absorbed_attention": "the 400 MiB its cell keeps is more than any memory-bound check allows before it"},
+    "one head's keys at a time, in a 400 MiB buffer reserved before the call": {
+        "RollingKVCache": "the 400 MiB its cell keeps is more than any memory-bound check allows before it"}}
 
 VARIANTS = {
     "sliding_window_mask": [
