@@ -109,6 +109,7 @@ def main(argv=None):
     rp.add_argument("--submissions", metavar="SUBMISSIONS", help="the graded notebooks, to find identical answers")
     rp.add_argument("--no-names", action="store_true", help="leave students' names out (for a projector)")
     rp.add_argument("--roster", metavar="CSV", help="student, section: adds each lesson's scores per section")
+    rp.add_argument("--gradebook", metavar="DB", help="nbgrader's gradebook: names its manual scores and stale ones")
 
     s = sub.add_parser("sync", help="rewrite the notebooks' solution and hidden-test cells from solutions/")
     s.add_argument("--lesson", action="append", choices=list(LESSONS))
@@ -293,7 +294,7 @@ def _term(args):
                         for (s, lsn), why in sorted(refused.items()) if lsn in LESSONS]
             sections = {r["student"]: r["section"] for r in roster.rows} if roster and "section" in roster.columns else None
             path = write_report(args.results, results, args.submissions, term.lines + stale, not args.no_names, sections,
-                                [r["student"] for r in roster.rows] if roster else None)
+                                [r["student"] for r in roster.rows] if roster else None, _reviews(args.gradebook))
             print(f"wrote {path}")
             return 1 if refused or stale else 0
         from autograder.adapters.export import export

@@ -179,6 +179,11 @@ def test_a_stale_override_is_named_and_the_flag_chooses_whether_it_wins(term, ca
         rows = {r["student"]: r for r in csv.DictReader(open(term / "scores.csv", newline=""))}
         assert rows["carol"]["01_attention"] == total
         assert f"stale override {verb}: test_scaled_dot_product_attention" in rows["carol"]["flags"]
+    assert main(["report", str(term / "RESULTS"), "--gradebook", str(db)]) == 0
+    page = (term / "RESULTS/report.html").read_text()
+    assert "Scored by hand in the gradebook: 2 tests (bob test_scaled_dot_product_attention, carol " in page
+    assert "Stale manual scores (the autograded result changed since): carol test_scaled_dot_product_attention" in page
+    assert "Extra credit: 1 test (alice test_merge_heads)" in page
     # A TA who saves the score again in formgrader (which clears needs_manual_grade) makes it fresh.
     from autograder.adapters.gradebook import _open
     with _open(db) as gb:

@@ -234,9 +234,22 @@ def plural(n, word):
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
-def render(results, submissions=None, warnings=(), names=True, sections=None, roster=None):
+def manual_lines(reviews, lesson, names):
+    """Lines on a lesson's manual scores and extra credit in nbgrader's gradebook ({(student, lesson): Review}),
+    the stale ones (made before a regrade changed the test's autograded result) named."""
+    mine = {s: rv for (s, lsn), rv in sorted(reviews.items()) if lsn == lesson}
+    manual = [(s, t) for s, rv in mine.items() for t in sorted(rv.manual)]
+    extra = [(s, t) for s, rv in mine.items() for t in sorted(rv.extra)]
+    stale = [f"{s} {t}" if names else t for s, rv in mine.items() for t in rv.stale]
+    lines = [f"{what}: {plural(len(pairs), 'test')}" + (f" ({', '.join(f'{s} {t}' for s, t in pairs)})" if names else "")
+             for what, pairs in (("Scored by hand in the gradebook", manual), ("Extra credit", extra)) if pairs]
+    return lines + ([f"Stale manual scores (the autograded result changed since): {', '.join(stale)}"] if stale else [])
+
+
+def render(results, submissions=None, warnings=(), names=True, sections=None, roster=None, reviews=None):
     """The page; names=False leaves out who made each mistake, sections ({student: section}) adds by_section,
-    roster (its students) names under each lesson those who never submitted it."""
+    roster (its students) names under each lesson those who never submitted it, reviews (gradebook.read_reviews)
+    its manual scores."""
     e = html.escape
     stats, percentages = function_stats(results), lesson_percentages(results)
     students = sorted({r["student"] for r in results})
@@ -253,6 +266,7 @@ def render(results, submissions=None, warnings=(), names=True, sections=None, ro
             who = missing[lesson]
             parts.append(f"<p class='warning'>Never submitted: {plural(len(who), 'roster student')}"
                          + (f": {e(', '.join(who))}" if names else "") + "</p>")
+        parts += [f"<p class='muted'>{e(line)}</p>" for line in manual_lines(reviews or {}, lesson, names)]
         if percentages.get(lesson):
             png = base64.b64encode(histogram(percentages[lesson], lesson)).decode()
             parts.append(f"<img src='data:image/png;base64,{png}' alt='histogram of the scores of {e(lesson)}: "
@@ -302,8 +316,8 @@ def render(results, submissions=None, warnings=(), names=True, sections=None, ro
     return "".join(parts)
 
 
-def write_report(out, results, submissions=None, warnings=(), names=True, sections=None, roster=None):
-    """Write RESULTS/report.html (warnings: lines shown first; names, sections and roster as render); returns its path."""
+def write_report(out, results, submissions=None, warnings=(), names=True, sections=None, roster=None, reviews=None):
+    """Write RESULTS/report.html (warnings: lines shown first; the rest as render); returns its path."""
     path = Path(out) / REPORT
-    write_atomic(path, render(results, submissions, warnings, names, sections, roster))
+    write_atomic(path, render(results, submissions, warnings, names, sections, roster, reviews))
     return path
