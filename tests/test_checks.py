@@ -104,3 +104,30 @@ def test_a_defined_mistake_costs_the_aspect_it_names(lesson, name, mutant):
     rows = getattr(caught.value, "rows", None)
     failed = {r["aspect"] for r in rows if not r["passed"]} if rows else set(checks_for(lesson)[name].aspects)
     assert mutant.aspect in failed, f"'{mutant.what}' should cost {mutant.aspect!r}; it failed {sorted(failed)}"
+
+
+# A memory mutant of each memory-bound check, judged after every other check of lessons 06 and 08 ran in the same
+# process (and freed what they took): the verdict must be the fresh interpreter's (issue 19).
+AFTER_OTHERS = [("08_kv_compression", "RollingKVCache", "memory grows: every position is kept"),
+                ("08_kv_compression", "absorbed_attention", "materialises one head's keys and values at a time"),
+                ("06_gpu", "flash_attention", "the full score matrix, in a buffer reserved before the call")]
+
+
+def memory_verdicts_after_others():
+    """Run in a fresh interpreter: the honest checks of both lessons, then each of AFTER_OTHERS' mutants."""
+    for lesson in sorted({lesson for lesson, _, _ in AFTER_OTHERS}):
+        ns = fresh_namespace(lesson)
+        for name in graded_names(lesson):
+            verify(lesson, name, ns)
+    for lesson, name, what in AFTER_OTHERS:
+        [(keyword, code)] = [(k, c) for w, k, c in mutants.for_lesson(lesson).MUTANTS[name] if w == what]
+        with pytest.raises(AssertionError) as caught:
+            verify(lesson, name, fresh_namespace(lesson, {name: code}))
+        assert keyword.lower() in str(caught.value).lower(), f"after other checks, '{what}': {caught.value}"
+
+
+@pytest.mark.slow
+def test_memory_verdicts_do_not_depend_on_what_ran_before():
+    script = "from tests import conftest; from tests.test_checks import memory_verdicts_after_others as f; f()"
+    run = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
