@@ -9,6 +9,10 @@ from autograder import notebook as nbk
 
 REPO = Path(__file__).resolve().parent.parent
 LESSON = "01_attention"
+# Counted from the definitions, so adding a known mistake to lesson 01 does not break these tests.
+N_SOFTMAX = len(mistakes.mutants(LESSON)["softmax"])
+N_CAUSAL = len(mistakes.mutants(LESSON)["causal_mask"])
+N_ALL = sum(len(ms) for ms in mistakes.mutants(LESSON).values())
 
 
 def _audit(*args):
@@ -26,8 +30,8 @@ def _row(out, name):
 def test_audit_of_the_lesson_catches_every_mistake():
     run = _audit()
     assert run.returncode == 0, run.stdout + run.stderr
-    assert _row(run.stdout, "softmax") == {"function": "softmax", "mistakes": "9", "caught": "9", "hidden-only": "0",
-                                           "unnamed": "0", "not caught": "0", "misblames": "0", "variants losing": "0/2"}
+    assert _row(run.stdout, "softmax") == {"function": "softmax", "mistakes": str(N_SOFTMAX), "caught": str(N_SOFTMAX),
+                                           "hidden-only": "0", "unnamed": "0", "not caught": "0", "misblames": "0", "variants losing": "0/2"}
     assert run.stdout.rstrip().endswith("nothing to fix (exit 0)")
 
 
@@ -42,10 +46,10 @@ def test_audit_reports_a_visible_test_that_checks_nothing(tmp_path):
     run = _audit("--notebook", str(edited))
     assert run.returncode == 1, run.stdout + run.stderr
     assert _row(run.stdout, "softmax")["caught"] == "0"
-    assert _row(run.stdout, "softmax")["not caught"] == "9"
+    assert _row(run.stdout, "softmax")["not caught"] == str(N_SOFTMAX)
     assert "NOT CAUGHT  no max shift: its visible test passes; the hidden check catches it" in run.stdout
-    assert _row(run.stdout, "causal_mask")["caught"] == "6"
-    assert run.stdout.rstrip().endswith("9 to fix (exit 1)")
+    assert _row(run.stdout, "causal_mask")["caught"] == str(N_CAUSAL)
+    assert run.stdout.rstrip().endswith(f"{N_SOFTMAX} to fix (exit 1)")
 
 
 def _results(lesson, **own):
@@ -84,12 +88,13 @@ def test_only_a_declared_escape_is_left_to_the_hidden_check(monkeypatch):
 
 
 def test_hidden_only_is_capped_at_five_percent(monkeypatch):
-    """Lesson 01 has 23 mistakes: one may be declared hidden-only, two may not."""
+    """Lesson 01 has 20 to 39 mistakes: one may be declared hidden-only, two may not."""
+    assert 20 <= N_ALL < 40
     monkeypatch.setattr(mistakes, "hidden_only", lambda lesson: {"no max shift": "a reason"})
     assert audit.judge(LESSON, _results(LESSON))[1] == []
     monkeypatch.setattr(mistakes, "hidden_only", lambda lesson: {"no max shift": "a reason", "float mask": "another"})
     [problem] = audit.judge(LESSON, _results(LESSON))[1]
-    assert "HIDDEN_ONLY declares 2 of 23 mistakes: at most 5% (1)" in problem
+    assert f"HIDDEN_ONLY declares 2 of {N_ALL} mistakes: at most 5% (1)" in problem
 
 
 def test_audit_refuses_a_missing_notebook(tmp_path):
