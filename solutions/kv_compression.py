@@ -156,6 +156,20 @@ def absorbed_attention(mla, x, latents):
     return out
 
 
+# ---- Provided by the lesson: the price of absorption (section 3; benchmarks/absorption.py) -------
+
+def absorption_flops(mla, T, Tk):
+    """FLOPs (2 per multiply-add) of what differs between the two forms, T new queries against Tk latents.
+
+    Both make the new tokens' queries and latents alike, so neither counts them. The plain forward
+    up-projects every latent to keys and values and takes Dh-wide dot products; the absorbed one takes
+    d_latent-wide dot products with the latents, then applies each head's folded (d_latent, D) matrix."""
+    D, H, Dh, L = mla.d_model, mla.n_heads, mla.head_dim, mla.d_latent
+    plain = 2 * 2 * Tk * L * D + 2 * 2 * H * T * Tk * Dh + 2 * T * D * D      # k_up, v_up; q k^T, a @ v; out_proj
+    absorbed = 2 * H * T * Dh * L + 2 * 2 * H * T * Tk * L + 2 * H * T * L * D  # q W_uk; q~ c^T, a @ c; folded out
+    return plain, absorbed
+
+
 # ---- Provided by the lesson: a decoder with sliding-window attention (section 3) ----------------
 
 class SlidingWindowAttention(nn.Module):

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from solutions.kv_compression import (LatentCache, MultiHeadLatentAttention, RollingKVCache, SlidingWindowDecoder,
-                                      absorbed_attention, mla_from_layer, sliding_window_mask, with_latent_kv,
+                                      absorbed_attention, absorption_flops, mla_from_layer, sliding_window_mask, with_latent_kv,
                                       with_pooled_kv)
 
 
@@ -121,6 +121,31 @@ def test_absorbed_attention_never_forms_the_keys():
     with Shapes() as log:
         absorbed_attention(mla, x, latents)
     assert max(log.seen) < Tk * 64, "a tensor as large as the cached keys was formed"
+
+
+@pytest.mark.parametrize("T, Tk", [(7, 7), (3, 10), (1, 40)])
+def test_absorption_flops_counts_the_matrix_products_of_each_form(T, Tk):
+    """FlopCounterMode counts every matrix product at 2 FLOPs a multiply-add; it does not see inside the CPU's
+    fused attention, so the plain form runs here as explicit products. absorption_flops leaves out what both
+    forms share, the new tokens' queries (q_proj), and the reference's absorbed form also folds v_up into
+    out_proj at every call (2 D d_latent D, whatever T and Tk: an engine does it once)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    D, H, L = 32, 4, 12
+    mla = _mla(D=D, H=H, L=L)
+    x, latents = torch.randn(1, T, D, dtype=torch.float64), torch.randn(1, Tk, L, dtype=torch.float64)
+
+    def heads(t):   # (1, n, D) -> (1, H, n, Dh)
+        return t.view(1, -1, H, D // H).transpose(1, 2)
+
+    with torch.no_grad(), FlopCounterMode(display=False) as plain:
+        q, k, v = heads(mla.q_proj(x)), heads(mla.k_up(latents)), heads(mla.v_up(latents))
+        mla.out_proj(((q @ k.transpose(-2, -1)).softmax(-1) @ v).transpose(1, 2).reshape(1, T, D))
+    with torch.no_grad(), FlopCounterMode(display=False) as absorbed:
+        absorbed_attention(mla, x, latents)
+    shared, fold = 2 * T * D * D, 2 * D * L * D
+    assert absorption_flops(mla, T, Tk) == (plain.get_total_flops() - shared,
+                                            absorbed.get_total_flops() - shared - fold)
 
 
 def test_sliding_window_decoder_cached_equals_uncached():
