@@ -2,8 +2,13 @@
 worker's own integrity check. The attacks themselves are graded in tests/test_adversarial*.py."""
 import json
 import os
+import resource
+import select
+import signal
 import socket
 import struct
+import subprocess
+import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -209,6 +214,69 @@ def test_memory_mapped_before_a_bound_is_part_of_it(session):
                 s.close()
     finally:
         sandbox.close()
+
+
+# A child of the worker, outside any sandbox: on SIGUSR1 it maps (never touches) 512 MiB and says
+# whether it could; a thread of a student's process could do the same at any moment.
+MAPPER = """
+import mmap, signal, sys, time
+keep = []
+def grab(*_):
+    try:
+        keep.append(mmap.mmap(-1, 512 << 20))
+        sys.stdout.write("1\\n")
+    except OSError:
+        sys.stdout.write("0\\n")
+    sys.stdout.flush()
+signal.signal(signal.SIGUSR1, grab)
+sys.stdout.write("ready\\n"); sys.stdout.flush()
+while True:
+    time.sleep(0.01)
+"""
+
+
+@pytest.fixture
+def mapper():
+    child = subprocess.Popen([sys.executable, "-c", MAPPER], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "ready\n"
+        yield child
+    finally:
+        child.kill()
+        child.wait()
+
+
+def _bound_of(pid):
+    return resource.prlimit(pid, resource.RLIMIT_AS)[0]
+
+
+def test_memory_mapped_while_a_bound_is_set_is_within_it(mapper, monkeypatch):
+    """The child maps 512 MiB between the worker's measurement and its limit (here: just as the limit is
+    set): that memory must not lie beyond the limit, unseen (the child is stopped meanwhile)."""
+    opts = {"pidns": False, "cgroup": None, "uid": 0, "pristine_vm": runner.vm_size(mapper.pid)}
+    prlimit = resource.prlimit
+
+    def late(pid, which, limits=None):
+        if which == resource.RLIMIT_AS and limits is not None:
+            os.kill(pid, signal.SIGUSR1)
+            select.select([mapper.stdout], [], [], 0.5)  # a running child maps now; a stopped one cannot
+        return prlimit(pid, which, limits) if limits is not None else prlimit(pid, which)
+
+    monkeypatch.setattr(runner.resource, "prlimit", late)
+    reply = runner.bound(mapper.pid, 64, opts)
+    monkeypatch.undo()
+    assert reply["op"] == "bounded", reply
+    mapper.stdout.readline()  # the mapping, tried once the child runs again
+    assert runner.vm_size(mapper.pid) <= _bound_of(mapper.pid), "memory mapped during the bound escapes it"
+
+
+def test_a_child_that_unmapped_part_of_the_worker_gains_no_headroom(mapper):
+    """A child mapping 256 MiB less than the fresh worker (it unmapped libraries or arenas it inherited) is
+    bounded from what it maps, not from the worker: the 256 MiB are no room for a forbidden tensor."""
+    vm = runner.vm_size(mapper.pid)
+    opts = {"pidns": False, "cgroup": None, "uid": 0, "pristine_vm": vm + (256 << 20)}
+    assert runner.bound(mapper.pid, 64, opts)["op"] == "bounded"
+    assert _bound_of(mapper.pid) <= vm + (64 << 20)
 
 
 UNBOUNDED_FLASH = """
