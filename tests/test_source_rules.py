@@ -186,13 +186,8 @@ def test_what_cannot_be_read_is_refused_with_a_message(cell, words):
         assert found and words in found, found
 
 
-def _backward_chain(k, n):
-    """n aliases of torch written backwards: the module-flow reading learns one a pass."""
-    return "\n".join(f"b{k}_{i + 1} = b{k}_{i}" for i in range(n, 0, -1)) + f"\nb{k}_1 = torch"
-
-
 WORK = {  # cells within the size limits that made the grader's reading superlinear (seconds of its CPU)
-    "backward_chains": [_backward_chain(k, 4300) for k in range(3)],
+    "backward_chains": [test_honest.backward_chain(k, 4300) for k in range(3)],
     "functions_and_unfollowed_calls": ["\n".join(f"def f{k}_{i}(x):\n    return f{k}_{i - 1}(x)" for i in range(2500, 0, -1))
                                        + f"\ndef f{k}_0(x):\n    return torch\n" for k in range(2)],
     "calls_through_a_table": ["\n".join(f"def g{i}(x):\n    return 1" for i in range(2000))
