@@ -402,14 +402,18 @@ def bound(pid, mb, opts, headroom=0):
     holding HONEST_HELD_MB or more beyond the pristine worker (%matplotlib inline, a scratch tensor)
     gets what it holds on top of mb, up to headroom MiB, and is refused above it. Returns the reply
     for the grader, with what the child held beyond the pristine worker (MiB) when bounded."""
-    reap(opts, keep=(pid,))
     try:
+        # No process of its own from here, then none left of those it had: none may continue it while it is
+        # measured (SIGCONT), nor work outside the bound after.
+        resource.prlimit(pid, resource.RLIMIT_NPROC, (0, 0))
         os.kill(pid, signal.SIGSTOP)
+        reap(opts, keep=(pid,))
         deadline = time.monotonic() + STOP_SECONDS
         while not _stopped(pid):
             if time.monotonic() > deadline:
                 return {"op": "refused", "why": f"your notebook's process did not stop within {STOP_SECONDS} s to have "
                                                 "its memory bounded: end the threads your cells started"}
+            os.kill(pid, signal.SIGSTOP)  # again: a process it had may have continued it before it was killed
             time.sleep(0.001)
         held = vm_size(pid) - opts["pristine_vm"]
         allowance, over = allowed(held, mb, headroom)
@@ -419,7 +423,6 @@ def bound(pid, mb, opts, headroom=0):
                            f"check {over}"}
         limit = opts["pristine_vm"] + min(held, 0) + allowance + mb * 2**20
         resource.prlimit(pid, resource.RLIMIT_AS, (limit, limit))
-        resource.prlimit(pid, resource.RLIMIT_NPROC, (0, 0))
     except (OSError, StopIteration, ValueError):
         return {"op": "refused", "why": "your notebook's process ended before its memory could be bounded"}
     finally:
