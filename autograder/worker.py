@@ -637,10 +637,8 @@ class Session:
         if self.data is None:
             self.open()
         reply = self.sandbox.bound(request["mb"], request.get("headroom", 0))
-        if "refused" in reply:
-            return reply
-        self.bounded = True
-        return {"ok": None, **reply}
+        self.bounded = True  # refused too: that child may start no thread or process any more (runner.bound)
+        return reply if "refused" in reply else {"ok": None, **reply}
 
     def _reply(self, reply):
         """A reply frame, validated: exactly one known key, and an error that is plain data."""

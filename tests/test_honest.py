@@ -2,9 +2,9 @@
 of an answer, a redefinition in a later cell, helpers, type hints, prints), graded by the real grader, one run per
 lesson whose checks use evidence (05: generate's call log; 06: the source rules and memory; 08: memory).
 
-Lesson 06's run also grades what the grader cannot read (a huge cell, a deeply nested expression) beside the
-honest students: the student's failure with a message, never the grader's error, and the grader's own memory
-stays bounded.
+Lesson 06's run also grades what the grader cannot read (a huge cell, a deeply nested expression, aliases of a module
+written backwards, more than its bounded reading follows) beside the honest students: the student's failure with a
+message, never the grader's error, and the grader's own memory stays bounded.
 """
 import csv
 import os
@@ -187,7 +187,15 @@ SCRATCH = {"05_kv_cache": "g = generate\nC = KVCache\n", "06_gpu": "f = flash_at
            "08_kv_compression": "C = RollingKVCache\nf = absorbed_attention\n"}
 LESSON_PATTERNS = {"05_kv_cache": _lesson_05, "06_gpu": _lesson_06, "08_kv_compression": _lesson_08}
 # What the grader cannot read, graded beside the honest students of lesson 06: the student's failure, never ours.
-UNREADABLE = {"huge_cell": "\n".join(["a = 1"] * 150_000), "deep_expression": "_x = " + "+".join(["1"] * 20_000)}
+
+
+def backward_chain(k, n):
+    """n aliases of torch written backwards: the grader's reading of the module flow learns one a pass."""
+    return "\n".join(f"b{k}_{i + 1} = b{k}_{i}" for i in range(n, 0, -1)) + f"\nb{k}_1 = torch"
+
+
+UNREADABLE = {"huge_cell": "\n".join(["a = 1"] * 150_000), "deep_expression": "_x = " + "+".join(["1"] * 20_000),
+              "backward_alias_chain": backward_chain(0, 4500)}  # more passes than the grader's reading makes
 
 
 def patterns(lesson):

@@ -2,9 +2,15 @@
 worker's own integrity check. The attacks themselves are graded in tests/test_adversarial*.py."""
 import json
 import os
+import resource
+import select
+import signal
 import socket
 import struct
+import subprocess
+import sys
 import tempfile
+import time
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -209,6 +215,116 @@ def test_memory_mapped_before_a_bound_is_part_of_it(session):
                 s.close()
     finally:
         sandbox.close()
+
+
+# A child of the worker, outside any sandbox: on SIGUSR1 it maps (never touches) 512 MiB and says
+# whether it could (on `out`); a thread of a student's process could do the same at any moment.
+MAPPER = """
+import mmap, signal, time
+asked, keep = [], []
+signal.signal(signal.SIGUSR1, lambda *_: asked.append(1))
+out.write("ready\\n"); out.flush()
+while True:
+    if asked:
+        asked.clear()
+        try:
+            keep.append(mmap.mmap(-1, 512 << 20))
+            out.write("1\\n")
+        except OSError:
+            out.write("0\\n")
+        out.flush()
+    time.sleep(0.001)
+"""
+
+
+@pytest.fixture
+def mapper():
+    r, w = os.pipe()
+    child = subprocess.Popen([sys.executable, "-c", f"import os\nout = os.fdopen({w}, 'w')\n" + MAPPER], pass_fds=[w])
+    os.close(w)
+    out = os.fdopen(r)
+    try:
+        assert out.readline() == "ready\n"
+        yield SimpleNamespace(pid=child.pid, stdout=out)
+    finally:
+        child.kill()
+        child.wait()
+        out.close()
+
+
+def _bound_of(pid):
+    return resource.prlimit(pid, resource.RLIMIT_AS)[0]
+
+
+def test_memory_mapped_while_a_bound_is_set_is_within_it(mapper, monkeypatch):
+    """The child maps 512 MiB between the worker's measurement and its limit (here: just as the limit is
+    set): that memory must not lie beyond the limit, unseen (the child is stopped meanwhile)."""
+    opts = {"pidns": False, "cgroup": None, "uid": 0, "pristine_vm": runner.vm_size(mapper.pid)}
+    prlimit = resource.prlimit
+
+    def late(pid, which, limits=None):
+        if which == resource.RLIMIT_AS and limits is not None:
+            os.kill(pid, signal.SIGUSR1)
+            select.select([mapper.stdout], [], [], 0.5)  # a running child maps now; a stopped one cannot
+        return prlimit(pid, which, limits) if limits is not None else prlimit(pid, which)
+
+    monkeypatch.setattr(runner.resource, "prlimit", late)
+    reply = runner.bound(mapper.pid, 64, opts)
+    monkeypatch.undo()
+    assert reply["op"] == "bounded", reply
+    mapper.stdout.readline()  # the mapping, tried once the child runs again
+    assert runner.vm_size(mapper.pid) <= _bound_of(mapper.pid), "memory mapped during the bound escapes it"
+
+
+def test_a_process_the_child_started_cannot_continue_it_while_it_is_bounded(mapper, monkeypatch, tmp_path):
+    """Just after the worker killed the sandbox's other processes (here: as the kill returns), the child starts
+    one of its own, if its process limit lets it (a child is no root, whom the limit does not bind: the test
+    starts it for the child), which keeps sending it SIGCONT; the child maps 512 MiB as its limit is set. It
+    may start none once the bound began, so it stays stopped, and the 512 MiB lie within the limit."""
+    (tmp_path / "cgroup.procs").write_text("")
+    opts = {"pidns": False, "cgroup": str(tmp_path), "uid": 0, "pristine_vm": runner.vm_size(mapper.pid)}
+    reap, prlimit, started = runner.reap, resource.prlimit, []
+
+    def then_start(opts, keep=()):
+        reap(opts, keep)
+        if not started and prlimit(mapper.pid, resource.RLIMIT_NPROC)[0] != 0:
+            helper = os.fork()
+            if helper == 0:
+                try:
+                    while True:
+                        os.kill(mapper.pid, signal.SIGCONT)
+                        time.sleep(0.0005)
+                finally:
+                    os._exit(0)
+            started.append(helper)
+            (tmp_path / "cgroup.procs").write_text(f"{helper}\n")  # the sandbox's own record of it
+
+    def late(pid, which, limits=None):
+        if which == resource.RLIMIT_AS and limits is not None:
+            os.kill(pid, signal.SIGUSR1)
+            select.select([mapper.stdout], [], [], 0.5)  # a running child maps now; a stopped one cannot
+        return prlimit(pid, which, limits) if limits is not None else prlimit(pid, which)
+
+    monkeypatch.setattr(runner, "reap", then_start)
+    monkeypatch.setattr(runner.resource, "prlimit", late)
+    try:
+        reply = runner.bound(mapper.pid, 64, opts)
+    finally:
+        monkeypatch.undo()
+        for helper in started:
+            os.kill(helper, signal.SIGKILL)
+            os.waitpid(helper, 0)
+    assert reply["op"] == "bounded", reply
+    assert runner.vm_size(mapper.pid) <= _bound_of(mapper.pid), "memory mapped during the bound escapes it"
+
+
+def test_a_child_that_unmapped_part_of_the_worker_gains_no_headroom(mapper):
+    """A child mapping 256 MiB less than the fresh worker (it unmapped libraries or arenas it inherited) is
+    bounded from what it maps, not from the worker: the 256 MiB are no room for a forbidden tensor."""
+    vm = runner.vm_size(mapper.pid)
+    opts = {"pidns": False, "cgroup": None, "uid": 0, "pristine_vm": vm + (256 << 20)}
+    assert runner.bound(mapper.pid, 64, opts)["op"] == "bounded"
+    assert _bound_of(mapper.pid) <= vm + (64 << 20)
 
 
 UNBOUNDED_FLASH = """

@@ -186,6 +186,39 @@ def test_what_cannot_be_read_is_refused_with_a_message(cell, words):
         assert found and words in found, found
 
 
+WORK = {  # cells within the size limits that made the grader's reading superlinear (seconds of its CPU)
+    "backward_chains": [test_honest.backward_chain(k, 4300) for k in range(3)],
+    "functions_and_unfollowed_calls": ["\n".join(f"def f{k}_{i}(x):\n    return f{k}_{i - 1}(x)" for i in range(2500, 0, -1))
+                                       + f"\ndef f{k}_0(x):\n    return torch\n" for k in range(2)],
+    "calls_through_a_table": ["\n".join(f"def g{i}(x):\n    return 1" for i in range(2000))
+                              + "\ntable = [g0]\n" + "\n".join(["table[0](torch)"] * 2000)],
+}
+
+
+@pytest.mark.parametrize("name", sorted(WORK))
+def test_the_readings_work_grows_with_the_cells_not_faster(name, monkeypatch):
+    """Every rule's verdict on one submission reads its cells once, in passes bounded in all (MAX_VISITS), and
+    hands a call it cannot follow every function's parameters once, not once per call and pass."""
+    cells = _grader_cells(last=WORK[name])
+    counts = {"_visit": 0, "_params": 0, "_parents": 0}
+
+    def counting(owner, attr):
+        real = getattr(owner, attr)
+
+        def counted(*args, **kwargs):
+            counts[attr] += 1
+            return real(*args, **kwargs)
+        monkeypatch.setattr(owner, attr, counted)
+    counting(source_rules.Flow, "_visit")
+    counting(source_rules.Flow, "_params")
+    counting(source_rules, "_parents")
+    functions = sum(isinstance(n, (ast.FunctionDef, ast.Lambda)) for c in cells if not c.lstrip().startswith(("%", "!"))
+                    for n in ast.walk(ast.parse(c)))
+    source_rules.problems(cells)
+    assert counts["_visit"] <= source_rules.MAX_VISITS, counts
+    assert counts["_params"] <= 2 * functions and counts["_parents"] <= 1, (counts, functions)
+
+
 def test_a_list_of_cells_gives_every_rule_its_verdict():
     cells = _grader_cells(last=["%run helper.py"])
     assert set(source_rules.problems(cells)) == {"triton_attention", "flash_attention", "triton_softmax"}

@@ -44,6 +44,7 @@ SHARED = ("/dev/shm", "/tmp", "/var/tmp")  # writable by anyone: in the uid mode
 O_PATH = getattr(os, "O_PATH", 0o10000000)
 # What a child left is removed within this (the grader waits 30 s for the worker's answer).
 WIPE_SECONDS = 20
+STOP_SECONDS = 5  # a child's threads stop for its bound within this (bound())
 HONEST_HELD_MB = 8  # a fresh child running honest cells holds less beyond the pristine worker (bound())
 LIBC = ctypes.CDLL(None, use_errno=True)
 LIBC.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
@@ -371,6 +372,18 @@ def allowed(held, mb, headroom):
     return allowance, f"allows {allows}: free large arrays your cells keep at top level"
 
 
+def _stopped(pid):
+    """Whether every thread of pid is stopped or dead, so that none can map or unmap memory."""
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] not in "TtZX":
+                    return False
+        except FileNotFoundError:  # a thread that ended meanwhile maps nothing
+            pass
+    return True
+
+
 def bound(pid, mb, opts, headroom=0):
     """Before a bounded block of calls: kill every other process of the sandbox (daemons would work
     outside the bound), then, from here, outside the child's reach, lower its address-space limit
@@ -378,7 +391,10 @@ def bound(pid, mb, opts, headroom=0):
     plus mb MiB, and its process limit to none (a process of its own would get a bound of its own).
     Counted from the pristine worker, not from the child: memory its cells mapped before the block
     (a buffer kept at top level, in a default argument, freed but still mapped) is part of the mb,
-    never headroom on top of it. Known limit: a glibc thread arena's 64 MiB heap is mapped whole
+    never headroom on top of it; a child that unmapped part of what the worker maps is counted from
+    itself, so what it gave up is no headroom either. The child is stopped (SIGSTOP) while it is
+    measured and limited: a thread of its own that maps memory between the two would hold it beyond
+    the limit, unseen. Known limit: a glibc thread arena's 64 MiB heap is mapped whole
     and committed as it grows, so its unused part is headroom that no limit sees: make a forbidden
     allocation larger than 64 MiB where it can be. Irreversible: the grader ends the child after
     the block. Refused when the child already maps mb MiB beyond the pristine worker.
@@ -386,18 +402,34 @@ def bound(pid, mb, opts, headroom=0):
     holding HONEST_HELD_MB or more beyond the pristine worker (%matplotlib inline, a scratch tensor)
     gets what it holds on top of mb, up to headroom MiB, and is refused above it. Returns the reply
     for the grader, with what the child held beyond the pristine worker (MiB) when bounded."""
-    reap(opts, keep=(pid,))
     try:
+        # No process of its own from here, then none left of those it had: none may continue it while it is
+        # measured (SIGCONT), nor work outside the bound after.
+        resource.prlimit(pid, resource.RLIMIT_NPROC, (0, 0))
+        os.kill(pid, signal.SIGSTOP)
+        reap(opts, keep=(pid,))
+        deadline = time.monotonic() + STOP_SECONDS
+        while not _stopped(pid):
+            if time.monotonic() > deadline:
+                return {"op": "refused", "why": f"your notebook's process did not stop within {STOP_SECONDS} s to have "
+                                                "its memory bounded: end the threads your cells started"}
+            os.kill(pid, signal.SIGSTOP)  # again: a process it had may have continued it before it was killed
+            time.sleep(0.001)
         held = vm_size(pid) - opts["pristine_vm"]
         allowance, over = allowed(held, mb, headroom)
         if over:
             return {"op": "refused", "held_mb": held >> 20,
                     "why": f"your notebook's process already holds {held >> 20} MiB more than a fresh one, and this "
                            f"check {over}"}
-        resource.prlimit(pid, resource.RLIMIT_AS, (opts["pristine_vm"] + allowance + mb * 2**20,) * 2)
-        resource.prlimit(pid, resource.RLIMIT_NPROC, (0, 0))
+        limit = opts["pristine_vm"] + min(held, 0) + allowance + mb * 2**20
+        resource.prlimit(pid, resource.RLIMIT_AS, (limit, limit))
     except (OSError, StopIteration, ValueError):
         return {"op": "refused", "why": "your notebook's process ended before its memory could be bounded"}
+    finally:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except OSError:
+            pass
     return {"op": "bounded", "held_mb": max(held, 0) >> 20}
 
 
