@@ -13,6 +13,7 @@ import contextlib
 import numpy as np
 import torch
 
+from autograder import mistakes
 from autograder.checks import Checks, StudentError, close, expect_array, expect_error, fail, kind_of, reference, tensor
 from autograder.sandbox.wire import Array, Handle
 from solutions import head_specialization as ref
@@ -84,23 +85,19 @@ def expect_scores(got, want, what, H, T, mistakes=()):
 
 # ---- previous_token_score -------------------------------------------------------------------
 
+def _defined(name, p, *args):
+    """[(message, what it returns)] of the known mistakes of `name` (autograder/mistakes/07_head_specialization.py)
+    run on pattern p in float64, labelled with p's dtype, as _exact."""
+    return [(m.message, reference(out, dtype=p.dtype.name))
+            for m, out in mistakes.on("07_head_specialization", name, _torch(p).double(), *args)]
+
+
 def _prev_mistakes(p):
-    T, dtype = p.shape[-1], p.dtype
+    """The known mistakes' definitions, and position 0 counted with its attention to itself (no definition)."""
     sub = np.diagonal(p, offset=-1, axis1=-2, axis2=-1)  # (H, T-1)
-    return [
-        ("off by one: that is the main diagonal, each token's attention to itself. The previous token of "
-         "query i is key i-1: pattern[:, i, i-1], the diagonal just below", _arr(np.diagonal(p, 0, -2, -1).mean(-1), dtype)),
-        ("off by one: that is key i-2. The previous token of query i is key i-1: pattern[:, i, i-1]",
-         _arr(np.diagonal(p, -2, -2, -1).mean(-1), dtype)),
-        ("off by one: pattern[:, i, i+1] is above the diagonal (the future, 0 under the causal mask). "
-         "Rows are queries, so the previous token of query i is pattern[:, i, i-1]",
-         _arr(np.diagonal(p, 1, -2, -1).mean(-1), dtype)),
-        ("position 0 has no previous token: average over the T-1 queries i = 1..T-1, not over all T",
-         _arr(sub.sum(-1) / T, dtype)),
+    return _defined("previous_token_score", p) + [
         ("position 0 has no previous token: don't count its attention to itself, average over i = 1..T-1 only",
-         _arr((sub.sum(-1) + p[:, 0, 0]) / T, dtype)),
-        ("take the mean over positions, not the sum", _arr(sub.sum(-1), dtype)),
-    ]
+         _arr((sub.sum(-1) + p[:, 0, 0]) / p.shape[-1], p.dtype))]
 
 
 @CHECKS.add("previous_token_score")

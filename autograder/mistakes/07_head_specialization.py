@@ -1,3 +1,5 @@
+from autograder.mistakes import Mistake
+
 _ABLATE_HEADER = '''
 @contextlib.contextmanager
 def ablate_head(model, layer, head):
@@ -46,23 +48,29 @@ def {sig}:
 
 MUTANTS = {
     "previous_token_score": [
-        ("the main diagonal (attention to itself)", "off by one", '''
+        Mistake("the main diagonal (attention to itself)", "off by one", '''
 def previous_token_score(pattern):
     return pattern.diagonal(offset=0, dim1=-2, dim2=-1).mean(dim=-1)
-'''),
-        ("two tokens back", "off by one", '''
+''',
+            message=("off by one: that is the main diagonal, each token's attention to itself. The previous token "
+                     "of query i is key i-1: pattern[:, i, i-1], the diagonal just below")),
+        Mistake("two tokens back", "off by one", '''
 def previous_token_score(pattern):
     return pattern.diagonal(offset=-2, dim1=-2, dim2=-1).mean(dim=-1)
-'''),
-        ("above the diagonal (rows and columns swapped)", "off by one", '''
+''',
+            message="off by one: that is key i-2. The previous token of query i is key i-1: pattern[:, i, i-1]"),
+        Mistake("above the diagonal (rows and columns swapped)", "off by one", '''
 def previous_token_score(pattern):
     T = pattern.shape[-1]
     return torch.stack([pattern[:, i - 1, i] for i in range(1, T)], dim=-1).mean(dim=-1)
-'''),
-        ("divides by T: position 0 included", "position 0", '''
+''',
+            message=("off by one: pattern[:, i, i+1] is above the diagonal (the future, 0 under the causal mask). "
+                     "Rows are queries, so the previous token of query i is pattern[:, i, i-1]")),
+        Mistake("divides by T: position 0 included", "position 0", '''
 def previous_token_score(pattern):
     return pattern.diagonal(offset=-1, dim1=-2, dim2=-1).sum(dim=-1) / pattern.shape[-1]
-'''),
+''',
+            message="position 0 has no previous token: average over the T-1 queries i = 1..T-1, not over all T"),
         ("index i - 1 for every i: position 0 reads key -1", "position 0", '''
 def previous_token_score(pattern):
     i = torch.arange(pattern.shape[-1])
@@ -76,10 +84,11 @@ def previous_token_score(pattern):
 def previous_token_score(pattern):
     return pattern.diagonal(offset=-1, dim1=-2, dim2=-1).mean()
 '''),
-        ("sum, not mean", "mean", '''
+        Mistake("sum, not mean", "mean", '''
 def previous_token_score(pattern):
     return pattern.diagonal(offset=-1, dim1=-2, dim2=-1).sum(dim=-1)
-'''),
+''',
+            message="take the mean over positions, not the sum"),
         ("constant: returns zeros", "off by one", '''
 def previous_token_score(pattern):
     return torch.zeros(pattern.shape[0], dtype=pattern.dtype)
