@@ -22,7 +22,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from autograder import lessons
+from autograder import lessons, mistakes
 from autograder.checks import (HEADROOM_MB, Checks, Unchecked, close, evidence_times, expect_array, expect_int, fail,
                                kind_of, reference, tensor, triton_evidence, within_memory)
 from autograder.sandbox.wire import Array, Handle
@@ -80,39 +80,12 @@ def attention_flops(s):
 
 # ---- online_softmax -----------------------------------------------------------------------------
 
-def _online_variant(x, block, rescale="right", per_block=False, normalise=True):
-    """What an online softmax with a known mistake returns, in float64."""
-    t = torch.from_numpy(x).double()
-    if per_block:
-        return torch.cat([c.softmax(-1) for c in t.split(block, dim=-1)], dim=-1)
-    m = torch.full((*t.shape[:-1], 1), float("-inf"), dtype=torch.float64)
-    total = torch.zeros_like(m)
-    for start in range(0, t.size(-1), block):
-        part = t[..., start:start + block]
-        m_new = torch.maximum(m, part.amax(-1, keepdim=True))
-        shift = m_new.clamp(min=-1e300)
-        old = m.clamp(min=-1e300)
-        factor = {"right": torch.exp(old - shift), "none": torch.ones_like(m), "inverted": torch.exp(shift - old)}[rescale]
-        total = total * factor + torch.exp(part - shift).sum(-1, keepdim=True)
-        m = m_new
-    e = torch.exp(t - m)
-    return e / total if normalise else e
-
-
 def _online_mistakes(x, block):
-    out = []
-    for message, kwargs in [
-        ("the running sum is not rescaled when the max grows: the sum so far was taken relative to the old "
-         "max m, so multiply it by exp(m - m_new) before adding the new block's terms", dict(rescale="none")),
-        ("the running sum is rescaled the wrong way: multiply it by exp(m_old - m_new), which is <= 1",
-         dict(rescale="inverted")),
-        ("each block is normalised on its own: the sum must run over the whole row (keep one running sum)",
-         dict(per_block=True)),
-        ("the result is not normalised: divide exp(x - max) by the running sum at the end", dict(normalise=False)),
-    ]:
-        with np.errstate(all="ignore"):
-            out.append((message, reference(_online_variant(x, block, **kwargs).to(getattr(torch, x.dtype.name)))))
-    # Computed in x's own dtype, where it overflows: exp(x) without the max, then divided by its sum.
+    """The known mistakes' definitions (autograder/mistakes/06_gpu.py) run in float64 and cast to x's dtype, then
+    exp(x) without the max, computed in x's own dtype, where it overflows, and divided by its sum."""
+    t = torch.from_numpy(x).double()
+    out = [(m.message, reference(got.to(getattr(torch, x.dtype.name))))
+           for m, got in mistakes.on("06_gpu", "online_softmax", t, block)]
     e = torch.exp(torch.from_numpy(x))
     out.append((_NO_MAX, reference(e / e.sum(-1, keepdim=True))))
     return out

@@ -91,8 +91,8 @@ def _reference_module(state, D, H, Hkv, bias, dtype):
     return module
 
 
-def _sdpa_forward(state, x, H, Hkv, mask=None, causal=True, tile=False, scale=None, project=True, merge=True):
-    """The layer written with torch's grouped-query SDPA, with switches that reproduce mistakes."""
+def _sdpa_forward(state, x, H, Hkv, mask=None, causal=True, scale=None, project=True):
+    """The layer written with torch's grouped-query SDPA, with switches for the mistakes no definition covers."""
     W = {k: torch.from_numpy(v) for k, v in state.items()}
     x = torch.from_numpy(x)
     B, T, D = x.shape
@@ -102,39 +102,32 @@ def _sdpa_forward(state, x, H, Hkv, mask=None, causal=True, tile=False, scale=No
         return F.linear(x, W[f"{name}.weight"], W.get(f"{name}.bias")).view(B, T, n, Dh).transpose(1, 2)
 
     q, k, v = heads("q_proj", H), heads("k_proj", Hkv), heads("v_proj", Hkv)
-    if tile:
-        k, v = k.repeat(1, H // Hkv, 1, 1), v.repeat(1, H // Hkv, 1, 1)
     mask = None if mask is None else torch.from_numpy(mask)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None,
-                                         scale=scale, enable_gqa=not tile)
-    merged = out.transpose(1, 2).reshape(B, T, D) if merge else out.reshape(B, T, D)
+                                         scale=scale, enable_gqa=True)
+    merged = out.transpose(1, 2).reshape(B, T, D)
     return F.linear(merged, W["out_proj.weight"], W.get("out_proj.bias")) if project else merged
 
 
+@torch.no_grad()
 def _forward_mistakes(state, x, H, Hkv, mask):
+    """(message, output) of the known mistakes (autograder/mistakes/04_gqa.py: each class built, given these
+    weights and run on x), then of those no definition covers."""
     D = x.shape[-1]
+    found = []
+    for m, module in mistakes.on("04_gqa", "GroupedQueryAttention", D, H, Hkv, bias="q_proj.bias" in state):
+        try:
+            module = module.double().eval()
+            module.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()})
+            found.append((m.message, reference(module(torch.from_numpy(x),
+                                                      mask=None if mask is None else torch.from_numpy(mask)))))
+        except Exception:  # noqa: BLE001 - a mistake these shapes do not allow cannot be what the student did
+            continue
     f = lambda **kw: reference(_sdpa_forward(state, x, H, Hkv, **{"mask": mask, **kw}))
-    cases = []
-    if mask is None:
-        cases.append(("with mask=None the layer must be causal: query i may see keys 0..i only "
-                      "(is_causal=True, or a lower-triangular boolean mask)", f(causal=False)))
-    else:
-        T = x.shape[1]
-        causal = np.tril(np.ones((T, T), dtype=bool))
-        cases += [("a given mask must be used: you ignored it and kept the causal mask", f(mask=None)),
-                  ("a given mask must be used: you ignored it", f(mask=None, causal=False)),
-                  ("a given mask replaces the causal mask: you applied both", f(mask=mask & causal)),
-                  ("True in the mask means 'may attend': you hid the allowed keys instead", f(mask=~mask))]
-    if 1 < Hkv < H:
-        cases.append(("query head h must use key/value head h // n_rep (adjacent query heads share a key/value "
-                      "head); yours used head h % n_kv_heads, as tiling with .repeat does: use repeat_kv",
-                      f(tile=True)))
-    cases += [("scale the scores by 1/sqrt(head_dim); they are not scaled", f(scale=1.0)),
-              ("scale the scores by 1/sqrt(head_dim), the width of one head, not 1/sqrt(d_model)", f(scale=D ** -0.5)),
-              ("apply out_proj to the merged heads", f(project=False)),
-              ("merge the heads back in order: transpose (B, H, T, Dh) to (B, T, H, Dh) before reshaping to (B, T, D)",
-               f(merge=False))]
-    return cases
+    if mask is not None:
+        found.append(("a given mask must be used: you ignored it", f(mask=None, causal=False)))
+    return found + [("scale the scores by 1/sqrt(head_dim); they are not scaled", f(scale=1.0)),
+                    ("apply out_proj to the merged heads", f(project=False))]
 
 
 def _random_mask(rng, shape, T):
@@ -171,9 +164,9 @@ def _expect_forward(s, rng, D, H, Hkv, bias, B, T, dtype, scale, masked):
         with torch.no_grad():
             want = reference(module(torch.from_numpy(x.astype(np.float64)),
                                     mask=None if mask is None else torch.from_numpy(mask)), dtype=name)
-        mistakes = [(m, Array(w.kind, name, w.data)) for m, w in _forward_mistakes(state64, x.astype(np.float64),
-                                                                                  H, Hkv, mask)]
-        expect_array(got, want, call, mistakes=mistakes, cond=scale, axes=("B", "T", "D"),
+        known = lambda: [(m, Array(w.kind, name, w.data))  # noqa: E731 - run only when the answer is wrong
+                         for m, w in _forward_mistakes(state64, x.astype(np.float64), H, Hkv, mask)]
+        expect_array(got, want, call, mistakes=known, cond=scale, axes=("B", "T", "D"),
                      nan_hint="mask the scores with -inf before the softmax (no row here is fully masked)")
 
 
@@ -213,35 +206,6 @@ def GroupedQueryAttention(s):
 
 # ---- mha_to_gqa ------------------------------------------------------------------------------
 
-def _pool(t, Hkv, Dh, how):
-    """(H*Dh, ...) rows of heads -> (Hkv*Dh, ...), correctly or as a known mistake."""
-    H = t.shape[0] // Dh
-    G = H // Hkv
-    rest = t.shape[1:]
-    if how == "mean":
-        return t.reshape(Hkv, G, Dh, *rest).mean(1).reshape(Hkv * Dh, *rest)
-    if how == "first":
-        return t.reshape(Hkv, G, Dh, *rest)[:, 0].reshape(Hkv * Dh, *rest)
-    if how == "sum":
-        return t.reshape(Hkv, G, Dh, *rest).sum(1).reshape(Hkv * Dh, *rest)
-    if how == "strided":  # heads j, j + Hkv, j + 2*Hkv, ...: groups of a tiled repeat
-        return t.reshape(G, Hkv, Dh, *rest).mean(0).reshape(Hkv * Dh, *rest)
-    if how == "rows":  # consecutive rows, mixing the features inside a head
-        return t.reshape(Hkv * Dh, G, *rest).mean(1)
-    raise ValueError(how)
-
-
-POOL_MISTAKES = [
-    ("first", "you kept the first head of each group. Average (mean-pool) the group's heads instead: the mean is the "
-              "single head closest to all of them, and the GQA paper found it the best start for uptraining"),
-    ("sum", "average the heads of each group (mean), do not sum them"),
-    ("strided", "you pooled over the wrong axis: group j is the adjacent heads j*n_rep ... (j+1)*n_rep - 1, not every "
-                "n_kv_heads-th head. View the rows as (n_kv_heads, n_rep, head_dim, ...) and average over n_rep"),
-    ("rows", "you pooled over the wrong axis, mixing features inside a head: rows h*head_dim:(h+1)*head_dim belong to "
-             "head h. View the rows as (n_kv_heads, n_rep, head_dim, ...) and average over n_rep"),
-]
-
-
 def _expect_conversion(s, rng, D, H, Hkv, bias, dtype, keys):
     """mha_to_gqa on a multi-head shell holding random weights; compares the result's `keys`
     ("weight", "bias") with the exact pooling. Returns the shell, the weights and biases it was
@@ -256,6 +220,8 @@ def _expect_conversion(s, rng, D, H, Hkv, bias, dtype, keys):
                          for p, a in (("weight", weights[n]), ("bias", biases[n])) if a is not None})
     name = np.dtype(dtype).name
     want = {k: reference(v, dtype=name) for k, v in ref.mha_to_gqa(mha, Hkv).state_dict().items()}
+    # what the known mistakes (autograder/mistakes/04_gqa.py) make of the same mha
+    wrong = [(m.message, out.state_dict()) for m, out in mistakes.on("04_gqa", "mha_to_gqa", mha, Hkv)]
 
     got = s.call("mha_to_gqa", shell, Hkv)
     what = "mha_to_gqa(mha, n_kv_heads)"
@@ -280,18 +246,13 @@ def _expect_conversion(s, rng, D, H, Hkv, bias, dtype, keys):
         if isinstance(got_t, Array) and got_t.dtype != wanted.dtype:
             fail(f"{what}: the result holds {got_t.dtype} weights, but mha's are {wanted.dtype}: build it in "
                  f"mha's dtype (and device), e.g. with .to(mha.q_proj.weight)")
-        mistakes = []
         if name in ("k_proj", "v_proj"):
-            src = torch.from_numpy((weights if part == "weight" else biases)[name].astype(np.float64))
-            other = torch.from_numpy((weights if part == "weight" else biases)[
-                "v_proj" if name == "k_proj" else "k_proj"].astype(np.float64))
-            mistakes = [(m, reference(_pool(src, Hkv, Dh, how), dtype=wanted.dtype)) for how, m in POOL_MISTAKES]
-            mistakes.append((f"{name} must be pooled from mha.{name}; you swapped keys and values",
-                             reference(_pool(other, Hkv, Dh, "mean"), dtype=wanted.dtype)))
             hint = f"{name} holds the mean of each group's {name} heads"
         else:
             hint = f"copy {name} unchanged from mha"
-        expect_array(got_t, wanted, f"{what}: {key}", mistakes=mistakes, hint=hint)
+        known = [(m, reference(out[key], dtype=wanted.dtype)) for m, out in wrong if key in out] \
+            if name in ("k_proj", "v_proj") else []
+        expect_array(got_t, wanted, f"{what}: {key}", mistakes=known, hint=hint)
     return shell, weights, biases, got
 
 
@@ -332,7 +293,8 @@ def mha_to_gqa(s):
 
 @CHECKS.add("kv_cache_bytes")
 def kv_cache_bytes(s):
-    # Factors chosen so that each mistake gives a different number.
+    # Factors chosen so that each mistake gives a different number. The mistakes are their definitions
+    # (autograder/mistakes/04_gqa.py) run on each case.
     cases = [((5, 3, 7, 11), dict(batch_size=3, bytes_per_element=4)),
              ((80, 8, 128, 1), {}),                                    # Llama 2 70B, one token, fp16
              ((32, 8, 128, 8192), dict(batch_size=7, bytes_per_element=1)),
@@ -341,20 +303,12 @@ def kv_cache_bytes(s):
              ((12, 12, 64, 1024), dict(bytes_per_element=4)),
              ((3, 5, 6, 7), dict(batch_size=11, bytes_per_element=2))]
     for args, kwargs in cases:
-        L, Hkv, Dh, T = args
-        B, nbytes = kwargs.get("batch_size", 1), kwargs.get("bytes_per_element", 2)
         want = ref.kv_cache_bytes(*args, **kwargs)
         call = "kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len" + "".join(f", {k}" for k in kwargs) + ")"
-        mistakes = [("keys and values are 2 tensors: every layer caches both", want // 2),
-                    ("multiply by bytes_per_element: the cache size is in bytes, not in numbers", want // nbytes),
-                    ("multiply by batch_size: every sequence of the batch has its own cache", want // B),
-                    ("multiply by n_layers: every layer has its own cache", want // L),
-                    ("count bytes, not bits", want * 8)]
-        if not kwargs:
-            mistakes.append(("the defaults are batch_size=1 and bytes_per_element=2 (float16/bfloat16)", want * 2))
+        known = [(m.message, w) for m, w in mistakes.on("04_gqa", "kv_cache_bytes", *args, **kwargs)]
         got = s.call("kv_cache_bytes", *args, **kwargs)
         if isinstance(got, float) and got == want:
             fail(f"{call} should return a Python int (a count of bytes), not a float: avoid '/' or wrap it in int()")
         if isinstance(got, Array) and got.data.size == 1 and got.data.item() == want:
             fail(f"{call} should return a Python int, not {kind_of(got)}: wrap it in int()")
-        expect_int(got, want, call, mistakes=[(m, w) for m, w in mistakes if w != want])
+        expect_int(got, want, call, mistakes=[(m, w) for m, w in known if w != want])

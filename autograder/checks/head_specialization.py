@@ -13,6 +13,7 @@ import contextlib
 import numpy as np
 import torch
 
+from autograder import mistakes
 from autograder.checks import Checks, StudentError, close, expect_array, expect_error, fail, kind_of, reference, tensor
 from autograder.sandbox.wire import Array, Handle
 from solutions import head_specialization as ref
@@ -84,23 +85,19 @@ def expect_scores(got, want, what, H, T, mistakes=()):
 
 # ---- previous_token_score -------------------------------------------------------------------
 
+def _defined(name, p, *args):
+    """[(message, what it returns)] of the known mistakes of `name` (autograder/mistakes/07_head_specialization.py)
+    run on pattern p in float64, labelled with p's dtype, as _exact."""
+    return [(m.message, reference(out, dtype=p.dtype.name))
+            for m, out in mistakes.on("07_head_specialization", name, _torch(p).double(), *args)]
+
+
 def _prev_mistakes(p):
-    T, dtype = p.shape[-1], p.dtype
+    """The known mistakes' definitions, and position 0 counted with its attention to itself (no definition)."""
     sub = np.diagonal(p, offset=-1, axis1=-2, axis2=-1)  # (H, T-1)
-    return [
-        ("off by one: that is the main diagonal, each token's attention to itself. The previous token of "
-         "query i is key i-1: pattern[:, i, i-1], the diagonal just below", _arr(np.diagonal(p, 0, -2, -1).mean(-1), dtype)),
-        ("off by one: that is key i-2. The previous token of query i is key i-1: pattern[:, i, i-1]",
-         _arr(np.diagonal(p, -2, -2, -1).mean(-1), dtype)),
-        ("off by one: pattern[:, i, i+1] is above the diagonal (the future, 0 under the causal mask). "
-         "Rows are queries, so the previous token of query i is pattern[:, i, i-1]",
-         _arr(np.diagonal(p, 1, -2, -1).mean(-1), dtype)),
-        ("position 0 has no previous token: average over the T-1 queries i = 1..T-1, not over all T",
-         _arr(sub.sum(-1) / T, dtype)),
+    return _defined("previous_token_score", p) + [
         ("position 0 has no previous token: don't count its attention to itself, average over i = 1..T-1 only",
-         _arr((sub.sum(-1) + p[:, 0, 0]) / T, dtype)),
-        ("take the mean over positions, not the sum", _arr(sub.sum(-1), dtype)),
-    ]
+         _arr((sub.sum(-1) + p[:, 0, 0]) / p.shape[-1], p.dtype))]
 
 
 @CHECKS.add("previous_token_score")
@@ -127,28 +124,7 @@ def _tokens(rng, T, vocab):
 
 
 def _dup_mistakes(p, t):
-    dtype, T = p.dtype, len(t)
-    same = t[:, None] == t[None, :]
-    earlier = np.tril(same, k=-1)
-    with_self = np.tril(same)
-    has = earlier.any(-1)
-    any_other = (same & ~np.eye(T, dtype=bool)).any(-1)
-    mass = (p * earlier).sum(-1)  # (H, T)
-    mass_self = (p * with_self).sum(-1)
-    n_copies = np.maximum(earlier.sum(-1), 1)
-    return [
-        ("a token is not its own duplicate: count the attention on earlier copies j < i only, not on i itself",
-         _arr(mass_self.mean(-1), dtype)),
-        ("a token is not its own duplicate: count the attention on earlier copies j < i only, not on i itself",
-         _arr(mass_self[:, has].mean(-1), dtype)),
-        ("average only over the positions that have an earlier copy (the others have nothing to look back at)",
-         _arr(mass.mean(-1), dtype)),
-        ("only positions with an *earlier* copy count: the first occurrence of a token has no copy to look back at",
-         _arr(mass[:, any_other].mean(-1), dtype)),
-        ("add up the attention on all earlier copies of the token (the mass on them), don't average it over the copies",
-         _arr((mass / n_copies)[:, has].mean(-1), dtype)),
-        (f"you averaged over the heads: {PER_HEAD}", _arr(mass[:, has].mean(0), dtype)),
-    ]
+    return _defined("duplicate_token_score", p, torch.from_numpy(t))
 
 
 @CHECKS.add("duplicate_token_score")
@@ -179,25 +155,10 @@ def duplicate_token_score(s):
 # ---- induction_score ------------------------------------------------------------------------
 
 def _ind_mistakes(p, period):
-    dtype = p.dtype
-
-    def rows_from(offset, first_row):
-        d = np.diagonal(p, offset=offset, axis1=-2, axis2=-1)  # row i = column i - offset ... starts at row -offset
-        return _arr(d[:, first_row + offset:].mean(-1), dtype)
-
-    return [
-        ("wrong offset: key i - period is the earlier copy of the current token (what a duplicate-token head looks "
-         "at). An induction head looks at the token that came *after* that copy: key i - period + 1",
-         rows_from(-period, period)),
-        ("wrong offset: key i - 1 is the previous token. An induction head looks at the token after the earlier "
-         "copy of the current token: key i - period + 1", rows_from(-1, period)),
-        ("wrong offset: the token after the earlier copy of token i is at i - period + 1, not i - period - 1",
-         rows_from(-period - 1, period + 1)),
-        ("average over the queries i = period..T-1 only (i - period + 1 with i = period - 1 is key 0, "
-         "which is not the token after an earlier copy)", rows_from(1 - period, period - 1)),
+    """The known mistakes' definitions, and the sum over the queries (no definition)."""
+    return _defined("induction_score", p, period) + [
         ("take the mean over the queries i = period..T-1, not the sum",
-         _arr(np.diagonal(p, 1 - period, -2, -1)[:, 1:].sum(-1), dtype)),
-    ]
+         _arr(np.diagonal(p, 1 - period, -2, -1)[:, 1:].sum(-1), p.dtype))]
 
 
 @CHECKS.add("induction_score")

@@ -6,10 +6,13 @@ the student's KVCache or GroupedQueryAttention. generate runs on a HostDecoder, 
 whose every forward is computed here, in the grader (HostModel, through s.call_with_callbacks): the
 call log that shows whether the cache was used is kept where the student's code cannot reach it.
 """
+import copy
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from autograder import mistakes
 from autograder.checks import Checks, StudentError, close, expect_array, expect_int, fail, kind_of, reference, tensor
 from autograder.sandbox import helpers
 from autograder.sandbox.wire import Array, DType
@@ -226,46 +229,23 @@ def _shell_parts(rng, D, H, Hkv, bias, dtype):
 
 
 @torch.no_grad()
-def _cached_mistakes(shell, x, k_prev, v_prev, dtype):
-    """(message, output) of the usual mistakes for new tokens x, with k_prev, v_prev cached
-    (all float64), each labelled with the dtype the student computes in."""
+def _cached_mistakes(shell, x, cache, dtype):
+    """(message, output) of the usual mistakes for new tokens x, cache holding what came before (all float64),
+    each labelled with the dtype the student computes in: the known mistakes' definitions
+    (autograder/mistakes/05_kv_cache.py) run on a copy of the cache each, then unscaled scores (no definition)."""
+    found = [(m.message, reference(out, dtype=dtype))
+             for m, out in mistakes.on("05_kv_cache", "attend_with_cache", shell, x, cache, fresh=True)]
     B, T, D = x.shape
     H, Hkv, Dh = shell.n_heads, shell.n_kv_heads, shell.head_dim
     q = shell.q_proj(x).view(B, T, H, Dh).transpose(1, 2)
     k = shell.k_proj(x).view(B, T, Hkv, Dh).transpose(1, 2)
     v = shell.v_proj(x).view(B, T, Hkv, Dh).transpose(1, 2)
-    k_all, v_all = torch.cat([k_prev, k], 2), torch.cat([v_prev, v], 2)
+    k_all, v_all = copy.deepcopy(cache).update(k, v)
     Tk = k_all.size(2)
-
-    def interleave(t):
-        return t.repeat_interleave(H // Hkv, dim=1)
-
-    def tile(t):
-        return t.repeat(1, H // Hkv, 1, 1)
-
-    def attend(kk, vv, mask, expand=interleave, scale=None, project=True):
-        out = F.scaled_dot_product_attention(q, expand(kk), expand(vv), attn_mask=mask, scale=scale)
-        out = out.transpose(1, 2).reshape(B, T, D)
-        return reference(shell.out_proj(out) if project else out, dtype=dtype)
-
-    ones = torch.ones(T, Tk, dtype=torch.bool)
-    right = ones.tril(Tk - T)
-    cases = [
-        ("the causal mask is aligned top-left (is_causal=True, or tril() without an offset). The new queries are "
-         "the last T of the Tk cached positions, so query i may see key j iff j <= i + (Tk - T): align the mask "
-         "bottom-right", attend(k_all, v_all, ones.tril(0))),
-        ("with several new tokens, each may attend only up to its own position: apply the causal mask "
-         "(bottom-right aligned)", attend(k_all, v_all, None)),
-        ("the new queries attended only to the new keys: append the new keys and values to the cache and attend "
-         "to everything cache.update(k, v) returns", attend(k, v, torch.ones(T, T, dtype=torch.bool).tril())),
-        ("apply out_proj to the merged heads", attend(k_all, v_all, right, project=False)),
-        ("scale the scores by 1/sqrt(head_dim)", attend(k_all, v_all, right, scale=1.0)),
-    ]
-    if 1 < Hkv < H:
-        cases.append(("key/value head j serves query heads j*n_rep ... (j+1)*n_rep - 1: repeat each key/value "
-                      "head in place (repeat_kv, repeat_interleave or enable_gqa=True), do not tile them",
-                      attend(k_all, v_all, right, expand=tile)))
-    return cases
+    out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=torch.ones(T, Tk, dtype=torch.bool).tril(Tk - T),
+                                         scale=1.0, enable_gqa=True)
+    return found + [("scale the scores by 1/sqrt(head_dim)",
+                     reference(shell.out_proj(out.transpose(1, 2).reshape(B, T, D)), dtype=dtype))]
 
 
 def _expect_cached_run(s, rng, dtype, B, D, H, Hkv, bias, chunks):
@@ -285,9 +265,7 @@ def _expect_cached_run(s, rng, dtype, B, D, H, Hkv, bias, chunks):
     outs, start = [], 0
     for T in chunks:
         x = x_all[:, start:start + T]
-        k_prev = ref_cache.k if ref_cache.k is not None else torch.zeros(B, Hkv, 0, Dh, dtype=torch.float64)
-        v_prev = ref_cache.v if ref_cache.v is not None else torch.zeros_like(k_prev)
-        mistakes = _cached_mistakes(ref_shell, as64(x), k_prev, v_prev, dtype)
+        known = _cached_mistakes(ref_shell, as64(x), ref_cache, dtype)
         with torch.no_grad():
             want = reference(ref.attend_with_cache(ref_shell, as64(x), ref_cache), dtype=dtype)
         try:
@@ -298,7 +276,7 @@ def _expect_cached_run(s, rng, dtype, B, D, H, Hkv, bias, chunks):
                      f"{e.message}. The mask must have shape (T, Tk), new queries x all cached keys, aligned "
                      "bottom-right; a square (T, T) mask does not fit once the cache holds earlier keys")
             raise
-        expect_array(got, want, "attend_with_cache(attn, x, cache)", mistakes, axes=("B", "T", "D"),
+        expect_array(got, want, "attend_with_cache(attn, x, cache)", known, axes=("B", "T", "D"),
                      hint="project the new tokens, append their keys and values to the cache, and let the new "
                           "queries attend to all cached keys with the bottom-right causal mask")
         start += T

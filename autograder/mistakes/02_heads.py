@@ -1,6 +1,24 @@
 """Lesson 02 (heads): known mistakes and correct variants (see autograder/mistakes)."""
 from autograder.mistakes import Mistake
 
+_ATTENTION_BODY = '''
+def attention(q, k, v, mask=None):{cast}
+    scores = {scores}
+    if mask is not None:
+        scores = scores.masked_fill({hidden}, {fill})
+    {weights}
+    return {returned}
+'''
+_ATTENTION_OK = dict(cast="", scores="q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))", hidden="~mask",
+                     fill='float("-inf")', weights="weights = torch.softmax(scores, dim=-1)",
+                     returned="weights @ v, weights")
+
+
+def _attention(**edits):
+    """The correct attention with some of its parts (_ATTENTION_OK's fields) replaced: one mistake each."""
+    return _ATTENTION_BODY.format(**{**_ATTENTION_OK, **edits})
+
+
 MUTANTS = {
     "split_heads": [
         Mistake("reshape straight to (B, H, T, Dh), no transpose", "transpose", '''
@@ -96,38 +114,10 @@ def merge_heads(x):
 '''),
     ],
     "attention": [
-        ("no scaling", "sqrt(d_k)", '''
-def attention(q, k, v, mask=None):
-    scores = q @ k.transpose(-2, -1)
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    weights = torch.softmax(scores, dim=-1)
-    return weights @ v, weights
-'''),
-        ("scaled by 1/d_k", "1/d_k", '''
-def attention(q, k, v, mask=None):
-    scores = q @ k.transpose(-2, -1) / q.size(-1)
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    weights = torch.softmax(scores, dim=-1)
-    return weights @ v, weights
-'''),
-        ("inverted mask (True = masked out)", "may attend", '''
-def attention(q, k, v, mask=None):
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
-    if mask is not None:
-        scores = scores.masked_fill(mask, float("-inf"))
-    weights = torch.softmax(scores, dim=-1)
-    return weights @ v, weights
-'''),
-        ("masked scores set to 0", "-inf", '''
-def attention(q, k, v, mask=None):
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
-    if mask is not None:
-        scores = scores.masked_fill(~mask, 0.0)
-    weights = torch.softmax(scores, dim=-1)
-    return weights @ v, weights
-'''),
+        ("no scaling", "sqrt(d_k)", _attention(scores="q @ k.transpose(-2, -1)")),
+        ("scaled by 1/d_k", "1/d_k", _attention(scores="q @ k.transpose(-2, -1) / q.size(-1)")),
+        ("inverted mask (True = masked out)", "may attend", _attention(hidden="mask")),
+        ("masked scores set to 0", "-inf", _attention(fill="0.0")),
         ("mask applied after the softmax", "before the softmax", '''
 def attention(q, k, v, mask=None):
     weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.size(-1)), dim=-1)
@@ -135,72 +125,19 @@ def attention(q, k, v, mask=None):
         weights = weights * mask
     return weights @ v, weights
 '''),
-        ("softmax over the queries", "over the keys", '''
-def attention(q, k, v, mask=None):
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    weights = torch.softmax(scores, dim=-2)
-    return weights @ v, weights
-'''),
-        ("scaled by the value width", "value width", '''
-def attention(q, k, v, mask=None):
-    scores = q @ k.transpose(-2, -1) / math.sqrt(v.size(-1))
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    weights = torch.softmax(scores, dim=-1)
-    return weights @ v, weights
-'''),
-        ("scaled by the number of keys", "scale", '''
-def attention(q, k, v, mask=None):
-    scores = q @ k.transpose(-2, -1) / math.sqrt(k.size(-2))
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    weights = torch.softmax(scores, dim=-1)
-    return weights @ v, weights
-'''),
-        ("returns (weights, out), the pair swapped", "weights", '''
-def attention(q, k, v, mask=None):
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    weights = torch.softmax(scores, dim=-1)
-    return weights, weights @ v
-'''),
-        ("naive exp without max shift", "overflow", '''
-def attention(q, k, v, mask=None):
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    e = torch.exp(scores)
-    weights = e / e.sum(dim=-1, keepdim=True)
-    return weights @ v, weights
-'''),
-        ("computes in float32 whatever the input dtype", "dtype", '''
-def attention(q, k, v, mask=None):
-    q, k, v = q.float(), k.float(), v.float()
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    weights = torch.softmax(scores, dim=-1)
-    return weights @ v, weights
-'''),
-        ("keys transposed with transpose(0, 1), right only for 2-D inputs", "transpose(-2, -1)", '''
-def attention(q, k, v, mask=None):
-    scores = q @ k.transpose(0, 1) / math.sqrt(q.size(-1))
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    weights = torch.softmax(scores, dim=-1)
-    return weights @ v, weights
-'''),
-        ("softmax over dim=1, right only for 2-D scores", "dim=-1", '''
-def attention(q, k, v, mask=None):
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    weights = torch.softmax(scores, dim=1)
-    return weights @ v, weights
-'''),
+        ("softmax over the queries", "over the keys", _attention(weights="weights = torch.softmax(scores, dim=-2)")),
+        ("scaled by the value width", "value width",
+         _attention(scores="q @ k.transpose(-2, -1) / math.sqrt(v.size(-1))")),
+        ("scaled by the number of keys", "scale", _attention(scores="q @ k.transpose(-2, -1) / math.sqrt(k.size(-2))")),
+        ("returns (weights, out), the pair swapped", "weights", _attention(returned="weights, weights @ v")),
+        ("naive exp without max shift", "overflow",
+         _attention(weights="e = torch.exp(scores)\n    weights = e / e.sum(dim=-1, keepdim=True)")),
+        ("computes in float32 whatever the input dtype", "dtype",
+         _attention(cast="\n    q, k, v = q.float(), k.float(), v.float()")),
+        ("keys transposed with transpose(0, 1), right only for 2-D inputs", "transpose(-2, -1)",
+         _attention(scores="q @ k.transpose(0, 1) / math.sqrt(q.size(-1))")),
+        ("softmax over dim=1, right only for 2-D scores", "dim=-1",
+         _attention(weights="weights = torch.softmax(scores, dim=1)")),
         ("returns only out, not (out, weights)", "pair", '''
 def attention(q, k, v, mask=None):
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))

@@ -128,27 +128,37 @@ def repeat_kv(x, n_rep):
             ("if d_model % n_heads or n_heads % n_kv_heads:", "if d_model % n_heads:"))),
         ("no ValueError when d_model % n_heads != 0", "d_model % n_heads", gqa(
             ("if d_model % n_heads or n_heads % n_kv_heads:", "if n_heads % n_kv_heads:"))),
-        ("not causal when mask is None", "causal", gqa(
-            ("is_causal=mask is None", "is_causal=False"))),
-        ("a given mask ignored", "ignored", gqa(
-            ("attn_mask=mask, is_causal=mask is None", "is_causal=True"))),
-        ("a given mask combined with the causal mask", "replaces", gqa(
+        Mistake("not causal when mask is None", "causal", gqa(
+            ("is_causal=mask is None", "is_causal=False")),
+            message=("with mask=None the layer must be causal: query i may see keys 0..i only "
+                     "(is_causal=True, or a lower-triangular boolean mask)")),
+        Mistake("a given mask ignored", "ignored", gqa(
+            ("attn_mask=mask, is_causal=mask is None", "is_causal=True")),
+            message="a given mask must be used: you ignored it and kept the causal mask"),
+        Mistake("a given mask combined with the causal mask", "replaces", gqa(
             ("out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)",
              "causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()\n"
              "        mask = causal if mask is None else mask & causal\n"
-             "        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)"))),
-        ("inverted mask", "may attend", gqa(
-            ("attn_mask=mask, is_causal", "attn_mask=None if mask is None else ~mask, is_causal"))),
-        ("key/value heads tiled in forward", "h // n_rep", gqa(
-            ("k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)", "k, v = k.repeat(1, n_rep, 1, 1), v.repeat(1, n_rep, 1, 1)"))),
+             "        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)")),
+            message="a given mask replaces the causal mask: you applied both"),
+        Mistake("inverted mask", "may attend", gqa(
+            ("attn_mask=mask, is_causal", "attn_mask=None if mask is None else ~mask, is_causal")),
+            message="True in the mask means 'may attend': you hid the allowed keys instead"),
+        Mistake("key/value heads tiled in forward", "h // n_rep", gqa(
+            ("k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)", "k, v = k.repeat(1, n_rep, 1, 1), v.repeat(1, n_rep, 1, 1)")),
+            message=("query head h must use key/value head h // n_rep (adjacent query heads share a key/value "
+                     "head); yours used head h % n_kv_heads, as tiling with .repeat does: use repeat_kv")),
         ("key/value heads never repeated (no repeat_kv)", "RuntimeError", gqa(
             ("k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)", "pass"))),
         ("bias defaults to True", "defaults to False", gqa(
             ("n_kv_heads, bias=False):", "n_kv_heads, bias=True):"))),
-        ("scaled by 1/sqrt(d_model)", "1/sqrt(head_dim)", gqa(
-            ("is_causal=mask is None)", "is_causal=mask is None, scale=D ** -0.5)"))),
-        ("heads merged without the transpose", "transpose", gqa(
-            ("out.transpose(1, 2).reshape(B, T, D)", "out.reshape(B, T, D)"))),
+        Mistake("scaled by 1/sqrt(d_model)", "1/sqrt(head_dim)", gqa(
+            ("is_causal=mask is None)", "is_causal=mask is None, scale=D ** -0.5)")),
+            message="scale the scores by 1/sqrt(head_dim), the width of one head, not 1/sqrt(d_model)"),
+        Mistake("heads merged without the transpose", "transpose", gqa(
+            ("out.transpose(1, 2).reshape(B, T, D)", "out.reshape(B, T, D)")),
+            message=("merge the heads back in order: transpose (B, H, T, Dh) to (B, T, H, Dh) before reshaping to "
+                     "(B, T, D)")),
         ("no n_kv_heads attribute", "n_kv_heads", gqa(("self.n_kv_heads", "self.n_kv"))),
     ],
     "mha_to_gqa": [
@@ -167,22 +177,32 @@ def mha_to_gqa(mha, n_kv_heads):
         ("mha's parameter tensors assigned through .data", "shares", to_gqa(
             ("gqa.q_proj.weight.copy_(mha.q_proj.weight)", "gqa.q_proj.weight.data = mha.q_proj.weight.data"),
             ("gqa.out_proj.weight.copy_(mha.out_proj.weight)", "gqa.out_proj.weight.data = mha.out_proj.weight.data"))),
-        ("first head instead of the mean", "first head", to_gqa(
-            (".mean(1).reshape(n_kv_heads * Dh", "[:, 0].reshape(n_kv_heads * Dh"))),
-        ("pooled over the wrong axis (strided groups)", "wrong axis", to_gqa(
-            ("t.reshape(n_kv_heads, n_rep, Dh, *t.shape[1:]).mean(1)", "t.reshape(n_rep, n_kv_heads, Dh, *t.shape[1:]).mean(0)"))),
+        Mistake("first head instead of the mean", "first head", to_gqa(
+            (".mean(1).reshape(n_kv_heads * Dh", "[:, 0].reshape(n_kv_heads * Dh")),
+            message=("you kept the first head of each group. Average (mean-pool) the group's heads instead: the mean is "
+                     "the single head closest to all of them, and the GQA paper found it the best start for uptraining")),
+        Mistake("pooled over the wrong axis (strided groups)", "wrong axis", to_gqa(
+            ("t.reshape(n_kv_heads, n_rep, Dh, *t.shape[1:]).mean(1)", "t.reshape(n_rep, n_kv_heads, Dh, *t.shape[1:]).mean(0)")),
+            message=("you pooled over the wrong axis: group j is the adjacent heads j*n_rep ... (j+1)*n_rep - 1, not "
+                     "every n_kv_heads-th head. View the rows as (n_kv_heads, n_rep, head_dim, ...) and average over n_rep")),
         ("pooled over the wrong axis (mean over the group axis of the wrong view)", "wrong axis", to_gqa(
             ("t.reshape(n_kv_heads, n_rep, Dh, *t.shape[1:]).mean(1)", "t.reshape(n_kv_heads, n_rep, Dh, *t.shape[1:]).mean(0)"))),
-        ("pooled rows inside a head", "wrong axis", to_gqa(
+        Mistake("pooled rows inside a head", "wrong axis", to_gqa(
             ("return t.reshape(n_kv_heads, n_rep, Dh, *t.shape[1:]).mean(1).reshape(n_kv_heads * Dh, *t.shape[1:])",
-             "return t.reshape(n_kv_heads * Dh, n_rep, *t.shape[1:]).mean(1)"))),
+             "return t.reshape(n_kv_heads * Dh, n_rep, *t.shape[1:]).mean(1)")),
+            message=("you pooled over the wrong axis, mixing features inside a head: rows h*head_dim:(h+1)*head_dim "
+                     "belong to head h. View the rows as (n_kv_heads, n_rep, head_dim, ...) and average over n_rep")),
         ("biases dropped", "dropped the biases", to_gqa(
             ("gqa = GroupedQueryAttention(D, H, n_kv_heads, bias=bias)", "gqa = GroupedQueryAttention(D, H, n_kv_heads)"),
             ("        if bias:\n", "        if False:\n"))),
-        ("summed instead of averaged", "mean", to_gqa((".mean(1).reshape", ".sum(1).reshape"))),
-        ("keys and values swapped", "swapped", to_gqa(
+        Mistake("summed instead of averaged", "mean", to_gqa((".mean(1).reshape", ".sum(1).reshape")),
+            message="average the heads of each group (mean), do not sum them"),
+        Mistake("keys and values swapped", "swapped", to_gqa(
             ("gqa.k_proj.weight.copy_(pool(mha.k_proj.weight))", "gqa.k_proj.weight.copy_(pool(mha.v_proj.weight))"),
-            ("gqa.v_proj.weight.copy_(pool(mha.v_proj.weight))", "gqa.v_proj.weight.copy_(pool(mha.k_proj.weight))"))),
+            ("gqa.v_proj.weight.copy_(pool(mha.v_proj.weight))", "gqa.v_proj.weight.copy_(pool(mha.k_proj.weight))"),
+            ("gqa.k_proj.bias.copy_(pool(mha.k_proj.bias))", "gqa.k_proj.bias.copy_(pool(mha.v_proj.bias))"),
+            ("gqa.v_proj.bias.copy_(pool(mha.v_proj.bias))", "gqa.v_proj.bias.copy_(pool(mha.k_proj.bias))")),
+            message="you swapped keys and values: pool k_proj from mha.k_proj and v_proj from mha.v_proj"),
         ("dtype not kept", "dtype", to_gqa((".to(mha.q_proj.weight)", ""))),
         ("q_proj not copied", "q_proj", to_gqa(("gqa.q_proj.weight.copy_(mha.q_proj.weight)", "pass"))),
         ("mha changed in place", "changed mha", to_gqa(
@@ -197,30 +217,36 @@ def kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len, batch_size=1, bytes_
 def kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len, batch_size=1, bytes_per_element=2):
     raise ValueError("unknown model")
 '''),
-        ("keys only (factor 2 forgotten)", "2 tensors", '''
+        Mistake("keys only (factor 2 forgotten)", "2 tensors", '''
 def kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len, batch_size=1, bytes_per_element=2):
     return n_layers * n_kv_heads * head_dim * seq_len * batch_size * bytes_per_element
-'''),
-        ("bytes per element ignored", "bytes_per_element", '''
+''',
+            message="keys and values are 2 tensors: every layer caches both"),
+        Mistake("bytes per element ignored", "bytes_per_element", '''
 def kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len, batch_size=1, bytes_per_element=2):
     return 2 * n_layers * n_kv_heads * head_dim * seq_len * batch_size
-'''),
-        ("batch ignored", "batch_size", '''
+''',
+            message="multiply by bytes_per_element: the cache size is in bytes, not in numbers"),
+        Mistake("batch ignored", "batch_size", '''
 def kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len, batch_size=1, bytes_per_element=2):
     return 2 * n_layers * n_kv_heads * head_dim * seq_len * bytes_per_element
-'''),
-        ("layers ignored", "n_layers", '''
+''',
+            message="multiply by batch_size: every sequence of the batch has its own cache"),
+        Mistake("layers ignored", "n_layers", '''
 def kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len, batch_size=1, bytes_per_element=2):
     return 2 * n_kv_heads * head_dim * seq_len * batch_size * bytes_per_element
-'''),
-        ("bits, not bytes", "bits", '''
+''',
+            message="multiply by n_layers: every layer has its own cache"),
+        Mistake("bits, not bytes", "bits", '''
 def kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len, batch_size=1, bytes_per_element=2):
     return 2 * n_layers * n_kv_heads * head_dim * seq_len * batch_size * bytes_per_element * 8
-'''),
-        ("wrong default bytes_per_element", "defaults", '''
+''',
+            message="count bytes, not bits"),
+        Mistake("wrong default bytes_per_element", "defaults", '''
 def kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len, batch_size=1, bytes_per_element=4):
     return 2 * n_layers * n_kv_heads * head_dim * seq_len * batch_size * bytes_per_element
-'''),
+''',
+            message="the defaults are batch_size=1 and bytes_per_element=2 (float16/bfloat16)"),
         ("a float result", "int", '''
 def kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len, batch_size=1, bytes_per_element=2):
     return 2.0 * n_layers * n_kv_heads * head_dim * seq_len * batch_size * bytes_per_element

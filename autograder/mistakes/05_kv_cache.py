@@ -1,4 +1,5 @@
 """Known-wrong answers and correct variants of lesson 05: KVCache, attend_with_cache, generate."""
+from autograder.mistakes import Mistake
 
 _KV_INIT = '''
 class KVCache:
@@ -220,16 +221,21 @@ def attend_with_cache(attn, x, cache):
 def attend_with_cache(attn, x, cache):
     return x
 '''),
-        ("top-left mask (is_causal=True)", "top-left", _ATTEND + '''
+        Mistake("top-left mask (is_causal=True)", "top-left", _ATTEND + '''
     k_all, v_all = cache.update(k, v)
     out = F.scaled_dot_product_attention(q, k_all, v_all, is_causal=True, enable_gqa=True)
     return attn.out_proj(out.transpose(1, 2).reshape(B, T, attn.d_model))
-'''),
-        ("no mask", "causal mask", _ATTEND + '''
+''',
+            message=("the causal mask is aligned top-left (is_causal=True, or tril() without an offset). The new "
+                     "queries are the last T of the Tk cached positions, so query i may see key j iff j <= i + (Tk - T): "
+                     "align the mask bottom-right")),
+        Mistake("no mask", "causal mask", _ATTEND + '''
     k_all, v_all = cache.update(k, v)
     out = F.scaled_dot_product_attention(q, k_all, v_all, enable_gqa=True)
     return attn.out_proj(out.transpose(1, 2).reshape(B, T, attn.d_model))
-'''),
+''',
+            message=("with several new tokens, each may attend only up to its own position: apply the causal mask "
+                     "(bottom-right aligned)")),
         ("a square T x T mask, not offset by the cache length", "square", _ATTEND + '''
     k_all, v_all = cache.update(k, v)
     mask = torch.ones(T, T, dtype=torch.bool).tril()
@@ -240,19 +246,23 @@ def attend_with_cache(attn, x, cache):
     out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
     return attn.out_proj(out.transpose(1, 2).reshape(B, T, attn.d_model))
 '''),
-        ("appends, but attends to the new keys only", "append", _ATTEND + '''
+        Mistake("appends, but attends to the new keys only", "append", _ATTEND + '''
     cache.update(k, v)
     out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
     return attn.out_proj(out.transpose(1, 2).reshape(B, T, attn.d_model))
-'''),
-        ("key/value heads tiled, not interleaved", "in place", _ATTEND + '''
+''',
+            message=("the new queries attended only to the new keys: append the new keys and values to the cache "
+                     "and attend to everything cache.update(k, v) returns")),
+        Mistake("key/value heads tiled, not interleaved", "in place", _ATTEND + '''
     k_all, v_all = cache.update(k, v)
     n_rep = attn.n_heads // attn.n_kv_heads
     Tk = k_all.size(2)
     mask = torch.ones(T, Tk, dtype=torch.bool).tril(diagonal=Tk - T)
     out = F.scaled_dot_product_attention(q, k_all.repeat(1, n_rep, 1, 1), v_all.repeat(1, n_rep, 1, 1), attn_mask=mask)
     return attn.out_proj(out.transpose(1, 2).reshape(B, T, attn.d_model))
-'''),
+''',
+            message=("key/value head j serves query heads j*n_rep ... (j+1)*n_rep - 1: repeat each key/value head "
+                     "in place (repeat_kv, repeat_interleave or enable_gqa=True), do not tile them")),
         ("the repeated key/value heads cached (repeat_kv before cache.update)", "appended to the cache", _ATTEND + '''
     n_rep = attn.n_heads // attn.n_kv_heads
     k_all, v_all = cache.update(repeat_kv(k, n_rep), repeat_kv(v, n_rep))
@@ -269,13 +279,14 @@ def attend_with_cache(attn, x, cache):
     out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, enable_gqa=True)
     return attn.out_proj(out.transpose(1, 2).reshape(B, T, attn.d_model))
 '''),
-        ("out_proj left out", "out_proj", _ATTEND + '''
+        Mistake("out_proj left out", "out_proj", _ATTEND + '''
     k_all, v_all = cache.update(k, v)
     Tk = k_all.size(2)
     mask = torch.ones(T, Tk, dtype=torch.bool).tril(diagonal=Tk - T)
     out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, enable_gqa=True)
     return out.transpose(1, 2).reshape(B, T, attn.d_model)
-'''),
+''',
+            message="apply out_proj to the merged heads"),
     ],
     "generate": [
         ("constant: returns the prompt", "only the prompt", '''

@@ -7,6 +7,7 @@ they stay in step with solutions/gpu.py (an edit that no longer applies fails at
 import inspect
 import textwrap
 
+from autograder.mistakes import Mistake
 from solutions import gpu as _sol
 
 def _kernel_source(kernel):
@@ -195,16 +196,21 @@ def attention_flops(batch, n_heads, seq_q, seq_k, head_dim, causal=False):
         ("constant: raises ValueError", "ValueError", _RAISES.format(sig="attention_flops(batch, n_heads, seq_q, seq_k, head_dim, causal=False)")),
     ],
     "online_softmax": [
-        ("running sum not rescaled", "not rescaled",
-         _online(s_update="s + torch.exp(block - shift).sum(dim=-1, keepdim=True)")),
-        ("rescaled the wrong way", "wrong way",
-         _online(s_update="s * torch.exp(shift - m.clamp(min=torch.finfo(x.dtype).min)) + torch.exp(block - shift).sum(dim=-1, keepdim=True)")),
-        ("each block normalised on its own", "whole row", '''
+        Mistake("running sum not rescaled", "not rescaled",
+         _online(s_update="s + torch.exp(block - shift).sum(dim=-1, keepdim=True)"),
+            message=("the running sum is not rescaled when the max grows: the sum so far was taken relative to the "
+                     "old max m, so multiply it by exp(m - m_new) before adding the new block's terms")),
+        Mistake("rescaled the wrong way", "wrong way",
+         _online(s_update="s * torch.exp(shift - m.clamp(min=torch.finfo(x.dtype).min)) + torch.exp(block - shift).sum(dim=-1, keepdim=True)"),
+            message="the running sum is rescaled the wrong way: multiply it by exp(m_old - m_new), which is <= 1"),
+        Mistake("each block normalised on its own", "whole row", '''
 def online_softmax(x, block_size):
     return torch.cat([b.softmax(dim=-1) for b in x.split(block_size, dim=-1)], dim=-1)
-'''),
+''',
+            message="each block is normalised on its own: the sum must run over the whole row (keep one running sum)"),
         ("no finite shift: NaN after an all -inf block", "finite", _online(shift="m_new")),
-        ("never normalised", "not normalised", _online(result="torch.exp(x - m)")),
+        Mistake("never normalised", "not normalised", _online(result="torch.exp(x - m)"),
+            message="the result is not normalised: divide exp(x - max) by the running sum at the end"),
         ("no max subtraction: exp overflows on large entries", "subtract the running max", '''
 def online_softmax(x, block_size):
     s = torch.zeros((*x.shape[:-1], 1), dtype=x.dtype)

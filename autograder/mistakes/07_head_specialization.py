@@ -1,3 +1,5 @@
+from autograder.mistakes import Mistake
+
 _ABLATE_HEADER = '''
 @contextlib.contextmanager
 def ablate_head(model, layer, head):
@@ -46,23 +48,29 @@ def {sig}:
 
 MUTANTS = {
     "previous_token_score": [
-        ("the main diagonal (attention to itself)", "off by one", '''
+        Mistake("the main diagonal (attention to itself)", "off by one", '''
 def previous_token_score(pattern):
     return pattern.diagonal(offset=0, dim1=-2, dim2=-1).mean(dim=-1)
-'''),
-        ("two tokens back", "off by one", '''
+''',
+            message=("off by one: that is the main diagonal, each token's attention to itself. The previous token "
+                     "of query i is key i-1: pattern[:, i, i-1], the diagonal just below")),
+        Mistake("two tokens back", "off by one", '''
 def previous_token_score(pattern):
     return pattern.diagonal(offset=-2, dim1=-2, dim2=-1).mean(dim=-1)
-'''),
-        ("above the diagonal (rows and columns swapped)", "off by one", '''
+''',
+            message="off by one: that is key i-2. The previous token of query i is key i-1: pattern[:, i, i-1]"),
+        Mistake("above the diagonal (rows and columns swapped)", "off by one", '''
 def previous_token_score(pattern):
     T = pattern.shape[-1]
     return torch.stack([pattern[:, i - 1, i] for i in range(1, T)], dim=-1).mean(dim=-1)
-'''),
-        ("divides by T: position 0 included", "position 0", '''
+''',
+            message=("off by one: pattern[:, i, i+1] is above the diagonal (the future, 0 under the causal mask). "
+                     "Rows are queries, so the previous token of query i is pattern[:, i, i-1]")),
+        Mistake("divides by T: position 0 included", "position 0", '''
 def previous_token_score(pattern):
     return pattern.diagonal(offset=-1, dim1=-2, dim2=-1).sum(dim=-1) / pattern.shape[-1]
-'''),
+''',
+            message="position 0 has no previous token: average over the T-1 queries i = 1..T-1, not over all T"),
         ("index i - 1 for every i: position 0 reads key -1", "position 0", '''
 def previous_token_score(pattern):
     i = torch.arange(pattern.shape[-1])
@@ -76,10 +84,11 @@ def previous_token_score(pattern):
 def previous_token_score(pattern):
     return pattern.diagonal(offset=-1, dim1=-2, dim2=-1).mean()
 '''),
-        ("sum, not mean", "mean", '''
+        Mistake("sum, not mean", "mean", '''
 def previous_token_score(pattern):
     return pattern.diagonal(offset=-1, dim1=-2, dim2=-1).sum(dim=-1)
-'''),
+''',
+            message="take the mean over positions, not the sum"),
         ("constant: returns zeros", "off by one", '''
 def previous_token_score(pattern):
     return torch.zeros(pattern.shape[0], dtype=pattern.dtype)
@@ -87,12 +96,13 @@ def previous_token_score(pattern):
         ("constant: raises ValueError", "ValueError", _RAISES.format(sig="previous_token_score(pattern)")),
     ],
     "duplicate_token_score": [
-        ("a token counted as its own duplicate", "own duplicate", '''
+        Mistake("a token counted as its own duplicate", "own duplicate", '''
 def duplicate_token_score(pattern, tokens):
     same = (tokens[:, None] == tokens[None, :]).tril()
     return (pattern * same).sum(dim=-1).mean(dim=-1)
-'''),
-        ("itself counted, at positions with an earlier copy", "own duplicate", '''
+''',
+            message="a token is not its own duplicate: count the attention on earlier copies j < i only, not on i itself"),
+        Mistake("itself counted, at positions with an earlier copy", "own duplicate", '''
 def duplicate_token_score(pattern, tokens):
     earlier = (tokens[:, None] == tokens[None, :]).tril(diagonal=-1)
     has_copy = earlier.any(dim=-1)
@@ -100,15 +110,17 @@ def duplicate_token_score(pattern, tokens):
         raise ValueError("no token repeats")
     same = (tokens[:, None] == tokens[None, :]).tril()
     return (pattern * same).sum(dim=-1)[:, has_copy].mean(dim=-1)
-'''),
-        ("averaged over every position", "only over the positions", '''
+''',
+            message="a token is not its own duplicate: count the attention on earlier copies j < i only, not on i itself"),
+        Mistake("averaged over every position", "only over the positions", '''
 def duplicate_token_score(pattern, tokens):
     earlier = (tokens[:, None] == tokens[None, :]).tril(diagonal=-1)
     if not earlier.any():
         raise ValueError("no token repeats")
     return (pattern * earlier).sum(dim=-1).mean(dim=-1)
-'''),
-        ("first occurrences of repeated tokens included", "earlier", '''
+''',
+            message="average only over the positions that have an earlier copy (the others have nothing to look back at)"),
+        Mistake("first occurrences of repeated tokens included", "earlier", '''
 def duplicate_token_score(pattern, tokens):
     earlier = (tokens[:, None] == tokens[None, :]).tril(diagonal=-1)
     others = (tokens[:, None] == tokens[None, :]) & ~torch.eye(len(tokens), dtype=torch.bool)
@@ -116,8 +128,10 @@ def duplicate_token_score(pattern, tokens):
     if not has_copy.any():
         raise ValueError("no token repeats")
     return (pattern * earlier).sum(dim=-1)[:, has_copy].mean(dim=-1)
-'''),
-        ("mean over the copies instead of their total", "add up", '''
+''',
+            message=("only positions with an *earlier* copy count: the first occurrence of a token has no copy to "
+                     "look back at")),
+        Mistake("mean over the copies instead of their total", "add up", '''
 def duplicate_token_score(pattern, tokens):
     earlier = (tokens[:, None] == tokens[None, :]).tril(diagonal=-1)
     has_copy = earlier.any(dim=-1)
@@ -125,15 +139,19 @@ def duplicate_token_score(pattern, tokens):
         raise ValueError("no token repeats")
     per_copy = (pattern * earlier).sum(dim=-1) / earlier.sum(dim=-1).clamp(min=1)
     return per_copy[:, has_copy].mean(dim=-1)
-'''),
-        ("averaged over the heads", "per head", '''
+''',
+            message=("add up the attention on all earlier copies of the token (the mass on them), don't average it "
+                     "over the copies")),
+        Mistake("averaged over the heads", "per head", '''
 def duplicate_token_score(pattern, tokens):
     earlier = (tokens[:, None] == tokens[None, :]).tril(diagonal=-1)
     has_copy = earlier.any(dim=-1)
     if not has_copy.any():
         raise ValueError("no token repeats")
     return (pattern * earlier).sum(dim=-1)[:, has_copy].mean(dim=0)
-'''),
+''',
+            message=("you averaged over the heads: one score per head: average over the query positions (not over "
+                     "the heads, not over everything), so the result has shape (H,)")),
         ("NaN instead of a ValueError when nothing repeats", "ValueError", '''
 def duplicate_token_score(pattern, tokens):
     earlier = (tokens[:, None] == tokens[None, :]).tril(diagonal=-1)
@@ -160,22 +178,29 @@ def duplicate_token_score(pattern, tokens):
         ("constant: raises ValueError", "ValueError", _RAISES.format(sig="duplicate_token_score(pattern, tokens)")),
     ],
     "induction_score": [
-        ("key i - period (the earlier copy itself)", "i - period + 1", '''
+        Mistake("key i - period (the earlier copy itself)", "i - period + 1", '''
 def induction_score(pattern, period):
     return pattern.diagonal(offset=-period, dim1=-2, dim2=-1).mean(dim=-1)
-'''),
-        ("key i - 1 (the previous token)", "i - period + 1", '''
+''',
+            message=("wrong offset: key i - period is the earlier copy of the current token (what a duplicate-token "
+                     "head looks at). An induction head looks at the token that came *after* that copy: key i - period + 1")),
+        Mistake("key i - 1 (the previous token)", "i - period + 1", '''
 def induction_score(pattern, period):
     return pattern.diagonal(offset=-1, dim1=-2, dim2=-1)[:, period - 1:].mean(dim=-1)
-'''),
-        ("key i - period - 1", "i - period + 1", '''
+''',
+            message=("wrong offset: key i - 1 is the previous token. An induction head looks at the token after the "
+                     "earlier copy of the current token: key i - period + 1")),
+        Mistake("key i - period - 1", "i - period + 1", '''
 def induction_score(pattern, period):
     return pattern.diagonal(offset=-period - 1, dim1=-2, dim2=-1).mean(dim=-1)
-'''),
-        ("query period - 1 included", "i = period..T-1", '''
+''',
+            message="wrong offset: the token after the earlier copy of token i is at i - period + 1, not i - period - 1"),
+        Mistake("query period - 1 included", "i = period..T-1", '''
 def induction_score(pattern, period):
     return pattern.diagonal(offset=1 - period, dim1=-2, dim2=-1).mean(dim=-1)
-'''),
+''',
+            message=("average over the queries i = period..T-1 only (i - period + 1 with i = period - 1 is key 0, "
+                     "which is not the token after an earlier copy)")),
         ("averaged over the heads", "per head", '''
 def induction_score(pattern, period):
     return pattern.diagonal(offset=1 - period, dim1=-2, dim2=-1)[:, 1:].mean(dim=0)

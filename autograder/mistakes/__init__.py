@@ -15,6 +15,7 @@ compares with are one text.
 Grader-side only, like solutions/ and the checks: autograder/sandbox/ never imports it, and messages
 never name hidden inputs or expected values.
 """
+import copy
 import functools
 import importlib
 import warnings
@@ -89,15 +90,17 @@ def defined(lesson, name):
     return [(m, _compiled(lesson, name, m.what)) for m in mutants(lesson).get(name, []) if m.message]
 
 
-def on(lesson, name, *args, **kwargs):
+def on(lesson, name, *args, fresh=False, **kwargs):
     """[(Mistake, what it returns on these inputs)] of the defined mistakes of `name`. One that raises on
-    them cannot be what the student's code did there, and is left out; its warnings are not the student's."""
+    them cannot be what the student's code did there, and is left out; its warnings are not the student's.
+    fresh: each mistake gets its own deep copy of the inputs (a cache it appends to)."""
     out = []
     for mistake, fn in defined(lesson, name):
         try:
             with np.errstate(all="ignore"), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                out.append((mistake, fn(*args, **kwargs)))
+                given, named = copy.deepcopy((args, kwargs)) if fresh else (args, kwargs)
+                out.append((mistake, fn(*given, **named)))
         except Exception:  # noqa: BLE001 - e.g. a broadcast only square inputs allow
             continue
     return out
