@@ -5,6 +5,7 @@ import copy
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -448,6 +449,41 @@ def test_the_typed_result_reads_and_writes_the_stored_format_unchanged(tmp_path)
     assert store.load_result(tmp_path, "alice", "01_attention") == (saved, None)
     with pytest.raises(AttributeError):
         typed.tests[0].points = 2.0  # frozen
+
+
+MAIN_FOLDER = Path(__file__).parent / "data" / "results-4677f98"
+
+
+def test_a_results_folder_written_before_the_types_reads_unchanged_and_resume_regrades_nobody(tmp_path, monkeypatch):
+    """tests/data/results-4677f98: `grade SUBMISSIONS --out RESULTS --lesson 01_attention` as main wrote it at
+    4677f98 (before the adapters took typed results), with the results key it was signed with: alice's
+    mask aligned top-left (an aspect lost), bob who never handed it in, carol's unstable softmax, a cell
+    that raises and a submission time. Every result reads, is written back to the same bytes, and
+    `grade --resume` reuses all three. What the grader's own code hashes into each lesson's fingerprint
+    (lesson_fingerprint: checks, grade.py, results.py, the sandbox) is pinned to the stored one: a new
+    version of the checks regrades by design; the stored format must not."""
+    from autograder import grade as grading
+    folder = tmp_path / "term"
+    shutil.copytree(MAIN_FOLDER, folder)
+    key = folder / "results.key"
+    key.chmod(0o600)
+    monkeypatch.setenv(store.KEY_ENV, str(key))
+    out = folder / "RESULTS"
+    term = store.load_term(out, report.lesson_tests())
+    assert (term.refused, term.lines) == ({}, []) and [r.student for r in term.results] == ["alice", "bob", "carol"]
+    for r in term.results:
+        text = store.result_path(out, r.student, r.lesson).read_text()
+        assert json.dumps(dict(r.to_json(), digest=json.loads(text)["digest"]), indent=1) + "\n" == text
+    run_json = (out / store.STORE / store.RUN_FILE).read_text()
+    assert json.dumps(store.read_run(out).to_json(), indent=1) + "\n" == run_json
+    carol = term.results[2]
+    assert carol.submitted_at and carol.errors and carol.tests[0].aspects[1].passed is False
+    stored_grader = {r.grader for r in term.results}
+    assert len(stored_grader) == 1
+    monkeypatch.setattr(grading, "lesson_fingerprint", lambda *args: next(iter(stored_grader)))
+    run = grading.grade(folder / "SUBMISSIONS", out, ["01_attention"], resume=True, progress=False)
+    assert (run["graded"], run["reused"]) == (0, 3), run["reasons"]
+    assert [r.to_json() for r in run["results"]] == [r.to_json() for r in term.results]
 
 
 @pytest.mark.parametrize("damage, field", [({"shard": "first"}, "shard"), ({"manifest": 3}, "manifest"),
