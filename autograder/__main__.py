@@ -281,7 +281,7 @@ def _term(args):
         term = load_term(args.results)  # a refused result is named and marked, never a silent blank: exit 1
         for line in term.lines:
             print(f"error: {line}", file=sys.stderr)
-        results, refused = [r.to_json() for r in term.results], term.refused  # the adapters read the JSON form
+        results, refused = term.results, term.refused
         if not results and not refused:
             raise UsageError(f"{args.results} holds no grading results (grade into it first)")
         if args.command == "report":
@@ -320,12 +320,12 @@ def _reviews(gradebook):
 
 
 def _summary(out, results):
-    got = sum(t["points"] for r in results for t in r["tests"])
-    full = sum(t["max_points"] for r in results for t in r["tests"])
-    students = len({r["student"] for r in results})
+    got = sum(r.points for r in results)
+    full = sum(r.max_points for r in results)
+    students = len({r.student for r in results})
     print(f"{out} holds {len(results)} results ({students} students), {got:g}/{full:g} points; "
           f"wrote {out}/grades.csv, totals.csv, report.html and feedback/")
-    if any(r.get("grader_errors") for r in results):
+    if any(r.grader_errors for r in results):
         print(f"the grader itself failed on some tests (status error): see {out}/grader-errors.log", file=sys.stderr)
 
 

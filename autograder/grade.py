@@ -362,7 +362,8 @@ def cell_problem(name, cells, labels, session):
 
 
 def grade_one(sandbox, student, lesson, sub, tests, data_files, grader):
-    """The result dict of one (student, lesson)."""
+    """The result of one (student, lesson) in its stored JSON form: save_result reads it with Result.from_json,
+    which validates what the sandbox's replies put in it."""
     sha, key = sub.key()
     result = dict(student=student, lesson=lesson, notebook=str(sub.path) if sub.path else None, sha256=sha,
                   fingerprint=fingerprint(grader, key, sub.submitted_at), grader=grader,
@@ -493,9 +494,9 @@ def plan(submissions, out, lessons=None, all_lessons=False, students=None, shard
         selected = [s for s in selected if s in set(students)]
     run = store.read_run(out)
     want_shard = f"{shard[0]}/{shard[1]}" if shard else None
-    if run["lessons"] and (run["shard"], run["manifest"]) != (want_shard, m["id"] if m else None):
-        raise GradeError(f"{out} holds results of {run['shard'] and 'shard ' + run['shard'] or 'an unsharded run'}"
-                         f"{' from another manifest' if run['manifest'] != (m and m['id']) else ''}: grade into a "
+    if run.lessons and (run.shard, run.manifest) != (want_shard, m["id"] if m else None):
+        raise GradeError(f"{out} holds results of {run.shard and 'shard ' + run.shard or 'an unsharded run'}"
+                         f"{' from another manifest' if run.manifest != (m and m['id']) else ''}: grade into a "
                          f"folder of its own (or delete {out}/{store.STORE}/{store.RUN_FILE} to start it afresh)")
     return klass, lessons, selected, (m["id"] if m else None), anomalies, out, want_shard
 
@@ -550,13 +551,13 @@ def grade(submissions, out, lessons=None, jobs=1, resume=False, shard=None, mode
             else:
                 reused += 1
     kept = _run(todo, out, tests, graders, lessons, mode, limits, jobs, progress, anomalies)
-    store.write_run(out, shard_text, manifest_id, set(store.read_run(out)["lessons"]) | set(lessons))
+    store.write_run(out, shard_text, manifest_id, set(store.read_run(out).lessons) | set(lessons))
 
     from autograder import report
     results = report.write_all(out, {(s, x) for s in selected for x in lessons}, gradescope, outputs, problems,
                                warnings=weak)
-    stale = [f"{r['student']}/{r['lesson']}" for r in results if r["lesson"] in graders and r.get("grader")
-             and r["grader"] != graders[r["lesson"]]]
+    stale = [f"{r.student}/{r.lesson}" for r in results if r.lesson in graders and r.grader
+             and r.grader != graders[r.lesson]]
     for where in stale:
         anomalies.add("result graded by another version of the checks (grade --resume updates it)", where)
     for why in problems:

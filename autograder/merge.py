@@ -16,10 +16,10 @@ class MergeError(store.UsageError):
 
 
 def shard_set_problems(runs, stored, manifest) -> list:
-    """What is wrong with a set of RESULTS folders as the shards of one run (runs {folder: read_run},
+    """What is wrong with a set of RESULTS folders as the shards of one run (runs {folder: Run},
     stored {folder: [Result]}): [str]."""
     problems = []
-    shards = {d: run["shard"] for d, run in runs.items()}
+    shards = {d: run.shard for d, run in runs.items()}
     if any(shards.values()):
         if not all(shards.values()):
             unsharded = ", ".join(str(d) for d, s in shards.items() if not s)
@@ -36,11 +36,11 @@ def shard_set_problems(runs, stored, manifest) -> list:
         if missing:
             problems.append(f"missing shard{'s' * (len(missing) > 1)} {', '.join(missing)}")
         problems += [f"shard {i}/{n} given twice ({', '.join(ds)})" for i, ds in sorted(seen.items()) if len(ds) > 1]
-    lessons = {d: tuple(sorted(run["lessons"])) for d, run in runs.items()}
+    lessons = {d: tuple(sorted(run.lessons)) for d, run in runs.items()}
     if len(set(lessons.values())) > 1:
         problems.append("different lessons graded: " + "; ".join(f"{d}: {', '.join(ls) or 'none'}"
                                                                   for d, ls in lessons.items()))
-    ids = {run["manifest"] for run in runs.values()}
+    ids = {run.manifest for run in runs.values()}
     if len(ids) > 1 or manifest and ids != {manifest["id"]}:
         problems.append("graded from different class manifests" if len(ids) > 1 else
                         "not graded from this manifest (grade each shard with the same --manifest)")
@@ -85,7 +85,7 @@ def merge(dirs, out, gradescope=False, outputs=(), manifest=None, allow_partial=
                          + " (--allow-partial merges what there is and marks the gaps)")
     for problem in problems:
         print(f"warning: {problem}", file=sys.stderr)
-    lessons = set().union(*(run["lessons"] for run in runs.values())) & set(LESSONS)
+    lessons = set().union(*(run.lessons for run in runs.values())) & set(LESSONS)
     seen = set()
     for d in dirs:
         for r in stored[Path(d)]:
@@ -98,14 +98,14 @@ def merge(dirs, out, gradescope=False, outputs=(), manifest=None, allow_partial=
                 seen.add((student, lesson))
                 store.save_result(out, report.placeholder(
                     student, lesson, f"not graded: its stored result in {d} was refused ({why}); grade it with --resume"))
-    n = next((int(run["shard"].split("/")[1]) for run in runs.values() if run["shard"]), 1)
+    n = next((int(run.shard.split("/")[1]) for run in runs.values() if run.shard), 1)
     for i, student in enumerate(m["students"] if m else []):  # the gaps, named, flagged for regrading
         for lesson in sorted(lessons):
             if (student, lesson) not in seen:
                 store.save_result(out, report.placeholder(
                     student, lesson, f"not graded: shard {i % n}/{n}, which holds this student, was not merged"))
     old = store.read_run(out)
-    store.write_run(out, None, m["id"] if m else next(iter({run["manifest"] for run in runs.values()})),
-                    set(old["lessons"]) | lessons, problems)
+    store.write_run(out, None, m["id"] if m else next(iter({run.manifest for run in runs.values()})),
+                    set(old.lessons) | lessons, problems)
     expected = {(s, x) for s in (m["students"] if m else []) for x in lessons}
     return report.write_all(out, expected, gradescope, outputs)

@@ -12,7 +12,7 @@ from autograder.checks import LESSONS
 
 
 def gather(out, expected=(), problems=None):
-    """One result per (student, lesson) of the term in RESULTS: every stored result, and for each
+    """One Result per (student, lesson) of the term in RESULTS: every stored result, and for each
     student and lesson it knows (or `expected`) with no valid result, a placeholder whose tests
     are errors flagged for regrading (never zeros), naming why (a refused result says its reason).
     problems: list to append refused results to."""
@@ -22,12 +22,12 @@ def gather(out, expected=(), problems=None):
     results = {}
     for r in term.results:
         if r.lesson in LESSONS:
-            results[r.student, r.lesson] = r.to_json()  # the writers below and the adapters read the JSON form
+            results[r.student, r.lesson] = r
         else:
             problems.append(f"{r.student}/{r.lesson}: a result for an unknown lesson, left out")
     refused = {k: why for k, why in term.refused.items() if k[1] in LESSONS and not store.check_student(k[0])}
     known = set(results) | set(expected) | set(refused)
-    lessons = [x for x in LESSONS if x in {x for _, x in known} | set(store.read_run(out)["lessons"])]
+    lessons = [x for x in LESSONS if x in {x for _, x in known} | set(store.read_run(out).lessons)]
     students = sorted({s for s, _ in known})
     for student in students:
         for lesson in lessons:
@@ -56,32 +56,31 @@ def lesson_tests():
     return tests
 
 
-def placeholder(student, lesson, message):
-    return dict(student=student, lesson=lesson, notebook=None, sha256=None, fingerprint=None, grader=None,
-                submitted_at=None, notes=[], cells={}, tests=[
-                    dict(test=t, points=0.0, max_points=p, status="error", message=message, grader_error=True)
-                    for t, p in nbk.lesson_tests(lesson)])
+def placeholder(student, lesson, message) -> store.Result:
+    """A Result standing for one that is not there: every test of the lesson an error flagged for regrading."""
+    return store.Result(student, lesson, tuple(store.TestRow(t, 0.0, float(p), "error", message, grader_error=True)
+                                               for t, p in nbk.lesson_tests(lesson)))
 
 
 def write_all(out, expected=(), gradescope=False, outputs=(), problems=None, warnings=()):
     """Rewrite grades.csv, feedback, the error log (and Gradescope files) from everything stored in
-    RESULTS, then call each of `outputs` as write(out, results, warnings); returns the results.
+    RESULTS, then call each of `outputs` as write(out, results, warnings); returns the results ([Result]).
     warnings: lines for the top of the class report (a sandbox mode that hides no file)."""
     out = Path(out)
     results = gather(out, expected, problems)
     store.write_grades(out / "grades.csv", results)
     # Failures of the grader itself (never of a student's code), for the instructor.
-    errors = [f"== {r['student']} {r['lesson']}\n{tb}" for r in results for tb in r.get("grader_errors", [])]
+    errors = [f"== {r.student} {r.lesson}\n{tb}" for r in results for tb in r.grader_errors or ()]
     log = out / "grader-errors.log"
     if errors:
         store.write_atomic(log, "\n".join(errors))
     else:
         log.unlink(missing_ok=True)
     for r in results:
-        store.write_derived(out / "feedback" / r["student"] / f"{r['lesson']}.html", feedback_page(r))
+        store.write_derived(out / "feedback" / r.student / f"{r.lesson}.html", feedback_page(r))
     if gradescope:
-        for student in sorted({r["student"] for r in results}):
-            mine = [r for r in results if r["student"] == student]
+        for student in sorted({r.student for r in results}):
+            mine = [r for r in results if r.student == student]
             store.write_derived(out / "gradescope" / student / "results.json",
                                json.dumps(results_json(mine), indent=1))
     for write in outputs:
@@ -98,58 +97,54 @@ vertical-align:top}.passed{color:#1a7f37}.failed,.error{color:#cf222e}.missing{c
 
 def _aspects_html(t):
     e = html.escape
-    items = "".join(f"<li class='{'passed' if a['passed'] else 'failed'}'>{e(a['aspect'])}: {a['points']:g} / "
-                    f"{a['max_points']:g}{(' &mdash; ' + e(a['message'])) if a['message'] and not a['passed'] else ''}"
-                    "</li>" for a in t.get("aspects", []))
+    items = "".join(f"<li class='{'passed' if a.passed else 'failed'}'>{e(a.aspect)}: {a.points:g} / "
+                    f"{a.max_points:g}{(' &mdash; ' + e(a.message)) if a.message and not a.passed else ''}"
+                    "</li>" for a in t.aspects or ())
     return f"<ul class='aspects'>{items}</ul>" if items else ""
 
 
 def feedback_page(r):
-    """The student's page: each test, its points (and each aspect's) and its teaching message;
+    """A Result's page for its student: each test, its points (and each aspect's) and its teaching message;
     never hidden code, hidden inputs or expected values (check messages are written not to contain
     them). Every text is stored cleaned and capped (results.clean), and escaped here."""
     e = html.escape
-    got = sum(t["points"] for t in r["tests"])
-    full = sum(t["max_points"] for t in r["tests"])
     rows = "".join(
-        f"<tr><td><code>{e(t['test'])}</code></td><td class='{e(t['status'])}'>{e(t['status'])}</td>"
-        f"<td>{t['points']:g} / {t['max_points']:g}</td><td><div class='msg'>"
-        f"{'' if t.get('aspects') and t['status'] == 'failed' else e(t['message'])}</div>{_aspects_html(t)}</td></tr>"
-        for t in r["tests"])
+        f"<tr><td><code>{e(t.test)}</code></td><td class='{e(t.status)}'>{e(t.status)}</td>"
+        f"<td>{t.points:g} / {t.max_points:g}</td><td><div class='msg'>"
+        f"{'' if t.aspects and t.status == 'failed' else e(t.message)}</div>{_aspects_html(t)}</td></tr>"
+        for t in r.tests)
     note_html = "".join(f"<p class='note'>{e(n)}</p>" for n in result_notes(r))
-    return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{e(r['lesson'])}: feedback for "
-            f"{e(r['student'])}</title><style>{STYLE}</style></head><body><h1>{e(r['lesson'])}</h1>"
-            f"<p>Feedback for <b>{e(r['student'])}</b>: <b>{got:g} / {full:g}</b> points.</p>{note_html}"
+    return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{e(r.lesson)}: feedback for "
+            f"{e(r.student)}</title><style>{STYLE}</style></head><body><h1>{e(r.lesson)}</h1>"
+            f"<p>Feedback for <b>{e(r.student)}</b>: <b>{r.points:g} / {r.max_points:g}</b> points.</p>{note_html}"
             f"<table><tr><th>test</th><th>status</th><th>points</th><th>what to look at</th></tr>{rows}</table>"
             "<p>The grader ran your notebook's code cells except tests and demonstrations, then checked each "
             "function on its own inputs.</p></body></html>\n")
 
 
 def feedback_text(t):
-    """A test's feedback as text: its message, or with partial credit each aspect's points and,
+    """A TestRow's feedback as text: its message, or with partial credit each aspect's points and,
     for a failed one, its message (the test's message joins those already)."""
-    lines = [t["message"]] if t["message"] and not t.get("aspects") else []
-    lines += [f"{'passed' if a['passed'] else 'failed'}: {a['aspect']} ({a['points']:g}/{a['max_points']:g})"
-              + (f": {a['message']}" if a["message"] and not a["passed"] else "") for a in t.get("aspects", [])]
+    lines = [t.message] if t.message and not t.aspects else []
+    lines += [f"{'passed' if a.passed else 'failed'}: {a.aspect} ({a.points:g}/{a.max_points:g})"
+              + (f": {a.message}" if a.message and not a.passed else "") for a in t.aspects or ()]
     return "\n".join(lines)
 
 
 def result_notes(r):
     """What the grader noted about a submission as a whole: skipped cells, cells that raised."""
-    cells = r.get("cells", {})
-    return (list(r.get("notes", [])) + [f"{cell} was skipped: it {why}" for cell, why in cells.get("skipped", {}).items()]
-            + [f"{cell} raised {e.get('type')}: {e.get('message', '')}" for cell, e in cells.get("errors", {}).items()])
+    return (list(r.notes) + [f"{cell} was skipped: it {why}" for cell, why in r.skipped.items()]
+            + [f"{cell} raised {e['type']}: {e['message']}" for cell, e in r.errors.items()])
 
 
 def results_json(results, visibility="visible", test_visibility="visible", stdout_visibility="hidden"):
-    """Gradescope's results.json for one student's results (one per lesson), documented fields only."""
-    several = len({r["lesson"] for r in results}) > 1
-    tests = [dict(name=f"{r['lesson']}: {t['test']}" if several else t["test"], score=t["points"],
-                  max_score=t["max_points"], status="passed" if t["status"] == "passed" else "failed",
+    """Gradescope's results.json for one student's Results (one per lesson), documented fields only."""
+    several = len({r.lesson for r in results}) > 1
+    tests = [dict(name=f"{r.lesson}: {t.test}" if several else t.test, score=t.points,
+                  max_score=t.max_points, status="passed" if t.status == "passed" else "failed",
                   output=feedback_text(t), visibility=test_visibility)
-             for r in results for t in r["tests"]]
-    lines = [f"{r['lesson']}: {sum(t['points'] for t in r['tests']):g} / "
-             f"{sum(t['max_points'] for t in r['tests']):g} points" for r in results]
+             for r in results for t in r.tests]
+    lines = [f"{r.lesson}: {r.points:g} / {r.max_points:g} points" for r in results]
     lines += [note for r in results for note in result_notes(r)]
     return dict(score=sum(t["score"] for t in tests), output="\n".join(lines), visibility=visibility,
                 stdout_visibility=stdout_visibility, tests=tests)

@@ -7,7 +7,7 @@ A RESULTS folder holds a term:
 
     RESULTS/.results/<lesson>/<student>.json   one result per (student, lesson): save_result, load_result,
                                                load_results, result_path
-    RESULTS/.results/run.json                  what the folder holds (shard, manifest, lessons): read_run, write_run
+    RESULTS/.results/run.json                  what the folder holds (Run: shard, manifest, lessons): read_run, write_run
     RESULTS/.results/index.json                the folder's nonce and the digest of the result it holds last for each
                                                (student, lesson), signed: what save_result wrote, nothing older
     RESULTS/grades.csv                         one row per (student, lesson, test): write_grades, read_grades
@@ -33,7 +33,7 @@ validated by its from_json, naming the field wrong, and written by its to_json, 
 
     status is one of STATUSES. grader_error marks a test the grader itself could not run (a missing
     Triton, a sandbox that did not start, a bug of ours, a shard that was not merged): never count
-    it as 0, flag it for regrading (needs_regrade). Points of a test are the sum of its aspects'.
+    it as 0, flag it for regrading (TestRow.needs_regrade). Points of a test are the sum of its aspects'.
 
 Student identifiers are the SUBMISSIONS folder names, the same string everywhere: the result file
 name and its "student" field, feedback/<student>/, the gradebook, Gradescope, merge and exports.
@@ -69,12 +69,15 @@ The API, by use:
                     write_derived (a file made again from results on every run: unchanged ones are kept)
     read a term     load_term(out, lesson_tests) -> Term(results, refused {(student, lesson): why}, lines),
                     load_results(out, problems) ([Result], valid only; damaged files described in problems),
-                    load_result(out, student, lesson) -> (Result, why), stored_pairs, read_run, read_grades,
-                    needs_regrade(test)
+                    load_result(out, student, lesson) -> (Result, why), stored_pairs, read_run, read_grades
     CSV exports     csv_text(rows, columns), csv_cell(value), read_csv(path)
     clean text      clean(text, cap, newlines), check_student(name), cell_error(value)
-    typed results   Result / TestRow / Aspect .from_json(raw) (ResultError naming the field), .to_json();
-                    validate_result(raw) -> the cleaned dict (the reader, then the writer)
+    typed results   Result / TestRow / Aspect: from_json(raw), the one reader (ResultError naming the field),
+                    to_json(), the one writer; Result.points, .max_points, .submitted; TestRow.needs_regrade;
+                    Run, the same for run.json.
+                    Everything past the store (grade's summary, report, merge, export and the other adapters)
+                    takes Results, never their dicts; only grade_one builds the JSON form, from the sandbox's
+                    replies, for save_result to read.
 """
 import csv
 import fcntl
@@ -529,6 +532,19 @@ class Result:
                    grader_errors=tuple(clean(str(tb), 20_000) for tb in tracebacks[:20])
                    if isinstance(tracebacks, list) else None)
 
+    @property
+    def points(self) -> float:
+        return sum(t.points for t in self.tests)
+
+    @property
+    def max_points(self) -> float:
+        return sum(t.max_points for t in self.tests)
+
+    @property
+    def submitted(self) -> bool:
+        """False when nothing was handed in (every test `missing`)."""
+        return any(t.status != "missing" for t in self.tests)
+
     def to_json(self) -> dict:
         out = {"student": self.student, "lesson": self.lesson, "notebook": self.notebook, "sha256": self.sha256,
                "fingerprint": self.fingerprint, "grader": self.grader, "submitted_at": self.submitted_at,
@@ -537,11 +553,6 @@ class Result:
         if self.grader_errors is not None:
             out["grader_errors"] = list(self.grader_errors)
         return out
-
-
-def validate_result(r, student=None, lesson=None) -> dict:
-    """A cleaned copy of a result dict (Result's reader then writer); ResultError naming the first thing wrong."""
-    return Result.from_json(r, student, lesson).to_json()
 
 
 def cell_error(value):
@@ -646,39 +657,54 @@ def load_results(out, problems=None, lesson_tests=None) -> list:
     return term.results
 
 
-def needs_regrade(test) -> bool:
-    """True for a test (a TestRow, or its JSON dict as the adapters read it) whose status says nothing
-    about the student: the grader could not run it."""
-    if isinstance(test, TestRow):
-        return test.needs_regrade
-    return test["status"] == "error" and bool(test.get("grader_error"))  # the dict form, until the adapters are typed
-
-
 # ---- the run record and the manifest -------------------------------------------------------
 
-def read_run(out):
-    """RESULTS/.results/run.json: {shard: "i/N" or None, manifest: id or None, lessons: [...], partial: [...]}."""
+@dataclass(frozen=True)
+class Run:
+    """What a RESULTS folder holds (RESULTS/.results/run.json): shard ("i/N", or None unsharded), the class
+    manifest's id (or None), the lessons graded into it, and what a partial merge left out (lines).
+    from_json is its one reader (ResultError naming the field), to_json its one writer."""
+    shard: str = None
+    manifest: str = None
+    lessons: tuple = ()
+    partial: tuple = ()
+
+    @classmethod
+    def from_json(cls, run) -> "Run":
+        if not isinstance(run, dict):
+            raise ResultError("not a JSON object")
+        shard, manifest = run.get("shard"), run.get("manifest")
+        if shard is not None and not (isinstance(shard, str) and re.fullmatch(r"\d+/\d+", shard)):
+            raise ResultError("shard is not i/N")
+        if manifest is not None and not isinstance(manifest, str):
+            raise ResultError("manifest is not text")
+        lists = {"lessons": run.get("lessons"), "partial": run.get("partial", [])}
+        for key, value in lists.items():
+            if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+                raise ResultError(f"{key} is not a list of text")
+        return cls(shard, manifest, tuple(lists["lessons"]), tuple(lists["partial"]))
+
+    def to_json(self) -> dict:
+        return {"shard": self.shard, "manifest": self.manifest, "lessons": sorted(self.lessons),
+                "partial": list(self.partial)}
+
+
+def read_run(out) -> Run:
+    """RESULTS/.results/run.json as a Run (an empty one when there is none); UsageError naming the file
+    and the field when it is damaged."""
     path = Path(out) / STORE / RUN_FILE
     try:
-        run = json.loads(_read_small(path))
+        return Run.from_json(json.loads(_read_small(path)))
     except FileNotFoundError:
-        return {"shard": None, "manifest": None, "lessons": [], "partial": []}
-    except (OSError, ValueError, RecursionError) as e:
+        return Run()
+    except (OSError, ValueError, RecursionError) as e:  # ResultError is a ValueError
         why = clean(str(e), 200, newlines=False)
         raise UsageError(f"{path} is damaged ({why}): delete it and grade again") from None
-    ok = (isinstance(run, dict) and isinstance(run.get("lessons"), list)
-          and all(isinstance(x, str) for x in run["lessons"] + run.get("partial", []))
-          and (run.get("shard") is None or isinstance(run.get("shard"), str) and re.fullmatch(r"\d+/\d+", run["shard"]))
-          and (run.get("manifest") is None or isinstance(run.get("manifest"), str)))
-    if not ok:
-        raise UsageError(f"{path} is damaged: delete it and grade again")
-    return {"shard": run.get("shard"), "manifest": run.get("manifest"), "lessons": run["lessons"],
-            "partial": run.get("partial", [])}
 
 
 def write_run(out, shard, manifest, lessons, partial=()):
-    write_atomic(Path(out) / STORE / RUN_FILE, json.dumps(
-        {"shard": shard, "manifest": manifest, "lessons": sorted(lessons), "partial": list(partial)}, indent=1) + "\n")
+    write_atomic(Path(out) / STORE / RUN_FILE,
+                 json.dumps(Run(shard, manifest, tuple(lessons), tuple(partial)).to_json(), indent=1) + "\n")
 
 
 def write_manifest(path, students, lessons):
@@ -771,10 +797,10 @@ def read_csv(path):
 
 
 def write_grades(path, results):
-    """grades.csv: one row per (student, lesson, test), COLUMNS, points summed over aspects."""
-    rows = [dict(student=r["student"], lesson=r["lesson"], test=t["test"], points=t["points"],
-                 max_points=t["max_points"], status=t["status"], message=" | ".join(t["message"].splitlines()))
-            for r in results for t in r["tests"]]
+    """grades.csv from [Result]: one row per (student, lesson, test), COLUMNS, points summed over aspects."""
+    rows = [dict(student=r.student, lesson=r.lesson, test=t.test, points=t.points, max_points=t.max_points,
+                 status=t.status, message=" | ".join(t.message.splitlines()))
+            for r in results for t in r.tests]
     write_atomic(path, csv_text(rows, COLUMNS))
 
 

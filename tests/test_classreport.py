@@ -90,7 +90,7 @@ def test_report_content(graded):
     assert "2 &times; masks: masked keys get weight: True means may attend" in page
     assert page.count("data:image/png;base64,") == 1
     groups = classreport.identical_groups(
-        [result(s, True) for s in ("alice", "bob", "carol", "dave", "erin", "frank", "gina", "hank")],
+        [store.Result.from_json(result(s, True)) for s in ("alice", "bob", "carol", "dave", "erin", "frank", "gina", "hank")],
         graded / "SUBMISSIONS")
     softmax = [(names, ref) for lesson, gid, names, ref in groups if gid == "softmax"]
     # alice and bob differ only in whitespace; the stubs (carol, gina) and one-liners (dave, hank) are left out.
@@ -120,7 +120,7 @@ def test_report_says_who_made_each_mistake_unless_told_not_to(graded):
 
 
 def test_report_splits_by_roster_section(graded):
-    results = [r.to_json() for r in store.load_term(graded / "RESULTS").results]
+    results = store.load_term(graded / "RESULTS").results
     sections = {"alice": "A", "bob": "A", "carol": "A", "dave": "B", "erin": "B", "frank": "B"}
     rows = classreport.by_section(results, sections)
     # A: alice 100%, bob 5/6, carol 4/6; B: dave 3/6, erin 100%, frank 4/6; gina 4/6 and hank 4/6 have none.
@@ -142,7 +142,7 @@ def test_report_roster_names_who_never_submitted(graded):
                         (["--no-names"], "Never submitted: 2 roster students</p>")):
         assert main(["report", str(graded / "RESULTS"), "--roster", str(roster)] + extra) == 0
         assert line in (graded / "RESULTS" / "report.html").read_text()
-    assert "Never submitted" not in classreport.render([r.to_json() for r in store.load_term(graded / "RESULTS").results])
+    assert "Never submitted" not in classreport.render(store.load_term(graded / "RESULTS").results)
 
 def test_report_in_headless_chromium(graded):
     if CHROMIUM is None:

@@ -57,7 +57,7 @@ def read(path):
 
 
 def test_totals(term):
-    path = write_totals(term / "RESULTS", [r.to_json() for r in load_results(term / "RESULTS")])
+    path = write_totals(term / "RESULTS", load_results(term / "RESULTS"))
     rows = {r["student"]: r for r in csv.DictReader(open(path, newline=""))}
     assert read(path)[0] == ["student", "01_attention", "02_heads", "total", "max_points", "percentage", "regrade"]
     assert rows["alice"] == dict(student="alice", **{"01_attention": "6", "02_heads": "6"}, total="12",
@@ -114,7 +114,7 @@ def test_grade_writes_totals_for_every_roster_student(term, capsys):
     from autograder.adapters.roster import load_roster
     (term / "roster.csv").write_text(ROSTER + "dave,Dave Bowman,dave@example.org,104,dbowman,B\n")
     write_totals_of_grade = report_outputs(roster=load_roster(term / "roster.csv"))[0]
-    write_totals_of_grade(term / "RESULTS", [r.to_json() for r in load_results(term / "RESULTS")], [])
+    write_totals_of_grade(term / "RESULTS", load_results(term / "RESULTS"), [])
     rows = {r["student"]: r for r in csv.DictReader(open(term / "RESULTS/totals.csv", newline=""))}
     assert rows["dave"]["total"] == "0" and rows["dave"]["max_points"] == "14"
     # grade takes --roster: a roster it cannot read stops it before any grading.
@@ -127,7 +127,7 @@ def _gradebook_with_reviews(term):
     test_scaled_dot_product_attention 2 (of 3, autograded 0), bob's (the grader could not run it) 3, and
     0.5 extra credit on alice's 02_heads test_merge_heads. Returns (its path, the results)."""
     from autograder.adapters.gradebook import _open, update_gradebook
-    db, results = term / "gradebook.db", [r.to_json() for r in load_results(term / "RESULTS")]
+    db, results = term / "gradebook.db", load_results(term / "RESULTS")
     update_gradebook(db, results, TESTS, term / "course")
     with _open(db) as gb:
         for student, lesson, test, manual, extra in (
@@ -166,8 +166,7 @@ def test_a_stale_override_is_named_and_the_flag_chooses_whether_it_wins(term, ca
     """carol resubmits a correct test_scaled_dot_product_attention (3 of 3) after her manual 2."""
     from autograder.adapters.gradebook import read_reviews, update_gradebook
     db, results = _gradebook_with_reviews(term)
-    regraded = result("carol", "01_attention", [1, 1, 3])
-    save_result(term / "RESULTS", regraded)
+    regraded = save_result(term / "RESULTS", result("carol", "01_attention", [1, 1, 3]))
     update_gradebook(db, [regraded], {"01_attention": TESTS["01_attention"]}, term / "course")
     assert read_reviews(db)["carol", "01_attention"].stale == ["test_scaled_dot_product_attention"]
     assert read_reviews(db)["bob", "01_attention"].stale == [], "a regrade that changes nothing keeps it fresh"

@@ -139,11 +139,12 @@ def test_broken_submission_scores_zero_with_a_reason(bundle, tmp_path):
 
 
 def graded_as(root, monkeypatch, rows):
-    """A Gradescope root whose grading returns these test rows (the grader itself not run)."""
+    """A Gradescope root whose grading returns these test rows (the grader itself not run), read when it grades."""
     import autograder.grade
+    from autograder.results import Result
 
-    monkeypatch.setattr(autograder.grade, "grade", lambda *a, **k: {"results": [dict(
-        student="submission", lesson=LESSON, notes=[], cells={}, tests=rows)]})
+    monkeypatch.setattr(autograder.grade, "grade", lambda *a, **k: {"results": [Result.from_json(dict(
+        student="submission", lesson=LESSON, notes=[], cells={}, tests=rows))]})
     monkeypatch.setattr("autograder.worker.choose_mode", lambda *a: "bwrap")
     for d in ("source", "submission", "results"):
         (root / d).mkdir()

@@ -5,6 +5,7 @@ import copy
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -46,15 +47,15 @@ def test_a_result_round_trips_and_damaged_ones_are_reported_not_raised(tmp_path)
     assert [r.student for r in loaded] == ["alice"]
     assert len(problems) == len(damaged) + 1 and all("unreadable stored result" in p for p in problems)
     # the report turns them into errors flagged for regrading, never zeros, and never crashes
-    rows = {r["student"]: r for r in report.gather(tmp_path)}
-    assert rows["huge"]["tests"][0]["status"] == "error" and "damaged" in rows["huge"]["tests"][0]["message"]
-    assert all(store.needs_regrade(t) for t in rows["not-json"]["tests"])
+    rows = {r.student: r for r in report.gather(tmp_path)}
+    assert rows["huge"].tests[0].status == "error" and "damaged" in rows["huge"].tests[0].message
+    assert all(t.needs_regrade for t in rows["not-json"].tests)
 
 
 def test_stored_text_is_cleaned_and_capped():
-    r = store.validate_result(result(notes=["\x1b[31mred\x1b[0m \u202eevil\x07"], cells={
+    r = store.Result.from_json(result(notes=["\x1b[31mred\x1b[0m \u202eevil\x07"], cells={
         "skipped": {}, "errors": {"cell 3 (x = 1)": "a forged string error " * 3_000_000,
-                                  "cell 4": {"type": "\x1b]0;title\x07Err", "message": ["not", "text"]}}}))
+                                  "cell 4": {"type": "\x1b]0;title\x07Err", "message": ["not", "text"]}}})).to_json()
     assert r["notes"] == ["red evil"]
     forged = r["cells"]["errors"]["cell 3 (x = 1)"]
     assert forged["type"] == "error" and len(forged["message"]) <= store.NOTE_CAP
@@ -75,8 +76,8 @@ def test_csv_cells_cannot_be_formulas(value, written):
 
 def test_student_ids_stay_identical_through_grades_csv(tmp_path):
     names = ["=cmd|' /C calc'!A0", "-rf", "+x", "@me", "'quoted", "o'brien", "plain"]
-    store.write_grades(tmp_path / "grades.csv", [result(s) | {"tests": [dict(
-        test="test_softmax", points=1, max_points=2, status="failed", message="=HYPERLINK(\"x\")\nline 2")]}
+    store.write_grades(tmp_path / "grades.csv", [store.Result.from_json(result(s) | {"tests": [dict(
+        test="test_softmax", points=1, max_points=2, status="failed", message="=HYPERLINK(\"x\")\nline 2")]})
         for s in names])
     text = (tmp_path / "grades.csv").read_text()
     assert "\n=" not in text and "\n-" not in text and "\n+" not in text and "\n@" not in text
@@ -194,7 +195,7 @@ def test_partial_credit_rows_sum_to_the_tests_points():
     assert (row["status"], row["points"], row["message"]) == ("failed", 1.5, "the mask is ignored")
     assert [(a["aspect"], a["points"], a["max_points"], a["passed"]) for a in row["aspects"]] == [
         ("core", 1.0, 1.0, True), ("masks", 0.0, 0.5, False), ("errors", 0.5, 0.5, True)]
-    page = report.feedback_page(store.validate_result(result() | {"tests": [dict(test="test_f", **row)]}))
+    page = report.feedback_page(store.Result.from_json(result() | {"tests": [dict(test="test_f", **row)]}))
     assert "masks: 0 / 0.5" in page and "the mask is ignored" in page and "errors: 0.5 / 0.5" in page
 
 
@@ -219,7 +220,7 @@ def test_unavailable_checks_and_bugs_of_ours_are_errors_flagged_for_regrading():
 
 def test_merge_names_every_gap_and_inconsistency():
     def run(shard, lessons=("01_attention",), manifest=None):
-        return {"shard": shard, "manifest": manifest, "lessons": list(lessons), "partial": []}
+        return store.Run(shard, manifest, tuple(lessons))
 
     whole = {"a": run("0/3"), "b": run("1/3"), "c": run("2/3")}
     stored = {"a": [store.Result.from_json(result("s1"))], "b": [store.Result.from_json(result("s2"))], "c": []}
@@ -302,8 +303,8 @@ def test_merge_refuses_a_shard_whose_result_was_edited(tmp_path):
     with pytest.raises(MergeError, match="bob.json: refused: its verdict was changed after grading"):
         merge(shards, tmp_path / "again")
     assert not (tmp_path / "again" / "grades.csv").exists()
-    merged = {r["student"]: r for r in merge(shards, tmp_path / "partial", allow_partial=True)}
-    assert all(store.needs_regrade(t) for t in merged["bob"]["tests"])  # left out, flagged for regrading
+    merged = {r.student: r for r in merge(shards, tmp_path / "partial", allow_partial=True)}
+    assert all(t.needs_regrade for t in merged["bob"].tests)  # left out, flagged for regrading
 
 
 def test_integers_in_a_students_exception_are_masked_but_the_graders_own_shapes_are_not():
@@ -345,8 +346,8 @@ def test_a_result_copied_from_another_folder_or_put_back_is_refused(tmp_path):
     assert got is None and "an older result put back" in why
     term = store.load_term(a, report.lesson_tests())
     assert [r.student for r in term.results] == ["alice"] and list(term.refused) == [("bob", "01_attention")]
-    rows = {r["student"]: r for r in report.gather(a)}  # the report flags it for regrading, saying why
-    assert all(store.needs_regrade(t) for t in rows["bob"]["tests"]) and "put back" in rows["bob"]["tests"][0]["message"]
+    rows = {r.student: r for r in report.gather(a)}  # the report flags it for regrading, saying why
+    assert all(t.needs_regrade for t in rows["bob"].tests) and "put back" in rows["bob"].tests[0].message
 
 
 def test_a_deleted_result_is_named_not_forgotten(tmp_path):
@@ -356,8 +357,8 @@ def test_a_deleted_result_is_named_not_forgotten(tmp_path):
     assert store.load_result(tmp_path, "bob", "01_attention") == (None, None)  # to grade --resume: not graded before
     term = store.load_term(tmp_path)
     assert "deleted" in term.refused["bob", "01_attention"] and any("bob.json" in line for line in term.lines)
-    rows = {r["student"]: r for r in report.gather(tmp_path)}
-    assert "deleted" in rows["bob"]["tests"][0]["message"] and all(store.needs_regrade(t) for t in rows["bob"]["tests"])
+    rows = {r.student: r for r in report.gather(tmp_path)}
+    assert "deleted" in rows["bob"].tests[0].message and all(t.needs_regrade for t in rows["bob"].tests)
 
 
 def test_a_result_moved_onto_another_student_is_refused_not_unreadable(tmp_path):
@@ -448,3 +449,49 @@ def test_the_typed_result_reads_and_writes_the_stored_format_unchanged(tmp_path)
     assert store.load_result(tmp_path, "alice", "01_attention") == (saved, None)
     with pytest.raises(AttributeError):
         typed.tests[0].points = 2.0  # frozen
+
+
+MAIN_FOLDER = Path(__file__).parent / "data" / "results-4677f98"
+
+
+def test_a_results_folder_written_before_the_types_reads_unchanged_and_resume_regrades_nobody(tmp_path, monkeypatch):
+    """tests/data/results-4677f98: `grade SUBMISSIONS --out RESULTS --lesson 01_attention` as main wrote it at
+    4677f98 (before the adapters took typed results), with the results key it was signed with: alice's
+    mask aligned top-left (an aspect lost), bob who never handed it in, carol's unstable softmax, a cell
+    that raises and a submission time. Every result reads, is written back to the same bytes, and
+    `grade --resume` reuses all three. What the grader's own code hashes into each lesson's fingerprint
+    (lesson_fingerprint: checks, grade.py, results.py, the sandbox) is pinned to the stored one: a new
+    version of the checks regrades by design; the stored format must not."""
+    from autograder import grade as grading
+    folder = tmp_path / "term"
+    shutil.copytree(MAIN_FOLDER, folder)
+    key = folder / "results.key"
+    key.chmod(0o600)
+    monkeypatch.setenv(store.KEY_ENV, str(key))
+    out = folder / "RESULTS"
+    term = store.load_term(out, report.lesson_tests())
+    assert (term.refused, term.lines) == ({}, []) and [r.student for r in term.results] == ["alice", "bob", "carol"]
+    for r in term.results:
+        text = store.result_path(out, r.student, r.lesson).read_text()
+        assert json.dumps(dict(r.to_json(), digest=json.loads(text)["digest"]), indent=1) + "\n" == text
+    run_json = (out / store.STORE / store.RUN_FILE).read_text()
+    assert json.dumps(store.read_run(out).to_json(), indent=1) + "\n" == run_json
+    carol = term.results[2]
+    assert carol.submitted_at and carol.errors and carol.tests[0].aspects[1].passed is False
+    stored_grader = {r.grader for r in term.results}
+    assert len(stored_grader) == 1
+    monkeypatch.setattr(grading, "lesson_fingerprint", lambda *args: next(iter(stored_grader)))
+    run = grading.grade(folder / "SUBMISSIONS", out, ["01_attention"], resume=True, progress=False)
+    assert (run["graded"], run["reused"]) == (0, 3), run["reasons"]
+    assert [r.to_json() for r in run["results"]] == [r.to_json() for r in term.results]
+
+
+@pytest.mark.parametrize("damage, field", [({"shard": "first"}, "shard"), ({"manifest": 3}, "manifest"),
+                                           ({"lessons": "01_attention"}, "lessons"), ({"partial": [None]}, "partial")])
+def test_a_damaged_run_record_is_one_line_naming_the_file_and_field(tmp_path, damage, field):
+    store.write_run(tmp_path, "0/2", None, {"02_heads", "01_attention"})
+    assert store.read_run(tmp_path) == store.Run("0/2", None, ("01_attention", "02_heads"))
+    path = tmp_path / store.STORE / store.RUN_FILE
+    path.write_text(json.dumps(json.loads(path.read_text()) | damage))
+    with pytest.raises(store.UsageError, match=f"^{re.escape(str(path))} is damaged \\({field} .*grade again$"):
+        store.read_run(tmp_path)

@@ -28,14 +28,14 @@ from autograder.adapters.gradebook import read_reviews, update_gradebook
 
 
 def report_outputs(gradebook=None, course_root=None, roster=None):
-    """The writers report.write_all calls after the core's files, each write(out, results, warnings):
+    """The writers report.write_all calls after the core's files, each write(out, results ([Result]), warnings):
     with a gradebook (nbgrader's database file) its scores and the autograded notebooks under course_root
     (default: the gradebook's folder); totals.csv (a row for every student of the roster, when one is
     given; the gradebook's manual scores and extra credit counted and flagged); the class report."""
     outputs = []
     if gradebook:   # first, so that totals.csv counts its manual scores (stale ones kept, as nbgrader does)
         def to_gradebook(out, results, warnings):
-            tests = {lesson: nbk.lesson_tests(lesson) for lesson in sorted({r["lesson"] for r in results})}
+            tests = {lesson: nbk.lesson_tests(lesson) for lesson in sorted({r.lesson for r in results})}
             update_gradebook(gradebook, results, tests, course_root)
         outputs.append(to_gradebook)
     outputs += [lambda out, results, warnings: write_totals(

@@ -26,7 +26,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from autograder import notebook as nbk
-from autograder.results import needs_regrade, write_atomic
+from autograder.results import write_atomic
 
 REPORT = "report.html"
 MIN_ANSWER_CHARS = 80      # of the student's own code, spaces aside: `return x.sum(-1)` says nothing
@@ -39,40 +39,40 @@ text-align:left;vertical-align:top}td.n{text-align:right;white-space:nowrap}h2{m
 
 
 def mistakes(test):
-    """The named mistakes of one failed test: the core aspect's message when the core failed (the
+    """The named mistakes of one failed TestRow: the core aspect's message when the core failed (the
     other aspects are then not earned, which says nothing new), else each failed aspect's message."""
-    aspects = test.get("aspects") or []
-    if aspects and not aspects[0]["passed"]:
-        lines = [aspects[0]["message"] or test["message"]][:1]
+    aspects = test.aspects or ()
+    if aspects and not aspects[0].passed:
+        lines = [aspects[0].message or test.message]
     elif aspects:
-        lines = [f"{a['aspect']}: {a['message']}" for a in aspects if not a["passed"] and a["message"]]
+        lines = [f"{a.aspect}: {a.message}" for a in aspects if not a.passed and a.message]
     else:
-        lines = [line for line in test["message"].splitlines() if line.strip()][:1]
+        lines = [line for line in test.message.splitlines() if line.strip()][:1]
     # Shapes vary between students; the mistake does not.
     return [re.sub(r"\(\d+(?:, ?\d+)*,?\)", "(...)", line.strip())[:300] for line in lines]
 
 
 def function_stats(results):
     """{(lesson, test): {passed, counted, missing, regrade, points, max_points, mistakes: Counter,
-    who: {mistake: {students}}}}."""
+    who: {mistake: {students}}}} of [Result]."""
     stats = defaultdict(lambda: {"passed": 0, "counted": 0, "missing": 0, "regrade": 0, "points": 0.0,
                                  "max_points": 0.0, "mistakes": Counter(), "who": defaultdict(set)})
     for r in results:
-        for t in r["tests"]:
-            s = stats[(r["lesson"], t["test"])]
-            if t["status"] == "missing":
+        for t in r.tests:
+            s = stats[(r.lesson, t.test)]
+            if t.status == "missing":
                 s["missing"] += 1
-            elif needs_regrade(t):
+            elif t.needs_regrade:
                 s["regrade"] += 1
             else:
                 s["counted"] += 1
-                s["passed"] += t["status"] == "passed"
-                s["points"] += t["points"]
-                s["max_points"] += t["max_points"]
-                if t["status"] != "passed":
+                s["passed"] += t.status == "passed"
+                s["points"] += t.points
+                s["max_points"] += t.max_points
+                if t.status != "passed":
                     s["mistakes"].update(mistakes(t))
                     for m in mistakes(t):
-                        s["who"][m].add(r["student"])
+                        s["who"][m].add(r.student)
     return stats
 
 
@@ -94,16 +94,16 @@ def by_section(results, sections):
     scores = defaultdict(list)
     for r in results:
         if (pct := percentage(r)) is not None:
-            scores[(sections.get(r["student"]) or "(none)", r["lesson"])].append(
-                (pct, all(t["status"] == "passed" for t in r["tests"])))
+            scores[(sections.get(r.student) or "(none)", r.lesson)].append(
+                (pct, all(t.status == "passed" for t in r.tests)))
     return [(section, lesson, len(v), sum(p for p, _ in v) / len(v), sum(ok for _, ok in v))
             for (section, lesson), v in sorted(scores.items())]
 
 
 def never_submitted(results, roster):
     """{lesson: sorted roster students with no submission of it} (no result, or every test `missing`)."""
-    handed = {(r["student"], r["lesson"]) for r in results if any(t["status"] != "missing" for t in r["tests"])}
-    lessons = sorted({r["lesson"] for r in results})
+    handed = {(r.student, r.lesson) for r in results if r.submitted}
+    lessons = sorted({r.lesson for r in results})
     return {lsn: sorted(s for s in set(roster) if (s, lsn) not in handed) for lsn in lessons}
 
 
@@ -125,12 +125,10 @@ def histogram(percentages, lesson):
 
 
 def percentage(result):
-    """A result's score in % of the lesson's points; None when nothing was submitted or a test is to grade again."""
-    tests = result["tests"]
-    if all(t["status"] == "missing" for t in tests) or any(needs_regrade(t) for t in tests):
+    """A Result's score in % of the lesson's points; None when nothing was submitted or a test is to grade again."""
+    if not result.submitted or any(t.needs_regrade for t in result.tests):
         return None
-    full = sum(t["max_points"] for t in tests)
-    return 100 * sum(t["points"] for t in tests) / full if full else 0.0
+    return 100 * result.points / result.max_points if result.max_points else 0.0
 
 
 def lesson_percentages(results):
@@ -138,7 +136,7 @@ def lesson_percentages(results):
     out = defaultdict(list)
     for r in results:
         if (pct := percentage(r)) is not None:
-            out[r["lesson"]].append(pct)
+            out[r.lesson].append(pct)
     return out
 
 
@@ -175,10 +173,10 @@ def submission_mismatches(results, submissions):
     from autograder.grade import locate  # the core's own way to find a student's notebook
     lines = []
     for r in results:
-        if r.get("sha256"):
-            now, _ = locate(submissions, r["student"], r["lesson"]).key()
-            if now != r["sha256"]:
-                lines.append(f"{r['student']} {r['lesson']}: its result was graded from another notebook than "
+        if r.sha256:
+            now, _ = locate(submissions, r.student, r.lesson).key()
+            if now != r.sha256:
+                lines.append(f"{r.student} {r.lesson}: its result was graded from another notebook than "
                              f"{submissions} holds ({'none there now' if now is None else 'sha256 differs'}): "
                              "regrade it (grade --resume)")
     return lines
@@ -186,10 +184,10 @@ def submission_mismatches(results, submissions):
 
 def notebook_of(result, submissions):
     if submissions:
-        path = Path(submissions) / result["student"] / result["lesson"] / f"{result['lesson']}.ipynb"
+        path = Path(submissions) / result.student / result.lesson / f"{result.lesson}.ipynb"
         if path.is_file():
             return path
-    return Path(result["notebook"]) if result.get("notebook") else None
+    return Path(result.notebook) if result.notebook else None
 
 
 def identical_groups(results, submissions):
@@ -197,7 +195,7 @@ def identical_groups(results, submissions):
     answers_of, groups = {}, defaultdict(list)
     reference = {}
     for r in results:
-        lesson = r["lesson"]
+        lesson = r.lesson
         if lesson not in answers_of:
             try:
                 answers_of[lesson] = lesson_answers(lesson)
@@ -219,7 +217,7 @@ def identical_groups(results, submissions):
             if "NotImplementedError" in code or len(re.sub(r"\s", "", code)) < MIN_ANSWER_CHARS:
                 continue
             key = (lesson, gid, hashlib.sha256(code.encode()).hexdigest())
-            groups[key].append(r["student"])
+            groups[key].append(r.student)
             reference[key] = code == ref
     found = [(lesson, gid, sorted(set(students)), reference[(lesson, gid, h)])
              for (lesson, gid, h), students in groups.items() if len(set(students)) > 1]
@@ -252,8 +250,8 @@ def render(results, submissions=None, warnings=(), names=True, sections=None, ro
     its manual scores."""
     e = html.escape
     stats, percentages = function_stats(results), lesson_percentages(results)
-    students = sorted({r["student"] for r in results})
-    lessons = sorted({r["lesson"] for r in results})
+    students = sorted({r.student for r in results})
+    lessons = sorted({r.lesson for r in results})
     parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>Class report</title>"
              f"<style>{STYLE}</style></head><body><h1>Class report</h1>"
              f"<p>{plural(len(students), 'student')}, {plural(len(lessons), 'lesson')}, "
@@ -310,7 +308,7 @@ def render(results, submissions=None, warnings=(), names=True, sections=None, ro
                          f"<td>identical: {e(', '.join(students)) if names else plural(len(students), 'student')}</td></tr>")
         parts.append("</table>")
     else:
-        parts.append("<p>No identical answers." + ("" if submissions or any(r.get("notebook") for r in results)
+        parts.append("<p>No identical answers." + ("" if submissions or any(r.notebook for r in results)
                                                     else " (No notebooks to compare: give --submissions.)") + "</p>")
     parts.append("</body></html>\n")
     return "".join(parts)

@@ -2,7 +2,7 @@
 `python -m autograder export RESULTS --format canvas|csv --out FILE`.
 
 A lesson's score is the sum of its tests' points. A test the grader itself could not run
-(results.needs_regrade) counts neither as 0 nor as full marks: the student's lesson is left blank
+(TestRow.needs_regrade) counts neither as 0 nor as full marks: the student's lesson is left blank
 (out of the total and its maximum too) and listed under `regrade`, to be graded again. So is a stored
 result the store refused (edited, copied from another folder, put back, deleted: results.load_term):
 its row says `<lesson>: refused: <why>`, and the command names it and exits 1, never a silent blank.
@@ -29,7 +29,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from autograder.results import UsageError, csv_text, needs_regrade, read_timestamp, write_atomic
+from autograder.results import UsageError, csv_text, read_timestamp, write_atomic
 from autograder.adapters.gradebook import Review
 from autograder.adapters.roster import squash
 
@@ -65,31 +65,29 @@ class Score:
 
 
 def score(result, review=None, drop_stale=False):
-    """The result's Score; with a gradebook Review, a test's manual score replaces its autograded points
+    """A Result's Score; with a gradebook Review, a test's manual score replaces its autograded points
     (a stale one only unless drop_stale; a test the grader could not run is decided by one) and extra
     credit adds to the lesson's points, not to its maximum, as nbgrader counts them."""
     review = review or Review()
     manual = {t: p for t, p in review.manual.items() if not (drop_stale and t in review.stale)}
-    regrade = [t["test"] for t in result["tests"] if needs_regrade(t) and t["test"] not in manual]
-    tests = {t["test"] for t in result["tests"]}
-    points = None if regrade else sum(manual.get(t["test"], t["points"]) for t in result["tests"]) \
+    regrade = [t.test for t in result.tests if t.needs_regrade and t.test not in manual]
+    tests = {t.test for t in result.tests}
+    points = None if regrade else sum(manual.get(t.test, t.points) for t in result.tests) \
         + sum(p for t, p in review.extra.items() if t in tests)
     flags = [f"manual: {', '.join(sorted(t for t in manual if t in tests))}"] if set(manual) & tests else []
     flags += [f"stale override {'dropped' if drop_stale else 'kept'}: {t}" for t in sorted(review.stale) if t in tests]
     flags += [f"extra credit: {t}" for t in sorted(review.extra) if t in tests]
-    return Score(points, sum(t["max_points"] for t in result["tests"]), regrade,
-                 any(t["status"] != "missing" for t in result["tests"]), raw=points, flag="; ".join(flags),
+    return Score(points, result.max_points, regrade, result.submitted, raw=points, flag="; ".join(flags),
                  stale=sorted(t for t in review.stale if t in tests))
 
 
 def table(results, refused=None, roster=None, blank_missing=False, reviews=None, drop_stale=False):
-    """(students, lessons, {(student, lesson): Score}) of a list of results and of the refused stored
+    """(students, lessons, {(student, lesson): Score}) of a list of Results and of the refused stored
     results {(student, lesson): why}, which have no score. With a roster, every roster student has a
     score in every lesson: one never handed in is MISSING, 0 of the lesson's points (blank_missing:
     no score, out of the total). reviews: the gradebook's {(student, lesson): Review} (see score)."""
     reviews = reviews or {}
-    scores = {(r["student"], r["lesson"]): score(r, reviews.get((r["student"], r["lesson"])), drop_stale)
-              for r in results}
+    scores = {(r.student, r.lesson): score(r, reviews.get((r.student, r.lesson)), drop_stale) for r in results}
     for pair, why in (refused or {}).items():
         scores.setdefault(pair, Score(None, 0.0, [], False, refused=why))
     lessons = sorted({lsn for _, lsn in scores})
@@ -233,10 +231,10 @@ def parse_policy(text):
 
 
 def submission_time(result, submissions):
-    """The stored submission time of a result (aware datetime) or None."""
-    text = result.get("submitted_at")
+    """The stored submission time of a Result (aware datetime) or None."""
+    text = result.submitted_at
     if not text and submissions:
-        text, _ = read_timestamp(Path(submissions) / result["student"] / result["lesson"])
+        text, _ = read_timestamp(Path(submissions) / result.student / result.lesson)
     if not text:
         return None
     moment = datetime.fromisoformat(text)
@@ -251,8 +249,8 @@ def apply_penalties(results, scores, deadlines, policy, submissions, extensions=
     rate, unit, cap = policy
     rows, untimed = [], {}
     for r in results:
-        pair, s = (r["student"], r["lesson"]), scores[(r["student"], r["lesson"])]
-        deadline = (extensions or {}).get(pair, deadlines.get(r["lesson"]))
+        pair = (r.student, r.lesson)
+        s, deadline = scores[pair], (extensions or {}).get(pair, deadlines.get(r.lesson))
         if deadline is None or not s.submitted:
             continue
         moment = None if deadline == EXEMPT else submission_time(r, submissions)
@@ -260,14 +258,14 @@ def apply_penalties(results, scores, deadlines, policy, submissions, extensions=
             s.flag = "; ".join(filter(None, [s.flag, "exempt from the deadline" if deadline == EXEMPT
                                              else "no submission time: not penalised"]))
             if deadline != EXEMPT:
-                untimed.setdefault(r["lesson"], []).append(r["student"])
+                untimed.setdefault(r.lesson, []).append(r.student)
         else:
             late = moment - deadline
             s.late = math.ceil(late / unit) if late > grace else 0
             s.penalty = min(cap, rate * s.late)
             if s.points is not None:
                 s.points = round(s.raw * (1 - s.penalty), 4)
-        rows.append(dict(student=r["student"], lesson=r["lesson"], submitted_at=moment.isoformat() if moment else "",
+        rows.append(dict(student=r.student, lesson=r.lesson, submitted_at=moment.isoformat() if moment else "",
                          deadline=deadline if deadline == EXEMPT else deadline.isoformat(), late_units=s.late,
                          penalty_percent=round(100 * s.penalty, 2), raw=s.raw if s.raw is not None else "",
                          penalised=s.points if s.points is not None else "", flag=s.flag))
@@ -287,7 +285,7 @@ def roster_for(roster, results):
         raise ExportError("--format canvas needs --roster (Canvas matches rows by its user ID, the roster's lms_id)")
     roster.require(("lms_id",), "Canvas's import matches rows by (its user ID)")
     rows = {r["student"]: r for r in roster.rows}
-    missing = sorted({r["student"] for r in results} - set(rows))
+    missing = sorted({r.student for r in results} - set(rows))
     return rows, [f"not in the roster, left out: {', '.join(missing)}"] if missing else []
 
 

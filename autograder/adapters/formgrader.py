@@ -28,17 +28,17 @@ def autograded_path(course_root, student, lesson):
 
 
 def verdict_outputs(t):
-    """A test cell's outputs for one result row (see the module docstring)."""
-    got = f"{t['points']:g}/{t['max_points']:g} points"
+    """A test cell's outputs for one TestRow (see the module docstring)."""
+    got = f"{t.points:g}/{t.max_points:g} points"
     lines = feedback_text(t).splitlines()
-    if t["status"] == "passed":
+    if t.status == "passed":
         return [_stream(f"passed: {got}\n")]
-    if t["points"] > 0:
+    if t.points > 0:
         return [_stream("\n".join([f"partial credit: {got}"] + lines) + "\n"),
                 {"output_type": "execute_result", "execution_count": None, "metadata": {},
-                 "data": {"text/plain": f"{t['points']:g}"}}]
-    return [{"output_type": "error", "ename": t["status"], "evalue": "\n".join(lines),
-             "traceback": [f"{t['status']}: {got}"] + lines}]
+                 "data": {"text/plain": f"{t.points:g}"}}]
+    return [{"output_type": "error", "ename": t.status, "evalue": "\n".join(lines),
+             "traceback": [f"{t.status}: {got}"] + lines}]
 
 
 def _stream(text):
@@ -61,12 +61,12 @@ def _new_cell(cell_type, text):
 def submitted_cells(result):
     """(the submission's cells, a note or None): [] with a note when it cannot be read, or is no
     longer the notebook that was graded."""
-    path = result.get("notebook")
+    path = result.notebook
     if not path:
         return [], "the grader kept no submitted notebook for this result (see the test messages)"
     try:  # read as the grader reads submissions: no links, a plausible size, cells of the right types
         data = nbk.read_submitted_bytes(path)
-        if result.get("sha256") and hashlib.sha256(data).hexdigest() != result["sha256"]:
+        if result.sha256 and hashlib.sha256(data).hexdigest() != result.sha256:
             return [], f"the submitted notebook at {path} changed after it was graded: grade it again"
         return nbk.parse_submission(data)["cells"], None
     except nbk.NotebookError as e:
@@ -82,7 +82,7 @@ def autograded_notebook(result, source):
     for c in cells:
         if c["cell_type"] == "code" and isinstance(nbk.grade_id(c), str):
             answers.setdefault(nbk.grade_id(c), c)
-    rows = {t["test"]: t for t in result["tests"]}
+    rows = {t.test: t for t in result.tests}
     used, known = set(), {nbk.source(c) for c in nb["cells"]}
     for cell in nb["cells"]:
         gid = nbk.grade_id(cell)
@@ -91,7 +91,7 @@ def autograded_notebook(result, source):
             used.add(id(answers[gid]))
         if cell["cell_type"] == "code" and gid in rows:
             cell["outputs"] = verdict_outputs(rows[gid])
-            cell["metadata"]["autograder"] = {k: rows[gid][k] for k in ("status", "points", "max_points")}
+            cell["metadata"]["autograder"] = {k: getattr(rows[gid], k) for k in ("status", "points", "max_points")}
     extra = [c for c in cells if id(c) not in used and nbk.source(c).strip() and nbk.source(c) not in known]
     if note:
         nb["cells"].insert(0, _new_cell("markdown", "**Autograder:**\n\n" + _fenced(note)))
@@ -103,15 +103,15 @@ def autograded_notebook(result, source):
 
 
 def write_autograded(course_root, results):
-    """Write every result's autograded notebook; returns their paths."""
+    """Write every Result's autograded notebook; returns their paths."""
     sources, written = {}, []
     for r in results:
-        if all(t["status"] == "missing" for t in r["tests"]):
+        if not r.submitted:
             continue  # nothing submitted: nbgrader has no submission to show either
-        lesson = r["lesson"]
+        lesson = r.lesson
         if lesson not in sources:
             sources[lesson] = nbk.read(nbk.lesson_path(lesson))
-        path = autograded_path(course_root, r["student"], lesson)
+        path = autograded_path(course_root, r.student, lesson)
         write_atomic(path, json.dumps(autograded_notebook(r, sources[lesson]), indent=1, ensure_ascii=False) + "\n")
         written.append(path)
     return written

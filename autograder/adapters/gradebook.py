@@ -96,17 +96,17 @@ def update_gradebook(db_path, results, tests, course_root=None):
                 if nbk.is_answer(cell):
                     gb.update_or_create_solution_cell(nbk.grade_id(cell), lesson, lesson)
         for r in results:
-            if all(t["status"] == "missing" for t in r["tests"]):
+            if not r.submitted:
                 continue
             notebook = _submission_notebook(gb, r)
-            for t in r["tests"]:
-                grade = next(g for g in notebook.grades if g.name == t["test"])
+            for t in r.tests:
+                grade = next(g for g in notebook.grades if g.name == t.test)
                 # A manual score made against another autograded result is stale until a TA saves one again
                 # (formgrader clears needs_manual_grade then); the grader could not decide a grader_error.
-                changed = grade.auto_score is not None and abs(grade.auto_score - t["points"]) > 1e-9
+                changed = grade.auto_score is not None and abs(grade.auto_score - t.points) > 1e-9
                 stale = grade.manual_score is not None and (changed or bool(grade.needs_manual_grade))
-                grade.auto_score = t["points"]
-                grade.needs_manual_grade = bool(t.get("grader_error")) or stale
+                grade.auto_score = t.points
+                grade.needs_manual_grade = t.grader_error or stale
             gb.db.commit()
     write_autograded(course_root or Path(db_path).resolve().parent, results)
 
@@ -116,15 +116,15 @@ def _submission_notebook(gb, r):
     every cell the lesson has now: a cell added later gets its row without disturbing the others."""
     from nbgrader.api import Comment, Grade, MissingEntry
 
-    student, lesson = r["student"], r["lesson"]
+    student, lesson = r.student, r.lesson
     gb.update_or_create_student(student)
     try:
         submission = gb.find_submission(lesson, student)
     except MissingEntry:
         submission = gb.add_submission(lesson, student)
-    if r.get("submitted_at"):
+    if r.submitted_at:
         # nbgrader keeps naive UTC times (it compares them with naive due dates)
-        submission.timestamp = datetime.fromisoformat(r["submitted_at"]).astimezone(timezone.utc).replace(tzinfo=None)
+        submission.timestamp = datetime.fromisoformat(r.submitted_at).astimezone(timezone.utc).replace(tzinfo=None)
     notebook = gb.find_submission_notebook(lesson, lesson, student)
     cells = gb.find_notebook(lesson, lesson)
     have = {g.name for g in notebook.grades}

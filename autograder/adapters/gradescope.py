@@ -158,9 +158,9 @@ def run(root):
         except (UsageError, SandboxError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 1
-    broken = [t for r in results for t in r["tests"] if t.get("grader_error")]
+    broken = [t for r in results for t in r.tests if t.grader_error]
     if broken:  # the grader could not decide these: a zero would be a wrong grade. One line, each cause once
-        causes = "; ".join(dict.fromkeys(t["message"] for t in broken))
+        causes = "; ".join(dict.fromkeys(t.message for t in broken))
         print(f"error: the grader could not check {len(broken)} test(s) of {lesson}: {causes}", file=sys.stderr)
         return 1
     data = results_json(results, config["visibility"], config["test_visibility"], config["stdout_visibility"])
