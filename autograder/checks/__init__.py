@@ -275,7 +275,9 @@ class Subject:
         return self.call({"helper": name}, *args, **kwargs)
 
     def get(self, handle, name):
-        return self._request({"op": "getattr", "handle": handle.id, "name": name})
+        """handle.name; handle may be a name the notebook defines (s.get("FlashAttention", "apply"))."""
+        where = {"global": handle} if isinstance(handle, str) else {"handle": handle.id}
+        return self._request({"op": "getattr", **where, "name": name})
 
     def state(self, handle, keep_vars=False):
         """A module's state_dict as {name: Array}; keep_vars: state_dict(keep_vars=True), the parameters

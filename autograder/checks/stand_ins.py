@@ -62,3 +62,46 @@ class MultiHeadAttention(nn.Module):
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
         for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
             setattr(self, name, nn.Linear(d_model, d_model, bias=bias))
+
+
+def _tile_scores(q, k, rows, cols, causal, work):
+    """Scaled scores of query rows x key cols, in work; causal: bottom-right (key j <= i + Tk - Tq)."""
+    s = q[:, :, rows].to(work) @ k[:, :, cols].to(work).transpose(-2, -1) / math.sqrt(q.size(-1))
+    if causal:
+        i = torch.arange(rows.start, min(rows.stop, q.size(2)))[:, None] + k.size(2) - q.size(2)
+        s = s.masked_fill(torch.arange(cols.start, min(cols.stop, k.size(2))) > i, float("-inf"))
+    return s
+
+
+def flash_attention_forward(q, k, v, causal=False, block_q=64, block_k=64):
+    """Two passes over key tiles per query tile: the row logsumexp, then out = sum exp(s - lse) v."""
+    work = torch.promote_types(q.dtype, torch.float32)
+    out, lse = torch.empty_like(q), torch.empty(q.shape[:3], dtype=work)
+    for qs in range(0, q.size(2), block_q):
+        rows, tiles = slice(qs, qs + block_q), [slice(ks, ks + block_k) for ks in range(0, k.size(2), block_k)]
+        row_lse = torch.full(q[:, :, rows].shape[:3], float("-inf"), dtype=work)
+        for cols in tiles:
+            row_lse = torch.logaddexp(row_lse, _tile_scores(q, k, rows, cols, causal, work).logsumexp(-1))
+        acc = sum(torch.exp(_tile_scores(q, k, rows, cols, causal, work) - row_lse[..., None]) @ v[:, :, cols].to(work)
+                  for cols in tiles)
+        out[:, :, rows], lse[:, :, rows] = acc.to(q.dtype), row_lse
+    return out, lse
+
+
+def flash_attention_backward(q, k, v, out, lse, dout, causal=False, block_q=64, block_k=64):
+    """Tile by tile from P = exp(s - lse), with D = rowsum(dout * out)."""
+    work = torch.promote_types(q.dtype, torch.float32)
+    scale = 1 / math.sqrt(q.size(-1))
+    d = (dout.to(work) * out.to(work)).sum(-1, keepdim=True)
+    grads = [torch.zeros(t.shape, dtype=work) for t in (q, k, v)]
+    for ks in range(0, k.size(2), block_k):
+        cols = slice(ks, ks + block_k)
+        for qs in range(0, q.size(2), block_q):
+            rows = slice(qs, qs + block_q)
+            p = torch.exp(_tile_scores(q, k, rows, cols, causal, work) - lse[:, :, rows, None].to(work))
+            do = dout[:, :, rows].to(work)
+            ds = p * (do @ v[:, :, cols].to(work).transpose(-2, -1) - d[:, :, rows])
+            grads[0][:, :, rows] += ds @ k[:, :, cols].to(work) * scale
+            grads[1][:, :, cols] += ds.transpose(-2, -1) @ q[:, :, rows].to(work) * scale
+            grads[2][:, :, cols] += p.transpose(-2, -1) @ do
+    return tuple(g.to(t.dtype) for g, t in zip(grads, (q, k, v)))

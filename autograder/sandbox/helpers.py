@@ -91,6 +91,24 @@ class HostDecoder(nn.Module):
         return _ask_grader({"op": "forward", "ids": ids, "caches": numbers})
 
 
+class Graph:
+    """out = fn(q, k, v, *args) with q, k, v as fresh leaves that require grad (an autograd Function's apply);
+    backward(dout) runs autograd from out and returns the leaves' gradients (dq, dk, dv)."""
+
+    def __init__(self, fn, q, k, v, *args):
+        self.leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        self.out = fn(*self.leaves, *args)
+
+    def backward(self, dout):
+        torch.autograd.backward(self.out, dout)
+        return tuple(t.grad for t in self.leaves)
+
+
+def gradcheck(fn, q, k, v, *args):
+    """torch.autograd.gradcheck of fn(q, k, v, *args) in q's dtype (float64): True, or it raises why not."""
+    return torch.autograd.gradcheck(fn, (*(t.detach().requires_grad_() for t in (q, k, v)), *args))
+
+
 # payload -> the grader's reply: installed by server.py, which imports this module (so this one
 # imports no other of the sandbox's, and the two form no circle).
 host_callback = None
@@ -113,4 +131,6 @@ HELPERS = {
     "HostDecoder": HostDecoder,
     "ListLatentCache": ListLatentCache,
     "len": len,
+    "Graph": Graph,
+    "gradcheck": gradcheck,
 }
