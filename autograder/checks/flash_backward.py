@@ -482,6 +482,7 @@ def _expect_function(s, rng, name, shape, causal):
 # here). The probabilities P of 4096 queries and keys take 64 MiB in float32, well above FUNCTION_MB; a notebook
 # holding more than an honest fresh one when the block begins grows T until P is larger than all it may hold.
 FUNCTION_MB, FUNCTION_T, FUNCTION_DH = 28, 4096, 4
+FUNCTION_STEP = 512  # T grows in steps of the stand-ins' tiles (stand_ins.MIN_TILE)
 FUNCTION_MESSAGE = ("FlashAttention ran out of memory with {t} queries and keys: between its forward and its backward "
                     "it may keep only O(T) memory, q, k, v, out and lse (ctx.save_for_backward), never the (Tq, Tk) "
                     "probabilities P ({mb} MiB here): not in saved_tensors, not as an attribute of ctx, not in a "
@@ -492,7 +493,8 @@ FUNCTION_MESSAGE = ("FlashAttention ran out of memory with {t} queries and keys:
 def _expect_never_keeps_p(s, rng):
     with within_memory(s, FUNCTION_MB, FUNCTION_MESSAGE.format(t=FUNCTION_T, mb=FUNCTION_T ** 2 * 4 >> 20),
                        HEADROOM_MB) as reword:
-        t = FUNCTION_T * math.ceil(math.sqrt(evidence_times(s, FUNCTION_MB, FUNCTION_T ** 2 * 4 >> 20)))
+        times = evidence_times(s, FUNCTION_MB, FUNCTION_T ** 2 * 4 >> 20)
+        t = math.ceil(FUNCTION_T * math.sqrt(times) / FUNCTION_STEP) * FUNCTION_STEP
         reword(FUNCTION_MESSAGE.format(t=t, mb=t * t * 4 >> 20))
         q, k, v, dout = _big_inputs(rng, t, t, FUNCTION_DH)
         out, grads = _function_run(s, q, k, v, dout, False)

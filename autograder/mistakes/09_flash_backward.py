@@ -4,7 +4,11 @@ flash_attention_forward, flash_attention_backward and FlashAttention.
 Each function's mutants are one template with one edit, so that a mutant differs from a correct answer by
 exactly its mistake. Those with a message are run by the checks on their own inputs (mistakes.on).
 """
+import importlib
+
 from autograder.mistakes import Mistake
+
+_GPU = importlib.import_module("autograder.mistakes.06_gpu")
 
 _NAIVE = '''
 def attention_backward(q, k, v, dout, causal=False):
@@ -34,40 +38,20 @@ def _naive(**edits):
     return _NAIVE.format(**{**_NAIVE_OK, **edits})
 
 
-_FORWARD = '''
-def flash_attention_forward(q, k, v, causal=False, block_q=64, block_k=64):
-    Tq, Tk = q.size(2), k.size(2)
-    work = {work}
-    scale = {scale}
-    out = torch.zeros_like(q)
-    lse = torch.zeros(q.shape[:3], dtype={lse_dtype})
-    for qs in range(0, {q_stop}, block_q):
-        qb = q[:, :, qs:qs + block_q].to(work) * scale
-        n = qb.size(2)
-        m = torch.full((*qb.shape[:3], 1), float("-inf"), dtype=work)
-        l = torch.zeros_like(m)
-        acc = torch.zeros_like(qb)
-        rows = torch.arange(qs, qs + n)[:, None] + {offset}
-        for ks in range(0, {k_stop}, block_k):
-            kb = k[:, :, ks:ks + block_k].to(work)
-            vb = v[:, :, ks:ks + block_k].to(work)
-            s = qb @ kb.transpose(-2, -1)
-            if causal:
-                s = s.masked_fill(torch.arange(ks, ks + kb.size(2)) > rows, float("-inf"))
-            m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
-            shift = m_new.clamp(min=torch.finfo(work).min)
-            p = torch.exp(s - shift)
-            alpha = torch.exp(m - shift)
-            l = l * alpha + p.sum(dim=-1, keepdim=True)
-            acc = acc * alpha + p @ vb
-            m = m_new
-        out[:, :, qs:qs + n] = (acc / l).to(q.dtype)
-        lse[:, :, qs:qs + n] = ({lse}).squeeze(-1)
-    return out, {lse_out}
-'''
-_FORWARD_OK = dict(work="torch.promote_types(q.dtype, torch.float32)", scale="1 / math.sqrt(q.size(-1))",
-                   lse_dtype="work", q_stop="Tq", k_stop="Tk", offset="(Tk - Tq)", lse="m + torch.log(l)",
-                   lse_out="lse")
+# Lesson 06's flash_attention (its known mistakes' template), also returning lse.
+_FORWARD = (_GPU._FLASH_BODY
+            .replace("def flash_attention(", "def flash_attention_forward(")
+            .replace("acc_dtype = torch.promote_types(q.dtype, torch.float32)", "acc_dtype = {work}")
+            .replace("    out = torch.zeros_like(q)\n",
+                     "    out = torch.zeros_like(q)\n    lse = torch.zeros(q.shape[:3], dtype={lse_dtype})\n")
+            .replace("        out[:, :, qs:qs + n] = ({result}).to({out_dtype})\n",
+                     "        out[:, :, qs:qs + n] = ({result}).to({out_dtype})\n"
+                     "        lse[:, :, qs:qs + n] = ({lse}).squeeze(-1)\n")
+            .replace("    return out\n", "    return out, {lse_out}\n"))
+_FORWARD_OK = dict(_GPU._FLASH_OK, work="torch.promote_types(q.dtype, torch.float32)", lse_dtype="acc_dtype",
+                   lse="m + torch.log(l)", lse_out="lse")
+assert all(f"{{{key}}}" in _FORWARD for key in ("work", "lse_dtype", "lse", "lse_out")), \
+    "lesson 06's template changed: edit these replacements"
 
 
 def _forward(**edits):
