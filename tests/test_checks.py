@@ -113,7 +113,7 @@ AFTER_OTHERS = [("08_kv_compression", "RollingKVCache", "memory grows: every pos
                 ("08_kv_compression", "absorbed_attention", "materialises one head's keys and values at a time"),
                 ("06_gpu", "flash_attention", "the full score matrix, in a buffer reserved before the call"),
                 ("09_flash_backward", "flash_attention_backward",
-                 "P and dP whole, in a 136 MiB buffer reserved before the call"),
+                 "P and dP whole, in a 264 MiB buffer reserved before the call"),
                 ("09_flash_backward", "FlashAttention", "P kept in a 68 MiB buffer reserved before the call")]
 
 

@@ -341,15 +341,17 @@ def _as64(*arrays):
 
 # The bounded block counts from a fresh process (Subject.memory_bound), and in-process (the notebook's own hidden
 # test) the grader's side of the calls counts too: it makes the inputs inside the block, so they stay small. Forbidden,
-# each one float32 allocation well above BACKWARD_MB (the full (Tq, Tk) matrix too): a (block_q, Tk) row of scores,
-# one query tile of 512 against 32768 keys, and a (Tq, block_k) column, 32768 queries against one key tile of 512
-# (FlashAttention-2's outer loop over key tiles with every query inside), both 64 MiB, and, causal, lesson 06's
-# (Tq, Tk) boolean mask of 6144 queries and keys, 36 MiB. An honest backward's inputs and outputs take at most
-# 512 KiB each, its tiles (512 x 256) 0.5 MiB. A notebook holding more than an honest fresh one when the block
-# begins gets what it holds on top of BACKWARD_MB, up to HEADROOM_MB: then each case grows until its forbidden
-# layout takes more than that (evidence_times), the long side's tile shrinking as the short side grows.
-BACKWARD_MB = TILED_MB  # lesson 06's bound, whose causal case this shares
-BACKWARD_LONG, BACKWARD_SHORT, BACKWARD_TILE = 32768, 512, 256
+# each one float32 allocation well above BACKWARD_MB and above glibc's unseen 64 MiB arena (the full (Tq, Tk) matrix
+# too): a (block_q, Tk) row of scores, one query tile of 1024 against 32768 keys, and a (Tq, block_k) column, 32768
+# queries against one key tile of 1024 (FlashAttention-2's outer loop over key tiles with every query inside), both
+# 128 MiB, and, causal, a (Tq, Tk) boolean mask of 12288 queries and keys, 144 MiB. An honest backward's inputs and
+# outputs take at most 512 KiB each, its tiles (1024 x 128) 0.5 MiB in float32, 1 MiB in float64: one computed in
+# float64 inside maps up to 20 MiB in all. A notebook holding more than an honest fresh one when the block begins
+# gets what it holds on top of BACKWARD_MB, up to HEADROOM_MB: then each case grows until its forbidden layout takes
+# more than that (evidence_times), the long side's tile shrinking as the short side grows.
+BACKWARD_MB = 40
+BACKWARD_LONG, BACKWARD_SHORT, BACKWARD_TILE = 32768, 1024, 128
+BACKWARD_MASK = dict(t=12288, bq=256, bk=512)
 BACKWARD_DH = 4
 BACKWARD_MESSAGE = ("flash_attention_backward{causal} ran out of memory with {tq} queries and {tk} keys in tiles of "
                     "{bq} x {bk}: it may never hold more than block_q x block_k scores or probabilities at once (here "
@@ -363,10 +365,11 @@ def _backward_cases(s):
     times = evidence_times(s, BACKWARD_MB, BACKWARD_LONG * BACKWARD_SHORT * 4 >> 20)
     short, tile = BACKWARD_SHORT * times, max(BACKWARD_TILE // times, 16)
     mb = BACKWARD_LONG * short * 4 >> 20
-    _, (_, t, _, bq_mask, bk_mask, mask_mb, _) = _tiled_cases(s)  # lesson 06's causal case, grown the same way
+    t, bq, bk = (BACKWARD_MASK[key] for key in ("t", "bq", "bk"))
+    t = math.ceil(t * math.sqrt(evidence_times(s, BACKWARD_MB, t * t >> 20)) / bk) * bk
     return [(False, short, BACKWARD_LONG, short, tile, mb, "a row of scores"),
             (False, BACKWARD_LONG, short, tile, short, mb, "a column of scores"),
-            (True, t, t, bq_mask, bk_mask, mask_mb, "a causal mask")]
+            (True, t, t, bq, bk, t * t >> 20, "a causal mask")]
 
 
 def _expect_backward_tiled(s, rng):
@@ -428,8 +431,8 @@ def flash_attention_backward(s):
 
 NONE_FOR_CAUSAL = ("backward must return one gradient per input of forward: (dq, dk, dv, None), None for the flag "
                    "causal")
-OUT_ONLY = ("FlashAttention.apply(q, k, v, causal) should return out only: keep lse for the backward with "
-            "ctx.save_for_backward, and return out from forward")
+OUT_ONLY = ("FlashAttention.apply(q, k, v, causal) should return out alone, not the tuple (out, lse): keep lse for "
+            "the backward with ctx.save_for_backward")
 
 
 def _function_run(s, q, k, v, dout, causal):
