@@ -196,8 +196,9 @@ def _expect_pair(got, what):
 
 FORWARD_TILED = ("flash_attention_forward{causal} ran out of memory with {tq} queries and {tk} keys in tiles of "
                  "{bq} x {bk}: it never materialises anything of (Tq, Tk) size (here {mb} MiB of {what}): not the "
-                 "full score matrix, not a (block_q, Tk) row of it, not a full mask. Loop over tiles of queries AND "
-                 "keys, and take lse = m + log(l) from the running max and sum, not torch.logsumexp of a whole row")
+                 "full score matrix, not a (block_q, Tk) row of it, not a full mask. Loop over block_q x block_k tiles "
+                 "(queries AND keys), and take lse = m + log(l) from the running max and sum, not torch.logsumexp "
+                 "of a whole row")
 
 
 def _expect_forward_tiled(s, rng):

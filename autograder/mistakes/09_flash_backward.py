@@ -223,7 +223,7 @@ def attention_backward(q, k, v, dout, causal=False):
         Mistake("lse in log2", "natural", _forward(lse="(m + torch.log(l)) / math.log(2)"),
                 message="lse is in base 2: it must be the natural logarithm, lse = m + log(l), so that "
                         "P = exp(s - lse)", aspect="values"),
-        Mistake("lse without the max", "running max", _forward(lse="torch.log(l)"),
+        Mistake("lse without the max", "max", _forward(lse="torch.log(l)"),
                 message="lse is missing the running max: l sums exp(s - m), so lse = m + log(l)", aspect="values"),
         Mistake("lse of shape (B, H, Tq, 1)", "shape", _forward(lse_out="lse[..., None]")),
         Mistake("lse in float16 for float16 inputs", "float32", _forward(lse_dtype="q.dtype")),
@@ -232,7 +232,7 @@ def attention_backward(q, k, v, dout, causal=False):
         Mistake("causal mask top-left", "top-left", _forward(offset="0")),
         Mistake("scores not scaled", "sqrt", _forward(scale="1.0")),
         Mistake("float64 inputs computed in float32", "float64", _forward(work="torch.float32")),
-        Mistake("the full score matrix, not tiled", "never materialises", '''
+        Mistake("the full score matrix, not tiled", "block_q x block_k", '''
 def flash_attention_forward(q, k, v, causal=False, block_q=64, block_k=64):
     Tq, Tk = q.size(2), k.size(2)
     work = torch.promote_types(q.dtype, torch.float32)
@@ -254,11 +254,11 @@ def flash_attention_forward(q, k, v, causal=False, block_q=64, block_k=64):
                         "no tile holds; compute D = rowsum(dout * out) once, before the loops", aspect="values"),
         Mistake("dS without subtracting D", "P * (dP - D)", _backward(ds="p * dp"), message=NO_D, aspect="values"),
         Mistake("causal mask top-left", "top-left", _backward(offset="0"), message=TOP_LEFT, aspect="causal"),
-        Mistake("tail tile of keys dropped", "tail", _backward(k_stop="Tk - block_k + 1"),
+        Mistake("tail tile of keys dropped", "last", _backward(k_stop="Tk - block_k + 1"),
                 message="the last, partial tile of keys is dropped: when Tk is not a multiple of block_k, the tail "
                         "tile still counts (range(0, Tk, block_k), and slices past the end are cut short)",
                 aspect="values"),
-        Mistake("tail tile of queries dropped", "tail", _backward(q_stop="Tq - block_q + 1"),
+        Mistake("tail tile of queries dropped", "last", _backward(q_stop="Tq - block_q + 1"),
                 message="the last, partial tile of queries is dropped: when Tq is not a multiple of block_q, the "
                         "tail tile still counts (range(0, Tq, block_q))", aspect="values"),
         Mistake("dQ overwritten, not accumulated across key tiles", "accumulate", _backward(dq_op="="),
@@ -267,7 +267,7 @@ def flash_attention_forward(q, k, v, causal=False, block_q=64, block_k=64):
         Mistake("gradients in the wrong order", "order",
                 _backward(result="dk.to(k.dtype), dq.to(q.dtype), dv.to(v.dtype)")),
         Mistake("float64 inputs computed in float32", "float64", _backward(work="torch.float32")),
-        Mistake("the full probability matrix from lse, not tiled", "block_q x block_k", '''
+        Mistake("the full probability matrix from lse, not tiled", "tile", '''
 def flash_attention_backward(q, k, v, out, lse, dout, causal=False, block_q=64, block_k=64):
     Tq, Tk = q.size(2), k.size(2)
     work = torch.promote_types(q.dtype, torch.float32)
@@ -281,9 +281,9 @@ def flash_attention_backward(q, k, v, out, lse, dout, causal=False, block_q=64, 
     return (ds @ k * scale).to(dout.dtype), (ds.transpose(-2, -1) @ q * scale).to(dout.dtype), \\
         (p.transpose(-2, -1) @ do).to(dout.dtype)
 '''),
-        Mistake("only key tiles: a (Tq, block_k) column of scores", "block_q x block_k",
+        Mistake("only key tiles: a (Tq, block_k) column of scores", "tile",
                 _backward(q_stop="1").replace("block_q]", "Tq]").replace("qs:qs + n", "qs:qs + Tq")),
-        Mistake("only query tiles: a (block_q, Tk) row of scores", "block_q x block_k",
+        Mistake("only query tiles: a (block_q, Tk) row of scores", "tile",
                 _backward(k_stop="1").replace("block_k]", "Tk]")),
         Mistake("tiles, but a full (Tq, Tk) causal mask", "mask", _backward().replace(
             "    for ks in range(0, Tk, block_k):",
@@ -293,7 +293,7 @@ def flash_attention_backward(q, k, v, out, lse, dout, causal=False, block_q=64, 
             's.masked_fill(~visible[qs:qs + n, ks:ks + kb.size(2)], float("-inf"))')),
         # Memory taken before the bound is part of it (issue 19): P and dP whole, in a buffer reserved at top level
         # (132 MiB each, more than the long cases' 128), then up to HEADROOM_MB and just over it (over budget)
-        *[Mistake(f"P and dP whole, in a {mb} MiB buffer reserved before the call", "block_q x block_k",
+        *[Mistake(f"P and dP whole, in a {mb} MiB buffer reserved before the call", "tile",
                   _backward_in_buffer(mb)) for mb in (264, 300, 400)],
         Mistake("constant: returns zeros", "differs", '''
 def flash_attention_backward(q, k, v, out, lse, dout, causal=False, block_q=64, block_k=64):
