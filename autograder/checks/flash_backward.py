@@ -24,8 +24,8 @@ import torch
 from autograder import mistakes
 from autograder.checks import (HEADROOM_MB, Checks, StudentError, close, evidence_times, expect_array, fail,
                                kind_of, reference, tensor, within_memory)
-from autograder.checks.gpu import (TILED_MB, TILED_ROW, TILED_ROWS, _attention_mistakes, _exact, _expect_attention,
-                                   _qkv, _rows, _tiled_cases)
+from autograder.checks.gpu import (TILED_MB, TILED_ROW, TILED_ROWS, attention_mistakes, exact_attention,
+                                   expect_attention, qkv, rows_of, tiled_cases)
 from autograder.sandbox.wire import Array
 from solutions import flash_backward as ref
 
@@ -58,7 +58,7 @@ def _exact64(a, name):
 def _inputs(rng, b, h, tq, tk, dh, name, scale=2.0):
     """q, k, v, dout as numpy arrays (float32 for bfloat16: rounded when sent)."""
     dtype = np.float32 if name == "bfloat16" else np.dtype(name)
-    q, k, v = _qkv(rng, b, h, tq, tk, dh, dtype, scale)
+    q, k, v = qkv(rng, b, h, tq, tk, dh, dtype, scale)
     return q, k, v, rng.standard_normal((b, h, tq, dh)).astype(dtype)
 
 
@@ -207,8 +207,8 @@ def _expect_forward_tiled(s, rng):
     first = FORWARD_TILED.format(causal="", tq=TILED_ROW["tq"], tk=TILED_ROW["tk"], bq=TILED_ROW["tq"],
                                  bk=TILED_ROW["bk"], mb=TILED_ROW["tq"] * TILED_ROW["tk"] * 4 >> 20, what="scores")
     with within_memory(s, TILED_MB, first, HEADROOM_MB) as reword:
-        for causal, tq, tk, bq, bk, mb, what in _tiled_cases(s):
-            q, k, v = _qkv(rng, 1, 1, tq, tk, 4, np.float32)
+        for causal, tq, tk, bq, bk, mb, what in tiled_cases(s):
+            q, k, v = qkv(rng, 1, 1, tq, tk, 4, np.float32)
             rows = np.sort(rng.choice(tq, min(tq, TILED_ROWS), replace=False))
             reword(FORWARD_TILED.format(causal=" (causal)" if causal else "", tq=tq, tk=tk, bq=bq, bk=bk, mb=mb,
                                         what=what))
@@ -217,8 +217,8 @@ def _expect_forward_tiled(s, rng):
     for causal, q, k, v, rows, answer in calls:
         what = f"flash_attention_forward(causal={causal}) with {k.shape[2]} keys"
         out, lse = _expect_pair(answer, what)
-        want, cond = _exact(q, k, v, causal, np.float32, rows)
-        _expect_attention(_rows(out, rows), want, what, lambda: [], len(rows), [], cond)
+        want, cond = exact_attention(q, k, v, causal, np.float32, rows)
+        expect_attention(rows_of(out, rows), want, what, lambda: [], len(rows), [], cond)
         want_lse, largest = _exact_lse(q, k, causal, rows)
         if isinstance(lse, Array) and lse.data.ndim == 3 and lse.shape[2] == q.shape[2]:
             lse = Array(lse.kind, lse.dtype, lse.data[:, :, rows], device=lse.device)
@@ -240,7 +240,7 @@ def flash_attention_forward(s):
     for aspect, dtype, (b, h, tq, tk, dh), causal, bq, bk, scale, positional in cases:
         with s.aspect(aspect):
             name = np.dtype(dtype).name
-            q, k, v = _qkv(rng, b, h, tq, tk, dh, dtype, scale)
+            q, k, v = qkv(rng, b, h, tq, tk, dh, dtype, scale)
             blocks = () if bq is None else (bq, bk)
             args, kwargs = ((causal, *blocks), {}) if positional else ((), dict(causal=causal, **(
                 dict(block_q=bq, block_k=bk) if blocks else {})))
@@ -249,9 +249,9 @@ def flash_attention_forward(s):
             out, lse = _expect_pair(s.call("flash_attention_forward", tensor(q), tensor(k), tensor(v), *args, **kwargs),
                                     what)
             bq, bk = bq or 64, bk or 64
-            want, cond = _exact(q, k, v, causal, dtype)
-            mistaken = lambda: _attention_mistakes(q, k, v, causal, [bk], getattr(torch, name))
-            _expect_attention(out, want, what, mistaken, tq, [bq], cond)
+            want, cond = exact_attention(q, k, v, causal, dtype)
+            mistaken = lambda: attention_mistakes(q, k, v, causal, [bk], getattr(torch, name))
+            expect_attention(out, want, what, mistaken, tq, [bq], cond)
             want_lse, largest = _exact_lse(q, k, causal)
             _expect_lse(lse, want_lse, largest, what, name, tk, dh, _forward_mistakes(q, k, v, causal, (bq, bk), name))
     with s.aspect("tiled"):
@@ -474,10 +474,10 @@ def _expect_function(s, rng, name, shape, causal):
     q, k, v, dout = _inputs(rng, *shape, name)
     out, grads = _function_run(s, q, k, v, dout, causal)
     what = f"FlashAttention.apply(q, k, v, causal={causal}) in {name}"
-    want, cond = _exact(q, k, v, causal, np.dtype(name))
-    ignored = [("causal is not passed on: forward must give it to flash_attention_forward", _exact(
+    want, cond = exact_attention(q, k, v, causal, np.dtype(name))
+    ignored = [("causal is not passed on: forward must give it to flash_attention_forward", exact_attention(
         q, k, v, False, np.dtype(name))[0])] if causal else []
-    _expect_attention(out, want, what, lambda: ignored, shape[2], [], cond)
+    expect_attention(out, want, what, lambda: ignored, shape[2], [], cond)
     _expect_grads(grads, _truth(q, k, v, dout, causal, name), f"the gradients of {what}", name,
                   _function_mistakes(q, k, v, dout, causal))
 
@@ -503,9 +503,9 @@ def _expect_never_keeps_p(s, rng):
         q, k, v, dout = _big_inputs(rng, t, t, FUNCTION_DH)
         out, grads = _function_run(s, q, k, v, dout, False)
     rows = np.sort(rng.choice(t, TILED_ROWS, replace=False))
-    want, cond = _exact(q, k, v, False, np.float32, rows)
+    want, cond = exact_attention(q, k, v, False, np.float32, rows)
     what = f"FlashAttention.apply(q, k, v) with {t} queries and keys"
-    _expect_attention(_rows(out, rows), want, what, lambda: [], len(rows), [], cond)
+    expect_attention(rows_of(out, rows), want, what, lambda: [], len(rows), [], cond)
     q64, k64, v64 = _as64(q, k, v)
     out64, lse64 = ref.flash_attention_forward(q64, k64, v64, False, BIG_BLOCK, BIG_BLOCK)
     # the gradients of the exact forward: a float32 forward's out and lse are within float32 rounding of it

@@ -39,7 +39,7 @@ def _naive(**edits):
 
 
 # Lesson 06's flash_attention (its known mistakes' template), also returning lse.
-_FORWARD = (_GPU._FLASH_BODY
+_FORWARD = (_GPU.FLASH_BODY
             .replace("def flash_attention(", "def flash_attention_forward(")
             .replace("acc_dtype = torch.promote_types(q.dtype, torch.float32)", "acc_dtype = {work}")
             .replace("    out = torch.zeros_like(q)\n",
@@ -48,7 +48,7 @@ _FORWARD = (_GPU._FLASH_BODY
                      "        out[:, :, qs:qs + n] = ({result}).to({out_dtype})\n"
                      "        lse[:, :, qs:qs + n] = ({lse}).squeeze(-1)\n")
             .replace("    return out\n", "    return out, {lse_out}\n"))
-_FORWARD_OK = dict(_GPU._FLASH_OK, work="torch.promote_types(q.dtype, torch.float32)", lse_dtype="acc_dtype",
+_FORWARD_OK = dict(_GPU.FLASH_OK, work="torch.promote_types(q.dtype, torch.float32)", lse_dtype="acc_dtype",
                    lse="m + torch.log(l)", lse_out="lse")
 assert all(f"{{{key}}}" in _FORWARD for key in ("work", "lse_dtype", "lse", "lse_out")), \
     "lesson 06's template changed: edit these replacements"
