@@ -637,10 +637,13 @@ def absorbed_attention(fn):
 
 # ---- 09_flash_backward -----------------------------------------------------------------------------
 
-def _attention_inputs(tq=5, tk=7, dh=4):
+def _attention_inputs(tq=5, tk=7, dh=4, b=2):
     """q, k, v, dout in float64, Tq != Tk, several batches and heads."""
-    return (_randn(2, 2, tq, dh), _randn(2, 2, tk, dh, seed=1), _randn(2, 2, tk, dh, seed=2),
-            _randn(2, 2, tq, dh, seed=3))
+    return (_randn(b, 2, tq, dh), _randn(b, 2, tk, dh, seed=1), _randn(b, 2, tk, dh, seed=2),
+            _randn(b, 2, tq, dh, seed=3))
+
+
+LONG = dict(tq=3, tk=1100, b=1)  # more keys than the stand-ins' smallest tile (stand_ins.MIN_TILE): several tiles
 
 
 def _sdpa_grads(q, k, v, dout, causal):
@@ -665,12 +668,12 @@ def attention_backward(fn):
 
 @probe("09_flash_backward", "solutions.flash_backward.flash_attention_forward", f"{STAND_INS}.flash_attention_forward")
 def flash_attention_forward(fn):
-    q, k, v, _ = _attention_inputs()
-    for causal in (False, True):  # tiles that divide neither length
-        out, lse, _ = _sdpa_grads(q, k, v, q, causal)
-        got = fn(q, k, v, causal, 2, 3)
-        agree(got[0], out, "F.scaled_dot_product_attention")
-        agree(got[1], lse, "torch.logsumexp of the scaled scores")
+    for (q, k, v, _), blocks in ((_attention_inputs(), (2, 3)), (_attention_inputs(**LONG), (2, 300))):
+        for causal in (False, True):  # tiles that divide neither length
+            out, lse, _ = _sdpa_grads(q, k, v, q, causal)
+            got = fn(q, k, v, causal, *blocks)
+            agree(got[0], out, "F.scaled_dot_product_attention")
+            agree(got[1], lse, "torch.logsumexp of the scaled scores")
     if fn(q.half(), k.half(), v.half(), False, 2, 3)[1].dtype != torch.float32:
         raise _Disagrees("its lse is not float32 for float16 inputs")
 
@@ -678,11 +681,11 @@ def flash_attention_forward(fn):
 @probe("09_flash_backward", "solutions.flash_backward.flash_attention_backward",
        f"{STAND_INS}.flash_attention_backward")
 def flash_attention_backward(fn):
-    q, k, v, dout = _attention_inputs()
-    for causal in (False, True):
-        out, lse, grads = _sdpa_grads(q, k, v, dout, causal)
-        for got, want in zip(fn(q, k, v, out, lse, dout, causal, 2, 3), grads):
-            agree(got, want, "autograd through F.scaled_dot_product_attention")
+    for (q, k, v, dout), blocks in ((_attention_inputs(), (2, 3)), (_attention_inputs(**LONG), (2, 300))):
+        for causal in (False, True):
+            out, lse, grads = _sdpa_grads(q, k, v, dout, causal)
+            for got, want in zip(fn(q, k, v, out, lse, dout, causal, *blocks), grads):
+                agree(got, want, "autograd through F.scaled_dot_product_attention")
 
 
 @probe("09_flash_backward", "solutions.flash_backward.FlashAttention")

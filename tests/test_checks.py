@@ -36,7 +36,8 @@ def test_every_graded_name_has_at_least_three_mutants(lesson):
 # stays mapped in glibc's per-thread heaps, where a bounded block can reuse it unseen; the grader bounds a
 # child forked from a fresh worker. Their mutants are judged in a fresh interpreter, as the grader does.
 FRESH = {("06_gpu", "flash_attention"), ("08_kv_compression", "RollingKVCache"),
-         ("08_kv_compression", "absorbed_attention")}
+         ("08_kv_compression", "absorbed_attention"), ("09_flash_backward", "flash_attention_forward"),
+         ("09_flash_backward", "flash_attention_backward"), ("09_flash_backward", "FlashAttention")}
 
 
 @pytest.mark.parametrize("lesson, name, mutant", cases("MUTANTS"))
@@ -106,15 +107,18 @@ def test_a_defined_mistake_costs_the_aspect_it_names(lesson, name, mutant):
     assert mutant.aspect in failed, f"'{mutant.what}' should cost {mutant.aspect!r}; it failed {sorted(failed)}"
 
 
-# A memory mutant of each memory-bound check, judged after every other check of lessons 06 and 08 ran in the same
+# A memory mutant of each memory-bound check, judged after every other check of lessons 06, 08 and 09 ran in the same
 # process (and freed what they took): the verdict must be the fresh interpreter's (issue 19).
 AFTER_OTHERS = [("08_kv_compression", "RollingKVCache", "memory grows: every position is kept"),
                 ("08_kv_compression", "absorbed_attention", "materialises one head's keys and values at a time"),
-                ("06_gpu", "flash_attention", "the full score matrix, in a buffer reserved before the call")]
+                ("06_gpu", "flash_attention", "the full score matrix, in a buffer reserved before the call"),
+                ("09_flash_backward", "flash_attention_backward",
+                 "P and dP whole, in a 264 MiB buffer reserved before the call"),
+                ("09_flash_backward", "FlashAttention", "P kept in a 68 MiB buffer reserved before the call")]
 
 
 def memory_verdicts_after_others():
-    """Run in a fresh interpreter: the honest checks of both lessons, then each of AFTER_OTHERS' mutants."""
+    """Run in a fresh interpreter: the honest checks of these lessons, then each of AFTER_OTHERS' mutants."""
     for lesson in sorted({lesson for lesson, _, _ in AFTER_OTHERS}):
         ns = fresh_namespace(lesson)
         for name in graded_names(lesson):

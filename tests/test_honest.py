@@ -1,6 +1,6 @@
 """Honest notebooks keep every mark: ordinary notebook habits (imports again in each cell, magics, a scratch copy
 of an answer, a redefinition in a later cell, helpers, type hints, prints), graded by the real grader, one run per
-lesson whose checks use evidence (05: generate's call log; 06: the source rules and memory; 08: memory).
+lesson whose checks use evidence (05: generate's call log; 06: the source rules and memory; 08 and 09: memory).
 
 Lesson 06's run also grades what the grader cannot read (a huge cell, a deeply nested expression, aliases of a module
 written backwards, more than its bounded reading follows) beside the honest students: the student's failure with a
@@ -183,9 +183,30 @@ def _lesson_08(answers):
     }
 
 
+def _lesson_09(answers):
+    backward, function = answers["flash_attention_backward"], answers["FlashAttention"]
+    return {
+        "backward_with_typed_helper": ([], {"flash_attention_backward": FLASH_HELPER + backward}, []),
+        "function_reimports_and_prints": ([], {"FlashAttention": IMPORTS + function + "\n\nprint('defined')\n"}, []),
+        # a training step and gradcheck in scratch cells: autograd state left behind at top level
+        "training_step_in_a_scratch_cell": ([], {}, [
+            "x = torch.randn(2, 2, 16, 8, dtype=torch.float64, requires_grad=True)\n"
+            "loss = FlashAttention.apply(x, x, x, True).pow(2).sum()\nloss.backward()\nprint(x.grad.norm())",
+            "ok = torch.autograd.gradcheck(FlashAttention.apply, (x[:1, :1, :4].detach().requires_grad_(),) * 3)"]),
+        # the naive backward's P kept at top level while exploring (1 MiB), and timings
+        "naive_probabilities_kept": ([], {}, [
+            "q = torch.randn(1, 1, 512, 16)\nP = torch.softmax(q @ q.transpose(-2, -1) / 4, dim=-1)\n"
+            "grads = attention_backward(q, q, q, torch.ones_like(q))",
+            "%time _ = flash_attention_backward(q, q, q, *flash_attention_forward(q, q, q), torch.ones_like(q))"]),
+        **HELD,
+    }
+
+
 SCRATCH = {"05_kv_cache": "g = generate\nC = KVCache\n", "06_gpu": "f = flash_attention\ng = triton_attention\n",
-           "08_kv_compression": "C = RollingKVCache\nf = absorbed_attention\n"}
-LESSON_PATTERNS = {"05_kv_cache": _lesson_05, "06_gpu": _lesson_06, "08_kv_compression": _lesson_08}
+           "08_kv_compression": "C = RollingKVCache\nf = absorbed_attention\n",
+           "09_flash_backward": "f = flash_attention_backward\nA = FlashAttention\n"}
+LESSON_PATTERNS = {"05_kv_cache": _lesson_05, "06_gpu": _lesson_06, "08_kv_compression": _lesson_08,
+                   "09_flash_backward": _lesson_09}
 # What the grader cannot read, graded beside the honest students of lesson 06: the student's failure, never ours.
 
 

@@ -24,8 +24,8 @@ import torch
 from autograder import mistakes
 from autograder.checks import (HEADROOM_MB, Checks, StudentError, close, evidence_times, expect_array, fail,
                                kind_of, reference, tensor, within_memory)
-from autograder.checks.gpu import (TILED_MB, TILED_ROW, TILED_ROWS, _attention_mistakes, _exact, _expect_attention,
-                                   _qkv, _rows, _tiled_cases)
+from autograder.checks.gpu import (TILED_MB, TILED_ROW, TILED_ROWS, attention_mistakes, exact_attention,
+                                   expect_attention, qkv, rows_of, tiled_cases)
 from autograder.sandbox.wire import Array
 from solutions import flash_backward as ref
 
@@ -58,7 +58,7 @@ def _exact64(a, name):
 def _inputs(rng, b, h, tq, tk, dh, name, scale=2.0):
     """q, k, v, dout as numpy arrays (float32 for bfloat16: rounded when sent)."""
     dtype = np.float32 if name == "bfloat16" else np.dtype(name)
-    q, k, v = _qkv(rng, b, h, tq, tk, dh, dtype, scale)
+    q, k, v = qkv(rng, b, h, tq, tk, dh, dtype, scale)
     return q, k, v, rng.standard_normal((b, h, tq, dh)).astype(dtype)
 
 
@@ -196,8 +196,9 @@ def _expect_pair(got, what):
 
 FORWARD_TILED = ("flash_attention_forward{causal} ran out of memory with {tq} queries and {tk} keys in tiles of "
                  "{bq} x {bk}: it never materialises anything of (Tq, Tk) size (here {mb} MiB of {what}): not the "
-                 "full score matrix, not a (block_q, Tk) row of it, not a full mask. Loop over tiles of queries AND "
-                 "keys, and take lse = m + log(l) from the running max and sum, not torch.logsumexp of a whole row")
+                 "full score matrix, not a (block_q, Tk) row of it, not a full mask. Loop over block_q x block_k tiles "
+                 "(queries AND keys), and take lse = m + log(l) from the running max and sum, not torch.logsumexp "
+                 "of a whole row")
 
 
 def _expect_forward_tiled(s, rng):
@@ -206,8 +207,8 @@ def _expect_forward_tiled(s, rng):
     first = FORWARD_TILED.format(causal="", tq=TILED_ROW["tq"], tk=TILED_ROW["tk"], bq=TILED_ROW["tq"],
                                  bk=TILED_ROW["bk"], mb=TILED_ROW["tq"] * TILED_ROW["tk"] * 4 >> 20, what="scores")
     with within_memory(s, TILED_MB, first, HEADROOM_MB) as reword:
-        for causal, tq, tk, bq, bk, mb, what in _tiled_cases(s):
-            q, k, v = _qkv(rng, 1, 1, tq, tk, 4, np.float32)
+        for causal, tq, tk, bq, bk, mb, what in tiled_cases(s):
+            q, k, v = qkv(rng, 1, 1, tq, tk, 4, np.float32)
             rows = np.sort(rng.choice(tq, min(tq, TILED_ROWS), replace=False))
             reword(FORWARD_TILED.format(causal=" (causal)" if causal else "", tq=tq, tk=tk, bq=bq, bk=bk, mb=mb,
                                         what=what))
@@ -216,8 +217,8 @@ def _expect_forward_tiled(s, rng):
     for causal, q, k, v, rows, answer in calls:
         what = f"flash_attention_forward(causal={causal}) with {k.shape[2]} keys"
         out, lse = _expect_pair(answer, what)
-        want, cond = _exact(q, k, v, causal, np.float32, rows)
-        _expect_attention(_rows(out, rows), want, what, lambda: [], len(rows), [], cond)
+        want, cond = exact_attention(q, k, v, causal, np.float32, rows)
+        expect_attention(rows_of(out, rows), want, what, lambda: [], len(rows), [], cond)
         want_lse, largest = _exact_lse(q, k, causal, rows)
         if isinstance(lse, Array) and lse.data.ndim == 3 and lse.shape[2] == q.shape[2]:
             lse = Array(lse.kind, lse.dtype, lse.data[:, :, rows], device=lse.device)
@@ -239,7 +240,7 @@ def flash_attention_forward(s):
     for aspect, dtype, (b, h, tq, tk, dh), causal, bq, bk, scale, positional in cases:
         with s.aspect(aspect):
             name = np.dtype(dtype).name
-            q, k, v = _qkv(rng, b, h, tq, tk, dh, dtype, scale)
+            q, k, v = qkv(rng, b, h, tq, tk, dh, dtype, scale)
             blocks = () if bq is None else (bq, bk)
             args, kwargs = ((causal, *blocks), {}) if positional else ((), dict(causal=causal, **(
                 dict(block_q=bq, block_k=bk) if blocks else {})))
@@ -248,9 +249,9 @@ def flash_attention_forward(s):
             out, lse = _expect_pair(s.call("flash_attention_forward", tensor(q), tensor(k), tensor(v), *args, **kwargs),
                                     what)
             bq, bk = bq or 64, bk or 64
-            want, cond = _exact(q, k, v, causal, dtype)
-            mistaken = lambda: _attention_mistakes(q, k, v, causal, [bk], getattr(torch, name))
-            _expect_attention(out, want, what, mistaken, tq, [bq], cond)
+            want, cond = exact_attention(q, k, v, causal, dtype)
+            mistaken = lambda: attention_mistakes(q, k, v, causal, [bk], getattr(torch, name))
+            expect_attention(out, want, what, mistaken, tq, [bq], cond)
             want_lse, largest = _exact_lse(q, k, causal)
             _expect_lse(lse, want_lse, largest, what, name, tk, dh, _forward_mistakes(q, k, v, causal, (bq, bk), name))
     with s.aspect("tiled"):
@@ -341,15 +342,17 @@ def _as64(*arrays):
 
 # The bounded block counts from a fresh process (Subject.memory_bound), and in-process (the notebook's own hidden
 # test) the grader's side of the calls counts too: it makes the inputs inside the block, so they stay small. Forbidden,
-# each one float32 allocation well above BACKWARD_MB (the full (Tq, Tk) matrix too): a (block_q, Tk) row of scores,
-# one query tile of 512 against 32768 keys, and a (Tq, block_k) column, 32768 queries against one key tile of 512
-# (FlashAttention-2's outer loop over key tiles with every query inside), both 64 MiB, and, causal, lesson 06's
-# (Tq, Tk) boolean mask of 6144 queries and keys, 36 MiB. An honest backward's inputs and outputs take at most
-# 512 KiB each, its tiles (512 x 256) 0.5 MiB. A notebook holding more than an honest fresh one when the block
-# begins gets what it holds on top of BACKWARD_MB, up to HEADROOM_MB: then each case grows until its forbidden
-# layout takes more than that (evidence_times), the long side's tile shrinking as the short side grows.
-BACKWARD_MB = TILED_MB  # lesson 06's bound, whose causal case this shares
-BACKWARD_LONG, BACKWARD_SHORT, BACKWARD_TILE = 32768, 512, 256
+# each one float32 allocation well above BACKWARD_MB and above glibc's unseen 64 MiB arena (the full (Tq, Tk) matrix
+# too): a (block_q, Tk) row of scores, one query tile of 1024 against 32768 keys, and a (Tq, block_k) column, 32768
+# queries against one key tile of 1024 (FlashAttention-2's outer loop over key tiles with every query inside), both
+# 128 MiB, and, causal, a (Tq, Tk) boolean mask of 12288 queries and keys, 144 MiB. An honest backward's inputs and
+# outputs take at most 512 KiB each, its tiles (1024 x 128) 0.5 MiB in float32, 1 MiB in float64: one computed in
+# float64 inside maps up to 20 MiB in all. A notebook holding more than an honest fresh one when the block begins
+# gets what it holds on top of BACKWARD_MB, up to HEADROOM_MB: then each case grows until its forbidden layout takes
+# more than that (evidence_times), the long side's tile shrinking as the short side grows.
+BACKWARD_MB = 40
+BACKWARD_LONG, BACKWARD_SHORT, BACKWARD_TILE = 32768, 1024, 128
+BACKWARD_MASK = dict(t=12288, bq=256, bk=512)
 BACKWARD_DH = 4
 BACKWARD_MESSAGE = ("flash_attention_backward{causal} ran out of memory with {tq} queries and {tk} keys in tiles of "
                     "{bq} x {bk}: it may never hold more than block_q x block_k scores or probabilities at once (here "
@@ -363,10 +366,11 @@ def _backward_cases(s):
     times = evidence_times(s, BACKWARD_MB, BACKWARD_LONG * BACKWARD_SHORT * 4 >> 20)
     short, tile = BACKWARD_SHORT * times, max(BACKWARD_TILE // times, 16)
     mb = BACKWARD_LONG * short * 4 >> 20
-    _, (_, t, _, bq_mask, bk_mask, mask_mb, _) = _tiled_cases(s)  # lesson 06's causal case, grown the same way
+    t, bq, bk = (BACKWARD_MASK[key] for key in ("t", "bq", "bk"))
+    t = math.ceil(t * math.sqrt(evidence_times(s, BACKWARD_MB, t * t >> 20)) / bk) * bk
     return [(False, short, BACKWARD_LONG, short, tile, mb, "a row of scores"),
             (False, BACKWARD_LONG, short, tile, short, mb, "a column of scores"),
-            (True, t, t, bq_mask, bk_mask, mask_mb, "a causal mask")]
+            (True, t, t, bq, bk, t * t >> 20, "a causal mask")]
 
 
 def _expect_backward_tiled(s, rng):
@@ -428,8 +432,8 @@ def flash_attention_backward(s):
 
 NONE_FOR_CAUSAL = ("backward must return one gradient per input of forward: (dq, dk, dv, None), None for the flag "
                    "causal")
-OUT_ONLY = ("FlashAttention.apply(q, k, v, causal) should return out only: keep lse for the backward with "
-            "ctx.save_for_backward, and return out from forward")
+OUT_ONLY = ("FlashAttention.apply(q, k, v, causal) should return out alone, not the tuple (out, lse): keep lse for "
+            "the backward with ctx.save_for_backward")
 
 
 def _function_run(s, q, k, v, dout, causal):
@@ -470,10 +474,10 @@ def _expect_function(s, rng, name, shape, causal):
     q, k, v, dout = _inputs(rng, *shape, name)
     out, grads = _function_run(s, q, k, v, dout, causal)
     what = f"FlashAttention.apply(q, k, v, causal={causal}) in {name}"
-    want, cond = _exact(q, k, v, causal, np.dtype(name))
-    ignored = [("causal is not passed on: forward must give it to flash_attention_forward", _exact(
+    want, cond = exact_attention(q, k, v, causal, np.dtype(name))
+    ignored = [("causal is not passed on: forward must give it to flash_attention_forward", exact_attention(
         q, k, v, False, np.dtype(name))[0])] if causal else []
-    _expect_attention(out, want, what, lambda: ignored, shape[2], [], cond)
+    expect_attention(out, want, what, lambda: ignored, shape[2], [], cond)
     _expect_grads(grads, _truth(q, k, v, dout, causal, name), f"the gradients of {what}", name,
                   _function_mistakes(q, k, v, dout, causal))
 
@@ -482,6 +486,7 @@ def _expect_function(s, rng, name, shape, causal):
 # here). The probabilities P of 4096 queries and keys take 64 MiB in float32, well above FUNCTION_MB; a notebook
 # holding more than an honest fresh one when the block begins grows T until P is larger than all it may hold.
 FUNCTION_MB, FUNCTION_T, FUNCTION_DH = 28, 4096, 4
+FUNCTION_STEP = 512  # T grows in steps of the stand-ins' tiles (stand_ins.MIN_TILE)
 FUNCTION_MESSAGE = ("FlashAttention ran out of memory with {t} queries and keys: between its forward and its backward "
                     "it may keep only O(T) memory, q, k, v, out and lse (ctx.save_for_backward), never the (Tq, Tk) "
                     "probabilities P ({mb} MiB here): not in saved_tensors, not as an attribute of ctx, not in a "
@@ -492,14 +497,15 @@ FUNCTION_MESSAGE = ("FlashAttention ran out of memory with {t} queries and keys:
 def _expect_never_keeps_p(s, rng):
     with within_memory(s, FUNCTION_MB, FUNCTION_MESSAGE.format(t=FUNCTION_T, mb=FUNCTION_T ** 2 * 4 >> 20),
                        HEADROOM_MB) as reword:
-        t = FUNCTION_T * math.ceil(math.sqrt(evidence_times(s, FUNCTION_MB, FUNCTION_T ** 2 * 4 >> 20)))
+        times = evidence_times(s, FUNCTION_MB, FUNCTION_T ** 2 * 4 >> 20)
+        t = math.ceil(FUNCTION_T * math.sqrt(times) / FUNCTION_STEP) * FUNCTION_STEP
         reword(FUNCTION_MESSAGE.format(t=t, mb=t * t * 4 >> 20))
         q, k, v, dout = _big_inputs(rng, t, t, FUNCTION_DH)
         out, grads = _function_run(s, q, k, v, dout, False)
     rows = np.sort(rng.choice(t, TILED_ROWS, replace=False))
-    want, cond = _exact(q, k, v, False, np.float32, rows)
+    want, cond = exact_attention(q, k, v, False, np.float32, rows)
     what = f"FlashAttention.apply(q, k, v) with {t} queries and keys"
-    _expect_attention(_rows(out, rows), want, what, lambda: [], len(rows), [], cond)
+    expect_attention(rows_of(out, rows), want, what, lambda: [], len(rows), [], cond)
     q64, k64, v64 = _as64(q, k, v)
     out64, lse64 = ref.flash_attention_forward(q64, k64, v64, False, BIG_BLOCK, BIG_BLOCK)
     # the gradients of the exact forward: a float32 forward's out and lse are within float32 rounding of it

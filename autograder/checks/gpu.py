@@ -164,7 +164,7 @@ def _attention_variant(q, k, v, causal, block_k, acc_rescale=True, l_rescale=Tru
     return acc / l if normaliser in ("l", "last") else acc
 
 
-def _attention_mistakes(q, k, v, causal, block_ks, dtype, triton=False):
+def attention_mistakes(q, k, v, causal, block_ks, dtype, triton=False):
     """(message, Array) of known mistakes on these inputs, for each block size the student may use."""
     tq, tk, dh = q.shape[2], k.shape[2], q.shape[3]
     cast = lambda t: reference(t.to(dtype))
@@ -203,7 +203,7 @@ def _attention_mistakes(q, k, v, causal, block_ks, dtype, triton=False):
     return out
 
 
-def _exact(q, k, v, causal, dtype, rows=None):
+def exact_attention(q, k, v, causal, dtype, rows=None):
     """The exact answer (float64) to a question asked in `dtype` (for the given query rows only, when
     given), and how far a float32 computation may stray from it (relative to float32's tolerance): the
     error of exp(s - m) grows with the scores' size."""
@@ -219,9 +219,9 @@ def _exact(q, k, v, causal, dtype, rows=None):
     return want, max(1.0, largest / 16)
 
 
-def _expect_attention(got, want, what, mistakes, tq, block_qs, cond32):
+def expect_attention(got, want, what, mistakes, tq, block_qs, cond32):
     """expect_array, most specific first: a known mistake, float64 computed in float32, then only the
-    last, partial tile of queries wrong, then where the result differs. cond32: _exact's."""
+    last, partial tile of queries wrong, then where the result differs. cond32: exact_attention's."""
     cond = cond32 if want.dtype == "float32" else 1.0
     tol = dict(cond=cond)
     if not close(got, want, **tol):
@@ -246,7 +246,7 @@ def _expect_attention(got, want, what, mistakes, tq, block_qs, cond32):
                           "shift while the running max is -inf")
 
 
-def _qkv(rng, b, h, tq, tk, dh, dtype, scale=2.0):
+def qkv(rng, b, h, tq, tk, dh, dtype, scale=2.0):
     q = (rng.standard_normal((b, h, tq, dh)) * scale).astype(dtype)
     k = (rng.standard_normal((b, h, tk, dh)) * scale).astype(dtype)
     v = rng.standard_normal((b, h, tk, dh)).astype(dtype)
@@ -275,7 +275,7 @@ TILED_MESSAGE = ("flash_attention{causal} ran out of memory with {tq} queries an
                  "keeping only one block_q x block_k tile of scores (and of the causal mask)")
 
 
-def _tiled_cases(s):
+def tiled_cases(s):
     """[(causal, Tq, Tk, block_q, block_k, MiB of the forbidden layout, what it is)] inside the bound,
     grown from what the process held before it (evidence_times)."""
     tq, tk, bk = (TILED_ROW[k] for k in ("tq", "tk", "bk"))
@@ -287,7 +287,7 @@ def _tiled_cases(s):
             (True, t, t, bq_mask, bk_mask, t * t >> 20, "mask")]
 
 
-def _rows(got, rows):
+def rows_of(got, rows):
     """The given query rows of a (B, H, Tq, Dh) answer; anything else as it came (expect_array names it)."""
     if isinstance(got, Array) and got.data.ndim == 4 and got.data.shape[2] > max(rows):
         return Array(got.kind, got.dtype, got.data[:, :, rows], device=got.device)
@@ -300,16 +300,16 @@ def _expect_tiled(s, rng):
     first = TILED_MESSAGE.format(causal="", tq=TILED_ROW["tq"], tk=TILED_ROW["tk"], bq=TILED_ROW["tq"],
                                  bk=TILED_ROW["bk"], mb=TILED_ROW["tq"] * TILED_ROW["tk"] * 4 >> 20, what="scores")
     with within_memory(s, TILED_MB, first, HEADROOM_MB) as reword:  # one bound (one restart of the process) for both
-        for causal, tq, tk, bq, bk, mb, what in _tiled_cases(s):
-            q, k, v = _qkv(rng, 1, 1, tq, tk, TILED_DH, np.float32)
+        for causal, tq, tk, bq, bk, mb, what in tiled_cases(s):
+            q, k, v = qkv(rng, 1, 1, tq, tk, TILED_DH, np.float32)
             rows = np.sort(rng.choice(tq, min(tq, TILED_ROWS), replace=False))
             reword(TILED_MESSAGE.format(causal=" (causal)" if causal else "", tq=tq, tk=tk, bq=bq, bk=bk, mb=mb,
                                         what=what))
             got = s.call("flash_attention", tensor(q), tensor(k), tensor(v), causal=causal, block_q=bq, block_k=bk)
             calls.append((causal, q, k, v, rows, got))
     for causal, q, k, v, rows, answer in calls:
-        want, cond = _exact(q, k, v, causal, np.float32, rows)
-        _expect_attention(_rows(answer, rows), want, f"flash_attention(causal={causal}) with {k.shape[2]} keys",
+        want, cond = exact_attention(q, k, v, causal, np.float32, rows)
+        expect_attention(rows_of(answer, rows), want, f"flash_attention(causal={causal}) with {k.shape[2]} keys",
                           lambda: [], len(rows), [], cond)
 
 
@@ -327,15 +327,15 @@ def flash_attention(s):
              ("float16", np.float16, (2, 3, 64, 64, 32), False, 32, 32, 1.0)]
     for aspect, dtype, (b, h, tq, tk, dh), causal, bq, bk, scale in cases:
         with s.aspect(aspect):
-            q, k, v = _qkv(rng, b, h, tq, tk, dh, dtype, scale)
+            q, k, v = qkv(rng, b, h, tq, tk, dh, dtype, scale)
             blocks = {} if bq is None else dict(block_q=bq, block_k=bk)
             bq, bk = bq or 64, bk or 64
             got = s.call("flash_attention", tensor(q), tensor(k), tensor(v), causal=causal, **blocks)
-            want, cond = _exact(q, k, v, causal, dtype)
+            want, cond = exact_attention(q, k, v, causal, dtype)
             what = (f"flash_attention(q, k, v, causal={causal}{', block_q, block_k' if blocks else ''}) "
                     f"in {np.dtype(dtype).name}")
-            mistakes = lambda: _attention_mistakes(q, k, v, causal, [bk], getattr(torch, np.dtype(dtype).name))
-            _expect_attention(got, want, what, mistakes, tq, [bq], cond)
+            mistakes = lambda: attention_mistakes(q, k, v, causal, [bk], getattr(torch, np.dtype(dtype).name))
+            expect_attention(got, want, what, mistakes, tq, [bq], cond)
     with s.aspect("tiled"):
         fused = triton_evidence.flash_problem(s.sources) if s.sources else None
         if fused:
@@ -500,17 +500,17 @@ def triton_attention(s):
     device = "cuda:0" if torch.cuda.is_available() else "cpu"
     for aspect, dtype, (b, h, tq, tk, dh), causal in TRITON_CASES:
         with s.aspect(aspect):
-            q, k, v = _qkv(rng, b, h, tq, tk, dh, dtype)
+            q, k, v = qkv(rng, b, h, tq, tk, dh, dtype)
             # Called first, so an unwritten answer is told it is not implemented yet.
             got = s.call("triton_attention", *(_on(tensor(a), device) for a in (q, k, v)), causal=causal)
             if aspect == "float32":
                 problem = triton_evidence.problem(s.sources)
                 if problem:
                     fail(f"triton_attention must launch a @triton.jit kernel that does the work: {problem}")
-            want, cond = _exact(q, k, v, causal, dtype)
+            want, cond = exact_attention(q, k, v, causal, dtype)
             want = _on(want, device)
             what = f"triton_attention(q, k, v, causal={causal}) in {np.dtype(dtype).name}"
             blocks = [16, 32, 64, 128]
-            mistakes = lambda: _attention_mistakes(q, k, v, causal, blocks, getattr(torch, np.dtype(dtype).name),
+            mistakes = lambda: attention_mistakes(q, k, v, causal, blocks, getattr(torch, np.dtype(dtype).name),
                                                    triton=True)
-            _expect_attention(got, want, what, mistakes, tq, blocks, cond)
+            expect_attention(got, want, what, mistakes, tq, blocks, cond)

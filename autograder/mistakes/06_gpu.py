@@ -49,7 +49,7 @@ def _sdpa(q, k, v, causal):
     mask = torch.ones(Tq, Tk, dtype=torch.bool, device=q.device).tril(Tk - Tq) if causal else None
     return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask).to(q.dtype)
 '''
-_FLASH_BODY = '''
+FLASH_BODY = '''
 def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):
     Tq, Tk = q.size(2), k.size(2)
     acc_dtype = torch.promote_types(q.dtype, torch.float32)
@@ -78,12 +78,12 @@ def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):
         out[:, :, qs:qs + n] = ({result}).to({out_dtype})
     return out
 '''
-_FLASH_OK = dict(q_stop="Tq", k_stop="Tk", scale="scale", offset="(Tk - Tq)", l_update="l * alpha + p.sum(dim=-1, keepdim=True)",
+FLASH_OK = dict(q_stop="Tq", k_stop="Tk", scale="scale", offset="(Tk - Tq)", l_update="l * alpha + p.sum(dim=-1, keepdim=True)",
                  acc_update="acc * alpha + p @ vb", result="acc / l", out_dtype="q.dtype")
 
 
 def _flash(**edits):
-    body = _FLASH_BODY.format(**{**_FLASH_OK, **edits})
+    body = FLASH_BODY.format(**{**FLASH_OK, **edits})
     if edits.get("out_dtype") == "acc_dtype":  # an output allocated in the accumulator's dtype
         body = body.replace("out = torch.zeros_like(q)", "out = torch.zeros_like(q, dtype=acc_dtype)")
     return body

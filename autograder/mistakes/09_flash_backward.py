@@ -4,7 +4,11 @@ flash_attention_forward, flash_attention_backward and FlashAttention.
 Each function's mutants are one template with one edit, so that a mutant differs from a correct answer by
 exactly its mistake. Those with a message are run by the checks on their own inputs (mistakes.on).
 """
+import importlib
+
 from autograder.mistakes import Mistake
+
+_GPU = importlib.import_module("autograder.mistakes.06_gpu")
 
 _NAIVE = '''
 def attention_backward(q, k, v, dout, causal=False):
@@ -34,40 +38,20 @@ def _naive(**edits):
     return _NAIVE.format(**{**_NAIVE_OK, **edits})
 
 
-_FORWARD = '''
-def flash_attention_forward(q, k, v, causal=False, block_q=64, block_k=64):
-    Tq, Tk = q.size(2), k.size(2)
-    work = {work}
-    scale = {scale}
-    out = torch.zeros_like(q)
-    lse = torch.zeros(q.shape[:3], dtype={lse_dtype})
-    for qs in range(0, {q_stop}, block_q):
-        qb = q[:, :, qs:qs + block_q].to(work) * scale
-        n = qb.size(2)
-        m = torch.full((*qb.shape[:3], 1), float("-inf"), dtype=work)
-        l = torch.zeros_like(m)
-        acc = torch.zeros_like(qb)
-        rows = torch.arange(qs, qs + n)[:, None] + {offset}
-        for ks in range(0, {k_stop}, block_k):
-            kb = k[:, :, ks:ks + block_k].to(work)
-            vb = v[:, :, ks:ks + block_k].to(work)
-            s = qb @ kb.transpose(-2, -1)
-            if causal:
-                s = s.masked_fill(torch.arange(ks, ks + kb.size(2)) > rows, float("-inf"))
-            m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
-            shift = m_new.clamp(min=torch.finfo(work).min)
-            p = torch.exp(s - shift)
-            alpha = torch.exp(m - shift)
-            l = l * alpha + p.sum(dim=-1, keepdim=True)
-            acc = acc * alpha + p @ vb
-            m = m_new
-        out[:, :, qs:qs + n] = (acc / l).to(q.dtype)
-        lse[:, :, qs:qs + n] = ({lse}).squeeze(-1)
-    return out, {lse_out}
-'''
-_FORWARD_OK = dict(work="torch.promote_types(q.dtype, torch.float32)", scale="1 / math.sqrt(q.size(-1))",
-                   lse_dtype="work", q_stop="Tq", k_stop="Tk", offset="(Tk - Tq)", lse="m + torch.log(l)",
-                   lse_out="lse")
+# Lesson 06's flash_attention (its known mistakes' template), also returning lse.
+_FORWARD = (_GPU.FLASH_BODY
+            .replace("def flash_attention(", "def flash_attention_forward(")
+            .replace("acc_dtype = torch.promote_types(q.dtype, torch.float32)", "acc_dtype = {work}")
+            .replace("    out = torch.zeros_like(q)\n",
+                     "    out = torch.zeros_like(q)\n    lse = torch.zeros(q.shape[:3], dtype={lse_dtype})\n")
+            .replace("        out[:, :, qs:qs + n] = ({result}).to({out_dtype})\n",
+                     "        out[:, :, qs:qs + n] = ({result}).to({out_dtype})\n"
+                     "        lse[:, :, qs:qs + n] = ({lse}).squeeze(-1)\n")
+            .replace("    return out\n", "    return out, {lse_out}\n"))
+_FORWARD_OK = dict(_GPU.FLASH_OK, work="torch.promote_types(q.dtype, torch.float32)", lse_dtype="acc_dtype",
+                   lse="m + torch.log(l)", lse_out="lse")
+assert all(f"{{{key}}}" in _FORWARD for key in ("work", "lse_dtype", "lse", "lse_out")), \
+    "lesson 06's template changed: edit these replacements"
 
 
 def _forward(**edits):
@@ -210,8 +194,8 @@ _BACKWARD_SIG = "flash_attention_backward(q, k, v, out, lse, dout, causal=False,
 
 SCALE = ("dQ and dK are missing the scale: the scores are q k^T / sqrt(Dh), so dQ = dS K / sqrt(Dh) and "
          "dK = dS^T Q / sqrt(Dh)")
-NO_D = ("dS = P * dP is missing the softmax's correction: subtract D = rowsum(dO * O) from every entry of dP's row, "
-        "dS = P * (dP - D) (the Jacobian of a softmax has a term for the row's sum)")
+NO_D = ("dS = P * dP is missing the softmax's correction: subtract D = rowsum(dout * out) from every entry of dP's "
+        "row, dS = P * (dP - D) (the Jacobian of a softmax has a term for the row's sum)")
 TOP_LEFT = ("the causal mask is aligned top-left. With Tk > Tq the queries are the last Tq positions, so query i "
             "sees key j iff j <= i + (Tk - Tq) (bottom-right)")
 FLOAT64 = ("float64 inputs were computed in float32 (the result is as far from the exact answer as float32 rounding "
@@ -221,14 +205,14 @@ ORDER = "the gradients are returned in the wrong order: return (dq, dk, dv), the
 MUTANTS = {
     "attention_backward": [
         Mistake("dQ and dK not scaled", "scale", _naive(scale="1.0"), message=SCALE, aspect="values"),
-        Mistake("D as the row sum of dP, not weighted by P", "dO * O", _naive(d="dp.sum(dim=-1, keepdim=True)"),
-                message="D is the row sum of P * dP, which equals rowsum(dO * O): the plain row sum of dP is not "
-                        "weighted by the probabilities", aspect="values"),
-        Mistake("dS without subtracting D", "subtract", _naive(ds="p * dp"), message=NO_D, aspect="values"),
+        Mistake("D as the row sum of dP, not weighted by P", "dout * out", _naive(d="dp.sum(dim=-1, keepdim=True)"),
+                message="D is the row sum of P * dP, which equals rowsum(dout * out): the plain row sum of dP is "
+                        "not weighted by the probabilities", aspect="values"),
+        Mistake("dS without subtracting D", "P * (dP - D)", _naive(ds="p * dp"), message=NO_D, aspect="values"),
         Mistake("causal mask top-left", "top-left", _naive(offset="0"), message=TOP_LEFT, aspect="causal"),
         Mistake("gradients in the wrong order", "order", _naive(result="dk.to(dtype), dq.to(dtype), dv.to(dtype)")),
         Mistake("float64 inputs computed in float32", "float64", _naive(work="torch.float32")),
-        Mistake("half precision returned in float32", "dtype", _naive(result="dq, dk, dv")),
+        Mistake("half precision returned in float32", "float16", _naive(result="dq, dk, dv")),
         Mistake("constant: returns zeros", "differs", '''
 def attention_backward(q, k, v, dout, causal=False):
     return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
@@ -239,7 +223,7 @@ def attention_backward(q, k, v, dout, causal=False):
         Mistake("lse in log2", "natural", _forward(lse="(m + torch.log(l)) / math.log(2)"),
                 message="lse is in base 2: it must be the natural logarithm, lse = m + log(l), so that "
                         "P = exp(s - lse)", aspect="values"),
-        Mistake("lse without the max", "running max", _forward(lse="torch.log(l)"),
+        Mistake("lse without the max", "max", _forward(lse="torch.log(l)"),
                 message="lse is missing the running max: l sums exp(s - m), so lse = m + log(l)", aspect="values"),
         Mistake("lse of shape (B, H, Tq, 1)", "shape", _forward(lse_out="lse[..., None]")),
         Mistake("lse in float16 for float16 inputs", "float32", _forward(lse_dtype="q.dtype")),
@@ -248,7 +232,7 @@ def attention_backward(q, k, v, dout, causal=False):
         Mistake("causal mask top-left", "top-left", _forward(offset="0")),
         Mistake("scores not scaled", "sqrt", _forward(scale="1.0")),
         Mistake("float64 inputs computed in float32", "float64", _forward(work="torch.float32")),
-        Mistake("the full score matrix, not tiled", "never materialises", '''
+        Mistake("the full score matrix, not tiled", "block_q x block_k", '''
 def flash_attention_forward(q, k, v, causal=False, block_q=64, block_k=64):
     Tq, Tk = q.size(2), k.size(2)
     work = torch.promote_types(q.dtype, torch.float32)
@@ -268,13 +252,13 @@ def flash_attention_forward(q, k, v, causal=False, block_q=64, block_k=64):
         Mistake("D from the tile's P * dP", "whole row", _backward(d="(p * dp).sum(dim=-1, keepdim=True)"),
                 message="D is summed over one tile only: D = rowsum(P * dP) runs over the whole row of keys, which "
                         "no tile holds; compute D = rowsum(dout * out) once, before the loops", aspect="values"),
-        Mistake("dS without subtracting D", "subtract", _backward(ds="p * dp"), message=NO_D, aspect="values"),
+        Mistake("dS without subtracting D", "P * (dP - D)", _backward(ds="p * dp"), message=NO_D, aspect="values"),
         Mistake("causal mask top-left", "top-left", _backward(offset="0"), message=TOP_LEFT, aspect="causal"),
-        Mistake("tail tile of keys dropped", "tail", _backward(k_stop="Tk - block_k + 1"),
+        Mistake("tail tile of keys dropped", "last", _backward(k_stop="Tk - block_k + 1"),
                 message="the last, partial tile of keys is dropped: when Tk is not a multiple of block_k, the tail "
                         "tile still counts (range(0, Tk, block_k), and slices past the end are cut short)",
                 aspect="values"),
-        Mistake("tail tile of queries dropped", "tail", _backward(q_stop="Tq - block_q + 1"),
+        Mistake("tail tile of queries dropped", "last", _backward(q_stop="Tq - block_q + 1"),
                 message="the last, partial tile of queries is dropped: when Tq is not a multiple of block_q, the "
                         "tail tile still counts (range(0, Tq, block_q))", aspect="values"),
         Mistake("dQ overwritten, not accumulated across key tiles", "accumulate", _backward(dq_op="="),
@@ -283,7 +267,7 @@ def flash_attention_forward(q, k, v, causal=False, block_q=64, block_k=64):
         Mistake("gradients in the wrong order", "order",
                 _backward(result="dk.to(k.dtype), dq.to(q.dtype), dv.to(v.dtype)")),
         Mistake("float64 inputs computed in float32", "float64", _backward(work="torch.float32")),
-        Mistake("the full probability matrix from lse, not tiled", "block_q x block_k", '''
+        Mistake("the full probability matrix from lse, not tiled", "tile", '''
 def flash_attention_backward(q, k, v, out, lse, dout, causal=False, block_q=64, block_k=64):
     Tq, Tk = q.size(2), k.size(2)
     work = torch.promote_types(q.dtype, torch.float32)
@@ -297,9 +281,9 @@ def flash_attention_backward(q, k, v, out, lse, dout, causal=False, block_q=64, 
     return (ds @ k * scale).to(dout.dtype), (ds.transpose(-2, -1) @ q * scale).to(dout.dtype), \\
         (p.transpose(-2, -1) @ do).to(dout.dtype)
 '''),
-        Mistake("only key tiles: a (Tq, block_k) column of scores", "block_q x block_k",
+        Mistake("only key tiles: a (Tq, block_k) column of scores", "tile",
                 _backward(q_stop="1").replace("block_q]", "Tq]").replace("qs:qs + n", "qs:qs + Tq")),
-        Mistake("only query tiles: a (block_q, Tk) row of scores", "block_q x block_k",
+        Mistake("only query tiles: a (block_q, Tk) row of scores", "tile",
                 _backward(k_stop="1").replace("block_k]", "Tk]")),
         Mistake("tiles, but a full (Tq, Tk) causal mask", "mask", _backward().replace(
             "    for ks in range(0, Tk, block_k):",
@@ -308,9 +292,9 @@ def flash_attention_backward(q, k, v, out, lse, dout, causal=False, block_q=64, 
             's.masked_fill(torch.arange(ks, ks + kb.size(2)) > rows, float("-inf"))',
             's.masked_fill(~visible[qs:qs + n, ks:ks + kb.size(2)], float("-inf"))')),
         # Memory taken before the bound is part of it (issue 19): P and dP whole, in a buffer reserved at top level
-        # (68 MiB each, more than the long cases' 64), then up to HEADROOM_MB and just over it (over budget)
-        *[Mistake(f"P and dP whole, in a {mb} MiB buffer reserved before the call", "block_q x block_k",
-                  _backward_in_buffer(mb)) for mb in (136, 256, 400)],
+        # (132 MiB each, more than the long cases' 128), then up to HEADROOM_MB and just over it (over budget)
+        *[Mistake(f"P and dP whole, in a {mb} MiB buffer reserved before the call", "tile",
+                  _backward_in_buffer(mb)) for mb in (264, 300, 400)],
         Mistake("constant: returns zeros", "differs", '''
 def flash_attention_backward(q, k, v, out, lse, dout, causal=False, block_q=64, block_k=64):
     return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
@@ -318,13 +302,14 @@ def flash_attention_backward(q, k, v, out, lse, dout, causal=False, block_q=64, 
         Mistake("constant: raises ValueError", "ValueError", _RAISES.format(sig=_BACKWARD_SIG)),
     ],
     "FlashAttention": [
-        Mistake("P kept with save_for_backward", "probabilities", _function(
+        Mistake("P kept with save_for_backward", "save_for_backward", _function(
             keep=_P + "        ctx.save_for_backward(q, k, v, out, lse, p)")),
-        Mistake("P kept as an attribute of ctx", "probabilities", _function(
+        Mistake("P kept as an attribute of ctx", "save_for_backward", _function(
             keep=_P + "        ctx.save_for_backward(q, k, v, out, lse)\n        ctx.p = p")),
-        Mistake("P kept in a global", "probabilities", "_SAVED = {}\n" + _function(
+        Mistake("P kept in a global", "save_for_backward", "_SAVED = {}\n" + _function(
             keep=_P + "        ctx.save_for_backward(q, k, v, out, lse)\n        _SAVED['p'] = p")),
-        *[Mistake(f"P kept in a {mb} MiB buffer reserved before the call", "probabilities", _function_in_buffer(mb))
+        *[Mistake(f"P kept in a {mb} MiB buffer reserved before the call", "save_for_backward",
+                  _function_in_buffer(mb))
           for mb in (68, 256, 400)],
         Mistake("gradients in the wrong order", "order", _function(grads="dk, dq, dv, None"),
                 message=ORDER, aspect="values"),
@@ -333,7 +318,7 @@ def flash_attention_backward(q, k, v, out, lse, dout, causal=False, block_q=64, 
                 message="the backward ignores causal: keep it on ctx in the forward (ctx.causal = causal) and pass "
                         "it to flash_attention_backward", aspect="causal"),
         Mistake("causal dropped in the forward", "causal", _function(forward_causal="False")),
-        Mistake("the forward returns (out, lse)", "only", _function(forward_result="out, lse")),
+        Mistake("the forward returns (out, lse)", "alone", _function(forward_result="out, lse")),
         Mistake("constant: returns zeros", "differs", '''
 class FlashAttention(torch.autograd.Function):
     @staticmethod
@@ -551,6 +536,9 @@ class FlashAttention(torch.autograd.Function):
 '''),
     ],
 }
+
+# Only the hidden check sees it: the visible test reads what ctx holds, the grader the process's memory.
+HIDDEN_ONLY = {"P kept in a global": "a global is out of the visible test's sight: only the memory bound sees it"}
 
 # A buffer of more than HEADROOM_MB kept at top level leaves no memory-bound check of the lesson its headroom.
 _OVER = "the 400 MiB its cell keeps is more than any memory-bound check allows before it, as for any notebook"
