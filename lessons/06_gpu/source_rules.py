@@ -377,7 +377,7 @@ class Cells:
         self.trees = trees
         self.top, self.globals_declared, self.all_nodes = {}, set(), []
         self.top_defs = {id(s) for tree in trees for s in tree.body}
-        self._flow = None
+        self._flow, self._modules, self._once = None, {}, {}
         for tree in trees:
             todo = [(stmt, stmt, False, True) for stmt in reversed(tree.body)]
             while todo:
@@ -426,17 +426,33 @@ class Cells:
             return "deleted"
         return stmt
 
+    def once(self, reading, *args):
+        """reading(self, *args), worked out once for every rule that asks: the cells do not change."""
+        if (reading, *args) not in self._once:
+            self._once[reading, *args] = reading(self, *args)
+        return self._once[reading, *args]
+
     def flow(self):
-        """What may hold a genuine module when the cells run (Flow), read once for both rules."""
+        """What may hold a genuine module when the cells run (Flow), read once for every rule (a cell it cannot
+        follow too: Unreadable, raised again to each rule rather than read again)."""
         if self._flow is None:
-            self._flow = Flow(self)
+            try:
+                self._flow = Flow(self)
+            except Unreadable as e:
+                self._flow = e
+        if isinstance(self._flow, Unreadable):
+            raise self._flow
         return self._flow
 
     def module(self, name):
         """The module path `name` means when the cells end ('torch', 'triton.language'), or None: every top-level
-        binding imports the same module (or is the setup cell's stand-in for it), and no function rebinds it."""
-        if name in self.globals_declared:
-            return None
+        binding imports the same module (or is the setup cell's stand-in for it), and no function rebinds it.
+        Read once per name: every name the cells use asks, and a name bound thousands of times costs a pass."""
+        if name not in self._modules:
+            self._modules[name] = None if name in self.globals_declared else self._module(name)
+        return self._modules[name]
+
+    def _module(self, name):
         paths = set()
         for node, stmt, _ in self.top.get(name, []):
             if isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -487,6 +503,10 @@ LOADERS = {"importlib", "imp", "runpy", "zipimport", "pkgutil", "site", "pickle"
            "trace", "ctypes", "_ctypes", "cffi", "builtins"}
 OWN_MODULES = {"source_rules"}  # the course's own module beside the notebook (its visible tests import it)
 MAX_PASSES = 10  # the module-flow reading converges in 2 or 3 passes on honest code
+# ...and visits each node once a pass: passes times nodes is bounded too, so that no submission's cells (a chain of
+# aliases written backwards, one name a pass) cost the grader seconds. An honest lesson 06 notebook has about
+# 11,000 nodes; this allows ten passes up to 25,000 and three up to 83,000.
+MAX_VISITS = 250_000
 _MISSING = object()
 
 
@@ -583,6 +603,7 @@ class Flow:
                         self.defs.setdefault(t.id, []).append(node.value)
         self.functions = [n for n, _ in self.nodes
                           if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))]
+        self.every_parameter = False
         for node, scope in self.nodes:
             if isinstance(node, (ast.Import, ast.ImportFrom)) and not getattr(node, "level", 0):
                 for a in node.names:
@@ -590,7 +611,7 @@ class Flow:
                     if a.name != "*" and _genuine_may_be_module(path if a.asname or isinstance(node, ast.ImportFrom)
                                                                 else a.name.split(".")[0]):
                         self.names.add(self.key((a.asname or a.name).split(".")[0], scope))
-        for _ in range(MAX_PASSES):
+        for _ in range(min(MAX_PASSES, MAX_VISITS // max(len(self.nodes), 1))):
             before = (len(self.names), len(self.attrs), len(self.returns))
             for node, scope in self.nodes:
                 self._visit(node, scope)
@@ -754,8 +775,10 @@ class Flow:
                     self._params(fn)
                 return
         self._passed(args)
-        for fn in self.functions:  # called through a name the rules cannot follow: any function's parameters
-            self._params(fn, with_self=False)
+        if not self.every_parameter:  # called through a name the rules cannot follow: any function's parameters
+            self.every_parameter = True  # (once: the functions are the same at every such call, in every pass)
+            for fn in self.functions:
+                self._params(fn, with_self=False)
 
 
 def _literal(node):
@@ -807,14 +830,14 @@ def _loader_problem(cells):
         if isinstance(node, ast.Name) and node.id == "__import__":
             return "your code uses `__import__`, which imports what the grader cannot read"
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and cells.module(node.id) == "sys":
-            parents = parents or _parents(cells)
+            parents = parents or cells.once(_parents)
             up = parents.get(id(node))
             if not isinstance(up, (ast.Attribute, ast.Expr)) and not _read_by(up, node):
                 return ("your code passes the `sys` module around (getattr, an alias, an argument): the grader "
                         "reads sys.path and sys.modules only by name")
         if isinstance(node, ast.Attribute) and node.attr in IMPORT_MACHINERY and isinstance(node.value, ast.Name) \
                 and cells.module(node.value.id) == "sys":
-            parents = parents or _parents(cells)
+            parents = parents or cells.once(_parents)
             up = parents.get(id(node))
             reading = isinstance(up, (ast.Expr, ast.Compare)) or _read_by(up, node) or (
                 isinstance(up, (ast.For, ast.comprehension)) and node is up.iter)
@@ -928,7 +951,7 @@ def _hidden_code_problem(cells, flow):
     unpickled from a file (torch.load with weights_only=False, numpy's allow_pickle), or placed between torch and
     its callers (a TorchFunctionMode or TorchDispatchMode, __torch_function__, torch.library) or over the frames
     that call it (sys.settrace, sys._getframe, gc's object lists), where it could fake what the checks record."""
-    parents = _parents(cells)
+    parents = cells.once(_parents)
     course = {id(n) for tree in cells.trees for stmt in tree.body if isinstance(stmt, (ast.ClassDef, ast.ImportFrom))
               and hashlib.sha256(ast.unparse(stmt).encode()).hexdigest()[:16] in COURSE_CODE for n in ast.walk(stmt)}
     for node, scope in flow.nodes:
@@ -1037,7 +1060,7 @@ def _global_problem(cells):
             if rewriter:
                 return f"your code imports `{rewriter}`, a module that can rewrite other code"
     flow = cells.flow()
-    return _loader_problem(cells) or _hidden_code_problem(cells, flow) or _patch_problem(cells, flow)
+    return cells.once(_loader_problem) or cells.once(_hidden_code_problem, flow) or cells.once(_patch_problem, flow)
 
 
 # ---- triton_attention and triton_softmax --------------------------------------------------------------
@@ -1196,7 +1219,7 @@ def _triton_problem(cells, name):
         return why
     if wrapper.decorator_list:
         return f"{name} must not be decorated: a decorator can replace the function the grader reads"
-    found = _global_problem(cells)
+    found = cells.once(_global_problem)
     if found:
         return found + ", which the grader cannot trust in a Triton exercise"
     kernels = set()
@@ -1236,8 +1259,8 @@ def _fused(node):
 
 
 def _flash_problem(cells):
-    found = _loader_problem(cells) or _hidden_code_problem(cells, cells.flow()) \
-        or _patch_problem(cells, cells.flow(), items=False)
+    found = cells.once(_loader_problem) or cells.once(_hidden_code_problem, cells.flow()) \
+        or cells.once(_patch_problem, cells.flow(), False)
     if found:
         return f"{found}, so the grader cannot tell what flash_attention calls"
     todo, seen = [], {"flash_attention"}
