@@ -7,6 +7,7 @@ written backwards, more than its bounded reading follows) beside the honest stud
 message, never the grader's error, and the grader's own memory stays bounded.
 """
 import csv
+import importlib
 import os
 import subprocess
 import sys
@@ -158,6 +159,10 @@ def _lesson_06(answers):
             "import numpy as np\ntorch.save({'w': torch.ones(2)}, 'weights.pt')\nstate = torch.load('weights.pt')\n"
             "state = torch.load('weights.pt', map_location='cpu', weights_only=True)\n"
             "np.save('ones.npy', np.ones(3))\nones = np.load('ones.npy')"]),
+        # issue 19: a float64 copy of one head's keys and values (Tk x Dh) is O(T), honest, and fits the tiled bound
+        "flash_upcasts_one_head_to_float64": ([], {"flash_attention": dict(
+            importlib.import_module("autograder.mistakes.06_gpu").VARIANTS["flash_attention"])[
+            "a loop over batch and heads, einsum, float64 inside"]}, []),
         "gc_between_timings": ([], {}, ["import gc\ngc.collect()\nif torch.cuda.is_available():\n"
                                         "    torch.cuda.empty_cache()"]),
         **HELD,
