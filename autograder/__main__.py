@@ -6,6 +6,8 @@ from pathlib import Path
 
 from autograder.checks import LESSONS
 
+WRITTEN_HELP = ("the written questions count (off: shown to students, not counted); their scores are the "
+                "--gradebook's manual ones, and a lesson with one not graded yet is 'needs grading' (left blank)")
 LIMIT_FLAGS = (("--cell-timeout", "cell_seconds", "s"), ("--call-timeout", "call_seconds", "s"),
                ("--notebook-timeout", "notebook_seconds", "s"), ("--memory", "memory_mb", "MB"))
 
@@ -38,6 +40,7 @@ def main(argv=None):
     g.add_argument("--gradebook", metavar="DB", help="also update this nbgrader gradebook (e.g. gradebook.db)")
     g.add_argument("--course-root", metavar="DIR", help="where --gradebook writes autograded/ (default: its folder)")
     g.add_argument("--quiet", action="store_true", help="no progress output")
+    g.add_argument("--written", action="store_true", help=WRITTEN_HELP)
     g.add_argument("--roster", metavar="CSV", help="the class: totals.csv gets a row for every student on it "
                    "(default: the roster collect kept in SUBMISSIONS)")
     for flag, key, unit in LIMIT_FLAGS:
@@ -52,6 +55,7 @@ def main(argv=None):
     m.add_argument("--manifest", metavar="CLASS_JSON", help="check that the shards cover this class list")
     m.add_argument("--allow-partial", action="store_true", help="merge an incomplete shard set, marking the gaps")
     m.add_argument("--roster", metavar="CSV", help="the class: totals.csv gets a row for every student on it")
+    m.add_argument("--written", action="store_true", help=WRITTEN_HELP)
 
     c = sub.add_parser("manifest", help="write the class list (students, lessons) that sharded runs split")
     c.add_argument("submissions", metavar="SUBMISSIONS")
@@ -93,6 +97,7 @@ def main(argv=None):
     x.add_argument("--gradebook", metavar="DB", help="nbgrader's gradebook: its manual scores and extra credit count")
     x.add_argument("--stale-overrides", choices=["keep", "drop"], default="keep",
                    help="a manual score made before its test's autograded result changed: keep it (default) or drop it")
+    x.add_argument("--written", action="store_true", help=WRITTEN_HELP)
     x.add_argument("--missing-blank", action="store_true",
                    help="leave a roster student's lesson never handed in blank (and flagged), not 0")
 
@@ -223,13 +228,14 @@ def _outputs(args):
     check_gradebook(args.gradebook)
     roster = load_roster(args.roster) if getattr(args, "roster", None) else \
         stored_roster(getattr(args, "submissions", None))   # the roster collect kept, when there is one
-    return report_outputs(args.gradebook, args.course_root, roster)
+    return report_outputs(args.gradebook, args.course_root, roster, args.written)
 
 
 def _merge(args):
     from autograder.merge import merge
 
-    results = merge(args.results, args.out, args.gradescope, _outputs(args), args.manifest, args.allow_partial)
+    results = merge(args.results, args.out, args.gradescope, _outputs(args), args.manifest, args.allow_partial,
+                    args.written)
     _summary(args.out, results)
     return 0
 
@@ -251,7 +257,7 @@ def _grade(args):
     limits = {k: getattr(args, k) for _, k, _ in LIMIT_FLAGS if getattr(args, k) is not None}
     run = grade(args.submissions, args.out, args.lesson, args.jobs, args.resume, shard, mode, limits,
                 args.gradescope, _outputs(args), progress=not args.quiet, all_lessons=args.all_lessons,
-                students=args.student, force=args.force, manifest=args.manifest)
+                students=args.student, force=args.force, manifest=args.manifest, written=args.written)
     why = ", ".join(f"{n} {reason}" for reason, n in run["reasons"].most_common())
     print(f"graded {run['graded']} submission(s) of {', '.join(run['lessons'])}"
           + (f" ({why})" if args.resume and why else "") + (f"; reused {run['reused']} unchanged" if args.resume else ""),
@@ -301,7 +307,7 @@ def _term(args):
         for line in export(args.results, results, args.format, args.out, roster, args.canvas_gradebook,
                            args.deadline, args.late_policy, args.timezone, args.submissions, args.assignment,
                            refused, args.extensions, args.grace, args.missing_blank,
-                           _reviews(args.gradebook), args.stale_overrides):
+                           _reviews(args.gradebook), args.stale_overrides, args.written):
             print(f"warning: {line}", file=sys.stderr)
         print(f"wrote {args.out}")
         return 1 if refused else 0

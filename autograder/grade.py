@@ -237,7 +237,8 @@ def lesson_limits(lesson, given=None) -> Limits:
 
 
 def lesson_fingerprint(lesson, tests, mode, limits):
-    """What a lesson's verdicts depend on besides the submission: its tests and points, the code
+    """What a lesson's verdicts depend on besides the submission: its tests and points (and its written
+    questions'), the code
     of its checks, of solutions/ they import, of the grader and the sandbox, what of its manifest
     grading reads (lessons.grading_keys: not the book's text), the files its notebook has beside it,
     the sandbox mode, the limits it is graded under (lesson_limits) and the package's version."""
@@ -249,6 +250,8 @@ def lesson_fingerprint(lesson, tests, mode, limits):
     named.update((f, f"{lesson}/{name}") for name, f in lesson_files(lesson, root).items())  # named within the lesson
     parts = [_version(), lesson, repr(tests), mode, repr(sorted(lesson_limits(lesson, limits).to_json().items())),
              repr(manifests.grading_keys(lesson, root))]
+    written = nbk.lesson_written(lesson)
+    parts += [repr(written)] if written else []  # a lesson without written questions keeps its fingerprint
     parts += [f"{name}:{hashlib.sha256(p.read_bytes()).hexdigest()}" for p, name in named.items()]
     return store.sha256_text(*parts)
 
@@ -361,6 +364,27 @@ def cell_problem(name, cells, labels, session):
     return ""
 
 
+def written_rows(lesson, nb=None, status=None, message=""):
+    """The lesson's written questions (nbk.lesson_written) for one submission, as stored (results.WrittenRow):
+    with its notebook nb, each NEEDS_GRADING (a person grades it, whatever is there: never a silent 0), the
+    message saying whether it was answered; without one, each `status` with `message`."""
+    questions = nbk.lesson_written(lesson)
+    if nb is None:
+        return [dict(question=q, max_points=p, status=status, message=message) for q, p in questions]
+    answers = {nbk.grade_id(c): nbk.source(c) for c in nb["cells"] if nbk.is_written(c)}
+    rows = []
+    for q, p in questions:
+        text = answers.get(q)
+        if text is None:
+            said = "its answer cell is not in your notebook (deleted, or its nbgrader metadata lost)"
+        elif not text.strip() or nbk.TEXT_STUB in text:
+            said = f"not answered: its cell still holds {nbk.TEXT_STUB}" if text.strip() else "not answered: its cell is empty"
+        else:
+            said = "answered"
+        rows.append(dict(question=q, max_points=p, status=store.NEEDS_GRADING, message=f"{said}; graded by a person"))
+    return rows
+
+
 def grade_one(sandbox, student, lesson, sub, tests, data_files, grader):
     """The result of one (student, lesson) in its stored JSON form: save_result reads it with Result.from_json,
     which validates what the sandbox's replies put in it."""
@@ -370,9 +394,11 @@ def grade_one(sandbox, student, lesson, sub, tests, data_files, grader):
                   submitted_at=sub.submitted_at, notes=list(sub.notes), cells={})
     if sub.refused:
         result["tests"] = unanimous(tests, "error", f"your notebook was not graded: {sub.refused}")
+        result["written"] = written_rows(lesson, None, "error", result["tests"][0]["message"])
         return result
     if sub.path is None:
         result["tests"] = unanimous(tests, "missing", sub.notes[-1] if sub.notes else "not submitted")
+        result["written"] = written_rows(lesson, None, "missing", result["tests"][0]["message"])
         return result
     try:
         nb = nbk.parse_submission(nbk.read_submitted_bytes(sub.path))
@@ -380,8 +406,10 @@ def grade_one(sandbox, student, lesson, sub, tests, data_files, grader):
         refused = str(e).startswith("refused")
         what = "was not graded" if refused else "could not be read"
         result["tests"] = unanimous(tests, "error", f"your notebook {what}: {e}")
+        result["written"] = written_rows(lesson, None, "error", result["tests"][0]["message"])
         result["anomaly"] = "refused file or folder" if refused else "unreadable notebook"
         return result
+    result["written"] = written_rows(lesson, nb)
     cells, labels, notes = submission_cells(nb)
     result["notes"] += notes
     session = Session(sandbox, lesson, cells, data_files)
@@ -503,10 +531,11 @@ def plan(submissions, out, lessons=None, all_lessons=False, students=None, shard
 
 def grade(submissions, out, lessons=None, jobs=1, resume=False, shard=None, mode="bwrap", limits=None,
           gradescope=False, outputs=(), progress=True, all_lessons=False, students=None, force=False,
-          manifest=None):
+          manifest=None, written=False):
     """Grade a class into RESULTS. Returns a summary dict (see __main__). Raises GradeError on bad
     input, before any work, and Interrupted after a clean stop on SIGTERM or SIGINT. outputs: the
-    adapters' writers report.write_all calls after the core's files (autograder.adapters.report_outputs)."""
+    adapters' writers report.write_all calls after the core's files (autograder.adapters.report_outputs);
+    written: the written questions count in the feedback pages (report.feedback_page)."""
     klass, lessons, selected, manifest_id, anomalies, out, shard_text = plan(
         submissions, out, lessons, all_lessons, students, shard, manifest)
     from autograder.selfcheck import check_reference
@@ -555,7 +584,7 @@ def grade(submissions, out, lessons=None, jobs=1, resume=False, shard=None, mode
 
     from autograder import report
     results = report.write_all(out, {(s, x) for s in selected for x in lessons}, gradescope, outputs, problems,
-                               warnings=weak)
+                               warnings=weak, written=written)
     stale = [f"{r.student}/{r.lesson}" for r in results if r.lesson in graders and r.grader
              and r.grader != graders[r.lesson]]
     for where in stale:

@@ -62,7 +62,7 @@ def shard_set_problems(runs, stored, manifest) -> list:
     return list(dict.fromkeys(problems))
 
 
-def merge(dirs, out, gradescope=False, outputs=(), manifest=None, allow_partial=False) -> list:
+def merge(dirs, out, gradescope=False, outputs=(), manifest=None, allow_partial=False, written=False) -> list:
     """Copy every shard's results into OUT (its other lessons are kept) and rewrite its reports (and
     the adapters' `outputs`, as report.write_all). Returns the results; MergeError when the shard set
     is not whole, unless allow_partial."""
@@ -108,4 +108,4 @@ def merge(dirs, out, gradescope=False, outputs=(), manifest=None, allow_partial=
     store.write_run(out, None, m["id"] if m else next(iter({run.manifest for run in runs.values()})),
                     set(old.lessons) | lessons, problems)
     expected = {(s, x) for s in (m["students"] if m else []) for x in lessons}
-    return report.write_all(out, expected, gradescope, outputs)
+    return report.write_all(out, expected, gradescope, outputs, written=written)

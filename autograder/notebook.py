@@ -157,6 +157,12 @@ def is_test(cell):
     return bool(m.get("grade")) and not m.get("solution")
 
 
+def is_written(cell):
+    """Whether a cell is a written question's answer: a markdown cell a person grades (nbgrader's manually
+    graded answer: solution and grade, with its points; its solution region holds the model answer and rubric)."""
+    return cell.get("cell_type") == "markdown" and bool(meta(cell).get("solution")) and bool(meta(cell).get("grade"))
+
+
 def is_demo(cell):
     m = cell.get("metadata", {})
     tags = m.get("tags", []) if isinstance(m, dict) else []
@@ -170,6 +176,11 @@ def code_cells(nb):
 def graded_tests(nb):
     """[(grade_id, points)] of the test cells, in notebook order."""
     return [(grade_id(c), float(meta(c).get("points", 0))) for c in code_cells(nb) if is_test(c)]
+
+
+def written_questions(nb):
+    """[(grade_id, points)] of the written questions (is_written), in notebook order."""
+    return [(grade_id(c), float(meta(c).get("points", 0))) for c in nb["cells"] if isinstance(c, dict) and is_written(c)]
 
 
 def replace_regions(text, begin, end, stub):
@@ -219,6 +230,12 @@ def with_hidden_block(text, lesson, name):
 def lesson_tests(lesson, root=LESSONS_DIR):
     """[(test grade_id, max points)] of a lesson, from its source notebook (never a submission)."""
     return graded_tests(read(lesson_path(lesson, root)))
+
+
+def lesson_written(lesson, root=LESSONS_DIR):
+    """[(written question grade_id, max points)] of a lesson, from its source notebook: graded by hand, never
+    part of lesson_tests (a lesson's autograded points)."""
+    return written_questions(read(lesson_path(lesson, root)))
 
 
 def lesson_names(root=LESSONS_DIR):

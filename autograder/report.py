@@ -62,10 +62,11 @@ def placeholder(student, lesson, message) -> store.Result:
                                                for t, p in nbk.lesson_tests(lesson)))
 
 
-def write_all(out, expected=(), gradescope=False, outputs=(), problems=None, warnings=()):
+def write_all(out, expected=(), gradescope=False, outputs=(), problems=None, warnings=(), written=False):
     """Rewrite grades.csv, feedback, the error log (and Gradescope files) from everything stored in
     RESULTS, then call each of `outputs` as write(out, results, warnings); returns the results ([Result]).
-    warnings: lines for the top of the class report (a sandbox mode that hides no file)."""
+    warnings: lines for the top of the class report (a sandbox mode that hides no file); written: the
+    written questions count (feedback_page)."""
     out = Path(out)
     results = gather(out, expected, problems)
     store.write_grades(out / "grades.csv", results)
@@ -76,8 +77,7 @@ def write_all(out, expected=(), gradescope=False, outputs=(), problems=None, war
         store.write_atomic(log, "\n".join(errors))
     else:
         log.unlink(missing_ok=True)
-    for r in results:
-        store.write_derived(out / "feedback" / r.student / f"{r.lesson}.html", feedback_page(r))
+    write_feedback(out, results, written=written)
     if gradescope:
         for student in sorted({r.student for r in results}):
             mine = [r for r in results if r.student == student]
@@ -90,7 +90,7 @@ def write_all(out, expected=(), gradescope=False, outputs=(), problems=None, war
 
 STYLE = """body{font-family:system-ui,sans-serif;max-width:52rem;margin:2rem auto;padding:0 1rem;color:#222}
 table{border-collapse:collapse;width:100%}td,th{border-bottom:1px solid #ddd;padding:.5rem;text-align:left;
-vertical-align:top}.passed{color:#1a7f37}.failed,.error{color:#cf222e}.missing{color:#9a6700}
+vertical-align:top}.passed{color:#1a7f37}.failed,.error{color:#cf222e}.missing,.needs-grading{color:#9a6700}
 .note{background:#fff8c5;padding:.5rem 1rem;border-radius:4px}code{background:#f6f8fa;padding:0 .2rem}
 .msg{white-space:pre-line}ul.aspects{margin:.3rem 0 0;padding-left:1.2rem}"""
 
@@ -103,20 +103,54 @@ def _aspects_html(t):
     return f"<ul class='aspects'>{items}</ul>" if items else ""
 
 
-def feedback_page(r):
+def write_feedback(out, results, reviews=None, written=False):
+    """RESULTS/feedback/<student>/<lesson>.html of each Result (feedback_page; reviews: the gradebook's
+    {(student, lesson): review} of manual scores, from the adapters, which read it)."""
+    for r in results:
+        store.write_derived(Path(out) / "feedback" / r.student / f"{r.lesson}.html",
+                            feedback_page(r, (reviews or {}).get((r.student, r.lesson)), written))
+
+
+def feedback_page(r, review=None, written=False):
     """A Result's page for its student: each test, its points (and each aspect's) and its teaching message;
     never hidden code, hidden inputs or expected values (check messages are written not to contain
-    them). Every text is stored cleaned and capped (results.clean), and escaped here."""
+    them). review (a gradebook's, with .manual and .extra {test or question: points}): a manual score
+    replaces the grader's and is said to be one, extra credit is added. Written questions are listed: with
+    written they count (a manual score, or 'needs grading' and the total so far), without it they do not.
+    Every text is stored cleaned and capped (results.clean), and escaped here."""
     e = html.escape
-    rows = "".join(
-        f"<tr><td><code>{e(t.test)}</code></td><td class='{e(t.status)}'>{e(t.status)}</td>"
-        f"<td>{t.points:g} / {t.max_points:g}</td><td><div class='msg'>"
-        f"{'' if t.aspects and t.status == 'failed' else e(t.message)}</div>{_aspects_html(t)}</td></tr>"
-        for t in r.tests)
+    manual, extra = (review.manual, review.extra) if review else ({}, {})
+    counted = r.written if written else ()
+    got = sum(manual.get(t.test, t.points) for t in r.tests) + sum(manual.get(w.question, 0.0) for w in counted) \
+        + sum(extra.get(t.test, 0.0) for t in r.tests) + sum(extra.get(w.question, 0.0) for w in counted)
+    full = r.max_points + sum(w.max_points for w in counted)
+    pending = [w.question for w in counted if w.status == store.NEEDS_GRADING and w.question not in manual]
+
+    def by_hand(name, points):
+        said = f"scored by hand: {manual[name]:g}" + (f" (the grader gave {points:g})" if points is not None else "") \
+            if name in manual else ""
+        return "; ".join(filter(None, [said, f"extra credit: +{extra[name]:g}" if extra.get(name) else ""]))
+
+    def row(name, status, points, max_points, message, more=""):
+        hand = by_hand(name, points)
+        shown = manual.get(name, points)
+        return (f"<tr><td><code>{e(name)}</code></td><td class='{e(status).replace(' ', '-')}'>{e(status)}</td>"
+                f"<td>{'&mdash;' if shown is None else f'{shown:g}'} / {max_points:g}"
+                f"{f'<br><i>{e(hand)}</i>' if hand else ''}</td><td><div class='msg'>{e(message)}</div>{more}</td></tr>")
+    rows = "".join(row(t.test, t.status, t.points, t.max_points,
+                       "" if t.aspects and t.status == "failed" else t.message, _aspects_html(t))
+                   for t in r.tests)
+    rows += "".join(row(w.question, w.status if written else "not counted", None, w.max_points,
+                        f"Written question: {w.message}" + ("" if written else
+                                                            " (read by your instructor; it does not count)"))
+                    for w in r.written)
     note_html = "".join(f"<p class='note'>{e(n)}</p>" for n in result_notes(r))
+    note_html += (f"<p class='note'>Written questions not graded yet ({e(', '.join(pending))}): these are your points "
+                  "so far, not your score.</p>") if pending else ""
     return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{e(r.lesson)}: feedback for "
             f"{e(r.student)}</title><style>{STYLE}</style></head><body><h1>{e(r.lesson)}</h1>"
-            f"<p>Feedback for <b>{e(r.student)}</b>: <b>{r.points:g} / {r.max_points:g}</b> points.</p>{note_html}"
+            f"<p>Feedback for <b>{e(r.student)}</b>: <b>{got:g} / {full:g}</b> points"
+            f"{' (scores in italics were given by hand)' if manual or extra else ''}.</p>{note_html}"
             f"<table><tr><th>test</th><th>status</th><th>points</th><th>what to look at</th></tr>{rows}</table>"
             "<p>The grader ran your notebook's code cells except tests and demonstrations, then checked each "
             "function on its own inputs.</p></body></html>\n")

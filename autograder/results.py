@@ -28,6 +28,8 @@ validated by its from_json, naming the field wrong, and written by its to_json, 
      tests: [{test, points, max_points, status, message,
               aspects?: [{aspect, points, max_points, passed, message}], grader_error?: bool}],
      grader_errors?: [traceback str] (our own bugs, for RESULTS/grader-errors.log),
+     written?: [{question, max_points, status, message}] (the lesson's written questions, graded by a person:
+               status NEEDS_GRADING when the notebook was read; their scores are the gradebook's, never ours),
      digest (HMAC-SHA256, under the results key, of the folder's nonce and the canonical JSON of every
              other field)}
 
@@ -102,6 +104,8 @@ INDEX_FILE = "index.json"
 INDEX_FORMAT = "mha-course-results-index/1"
 TIMESTAMP_FILE = "timestamp.txt"
 STATUSES = ("passed", "failed", "error", "missing")
+NEEDS_GRADING = "needs grading"   # a written question answered: a person grades it (nbgrader's gradebook)
+WRITTEN_STATUSES = (NEEDS_GRADING, "missing", "error")   # missing, error: no notebook to read the answer in
 COLUMNS = ["student", "lesson", "test", "points", "max_points", "status", "message"]
 MESSAGE_CAP, NOTE_CAP, NAME_CAP = 4000, 1000, 200
 MAX_STORED_BYTES = 2 << 20  # a result is a few kB; anything bigger was not written by us
@@ -485,6 +489,31 @@ class TestRow:
 
 
 @dataclass(frozen=True)
+class WrittenRow:
+    """One written question of a result (a markdown answer a person grades): {question, max_points, status (one
+    of WRITTEN_STATUSES), message}. It has no points: its score is the gradebook's manual score, never the grader's."""
+    question: str
+    max_points: float
+    status: str
+    message: str
+
+    @classmethod
+    def from_json(cls, w, where="a written question") -> "WrittenRow":
+        if not isinstance(w, dict):
+            raise ResultError(f"{where} is not a JSON object")
+        if w.get("status") not in WRITTEN_STATUSES:
+            raise ResultError(f"{where}.status {clean(str(w.get('status')), 40)!r} is not one of "
+                              f"{', '.join(WRITTEN_STATUSES)}")
+        return cls(_text(w.get("question"), f"{where}.question", NAME_CAP),
+                   _number(w.get("max_points"), f"{where}.max_points"), w["status"],
+                   _text(w.get("message"), f"{where}.message"))
+
+    def to_json(self) -> dict:
+        return {"question": self.question, "max_points": self.max_points, "status": self.status,
+                "message": self.message}
+
+
+@dataclass(frozen=True)
 class Result:
     """One stored result (the format in this module's docstring, digest aside): from_json is its one
     reader, which validates and cleans (ResultError naming the field), to_json its one writer, whose
@@ -501,6 +530,7 @@ class Result:
     skipped: dict = field(default_factory=dict)   # cells.skipped {label: why}
     errors: dict = field(default_factory=dict)    # cells.errors {label: {type, message}}
     grader_errors: tuple = None                   # tracebacks of our own bugs, stored only when there are
+    written: tuple = ()                           # WrittenRow of each written question, stored only when there are
 
     @classmethod
     def from_json(cls, r, student=None, lesson=None) -> "Result":
@@ -523,14 +553,17 @@ class Result:
         tests = r.get("tests")
         if not isinstance(tests, list) or not tests:
             raise ResultError("tests is not a list of tests")
-        tracebacks = r.get("grader_errors")
+        tracebacks, written = r.get("grader_errors"), r.get("written", [])
+        if not isinstance(written, list):
+            raise ResultError("written is not a list of written questions")
         return cls(**who, **about, notes=tuple(_text(n, f"notes[{i}]", NOTE_CAP) for i, n in enumerate(notes[:50])),
                    skipped={clean(str(k), NOTE_CAP): _text(v, "cells.skipped", NOTE_CAP)
                             for k, v in list(skipped.items())[:200]},
                    errors={clean(str(k), NOTE_CAP): cell_error(v) for k, v in list(errors.items())[:200]},
                    tests=tuple(TestRow.from_json(t, f"tests[{i}]") for i, t in enumerate(tests[:200])),
                    grader_errors=tuple(clean(str(tb), 20_000) for tb in tracebacks[:20])
-                   if isinstance(tracebacks, list) else None)
+                   if isinstance(tracebacks, list) else None,
+                   written=tuple(WrittenRow.from_json(w, f"written[{i}]") for i, w in enumerate(written[:50])))
 
     @property
     def points(self) -> float:
@@ -552,6 +585,8 @@ class Result:
                "tests": [t.to_json() for t in self.tests]}
         if self.grader_errors is not None:
             out["grader_errors"] = list(self.grader_errors)
+        if self.written:
+            out["written"] = [w.to_json() for w in self.written]
         return out
 
 

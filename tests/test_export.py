@@ -10,7 +10,7 @@ import pytest
 
 from autograder.__main__ import main
 from autograder.adapters.export import write_totals
-from autograder.results import load_results, result_path, save_result, write_timestamp
+from autograder.results import Result, load_results, result_path, save_result, write_timestamp
 
 # Canvas's documented gradebook import: these identity columns first, then one column per assignment
 # ("Name (assignment id)" for an existing one); an optional "Points Possible" row under the header.
@@ -356,3 +356,81 @@ def test_a_refused_or_deleted_result_is_named_and_marked_never_a_silent_blank(te
     assert "bob 02_heads: left blank, its stored result was refused (it was deleted" in err
     by_id = {r[1]: r for r in read(out)[2:]}
     assert by_id["103"][5] == "" and by_id["102"][6] == ""
+
+
+def with_written(r, status="needs grading"):
+    """The result dict r with one written question."""
+    return dict(r, written=[dict(question="why_scale", max_points=2.0, status=status, message="answered")])
+
+
+def test_written_questions_count_only_with_written_and_wait_for_a_manual_score():
+    """Off, a written question counts nowhere (a manual score for it neither); on, its points join the maximum
+    and its score is the gradebook's: until then the lesson has none ('needs grading' in totals.csv, blank in an
+    export), never a 0; a notebook never handed in counts 0 for it, as for its tests. The feedback page agrees."""
+    from autograder.adapters.export import score, totals_rows
+    from autograder.adapters.gradebook import Review
+    from autograder.report import feedback_page
+
+    r = Result.from_json(with_written(result("alice", "01_attention", [2, 1, 3])))
+    graded = Review(manual={"why_scale": 1.5})
+    absent = Result.from_json(with_written(result("carol", "01_attention", [0, 0, 0], status="missing"), status="missing"))
+    got = {name: (s.points, s.max_points, s.pending, s.flag) for name, s in {
+        "off": score(r), "off, graded": score(r, graded), "on": score(r, written=True),
+        "on, graded": score(r, graded, written=True), "on, never handed in": score(absent, written=True)}.items()}
+    assert got == {"off": (6, 6, [], ""), "off, graded": (6, 6, [], ""),
+                   "on": (None, 8, ["why_scale"], "needs grading: why_scale"),
+                   "on, graded": (7.5, 8, [], "manual: why_scale"), "on, never handed in": (0, 8, [], "")}
+    scores = {("alice", "01_attention"): score(r, written=True), ("carol", "01_attention"): score(absent, written=True)}
+    for pending, shown in (("needs grading", "needs grading"), ("", "")):
+        rows = {row["student"]: row for row in totals_rows(["alice", "carol"], ["01_attention"], scores, pending=pending)}
+        assert (rows["alice"]["01_attention"], rows["alice"]["total"], rows["alice"]["max_points"]) == (shown, 0, 0)
+        assert rows["alice"]["flags"] == "01_attention: needs grading: why_scale" and rows["alice"]["regrade"] == ""
+        assert (rows["carol"]["01_attention"], rows["carol"]["total"], rows["carol"]["max_points"]) == (0, 0, 8)
+    pages = {"off": feedback_page(r), "on": feedback_page(r, written=True),
+             "on, graded": feedback_page(r, graded, written=True)}
+    assert "<b>6 / 6</b>" in pages["off"] and ">not counted<" in pages["off"] and "needs grading" not in pages["off"]
+    assert "<b>6 / 8</b>" in pages["on"] and ">needs grading<" in pages["on"] and "not graded yet (why_scale)" in pages["on"]
+    assert "<b>7.5 / 8</b>" in pages["on, graded"] and "scored by hand: 1.5" in pages["on, graded"] \
+        and "not graded yet" not in pages["on, graded"]
+
+
+def test_a_manual_score_on_a_test_is_said_on_the_feedback_page():
+    from autograder.adapters.gradebook import Review
+    from autograder.report import feedback_page
+
+    r = Result.from_json(result("carol", "01_attention", [1, 1, 0]))
+    page = feedback_page(r, Review(manual={"test_scaled_dot_product_attention": 2.5}, extra={"test_softmax": 0.5}))
+    assert "<b>5 / 6</b>" in page and "scored by hand: 2.5 (the grader gave 0)" in page and "extra credit: +0.5" in page
+    assert "<b>2 / 6</b>" in feedback_page(r) and "by hand" not in feedback_page(r)
+
+
+def test_written_questions_are_stored_with_the_result_and_a_bad_one_refused(tmp_path):
+    from autograder.results import ResultError, load_result
+    save_result(tmp_path, with_written(result("alice", "01_attention", [2, 1, 3])))
+    stored, why = load_result(tmp_path, "alice", "01_attention")
+    assert why is None and stored.to_json()["written"] == with_written({})["written"]
+    with pytest.raises(ResultError, match=r"written\[0\].status 'graded' is not one of needs grading"):
+        save_result(tmp_path, with_written(result("alice", "01_attention", [2, 1, 3]), status="graded"))
+    save_result(tmp_path, result("alice", "02_heads", [2, 1, 2, 3]))   # no written question: stored as before
+    assert "written" not in json.loads(result_path(tmp_path, "alice", "02_heads").read_text())
+
+
+def test_the_grader_carries_each_written_question_as_needs_grading():
+    """grade reads each written question of the lesson from the notebook: answered, still the stub, or its cell
+    gone; each needs grading (a person decides, never a silent 0); without a notebook, the status given."""
+    from autograder import notebook as nbk
+    from autograder.grade import written_rows
+    from autograder.release import student_copy
+
+    lesson = "03_multi_head"
+    nb = student_copy(nbk.read(nbk.lesson_path(lesson)))
+    [(question, points)] = nbk.lesson_written(lesson)
+    assert points == 2 and written_rows(lesson, nb) == [dict(question=question, max_points=2.0, status="needs grading",
+        message="not answered: its cell still holds YOUR ANSWER HERE; graded by a person")]
+    cell = next(c for c in nb["cells"] if nbk.is_written(c))
+    nbk.set_source(cell, "Eight distributions per position.")
+    assert written_rows(lesson, nb)[0]["message"] == "answered; graded by a person"
+    cell["metadata"] = {}
+    assert written_rows(lesson, nb)[0]["message"].startswith("its answer cell is not in your notebook")
+    assert written_rows(lesson, None, "missing", "not submitted") == [
+        dict(question=question, max_points=2.0, status="missing", message="not submitted")]

@@ -2,7 +2,7 @@
 
 The core (release, grade, results, report, merge, sandbox/, worker, checks/) grades and stores; an
 adapter turns someone else's format into the core's or back, using only the core's public functions
-(results.py's stored formats, notebook.py, release.student_copy, report.feedback_text and
+(results.py's stored formats, notebook.py, release.student_copy, report.feedback_text, report.write_feedback and
 report.results_json, grade.grade):
 
   collect.py, roster.py     an LMS download and its roster in: collect.py files what canvas.py,
@@ -22,23 +22,25 @@ the gradebook's update). tests/test_layout.py
 checks the imports.
 """
 from autograder import notebook as nbk
+from autograder.report import write_feedback
 from autograder.adapters.classreport import write_report
 from autograder.adapters.export import write_totals
 from autograder.adapters.gradebook import read_reviews, update_gradebook
 
 
-def report_outputs(gradebook=None, course_root=None, roster=None):
+def report_outputs(gradebook=None, course_root=None, roster=None, written=False):
     """The writers report.write_all calls after the core's files, each write(out, results ([Result]), warnings):
     with a gradebook (nbgrader's database file) its scores and the autograded notebooks under course_root
-    (default: the gradebook's folder); totals.csv (a row for every student of the roster, when one is
-    given; the gradebook's manual scores and extra credit counted and flagged); the class report."""
-    outputs = []
-    if gradebook:   # first, so that totals.csv counts its manual scores (stale ones kept, as nbgrader does)
-        def to_gradebook(out, results, warnings):
-            tests = {lesson: nbk.lesson_tests(lesson) for lesson in sorted({r.lesson for r in results})}
-            update_gradebook(gradebook, results, tests, course_root)
-        outputs.append(to_gradebook)
-    outputs += [lambda out, results, warnings: write_totals(
-                    out, results, roster=roster, reviews=read_reviews(gradebook) if gradebook else None),
-                lambda out, results, warnings: write_report(out, results, warnings=warnings)]
-    return outputs
+    (default: the gradebook's folder), then the feedback pages again with its manual scores; totals.csv (a
+    row for every student of the roster, when one is given; the gradebook's manual scores and extra credit
+    counted and flagged; written: the written questions count); the class report."""
+    reviews = {}
+
+    def to_gradebook(out, results, warnings):
+        tests = {lesson: nbk.lesson_tests(lesson) for lesson in sorted({r.lesson for r in results})}
+        update_gradebook(gradebook, results, tests, course_root)
+        reviews.update(read_reviews(gradebook))   # after the update: stale overrides are marked (kept, as nbgrader does)
+        write_feedback(out, results, reviews, written)
+    return ([to_gradebook] if gradebook else []) + [
+        lambda out, results, warnings: write_totals(out, results, roster=roster, reviews=reviews, written=written),
+        lambda out, results, warnings: write_report(out, results, warnings=warnings)]

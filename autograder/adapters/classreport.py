@@ -5,6 +5,8 @@
   each (the checks name the mistake, so equal messages are the same mistake); `report --no-names` leaves
   the names out, for a projector;
 - every function of every lesson on one table, lowest pass rate first (functions_across_lessons);
+- per lesson, its manual scores (--gradebook) and, per written question, how many answers are graded and who
+  still needs a grade;
 - with a roster that has a section column, each lesson's mean score and pass count per section (by_section);
 - per function, groups of students whose answer cells are identical. Only the graded answer cells
   count, compared after normalising whitespace, without the lines the released stub gives (the
@@ -26,7 +28,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from autograder import notebook as nbk
-from autograder.results import write_atomic
+from autograder.results import NEEDS_GRADING, write_atomic
 
 REPORT = "report.html"
 MIN_ANSWER_CHARS = 80      # of the student's own code, spaces aside: `return x.sum(-1)` says nothing
@@ -244,6 +246,20 @@ def manual_lines(reviews, lesson, names):
     return lines + ([f"Stale manual scores (the autograded result changed since): {', '.join(stale)}"] if stale else [])
 
 
+def written_lines(results, reviews, lesson, names):
+    """A line per written question of a lesson: how many answers are graded (a manual score in the gradebook's
+    reviews) and who still waits for a grade (needs grading)."""
+    lines = []
+    rows = [(r.student, w) for r in results if r.lesson == lesson for w in r.written]
+    for question in dict.fromkeys(w.question for _, w in rows):
+        answered = [s for s, w in rows if w.question == question and w.status == NEEDS_GRADING]
+        waiting = [s for s in answered if question not in getattr(reviews.get((s, lesson)), "manual", {})]
+        lines.append(f"Written question {question}: {len(answered) - len(waiting)}/{len(answered)} graded"
+                     + (f"; {NEEDS_GRADING}: {plural(len(waiting), 'answer')}" if waiting else "")
+                     + (f" ({', '.join(waiting)})" if waiting and names else ""))
+    return lines
+
+
 def render(results, submissions=None, warnings=(), names=True, sections=None, roster=None, reviews=None):
     """The page; names=False leaves out who made each mistake, sections ({student: section}) adds by_section,
     roster (its students) names under each lesson those who never submitted it, reviews (gradebook.read_reviews)
@@ -264,7 +280,8 @@ def render(results, submissions=None, warnings=(), names=True, sections=None, ro
             who = missing[lesson]
             parts.append(f"<p class='warning'>Never submitted: {plural(len(who), 'roster student')}"
                          + (f": {e(', '.join(who))}" if names else "") + "</p>")
-        parts += [f"<p class='muted'>{e(line)}</p>" for line in manual_lines(reviews or {}, lesson, names)]
+        parts += [f"<p class='muted'>{e(line)}</p>" for line in manual_lines(reviews or {}, lesson, names)
+                  + written_lines(results, reviews or {}, lesson, names)]
         if percentages.get(lesson):
             png = base64.b64encode(histogram(percentages[lesson], lesson)).decode()
             parts.append(f"<img src='data:image/png;base64,{png}' alt='histogram of the scores of {e(lesson)}: "

@@ -7,6 +7,12 @@ A lesson's score is the sum of its tests' points. A test the grader itself could
 result the store refused (edited, copied from another folder, put back, deleted: results.load_term):
 its row says `<lesson>: refused: <why>`, and the command names it and exits 1, never a silent blank.
 
+Written questions (a lesson's markdown answers a person grades: results' `written`) count only with
+--written (grade, merge and export take it): then their points join the lesson's maximum and their scores
+are the gradebook's manual ones (--gradebook DB, where the formgrader saves them); a lesson with one not
+graded yet says `needs grading` in totals.csv and is blank and flagged in an export, out of the total, never
+a 0. Without --written they are shown to students (feedback) and counted nowhere.
+
 Late penalties (--deadline LESSON=ISO8601, --late-policy 10%/day[,max=50%]): each started day (or
 hour) after the deadline costs that share of the points earned, up to the cap. --grace 15m (or 2h, 1d)
 lets work that late count as on time (later work is counted from the deadline), and --extensions FILE
@@ -29,7 +35,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from autograder.results import UsageError, csv_text, read_timestamp, write_atomic
+from autograder.results import NEEDS_GRADING, UsageError, csv_text, read_timestamp, write_atomic
 from autograder.adapters.gradebook import Review
 from autograder.adapters.roster import squash
 
@@ -62,32 +68,41 @@ class Score:
     refused: str = ""          # why the stored result was refused (then points is None)
     flag: str = ""             # manual scores, why its late penalty was not taken (no submission time, exempt)
     stale: list = field(default_factory=list)   # tests whose manual score predates their autograded result
+    pending: list = field(default_factory=list)  # written questions counted but not graded yet (then points is None)
 
 
-def score(result, review=None, drop_stale=False):
+def score(result, review=None, drop_stale=False, written=False):
     """A Result's Score; with a gradebook Review, a test's manual score replaces its autograded points
     (a stale one only unless drop_stale; a test the grader could not run is decided by one) and extra
-    credit adds to the lesson's points, not to its maximum, as nbgrader counts them."""
+    credit adds to the lesson's points, not to its maximum, as nbgrader counts them. written: its written
+    questions count (their points in the maximum, their scores the Review's manual ones): one not graded yet
+    leaves the lesson without a score (pending), one whose notebook was missing or refused counts 0, as its
+    tests do. Without written they count nowhere."""
     review = review or Review()
     manual = {t: p for t, p in review.manual.items() if not (drop_stale and t in review.stale)}
     regrade = [t.test for t in result.tests if t.needs_regrade and t.test not in manual]
-    tests = {t.test for t in result.tests}
-    points = None if regrade else sum(manual.get(t.test, t.points) for t in result.tests) \
-        + sum(p for t, p in review.extra.items() if t in tests)
+    questions = result.written if written else ()
+    pending = [w.question for w in questions if w.status == NEEDS_GRADING and w.question not in manual]
+    tests = {t.test for t in result.tests} | {w.question for w in questions}
+    points = None if regrade or pending else sum(manual.get(t.test, t.points) for t in result.tests) \
+        + sum(manual.get(w.question, 0.0) for w in questions) + sum(p for t, p in review.extra.items() if t in tests)
     flags = [f"manual: {', '.join(sorted(t for t in manual if t in tests))}"] if set(manual) & tests else []
     flags += [f"stale override {'dropped' if drop_stale else 'kept'}: {t}" for t in sorted(review.stale) if t in tests]
     flags += [f"extra credit: {t}" for t in sorted(review.extra) if t in tests]
-    return Score(points, result.max_points, regrade, result.submitted, raw=points, flag="; ".join(flags),
-                 stale=sorted(t for t in review.stale if t in tests))
+    flags += [f"{NEEDS_GRADING}: {', '.join(pending)}"] if pending else []
+    return Score(points, result.max_points + sum(w.max_points for w in questions), regrade, result.submitted,
+                 raw=points, flag="; ".join(flags), stale=sorted(t for t in review.stale if t in tests), pending=pending)
 
 
-def table(results, refused=None, roster=None, blank_missing=False, reviews=None, drop_stale=False):
+def table(results, refused=None, roster=None, blank_missing=False, reviews=None, drop_stale=False, written=False):
     """(students, lessons, {(student, lesson): Score}) of a list of Results and of the refused stored
     results {(student, lesson): why}, which have no score. With a roster, every roster student has a
     score in every lesson: one never handed in is MISSING, 0 of the lesson's points (blank_missing:
-    no score, out of the total). reviews: the gradebook's {(student, lesson): Review} (see score)."""
+    no score, out of the total). reviews: the gradebook's {(student, lesson): Review}; written: the
+    written questions count (see score)."""
     reviews = reviews or {}
-    scores = {(r.student, r.lesson): score(r, reviews.get((r.student, r.lesson)), drop_stale) for r in results}
+    scores = {(r.student, r.lesson): score(r, reviews.get((r.student, r.lesson)), drop_stale, written)
+              for r in results}
     for pair, why in (refused or {}).items():
         scores.setdefault(pair, Score(None, 0.0, [], False, refused=why))
     lessons = sorted({lsn for _, lsn in scores})
@@ -99,9 +114,11 @@ def table(results, refused=None, roster=None, blank_missing=False, reviews=None,
     return sorted({s for s, _ in scores}), lessons, scores
 
 
-def totals_rows(students, lessons, scores, detail=False):
+def totals_rows(students, lessons, scores, detail=False, pending=""):
     """One dict per student: a column per lesson, total, max_points, percentage, regrade; with detail,
-    also `<lesson> raw` and `<lesson> penalty %` (the late penalty taken)."""
+    also `<lesson> raw` and `<lesson> penalty %` (the late penalty taken). A lesson whose written questions
+    are not graded yet says `pending` (totals.csv: NEEDS_GRADING; an export: blank, flagged) and is out of
+    the total and its maximum."""
     rows = []
     for student in students:
         row, got, full, regrade, flags = {"student": student}, 0.0, 0.0, [], []
@@ -113,6 +130,9 @@ def totals_rows(students, lessons, scores, detail=False):
             if s.flag:
                 flags.append(f"{lesson}: {s.flag}")
             if s.points is None and s.flag == MISSING:
+                continue
+            if s.points is None and s.pending and not s.regrade and not s.refused:
+                row[lesson] = pending
                 continue
             if s.points is None:
                 regrade.append(f"{lesson}: refused: {s.refused}" if s.refused else f"{lesson}: {', '.join(s.regrade)}")
@@ -139,14 +159,17 @@ def totals_columns(lessons, scores, detail=False):
         + (["flags"] if detail or flagged(scores) else [])
 
 
-def write_totals(out, results, refused=None, roster=None, blank_missing=False, reviews=None, drop_stale=False):
+def write_totals(out, results, refused=None, roster=None, blank_missing=False, reviews=None, drop_stale=False,
+                 written=False):
     """RESULTS/totals.csv: one row per student (every roster student, with a roster), a column per lesson,
     total, max_points, percentage, regrade (what must be graded again, never counted; refused
     {(student, lesson): why} too) and, where a score is flagged (a lesson never handed in, a manual score
-    from the gradebook's reviews), flags. Returns its path."""
-    students, lessons, scores = table(results, refused, roster, blank_missing, reviews, drop_stale)
+    from the gradebook's reviews, written questions still to grade: NEEDS_GRADING in the lesson's column), flags.
+    Returns its path."""
+    students, lessons, scores = table(results, refused, roster, blank_missing, reviews, drop_stale, written)
     path = Path(out) / TOTALS
-    write_atomic(path, csv_text(totals_rows(students, lessons, scores), totals_columns(lessons, scores)))
+    write_atomic(path, csv_text(totals_rows(students, lessons, scores, pending=NEEDS_GRADING),
+                                totals_columns(lessons, scores)))
     return path
 
 
@@ -379,12 +402,13 @@ def canvas_fill(path, students_rows, lessons, scores, assignments):
 
 def export(out, results, fmt, dest, roster=None, gradebook=None, deadlines=(), policy=None, zone="UTC",
            submissions=None, assignments=(), refused=None, extensions=None, grace=None, blank_missing=False,
-           reviews=None, stale_overrides="keep"):
+           reviews=None, stale_overrides="keep", written=False):
     """Write the export to dest, RESULTS/totals.csv (raw scores) and, when penalised,
     RESULTS/late-penalties.csv; returns warning lines. refused: {(student, lesson): why} of stored
     results the store refused: marked in the rows, left blank in Canvas, each named in a warning.
     reviews: nbgrader's gradebook {(student, lesson): Review} (gradebook.read_reviews), whose manual
-    scores and extra credit count; stale_overrides keep|drop: whether a stale manual score still wins.
+    scores and extra credit count; stale_overrides keep|drop: whether a stale manual score still wins; written:
+    the written questions count (their scores the gradebook's; a lesson with one not graded yet is left blank).
     ExportError on bad input, before anything is written."""
     if stale_overrides not in ("keep", "drop"):
         raise ExportError(f"--stale-overrides takes keep or drop; got {stale_overrides!r}")
@@ -396,7 +420,7 @@ def export(out, results, fmt, dest, roster=None, gradebook=None, deadlines=(), p
     dest = Path(dest)
     if dest.is_dir():
         raise ExportError(f"--out {dest} is a folder; name the CSV file to write")
-    students, lessons, scores = table(results, refused, roster, blank_missing, reviews, drop_stale)
+    students, lessons, scores = table(results, refused, roster, blank_missing, reviews, drop_stale, written)
     if bool(deadlines) != bool(policy):
         raise ExportError("late penalties need both --deadline LESSON=ISO8601 and --late-policy")
     pairs = dict(a.partition("=")[::2] for a in assignments)
@@ -422,11 +446,16 @@ def export(out, results, fmt, dest, roster=None, gradebook=None, deadlines=(), p
             warnings += more
         else:
             text = canvas_new(students_rows, lessons, scores)
-    regrade = sorted(f"{s} {lsn}" for (s, lsn), sc in scores.items() if sc.points is None and not sc.refused)
+    regrade = sorted(f"{s} {lsn}" for (s, lsn), sc in scores.items()
+                     if sc.points is None and not sc.refused and (sc.regrade or not sc.pending))
     warnings += [f"{s} {lsn}: left blank, its stored result was refused ({sc.refused}): regrade it (grade --resume)"
                  for (s, lsn), sc in sorted(scores.items()) if sc.refused]
     if regrade:
         warnings.append(f"left blank, to be graded again (the grader could not run a test): {', '.join(regrade)}")
+    pending = [f"{s} {lsn} ({', '.join(sc.pending)})" for (s, lsn), sc in sorted(scores.items())
+               if sc.pending and sc.points is None and not sc.regrade]
+    if pending:
+        warnings.append(f"left blank, written questions to grade in formgrader first: {', '.join(pending)}")
     missing = sorted(f"{s} {lsn}" for (s, lsn), sc in scores.items() if sc.flag == MISSING)
     if missing:
         warnings.append(f"never handed in, {'left blank' if blank_missing else 'counted as 0'}: {', '.join(missing)}")
@@ -439,6 +468,6 @@ def export(out, results, fmt, dest, roster=None, gradebook=None, deadlines=(), p
                         f"{', '.join(stale)}")
     if penalties:
         write_atomic(Path(out) / PENALTIES, csv_text(penalties, list(penalties[0])))
-    write_totals(out, results, refused, roster, blank_missing, reviews, drop_stale)
+    write_totals(out, results, refused, roster, blank_missing, reviews, drop_stale, written)
     write_atomic(dest, text)
     return warnings

@@ -3,6 +3,8 @@ submission: COURSE_ROOT/autograded/<student>/<lesson>/<lesson>.ipynb (nbgrader's
 
 The notebook is the lesson's student copy (the course's own markdown and provided code) with
 - each answer cell's code taken from the submission: its text only, never its outputs or metadata;
+- each written question's answer (a markdown cell a person grades, in formgrader) taken from the submission,
+  shown as a code block like any markdown a student wrote (never its rubric: only the source notebook has it);
 - each test cell's verdict and message as its output, in the form nbgrader reads
   (nbgrader.utils.determine_grade gives the same points): a line for a pass, the message and an
   execute_result holding the points for partial credit, an error for no credit;
@@ -80,7 +82,7 @@ def autograded_notebook(result, source):
     cells = [c for c in cells if c["cell_type"] in ("code", "markdown")]
     answers = {}
     for c in cells:
-        if c["cell_type"] == "code" and isinstance(nbk.grade_id(c), str):
+        if (c["cell_type"] == "code" or nbk.is_written(c)) and isinstance(nbk.grade_id(c), str):
             answers.setdefault(nbk.grade_id(c), c)
     rows = {t.test: t for t in result.tests}
     used, known = set(), {nbk.source(c) for c in nb["cells"]}
@@ -88,6 +90,9 @@ def autograded_notebook(result, source):
         gid = nbk.grade_id(cell)
         if cell["cell_type"] == "code" and nbk.is_answer(cell) and gid in answers:
             nbk.set_source(cell, nbk.source(answers[gid]))
+            used.add(id(answers[gid]))
+        if nbk.is_written(cell) and gid in answers and nbk.is_written(answers[gid]):
+            nbk.set_source(cell, _fenced(nbk.source(answers[gid])))
             used.add(id(answers[gid]))
         if cell["cell_type"] == "code" and gid in rows:
             cell["outputs"] = verdict_outputs(rows[gid])

@@ -2,7 +2,8 @@
 formgrader show the scores the grader decided; and the autograded notebooks formgrader opens
 (formgrader.py). Student code never touches either.
 
-The grader owns every grade's auto_score. An instructor's review (manual_score, extra credit,
+The grader owns every grade's auto_score; a written question (a markdown answer) has none: it needs a
+manual grade until a TA saves one in formgrader, and read_reviews reads that score like any other. An instructor's review (manual_score, extra credit,
 comments, made in formgrader or through nbgrader.api) is never touched: a regrade or a --resume
 keeps it, and nbgrader shows it in place of the auto_score.
 
@@ -91,6 +92,10 @@ def update_gradebook(db_path, results, tests, course_root=None):
             gb.update_or_create_notebook(lesson, lesson)
             for test, points in cells:
                 gb.update_or_create_grade_cell(test, lesson, lesson, max_score=points, cell_type="code")
+            # Written questions: markdown cells a TA scores in formgrader (their manual_score is the only score).
+            for question, points in nbk.lesson_written(lesson):
+                gb.update_or_create_grade_cell(question, lesson, lesson, max_score=points, cell_type="markdown")
+                gb.update_or_create_solution_cell(question, lesson, lesson)
             # Answer cells, so that formgrader offers a comment box on each.
             for cell in nbk.code_cells(nbk.read(nbk.lesson_path(lesson))):
                 if nbk.is_answer(cell):
@@ -107,6 +112,9 @@ def update_gradebook(db_path, results, tests, course_root=None):
                 stale = grade.manual_score is not None and (changed or bool(grade.needs_manual_grade))
                 grade.auto_score = t.points
                 grade.needs_manual_grade = t.grader_error or stale
+            for w in r.written:   # formgrader lists it until a TA saves a score (which clears the mark)
+                grade = next(g for g in notebook.grades if g.name == w.question)
+                grade.needs_manual_grade = grade.manual_score is None
             gb.db.commit()
     write_autograded(course_root or Path(db_path).resolve().parent, results)
 
