@@ -16,6 +16,7 @@ from pathlib import Path
 
 from autograder.adapters import canvas, moodle
 from autograder.adapters.collect import LOG_FILE
+from autograder.adapters.roster import stored_roster
 from autograder.results import UsageError, read_csv
 
 FORMATS = {"canvas": canvas, "moodle": moodle}
@@ -34,7 +35,7 @@ def upload_name(kind, file):
 def feedback_upload(results, submissions, kind, out, lessons=None):
     """Write OUT/<lesson>_feedback_<kind>.zip for each lesson collected (or only lessons) and return
     ([zip paths], [lines]): each line names a student left out of a zip (no feedback page, or an upload
-    this LMS did not name), never a stop. UsageError (one line, exit 2) without a collection.csv."""
+    this LMS did not name, or, with the roster collect kept, a roster student who handed nothing in), never a stop. UsageError (one line, exit 2) without a collection.csv."""
     if kind not in FORMATS:
         raise UsageError(f"--format {kind}: the feedback upload is for canvas or moodle")
     log = Path(submissions) / LOG_FILE
@@ -55,6 +56,11 @@ def feedback_upload(results, submissions, kind, out, lessons=None):
                          "name; left out")
         else:
             pages.setdefault(lesson, []).append((f"{name}{lesson}_feedback.html", page))
+    roster = stored_roster(submissions)
+    for lesson in sorted({lsn for lsn, _ in latest}):
+        absent = [r["student"] for r in roster.rows if (lesson, r["student"]) not in latest] if roster else []
+        if absent:
+            lines.append(f"{lesson}: never handed in, so no upload to attach feedback to: {', '.join(absent)}")
     Path(out).mkdir(parents=True, exist_ok=True)
     for lesson, files in pages.items():
         path = Path(out) / f"{lesson}_feedback_{kind}.zip"
