@@ -35,7 +35,8 @@ def upload_name(kind, file):
 def feedback_upload(results, submissions, kind, out, lessons=None):
     """Write OUT/<lesson>_feedback_<kind>.zip for each lesson collected (or only lessons) and return
     ([zip paths], [lines]): each line names a student left out of a zip (no feedback page, or an upload
-    this LMS did not name, or, with the roster collect kept, a roster student who handed nothing in), never a stop. UsageError (one line, exit 2) without a collection.csv."""
+    this LMS did not name, or, with the roster collect kept, a roster student who handed nothing in), never a
+    stop. UsageError (one line, exit 2) without a collection.csv."""
     if kind not in FORMATS:
         raise UsageError(f"--format {kind}: the feedback upload is for canvas or moodle")
     log = Path(submissions) / LOG_FILE
