@@ -283,53 +283,161 @@ def test_a_classmates_name_inside_an_upload_takes_nothing_from_the_classmate(ter
     assert [r["student"] for r in flagged] == ["alice"]
 
 
+def number(text):
+    """A CSV cell as a number, or its text (e.g. 'needs grading', or '' for a blank)."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def written(nb, text):
+    """nb with its written questions answered (text in each markdown answer cell graded by hand)."""
+    nb = json.loads(json.dumps(nb))
+    for cell in nb["cells"]:
+        if nbk.is_written(cell):
+            nbk.set_source(cell, text)
+    return nb
+
+
 def test_a_term_adds_up_for_every_roster_student(term, tmp_path, cli):
-    """Collected from a Canvas download with times, a roster student (bob) who never submits, graded into
-    nbgrader's gradebook, a TA's manual score on carol's softmax and an extension for her: the Canvas
-    export is, for every roster student, the lesson's points with the manual score in place of the
-    autograded one, less the late penalty; the plain CSV and the report agree."""
+    """A term of three lessons for a roster of three (section A: alice, bob; B: carol), bob never handing in:
+    lesson 01 collected from a Canvas download with times, 02 from a Moodle download, 03 (with a written question)
+    from nbgrader's exchange; graded with --written into nbgrader's gradebook. Until a TA grades the written
+    question, lesson 03 is 'needs grading' in totals.csv and blank in the Canvas export; then the TA's scores
+    (carol's softmax, both written answers) come from the gradebook into the feedback pages, totals.csv and the
+    exports. carol resubmits lesson 01 a day past her extension: regraded, her manual score is stale, dropped,
+    and the late penalty taken. The Canvas and Moodle feedback zips, and the report, name every roster student."""
     from autograder.adapters.gradebook import _open
+    L3 = "03_multi_head"
     root, notebooks, _ = term
-    dl, subs, out, db = tmp_path / "canvas", tmp_path / "subs", tmp_path / "results", tmp_path / "course/gradebook.db"
-    dl.mkdir()
-    nbk.write(notebooks["solved"], dl / "liddellalice_101_9001_01_attention.ipynb")
-    nbk.write(notebooks["wrong"], dl / "danverscarol_103_9003_01_attention.ipynb")
-    (tmp_path / "roster.csv").write_text("student,name,email,lms_id\nalice,\"Liddell, Alice\",a@x.org,101\n"
-                                         "bob,Bob Stone,b@x.org,102\ncarol,Carol Danvers,c@x.org,103\n")
+    subs, out, db = tmp_path / "subs", tmp_path / "results", tmp_path / "course/gradebook.db"
+    release(root / "release", [L3])
+    solved = {lsn: fill(nbk.read(root / "release" / lsn / f"{lsn}.ipynb"), lsn) for lsn in (L2, L3)}
+    blank2 = nbk.read(root / "release" / L2 / f"{L2}.ipynb")
+    (tmp_path / "roster.csv").write_text("student,name,email,lms_id,section\nalice,\"Liddell, Alice\",a@x.org,101,A\n"
+                                         "bob,Bob Stone,b@x.org,102,A\ncarol,Carol Danvers,c@x.org,103,B\n")
+    roster = ["--roster", tmp_path / "roster.csv"]
+
+    def collect(download, *more):
+        code, err = cli("collect", download, "--out", subs, *roster, *more)
+        assert code == 0, err
+
+    canvas, moodle, exchange = tmp_path / "canvas", tmp_path / "moodle", tmp_path / "exchange"
+    nbk.write(notebooks["solved"], canvas / "liddellalice_101_9001_01_attention.ipynb")
+    nbk.write(notebooks["wrong"], canvas / "danverscarol_103_9003_01_attention.ipynb")
     (tmp_path / "times.csv").write_text("student,lesson,submitted_at\nalice,01_attention,2026-10-01T22:00:00+00:00\n"
-                                        "carol,01_attention,2026-10-03T01:00:00+00:00\n")   # 2 started days late
-    (tmp_path / "extensions.csv").write_text("student,lesson,deadline\ncarol,01_attention,2026-10-02T23:59:00+00:00\n")
-    code, err = cli("collect", dl, "--out", subs, "--roster", tmp_path / "roster.csv", "--times", tmp_path / "times.csv")
-    assert code == 0, err
+                                        "carol,01_attention,2026-10-02T10:00:00+00:00\n")   # within her extension
+    collect(canvas, "--times", tmp_path / "times.csv")
+    nbk.write(solved[L2], moodle / "Alice Liddell_501_assignsubmission_file_" / f"{L2}.ipynb")
+    nbk.write(blank2, moodle / "Carol Danvers_503_assignsubmission_file_" / f"{L2}.ipynb")
+    collect(moodle)
+    for student, answer in (("alice", "Same 4D^2 weights and T^2 D FLOPs; 8 heads give 8 attention patterns."),
+                            ("carol", "More heads, more parameters.")):
+        entry = exchange / "course" / "inbound" / f"{student}+{L3}+2026-10-08 10:00:00.000000 UTC+r1"
+        nbk.write(written(solved[L3], answer), entry / f"{L3}.ipynb")
+        (entry / "timestamp.txt").write_text("2026-10-08 10:00:00.000000 UTC")
+    collect(exchange)
     db.parent.mkdir()
-    code, err = cli("grade", subs, "--out", out, "--gradebook", db, "--quiet")
+    code, err = cli("grade", subs, "--out", out, "--gradebook", db, "--written", "--quiet")
     assert code == 0, err
-    auto = {(r["student"], r["test"]): float(r["points"]) for r in store.read_grades(out / "grades.csv")}
-    assert sum(p for (s, _), p in auto.items() if s == "alice") == 6 and auto["carol", "test_softmax"] < 2
-    with _open(db) as gb:   # the TA's review, as formgrader saves it
-        g = gb.find_grade("test_softmax", L1, L1, "carol")
-        g.manual_score, g.needs_manual_grade = 1.5, False
+    auto = {(r["student"], r["lesson"], r["test"]): float(r["points"]) for r in store.read_grades(out / "grades.csv")}
+    points = {(s, lsn): sum(p for (s2, l2, _), p in auto.items() if (s2, l2) == (s, lsn))
+              for s in ("alice", "carol") for lsn in (L1, L2, L3)}
+    carol_auto = points["carol", L1]
+    assert points == {("alice", L1): 6, ("alice", L2): 8, ("alice", L3): 8, ("carol", L1): carol_auto,
+                      ("carol", L2): 0, ("carol", L3): 8} and 4 <= carol_auto < 6 and auto["carol", L1, "test_softmax"] < 2
+    # Not graded by a person yet: 'needs grading', out of the total, never a 0; blank and flagged in the export.
+    totals = {r["student"]: r for r in store.read_csv(out / "totals.csv")}
+    assert {s: tuple(number(r[c]) for c in (L1, L2, L3, "total", "max_points")) for s, r in totals.items()} == {
+        "alice": (6, 8, "needs grading", 14, 14), "bob": (0, 0, 0, 0, 24),
+        "carol": (carol_auto, 0, "needs grading", carol_auto, 14)}
+    assert f"{L3}: needs grading: written_heads" in totals["alice"]["flags"]
+    page = (out / "feedback" / "alice" / f"{L3}.html").read_text()
+    assert "<b>8 / 10</b>" in page and "needs grading" in page and "Written questions not graded yet" in page
+    assert "Rubric" not in page and "Model answer" not in page
+    code, err = cli("export", out, "--format", "canvas", "--out", tmp_path / "before.csv", *roster, "--written",
+                    "--gradebook", db)
+    assert code == 0, err
+    assert "left blank, written questions to grade in formgrader first: alice 03_multi_head (written_heads), " \
+           "carol 03_multi_head (written_heads)" in err
+    with open(tmp_path / "before.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert {r["ID"]: tuple(number(r[c]) for c in (L1, L2, L3)) for r in rows[1:]} == {
+        "101": (6, 8, ""), "102": (0, 0, 0), "103": (carol_auto, 0, "")}
+    assert tuple(number(rows[0][c]) for c in (L1, L2, L3)) == (6, 8, 10)
+
+    with _open(db) as gb:   # the TAs' reviews, as formgrader saves them (which clears needs_manual_grade)
+        assert gb.find_grade("written_heads", L3, L3, "alice").needs_manual_grade
+        for student, test, lesson, score in (("carol", "test_softmax", L1, 1.5), ("alice", "written_heads", L3, 2.0),
+                                             ("carol", "written_heads", L3, 1.0)):
+            g = gb.find_grade(test, lesson, lesson, student)
+            g.manual_score, g.needs_manual_grade = score, False
         gb.db.commit()
-    carol_raw = sum(p for (s, t), p in auto.items() if s == "carol" and t != "test_softmax") + 1.5
-    expected = {"101": 6.0, "102": 0.0, "103": round(carol_raw * 0.9, 2)}   # carol: 1 started day past her extension
-    common = [out, "--roster", tmp_path / "roster.csv", "--submissions", subs, "--gradebook", db,
-              "--deadline", "01_attention=2026-10-01T23:59:00+00:00", "--late-policy", "10%/day",
-              "--extensions", tmp_path / "extensions.csv"]
-    code, err = cli("export", "--format", "canvas", "--out", tmp_path / "canvas.csv", *common)
+    # carol resubmits lesson 01, correct now, a day past her extension (a second Canvas download), and is regraded.
+    again = tmp_path / "canvas2"
+    nbk.write(notebooks["solved"], again / "danverscarol_103_9013_01_attention.ipynb")
+    (tmp_path / "times2.csv").write_text("student,lesson,submitted_at\ncarol,01_attention,2026-10-03T01:00:00+00:00\n")
+    collect(again, "--times", tmp_path / "times2.csv")
+    code, err = cli("grade", subs, "--out", out, "--gradebook", db, "--written", "--resume")
     assert code == 0, err
-    assert "never handed in, counted as 0: bob 01_attention" in err
+    assert "graded 1 submission(s)" in err and "1 submission changed" in err and "reused 5 unchanged" in err
+    with _open(db) as gb:
+        assert gb.find_grade("test_softmax", L1, L1, "carol").needs_manual_grade   # stale: formgrader lists it again
+        assert not gb.find_grade("written_heads", L3, L3, "alice").needs_manual_grade
+    pages = {(s, lsn): (out / "feedback" / s / f"{lsn}.html").read_text() for s in ("alice", "carol")
+             for lsn in (L1, L2, L3)}
+    assert "<b>10 / 10</b>" in pages["alice", L3] and "scored by hand: 2" in pages["alice", L3]
+    assert "<b>9 / 10</b>" in pages["carol", L3] and "scored by hand: 1" in pages["carol", L3]
+    assert "<b>5.5 / 6</b>" in pages["carol", L1] and "scored by hand: 1.5 (the grader gave 2)" in pages["carol", L1]
+    assert "<b>6 / 6</b>" in pages["alice", L1] and "<b>0 / 8</b>" in pages["carol", L2]
+    assert "scored by hand" not in pages["alice", L1] + pages["alice", L2] + pages["carol", L2]
+
+    common = [out, *roster, "--submissions", subs, "--gradebook", db, "--written", "--extensions",
+              tmp_path / "extensions.csv", "--deadline", "01_attention=2026-10-01T23:59:00+00:00", "--late-policy", "10%/day"]
+    (tmp_path / "extensions.csv").write_text("student,lesson,deadline\ncarol,01_attention,2026-10-02T23:59:00+00:00\n")
+    code, err = cli("export", "--format", "canvas", "--out", tmp_path / "canvas.csv", "--stale-overrides", "drop", *common)
+    assert code == 0, err
+    assert "never handed in, counted as 0: bob 01_attention, bob 02_heads, bob 03_multi_head" in err
+    assert "stale manual scores" in err and "dropped: the new result counts: carol 01_attention test_softmax" in err
     with open(tmp_path / "canvas.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    assert {r["ID"]: float(r[L1]) for r in rows[1:]} == pytest.approx(expected) and float(rows[0][L1]) == 6
-    code, err = cli("export", "--format", "csv", "--out", tmp_path / "plain.csv", *common)
+    assert [r["ID"] for r in rows[1:]] == ["102", "103", "101"]   # by name: Bob Stone, Carol Danvers, "Liddell, Alice"
+    assert {r["ID"]: tuple(number(r[c]) for c in (L1, L2, L3)) for r in rows[1:]} == {
+        "101": (6, 8, 10), "102": (0, 0, 0), "103": (5.4, 0, 9)}   # carol: 6 less 10%, 1 started day past her extension
+    totals = {r["student"]: (float(r["total"]), float(r["max_points"])) for r in store.read_csv(out / "totals.csv")}
+    assert totals == {"alice": (24, 24), "bob": (0, 24), "carol": (15, 24)}   # raw: no late penalty
+    code, err = cli("export", "--format", "csv", "--out", tmp_path / "plain.csv", *common)   # stale kept: 1.5 wins
     assert code == 0, err
     plain = {r["student"]: r for r in store.read_csv(tmp_path / "plain.csv")}
-    assert float(plain["carol"][f"{L1} raw"]) == pytest.approx(carol_raw) and float(plain["carol"][f"{L1} penalty %"]) == 10
-    assert "manual: test_softmax" in plain["carol"]["flags"] and "never handed in" in plain["bob"]["flags"]
-    assert {s: float(r["total"]) for s, r in plain.items()} == pytest.approx(
-        {"alice": 6.0, "bob": 0.0, "carol": expected["103"]})
-    totals = {r["student"]: float(r["total"]) for r in store.read_csv(out / "totals.csv")}
-    assert totals == pytest.approx({"alice": 6.0, "bob": 0.0, "carol": carol_raw})   # raw scores, manual counted
-    code, err = cli("report", out, "--submissions", subs)
+    assert {s: tuple(number(r[c]) for c in (f"{L1} raw", L1, L2, L3, "total", "max_points")) for s, r in plain.items()} \
+        == {"alice": (6, 6, 8, 10, 24, 24), "bob": (0, 0, 0, 0, 0, 24), "carol": (5.5, 4.95, 0, 9, 13.95, 24)}
+    assert "manual: test_softmax" in plain["carol"]["flags"] and "stale override kept: test_softmax" in plain["carol"]["flags"]
+    assert "manual: written_heads" in plain["alice"]["flags"] and "never handed in" in plain["bob"]["flags"]
+
+    code, err = cli("feedback-upload", out, "--submissions", subs, "--format", "canvas", "--out", tmp_path / "zips")
     assert code == 0, err
-    assert "Never submitted: 1 roster student: bob" in (out / "report.html").read_text()
+    assert f"{L1}: never handed in, so no upload to attach feedback to: bob" in err
+    with zipfile.ZipFile(tmp_path / "zips" / f"{L1}_feedback_canvas.zip") as z:
+        assert sorted(z.namelist()) == [f"danverscarol_103_9013_{L1}_feedback.html", f"liddellalice_101_9001_{L1}_feedback.html"]
+        assert z.read(f"danverscarol_103_9013_{L1}_feedback.html").decode() == pages["carol", L1]
+    code, err = cli("feedback-upload", out, "--submissions", subs, "--format", "moodle", "--out", tmp_path / "zips",
+                    "--lesson", L2)
+    assert code == 0, err
+    with zipfile.ZipFile(tmp_path / "zips" / f"{L2}_feedback_moodle.zip") as z:
+        assert sorted(z.namelist()) == [f"Alice Liddell_501_assignsubmission_file_/{L2}_feedback.html",
+                                        f"Carol Danvers_503_assignsubmission_file_/{L2}_feedback.html"]
+    assert f"{L2}: never handed in, so no upload to attach feedback to: bob" in err
+
+    code, err = cli("report", out, "--submissions", subs, *roster, "--gradebook", db)
+    assert code == 0, err
+    report = (out / "report.html").read_text()
+    assert report.count("Never submitted: 1 roster student: bob") == 3
+    assert "Written question written_heads: 2/2 graded" in report
+    assert "Scored by hand in the gradebook: 3 tests (alice written_heads, carol test_softmax, carol written_heads)" \
+        not in report   # per lesson: 01's carol test_softmax, 03's two written answers
+    assert "Scored by hand in the gradebook: 1 test (carol test_softmax)" in report
+    assert "Stale manual scores (the autograded result changed since): carol test_softmax" in report
+    sections = report[report.index("id='sections'"):report.index("id='identical'")]
+    assert "<td>A</td><td>01_attention</td><td class='n'>1</td><td class='n'>100%</td>" in sections
+    assert "<td>B</td><td>02_heads</td><td class='n'>1</td><td class='n'>0%</td>" in sections
