@@ -63,3 +63,21 @@ def test_feedback_hides_the_hidden_tests(course):
         page = (root / "feedback" / student / LESSON / f"{LESSON}.html").read_text()
         assert "HIDDEN TESTS" not in page and "verify(" not in page and "autograder" not in page
     assert "AssertionError: softmax returned inf/nan for large inputs" in (root / "feedback" / "wrong" / LESSON / f"{LESSON}.html").read_text()
+
+
+def test_nbgrader_releases_a_written_question_without_its_rubric(course):
+    """Lesson 04's written question through nbgrader's generate_assignment: the same student copy as the course's
+    release, the answer cell still a manually graded answer (solution, grade, its points) holding YOUR ANSWER HERE,
+    and neither the model answer nor the rubric anywhere in the release."""
+    root, _ = course
+    lesson = "04_gqa"
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    p = subprocess.run([str(Path(sys.executable).parent / "nbgrader"), "generate_assignment", lesson, "--force"],
+                       cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    path = root / "release" / lesson / f"{lesson}.ipynb"
+    released, ours = nbk.read(path), student_copy(nbk.read(nbk.lesson_path(lesson)))
+    assert [nbk.source(c).rstrip() for c in released["cells"]] == [nbk.source(c).rstrip() for c in ours["cells"]]
+    [cell] = [c for c in released["cells"] if nbk.is_written(c)]
+    assert (nbk.grade_id(cell), nbk.meta(cell)["points"], nbk.source(cell).strip()) == ("written_gqa", 2, nbk.TEXT_STUB)
+    assert "Rubric" not in path.read_text() and "Model answer" not in path.read_text()
