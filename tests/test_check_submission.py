@@ -115,6 +115,9 @@ def test_the_wrong_lesson_and_lost_metadata_in_the_graders_words(released, tmp_p
     assert cs.LOST_METADATA in grade.submission_cells(nb)[2]  # the grader's own note
     assert (cs.TOO_BIG, cs.MAX_NOTEBOOK_BYTES, cs.DEMO_TAG, cs.TEXT_STUB) == (nbk.TOO_BIG, nbk.MAX_NOTEBOOK_BYTES,
                                                                              nbk.DEMO_TAG, nbk.TEXT_STUB)
+    # The check and the grader take the same cells for written questions (the check cannot import the grader).
+    cells = [c for lesson in LESSONS for c in nbk.read(nbk.lesson_path(lesson))["cells"]]
+    assert [cs.is_written(c) for c in cells] == [nbk.is_written(c) for c in cells] and sum(map(nbk.is_written, cells)) == 4
 
 
 def test_cells_the_grader_would_not_read(released, tmp_path):
