@@ -33,7 +33,8 @@ def report_outputs(gradebook=None, course_root=None, roster=None, written=False)
     with a gradebook (nbgrader's database file) its scores and the autograded notebooks under course_root
     (default: the gradebook's folder), then the feedback pages again with its manual scores; totals.csv (a
     row for every student of the roster, when one is given; the gradebook's manual scores and extra credit
-    counted and flagged; written: the written questions count); the class report."""
+    counted and flagged; written: the written questions count); the class report (with the gradebook's scores).
+    """
     reviews = {}
 
     def to_gradebook(out, results, warnings):
@@ -43,4 +44,4 @@ def report_outputs(gradebook=None, course_root=None, roster=None, written=False)
         write_feedback(out, results, reviews, written)
     return ([to_gradebook] if gradebook else []) + [
         lambda out, results, warnings: write_totals(out, results, roster=roster, reviews=reviews, written=written),
-        lambda out, results, warnings: write_report(out, results, warnings=warnings)]
+        lambda out, results, warnings: write_report(out, results, warnings=warnings, reviews=reviews)]

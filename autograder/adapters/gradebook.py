@@ -3,9 +3,9 @@ formgrader show the scores the grader decided; and the autograded notebooks form
 (formgrader.py). Student code never touches either.
 
 The grader owns every grade's auto_score; a written question (a markdown answer) has none: it needs a
-manual grade until a TA saves one in formgrader, and read_reviews reads that score like any other. An instructor's review (manual_score, extra credit,
-comments, made in formgrader or through nbgrader.api) is never touched: a regrade or a --resume
-keeps it, and nbgrader shows it in place of the auto_score.
+manual grade until a TA saves one in formgrader, and read_reviews reads that score like any other. An
+instructor's review (manual_score, extra credit, comments, made in formgrader or through nbgrader.api) is
+never touched: a regrade or a --resume keeps it, and nbgrader shows it in place of the auto_score.
 
 An override is stale when a regrade changes the autograded score it was made against: the update
 marks its grade needs_manual_grade (formgrader lists it to review again, and clears the mark when a
