@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from autograder.__main__ import main
-from autograder.adapters.export import write_totals
+from autograder.adapters.export import score, write_totals
 from autograder.results import Result, load_results, result_path, save_result, write_timestamp
 
 # Canvas's documented gradebook import: these identity columns first, then one column per assignment
@@ -181,7 +181,7 @@ def test_a_stale_override_is_named_and_the_flag_chooses_whether_it_wins(term, ca
     assert main(["report", str(term / "RESULTS"), "--gradebook", str(db)]) == 0
     page = (term / "RESULTS/report.html").read_text()
     assert "Scored by hand in the gradebook: 2 tests (bob test_scaled_dot_product_attention, carol " in page
-    assert "Stale manual scores (the autograded result changed since): carol test_scaled_dot_product_attention" in page
+    assert "Stale manual scores (the autograded result or the written answer changed since): carol test_scaled_dot_product_attention" in page
     assert "Extra credit: 1 test (alice test_merge_heads)" in page
     # A TA who saves the score again in formgrader (which clears needs_manual_grade) makes it fresh.
     from autograder.adapters.gradebook import _open
@@ -367,7 +367,7 @@ def test_written_questions_count_only_with_written_and_wait_for_a_manual_score()
     """Off, a written question counts nowhere (a manual score for it neither); on, its points join the maximum
     and its score is the gradebook's: until then the lesson has none ('needs grading' in totals.csv, blank in an
     export), never a 0; a notebook never handed in counts 0 for it, as for its tests. The feedback page agrees."""
-    from autograder.adapters.export import score, totals_rows
+    from autograder.adapters.export import totals_rows
     from autograder.adapters.gradebook import Review
     from autograder.report import feedback_page
 
@@ -434,3 +434,50 @@ def test_the_grader_carries_each_written_question_as_needs_grading():
     assert written_rows(lesson, nb)[0]["message"].startswith("its answer cell is not in your notebook")
     assert written_rows(lesson, None, "missing", "not submitted") == [
         dict(question=question, max_points=2.0, status="missing", message="not submitted")]
+
+
+def test_a_written_answer_changed_by_a_resubmission_makes_its_manual_score_stale(tmp_path):
+    """A TA graded alice's answer; a regrade of the same answer keeps the score fresh; a resubmission with
+    another answer keeps the score but marks it stale (formgrader lists it again, export and the report name
+    it, --stale-overrides drop makes the lesson wait for a grade again), and it stays stale until a TA saves one."""
+    import hashlib
+
+    from autograder import notebook as nbk
+    from autograder.adapters.gradebook import _open, read_reviews, update_gradebook
+    from autograder.grade import written_rows
+    from autograder.release import student_copy
+
+    lesson = "03_multi_head"
+    [(question, _)] = nbk.lesson_written(lesson)
+    nb = student_copy(nbk.read(nbk.lesson_path(lesson)))
+    cells = {lesson: nbk.lesson_tests(lesson)}
+
+    def regrade(answer):
+        nbk.set_source(next(c for c in nb["cells"] if nbk.is_written(c)), answer)
+        data = json.dumps(nb).encode()
+        (tmp_path / "03.ipynb").write_bytes(data)
+        tests = [dict(test=t, points=p, max_points=p, status="passed", message="") for t, p in cells[lesson]]
+        r = Result.from_json(dict(student="alice", lesson=lesson, notebook=str(tmp_path / "03.ipynb"),
+                                  sha256=hashlib.sha256(data).hexdigest(), fingerprint=None, grader=None,
+                                  submitted_at=None, notes=[], cells={}, tests=tests, written=written_rows(lesson, nb)))
+        update_gradebook(tmp_path / "gradebook.db", [r], cells, tmp_path / "course")
+        return r, read_reviews(tmp_path / "gradebook.db").get(("alice", lesson))
+
+    def ta_saves(points):
+        with _open(tmp_path / "gradebook.db") as gb:
+            g = gb.find_grade(question, lesson, lesson, "alice")
+            g.manual_score, g.needs_manual_grade = points, False   # as formgrader saves it
+            gb.db.commit()
+
+    first = "Eight heads give eight distributions per position; one wide head gives one."
+    assert regrade(first)[1] is None, "not graded yet: no review"
+    ta_saves(1.5)
+    assert regrade(first)[1].stale == [], "the same answer graded again keeps its score fresh"
+    r, review = regrade("A different answer, written after the TA graded the first.")
+    assert (review.manual, review.stale) == ({question: 1.5}, [question])
+    assert regrade("A different answer, written after the TA graded the first.")[1].stale == [question], \
+        "stale until a TA saves a score again"
+    kept, dropped = score(r, review, written=True), score(r, review, drop_stale=True, written=True)
+    assert (kept.points, kept.pending, dropped.points, dropped.pending) == (r.max_points + 1.5, [], None, [question])
+    ta_saves(2.0)
+    assert regrade("A different answer, written after the TA graded the first.")[1].stale == []

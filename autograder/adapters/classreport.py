@@ -236,14 +236,14 @@ def plural(n, word):
 
 def manual_lines(reviews, lesson, names):
     """Lines on a lesson's manual scores and extra credit in nbgrader's gradebook ({(student, lesson): Review}),
-    the stale ones (made before a regrade changed the test's autograded result) named."""
+    the stale ones (made before a regrade changed the test's autograded result, or the written answer) named."""
     mine = {s: rv for (s, lsn), rv in sorted(reviews.items()) if lsn == lesson}
     manual = [(s, t) for s, rv in mine.items() for t in sorted(rv.manual)]
     extra = [(s, t) for s, rv in mine.items() for t in sorted(rv.extra)]
     stale = [f"{s} {t}" if names else t for s, rv in mine.items() for t in rv.stale]
     lines = [f"{what}: {plural(len(pairs), 'test')}" + (f" ({', '.join(f'{s} {t}' for s, t in pairs)})" if names else "")
              for what, pairs in (("Scored by hand in the gradebook", manual), ("Extra credit", extra)) if pairs]
-    return lines + ([f"Stale manual scores (the autograded result changed since): {', '.join(stale)}"] if stale else [])
+    return lines + ([f"Stale manual scores (the autograded result or the written answer changed since): {', '.join(stale)}"] if stale else [])
 
 
 def written_lines(results, reviews, lesson, names):

@@ -463,8 +463,8 @@ def export(out, results, fmt, dest, roster=None, gradebook=None, deadlines=(), p
         warnings.append(f"not in the roster, kept: {', '.join(outside)}")
     stale = [f"{s} {lsn} {t}" for (s, lsn), sc in sorted(scores.items()) for t in sc.stale]
     if stale:
-        warnings.append(f"stale manual scores (the autograded result changed since they were made; review them in "
-                        f"formgrader), {'dropped: the new result counts' if drop_stale else 'kept: they still win (--stale-overrides drop to use the new result)'}: "
+        warnings.append(f"stale manual scores (the autograded result or the written answer changed since they were "
+                        f"made; review them in formgrader), {'dropped: the new result counts' if drop_stale else 'kept: they still win (--stale-overrides drop to use the new result)'}: "
                         f"{', '.join(stale)}")
     if penalties:
         write_atomic(Path(out) / PENALTIES, csv_text(penalties, list(penalties[0])))

@@ -107,6 +107,26 @@ def autograded_notebook(result, source):
     return nb
 
 
+def written_answers(nb):
+    """{question: the answer an autograded notebook (a dict) shows} of its written questions."""
+    return {nbk.grade_id(c): nbk.source(c) for c in nb["cells"] if nbk.is_written(c)}
+
+
+def changed_answers(course_root, result, source):
+    """The written questions of a Result whose answer is not the one its autograded notebook under course_root
+    shows now, which is what a TA graded in formgrader: none when there is no such notebook yet (or it cannot be
+    read), or when the submission cannot be read (nothing to compare, so a TA's score is never doubted for it)."""
+    path = autograded_path(course_root, result.student, result.lesson)
+    if not result.written or not path.is_file() or submitted_cells(result)[1]:
+        return set()
+    try:
+        before = written_answers(nbk.read(path))
+    except nbk.NotebookError:
+        return set()
+    after = written_answers(autograded_notebook(result, source))
+    return {q for q, answer in after.items() if q in before and before[q] != answer}
+
+
 def write_autograded(course_root, results):
     """Write every Result's autograded notebook; returns their paths."""
     sources, written = {}, []

@@ -7,7 +7,8 @@ manual grade until a TA saves one in formgrader, and read_reviews reads that sco
 instructor's review (manual_score, extra credit, comments, made in formgrader or through nbgrader.api) is
 never touched: a regrade or a --resume keeps it, and nbgrader shows it in place of the auto_score.
 
-An override is stale when a regrade changes the autograded score it was made against: the update
+An override is stale when a regrade changes the autograded score it was made against, or, for a written
+question, a resubmission changes the answer its autograded notebook showed the TA: the update
 marks its grade needs_manual_grade (formgrader lists it to review again, and clears the mark when a
 TA saves a score), and read_reviews reports it, so export and totals.csv name it.
 """
@@ -82,8 +83,9 @@ def update_gradebook(db_path, results, tests, course_root=None):
     auto_score, and write the autograded notebooks under course_root (default: the gradebook's folder)."""
     from sqlalchemy.exc import SAWarning
 
-    from autograder.adapters.formgrader import write_autograded
+    from autograder.adapters.formgrader import changed_answers, write_autograded
 
+    course_root = course_root or Path(db_path).resolve().parent
     with _open(db_path) as gb, warnings.catch_warnings():
         # nbgrader's add_submission trips SQLAlchemy's autoflush warnings; its rows are right
         warnings.simplefilter("ignore", SAWarning)
@@ -112,11 +114,14 @@ def update_gradebook(db_path, results, tests, course_root=None):
                 stale = grade.manual_score is not None and (changed or bool(grade.needs_manual_grade))
                 grade.auto_score = t.points
                 grade.needs_manual_grade = t.grader_error or stale
+            # Before write_autograded replaces the answers the TAs graded: which ones the resubmission changed.
+            changed = changed_answers(course_root, r, nbk.read(nbk.lesson_path(r.lesson))) if r.written else set()
             for w in r.written:   # formgrader lists it until a TA saves a score (which clears the mark)
                 grade = next(g for g in notebook.grades if g.name == w.question)
-                grade.needs_manual_grade = grade.manual_score is None
+                grade.needs_manual_grade = grade.manual_score is None or bool(grade.needs_manual_grade) \
+                    or w.question in changed
             gb.db.commit()
-    write_autograded(course_root or Path(db_path).resolve().parent, results)
+    write_autograded(course_root, results)
 
 
 def _submission_notebook(gb, r):
