@@ -172,13 +172,17 @@ def result_notes(r):
 
 
 def results_json(results, visibility="visible", test_visibility="visible", stdout_visibility="hidden"):
-    """Gradescope's results.json for one student's Results (one per lesson), documented fields only."""
+    """Gradescope's results.json for one student's Results (one per lesson), documented fields only. A written
+    question is a line of its output, never a test: Gradescope has no test a person grades later (one would
+    show as a 0), and the instructor grades it as a question of its own in Gradescope's manual grading."""
     several = len({r.lesson for r in results}) > 1
     tests = [dict(name=f"{r.lesson}: {t.test}" if several else t.test, score=t.points,
                   max_score=t.max_points, status="passed" if t.status == "passed" else "failed",
                   output=feedback_text(t), visibility=test_visibility)
              for r in results for t in r.tests]
     lines = [f"{r.lesson}: {r.points:g} / {r.max_points:g} points" for r in results]
+    lines += [f"{r.lesson}: written question {w.question} ({w.max_points:g} points, {store.NEEDS_GRADING} in "
+              f"Gradescope, not in this score): {w.message}" for r in results for w in r.written]
     lines += [note for r in results for note in result_notes(r)]
     return dict(score=sum(t["score"] for t in tests), output="\n".join(lines), visibility=visibility,
                 stdout_visibility=stdout_visibility, tests=tests)

@@ -138,13 +138,14 @@ def test_broken_submission_scores_zero_with_a_reason(bundle, tmp_path):
     assert all("could not be read" in t["output"] for t in data["tests"])
 
 
-def graded_as(root, monkeypatch, rows):
-    """A Gradescope root whose grading returns these test rows (the grader itself not run), read when it grades."""
+def graded_as(root, monkeypatch, rows, written=()):
+    """A Gradescope root whose grading returns these test rows and written questions (the grader itself not run),
+    read when it grades."""
     import autograder.grade
     from autograder.results import Result
 
     monkeypatch.setattr(autograder.grade, "grade", lambda *a, **k: {"results": [Result.from_json(dict(
-        student="submission", lesson=LESSON, notes=[], cells={}, tests=rows))]})
+        student="submission", lesson=LESSON, notes=[], cells={}, tests=rows, written=list(written)))]})
     monkeypatch.setattr("autograder.worker.choose_mode", lambda *a: "bwrap")
     for d in ("source", "submission", "results"):
         (root / d).mkdir()
@@ -164,6 +165,23 @@ def test_a_test_the_grader_could_not_check_writes_no_results(tmp_path, monkeypat
     data = json.loads((tmp_path / "results" / "results.json").read_text())
     jsonschema.validate(data, RESULTS)
     assert data["score"] == 0 and data["tests"][0]["output"] == "Triton is missing"
+
+
+def test_a_written_question_is_said_in_the_output_never_scored(tmp_path, monkeypatch):
+    """Gradescope has no test a person grades later: the written question is a line of results.json's output,
+    named with its points and 'needs grading', and neither a test nor part of the score (never a silent 0)."""
+    row = dict(test="test_softmax", points=2.0, max_points=2.0, status="passed", message="")
+    graded_as(tmp_path, monkeypatch, [row], [dict(question="written_heads", max_points=2.0, status="needs grading",
+                                                  message="answered; graded by a person")])
+    assert gradescope.run(tmp_path) == 0
+    data = json.loads((tmp_path / "results" / "results.json").read_text())
+    jsonschema.validate(data, RESULTS)
+    jsonschema.validate(data, OURS)
+    assert (data["score"], [t["name"] for t in data["tests"]]) == (2.0, ["test_softmax"])
+    assert data["output"].splitlines()[:2] == [
+        f"{LESSON}: 2 / 2 points",
+        f"{LESSON}: written question written_heads (2 points, needs grading in Gradescope, not in this score): "
+        "answered; graded by a person"]
 
 
 def test_a_sandbox_that_does_not_start_is_one_line_with_its_own_error(tmp_path, monkeypatch, capsys):
