@@ -103,8 +103,8 @@ def flash_attention_backward(q, k, v, out, lse, dout, causal=False, block_q=64, 
     (dq, dk, dv), shaped like q, k, v, in the inputs' dtype. Key tiles are the outer loop:
     each key tile's dK and dV are summed over the query tiles inside and written once, while dQ
     is accumulated across key tiles. D = rowsum(dO * O) is computed once, up front. No more
-    than block_q x block_k scores or probabilities exist at once; causal tiles that are fully
-    masked are skipped.
+    than block_q x block_k scores or probabilities exist at once. Causal tiles that are fully
+    masked need no work: skipping them is optional (this backward skips them).
     """
     check_attention_inputs(q, k, v)
     Tq, Tk = q.size(2), k.size(2)
