@@ -2,7 +2,9 @@
 
 The gradients of attention by hand, then FlashAttention-2's tiled backward (Dao 2023), which
 stores only each row's logsumexp `lse` in the forward and recomputes every tile of
-probabilities from it, and an autograd Function that trains with both.
+probabilities from it, and an autograd Function that trains with both. Beside the graded
+names, lesson 06's Triton kernel with the two lines that also store `lse`, as the forward of a
+Function whose backward is the tiled one (on a GPU, or on the CPU under Triton's interpreter).
 Layout (B, H, T, Dh); the causal mask is bottom-right aligned (query i sees key j iff
 j <= i + Tk - Tq). Half precision is computed in float32 and returned in the inputs' dtype.
 """
@@ -10,7 +12,7 @@ import math
 
 import torch
 
-from solutions.gpu import check_attention_inputs
+from solutions.gpu import HAS_TRITON, check_attention_inputs, tl, triton
 
 
 def _compute_dtype(dtype):
@@ -101,8 +103,8 @@ def flash_attention_backward(q, k, v, out, lse, dout, causal=False, block_q=64, 
     (dq, dk, dv), shaped like q, k, v, in the inputs' dtype. Key tiles are the outer loop:
     each key tile's dK and dV are summed over the query tiles inside and written once, while dQ
     is accumulated across key tiles. D = rowsum(dO * O) is computed once, up front. No more
-    than block_q x block_k scores or probabilities exist at once; causal tiles that are fully
-    masked are skipped.
+    than block_q x block_k scores or probabilities exist at once. Causal tiles that are fully
+    masked need no work: skipping them is optional (this backward skips them).
     """
     check_attention_inputs(q, k, v)
     Tq, Tk = q.size(2), k.size(2)
@@ -145,6 +147,102 @@ class FlashAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, causal=False):
         out, lse = flash_attention_forward(q, k, v, causal)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.causal = causal
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = flash_attention_backward(q, k, v, out, lse, dout, ctx.causal)
+        return dq, dk, dv, None
+
+
+@triton.jit
+def _flash_forward_kernel(Q, K, V, O, LSE, stride_b, stride_h, stride_t, stride_kb, stride_kh, stride_kt,
+                          n_heads, seq_q, seq_k, head_dim, qk_scale,
+                          CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+                          BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+    """Lesson 06's _attention_kernel, which also writes each row's logsumexp to LSE.
+
+    One program computes BLOCK_Q rows of one (batch, head). Q, K, V, O as in lesson 06
+    (contiguous (B, H, T, Dh)); LSE points at a contiguous float32 (B, H, Tq).
+    """
+    pid_q, bh = tl.program_id(0), tl.program_id(1)
+    b, h = bh // n_heads, bh % n_heads
+    rows = pid_q * BLOCK_Q + tl.arange(0, BLOCK_Q)
+    cols_d = tl.arange(0, BLOCK_D)
+    d_ok = cols_d < head_dim
+    q_off = b * stride_b + h * stride_h
+    kv_off = b * stride_kb + h * stride_kh
+    q = tl.load(Q + q_off + rows[:, None] * stride_t + cols_d[None, :],
+                mask=(rows[:, None] < seq_q) & d_ok[None, :], other=0.0)
+    m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_Q], tl.float32)
+    acc = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
+    last_key = rows + (seq_k - seq_q)
+    hi = seq_k
+    if CAUSAL:
+        hi = tl.minimum(seq_k, (pid_q + 1) * BLOCK_Q + seq_k - seq_q)
+    for start in range(0, hi, BLOCK_K):
+        keys = start + tl.arange(0, BLOCK_K)
+        k_ok = keys < seq_k
+        kt = tl.load(K + kv_off + keys[None, :] * stride_kt + cols_d[:, None],
+                     mask=k_ok[None, :] & d_ok[:, None], other=0.0)
+        s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
+        ok = k_ok[None, :]
+        if CAUSAL:
+            ok = ok & (keys[None, :] <= last_key[:, None])
+        s = tl.where(ok, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s - shift[:, None])
+        alpha = tl.math.exp2(m_i - shift)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        vb = tl.load(V + kv_off + keys[:, None] * stride_kt + cols_d[None, :],
+                     mask=k_ok[:, None] & d_ok[None, :], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb, input_precision=PRECISION)
+        m_i = m_new
+    tl.store(O + q_off + rows[:, None] * stride_t + cols_d[None, :], (acc / l_i[:, None]).to(O.dtype.element_ty),
+             mask=(rows[:, None] < seq_q) & d_ok[None, :])
+    # m_i is in log2 units (the scores were scaled by log2(e)): the natural logsumexp is
+    # m_i * ln(2) + ln(l_i), the max added back (a row that sees no key gets -inf, as in the torch forward).
+    tl.store(LSE + bh * seq_q + rows, m_i * 0.6931471805599453 + tl.log(l_i), mask=rows < seq_q)
+
+
+def triton_flash_forward(q, k, v, causal=False):
+    """flash_attention_forward as a Triton kernel: q (B, H, Tq, Dh), k and v (B, H, Tk, Dh),
+    float32 or float16 (bfloat16 too, on a GPU) -> (out (B, H, Tq, Dh) in q's dtype,
+    lse (B, H, Tq) float32). Runs on a GPU, or on the CPU under TRITON_INTERPRET=1 (small sizes)."""
+    if not HAS_TRITON:
+        raise RuntimeError("triton_flash_forward needs Triton (pip install triton; Linux only)")
+    check_attention_inputs(q, k, v)
+    on_gpu = q.is_cuda
+    if q.dtype not in (torch.float32, torch.float16) and not (on_gpu and q.dtype == torch.bfloat16):
+        raise ValueError(f"triton_flash_forward takes float32 or float16 (bfloat16 on a GPU only), got {q.dtype}")
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    B, H, Tq, Dh = q.shape
+    out = torch.empty_like(q)
+    lse = torch.empty((B, H, Tq), dtype=torch.float32, device=q.device)
+    block_q, block_k = (128, 64) if on_gpu else (16, 16)
+    grid = (triton.cdiv(Tq, block_q), B * H)
+    _flash_forward_kernel[grid](q, k, v, out, lse, q.stride(0), q.stride(1), q.stride(2),
+                                k.stride(0), k.stride(1), k.stride(2), H, Tq, k.size(2), Dh,
+                                math.log2(math.e) / math.sqrt(Dh), CAUSAL=causal,
+                                BLOCK_Q=block_q, BLOCK_K=block_k, BLOCK_D=max(16, triton.next_power_of_2(Dh)),
+                                PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+                                **({"num_warps": 8 if Dh > 64 else 4, "num_stages": 2} if on_gpu else {}))
+    return out, lse
+
+
+class TritonFlashAttention(torch.autograd.Function):
+    """FlashAttention with the Triton kernel as its forward and flash_attention_backward as its
+    backward: TritonFlashAttention.apply(q, k, v, causal). Saves q, k, v, out and lse, as
+    FlashAttention does."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal=False):
+        out, lse = triton_flash_forward(q, k, v, causal)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.causal = causal
         return out

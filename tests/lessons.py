@@ -1,5 +1,6 @@
 """Shared helpers for the lesson tests: the lessons present, their code cells, running notebooks."""
 import functools
+import os
 import linecache
 import re
 
@@ -57,8 +58,15 @@ def execute(path, allow_errors=False, timeout=300):
     from nbclient import NotebookClient
 
     nb = nbformat.read(str(path), as_version=4)
-    NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=allow_errors,
-                   resources={"metadata": {"path": str(path.parent)}}).execute()
+    # The kernel gets the environment a student's has: not conftest's TRITON_INTERPRET, which each notebook
+    # must set itself, before anything imports Triton (lesson 09's FLOP counter does).
+    interpret = os.environ.pop("TRITON_INTERPRET", None)
+    try:
+        NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=allow_errors,
+                       resources={"metadata": {"path": str(path.parent)}}).execute()
+    finally:
+        if interpret is not None:
+            os.environ["TRITON_INTERPRET"] = interpret
     return nb
 
 

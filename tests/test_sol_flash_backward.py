@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from solutions.flash_backward import (FlashAttention, attention_backward, flash_attention_backward,
-                                      flash_attention_forward)
+from solutions.flash_backward import (HAS_TRITON, FlashAttention, TritonFlashAttention, attention_backward,
+                                      flash_attention_backward, flash_attention_forward, triton_flash_forward)
 
 # The contract's tolerances against the float64 truth, max|err| <= tol * (1 + max|truth|): 1e-10 in float64 and
 # 1e-4 in float32. Half precision is computed in float32 and rounded once at the end: a few units of its epsilon.
@@ -174,6 +174,28 @@ def test_bad_inputs_get_a_clear_error():
         flash_attention_forward(q, q.double(), q)
     with pytest.raises(ValueError, match="share dtype"):
         flash_attention_backward(q, q, q.half(), q, q[..., 0], q)
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed (pip install -e '.[gpu]', Linux only)")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("tq, tk, causal", SHAPES)
+def test_the_triton_forward_and_its_function_equal_sdpa(dtype, tq, tk, causal):
+    """Lesson 06's kernel with lse stored (on the CPU in Triton's interpreter), then as the forward of a Function
+    whose backward is the tiled one: out, lse and the gradients as the torch passes give them."""
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    q, k, v, do = inputs(tq, tk, dtype, b=1, h=2)
+    want, *grads = truth(q, k, v, do, causal)
+    q, k, v, do = (t.to(dev) for t in (q, k, v, do))
+    out, lse = triton_flash_forward(q, k, v, causal)
+    assert_near(out.cpu(), want, dtype, "out")
+    scores = q.double() @ k.double().transpose(-2, -1) / math.sqrt(q.size(-1))
+    if causal:
+        scores = scores.masked_fill(~bottom_right(tq, tk).to(dev), float("-inf"))
+    assert_near(lse.cpu(), scores.logsumexp(-1).cpu(), torch.float32, "lse")
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    TritonFlashAttention.apply(q, k, v, causal).backward(do)
+    for name, t, w in zip(("dq", "dk", "dv"), (q, k, v), grads):
+        assert_near(t.grad.cpu(), w, dtype, name)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
