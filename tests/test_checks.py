@@ -32,17 +32,9 @@ def test_every_graded_name_has_at_least_three_mutants(lesson):
         assert len(module.MUTANTS.get(name, [])) >= 3, f"{lesson}: {name} needs at least three known-wrong answers"
 
 
-# Checks whose verdict rests on a memory bound. In a long pytest process, memory that earlier tests freed
-# stays mapped in glibc's per-thread heaps, where a bounded block can reuse it unseen; the grader bounds a
-# child forked from a fresh worker. Their mutants are judged in a fresh interpreter, as the grader does.
-FRESH = {("06_gpu", "flash_attention"), ("08_kv_compression", "RollingKVCache"),
-         ("08_kv_compression", "absorbed_attention"), ("09_flash_backward", "flash_attention_forward"),
-         ("09_flash_backward", "flash_attention_backward"), ("09_flash_backward", "FlashAttention")}
-
-
 @pytest.mark.parametrize("lesson, name, mutant", cases("MUTANTS"))
 def test_mutant_fails_its_check_only(lesson, name, mutant):
-    if (lesson, name) in FRESH:
+    if (lesson, name) in mutants.MEMORY_BOUND:
         script = ("import sys; from tests import conftest; from tests.test_checks import mutant_case; "
                   "mutant_case(*sys.argv[1:])")
         run = subprocess.run([sys.executable, "-c", script, lesson, name, mutant[0]], cwd=REPO,

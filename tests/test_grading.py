@@ -28,7 +28,8 @@ def read_grades(results):
 
 
 def build_class(root, lessons, with_mutants=True):
-    """SUBMISSIONS with, per lesson, a solved and a blank student, one student per mutant and per variant.
+    """SUBMISSIONS with, per lesson, a solved and a blank student, one student per variant and per mutant that
+    the real grader must see (tests.mutants.graded_by_the_grader: test_checks judges all of them in-process).
     Returns {student: (lesson, name or None, expectation)}."""
     release(root / "release", lessons)
     subs, who = root / "submissions", {}
@@ -38,8 +39,11 @@ def build_class(root, lessons, with_mutants=True):
                    (f"blank-{lesson}", rel, (lesson, None, "zero"))]
         module = mutants.for_lesson(lesson) if with_mutants else None
         for name, items in (module.MUTANTS.items() if module else []):
-            for i, (what, keyword, code) in enumerate(items):
-                entries.append((f"mutant-{lesson}-{name}-{i}", fill(rel, lesson, {name: code}), (lesson, name, keyword)))
+            for i, mistake in enumerate(items):
+                if mutants.graded_by_the_grader(lesson, name, i, mistake):
+                    _, keyword, code = mistake
+                    entries.append((f"mutant-{lesson}-{name}-{i}", fill(rel, lesson, {name: code}),
+                                    (lesson, name, keyword)))
         for name, items in (module.VARIANTS.items() if module else []):
             for i, (how, code) in enumerate(items):
                 entries.append((f"variant-{lesson}-{name}-{i}", fill(rel, lesson, {name: code}), (lesson, None, "full")))

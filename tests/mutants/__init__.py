@@ -4,6 +4,22 @@ full marks."""
 from autograder.mistakes import also_loses, for_lesson  # noqa: F401 - the tests' names for them
 
 
+# Checks whose verdict rests on a memory bound. In a long pytest process, memory that earlier tests freed
+# stays mapped in glibc's per-thread heaps, where a bounded block can reuse it unseen; the grader bounds a
+# child forked from a fresh worker. Their mutants are judged in a fresh interpreter, as the grader does.
+MEMORY_BOUND = {("06_gpu", "flash_attention"), ("08_kv_compression", "RollingKVCache"),
+                ("08_kv_compression", "absorbed_attention"), ("09_flash_backward", "flash_attention_forward"),
+                ("09_flash_backward", "flash_attention_backward"), ("09_flash_backward", "FlashAttention")}
+
+
+def graded_by_the_grader(lesson, name, index, mistake):
+    """Whether the real-grader test (tests/test_grading.py) grades this mutant too; test_checks judges every one.
+    Those whose verdict may differ in the grader's sandbox all are: a memory bound, an aspect, another name's
+    points; of the rest, every other one (the first of each name included) stands for the pipeline."""
+    return ((lesson, name) in MEMORY_BOUND or bool(getattr(mistake, "aspect", "")) or bool(also_loses(lesson, mistake[0]))
+            or index % 2 == 0)
+
+
 def cases(kind, lessons):
     """pytest params (lesson, name, item) of every MUTANTS or VARIANTS entry of the lessons."""
     import pytest
