@@ -16,9 +16,9 @@ against Tk cached latents. For each form:
     through /proc/self/clear_refs) above the resident size just before the call (Linux only).
 Printed: absorbed / plain of each. No target: the lesson's claim is that a long prefill costs the
 absorbed form about d_latent / Dh the attention FLOPs, and a decode step saves it the up-projection of
-every latent and the memory of the keys and values. With --batch above 1, the reference's
-absorbed_attention loses that memory: its matmul against latents[:, None] copies the latents once per
-head, (B * H, d_latent, Tk), where with one sequence it reads the broadcast view (lesson 08, section 3).
+every latent and the memory of the keys and values. The reference's absorbed_attention puts the heads
+into the rows, (B, H * T, d_latent) @ (B, d_latent, Tk), so that with --batch above 1 too it makes no
+copy of the latents per head (a matmul against latents[:, None] would: lesson 08, section 3).
 """
 import argparse
 import datetime

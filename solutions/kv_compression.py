@@ -139,12 +139,14 @@ def absorbed_attention(mla, x, latents):
     H, Dh, L = mla.n_heads, mla.head_dim, mla.d_latent
     q = mla.q_proj(x).view(B, T, H, Dh).transpose(1, 2)             # (B, H, T, Dh)
     w_uk = mla.k_up.weight.view(H, Dh, L)                           # k_h = c @ w_uk[h].T
-    q_latent = q @ w_uk                                             # (B, H, T, L)
-    scores = q_latent @ latents.transpose(1, 2)[:, None] / math.sqrt(Dh)  # (B, H, T, Tk)
+    # Every head meets the same latents: with the heads in the rows, (B, H*T, L) @ (B, L, Tk), no head gets a
+    # copy of them (matmul copies latents[:, None] once per head when B > 1).
+    q_latent = (q @ w_uk).reshape(B, H * T, L) / math.sqrt(Dh)      # (B, H*T, L), scaled here: it is small
     Tk = latents.size(1)
+    scores = (q_latent @ latents.transpose(1, 2)).view(B, H, T, Tk)
     causal = torch.ones(T, Tk, dtype=torch.bool, device=x.device).tril(diagonal=Tk - T)
-    scores = scores.masked_fill(~causal, float("-inf"))
-    o_latent = scores.softmax(dim=-1) @ latents[:, None]            # (B, H, T, L)
+    scores = scores.masked_fill(~causal, float("-inf"))             # rebound: at most two (B, H, T, Tk) at once
+    o_latent = (scores.softmax(dim=-1).view(B, H * T, Tk) @ latents).view(B, H, T, L)
     w_uv = mla.v_up.weight.view(H, Dh, L)                           # v_h = c @ w_uv[h].T
     w_o = mla.out_proj.weight.view(D, H, Dh)                        # out = sum_h o_h @ w_o[:, h].T
     folded = torch.einsum("hdl,ehd->hle", w_uv, w_o)                # (H, L, D)

@@ -98,6 +98,10 @@ def test_release_copy_runs_and_fails_only_at_the_exercises(released, lesson):
     assert {name for _, name in failed} == {"NotImplementedError"}, f"unexpected errors: {failed}"
     tests_cells = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and nbk.is_test(c)]
     assert set(tests_cells) <= {i for i, _ in failed}, "every test cell should fail on a blank copy"
+    # A demonstration that runs a stub says which one (answered(...), or lesson 08's pasted(...)), never a bare error.
+    bare = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and nbk.is_demo(c)
+            for o in c.get("outputs", []) if o.get("output_type") == "error" and "is still the stub" not in o["evalue"]]
+    assert not bare, f"demonstrations {bare} stop with a bare error on a blank copy: call answered(...) first"
 
 
 # ---- a lesson is described once (lessons/NN_name/lesson.toml) ------------------------------------

@@ -1,7 +1,9 @@
 """autograder/source_rules.py in-process: standard library only, honest habits accepted, tricks refused, and what
 it cannot read refused with a message (never an exception, whatever the cells hold)."""
 import ast
+import inspect
 import sys
+import textwrap
 
 import pytest
 
@@ -9,6 +11,7 @@ from autograder import notebook as nbk
 from autograder import source_rules
 from autograder.grade import submission_cells
 from autograder.release import student_copy
+from solutions.attention import answered
 from tests import test_honest
 from tests.lessons import fill
 from tests.test_adversarial import with_cells
@@ -329,3 +332,33 @@ HONEST_NEAR_THE_RULES = {  # beside each rule above, what honest notebooks do (t
 @pytest.mark.parametrize("use", HONEST_NEAR_THE_RULES)
 def test_honest_timing_and_loading_keep_every_mark(use):
     assert source_rules.problems(_grader_cells(last=[HONEST_NEAR_THE_RULES[use]])) == {}
+
+
+# The demonstrations' guard, and the demonstration that defines it, as lesson 06 has them: the visible tests judge
+# the cells the kernel ran (IPython's In), demonstrations included, and the guard reads `vars` and `__code__`.
+GUARD = inspect.getsource(answered)
+GUARD_CELL = next(nbk.source(c) for c in nbk.read(nbk.lesson_path("06_gpu"))["cells"]
+                  if nbk.is_demo(c) and GUARD in nbk.source(c))
+
+
+def test_the_demonstrations_guard_keeps_every_mark():
+    assert source_rules.problems(_grader_cells(last=[GUARD_CELL])) == {}
+
+
+GUARD_ABUSES = {  # the guard's excuse is its exact text, a top-level statement: anything else that reads the same is
+    # refused, with a word of the reason
+    "a line added to the guard": (GUARD.replace("    for answer in answers:\n", "    ns = vars(torch)\n"
+                                                "    for answer in answers:\n"), "`vars`"),
+    "the guard under another name": (GUARD.replace("def answered(", "def peek("), "`vars`"),
+    "the guard decorated": ("@contextlib.contextmanager\n" + GUARD, "`vars`"),
+    "the guard nested in a block": ("if True:\n" + textwrap.indent(GUARD, "    "), "`vars`"),
+    "the guard beside vars in its cell": (GUARD + "\n\nns = vars(torch)\n", "`vars`"),
+    "the guard's own code taken": (GUARD + "\n\ncode = answered.__code__\n", "`.__code__`"),
+}
+
+
+@pytest.mark.parametrize("abuse", GUARD_ABUSES)
+def test_the_guards_excuse_covers_only_its_exact_text(abuse):
+    cell, word = GUARD_ABUSES[abuse]
+    found = source_rules.problems(_grader_cells(last=[cell]))
+    assert {"triton_attention", "triton_softmax"} <= set(found) and all(word in why for why in found.values()), found

@@ -577,6 +577,8 @@ class RollingKVCache:
 '''),
     ],
     "absorbed_attention": [
+        # the lesson's earlier reference: correct, though with B > 1 matmul copies the latents once per head
+        ("the latents broadcast over the heads (latents[:, None])", _abs(_abs_scores())),
         ("a loop over heads", '''
 def absorbed_attention(mla, x, latents):
     B, T, D = x.shape

@@ -36,7 +36,9 @@ How the cells are read:
   pandas.read_pickle, marshal); code placed between torch and its callers, where the checks record the ops
   a call runs (a TorchFunctionMode or TorchDispatchMode, `__torch_function__`, torch.library, torch._C), or
   over the frames that call it (sys.settrace/setprofile, sys._getframe, frame attributes, gc's object
-  lists: gc.collect() is fine). The lesson's own OpLog cell, as the notebook has it, is the exception.
+  lists: gc.collect() is fine).
+- The lesson's own code, as its notebook has it, is excused from these readings (COURSE_CODE): the OpLog cell,
+  and the demonstrations' guard `answered`, which reads `vars` and `__code__` of the answers it is given.
   A timer's code given as a literal string (timeit.timeit('f(x)'), cProfile.run, torch's benchmark Timer)
   is read as code that may run; code given as anything but a function or a literal is refused.
 
@@ -876,11 +878,15 @@ INTERCEPTORS = ("torch.overrides", "torch.utils._python_dispatch", "torch._C", "
 INTERCEPTOR_EXCEPTIONS = {"torch.serialization.load", "torch.serialization.save", "gc.collect", "gc.isenabled"}
 TORCH_HOOKS = {"__torch_function__", "__torch_dispatch__"}
 UNPICKLING_SETTINGS = {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"}  # makes torch.load's default unpickle
-# The lesson's own code that does so, as its notebook has it (the sha256 of ast.unparse of the top-level statement,
-# cut to 16 digits): its "Watch it run" cell's `from torch.utils._python_dispatch import TorchDispatchMode` and
-# `class OpLog(TorchDispatchMode)`, which only records the ops its caller runs (a student's OpLog is not the
-# grader's). An edited cell no longer matches, and the honest tests, which grade the lesson's cells, say so.
-COURSE_CODE = {"aca3d3864942d6db", "8f5d94a6dd665055"}
+# The lesson's own code that reaches what the rules refuse, as its notebook has it (the sha256 of ast.unparse of a
+# top-level statement, cut to 16 digits); nothing else in any cell is excused, not even a copy nested in a block:
+# - its "Watch it run" cell's `from torch.utils._python_dispatch import TorchDispatchMode` and
+#   `class OpLog(TorchDispatchMode)`, which only records the ops its caller runs (a student's OpLog is not the
+#   grader's);
+# - the demonstrations' guard `def answered` (solutions/attention.py), which only reads `vars` and `__code__` of
+#   the answers it is given, to stop a demonstration that would run a stub.
+# An edited statement no longer matches: the honest tests (the OpLog cell) and test_source_rules (answered) say so.
+COURSE_CODE = {"aca3d3864942d6db", "8f5d94a6dd665055", "edb66a89833ab5fd"}
 FRAME_ATTRS = {"f_back", "f_locals", "f_globals", "f_builtins", "f_code", "f_trace", "tb_frame", "gi_frame",
                "cr_frame", "ag_frame", "__traceback__", "__code__", "__globals__", "__closure__"}
 
@@ -946,14 +952,19 @@ def _intercepts(path):
     return path not in INTERCEPTOR_EXCEPTIONS and any(path == p or path.startswith(p + ".") for p in INTERCEPTORS)
 
 
+def _course_code(cells):
+    """The ids of every node of the top-level statements that are the lesson's own code, as written (COURSE_CODE)."""
+    return {id(n) for tree in cells.trees for stmt in tree.body
+            if isinstance(stmt, (ast.ClassDef, ast.FunctionDef, ast.ImportFrom))
+            and hashlib.sha256(ast.unparse(stmt).encode()).hexdigest()[:16] in COURSE_CODE for n in ast.walk(stmt)}
+
+
 def _hidden_code_problem(cells, flow):
     """Code the cells run where no reading can see it: given to exec, eval or a timer as a string built at run time,
     unpickled from a file (torch.load with weights_only=False, numpy's allow_pickle), or placed between torch and
     its callers (a TorchFunctionMode or TorchDispatchMode, __torch_function__, torch.library) or over the frames
     that call it (sys.settrace, sys._getframe, gc's object lists), where it could fake what the checks record."""
-    parents = cells.once(_parents)
-    course = {id(n) for tree in cells.trees for stmt in tree.body if isinstance(stmt, (ast.ClassDef, ast.ImportFrom))
-              and hashlib.sha256(ast.unparse(stmt).encode()).hexdigest()[:16] in COURSE_CODE for n in ast.walk(stmt)}
+    parents, course = cells.once(_parents), cells.once(_course_code)
     for node, scope in flow.nodes:
         if id(node) in course:
             continue
@@ -1045,8 +1056,11 @@ def _patch_problem(cells, flow, items=True):
 
 
 def _global_problem(cells):
-    """Anything in any cell, at any nesting, that could change what the rules trust."""
+    """Anything in any cell, at any nesting, that could change what the rules trust (the lesson's own code aside)."""
+    course = cells.once(_course_code)
     for node in cells.all_nodes:
+        if id(node) in course:
+            continue
         if isinstance(node, ast.Name) and node.id in DYNAMIC:
             return f"your code uses `{node.id}`"
         if isinstance(node, ast.Attribute) and node.attr in DUNDERS:
