@@ -27,7 +27,7 @@ def _rare(count="counts[tokens]", lowest="count.cummin(dim=0).values", diagonal=
 
 _IMPORTANCE = '''
 def head_importance(model, ids, targets):
-    weight = next(model.parameters())
+    {prelude}weight = next(model.parameters())
     total = torch.zeros(model.n_layers, model.n_heads, dtype=weight.dtype)
     with torch.enable_grad():
         for b in range(ids.shape[0]):
@@ -38,8 +38,10 @@ def head_importance(model, ids, targets):
 '''
 
 
-def _importance(term="torch.autograd.grad(loss, mask)[0].abs()", result="total / ids.shape[0]"):
-    return _IMPORTANCE.format(term=term, result=result)
+def _importance(term="torch.autograd.grad(loss, mask)[0].abs()", result="total / ids.shape[0]", prelude=""):
+    """A head_importance with one piece replaced (prelude: lines before the rest, each ending in a newline and
+    the body's indent)."""
+    return _IMPORTANCE.format(term=term, result=result, prelude=prelude)
 
 
 _PRUNE = '''
@@ -224,18 +226,7 @@ def head_importance(model, ids, targets):
                      "before each backward (.grad accumulates)")),
         Mistake("summed over the sequences, not averaged", "average", _importance(result="total"),
                 message="average over the sequences, don't sum"),
-        ("model.eval() inside, the mode not restored", "mode", '''
-def head_importance(model, ids, targets):
-    model.eval()
-    weight = next(model.parameters())
-    total = torch.zeros(model.n_layers, model.n_heads, dtype=weight.dtype)
-    with torch.enable_grad():
-        for b in range(ids.shape[0]):
-            mask = torch.ones_like(total, requires_grad=True)
-            loss = F.cross_entropy(model(ids[b:b + 1], head_mask=mask)[0], targets[b])
-            total += torch.autograd.grad(loss, mask)[0].abs()
-    return total / ids.shape[0]
-'''),
+        ("model.eval() inside, the mode not restored", "mode", _importance(prelude="model.eval()\n    ")),
         ("float32 always", "dtype", _importance(result="(total / ids.shape[0]).float()")),
         ("constant: returns zeros", "differs", '''
 def head_importance(model, ids, targets):
