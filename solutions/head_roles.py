@@ -138,9 +138,10 @@ def story(rng):
         the [adj] N1 <a phrase with other nouns> runs/run .   the verb agrees with N1, whatever the nouns between
         NAME1 saw NAME2 [near the [adj] N] .                  NAME2 of either gender
         he/she saw the [adj] N .                              the pronoun is NAME1's; N is the rarest noun so far
-    The rarest noun so far (the highest Zipf rank) is the story's topic: each adjective and past verb is,
-    with probability Language.TOPIC, the topic's own (noun r goes with adjective r % 4 and past verb
-    r // 4 % 4), as rare words steer a text's vocabulary.
+    The rarest noun so far (the highest Zipf rank) is the story's topic: each later determiner, adjective,
+    past verb and name is, with probability Language.TOPIC, the topic's own (noun r goes with determiner
+    r % 2, adjective and past verb r % 4, the first name r % 2 of its gender, the second r % 3 of the
+    others), as rare words steer a text's vocabulary.
     """
     L = Language
     words, nouns = [L.BOS], []  # nouns: the Zipf rank of each noun so far
