@@ -207,11 +207,28 @@ def _lesson_09(answers):
     }
 
 
+def _lesson_10(answers):
+    rare = answers["rare_word_score"]
+    return {
+        "rare_word_score_with_a_helper": ([], {"rare_word_score": (
+            "def _lowest_so_far(count):\n    return torch.cummin(count, dim=0).values\n\n\n"
+            + rare.replace("count.cummin(dim=0).values", "_lowest_so_far(count)"))}, []),
+        # the checkpoint explored in scratch cells: importance, pruning, a training step that leaves .grad behind
+        "checkpoint_explored_in_scratch_cells": ([], {}, [
+            "m, h = load_checkpoint('role_model.npz')\nstories = make_corpus(20, seed=5)\n"
+            "imp = head_importance(m, stories.ids[:, :-1], stories.ids[:, 1:])\nmask = prune_heads(imp, 4)\n"
+            "print(imp, mask)",
+            "m.train()\nloss = F.cross_entropy(m(stories.ids[:, :-1]).flatten(0, 1), stories.ids[:, 1:].flatten())\n"
+            "loss.backward()\nprint(relation_accuracy(attention_patterns(m, stories.ids)[1, 0], stories.agreement[:1, 1:]))"]),
+    }
+
+
 SCRATCH = {"05_kv_cache": "g = generate\nC = KVCache\n", "06_gpu": "f = flash_attention\ng = triton_attention\n",
            "08_kv_compression": "C = RollingKVCache\nf = absorbed_attention\n",
-           "09_flash_backward": "f = flash_attention_backward\nA = FlashAttention\n"}
+           "09_flash_backward": "f = flash_attention_backward\nA = FlashAttention\n",
+           "10_head_roles": "f = head_importance\np = prune_heads\n"}
 LESSON_PATTERNS = {"05_kv_cache": _lesson_05, "06_gpu": _lesson_06, "08_kv_compression": _lesson_08,
-                   "09_flash_backward": _lesson_09}
+                   "09_flash_backward": _lesson_09, "10_head_roles": _lesson_10}
 # What the grader cannot read, graded beside the honest students of lesson 06: the student's failure, never ours.
 
 
