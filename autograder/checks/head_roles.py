@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from autograder import mistakes
-from autograder.checks import Checks, expect_array, expect_error, fail, reference, tensor
+from autograder.checks import Checks, StudentError, expect_array, expect_error, fail, reference, tensor
 from autograder.sandbox.wire import Array
 from solutions import head_roles as ref
 
@@ -155,7 +155,18 @@ def head_importance(s):
             expect_array(got, want, "head_importance(model, ids, targets)",
                          lambda: mistakes.compared(LESSON, "head_importance", *args), axes=("layer", "head"),
                          hint="the mean over sequences b of |dL_b / d head_mask[l, h]| at a mask of ones")
+            try:  # a caller that only measures may hold torch.no_grad(): the gradients must still flow
+                got = s.helper("without_grad", s.get("head_importance", "__call__"), model, tensor(ids),
+                               tensor(targets))
+            except StudentError as e:
+                fail(f"head_importance fails when called under torch.no_grad() ({e.type}): compute the loss "
+                     "inside `with torch.enable_grad():`")
+            expect_array(got, want, "head_importance(model, ids, targets) under torch.no_grad()", axes=("layer", "head"),
+                         hint="compute the loss inside `with torch.enable_grad():`")
         with s.aspect("model as found"):
+            if s.helper("grads_set", model):
+                fail("head_importance left .grad set on the model's parameters: take the gradient of the mask alone "
+                     "(torch.autograd.grad(loss, mask), or loss.backward(inputs=[mask])) and leave the model as found")
             after = s.state(model)
             for k, v in state.items():
                 if not np.array_equal(after[k].data if isinstance(after[k], Array) else np.asarray(after[k]), v):
@@ -179,7 +190,10 @@ def prune_heads(s):
     with s.aspect("mask"):
         for importance in cases:
             for n in range(importance.size + 1):
-                got = s.call("prune_heads", tensor(importance), n)
+                got, kept = s.helper("keeps_argument", s.get("prune_heads", "__call__"), tensor(importance), n)
+                if not kept:
+                    fail("prune_heads changed `importance` in place: build the mask in a new tensor (clone first "
+                         "if you sort or overwrite)")
                 want = reference(ref.prune_heads(_torch(importance.copy()), n))
                 expect_array(got, want, "prune_heads(importance, n_prune)",
                              _compared("prune_heads", importance.copy(), n), axes=("layer", "head"))

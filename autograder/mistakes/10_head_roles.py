@@ -226,6 +226,19 @@ def head_importance(model, ids, targets):
                      "before each backward (.grad accumulates)")),
         Mistake("summed over the sequences, not averaged", "average", _importance(result="total"),
                 message="average over the sequences, don't sum"),
+        Mistake("loss.backward() fills the parameters' .grad", ".grad", _importance(
+            term="(loss.backward() or mask.grad).abs()"),
+            message="head_importance left .grad set on the model's parameters", aspect="model as found"),
+        Mistake("no enable_grad: fails under torch.no_grad()", "no_grad", '''
+def head_importance(model, ids, targets):
+    weight = next(model.parameters())
+    total = torch.zeros(model.n_layers, model.n_heads, dtype=weight.dtype)
+    for b in range(ids.shape[0]):
+        mask = torch.ones_like(total, requires_grad=True)
+        loss = F.cross_entropy(model(ids[b:b + 1], head_mask=mask)[0], targets[b])
+        total += torch.autograd.grad(loss, mask)[0].abs()
+    return total / ids.shape[0]
+''', message="head_importance fails when called under torch.no_grad()", aspect="values"),
         ("model.eval() inside, the mode not restored", "mode", _importance(prelude="model.eval()\n    ")),
         ("float32 always", "dtype", _importance(result="(total / ids.shape[0]).float()")),
         ("constant: returns zeros", "differs", '''
@@ -249,6 +262,16 @@ def prune_heads(importance, n_prune):
     mask[order[:max(n_prune, 0)]] = 0
     return mask.view(importance.shape)
 '''),
+        Mistake("the mask written into `importance` itself", "in place", '''
+def prune_heads(importance, n_prune):
+    if not 0 <= n_prune <= importance.numel():
+        raise ValueError(f"n_prune must be in 0..{importance.numel()}, got {n_prune}")
+    order = torch.argsort(importance.flatten(), stable=True)
+    mask = importance if importance.is_floating_point() else importance.float()
+    mask.fill_(1)
+    mask.view(-1)[order[:n_prune]] = 0
+    return mask
+''', message="prune_heads changed `importance` in place", aspect="mask"),
         ("float32 always", "dtype", _prune(dtype="torch.float32")),
         ("integer importances give an integer mask", "float32", _prune(dtype="importance.dtype")),
         ("constant: returns ones", "differs", '''

@@ -109,6 +109,23 @@ def gradcheck(fn, q, k, v, *args):
     return torch.autograd.gradcheck(fn, (*(t.detach().requires_grad_() for t in (q, k, v)), *args))
 
 
+def grads_set(module):
+    """The names of module's parameters whose .grad is set (not None), in named_parameters' order."""
+    return tuple(name for name, p in module.named_parameters() if p.grad is not None)
+
+
+def without_grad(fn, *args):
+    """fn(*args) under torch.no_grad(), as a caller who only measures runs it."""
+    with torch.no_grad():
+        return fn(*args)
+
+
+def keeps_argument(fn, x, *args):
+    """(fn(x, *args), whether the tensor x is unchanged after the call)."""
+    before = x.clone()
+    return fn(x, *args), bool(torch.equal(before, x))
+
+
 # payload -> the grader's reply: installed by server.py, which imports this module (so this one
 # imports no other of the sandbox's, and the two form no circle).
 host_callback = None
@@ -133,4 +150,7 @@ HELPERS = {
     "len": len,
     "Graph": Graph,
     "gradcheck": gradcheck,
+    "grads_set": grads_set,
+    "without_grad": without_grad,
+    "keeps_argument": keeps_argument,
 }
