@@ -19,6 +19,7 @@ from autograder.sandbox.wire import Array, Handle
 from solutions import head_specialization as ref
 
 CHECKS = Checks()
+LESSON = "07_head_specialization"
 DTYPES = (np.float32, np.float64)
 PER_HEAD = ("one score per head: average over the query positions (not over the heads, not over everything), "
             "so the result has shape (H,)")
@@ -89,7 +90,7 @@ def _defined(name, p, *args):
     """[(message, what it returns)] of the known mistakes of `name` (autograder/mistakes/07_head_specialization.py)
     run on pattern p in float64, labelled with p's dtype, as _exact."""
     return [(m.message, reference(out, dtype=p.dtype.name))
-            for m, out in mistakes.on("07_head_specialization", name, _torch(p).double(), *args)]
+            for m, out in mistakes.on(LESSON, name, _torch(p).double(), *args)]
 
 
 def _prev_mistakes(p):
@@ -204,34 +205,6 @@ def _ref_model(config, state):
     return model.eval()
 
 
-@contextlib.contextmanager
-def _zero_input(model, layer, index):
-    """Zero out_proj's input (B, T, D) at `index` in one layer (a pre-hook)."""
-    def hook(module, args):
-        x = args[0].clone()
-        x[index] = 0
-        return (x,)
-    handle = model.layers[layer].out_proj.register_forward_pre_hook(hook)
-    try:
-        yield model
-    finally:
-        handle.remove()
-
-
-@contextlib.contextmanager
-def _zero_weights(model, name, rows=None, cols=None):
-    """Zero rows or columns of one parameter (and the same rows of the matching bias)."""
-    with torch.no_grad():
-        w = model.get_parameter(name)
-        if rows is not None:
-            w[rows] = 0
-            if name.endswith("weight"):
-                model.get_parameter(name[:-len("weight")] + "bias")[rows] = 0
-        else:
-            w[:, cols] = 0
-    yield model
-
-
 def _run(config, state, ids, edit=None):
     """Reference logits and patterns, with `edit(model)` (a context manager) around the forward."""
     model = _ref_model(config, state)
@@ -241,42 +214,19 @@ def _run(config, state, ids, edit=None):
 
 
 def _ablation_mistakes(config, layer, head):
-    """[(message, edit)]: what the usual wrong ablations do to the reference model."""
-    H, L = config["n_heads"], config["n_layers"]
-    Dh = config["d_model"] // H
-    D, lo, hi = config["d_model"], head * Dh, (head + 1) * Dh
-    Hkv = config.get("n_kv_heads") or H
-    g = head // (H // Hkv)  # the key/value head this query head reads
-    qkv = f"layers.{layer}.qkv.weight"
-    out = [(f"you removed the wrong head: head {head} is features head*Dh:(head+1)*Dh of out_proj's input "
-            f"(the heads side by side, Dh = d_model // n_heads)", lambda m, h2=h2: ref.ablate_head(m, layer, h2))
-           for h2 in range(H) if h2 != head]
-    out += [("you removed a head of the wrong layer: use model.layers[layer]", lambda m, l2=l2: ref.ablate_head(m, l2, head))
-            for l2 in range(L) if l2 != layer]
-    out = [("nothing changed: inside the with-block the head must contribute nothing to the output "
-            "(zero its slice of out_proj's input, e.g. with a forward pre-hook on out_proj)", lambda m: contextlib.nullcontext())] + out
-    out += [
-        ("you removed every head of the layer, not just one: zero only the head's slice h*Dh:(h+1)*Dh",
-         lambda m: _zero_input(m, layer, (Ellipsis,))),
-        ("you zeroed a slice of the time axis (positions), not of the features: out_proj's input is (B, T, D), "
-         "so head h is [..., h*Dh:(h+1)*Dh]", lambda m: _zero_input(m, layer, (slice(None), slice(lo, hi)))),
-        ("you zeroed the wrong projection weights: rows of out_proj.weight are its *output* features. Head h's "
-         "input features are the columns out_proj.weight[:, h*Dh:(h+1)*Dh]",
-         lambda m: _zero_weights(m, f"layers.{layer}.out_proj.weight", rows=slice(lo, hi))),
-        ("you zeroed the wrong projection weights: zeroing a head's query projection only makes its attention "
-         "uniform, the head still writes its output. Zero the head's output (its slice of out_proj's input)",
-         lambda m: _zero_weights(m, qkv, rows=slice(lo, hi))),
-        ("you zeroed the wrong projection weights: zeroing a head's key projection only makes its attention "
-         "uniform, the head still writes its output. Zero the head's output (its slice of out_proj's input)",
-         lambda m: _zero_weights(m, qkv, rows=slice(D + g * Dh, D + (g + 1) * Dh))),
-    ]
-    if Hkv < H:
-        v0 = D + Hkv * Dh
-        out.append(("this model shares each key/value head among a group of n_heads // n_kv_heads query heads: "
-                    "zeroing the value projection removes the whole group. Zero only this query head's output "
-                    "(its slice of out_proj's input)",
-                    lambda m: _zero_weights(m, qkv, rows=slice(v0 + g * Dh, v0 + (g + 1) * Dh))))
-    return out
+    """[(message, edit)]: the usual wrong ablations, as edits of the reference model: the defined mistakes
+    (autograder/mistakes/07_head_specialization.py), and the reference itself on every other head or layer
+    (the defined 'next head' and 'layer 0' are one of each), named by those mistakes' messages."""
+    known = mistakes.for_lesson(LESSON)
+    out = [(known.WRONG_HEAD, lambda m, h2=h2: ref.ablate_head(m, layer, h2))
+           for h2 in range(config["n_heads"]) if h2 != head]
+    out += [(known.WRONG_LAYER, lambda m, l2=l2: ref.ablate_head(m, l2, head))
+            for l2 in range(config["n_layers"]) if l2 != layer]
+    defined = [(m.message, lambda model, fn=fn: fn(model, layer, head))
+               for m, fn in mistakes.defined(LESSON, "ablate_head")]
+    # "nothing changed" is tried first: a wrong edit that changes nothing reads as that
+    nothing = [d for d in defined if d[0] == known.NOTHING]
+    return nothing + out + [d for d in defined if d[0] != known.NOTHING]
 
 
 def _forward(s, model, ids):

@@ -20,6 +20,7 @@ from solutions import gqa as ref_gqa
 from solutions import kv_cache as ref
 
 CHECKS = Checks()
+LESSON = "05_kv_cache"
 
 
 def _tensor(array):
@@ -40,40 +41,61 @@ def _update(s, cache, k, v):
     return _pair(s.call((cache, "update"), tensor(k), tensor(v)), "update(k, v)")
 
 
-def _expect_update(got, cached_k, cached_v, k, v, max_len, overwritten, dtype):
-    """got: what update(k, v) returned; cached_*: what was cached before (B, Hkv, n, Dh);
-    overwritten: (k, v) buffers of a cache that writes every update from position 0."""
+class _Shadows:
+    """The defined mistakes of KVCache (autograder/mistakes/05_kv_cache.py), each a cache made here with the
+    student's arguments and given the same calls: what a student who made that mistake would get at each step.
+    One that raises is not what the student wrote, and is dropped."""
+
+    def __init__(self, *args, **kwargs):
+        self.live = []
+        for mistake, cls in mistakes.defined(LESSON, "KVCache"):
+            try:
+                self.live.append((mistake, cls(*args, **kwargs)))
+            except Exception:  # noqa: BLE001 - a mistake this call cannot be
+                continue
+
+    def _each(self, act):
+        kept, out = [], []
+        for mistake, cache in self.live:
+            try:
+                out.append((mistake, cache, act(cache)))
+            except Exception:  # noqa: BLE001 - e.g. a full cache where the student's had room
+                continue
+            kept.append((mistake, cache))
+        self.live = kept
+        return out
+
+    def update(self, k, v):
+        """[(message, (keys, values) as Arrays, len after)] of each mistake's update(k, v) (numpy inputs)."""
+        return [(m.message, (reference(got[0]), reference(got[1])), len(cache)) for m, cache, got in
+                self._each(lambda c: c.update(torch.from_numpy(k.copy()), torch.from_numpy(v.copy())))]
+
+    def lengths(self):
+        return [(m.message, n) for m, _, n in self._each(len)]
+
+    def reset(self):
+        self._each(lambda c: c.reset())
+
+
+def _expect_update(got, cached_k, cached_v, k, v, dtype, shadowed):
+    """got: what update(k, v) returned; cached_*: what was cached before (B, Hkv, n, Dh); shadowed: the
+    mistakes' updates (_Shadows.update), of which those whose length was right: the others were named by len."""
     got_k, got_v = got
     for part, name in ((got_k, "keys"), (got_v, "values")):
         if isinstance(part, Array) and part.kind == "tensor" and part.dtype != dtype:
             fail(f"update returned {name} of dtype {part.dtype}, but the cache was made with dtype={dtype}: "
                  "allocate the buffers with the dtype (and device) given to KVCache(...)")
     n = cached_k.shape[2] + k.shape[2]
-    for part, prev, new, buf, name in ((got_k, cached_k, k, overwritten[0], "keys"),
-                                       (got_v, cached_v, v, overwritten[1], "values")):
+    for i, (part, prev, new, name) in enumerate(((got_k, cached_k, k, "keys"), (got_v, cached_v, v, "values"))):
         want = np.concatenate([prev, new], axis=2)
-        pad = np.zeros(want.shape[:2] + (max_len - n,) + want.shape[3:], want.dtype)
-        mistakes = [
-            ("it returned the whole preallocated buffer (B, Hkv, max_seq_len, Dh): return only the cached "
-             "positions, buffer[:, :, :len(cache)]", _tensor(np.concatenate([want, pad], axis=2))),
-            ("it returned only the new entries, not everything cached so far: write them after the cached ones "
-             "and advance the length by T_new (self.length += T_new)", _tensor(new)),
-            ("the new entries overwrote the cache from position 0: write them at positions "
-             "len(cache) ... len(cache) + T_new - 1", _tensor(buf[:, :, :n])),
-        ]
-        other = np.concatenate([cached_v, v] if name == "keys" else [cached_k, k], axis=2)
-        mistakes.append(("update must return (keys, values) in that order", _tensor(other)))
-        expect_array(part, _tensor(want), f"the {name} returned by update", mistakes, axes=("B", "Hkv", "T", "Dh"),
+        expect_array(part, _tensor(want), f"the {name} returned by update",
+                     [(m, pair[i]) for m, pair, length in shadowed if length == n], axes=("B", "Hkv", "T", "Dh"),
                      hint="update returns everything cached so far, (B, Hkv, len(cache), Dh), oldest first")
 
 
-def _expect_len(s, cache, want, what, max_len, n_updates, last_t):
-    got = s.helper("len", cache)
-    mistakes = [("len(cache) is the number of cached positions, not max_seq_len", max_len),
-                ("len(cache) is still 0: update must advance the length by T_new", 0),
-                ("len(cache) counts cached positions, not calls to update", n_updates),
-                ("len(cache) is the total number of cached positions, not the size of the last update", last_t)]
-    expect_int(got, want, what, mistakes=[(m, w) for m, w in mistakes if w != want])
+def _expect_len(s, cache, want, what, lengths):
+    """lengths: [(message, len)] of the mistakes' caches after the same calls."""
+    expect_int(s.helper("len", cache), want, what, mistakes=[(m, n) for m, n in lengths if n != want])
 
 
 def _expect_full(s, cache, k, v, n):
@@ -100,34 +122,32 @@ def _drawer(rng, B, Hkv, Dh, dtype):
     return draw
 
 
-def _expect_updates(s, cache, draw, max_len, steps, dtype):
+def _expect_updates(s, cache, shadows, draw, steps, dtype):
     """A new cache, then updates of the given sizes; returns what it holds (keys, values)."""
-    expect_int(s.helper("len", cache), 0, "len(cache) of a new cache", mistakes=[
-        ("len(cache) is the number of cached positions (0 for a new cache), not max_seq_len", max_len)])
+    _expect_len(s, cache, 0, "len(cache) of a new cache", shadows.lengths())
     B, Hkv, _, Dh = draw(0)[0].shape
     cached_k = cached_v = np.zeros((B, Hkv, 0, Dh), dtype)
-    over_k, over_v = np.zeros((B, Hkv, max_len, Dh), dtype), np.zeros((B, Hkv, max_len, Dh), dtype)
-    for i, t in enumerate(steps):
+    for t in steps:
         k, v = draw(t)
-        over_k[:, :, :t], over_v[:, :, :t] = k, v  # a cache that always writes at position 0
         got = _update(s, cache, k, v)
+        shadowed = shadows.update(k, v)
         # the length first: update returns buffer[:, :, :length], so a length not advanced shows there
-        _expect_len(s, cache, cached_k.shape[2] + t, "len(cache) after update", max_len, i + 1, t)
-        _expect_update(got, cached_k, cached_v, k, v, max_len, (over_k, over_v), dtype)
+        _expect_len(s, cache, cached_k.shape[2] + t, "len(cache) after update", [(m, n) for m, _, n in shadowed])
+        _expect_update(got, cached_k, cached_v, k, v, dtype, shadowed)
         cached_k, cached_v = np.concatenate([cached_k, k], 2), np.concatenate([cached_v, v], 2)
     return cached_k, cached_v
 
 
-def _expect_reset(s, cache, draw, cached_k):
+def _expect_reset(s, cache, shadows, draw):
     """reset() empties the cache; the next update starts again at position 0."""
     s.call((cache, "reset"))
-    expect_int(s.helper("len", cache), 0, "len(cache) after reset()",
-               mistakes=[("reset() did not reset the cache: len(cache) must be 0 after it", cached_k.shape[2])])
+    shadows.reset()
+    _expect_len(s, cache, 0, "len(cache) after reset()", shadows.lengths())
     k, v = draw(2)
     got = _update(s, cache, k, v)
-    expect_array(got[0], _tensor(k), "the keys returned by the first update after reset()", mistakes=[
-        ("reset() did not reset the cache: the earlier positions are still returned",
-         _tensor(np.concatenate([cached_k, k], 2)))])
+    shadowed = shadows.update(k, v)
+    expect_array(got[0], _tensor(k), "the keys returned by the first update after reset()",
+                 [(m, pair[0]) for m, pair, _ in shadowed])
     expect_array(got[1], _tensor(v), "the values returned by the first update after reset()")
 
 
@@ -201,15 +221,17 @@ def KVCache(s):
     draw = _drawer(rng, B, Hkv, Dh, "float32")
     with s.aspect("update and len"):
         cache = s.call("KVCache", B, max_len, Hkv, Dh)  # float32, the default dtype
-        cached_k, _ = _expect_updates(s, cache, draw, max_len, (5, 1, 3), "float32")
+        shadows = _Shadows(B, max_len, Hkv, Dh)
+        _expect_updates(s, cache, shadows, draw, (5, 1, 3), "float32")
     with s.aspect("reset"):
-        _expect_reset(s, cache, draw, cached_k)
+        _expect_reset(s, cache, shadows, draw)
     with s.aspect("full cache"):  # a new cache: a broken reset() costs only its own share
         _expect_fill(s, s.call("KVCache", B, max_len, Hkv, Dh), draw, max_len)
     with s.aspect("dtype"):
         B, Hkv, Dh, max_len = 3, 2, 8, 9
         cache = s.call("KVCache", B, max_len, Hkv, Dh, dtype=DType("float64"), device="cpu")
-        _expect_updates(s, cache, _drawer(rng, B, Hkv, Dh, "float64"), max_len, (1, 1, 4), "float64")
+        _expect_updates(s, cache, _Shadows(B, max_len, Hkv, Dh, dtype=torch.float64, device="cpu"),
+                        _drawer(rng, B, Hkv, Dh, "float64"), (1, 1, 4), "float64")
     with s.aspect("preallocated"):
         _expect_preallocated(s)
 
@@ -234,7 +256,7 @@ def _cached_mistakes(shell, x, cache, dtype):
     each labelled with the dtype the student computes in: the known mistakes' definitions
     (autograder/mistakes/05_kv_cache.py) run on a copy of the cache each, then unscaled scores (no definition)."""
     found = [(m.message, reference(out, dtype=dtype))
-             for m, out in mistakes.on("05_kv_cache", "attend_with_cache", shell, x, cache, fresh=True)]
+             for m, out in mistakes.on(LESSON, "attend_with_cache", shell, x, cache, fresh=True)]
     B, T, D = x.shape
     H, Hkv, Dh = shell.n_heads, shell.n_kv_heads, shell.head_dim
     q = shell.q_proj(x).view(B, T, H, Dh).transpose(1, 2)

@@ -22,6 +22,32 @@ def _kv(update, rest=_KV_REST, init=_KV_INIT):
     return init + update + rest
 
 
+def _counting(count):
+    """A cache right but for len(), which returns what update last set self.count to: `count`."""
+    return '''
+class KVCache:
+    def __init__(self, batch_size, max_seq_len, n_kv_heads, head_dim, dtype=torch.float32, device="cpu"):
+        self.k = torch.zeros(batch_size, n_kv_heads, max_seq_len, head_dim, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+        self.length = self.count = 0
+
+    def update(self, k, v):
+        start, end = self.length, self.length + k.size(2)
+        if end > self.k.size(2):
+            raise ValueError("KV cache full")
+        self.k[:, :, start:end] = k
+        self.v[:, :, start:end] = v
+        self.length, self.count = end, COUNT
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+    def __len__(self):
+        return self.count
+
+    def reset(self):
+        self.length = self.count = 0
+'''.replace("COUNT", count)
+
+
 _CHECKED = '''
     def update(self, k, v):
         start, end = self.length, self.length + k.size(2)
@@ -55,17 +81,20 @@ MUTANTS = {
     def update(self, k, v):
         return k, v
 ''')),
-        ("update overwrites from position 0", "position 0", _kv(_CHECKED + '''
+        Mistake("update overwrites from position 0", "position 0", _kv(_CHECKED + '''
         self.k[:, :, :k.size(2)] = k
         self.v[:, :, :v.size(2)] = v
         self.length = end
         return self.k[:, :, :end], self.v[:, :, :end]
-''')),
-        ("update does not advance the length", "advance", _kv(_CHECKED + '''
+'''),
+            message=("the new entries overwrote the cache from position 0: write them at positions len(cache) ... "
+                     "len(cache) + T_new - 1")),
+        Mistake("update does not advance the length", "advance", _kv(_CHECKED + '''
         self.k[:, :, start:end] = k
         self.v[:, :, start:end] = v
         return self.k[:, :, :end], self.v[:, :, :end]
-''')),
+'''),
+            message="len(cache) is still 0: update must advance the length by T_new"),
         ("the length is never advanced: update returns buffer[:, :, :length]", "advance", _kv(_CHECKED + '''
         self.k[:, :, start:end] = k
         self.v[:, :, start:end] = v
@@ -112,19 +141,32 @@ class KVCache:
     def reset(self):
         self.k = self.v = None
 '''),
-        ("update returns the whole preallocated buffer", "whole preallocated buffer", _kv(_CHECKED + '''
+        Mistake("update returns the whole preallocated buffer", "whole preallocated buffer", _kv(_CHECKED + '''
         self.k[:, :, start:end] = k
         self.v[:, :, start:end] = v
         self.length = end
         return self.k, self.v
-''')),
-        ("update returns only the new keys and values", "only the new", _kv(_CHECKED + '''
+'''),
+            message=("it returned the whole preallocated buffer (B, Hkv, max_seq_len, Dh): return only the cached "
+                     "positions, buffer[:, :, :len(cache)]")),
+        Mistake("update returns only the new keys and values", "only the new", _kv(_CHECKED + '''
         self.k[:, :, start:end] = k
         self.v[:, :, start:end] = v
         self.length = end
         return k, v
-''')),
-        ("len() is max_seq_len", "number of cached positions", _kv(_CHECKED + '''
+'''),
+            message=("it returned only the new entries, not everything cached so far: write them after the cached "
+                     "ones and advance the length by T_new (self.length += T_new)")),
+        Mistake("update returns (values, keys)", "appended", _kv(_CHECKED + '''
+        self.k[:, :, start:end] = k
+        self.v[:, :, start:end] = v
+        self.length = end
+        return self.v[:, :, :end], self.k[:, :, :end]
+'''), message="update must return (keys, values) in that order: the keys appended so far, then the values"),
+        Mistake("len() is the size of the last update", "grow by T_new", _counting("k.size(2)"),
+            message=("len(cache) is the total number of cached positions, not the size of the last update: it must "
+                     "grow by T_new at each update")),
+        Mistake("len() is max_seq_len", "number of cached positions", _kv(_CHECKED + '''
         self.k[:, :, start:end] = k
         self.v[:, :, start:end] = v
         self.length = end
@@ -135,30 +177,11 @@ class KVCache:
 
     def reset(self):
         self.length = 0
-''')),
-        ("len() counts calls to update", "calls to update", '''
-class KVCache:
-    def __init__(self, batch_size, max_seq_len, n_kv_heads, head_dim, dtype=torch.float32, device="cpu"):
-        self.k = torch.zeros(batch_size, n_kv_heads, max_seq_len, head_dim, dtype=dtype, device=device)
-        self.v = torch.zeros_like(self.k)
-        self.length = self.calls = 0
-
-    def update(self, k, v):
-        start, end = self.length, self.length + k.size(2)
-        if end > self.k.size(2):
-            raise ValueError("KV cache full")
-        self.k[:, :, start:end] = k
-        self.v[:, :, start:end] = v
-        self.length, self.calls = end, self.calls + 1
-        return self.k[:, :, :end], self.v[:, :, :end]
-
-    def __len__(self):
-        return self.calls
-
-    def reset(self):
-        self.length = self.calls = 0
 '''),
-        ("reset() does not reset the length", "reset", _kv(_CHECKED + '''
+            message="len(cache) is the number of cached positions, not max_seq_len"),
+        Mistake("len() counts calls to update", "calls to update", _counting("self.count + 1"),
+            message="len(cache) counts cached positions, not calls to update"),
+        Mistake("reset() does not reset the length", "reset", _kv(_CHECKED + '''
         self.k[:, :, start:end] = k
         self.v[:, :, start:end] = v
         self.length = end
@@ -170,7 +193,9 @@ class KVCache:
     def reset(self):
         self.k.zero_()
         self.v.zero_()
-''')),
+'''),
+            message=('reset() did not reset the cache: len(cache) must be 0 after it, and the next update writes from '
+                     'position 0 again')),
         ("no check for a full cache", "ValueError", _kv('''
     def update(self, k, v):
         start, end = self.length, self.length + k.size(2)

@@ -46,6 +46,23 @@ def {sig}:
     raise ValueError("not this input")
 '''
 
+# what the ablate_head check says when it recognises each mistake (one message per mistake, some used twice)
+WRONG_HEAD = ("you removed the wrong head: head h is features h*Dh:(h+1)*Dh of out_proj's input "
+              "(the heads side by side, Dh = d_model // n_heads)")
+WRONG_LAYER = "you removed a head of the wrong layer: use model.layers[layer]"
+NOTHING = ("nothing changed: inside the with-block the head must contribute nothing to the output "
+           "(zero its slice of out_proj's input, e.g. with a forward pre-hook on out_proj)")
+LAYER = "you removed every head of the layer, not just one: zero only the head's slice h*Dh:(h+1)*Dh"
+TIME = ("you zeroed a slice of the time axis (positions), not of the features: out_proj's input is (B, T, D), "
+        "so head h is [..., h*Dh:(h+1)*Dh]")
+ROWS = ("you zeroed the wrong projection weights: rows of out_proj.weight are its *output* features. Head h's "
+        "input features are the columns out_proj.weight[:, h*Dh:(h+1)*Dh]")
+# zeroing a head's query or key rows gives the same scores (all 0), so one message names both
+UNIFORM = ("you zeroed the wrong projection weights: zeroing a head's query or key projection only makes its attention "
+           "uniform, the head still writes its output. Zero the head's output (its slice of out_proj's input)")
+GROUP = ("this model shares each key/value head among a group of n_heads // n_kv_heads query heads: zeroing the "
+         "value projection removes the whole group. Zero only this query head's output (its slice of out_proj's input)")
+
 MUTANTS = {
     "previous_token_score": [
         Mistake("the main diagonal (attention to itself)", "off by one", '''
@@ -216,21 +233,26 @@ def induction_score(pattern, period):
         ("constant: raises ValueError", "ValueError", _RAISES.format(sig="induction_score(pattern, period)")),
     ],
     "ablate_head": [
-        ("the next head", "wrong head", _hook_mutant(
-            "nxt = (lo + attn.head_dim) % x.shape[-1]\n        x[..., nxt:nxt + attn.head_dim] = 0")),
-        ("a time slice (positions lo:hi)", "time axis", _hook_mutant("x[:, lo:hi] = 0")),
-        ("the whole layer", "every head", _hook_mutant("x[...] = 0")),
-        ("always layer 0", "wrong layer", _hook_mutant("x[..., lo:hi] = 0", _ABLATE_HEADER.replace(
-            "attn = model.layers[layer]", "attn = model.layers[0]"))),
-        ("rows of out_proj.weight", "wrong projection", _weights_mutant(
-            "attn.out_proj.weight[lo:hi] = 0\n        attn.out_proj.bias[lo:hi] = 0")),
-        ("the query projection", "wrong projection", _weights_mutant(
-            "attn.qkv.weight[lo:hi] = 0\n        attn.qkv.bias[lo:hi] = 0")),
-        ("the value projection: the whole group under GQA", "group", _weights_mutant(
+        Mistake("the next head", "wrong head", _hook_mutant(
+            "nxt = (lo + attn.head_dim) % x.shape[-1]\n        x[..., nxt:nxt + attn.head_dim] = 0"), message=WRONG_HEAD),
+        Mistake("a time slice (positions lo:hi)", "time axis", _hook_mutant("x[:, lo:hi] = 0"), message=TIME),
+        Mistake("the whole layer", "every head", _hook_mutant("x[...] = 0"), message=LAYER),
+        Mistake("always layer 0", "wrong layer", _hook_mutant("x[..., lo:hi] = 0", _ABLATE_HEADER.replace(
+            "attn = model.layers[layer]", "attn = model.layers[0]")), message=WRONG_LAYER),
+        Mistake("rows of out_proj.weight", "wrong projection", _weights_mutant(
+            "attn.out_proj.weight[lo:hi] = 0\n        attn.out_proj.bias[lo:hi] = 0"), message=ROWS),
+        Mistake("the query projection", "wrong projection", _weights_mutant(
+            "attn.qkv.weight[lo:hi] = 0\n        attn.qkv.bias[lo:hi] = 0"), message=UNIFORM),
+        Mistake("the key projection", "wrong projection", _weights_mutant(
+            "k0 = attn.n_heads * attn.head_dim\n"
+            "        g = head // (attn.n_heads // attn.n_kv_heads)\n"
+            "        attn.qkv.weight[k0 + g * attn.head_dim:k0 + (g + 1) * attn.head_dim] = 0\n"
+            "        attn.qkv.bias[k0 + g * attn.head_dim:k0 + (g + 1) * attn.head_dim] = 0"), message=UNIFORM),
+        Mistake("the value projection: the whole group under GQA", "group", _weights_mutant(
             "v0 = attn.qkv.out_features - attn.n_kv_heads * attn.head_dim\n"
             "        g = head // (attn.n_heads // attn.n_kv_heads)\n"
             "        attn.qkv.weight[v0 + g * attn.head_dim:v0 + (g + 1) * attn.head_dim] = 0\n"
-            "        attn.qkv.bias[v0 + g * attn.head_dim:v0 + (g + 1) * attn.head_dim] = 0")),
+            "        attn.qkv.bias[v0 + g * attn.head_dim:v0 + (g + 1) * attn.head_dim] = 0"), message=GROUP),
         ("no try/finally: an error in the with-block leaves the hook", "finally", _ABLATE_HEADER + '''
     def hook(module, args):
         x = args[0].clone()
@@ -310,7 +332,7 @@ def ablate_head(model, layer, head):
     finally:
         handle.remove()
 '''),
-        ("nothing happens", "nothing changed", _hook_mutant("pass")),
+        Mistake("nothing happens", "nothing changed", _hook_mutant("pass"), message=NOTHING),
         ("a negative head accepted (it removes nothing)", "ValueError", _hook_mutant("x[..., lo:hi] = 0", _ABLATE_HEADER.replace(
             "if not 0 <= head < attn.n_heads:", "if head >= attn.n_heads:"))),
         ("constant: does nothing, for every head", "nothing changed", '''
