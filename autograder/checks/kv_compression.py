@@ -14,6 +14,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from autograder import mistakes
 from autograder.checks import (HEADROOM_MB, Checks, StudentError, call_within_memory, evidence_times, expect_array,
                                expect_error, expect_int, expect_int_attributes, fail, kind_of, reference, tensor,
                                within_memory)
@@ -21,6 +22,7 @@ from autograder.sandbox.wire import Array, DType
 from solutions import kv_compression as ref
 
 CHECKS = Checks()
+LESSON = "08_kv_compression"
 
 
 def _bool(mask):
@@ -29,13 +31,11 @@ def _bool(mask):
 
 # ---- sliding_window_mask -------------------------------------------------------------------
 
-def _band(n_queries, n_keys, window, offset=None, lower=None):
-    """Bool (n_queries, n_keys): row i sees keys lower(p) < j <= p, p = i + offset."""
-    offset = n_keys - n_queries if offset is None else offset
-    p = np.arange(n_queries)[:, None] + offset
+def _band(n_queries, n_keys, window):
+    """Bool (n_queries, n_keys): row i sees keys p - window < j <= p, p = i + n_keys - n_queries."""
+    p = np.arange(n_queries)[:, None] + n_keys - n_queries
     j = np.arange(n_keys)[None, :]
-    low = p - window if lower is None else lower(p)
-    return (j <= p) & (j > low)
+    return (j <= p) & (j > p - window)
 
 
 def _expect_mask(s, n_queries, window, n_keys=None):
@@ -44,26 +44,9 @@ def _expect_mask(s, n_queries, window, n_keys=None):
     got = s.call("sliding_window_mask", *args, **kwargs)
     tk = n_queries if n_keys is None else n_keys
     what = f"sliding_window_mask({n_queries}, window, n_keys={tk})" if n_keys else "sliding_window_mask(n, window)"
-    want = _band(n_queries, tk, window)
-    first = np.arange(tk)[None, :] < window
-    mistakes = [
-        ("each query sees window + 1 keys: it may see itself and the window - 1 keys before it, "
-         "p - window < j <= p (an off-by-one: < against <=)", _band(n_queries, tk, window + 1)),
-        ("each query sees window - 1 keys: it may see itself and the window - 1 keys before it, "
-         "p - window < j <= p (an off-by-one: < against <=)", _band(n_queries, tk, window - 1)),
-        ("the mask is aligned top-left (query i at position i). With n_keys > n_queries the queries are the "
-         "last n_queries positions: query i sits at p = i + n_keys - n_queries; align it bottom-right",
-         _band(n_queries, tk, window, offset=0)),
-        ("the window is counted from the wrong end: it keeps the first window keys. Query i at position p "
-         "sees the window keys that END at p, p - window < j <= p", _band(n_queries, tk, window, lower=lambda p: -1)
-         & first),
-        ("the window is counted from the wrong end: it is anchored at the last key instead of at each "
-         "query's own position p; query i sees p - window < j <= p",
-         _band(n_queries, tk, window, lower=lambda p: np.full_like(p, tk - 1 - window))),
-        ("the causal part is missing: a query may never see a later key (j <= p)",
-         np.abs(np.arange(n_queries)[:, None] + tk - n_queries - np.arange(tk)[None, :]) < window),
-    ]
-    expect_array(got, _bool(want), what, [(m, _bool(w)) for m, w in mistakes if not np.array_equal(w, want)],
+    # the known mistakes (autograder/mistakes/08_kv_compression.py) run on the same arguments
+    expect_array(got, _bool(_band(n_queries, tk, window)), what,
+                 mistakes.compared(LESSON, "sliding_window_mask", n_queries, window, n_keys),
                  axes=("query", "key"),
                  hint="query i, at position p = i + n_keys - n_queries, may see key j iff p - window < j <= p")
 

@@ -1,5 +1,6 @@
 """Known-wrong answers and correct variants of lesson 08: sliding_window_mask, RollingKVCache,
 MultiHeadLatentAttention, absorbed_attention."""
+from autograder.mistakes import Mistake
 
 _MASK = '''
 def sliding_window_mask(n_queries, window, n_keys=None, device=None):
@@ -192,6 +193,8 @@ def absorbed_attention(mla, x, latents, _keys=torch.empty({mb} << 18)):  # {mb} 
 '''
 
 
+_OFF_BY_ONE = 'it may see itself and the window - 1 keys before it, p - window < j <= p (an off-by-one: < against <=)'
+
 MUTANTS = {
     "sliding_window_mask": [
         ("constant: a mask of all True", "window", '''
@@ -204,25 +207,29 @@ def sliding_window_mask(n_queries, window, n_keys=None, device=None):
 def sliding_window_mask(n_queries, window, n_keys=None, device=None):
     raise ValueError("window must be at least 1")
 '''),
-        ("off by one: window + 1 keys (>= against >)", "off-by-one", _MASK + '''
+        Mistake("off by one: window + 1 keys (>= against >)", "off-by-one", _MASK + '''
     return (j <= p) & (j >= p - window)
-'''),
-        ("off by one: window - 1 keys", "off-by-one", _MASK + '''
+''', message="each query sees window + 1 keys: " + _OFF_BY_ONE, aspect="square masks"),
+        Mistake("off by one: window - 1 keys", "off-by-one", _MASK + '''
     return (j <= p) & (j > p - window + 1)
-'''),
-        ("top-left alignment", "top-left", _MASK + '''
+''', message="each query sees window - 1 keys: " + _OFF_BY_ONE, aspect="square masks"),
+        Mistake("top-left alignment", "top-left", _MASK + '''
     p = torch.arange(n_queries, device=device)[:, None]
     return (j <= p) & (j > p - window)
-'''),
-        ("the first window keys (wrong end)", "wrong end", _MASK + '''
+''', message=("the mask is aligned top-left (query i at position i). With n_keys > n_queries the queries are the "
+                 "last n_queries positions: query i sits at p = i + n_keys - n_queries; align it bottom-right"),
+            aspect="more keys than queries"),
+        Mistake("the first window keys (wrong end)", "wrong end", _MASK + '''
     return (j <= p) & (j < window)
-'''),
-        ("the window anchored at the last key (wrong end)", "wrong end", _MASK + '''
+''', message=("the window is counted from the wrong end: it keeps the first window keys. Query i at position p "
+                 "sees the window keys that END at p, p - window < j <= p"), aspect="square masks"),
+        Mistake("the window anchored at the last key (wrong end)", "wrong end", _MASK + '''
     return (j <= p) & (j > n_keys - 1 - window)
-'''),
-        ("no causal part: a band on both sides", "causal", _MASK + '''
+''', message=("the window is counted from the wrong end: it is anchored at the last key instead of at each "
+                 "query's own position p; query i sees p - window < j <= p"), aspect="square masks"),
+        Mistake("no causal part: a band on both sides", "causal", _MASK + '''
     return (j - p).abs() < window
-'''),
+''', message="the causal part is missing: a query may never see a later key (j <= p)", aspect="square masks"),
         ("no ValueError for window < 1", "ValueError", '''
 def sliding_window_mask(n_queries, window, n_keys=None, device=None):
     n_keys = n_queries if n_keys is None else n_keys
