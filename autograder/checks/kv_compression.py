@@ -8,6 +8,7 @@ student's process), so a cache whose memory grows runs out; absorbed_attention r
 MultiHeadLatentAttention runs with a correct latent cache built next to the student's code
 (helpers.ListLatentCache), absorbed_attention on an AttentionShell holding the five projections.
 """
+import copy
 import math
 
 import numpy as np
@@ -418,57 +419,15 @@ def _shell(s, params, D, H, L):
 
 @torch.no_grad()
 def _absorbed_mistakes(mla64, x, c, dtype):
-    """What the usual mistakes of the absorption return (float64, labelled dtype); [] where shapes forbid."""
-    B, T, D = x.shape
-    H, Dh, L = mla64.n_heads, mla64.head_dim, mla64.d_latent
-    q = mla64.q_proj(x).view(B, T, H, Dh).transpose(1, 2)
-    w_uk = mla64.k_up.weight.view(H, Dh, L)
-    w_uv = mla64.v_up.weight.view(H, Dh, L)
-    w_o = mla64.out_proj.weight.view(D, H, Dh).permute(1, 2, 0)  # (H, Dh, D): out = sum_h o_h @ w_o[h]
-    b_v = 0 if mla64.v_up.bias is None else mla64.v_up.bias @ mla64.out_proj.weight.T
-    b_o = 0 if mla64.out_proj.bias is None else mla64.out_proj.bias
-    mask = torch.ones(T, c.size(1), dtype=torch.bool).tril(c.size(1) - T)
-
-    def run(q_latent, scale, fold, with_b_v=True):
-        scores = (q_latent @ c.transpose(1, 2)[:, None] * scale).masked_fill(~mask, float("-inf"))
-        o_latent = scores.softmax(-1) @ c[:, None]  # (B, H, T, L)
-        return reference(torch.einsum("bhtl,hle->bte", o_latent, fold) + (b_v if with_b_v else 0) + b_o, dtype=dtype)
-
-    right_fold = w_uv.transpose(1, 2) @ w_o  # (H, L, D)
-    out = []
-    cases = [("the scale is applied twice: divide the scores by sqrt(head_dim) once",
-              lambda: run(q @ w_uk, 1 / Dh, right_fold)),
-             ("the absorbed scores are not scaled: divide them by sqrt(head_dim) (the width of q_h and k_h, not "
-              "d_latent)", lambda: run(q @ w_uk, 1.0, right_fold)),
-             ("the absorbed scores are scaled by 1/sqrt(d_latent): the scale is 1/sqrt(head_dim), as in the "
-              "unabsorbed form", lambda: run(q @ w_uk, 1 / math.sqrt(L), right_fold)),
-             ("W_uk is folded into the queries without the transpose: k_h = c @ W_uk^h.T with W_uk^h = "
-              "k_up.weight[h*Dh:(h+1)*Dh] (Dh, d_latent), so q_h k_h^T = (q_h @ W_uk^h) c^T",
-              lambda: run(q @ w_uk.transpose(1, 2), 1 / math.sqrt(Dh), right_fold)),
-             ("v_up and out_proj are folded in the wrong order: the output is o_latent_h @ W_uv^h.T @ "
-              "out_proj.weight[:, h*Dh:(h+1)*Dh].T (v_up first, then out_proj)",
-              lambda: run(q @ w_uk, 1 / math.sqrt(Dh), w_o.transpose(1, 2) @ w_uv)),
-             ("the new tokens attend to every latent: the causal mask (bottom-right) still applies",
-              lambda: reference(_unmasked(mla64, x, c), dtype=dtype))]
-    if mla64.v_up.bias is not None:
-        cases.append(("v_up's bias is missing: it adds b_uv to every value, and the weights of a row sum to 1, so it "
-                      "passes through out_proj: add v_up.bias @ out_proj.weight.T",
-                      lambda: run(q @ w_uk, 1 / math.sqrt(Dh), right_fold, with_b_v=False)))
-    for message, fn in cases:
-        try:
-            out.append((message, fn()))
-        except RuntimeError:
-            pass
-    return out
-
-
-@torch.no_grad()
-def _unmasked(mla64, x, c):
-    B, T, D = x.shape
-    H, Dh = mla64.n_heads, mla64.head_dim
-    q = mla64.q_proj(x).view(B, T, H, Dh).transpose(1, 2)
-    k, v = (p(c).view(B, -1, H, Dh).transpose(1, 2) for p in (mla64.k_up, mla64.v_up))
-    return mla64.out_proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, T, D))
+    """What the known mistakes of the absorption (autograder/mistakes/08_kv_compression.py) return on these inputs
+    (float64, labelled dtype), then one no definition covers."""
+    found = [(m.message, reference(out, dtype=dtype)) for m, out in mistakes.on(LESSON, "absorbed_attention", mla64, x, c)]
+    unscaled = copy.deepcopy(mla64)  # queries sqrt(head_dim) times larger: the scores as if never scaled
+    for t in (unscaled.q_proj.weight, unscaled.q_proj.bias):
+        if t is not None:
+            t.mul_(math.sqrt(mla64.head_dim))
+    return found + [("the absorbed scores are not scaled: divide them by sqrt(head_dim) (the width of q_h and k_h, "
+                     "not d_latent)", reference(ref.absorbed_attention(unscaled, x, c), dtype=dtype))]
 
 
 SHAPE_HINT = ("check the shapes and the order of the folds: q_h (T, Dh) @ W_uk^h (Dh, d_latent), where W_uk^h = "
