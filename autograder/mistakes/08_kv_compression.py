@@ -1,5 +1,6 @@
 """Known-wrong answers and correct variants of lesson 08: sliding_window_mask, RollingKVCache,
 MultiHeadLatentAttention, absorbed_attention."""
+from autograder.mistakes import Mistake
 
 _MASK = '''
 def sliding_window_mask(n_queries, window, n_keys=None, device=None):
@@ -192,6 +193,8 @@ def absorbed_attention(mla, x, latents, _keys=torch.empty({mb} << 18)):  # {mb} 
 '''
 
 
+_OFF_BY_ONE = 'it may see itself and the window - 1 keys before it, p - window < j <= p (an off-by-one: < against <=)'
+
 MUTANTS = {
     "sliding_window_mask": [
         ("constant: a mask of all True", "window", '''
@@ -204,25 +207,29 @@ def sliding_window_mask(n_queries, window, n_keys=None, device=None):
 def sliding_window_mask(n_queries, window, n_keys=None, device=None):
     raise ValueError("window must be at least 1")
 '''),
-        ("off by one: window + 1 keys (>= against >)", "off-by-one", _MASK + '''
+        Mistake("off by one: window + 1 keys (>= against >)", "off-by-one", _MASK + '''
     return (j <= p) & (j >= p - window)
-'''),
-        ("off by one: window - 1 keys", "off-by-one", _MASK + '''
+''', message="each query sees window + 1 keys: " + _OFF_BY_ONE, aspect="square masks"),
+        Mistake("off by one: window - 1 keys", "off-by-one", _MASK + '''
     return (j <= p) & (j > p - window + 1)
-'''),
-        ("top-left alignment", "top-left", _MASK + '''
+''', message="each query sees window - 1 keys: " + _OFF_BY_ONE, aspect="square masks"),
+        Mistake("top-left alignment", "top-left", _MASK + '''
     p = torch.arange(n_queries, device=device)[:, None]
     return (j <= p) & (j > p - window)
-'''),
-        ("the first window keys (wrong end)", "wrong end", _MASK + '''
+''', message=("the mask is aligned top-left (query i at position i). With n_keys > n_queries the queries are the "
+                 "last n_queries positions: query i sits at p = i + n_keys - n_queries; align it bottom-right"),
+            aspect="more keys than queries"),
+        Mistake("the first window keys (wrong end)", "wrong end", _MASK + '''
     return (j <= p) & (j < window)
-'''),
-        ("the window anchored at the last key (wrong end)", "wrong end", _MASK + '''
+''', message=("the window is counted from the wrong end: it keeps the first window keys. Query i at position p "
+                 "sees the window keys that END at p, p - window < j <= p"), aspect="square masks"),
+        Mistake("the window anchored at the last key (wrong end)", "wrong end", _MASK + '''
     return (j <= p) & (j > n_keys - 1 - window)
-'''),
-        ("no causal part: a band on both sides", "causal", _MASK + '''
+''', message=("the window is counted from the wrong end: it is anchored at the last key instead of at each "
+                 "query's own position p; query i sees p - window < j <= p"), aspect="square masks"),
+        Mistake("no causal part: a band on both sides", "causal", _MASK + '''
     return (j - p).abs() < window
-'''),
+''', message="the causal part is missing: a query may never see a later key (j <= p)", aspect="square masks"),
         ("no ValueError for window < 1", "ValueError", '''
 def sliding_window_mask(n_queries, window, n_keys=None, device=None):
     n_keys = n_queries if n_keys is None else n_keys
@@ -430,14 +437,22 @@ def absorbed_attention(mla, x, latents):
         out = out + mla.out_proj.bias
     return out
 '''),
-        ("W_uk folded without the transpose", "transpose", _abs(_abs_scores(q_latent="q @ w_uk.transpose(1, 2)"))),
-        ("the scale applied twice", "twice", _abs(_abs_scores(scale="/ math.sqrt(Dh) / math.sqrt(Dh)"))),
-        ("the scale uses d_latent", "d_latent", _abs(_abs_scores(scale="/ math.sqrt(L)"))),
-        ("v_up and out_proj folded in the wrong order", "order", _abs(_abs_scores(fold='''
+        Mistake("W_uk folded without the transpose", "transpose", _abs(_abs_scores(q_latent="q @ w_uk.transpose(1, 2)")),
+                message=("W_uk is folded into the queries without the transpose: k_h = c @ W_uk^h.T with W_uk^h = "
+                         "k_up.weight[h*Dh:(h+1)*Dh] (Dh, d_latent), so q_h k_h^T = (q_h @ W_uk^h) c^T"), aspect="values"),
+        Mistake("the scale applied twice", "twice", _abs(_abs_scores(scale="/ math.sqrt(Dh) / math.sqrt(Dh)")),
+                message="the scale is applied twice: divide the scores by sqrt(head_dim) once", aspect="values"),
+        Mistake("the scale uses d_latent", "d_latent", _abs(_abs_scores(scale="/ math.sqrt(L)")),
+                message=("the absorbed scores are scaled by 1/sqrt(d_latent): the scale is 1/sqrt(head_dim), as in the "
+                         "unabsorbed form"), aspect="values"),
+        Mistake("v_up and out_proj folded in the wrong order", "order", _abs(_abs_scores(fold='''
     folded = w_o.permute(1, 2, 0).transpose(1, 2) @ w_uv
     out = torch.einsum("bhtl,hle->bte", o_latent, folded)
-'''))),
-        ("no causal mask", "causal", _abs(_abs_scores(mask=False))),
+''')), message=("v_up and out_proj are folded in the wrong order: the output is o_latent_h @ W_uv^h.T @ "
+                  "out_proj.weight[:, h*Dh:(h+1)*Dh].T (v_up first, then out_proj)"), aspect="values"),
+        Mistake("no causal mask", "causal", _abs(_abs_scores(mask=False)),
+                message="the new tokens attend to every latent: the causal mask (bottom-right) still applies",
+                aspect="values"),
         ("a (Tk, Tk) causal mask, sliced to its last T rows", "mask is (Tk, Tk)", _ABS_HEAD.replace(
             "torch.ones(T, Tk, dtype=torch.bool, device=x.device).tril(diagonal=Tk - T)",
             "torch.ones(Tk, Tk, dtype=torch.bool, device=x.device).tril()[Tk - T:]") + _abs_scores() + _ABS_BIAS),
@@ -446,11 +461,13 @@ def absorbed_attention(mla, x, latents):
         ("one head's keys at a time, in a buffer reserved before the call", "memory", _abs_in_buffer(128)),
         *[(f"one head's keys at a time, in a {mb} MiB buffer reserved before the call", "memory", _abs_in_buffer(mb))
           for mb in (256, 400)],
-        ("v_up's bias dropped", "bias", _abs(_abs_scores(), bias='''
+        Mistake("v_up's bias dropped", "bias", _abs(_abs_scores(), bias='''
     if mla.out_proj.bias is not None:
         out = out + mla.out_proj.bias
     return out
-''')),
+'''),
+                message=("v_up's bias is missing: it adds b_uv to every value, and the weights of a row sum to 1, so it "
+                         "passes through out_proj: add v_up.bias @ out_proj.weight.T"), aspect="bias"),
     ],
 }
 
