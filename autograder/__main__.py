@@ -222,10 +222,11 @@ def _outputs(args):
     """The adapters' writers that follow grade's and merge's reports; UsageError, before any work,
     for a --gradebook that could not be written."""
     from autograder.adapters import report_outputs
-    from autograder.adapters.gradebook import check_gradebook
+    from autograder.adapters.gradebook import check_gradebook, check_same_gradebook
     from autograder.adapters.roster import load_roster, stored_roster
 
     check_gradebook(args.gradebook)
+    check_same_gradebook(args.out, args.gradebook)
     roster = load_roster(args.roster) if getattr(args, "roster", None) else \
         stored_roster(getattr(args, "submissions", None))   # the roster collect kept, when there is one
     return report_outputs(args.gradebook, args.course_root, roster, args.written)

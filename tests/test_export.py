@@ -160,6 +160,13 @@ def test_the_gradebooks_manual_scores_reach_the_export_and_totals(term, capsys):
         write(term / "RESULTS", results, [])
     rows = {r["student"]: r for r in csv.DictReader(open(term / "RESULTS/totals.csv", newline=""))}
     assert (rows["carol"]["total"], rows["bob"]["total"], rows["alice"]["total"]) == ("4", "11", "12.5")
+    # A later grade into RESULTS without --gradebook would rewrite totals.csv and the feedback without those
+    # scores: it is refused before any work, naming the flag, and totals.csv keeps them.
+    before = (term / "RESULTS/totals.csv").read_text()
+    for command in (["grade", str(term / "SUBMISSIONS"), "--written", "--resume"], ["merge", str(term / "RESULTS")]):
+        assert main(command + ["--out", str(term / "RESULTS")]) == 2
+        assert f"holds the manual scores of --gradebook {db.resolve()}: pass --gradebook" in capsys.readouterr().err
+    assert (term / "RESULTS/totals.csv").read_text() == before
 
 
 def test_a_stale_override_is_named_and_the_flag_chooses_whether_it_wins(term, capsys):

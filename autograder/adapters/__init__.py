@@ -25,7 +25,7 @@ from autograder import notebook as nbk
 from autograder.report import write_feedback
 from autograder.adapters.classreport import write_report
 from autograder.adapters.export import write_totals
-from autograder.adapters.gradebook import read_reviews, update_gradebook
+from autograder.adapters.gradebook import read_reviews, remember_gradebook, update_gradebook
 
 
 def report_outputs(gradebook=None, course_root=None, roster=None, written=False):
@@ -42,6 +42,7 @@ def report_outputs(gradebook=None, course_root=None, roster=None, written=False)
         update_gradebook(gradebook, results, tests, course_root)
         reviews.update(read_reviews(gradebook))   # after the update: stale overrides are marked (kept, as nbgrader does)
         write_feedback(out, results, reviews, written)
+        remember_gradebook(out, gradebook)   # a later run without --gradebook is refused (check_same_gradebook)
     return ([to_gradebook] if gradebook else []) + [
         lambda out, results, warnings: write_totals(out, results, roster=roster, reviews=reviews, written=written),
         lambda out, results, warnings: write_report(out, results, warnings=warnings, reviews=reviews)]

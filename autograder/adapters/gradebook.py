@@ -22,7 +22,10 @@ from importlib.util import find_spec
 from pathlib import Path
 
 from autograder import notebook as nbk
-from autograder.results import UsageError
+from autograder.results import STORE, UsageError, write_atomic
+
+# RESULTS/.results/gradebook.txt: the gradebook whose manual scores RESULTS's totals.csv and feedback pages hold
+GRADEBOOK_FILE = "gradebook.txt"
 
 
 def check_gradebook(gradebook):
@@ -37,6 +40,21 @@ def check_gradebook(gradebook):
         raise UsageError(f"--gradebook {gradebook}: the folder {path.parent} does not exist (create it first)")
     if find_spec("nbgrader") is None:
         raise UsageError("--gradebook needs nbgrader: pip install 'nbgrader>=0.9,<0.10' (or the course's [dev] extra)")
+
+
+def check_same_gradebook(out, gradebook):
+    """UsageError, before any work, when RESULTS (out) was last written with a gradebook and this run names
+    none: rewriting totals.csv and the feedback pages without it would silently drop the TAs' manual scores."""
+    path = Path(out) / STORE / GRADEBOOK_FILE
+    before = path.read_text(encoding="utf-8").strip() if path.is_file() else ""
+    if before and not gradebook:
+        raise UsageError(f"{out} holds the manual scores of --gradebook {before}: pass --gradebook {before} again "
+                         f"(or delete {path} to rewrite it without them)")
+
+
+def remember_gradebook(out, gradebook):
+    """Record in RESULTS (out) the gradebook its totals.csv and feedback pages now hold (check_same_gradebook)."""
+    write_atomic(Path(out) / STORE / GRADEBOOK_FILE, f"{Path(gradebook).resolve()}\n")
 
 
 @dataclass
