@@ -399,6 +399,7 @@ def test_written_questions_count_only_with_written_and_wait_for_a_manual_score()
     assert "<b>6 / 8</b>" in pages["on"] and ">needs grading<" in pages["on"] and "not graded yet (why_scale)" in pages["on"]
     assert "<b>7.5 / 8</b>" in pages["on, graded"] and "scored by hand: 1.5" in pages["on, graded"] \
         and "not graded yet" not in pages["on, graded"]
+    assert ">graded<" in pages["on, graded"] and "needs grading" not in pages["on, graded"], "a TA scored it"
 
 
 def test_a_manual_score_on_a_test_is_said_on_the_feedback_page():
