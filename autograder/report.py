@@ -119,7 +119,7 @@ def feedback_page(r, review=None, written=False):
     written they count (a manual score, or 'needs grading' and the total so far), without it they do not.
     Every text is stored cleaned and capped (results.clean), and escaped here."""
     e = html.escape
-    manual, extra = (review.manual, review.extra) if review else ({}, {})
+    manual, extra, stale = (review.manual, review.extra, review.stale) if review else ({}, {}, ())
     counted = r.written if written else ()
     got = sum(manual.get(t.test, t.points) for t in r.tests) + sum(manual.get(w.question, 0.0) for w in counted) \
         + sum(extra.get(t.test, 0.0) for t in r.tests) + sum(extra.get(w.question, 0.0) for w in counted)
@@ -128,6 +128,7 @@ def feedback_page(r, review=None, written=False):
 
     def by_hand(name, points):
         said = f"scored by hand: {manual[name]:g}" + (f" (the grader gave {points:g})" if points is not None else "") \
+            + (", before your work last changed: to be reviewed again (stale)" if name in stale else "") \
             if name in manual else ""
         return "; ".join(filter(None, [said, f"extra credit: +{extra[name]:g}" if extra.get(name) else ""]))
 

@@ -177,6 +177,13 @@ def test_a_stale_override_is_named_and_the_flag_chooses_whether_it_wins(term, ca
     update_gradebook(db, [regraded], {"01_attention": TESTS["01_attention"]}, term / "course")
     assert read_reviews(db)["carol", "01_attention"].stale == ["test_scaled_dot_product_attention"]
     assert read_reviews(db)["bob", "01_attention"].stale == [], "a regrade that changes nothing keeps it fresh"
+    # grade --gradebook (its writer after the regrade) warns as export does, and carol's page says it is stale.
+    from autograder.adapters import report_outputs
+    report_outputs(gradebook=db, course_root=term / "course")[0](term / "RESULTS", load_results(term / "RESULTS"), [])
+    assert "warning: stale manual scores" in capsys.readouterr().err
+    page = (term / "RESULTS/feedback/carol/01_attention.html").read_text()
+    assert "scored by hand: 2 (the grader gave 3), before your work last changed: to be reviewed again (stale)" in page
+    assert "stale" not in (term / "RESULTS/feedback/bob/01_attention.html").read_text()
     out = ["export", str(term / "RESULTS"), "--format", "csv", "--out", str(term / "scores.csv"), "--gradebook", str(db)]
     for extra, total, verb in (([], "4", "kept"), (["--stale-overrides", "drop"], "5", "dropped")):
         assert main(out + extra) == 0

@@ -21,10 +21,12 @@ LMS's collect and export; canvas.py, moodle.py and exchange.py, read by collect;
 the gradebook's update). tests/test_layout.py
 checks the imports.
 """
+import sys
+
 from autograder import notebook as nbk
 from autograder.report import write_feedback
 from autograder.adapters.classreport import write_report
-from autograder.adapters.export import write_totals
+from autograder.adapters.export import score, stale_warning, write_totals
 from autograder.adapters.gradebook import read_reviews, remember_gradebook, update_gradebook
 
 
@@ -43,6 +45,9 @@ def report_outputs(gradebook=None, course_root=None, roster=None, written=False)
         reviews.update(read_reviews(gradebook))   # after the update: stale overrides are marked (kept, as nbgrader does)
         write_feedback(out, results, reviews, written)
         remember_gradebook(out, gradebook)   # a later run without --gradebook is refused (check_same_gradebook)
+        for line in stale_warning([f"{r.student} {r.lesson} {t}" for r in results
+                                   for t in score(r, reviews.get((r.student, r.lesson)), written=written).stale]):
+            print(f"warning: {line}", file=sys.stderr)   # as export warns: the scores it sends are the same
     return ([to_gradebook] if gradebook else []) + [
         lambda out, results, warnings: write_totals(out, results, roster=roster, reviews=reviews, written=written),
         lambda out, results, warnings: write_report(out, results, warnings=warnings, reviews=reviews)]

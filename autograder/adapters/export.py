@@ -159,6 +159,15 @@ def totals_columns(lessons, scores, detail=False):
         + (["flags"] if detail or flagged(scores) else [])
 
 
+def stale_warning(stale, drop_stale=False):
+    """[the warning line] naming the stale manual scores ("student lesson test" each), or [] when there are none."""
+    if not stale:
+        return []
+    return [f"stale manual scores (the autograded result or the written answer changed since they were made; review "
+            f"them in formgrader), {'dropped: the new result counts' if drop_stale else 'kept: they still win (export --stale-overrides drop to use the new result)'}: "
+            f"{', '.join(stale)}"]
+
+
 def write_totals(out, results, refused=None, roster=None, blank_missing=False, reviews=None, drop_stale=False,
                  written=False):
     """RESULTS/totals.csv: one row per student (every roster student, with a roster), a column per lesson,
@@ -461,11 +470,7 @@ def export(out, results, fmt, dest, roster=None, gradebook=None, deadlines=(), p
         warnings.append(f"never handed in, {'left blank' if blank_missing else 'counted as 0'}: {', '.join(missing)}")
     if roster and fmt == "csv" and (outside := sorted(set(students) - {r["student"] for r in roster.rows})):
         warnings.append(f"not in the roster, kept: {', '.join(outside)}")
-    stale = [f"{s} {lsn} {t}" for (s, lsn), sc in sorted(scores.items()) for t in sc.stale]
-    if stale:
-        warnings.append(f"stale manual scores (the autograded result or the written answer changed since they were "
-                        f"made; review them in formgrader), {'dropped: the new result counts' if drop_stale else 'kept: they still win (--stale-overrides drop to use the new result)'}: "
-                        f"{', '.join(stale)}")
+    warnings += stale_warning([f"{s} {lsn} {t}" for (s, lsn), sc in sorted(scores.items()) for t in sc.stale], drop_stale)
     if penalties:
         write_atomic(Path(out) / PENALTIES, csv_text(penalties, list(penalties[0])))
     write_totals(out, results, refused, roster, blank_missing, reviews, drop_stale, written)

@@ -127,11 +127,12 @@ def update_gradebook(db_path, results, tests, course_root=None):
             for t in r.tests:
                 grade = next(g for g in notebook.grades if g.name == t.test)
                 # A manual score made against another autograded result is stale until a TA saves one again
-                # (formgrader clears needs_manual_grade then); the grader could not decide a grader_error.
+                # (formgrader clears needs_manual_grade then); the grader could not decide a grader_error, which a
+                # TA's manual score decides (still fresh at the next regrade if the grader fails on it again).
                 changed = grade.auto_score is not None and abs(grade.auto_score - t.points) > 1e-9
                 stale = grade.manual_score is not None and (changed or bool(grade.needs_manual_grade))
                 grade.auto_score = t.points
-                grade.needs_manual_grade = t.grader_error or stale
+                grade.needs_manual_grade = (t.grader_error and grade.manual_score is None) or stale
             # Before write_autograded replaces the answers the TAs graded: which ones the resubmission changed.
             changed = changed_answers(course_root, r, nbk.read(nbk.lesson_path(r.lesson))) if r.written else set()
             for w in r.written:   # formgrader lists it until a TA saves a score (which clears the mark)
