@@ -90,7 +90,7 @@ def write_all(out, expected=(), gradescope=False, outputs=(), problems=None, war
 
 STYLE = """body{font-family:system-ui,sans-serif;max-width:52rem;margin:2rem auto;padding:0 1rem;color:#222}
 table{border-collapse:collapse;width:100%}td,th{border-bottom:1px solid #ddd;padding:.5rem;text-align:left;
-vertical-align:top}.passed,.graded{color:#1a7f37}.failed,.error{color:#cf222e}.missing,.needs-grading{color:#9a6700}
+vertical-align:top}.passed,.graded{color:#1a7f37}.failed,.error{color:#cf222e}.missing,.needs-grading,.unanswered{color:#9a6700}
 .note{background:#fff8c5;padding:.5rem 1rem;border-radius:4px}code{background:#f6f8fa;padding:0 .2rem}
 .msg{white-space:pre-line}ul.aspects{margin:.3rem 0 0;padding-left:1.2rem}"""
 
@@ -143,7 +143,7 @@ def feedback_page(r, review=None, written=False):
                    for t in r.tests)
     # A written question a TA has scored is graded: its stored status (needs grading) is the grader's, made before.
     rows += "".join(row(w.question, ("graded" if w.question in manual else w.status) if written else "not counted",
-                        None, w.max_points,
+                        0.0 if w.status == store.UNANSWERED else None, w.max_points,
                         f"Written question: {w.message}" + ("" if written else
                                                             " (read by your instructor; it does not count)"))
                     for w in r.written)

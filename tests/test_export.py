@@ -409,6 +409,28 @@ def test_written_questions_count_only_with_written_and_wait_for_a_manual_score()
     assert ">graded<" in pages["on, graded"] and "needs grading" not in pages["on, graded"], "a TA scored it"
 
 
+def test_an_unanswered_written_question_scores_0_without_waiting_and_a_ta_may_still_score_it(tmp_path):
+    """Left as released: the lesson is scored at once (0 for it, flagged), formgrader does not list it as needing a
+    grade (nbgrader's own autograde scores an unchanged answer 0), the page says so; a TA's score still wins."""
+    from autograder.adapters.gradebook import Review, _open, update_gradebook
+    from autograder.report import feedback_page
+
+    r = Result.from_json(with_written(result("alice", "01_attention", [2, 1, 3]), status="unanswered"))
+    blank, scored = score(r, written=True), score(r, Review(manual={"why_scale": 1.0}), written=True)
+    assert (blank.points, blank.max_points, blank.pending, blank.flag) == (6, 8, [], "unanswered (0): why_scale")
+    assert (scored.points, scored.flag) == (7, "manual: why_scale")
+    page = feedback_page(r, written=True)
+    assert "<b>6 / 8</b>" in page and ">unanswered<" in page and "0 / 2" in page and "not graded yet" not in page
+    from autograder.adapters.classreport import written_lines
+    assert written_lines([r], {}, "01_attention", True) == ["Written question why_scale: 0/0 graded; unanswered (0): "
+                                                             "1 student (alice)"]
+    tests = {"01_attention": TESTS["01_attention"] + [("why_scale", 2)]}
+    update_gradebook(tmp_path / "gradebook.db", [r], tests, tmp_path / "course")
+    with _open(tmp_path / "gradebook.db") as gb:
+        g = gb.find_grade("why_scale", "01_attention", "01_attention", "alice")
+        assert (g.auto_score, g.needs_manual_grade, g.score) == (0, False, 0)
+
+
 def test_a_manual_score_on_a_test_is_said_on_the_feedback_page():
     from autograder.adapters.gradebook import Review
     from autograder.report import feedback_page
@@ -431,8 +453,9 @@ def test_written_questions_are_stored_with_the_result_and_a_bad_one_refused(tmp_
 
 
 def test_the_grader_carries_each_written_question_as_needs_grading():
-    """grade reads each written question of the lesson from the notebook: answered, still the stub, or its cell
-    gone; each needs grading (a person decides, never a silent 0); without a notebook, the status given."""
+    """grade reads each written question of the lesson from the notebook: answered, or its cell gone, needs
+    grading (a person decides, never a silent 0); still the stub, unanswered (0 unless a TA scores it); without a
+    notebook, the status given."""
     from autograder import notebook as nbk
     from autograder.grade import written_rows
     from autograder.release import student_copy
@@ -440,13 +463,15 @@ def test_the_grader_carries_each_written_question_as_needs_grading():
     lesson = "03_multi_head"
     nb = student_copy(nbk.read(nbk.lesson_path(lesson)))
     [(question, points)] = nbk.lesson_written(lesson)
-    assert points == 2 and written_rows(lesson, nb) == [dict(question=question, max_points=2.0, status="needs grading",
-        message="not answered: its cell still holds YOUR ANSWER HERE; graded by a person")]
+    assert points == 2 and written_rows(lesson, nb) == [dict(question=question, max_points=2.0, status="unanswered",
+        message="not answered: its cell still holds YOUR ANSWER HERE; 0 points unless your instructor scores it")]
     cell = next(c for c in nb["cells"] if nbk.is_written(c))
     nbk.set_source(cell, "Eight distributions per position.")
     assert written_rows(lesson, nb)[0]["message"] == "answered; graded by a person"
+    assert written_rows(lesson, nb)[0]["status"] == "needs grading"
     cell["metadata"] = {}
     assert written_rows(lesson, nb)[0]["message"].startswith("its answer cell is not in your notebook")
+    assert written_rows(lesson, nb)[0]["status"] == "needs grading", "the answer may be in another cell: a person looks"
     assert written_rows(lesson, None, "missing", "not submitted") == [
         dict(question=question, max_points=2.0, status="missing", message="not submitted")]
 

@@ -28,7 +28,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from autograder import notebook as nbk
-from autograder.results import NEEDS_GRADING, write_atomic
+from autograder.results import NEEDS_GRADING, UNANSWERED, write_atomic
 
 REPORT = "report.html"
 MIN_ANSWER_CHARS = 80      # of the student's own code, spaces aside: `return x.sum(-1)` says nothing
@@ -248,15 +248,18 @@ def manual_lines(reviews, lesson, names):
 
 def written_lines(results, reviews, lesson, names):
     """A line per written question of a lesson: how many answers are graded (a manual score in the gradebook's
-    reviews) and who still waits for a grade (needs grading)."""
+    reviews) and who still waits for a grade (needs grading); those left unanswered (0 unless a TA scores them)."""
     lines = []
     rows = [(r.student, w) for r in results if r.lesson == lesson for w in r.written]
     for question in dict.fromkeys(w.question for _, w in rows):
         answered = [s for s, w in rows if w.question == question and w.status == NEEDS_GRADING]
         waiting = [s for s in answered if question not in getattr(reviews.get((s, lesson)), "manual", {})]
+        blank = [s for s, w in rows if w.question == question and w.status == UNANSWERED]
         lines.append(f"Written question {question}: {len(answered) - len(waiting)}/{len(answered)} graded"
                      + (f"; {NEEDS_GRADING}: {plural(len(waiting), 'answer')}" if waiting else "")
-                     + (f" ({', '.join(waiting)})" if waiting and names else ""))
+                     + (f" ({', '.join(waiting)})" if waiting and names else "")
+                     + (f"; {UNANSWERED} (0): {plural(len(blank), 'student')}" if blank else "")
+                     + (f" ({', '.join(blank)})" if blank and names else ""))
     return lines
 
 

@@ -35,7 +35,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from autograder.results import NEEDS_GRADING, UsageError, csv_text, read_timestamp, write_atomic
+from autograder.results import NEEDS_GRADING, UNANSWERED, UsageError, csv_text, read_timestamp, write_atomic
 from autograder.adapters.gradebook import Review
 from autograder.adapters.roster import squash
 
@@ -90,6 +90,8 @@ def score(result, review=None, drop_stale=False, written=False):
     flags += [f"stale override {'dropped' if drop_stale else 'kept'}: {t}" for t in sorted(review.stale) if t in tests]
     flags += [f"extra credit: {t}" for t in sorted(review.extra) if t in tests]
     flags += [f"{NEEDS_GRADING}: {', '.join(pending)}"] if pending else []
+    unanswered = [w.question for w in questions if w.status == UNANSWERED and w.question not in manual]
+    flags += [f"{UNANSWERED} (0): {', '.join(unanswered)}"] if unanswered else []
     return Score(points, result.max_points + sum(w.max_points for w in questions), regrade, result.submitted,
                  raw=points, flag="; ".join(flags), stale=sorted(t for t in review.stale if t in tests), pending=pending)
 

@@ -3,7 +3,7 @@ formgrader show the scores the grader decided; and the autograded notebooks form
 (formgrader.py). Student code never touches either.
 
 The grader owns every grade's auto_score; a written question (a markdown answer) has none: it needs a
-manual grade until a TA saves one in formgrader, and read_reviews reads that score like any other. An
+manual grade until a TA saves one in formgrader (one left unanswered scores an auto_score of 0 and needs none), and read_reviews reads that score like any other. An
 instructor's review (manual_score, extra credit, comments, made in formgrader or through nbgrader.api) is
 never touched: a regrade or a --resume keeps it, and nbgrader shows it in place of the auto_score.
 
@@ -22,7 +22,7 @@ from importlib.util import find_spec
 from pathlib import Path
 
 from autograder import notebook as nbk
-from autograder.results import STORE, UsageError, write_atomic
+from autograder.results import STORE, UNANSWERED, UsageError, write_atomic
 
 # RESULTS/.results/gradebook.txt: the gradebook whose manual scores RESULTS's totals.csv and feedback pages hold
 GRADEBOOK_FILE = "gradebook.txt"
@@ -137,8 +137,12 @@ def update_gradebook(db_path, results, tests, course_root=None):
             changed = changed_answers(course_root, r, nbk.read(nbk.lesson_path(r.lesson))) if r.written else set()
             for w in r.written:   # formgrader lists it until a TA saves a score (which clears the mark)
                 grade = next(g for g in notebook.grades if g.name == w.question)
-                grade.needs_manual_grade = grade.manual_score is None or bool(grade.needs_manual_grade) \
-                    or w.question in changed
+                # Unanswered: 0 without a TA, as nbgrader's autograde scores an unchanged answer; a TA may still score it.
+                grade.auto_score = 0.0 if w.status == UNANSWERED else None
+                if grade.manual_score is None:
+                    grade.needs_manual_grade = w.status != UNANSWERED
+                else:
+                    grade.needs_manual_grade = bool(grade.needs_manual_grade) or w.question in changed
             gb.db.commit()
     write_autograded(course_root, results)
 
