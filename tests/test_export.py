@@ -214,6 +214,11 @@ def test_merge_writes_totals_for_every_roster_student(term, capsys):
     rows = {r["student"]: r for r in csv.DictReader(open(term / "MERGED/totals.csv", newline=""))}
     assert set(rows) == {"alice", "bob", "carol", "dave"} and rows["dave"]["total"] == "0"
     assert "never handed in" in rows["dave"]["flags"]
+    # merge's (and grade's) summary line counts as totals.csv does: dave's 14 in the maximum, and the lessons to grade
+    # again (this partial merge's gaps) left out, where it summed the stored results' points whatever totals.csv said.
+    assert (sum(float(r["total"]) for r in rows.values()), sum(float(r["max_points"]) for r in rows.values())) == (0, 14)
+    assert "holds 6 results (3 students), 0/14 points in totals.csv (6 lesson scores left out: still to grade, or " \
+           "to grade again)" in capsys.readouterr().out
 
 
 def test_canvas_import_layout(term, capsys):

@@ -17,7 +17,7 @@ report.results_json, grade.grade):
 The core never imports an adapter: `python -m autograder` dispatches to them lazily, and hands grade
 and merge the writers of report_outputs() below, which report.write_all calls after the core's files.
 Adapters import one another only where one outside system spans two modules (roster.py, shared by the
-LMS's collect and export; canvas.py, moodle.py and exchange.py, read by collect; formgrader.py, written by
+LMS's collect and export; export.py's counting of scores, which the class report's sections share; canvas.py, moodle.py and exchange.py, read by collect; formgrader.py, written by
 the gradebook's update). tests/test_layout.py
 checks the imports.
 """
@@ -50,4 +50,4 @@ def report_outputs(gradebook=None, course_root=None, roster=None, written=False)
             print(f"warning: {line}", file=sys.stderr)   # as export warns: the scores it sends are the same
     return ([to_gradebook] if gradebook else []) + [
         lambda out, results, warnings: write_totals(out, results, roster=roster, reviews=reviews, written=written),
-        lambda out, results, warnings: write_report(out, results, warnings=warnings, reviews=reviews)]
+        lambda out, results, warnings: write_report(out, results, warnings=warnings, reviews=reviews, written=written)]
