@@ -167,6 +167,11 @@ def test_the_gradebooks_manual_scores_reach_the_export_and_totals(term, capsys):
         assert main(command + ["--out", str(term / "RESULTS")]) == 2
         assert f"holds the manual scores of --gradebook {db.resolve()}: pass --gradebook" in capsys.readouterr().err
     assert (term / "RESULTS/totals.csv").read_text() == before
+    # A RESULTS that does not remember its gradebook (an export --gradebook wrote the hand scores into totals.csv, or
+    # an older grade did): its totals.csv's flags say so, and grade without --gradebook is refused the same way.
+    (term / "RESULTS/.results/gradebook.txt").unlink()
+    assert main(["grade", str(term / "SUBMISSIONS"), "--written", "--resume", "--out", str(term / "RESULTS")]) == 2
+    assert "totals.csv holds manual scores from a gradebook: pass --gradebook" in capsys.readouterr().err
 
 
 def test_a_stale_override_is_named_and_the_flag_chooses_whether_it_wins(term, capsys):

@@ -22,7 +22,7 @@ from importlib.util import find_spec
 from pathlib import Path
 
 from autograder import notebook as nbk
-from autograder.results import STORE, UNANSWERED, UsageError, write_atomic
+from autograder.results import STORE, UNANSWERED, UsageError, read_csv, write_atomic
 
 # RESULTS/.results/gradebook.txt: the gradebook whose manual scores RESULTS's totals.csv and feedback pages hold
 GRADEBOOK_FILE = "gradebook.txt"
@@ -50,6 +50,11 @@ def check_same_gradebook(out, gradebook):
     if before and not gradebook:
         raise UsageError(f"{out} holds the manual scores of --gradebook {before}: pass --gradebook {before} again "
                          f"(or delete {path} to rewrite it without them)")
+    totals = Path(out) / "totals.csv"   # written by an export --gradebook, or before RESULTS remembered its gradebook
+    if not gradebook and totals.is_file() and any(
+            "manual: " in row.get("flags", "") or "extra credit: " in row.get("flags", "") for row in read_csv(totals)):
+        raise UsageError(f"{totals} holds manual scores from a gradebook: pass --gradebook with that gradebook "
+                         f"(or delete {totals} to rewrite it without them)")
 
 
 def remember_gradebook(out, gradebook):
