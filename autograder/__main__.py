@@ -115,6 +115,7 @@ def main(argv=None):
     rp.add_argument("--no-names", action="store_true", help="leave students' names out (for a projector)")
     rp.add_argument("--roster", metavar="CSV", help="student, section: adds each lesson's scores per section")
     rp.add_argument("--gradebook", metavar="DB", help="nbgrader's gradebook: names its manual scores and stale ones")
+    rp.add_argument("--written", action="store_true", help=WRITTEN_HELP)
 
     s = sub.add_parser("sync", help="rewrite the notebooks' solution and hidden-test cells from solutions/")
     s.add_argument("--lesson", action="append", choices=list(LESSONS))
@@ -222,10 +223,11 @@ def _outputs(args):
     """The adapters' writers that follow grade's and merge's reports; UsageError, before any work,
     for a --gradebook that could not be written."""
     from autograder.adapters import report_outputs
-    from autograder.adapters.gradebook import check_gradebook
+    from autograder.adapters.gradebook import check_gradebook, check_same_gradebook
     from autograder.adapters.roster import load_roster, stored_roster
 
     check_gradebook(args.gradebook)
+    check_same_gradebook(args.out, args.gradebook)
     roster = load_roster(args.roster) if getattr(args, "roster", None) else \
         stored_roster(getattr(args, "submissions", None))   # the roster collect kept, when there is one
     return report_outputs(args.gradebook, args.course_root, roster, args.written)
@@ -300,7 +302,8 @@ def _term(args):
                         for (s, lsn), why in sorted(refused.items()) if lsn in LESSONS]
             sections = {r["student"]: r["section"] for r in roster.rows} if roster and "section" in roster.columns else None
             path = write_report(args.results, results, args.submissions, term.lines + stale, not args.no_names, sections,
-                                [r["student"] for r in roster.rows] if roster else None, _reviews(args.gradebook))
+                                [r["student"] for r in roster.rows] if roster else None, _reviews(args.gradebook),
+                                args.written)
             print(f"wrote {path}")
             return 1 if refused or stale else 0
         from autograder.adapters.export import export
@@ -326,11 +329,18 @@ def _reviews(gradebook):
 
 
 def _summary(out, results):
-    got = sum(r.points for r in results)
-    full = sum(r.max_points for r in results)
+    """The run's last line: its points are totals.csv's (the export's counting: manual scores, written questions,
+    roster students who never submitted), summed, so the two never disagree."""
+    from autograder.results import read_csv
+
+    rows = read_csv(Path(out) / "totals.csv")
+    got, full = (sum(float(r[c] or 0) for r in rows) for c in ("total", "max_points"))
+    waiting = sum(v in ("needs grading", "") for r in rows for k, v in r.items()
+                  if k not in ("student", "total", "max_points", "percentage", "regrade", "flags"))
     students = len({r.student for r in results})
-    print(f"{out} holds {len(results)} results ({students} students), {got:g}/{full:g} points; "
-          f"wrote {out}/grades.csv, totals.csv, report.html and feedback/")
+    print(f"{out} holds {len(results)} results ({students} students), {got:g}/{full:g} points in totals.csv"
+          + (f" ({waiting} lesson scores left out: still to grade, or to grade again)" if waiting else "")
+          + f"; wrote {out}/grades.csv, totals.csv, report.html and feedback/")
     if any(r.grader_errors for r in results):
         print(f"the grader itself failed on some tests (status error): see {out}/grader-errors.log", file=sys.stderr)
 

@@ -366,22 +366,25 @@ def cell_problem(name, cells, labels, session):
 
 def written_rows(lesson, nb=None, status=None, message=""):
     """The lesson's written questions (nbk.lesson_written) for one submission, as stored (results.WrittenRow):
-    with its notebook nb, each NEEDS_GRADING (a person grades it, whatever is there: never a silent 0), the
-    message saying whether it was answered; without one, each `status` with `message`."""
+    with its notebook nb, each NEEDS_GRADING (a person grades it: never a silent 0), or UNANSWERED when its
+    answer is still the stub or empty (0, said, unless a TA scores it), the message saying which; without one,
+    each `status` with `message`. An answer cell without its metadata needs a person: the answer may be elsewhere."""
     questions = nbk.lesson_written(lesson)
     if nb is None:
         return [dict(question=q, max_points=p, status=status, message=message) for q, p in questions]
     answers = {nbk.grade_id(c): nbk.source(c) for c in nb["cells"] if nbk.is_written(c)}
     rows = []
     for q, p in questions:
-        text = answers.get(q)
+        text, status = answers.get(q), store.NEEDS_GRADING
         if text is None:
-            said = "its answer cell is not in your notebook (deleted, or its nbgrader metadata lost)"
+            said = "its answer cell is not in your notebook (deleted, or its nbgrader metadata lost); graded by a person"
         elif not text.strip() or nbk.TEXT_STUB in text:
-            said = f"not answered: its cell still holds {nbk.TEXT_STUB}" if text.strip() else "not answered: its cell is empty"
+            status = store.UNANSWERED
+            said = (f"not answered: its cell still holds {nbk.TEXT_STUB}" if text.strip() else
+                    "not answered: its cell is empty") + "; 0 points unless your instructor scores it"
         else:
-            said = "answered"
-        rows.append(dict(question=q, max_points=p, status=store.NEEDS_GRADING, message=f"{said}; graded by a person"))
+            said = "answered; graded by a person"
+        rows.append(dict(question=q, max_points=p, status=status, message=said))
     return rows
 
 

@@ -90,7 +90,7 @@ def write_all(out, expected=(), gradescope=False, outputs=(), problems=None, war
 
 STYLE = """body{font-family:system-ui,sans-serif;max-width:52rem;margin:2rem auto;padding:0 1rem;color:#222}
 table{border-collapse:collapse;width:100%}td,th{border-bottom:1px solid #ddd;padding:.5rem;text-align:left;
-vertical-align:top}.passed{color:#1a7f37}.failed,.error{color:#cf222e}.missing,.needs-grading{color:#9a6700}
+vertical-align:top}.passed,.graded{color:#1a7f37}.failed,.error{color:#cf222e}.missing,.needs-grading,.unanswered{color:#9a6700}
 .note{background:#fff8c5;padding:.5rem 1rem;border-radius:4px}code{background:#f6f8fa;padding:0 .2rem}
 .msg{white-space:pre-line}ul.aspects{margin:.3rem 0 0;padding-left:1.2rem}"""
 
@@ -119,7 +119,7 @@ def feedback_page(r, review=None, written=False):
     written they count (a manual score, or 'needs grading' and the total so far), without it they do not.
     Every text is stored cleaned and capped (results.clean), and escaped here."""
     e = html.escape
-    manual, extra = (review.manual, review.extra) if review else ({}, {})
+    manual, extra, stale = (review.manual, review.extra, review.stale) if review else ({}, {}, ())
     counted = r.written if written else ()
     got = sum(manual.get(t.test, t.points) for t in r.tests) + sum(manual.get(w.question, 0.0) for w in counted) \
         + sum(extra.get(t.test, 0.0) for t in r.tests) + sum(extra.get(w.question, 0.0) for w in counted)
@@ -128,6 +128,7 @@ def feedback_page(r, review=None, written=False):
 
     def by_hand(name, points):
         said = f"scored by hand: {manual[name]:g}" + (f" (the grader gave {points:g})" if points is not None else "") \
+            + (", before your work last changed: to be reviewed again (stale)" if name in stale else "") \
             if name in manual else ""
         return "; ".join(filter(None, [said, f"extra credit: +{extra[name]:g}" if extra.get(name) else ""]))
 
@@ -140,7 +141,9 @@ def feedback_page(r, review=None, written=False):
     rows = "".join(row(t.test, t.status, t.points, t.max_points,
                        "" if t.aspects and t.status == "failed" else t.message, _aspects_html(t))
                    for t in r.tests)
-    rows += "".join(row(w.question, w.status if written else "not counted", None, w.max_points,
+    # A written question a TA has scored is graded: its stored status (needs grading) is the grader's, made before.
+    rows += "".join(row(w.question, ("graded" if w.question in manual else w.status) if written else "not counted",
+                        0.0 if w.status == store.UNANSWERED else None, w.max_points,
                         f"Written question: {w.message}" + ("" if written else
                                                             " (read by your instructor; it does not count)"))
                     for w in r.written)

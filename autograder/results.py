@@ -29,7 +29,8 @@ validated by its from_json, naming the field wrong, and written by its to_json, 
               aspects?: [{aspect, points, max_points, passed, message}], grader_error?: bool}],
      grader_errors?: [traceback str] (our own bugs, for RESULTS/grader-errors.log),
      written?: [{question, max_points, status, message}] (the lesson's written questions, graded by a person:
-               status NEEDS_GRADING when the notebook was read; their scores are the gradebook's, never ours),
+               status NEEDS_GRADING when the notebook was read, UNANSWERED when its answer is still the stub or
+               empty (0 unless a TA scores it); their scores are the gradebook's, never ours),
      digest (HMAC-SHA256, under the results key, of the folder's nonce and the canonical JSON of every
              other field)}
 
@@ -105,7 +106,8 @@ INDEX_FORMAT = "mha-course-results-index/1"
 TIMESTAMP_FILE = "timestamp.txt"
 STATUSES = ("passed", "failed", "error", "missing")
 NEEDS_GRADING = "needs grading"   # a written question answered: a person grades it (nbgrader's gradebook)
-WRITTEN_STATUSES = (NEEDS_GRADING, "missing", "error")   # missing, error: no notebook to read the answer in
+UNANSWERED = "unanswered"   # a written question left as released: 0 without waiting for a person (as nbgrader does)
+WRITTEN_STATUSES = (NEEDS_GRADING, UNANSWERED, "missing", "error")   # missing, error: no notebook to read the answer in
 COLUMNS = ["student", "lesson", "test", "points", "max_points", "status", "message"]
 MESSAGE_CAP, NOTE_CAP, NAME_CAP = 4000, 1000, 200
 MAX_STORED_BYTES = 2 << 20  # a result is a few kB; anything bigger was not written by us

@@ -134,6 +134,25 @@ def test_report_splits_by_roster_section(graded):
     assert "<td class='n'>83%</td><td class='n'>1/3</td>" in (graded / "RESULTS" / "report.html").read_text()
 
 
+
+def test_report_sections_count_as_the_export_does(graded):
+    """A roster student who never submitted counts 0 (as in the export), and a TA's manual score counts: ivan (B)
+    never handed in, dave's manual 6/6 replaces his 3/6. B: dave 100%, erin 100%, frank 4/6, ivan 0."""
+    from autograder.adapters.gradebook import Review
+    from autograder.adapters.export import table
+    from autograder.adapters.roster import Roster
+
+    results = store.load_term(graded / "RESULTS").results
+    sections = {"alice": "A", "bob": "A", "carol": "A", "dave": "B", "erin": "B", "frank": "B", "ivan": "B"}
+    [dave] = [r for r in results if r.student == "dave"]
+    reviews = {("dave", dave.lesson): Review(manual={t.test: t.max_points for t in dave.tests})}
+    rows = {s: (n, round(mean, 1), ok) for s, _, n, mean, ok in classreport.by_section(results, sections, reviews)}
+    assert rows["B"] == (4, 66.7, 1), "dave 100, erin 100, frank 66.7, ivan 0; only erin passed every test"
+    _, _, export = table(results, roster=Roster(rows=[{"student": s} for s in sections]), reviews=reviews)
+    b = [export[s, dave.lesson] for s in sections if sections[s] == "B"]
+    assert round(100 * sum(s.points / s.max_points for s in b) / len(b), 1) == rows["B"][1]
+
+
 def test_report_roster_names_who_never_submitted(graded):
     """ivan and judy are on the roster and never handed the lesson in; --no-names counts them."""
     roster = graded / "roster.csv"

@@ -160,6 +160,18 @@ def test_the_gradebooks_manual_scores_reach_the_export_and_totals(term, capsys):
         write(term / "RESULTS", results, [])
     rows = {r["student"]: r for r in csv.DictReader(open(term / "RESULTS/totals.csv", newline=""))}
     assert (rows["carol"]["total"], rows["bob"]["total"], rows["alice"]["total"]) == ("4", "11", "12.5")
+    # A later grade into RESULTS without --gradebook would rewrite totals.csv and the feedback without those
+    # scores: it is refused before any work, naming the flag, and totals.csv keeps them.
+    before = (term / "RESULTS/totals.csv").read_text()
+    for command in (["grade", str(term / "SUBMISSIONS"), "--written", "--resume"], ["merge", str(term / "RESULTS")]):
+        assert main(command + ["--out", str(term / "RESULTS")]) == 2
+        assert f"holds the manual scores of --gradebook {db.resolve()}: pass --gradebook" in capsys.readouterr().err
+    assert (term / "RESULTS/totals.csv").read_text() == before
+    # A RESULTS that does not remember its gradebook (an export --gradebook wrote the hand scores into totals.csv, or
+    # an older grade did): its totals.csv's flags say so, and grade without --gradebook is refused the same way.
+    (term / "RESULTS/.results/gradebook.txt").unlink()
+    assert main(["grade", str(term / "SUBMISSIONS"), "--written", "--resume", "--out", str(term / "RESULTS")]) == 2
+    assert "totals.csv holds manual scores from a gradebook: pass --gradebook" in capsys.readouterr().err
 
 
 def test_a_stale_override_is_named_and_the_flag_chooses_whether_it_wins(term, capsys):
@@ -170,6 +182,13 @@ def test_a_stale_override_is_named_and_the_flag_chooses_whether_it_wins(term, ca
     update_gradebook(db, [regraded], {"01_attention": TESTS["01_attention"]}, term / "course")
     assert read_reviews(db)["carol", "01_attention"].stale == ["test_scaled_dot_product_attention"]
     assert read_reviews(db)["bob", "01_attention"].stale == [], "a regrade that changes nothing keeps it fresh"
+    # grade --gradebook (its writer after the regrade) warns as export does, and carol's page says it is stale.
+    from autograder.adapters import report_outputs
+    report_outputs(gradebook=db, course_root=term / "course")[0](term / "RESULTS", load_results(term / "RESULTS"), [])
+    assert "warning: stale manual scores" in capsys.readouterr().err
+    page = (term / "RESULTS/feedback/carol/01_attention.html").read_text()
+    assert "scored by hand: 2 (the grader gave 3), before your work last changed: to be reviewed again (stale)" in page
+    assert "stale" not in (term / "RESULTS/feedback/bob/01_attention.html").read_text()
     out = ["export", str(term / "RESULTS"), "--format", "csv", "--out", str(term / "scores.csv"), "--gradebook", str(db)]
     for extra, total, verb in (([], "4", "kept"), (["--stale-overrides", "drop"], "5", "dropped")):
         assert main(out + extra) == 0
@@ -200,6 +219,11 @@ def test_merge_writes_totals_for_every_roster_student(term, capsys):
     rows = {r["student"]: r for r in csv.DictReader(open(term / "MERGED/totals.csv", newline=""))}
     assert set(rows) == {"alice", "bob", "carol", "dave"} and rows["dave"]["total"] == "0"
     assert "never handed in" in rows["dave"]["flags"]
+    # merge's (and grade's) summary line counts as totals.csv does: dave's 14 in the maximum, and the lessons to grade
+    # again (this partial merge's gaps) left out, where it summed the stored results' points whatever totals.csv said.
+    assert (sum(float(r["total"]) for r in rows.values()), sum(float(r["max_points"]) for r in rows.values())) == (0, 14)
+    assert "holds 6 results (3 students), 0/14 points in totals.csv (6 lesson scores left out: still to grade, or " \
+           "to grade again)" in capsys.readouterr().out
 
 
 def test_canvas_import_layout(term, capsys):
@@ -392,6 +416,29 @@ def test_written_questions_count_only_with_written_and_wait_for_a_manual_score()
     assert "<b>6 / 8</b>" in pages["on"] and ">needs grading<" in pages["on"] and "not graded yet (why_scale)" in pages["on"]
     assert "<b>7.5 / 8</b>" in pages["on, graded"] and "scored by hand: 1.5" in pages["on, graded"] \
         and "not graded yet" not in pages["on, graded"]
+    assert ">graded<" in pages["on, graded"] and "needs grading" not in pages["on, graded"], "a TA scored it"
+
+
+def test_an_unanswered_written_question_scores_0_without_waiting_and_a_ta_may_still_score_it(tmp_path):
+    """Left as released: the lesson is scored at once (0 for it, flagged), formgrader does not list it as needing a
+    grade (nbgrader's own autograde scores an unchanged answer 0), the page says so; a TA's score still wins."""
+    from autograder.adapters.gradebook import Review, _open, update_gradebook
+    from autograder.report import feedback_page
+
+    r = Result.from_json(with_written(result("alice", "01_attention", [2, 1, 3]), status="unanswered"))
+    blank, scored = score(r, written=True), score(r, Review(manual={"why_scale": 1.0}), written=True)
+    assert (blank.points, blank.max_points, blank.pending, blank.flag) == (6, 8, [], "unanswered (0): why_scale")
+    assert (scored.points, scored.flag) == (7, "manual: why_scale")
+    page = feedback_page(r, written=True)
+    assert "<b>6 / 8</b>" in page and ">unanswered<" in page and "0 / 2" in page and "not graded yet" not in page
+    from autograder.adapters.classreport import written_lines
+    assert written_lines([r], {}, "01_attention", True) == ["Written question why_scale: 0/0 graded; unanswered (0): "
+                                                             "1 student (alice)"]
+    tests = {"01_attention": TESTS["01_attention"] + [("why_scale", 2)]}
+    update_gradebook(tmp_path / "gradebook.db", [r], tests, tmp_path / "course")
+    with _open(tmp_path / "gradebook.db") as gb:
+        g = gb.find_grade("why_scale", "01_attention", "01_attention", "alice")
+        assert (g.auto_score, g.needs_manual_grade, g.score) == (0, False, 0)
 
 
 def test_a_manual_score_on_a_test_is_said_on_the_feedback_page():
@@ -416,8 +463,9 @@ def test_written_questions_are_stored_with_the_result_and_a_bad_one_refused(tmp_
 
 
 def test_the_grader_carries_each_written_question_as_needs_grading():
-    """grade reads each written question of the lesson from the notebook: answered, still the stub, or its cell
-    gone; each needs grading (a person decides, never a silent 0); without a notebook, the status given."""
+    """grade reads each written question of the lesson from the notebook: answered, or its cell gone, needs
+    grading (a person decides, never a silent 0); still the stub, unanswered (0 unless a TA scores it); without a
+    notebook, the status given."""
     from autograder import notebook as nbk
     from autograder.grade import written_rows
     from autograder.release import student_copy
@@ -425,13 +473,15 @@ def test_the_grader_carries_each_written_question_as_needs_grading():
     lesson = "03_multi_head"
     nb = student_copy(nbk.read(nbk.lesson_path(lesson)))
     [(question, points)] = nbk.lesson_written(lesson)
-    assert points == 2 and written_rows(lesson, nb) == [dict(question=question, max_points=2.0, status="needs grading",
-        message="not answered: its cell still holds YOUR ANSWER HERE; graded by a person")]
+    assert points == 2 and written_rows(lesson, nb) == [dict(question=question, max_points=2.0, status="unanswered",
+        message="not answered: its cell still holds YOUR ANSWER HERE; 0 points unless your instructor scores it")]
     cell = next(c for c in nb["cells"] if nbk.is_written(c))
     nbk.set_source(cell, "Eight distributions per position.")
     assert written_rows(lesson, nb)[0]["message"] == "answered; graded by a person"
+    assert written_rows(lesson, nb)[0]["status"] == "needs grading"
     cell["metadata"] = {}
     assert written_rows(lesson, nb)[0]["message"].startswith("its answer cell is not in your notebook")
+    assert written_rows(lesson, nb)[0]["status"] == "needs grading", "the answer may be in another cell: a person looks"
     assert written_rows(lesson, None, "missing", "not submitted") == [
         dict(question=question, max_points=2.0, status="missing", message="not submitted")]
 

@@ -40,6 +40,12 @@ def test_canvas_zip_names_each_page_after_the_students_upload(tmp_path, capsys):
                    "stonebob_late_102_9002_01_attention_feedback.html": html["bob"]}
     assert sorted(map(canvas_reads, got)) == [("101", "9011"), ("102", "9002")]  # the latest upload's id
     assert "warning: carol: no feedback page for 01_attention" in err and "alice" not in err
+    # The Canvas download given as Moodle's: every file left out, so nothing is written and the line says which.
+    assert main(["feedback-upload", str(results), "--submissions", str(subs), "--format", "moodle",
+                 "--out", str(tmp_path / "up-m")]) == 2
+    assert capsys.readouterr().err == ("error: none of the 3 uploads collected was named the way Moodle names one "
+                                       "(a Canvas download: give --format canvas): nothing written\n")
+    assert not (tmp_path / "up-m").exists()
 
 
 def test_moodle_zip_puts_each_page_in_the_students_folder(tmp_path, capsys):
@@ -73,7 +79,9 @@ def test_an_upload_the_lms_did_not_name_is_named_and_no_collection_is_one_line(t
     assert main(["collect", str(tmp_path / "plain"), "--out", str(subs)]) == 0
     pages(results, "alice")
     capsys.readouterr()
+    # Nothing could be written: one line saying why, exit 2, never an exit 0 with no zip.
     assert main(["feedback-upload", str(results), "--submissions", str(subs), "--format", "canvas",
-                 "--out", str(tmp_path / "up")]) == 0
-    assert "warning: alice: 01_attention was collected from" in capsys.readouterr().err
+                 "--out", str(tmp_path / "up")]) == 2
+    assert capsys.readouterr().err == ("error: the upload collected is not named the way Canvas names one "
+                                       "(collected from a plain folder?): nothing written\n")
     assert not (tmp_path / "up" / "01_attention_feedback_canvas.zip").exists()

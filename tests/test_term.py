@@ -439,5 +439,6 @@ def test_a_term_adds_up_for_every_roster_student(term, tmp_path, cli):
     assert "Scored by hand in the gradebook: 1 test (carol test_softmax)" in report
     assert "Stale manual scores (the autograded result or the written answer changed since): carol test_softmax" in report
     sections = report[report.index("id='sections'"):report.index("id='identical'")]
-    assert "<td>A</td><td>01_attention</td><td class='n'>1</td><td class='n'>100%</td>" in sections
+    # As the export counts: alice 6/6 and bob, who never handed it in, 0 (he was left out before).
+    assert "<td>A</td><td>01_attention</td><td class='n'>2</td><td class='n'>50%</td><td class='n'>1/2</td>" in sections
     assert "<td>B</td><td>02_heads</td><td class='n'>1</td><td class='n'>0%</td>" in sections

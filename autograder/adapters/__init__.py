@@ -17,15 +17,17 @@ report.results_json, grade.grade):
 The core never imports an adapter: `python -m autograder` dispatches to them lazily, and hands grade
 and merge the writers of report_outputs() below, which report.write_all calls after the core's files.
 Adapters import one another only where one outside system spans two modules (roster.py, shared by the
-LMS's collect and export; canvas.py, moodle.py and exchange.py, read by collect; formgrader.py, written by
+LMS's collect and export; export.py's counting of scores, which the class report's sections share; canvas.py, moodle.py and exchange.py, read by collect; formgrader.py, written by
 the gradebook's update). tests/test_layout.py
 checks the imports.
 """
+import sys
+
 from autograder import notebook as nbk
 from autograder.report import write_feedback
 from autograder.adapters.classreport import write_report
-from autograder.adapters.export import write_totals
-from autograder.adapters.gradebook import read_reviews, update_gradebook
+from autograder.adapters.export import score, stale_warning, write_totals
+from autograder.adapters.gradebook import read_reviews, remember_gradebook, update_gradebook
 
 
 def report_outputs(gradebook=None, course_root=None, roster=None, written=False):
@@ -42,6 +44,10 @@ def report_outputs(gradebook=None, course_root=None, roster=None, written=False)
         update_gradebook(gradebook, results, tests, course_root)
         reviews.update(read_reviews(gradebook))   # after the update: stale overrides are marked (kept, as nbgrader does)
         write_feedback(out, results, reviews, written)
+        remember_gradebook(out, gradebook)   # a later run without --gradebook is refused (check_same_gradebook)
+        for line in stale_warning([f"{r.student} {r.lesson} {t}" for r in results
+                                   for t in score(r, reviews.get((r.student, r.lesson)), written=written).stale]):
+            print(f"warning: {line}", file=sys.stderr)   # as export warns: the scores it sends are the same
     return ([to_gradebook] if gradebook else []) + [
         lambda out, results, warnings: write_totals(out, results, roster=roster, reviews=reviews, written=written),
-        lambda out, results, warnings: write_report(out, results, warnings=warnings, reviews=reviews)]
+        lambda out, results, warnings: write_report(out, results, warnings=warnings, reviews=reviews, written=written)]

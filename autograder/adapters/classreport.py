@@ -28,7 +28,9 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from autograder import notebook as nbk
-from autograder.results import NEEDS_GRADING, write_atomic
+from autograder.results import NEEDS_GRADING, UNANSWERED, write_atomic
+from autograder.adapters.export import table
+from autograder.adapters.roster import Roster
 
 REPORT = "report.html"
 MIN_ANSWER_CHARS = 80      # of the student's own code, spaces aside: `return x.sum(-1)` says nothing
@@ -90,14 +92,20 @@ def functions_across_lessons(stats):
     return [(lesson, name, rate) for _, lesson, name, rate in sorted(rows)]
 
 
-def by_section(results, sections):
+def by_section(results, sections, reviews=None, written=False):
     """[(section, lesson, students with a score, mean score %, students who passed every test)] for the
-    roster's sections ({student: section}; students without a section are '(none)')."""
+    roster's sections ({student: section}; students without a section are '(none)'), the scores counted as
+    export counts them (export.table, late penalties aside): the gradebook's reviews (manual scores, extra
+    credit), written questions with written, and a roster student who never handed a lesson in as 0; a lesson
+    still to grade, by a person or again, has no score yet and is left out."""
+    passed = {(r.student, r.lesson): all(t.status == "passed" for t in r.tests) for r in results}
+    _, _, table_scores = table(results, roster=Roster(rows=[{"student": s} for s in sections]), reviews=reviews,
+                               written=written)
     scores = defaultdict(list)
-    for r in results:
-        if (pct := percentage(r)) is not None:
-            scores[(sections.get(r.student) or "(none)", r.lesson)].append(
-                (pct, all(t.status == "passed" for t in r.tests)))
+    for (student, lesson), s in table_scores.items():
+        if s.points is not None:
+            scores[(sections.get(student) or "(none)", lesson)].append(
+                (100 * s.points / s.max_points if s.max_points else 0.0, passed.get((student, lesson), False)))
     return [(section, lesson, len(v), sum(p for p, _ in v) / len(v), sum(ok for _, ok in v))
             for (section, lesson), v in sorted(scores.items())]
 
@@ -248,22 +256,25 @@ def manual_lines(reviews, lesson, names):
 
 def written_lines(results, reviews, lesson, names):
     """A line per written question of a lesson: how many answers are graded (a manual score in the gradebook's
-    reviews) and who still waits for a grade (needs grading)."""
+    reviews) and who still waits for a grade (needs grading); those left unanswered (0 unless a TA scores them)."""
     lines = []
     rows = [(r.student, w) for r in results if r.lesson == lesson for w in r.written]
     for question in dict.fromkeys(w.question for _, w in rows):
         answered = [s for s, w in rows if w.question == question and w.status == NEEDS_GRADING]
         waiting = [s for s in answered if question not in getattr(reviews.get((s, lesson)), "manual", {})]
+        blank = [s for s, w in rows if w.question == question and w.status == UNANSWERED]
         lines.append(f"Written question {question}: {len(answered) - len(waiting)}/{len(answered)} graded"
                      + (f"; {NEEDS_GRADING}: {plural(len(waiting), 'answer')}" if waiting else "")
-                     + (f" ({', '.join(waiting)})" if waiting and names else ""))
+                     + (f" ({', '.join(waiting)})" if waiting and names else "")
+                     + (f"; {UNANSWERED} (0): {plural(len(blank), 'student')}" if blank else "")
+                     + (f" ({', '.join(blank)})" if blank and names else ""))
     return lines
 
 
-def render(results, submissions=None, warnings=(), names=True, sections=None, roster=None, reviews=None):
+def render(results, submissions=None, warnings=(), names=True, sections=None, roster=None, reviews=None, written=False):
     """The page; names=False leaves out who made each mistake, sections ({student: section}) adds by_section,
     roster (its students) names under each lesson those who never submitted it, reviews (gradebook.read_reviews)
-    its manual scores."""
+    its manual scores; written: the written questions count in by_section."""
     e = html.escape
     stats, percentages = function_stats(results), lesson_percentages(results)
     students = sorted({r.student for r in results})
@@ -307,10 +318,12 @@ def render(results, submissions=None, warnings=(), names=True, sections=None, ro
               for lesson, name, rate in functions_across_lessons(stats)]
     parts.append("</table>")
     if sections:
-        parts.append("<h2 id='sections'>By section</h2><table><tr><th>section</th><th>lesson</th><th>students</th>"
+        parts.append("<h2 id='sections'>By section</h2><p class='muted'>Scores as the export counts them (late "
+                     "penalties aside): a roster student who never handed a lesson in counts 0, a lesson still to "
+                     "grade is left out.</p><table><tr><th>section</th><th>lesson</th><th>students</th>"
                      "<th>mean score</th><th>passed every test</th></tr>")
         parts += [f"<tr><td>{e(section)}</td><td>{e(lesson)}</td><td class='n'>{n}</td><td class='n'>{mean:.0f}%</td>"
-                  f"<td class='n'>{ok}/{n}</td></tr>" for section, lesson, n, mean, ok in by_section(results, sections)]
+                  f"<td class='n'>{ok}/{n}</td></tr>" for section, lesson, n, mean, ok in by_section(results, sections, reviews, written)]
         parts.append("</table>")
     groups = identical_groups(results, submissions)
     parts.append("<h2 id='identical'>Identical answers</h2><p class='muted'>Answer cells whose code is the same after "
@@ -331,8 +344,9 @@ def render(results, submissions=None, warnings=(), names=True, sections=None, ro
     return "".join(parts)
 
 
-def write_report(out, results, submissions=None, warnings=(), names=True, sections=None, roster=None, reviews=None):
+def write_report(out, results, submissions=None, warnings=(), names=True, sections=None, roster=None, reviews=None,
+                 written=False):
     """Write RESULTS/report.html (warnings: lines shown first; the rest as render); returns its path."""
     path = Path(out) / REPORT
-    write_atomic(path, render(results, submissions, warnings, names, sections, roster, reviews))
+    write_atomic(path, render(results, submissions, warnings, names, sections, roster, reviews, written))
     return path

@@ -35,7 +35,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from autograder.results import NEEDS_GRADING, UsageError, csv_text, read_timestamp, write_atomic
+from autograder.results import NEEDS_GRADING, UNANSWERED, UsageError, csv_text, read_timestamp, write_atomic
 from autograder.adapters.gradebook import Review
 from autograder.adapters.roster import squash
 
@@ -90,6 +90,8 @@ def score(result, review=None, drop_stale=False, written=False):
     flags += [f"stale override {'dropped' if drop_stale else 'kept'}: {t}" for t in sorted(review.stale) if t in tests]
     flags += [f"extra credit: {t}" for t in sorted(review.extra) if t in tests]
     flags += [f"{NEEDS_GRADING}: {', '.join(pending)}"] if pending else []
+    unanswered = [w.question for w in questions if w.status == UNANSWERED and w.question not in manual]
+    flags += [f"{UNANSWERED} (0): {', '.join(unanswered)}"] if unanswered else []
     return Score(points, result.max_points + sum(w.max_points for w in questions), regrade, result.submitted,
                  raw=points, flag="; ".join(flags), stale=sorted(t for t in review.stale if t in tests), pending=pending)
 
@@ -157,6 +159,15 @@ def totals_columns(lessons, scores, detail=False):
     per = [[lsn, f"{lsn} raw", f"{lsn} penalty %"] if detail else [lsn] for lsn in lessons]
     return ["student"] + [c for cols in per for c in cols] + ["total", "max_points", "percentage", "regrade"] \
         + (["flags"] if detail or flagged(scores) else [])
+
+
+def stale_warning(stale, drop_stale=False):
+    """[the warning line] naming the stale manual scores ("student lesson test" each), or [] when there are none."""
+    if not stale:
+        return []
+    return [f"stale manual scores (the autograded result or the written answer changed since they were made; review "
+            f"them in formgrader), {'dropped: the new result counts' if drop_stale else 'kept: they still win (export --stale-overrides drop to use the new result)'}: "
+            f"{', '.join(stale)}"]
 
 
 def write_totals(out, results, refused=None, roster=None, blank_missing=False, reviews=None, drop_stale=False,
@@ -461,11 +472,7 @@ def export(out, results, fmt, dest, roster=None, gradebook=None, deadlines=(), p
         warnings.append(f"never handed in, {'left blank' if blank_missing else 'counted as 0'}: {', '.join(missing)}")
     if roster and fmt == "csv" and (outside := sorted(set(students) - {r["student"] for r in roster.rows})):
         warnings.append(f"not in the roster, kept: {', '.join(outside)}")
-    stale = [f"{s} {lsn} {t}" for (s, lsn), sc in sorted(scores.items()) for t in sc.stale]
-    if stale:
-        warnings.append(f"stale manual scores (the autograded result or the written answer changed since they were "
-                        f"made; review them in formgrader), {'dropped: the new result counts' if drop_stale else 'kept: they still win (--stale-overrides drop to use the new result)'}: "
-                        f"{', '.join(stale)}")
+    warnings += stale_warning([f"{s} {lsn} {t}" for (s, lsn), sc in sorted(scores.items()) for t in sc.stale], drop_stale)
     if penalties:
         write_atomic(Path(out) / PENALTIES, csv_text(penalties, list(penalties[0])))
     write_totals(out, results, refused, roster, blank_missing, reviews, drop_stale, written)

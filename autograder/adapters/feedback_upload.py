@@ -36,7 +36,7 @@ def feedback_upload(results, submissions, kind, out, lessons=None):
     """Write OUT/<lesson>_feedback_<kind>.zip for each lesson collected (or only lessons) and return
     ([zip paths], [lines]): each line names a student left out of a zip (no feedback page, or an upload
     this LMS did not name, or, with the roster collect kept, a roster student who handed nothing in), never a
-    stop. UsageError (one line, exit 2) without a collection.csv."""
+    stop. UsageError (one line, exit 2) without a collection.csv, or when no student's page could be written."""
     if kind not in FORMATS:
         raise UsageError(f"--format {kind}: the feedback upload is for canvas or moodle")
     log = Path(submissions) / LOG_FILE
@@ -57,6 +57,8 @@ def feedback_upload(results, submissions, kind, out, lessons=None):
                          "name; left out")
         else:
             pages.setdefault(lesson, []).append((f"{name}{lesson}_feedback.html", page))
+    if not pages:   # every student left out: one line naming why, never an exit 0 with nothing to upload
+        raise UsageError(_nothing_written(kind, latest, lines, lessons))
     roster = stored_roster(submissions)
     for lesson in sorted({lsn for lsn, _ in latest}):
         absent = [r["student"] for r in roster.rows if (lesson, r["student"]) not in latest] if roster else []
@@ -70,3 +72,17 @@ def feedback_upload(results, submissions, kind, out, lessons=None):
                 z.write(page, name)
         zips[lesson] = path
     return list(zips.values()), lines
+
+
+def _nothing_written(kind, latest, lines, lessons):
+    """The one line that says why feedback_upload could write no page at all."""
+    if not latest:
+        return f"no upload was collected{' for ' + ', '.join(lessons) if lessons else ''}: nothing to attach feedback to"
+    unnamed = [file for (lesson, student), file in latest.items() if upload_name(kind, file) is None]
+    if len(unnamed) == len(latest):
+        other = [k for k in FORMATS if k != kind and all(upload_name(k, f) for f in unnamed)]
+        return (f"{'none of the ' + str(len(unnamed)) + ' uploads collected was' if len(unnamed) > 1 else 'the upload collected is not'}"
+                f" named the way {kind.capitalize()} names one"
+                + (f" (a {other[0].capitalize()} download: give --format {other[0]})" if other else
+                   " (collected from a plain folder?)") + ": nothing written")
+    return f"no feedback page could be written ({lines[0]}; and {len(lines) - 1} more): nothing written"

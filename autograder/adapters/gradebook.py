@@ -3,7 +3,7 @@ formgrader show the scores the grader decided; and the autograded notebooks form
 (formgrader.py). Student code never touches either.
 
 The grader owns every grade's auto_score; a written question (a markdown answer) has none: it needs a
-manual grade until a TA saves one in formgrader, and read_reviews reads that score like any other. An
+manual grade until a TA saves one in formgrader (one left unanswered scores an auto_score of 0 and needs none), and read_reviews reads that score like any other. An
 instructor's review (manual_score, extra credit, comments, made in formgrader or through nbgrader.api) is
 never touched: a regrade or a --resume keeps it, and nbgrader shows it in place of the auto_score.
 
@@ -22,7 +22,10 @@ from importlib.util import find_spec
 from pathlib import Path
 
 from autograder import notebook as nbk
-from autograder.results import UsageError
+from autograder.results import STORE, UNANSWERED, UsageError, read_csv, write_atomic
+
+# RESULTS/.results/gradebook.txt: the gradebook whose manual scores RESULTS's totals.csv and feedback pages hold
+GRADEBOOK_FILE = "gradebook.txt"
 
 
 def check_gradebook(gradebook):
@@ -37,6 +40,26 @@ def check_gradebook(gradebook):
         raise UsageError(f"--gradebook {gradebook}: the folder {path.parent} does not exist (create it first)")
     if find_spec("nbgrader") is None:
         raise UsageError("--gradebook needs nbgrader: pip install 'nbgrader>=0.9,<0.10' (or the course's [dev] extra)")
+
+
+def check_same_gradebook(out, gradebook):
+    """UsageError, before any work, when RESULTS (out) was last written with a gradebook and this run names
+    none: rewriting totals.csv and the feedback pages without it would silently drop the TAs' manual scores."""
+    path = Path(out) / STORE / GRADEBOOK_FILE
+    before = path.read_text(encoding="utf-8").strip() if path.is_file() else ""
+    if before and not gradebook:
+        raise UsageError(f"{out} holds the manual scores of --gradebook {before}: pass --gradebook {before} again "
+                         f"(or delete {path} to rewrite it without them)")
+    totals = Path(out) / "totals.csv"   # written by an export --gradebook, or before RESULTS remembered its gradebook
+    if not gradebook and totals.is_file() and any(
+            "manual: " in row.get("flags", "") or "extra credit: " in row.get("flags", "") for row in read_csv(totals)):
+        raise UsageError(f"{totals} holds manual scores from a gradebook: pass --gradebook with that gradebook "
+                         f"(or delete {totals} to rewrite it without them)")
+
+
+def remember_gradebook(out, gradebook):
+    """Record in RESULTS (out) the gradebook its totals.csv and feedback pages now hold (check_same_gradebook)."""
+    write_atomic(Path(out) / STORE / GRADEBOOK_FILE, f"{Path(gradebook).resolve()}\n")
 
 
 @dataclass
@@ -109,17 +132,22 @@ def update_gradebook(db_path, results, tests, course_root=None):
             for t in r.tests:
                 grade = next(g for g in notebook.grades if g.name == t.test)
                 # A manual score made against another autograded result is stale until a TA saves one again
-                # (formgrader clears needs_manual_grade then); the grader could not decide a grader_error.
+                # (formgrader clears needs_manual_grade then); the grader could not decide a grader_error, which a
+                # TA's manual score decides (still fresh at the next regrade if the grader fails on it again).
                 changed = grade.auto_score is not None and abs(grade.auto_score - t.points) > 1e-9
                 stale = grade.manual_score is not None and (changed or bool(grade.needs_manual_grade))
                 grade.auto_score = t.points
-                grade.needs_manual_grade = t.grader_error or stale
+                grade.needs_manual_grade = (t.grader_error and grade.manual_score is None) or stale
             # Before write_autograded replaces the answers the TAs graded: which ones the resubmission changed.
             changed = changed_answers(course_root, r, nbk.read(nbk.lesson_path(r.lesson))) if r.written else set()
             for w in r.written:   # formgrader lists it until a TA saves a score (which clears the mark)
                 grade = next(g for g in notebook.grades if g.name == w.question)
-                grade.needs_manual_grade = grade.manual_score is None or bool(grade.needs_manual_grade) \
-                    or w.question in changed
+                # Unanswered: 0 without a TA, as nbgrader's autograde scores an unchanged answer; a TA may still score it.
+                grade.auto_score = 0.0 if w.status == UNANSWERED else None
+                if grade.manual_score is None:
+                    grade.needs_manual_grade = w.status != UNANSWERED
+                else:
+                    grade.needs_manual_grade = bool(grade.needs_manual_grade) or w.question in changed
             gb.db.commit()
     write_autograded(course_root, results)
 
