@@ -164,9 +164,11 @@ def head_importance(s):
             expect_array(got, want, "head_importance(model, ids, targets) under torch.no_grad()", axes=("layer", "head"),
                          hint="compute the loss inside `with torch.enable_grad():`")
         with s.aspect("model as found"):
-            if s.helper("grads_set", model):
-                fail("head_importance left .grad set on the model's parameters: take the gradient of the mask alone "
-                     "(torch.autograd.grad(loss, mask), or loss.backward(inputs=[mask])) and leave the model as found")
+            s.helper("give_grads", model)
+            s.call("head_importance", model, tensor(ids), tensor(targets))
+            if not s.helper("grads_as_given", model):
+                fail("head_importance changed the .grad of the model's parameters (filled, wiped or added to): take "
+                     "the gradient of the mask alone (torch.autograd.grad(loss, mask)) and leave the model as found")
             after = s.state(model)
             for k, v in state.items():
                 if not np.array_equal(after[k].data if isinstance(after[k], Array) else np.asarray(after[k]), v):

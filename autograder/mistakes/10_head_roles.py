@@ -228,7 +228,10 @@ def head_importance(model, ids, targets):
                 message="average over the sequences, don't sum"),
         Mistake("loss.backward() fills the parameters' .grad", ".grad", _importance(
             term="(loss.backward() or mask.grad).abs()"),
-            message="head_importance left .grad set on the model's parameters", aspect="model as found"),
+            message="head_importance changed the .grad of the model's parameters", aspect="model as found"),
+        Mistake("loss.backward(), then model.zero_grad(): the caller's .grad wiped", ".grad", _importance(
+            term="(loss.backward() or mask.grad).abs()\n            model.zero_grad()"),
+            message="head_importance changed the .grad of the model's parameters", aspect="model as found"),
         Mistake("no enable_grad: fails under torch.no_grad()", "no_grad", '''
 def head_importance(model, ids, targets):
     weight = next(model.parameters())

@@ -109,9 +109,17 @@ def gradcheck(fn, q, k, v, *args):
     return torch.autograd.gradcheck(fn, (*(t.detach().requires_grad_() for t in (q, k, v)), *args))
 
 
-def grads_set(module):
-    """The names of module's parameters whose .grad is set (not None), in named_parameters' order."""
-    return tuple(name for name, p in module.named_parameters() if p.grad is not None)
+def give_grads(module):
+    """Give every other parameter of module (the 1st, 3rd, ...) a .grad of 0.5s and the rest none, as a caller
+    in the middle of its own backward would leave them."""
+    for i, p in enumerate(module.parameters()):
+        p.grad = torch.full_like(p, 0.5) if i % 2 == 0 else None
+
+
+def grads_as_given(module):
+    """Whether module's parameters' .grad are still as give_grads left them (values included)."""
+    return all((p.grad is not None and bool((p.grad == 0.5).all())) if i % 2 == 0 else p.grad is None
+               for i, p in enumerate(module.parameters()))
 
 
 def without_grad(fn, *args):
@@ -150,7 +158,8 @@ HELPERS = {
     "len": len,
     "Graph": Graph,
     "gradcheck": gradcheck,
-    "grads_set": grads_set,
+    "give_grads": give_grads,
+    "grads_as_given": grads_as_given,
     "without_grad": without_grad,
     "keeps_argument": keeps_argument,
 }
