@@ -13,11 +13,12 @@ MEMORY_BOUND = {("06_gpu", "flash_attention"), ("08_kv_compression", "RollingKVC
 
 
 def graded_by_the_grader(lesson, name, index, mistake):
-    """Whether the real-grader test (tests/test_grading.py) grades this mutant too; test_checks judges every one.
-    Those whose verdict may differ in the grader's sandbox all are: a memory bound, an aspect, another name's
-    points; of the rest, every other one (the first of each name included) stands for the pipeline."""
-    return ((lesson, name) in MEMORY_BOUND or bool(getattr(mistake, "aspect", "")) or bool(also_loses(lesson, mistake[0]))
-            or index % 2 == 0)
+    """Whether the real-grader test (tests/test_grading.py) grades this mutant too; test_checks judges every one
+    (those of MEMORY_BOUND in a fresh interpreter, as the grader does). The grader sees those whose verdict the
+    sandbox may change: a cost to an aspect or to another name's points; of the rest, the first of each name and,
+    for the memory-bound names, every third, stand for the pipeline."""
+    return (bool(getattr(mistake, "aspect", "")) or bool(also_loses(lesson, mistake[0])) or index == 0
+            or ((lesson, name) in MEMORY_BOUND and index % 3 == 0))
 
 
 def cases(kind, lessons):
