@@ -30,9 +30,9 @@ system-packages:
 	    fi; \
 	else echo "not root with apt-get: install bubblewrap, chromium, slurm-wlm and munge yourself for the sandbox, browser and Slurm tests"; fi
 
-# Two test processes or more (each test file stays in one, so its shared fixtures are built once; conftest.py
-# splits test_checks.py by lesson): the grading runs wait on sandboxes as much as they compute.
-XDIST := -n auto --maxprocesses 4 --dist loadgroup
+# Two test processes or more (each test file stays in one, so its shared fixtures are built once):
+# the grading runs wait on sandboxes as much as they compute.
+XDIST := -n auto --maxprocesses 4 --dist loadfile
 
 test:
 	$(PY) -m pytest -q $(XDIST)

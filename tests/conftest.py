@@ -1,8 +1,6 @@
 import os
 import tempfile
 
-import pytest
-
 # Stored results are signed with a key kept outside RESULTS (autograder.results.KEY_ENV): the tests
 # use one of their own, never the user's, and every CLI and Slurm job they start inherits it.
 os.environ["MHA_RESULTS_KEY"] = os.path.join(tempfile.mkdtemp(prefix="mha-test-key-"), "results.key")
@@ -17,12 +15,3 @@ if not os.path.exists("/dev/nvidia0"):
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
-
-
-def pytest_collection_modifyitems(items):
-    """test_checks.py runs every lesson's mutants: under `--dist loadgroup` (the Makefile's) each lesson's share
-    goes to its own worker, as a test file does, instead of the whole file to one worker (minutes of the suite)."""
-    for item in items:
-        lesson = getattr(getattr(item, "callspec", None), "params", {}).get("lesson")
-        if item.path.name == "test_checks.py" and lesson:
-            item.add_marker(pytest.mark.xdist_group(f"checks-{lesson}"))
