@@ -8,7 +8,6 @@ student's process), so a cache whose memory grows runs out; absorbed_attention r
 MultiHeadLatentAttention runs with a correct latent cache built next to the student's code
 (helpers.ListLatentCache), absorbed_attention on an AttentionShell holding the five projections.
 """
-import copy
 import math
 
 import numpy as np
@@ -22,9 +21,10 @@ from solutions import kv_compression as ref
 
 CHECKS = Checks()
 LESSON = "08_kv_compression"
-# what RollingKVCache's check says of the mistakes only evidence shows (their definitions carry these messages)
-MEMORY, PREFILL = mistakes.for_lesson(LESSON).MEMORY, mistakes.for_lesson(LESSON).PREFILL
-LATENTS = mistakes.for_lesson(LESSON).LATENTS  # MultiHeadLatentAttention's, of a cache holding keys and values
+# What the checks say of the mistakes only evidence shows, whose definitions carry these messages: RollingKVCache's
+# memory and prefill, a latent cache holding keys and values, absorbed_attention's keys formed and (Tk, Tk) mask.
+MEMORY, PREFILL, LATENTS, FORMS_KEYS, SQUARE_MASK = (
+    getattr(mistakes.for_lesson(LESSON), n) for n in ("MEMORY", "PREFILL", "LATENTS", "FORMS_KEYS", "SQUARE_MASK"))
 
 
 def _bool(mask):
@@ -374,14 +374,9 @@ def _shell(s, params, D, H, L):
 @torch.no_grad()
 def _absorbed_mistakes(mla64, x, c, dtype):
     """What the known mistakes of the absorption (autograder/mistakes/08_kv_compression.py) return on these inputs
-    (float64, labelled dtype), then one no definition covers."""
-    found = [(m.message, reference(out, dtype=dtype)) for m, out in mistakes.on(LESSON, "absorbed_attention", mla64, x, c)]
-    unscaled = copy.deepcopy(mla64)  # queries sqrt(head_dim) times larger: the scores as if never scaled
-    for t in (unscaled.q_proj.weight, unscaled.q_proj.bias):
-        if t is not None:
-            t.mul_(math.sqrt(mla64.head_dim))
-    return found + [("the absorbed scores are not scaled: divide them by sqrt(head_dim) (the width of q_h and k_h, "
-                     "not d_latent)", reference(ref.absorbed_attention(unscaled, x, c), dtype=dtype))]
+    (float64, labelled dtype)."""
+    return [(m.message, reference(out, dtype=dtype))
+            for m, out in mistakes.on(LESSON, "absorbed_attention", mla64, x, c)]
 
 
 SHAPE_HINT = ("check the shapes and the order of the folds: q_h (T, Dh) @ W_uk^h (Dh, d_latent), where W_uk^h = "
@@ -442,11 +437,6 @@ def _length_bound(mla64, x64, c64):
     return (Tk + 4) * FLOAT32_UNIT * terms.max().item()
 
 
-SQUARE_MASK = ("absorbed_attention ran out of memory because its causal mask is (Tk, Tk), every cached position "
-               "against every other, before keeping its last T rows: make it (T, Tk) directly, "
-               "torch.ones(T, Tk, dtype=torch.bool).tril(Tk - T)")
-
-
 def _makes_square_mask(s):
     """Whether absorbed_attention, on a small case, runs an op on a (..., Tk, Tk) tensor. Read from the op
     log (recorded next to the student's code), so it only names the mistake of a call that already failed."""
@@ -467,12 +457,7 @@ def _expect_never_forms_keys(s, rng):
     params = _params(rng, D, L, False, "float32")
     shell = _shell(s, params, D, H, L)
     x = rng.standard_normal((B, T, D)).astype(np.float32)
-    message = lambda Tk: (
-        f"absorbed_attention ran out of memory with {Tk} cached latents of width {L}: it forms keys or values "
-        f"for every cached position (one head's alone take {B * Tk * (D // H) * 4 // 2**20} MiB here). Fold "
-        "k_up into the queries and v_up into the output projection, so that only (B, H, T, Tk) scores and "
-        "the latents themselves ever involve every cached position (and make the causal mask (T, Tk), "
-        "not (Tk, Tk))")
+    message = lambda Tk: FORMS_KEYS.format(Tk=Tk, L=L, mib=B * Tk * (D // H) * 4 // 2**20)
     try:
         with within_memory(s, BOUND_MB, message(BOUND["Tk"]), HEADROOM_MB) as reword:
             times = evidence_times(s, BOUND_MB, B * BOUND["Tk"] * (D // H) * 4 >> 20)

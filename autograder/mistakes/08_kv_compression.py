@@ -211,6 +211,23 @@ def _grows(what, code, keyword="memory"):
     return Mistake(what, keyword, code, message=MEMORY, aspect="fixed memory", evidence=True)
 
 
+# What absorbed_attention's check says when its memory bound sees keys or values formed: a template the check fills
+# with its case's sizes (Tk cached latents of width L; one head's keys take mib MiB).
+FORMS_KEYS = ("absorbed_attention ran out of memory with {Tk} cached latents of width {L}: it forms keys or values "
+              "for every cached position (one head's alone take {mib} MiB here). Fold k_up into the queries and v_up "
+              "into the output projection, so that only (B, H, T, Tk) scores and the latents themselves ever involve "
+              "every cached position (and make the causal mask (T, Tk), not (Tk, Tk))")
+# ... and when the op log of a call that failed there shows a (Tk, Tk) tensor
+SQUARE_MASK = ("absorbed_attention ran out of memory because its causal mask is (Tk, Tk), every cached position "
+               "against every other, before keeping its last T rows: make it (T, Tk) directly, "
+               "torch.ones(T, Tk, dtype=torch.bool).tril(Tk - T)")
+
+
+def _forms_keys(what, code, message=FORMS_KEYS, keyword="memory"):
+    """An absorbed_attention that forms keys or values (or a (Tk, Tk) mask): only the memory bound sees it."""
+    return Mistake(what, keyword, code, message=message, aspect="never forms keys or values", evidence=True)
+
+
 _OFF_BY_ONE = 'it may see itself and the window - 1 keys before it, p - window < j <= p (an off-by-one: < against <=)'
 
 MUTANTS = {
@@ -479,11 +496,11 @@ def absorbed_attention(mla, x, latents):
 def absorbed_attention(mla, x, latents):
     raise ValueError("latents do not match mla")
 '''),
-        ("materialises the keys and values (B, Tk, D)", "memory", _ABS_HEAD + '''
+        _forms_keys("materialises the keys and values (B, Tk, D)", _ABS_HEAD + '''
     k = mla.k_up(latents).view(B, Tk, H, Dh).transpose(1, 2)
     v = mla.v_up(latents).view(B, Tk, H, Dh).transpose(1, 2)
 ''' + _MATERIALISED_OUT),
-        ("materialises one head's keys and values at a time", "memory", _ABS_HEAD + '''
+        _forms_keys("materialises one head's keys and values at a time", _ABS_HEAD + '''
     outs = []
     for h in range(H):
         k_h = latents @ w_uk[h].T
@@ -497,7 +514,7 @@ def absorbed_attention(mla, x, latents):
         out = out + mla.out_proj.bias
     return out
 '''),
-        ("absorbs the keys but materialises the values", "memory", _ABS_HEAD + '''
+        _forms_keys("absorbs the keys but materialises the values", _ABS_HEAD + '''
     scores = (q @ w_uk) @ latents.transpose(1, 2)[:, None] / math.sqrt(Dh)
     weights = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
     v = mla.v_up(latents).view(B, Tk, H, Dh).transpose(1, 2)
@@ -511,6 +528,9 @@ def absorbed_attention(mla, x, latents):
                          "k_up.weight[h*Dh:(h+1)*Dh] (Dh, d_latent), so q_h k_h^T = (q_h @ W_uk^h) c^T"), aspect="values"),
         Mistake("the scale applied twice", "twice", _abs(_abs_scores(scale="/ math.sqrt(Dh) / math.sqrt(Dh)")),
                 message="the scale is applied twice: divide the scores by sqrt(head_dim) once", aspect="values"),
+        Mistake("the scores not scaled", "sqrt(Dh)", _abs(_abs_scores(scale="")),
+                message=("the absorbed scores are not scaled: divide them by sqrt(head_dim) (the width of q_h and k_h, "
+                         "not d_latent), scores (q @ W_uk) @ latents^T / sqrt(Dh)"), aspect="values"),
         Mistake("the scale uses d_latent", "d_latent", _abs(_abs_scores(scale="/ math.sqrt(L)")),
                 message=("the absorbed scores are scaled by 1/sqrt(d_latent): the scale is 1/sqrt(head_dim), as in the "
                          "unabsorbed form"), aspect="values"),
@@ -522,13 +542,14 @@ def absorbed_attention(mla, x, latents):
         Mistake("no causal mask", "causal", _abs(_abs_scores(mask=False)),
                 message="the new tokens attend to every latent: the causal mask (bottom-right) still applies",
                 aspect="values"),
-        ("a (Tk, Tk) causal mask, sliced to its last T rows", "mask is (Tk, Tk)", _ABS_HEAD.replace(
+        _forms_keys("a (Tk, Tk) causal mask, sliced to its last T rows", _ABS_HEAD.replace(
             "torch.ones(T, Tk, dtype=torch.bool, device=x.device).tril(diagonal=Tk - T)",
-            "torch.ones(Tk, Tk, dtype=torch.bool, device=x.device).tril()[Tk - T:]") + _abs_scores() + _ABS_BIAS),
+            "torch.ones(Tk, Tk, dtype=torch.bool, device=x.device).tril()[Tk - T:]") + _abs_scores() + _ABS_BIAS,
+            message=SQUARE_MASK, keyword="mask is (Tk, Tk)"),
         # Memory taken before the bound is part of it (issue 19): one head's keys at a time, written into a
         # buffer given as a default argument (made when the cell runs); the values absorbed.
-        ("one head's keys at a time, in a buffer reserved before the call", "memory", _abs_in_buffer(128)),
-        *[(f"one head's keys at a time, in a {mb} MiB buffer reserved before the call", "memory", _abs_in_buffer(mb))
+        _forms_keys("one head's keys at a time, in a buffer reserved before the call", _abs_in_buffer(128)),
+        *[_forms_keys(f"one head's keys at a time, in a {mb} MiB buffer reserved before the call", _abs_in_buffer(mb))
           for mb in (256, 400)],
         Mistake("v_up's bias dropped", "bias", _abs(_abs_scores(), bias='''
     if mla.out_proj.bias is not None:
