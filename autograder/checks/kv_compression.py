@@ -22,9 +22,10 @@ from solutions import kv_compression as ref
 CHECKS = Checks()
 LESSON = "08_kv_compression"
 # What the checks say of the mistakes only evidence shows, whose definitions carry these messages: RollingKVCache's
-# memory and prefill, a latent cache holding keys and values, absorbed_attention's keys formed and (Tk, Tk) mask.
-MEMORY, PREFILL, LATENTS, FORMS_KEYS, SQUARE_MASK = (
-    getattr(mistakes.for_lesson(LESSON), n) for n in ("MEMORY", "PREFILL", "LATENTS", "FORMS_KEYS", "SQUARE_MASK"))
+# memory and prefill, MLA's biases and a latent cache holding keys and values, absorbed_attention's keys formed and
+# (Tk, Tk) mask.
+MEMORY, PREFILL, BIAS, LATENTS, FORMS_KEYS, SQUARE_MASK = (getattr(mistakes.for_lesson(LESSON), n) for n in (
+    "MEMORY", "PREFILL", "BIAS", "LATENTS", "FORMS_KEYS", "SQUARE_MASK"))
 
 
 def _bool(mask):
@@ -275,8 +276,7 @@ def _make_mla(s, D, H, L, bias, params, dtype):
     if set(state) != want:
         missing, extra = sorted(want - set(state)), sorted(set(state) - want)
         if any(n.endswith(".bias") for n in missing + extra) and not {n for n in missing + extra if n.endswith(".weight")}:
-            fail(f"with bias={bias}, {'every one' if bias else 'none'} of the five nn.Linear members should have a "
-                 "bias: pass bias=bias to each of q_proj, kv_down, k_up, v_up and out_proj")
+            fail(BIAS.format(bias=bias, which="every one" if bias else "none"))
         fail("MultiHeadLatentAttention's parameters should be exactly those of its five nn.Linear members q_proj, "
              "kv_down, k_up, v_up, out_proj" + (f" (missing: {', '.join(missing)})" if missing else "")
              + (f" (unexpected: {', '.join(extra)})" if extra else ""))

@@ -202,6 +202,9 @@ PREFILL = ("A prefill of T_new > window positions attends to all of them (return
 
 
 # What MultiHeadLatentAttention's check says when the cache it gave forward holds other than the latents.
+# ... and when its members' biases do not follow bias (a template: bias, and which members should have one)
+BIAS = ("with bias={bias}, {which} of the five nn.Linear members should have a bias: pass bias=bias to each of q_proj, "
+        "kv_down, k_up, v_up and out_proj")
 LATENTS = ("the cache must hold the latents c = kv_down(x), d_latent numbers per token (B, T, d_latent): not keys "
            "and values. Append c with cache.update(c) and up-project what it returns")
 
@@ -468,10 +471,14 @@ class MultiHeadLatentAttention(nn.Module):
 ''' + _MLA_KV + _MLA_MASK + _MLA_OUT, message=("with a cache, the keys and values must come from every cached latent "
                                               "(what cache.update(c) returns), not only the new tokens' own"),
                 aspect="cache"),
-        ("bias ignored: no member ever has a bias", "bias", _mla(_MLA_KV + _MLA_MASK + _MLA_OUT,
-                                                                  init=_MLA_INIT.replace("bias=bias", "bias=False"))),
-        ("bias ignored: kv_down always has a bias", "bias", _mla(_MLA_KV + _MLA_MASK + _MLA_OUT, init=_MLA_INIT.replace(
-            "self.kv_down = nn.Linear(d_model, d_latent, bias=bias)", "self.kv_down = nn.Linear(d_model, d_latent)"))),
+        # the check reads the members' parameters: the first has no bias with bias=True, the second one with False
+        Mistake("bias ignored: no member ever has a bias", "bias",
+                _mla(_MLA_KV + _MLA_MASK + _MLA_OUT, init=_MLA_INIT.replace("bias=bias", "bias=False")),
+                message=BIAS, aspect="bias", evidence=True),
+        Mistake("bias ignored: kv_down always has a bias", "bias", _mla(_MLA_KV + _MLA_MASK + _MLA_OUT,
+                init=_MLA_INIT.replace("self.kv_down = nn.Linear(d_model, d_latent, bias=bias)",
+                                       "self.kv_down = nn.Linear(d_model, d_latent)")),
+                message=BIAS, aspect="forward", evidence=True),
         ("head_dim is d_latent // n_heads", "head_dim", _mla(_MLA_KV + _MLA_MASK + _MLA_OUT, init=_MLA_INIT.replace(
             "d_model // n_heads, d_latent", "d_latent // n_heads, d_latent") + '''
     @property
