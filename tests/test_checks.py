@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from autograder import mistakes
 from autograder.checks import verify
 from tests import mutants
 from tests.lessons import LESSONS, fresh_namespace, graded_names
@@ -45,12 +46,16 @@ def test_mutant_fails_its_check_only(lesson, name, mutant):
 
 
 def mutant_case(lesson, name, what):
-    """The mutant `what` of `name` fails its check, with its keyword, and costs no other name its points."""
-    [(keyword, code)] = [(k, c) for w, k, c in mutants.for_lesson(lesson).MUTANTS[name] if w == what]
+    """The mutant `what` of `name` fails its check, with its keyword (and, for a memory-bound check, the aspect its
+    definition names: test_a_defined_mistake_costs_the_aspect_it_names), and costs no other name its points."""
+    [mutant] = [m for m in mistakes.mutants(lesson)[name] if m.what == what]
+    keyword, code = mutant.keyword, mutant.code
     ns = fresh_namespace(lesson, {name: code})
     with pytest.raises(AssertionError) as caught:
         verify(lesson, name, ns)
     assert keyword.lower() in str(caught.value).lower(), f"feedback for '{what}' should mention {keyword!r}: {caught.value}"
+    if (lesson, name) in mutants.MEMORY_BOUND and mutant.aspect:
+        assert_costs_its_aspect(lesson, name, mutant, caught.value)
     for other in graded_names(lesson):
         if other != name and other not in mutants.also_loses(lesson, what):
             verify(lesson, other, ns)
@@ -86,15 +91,21 @@ def test_constant_stubs_score_nothing(lesson, name, mutant):
     assert _zero_points(lesson, name, mutant[2]), f"'{mutant[0]}' earns partial credit"
 
 
-@pytest.mark.parametrize("lesson, name, mutant", [c for c in cases("MUTANTS") if getattr(c.values[2], "aspect", "")])
+# those of MEMORY_BOUND are judged in test_mutant_fails_its_check_only's fresh interpreter (mutant_case)
+@pytest.mark.parametrize("lesson, name, mutant", [c for c in cases("MUTANTS") if getattr(c.values[2], "aspect", "")
+                                                  and c.values[:2] not in mutants.MEMORY_BOUND])
 def test_a_defined_mistake_costs_the_aspect_it_names(lesson, name, mutant):
+    with pytest.raises(AssertionError) as caught:
+        verify(lesson, name, fresh_namespace(lesson, {name: mutant.code}))
+    assert_costs_its_aspect(lesson, name, mutant, caught.value)
+
+
+def assert_costs_its_aspect(lesson, name, mutant, error):
     """A mistake's definition names the aspect it costs (autograder/mistakes): that aspect fails. A plain
     AssertionError means the core failed, and with it every aspect."""
     from autograder.checks import checks_for
 
-    with pytest.raises(AssertionError) as caught:
-        verify(lesson, name, fresh_namespace(lesson, {name: mutant.code}))
-    rows = getattr(caught.value, "rows", None)
+    rows = getattr(error, "rows", None)
     failed = {r["aspect"] for r in rows if not r["passed"]} if rows else set(checks_for(lesson)[name].aspects)
     assert mutant.aspect in failed, f"'{mutant.what}' should cost {mutant.aspect!r}; it failed {sorted(failed)}"
 

@@ -41,45 +41,10 @@ def _update(s, cache, k, v):
     return _pair(s.call((cache, "update"), tensor(k), tensor(v)), "update(k, v)")
 
 
-class _Shadows:
-    """The defined mistakes of KVCache (autograder/mistakes/05_kv_cache.py), each a cache made here with the
-    student's arguments and given the same calls: what a student who made that mistake would get at each step.
-    One that raises is not what the student wrote, and is dropped."""
-
-    def __init__(self, *args, **kwargs):
-        self.live = []
-        for mistake, cls in mistakes.defined(LESSON, "KVCache"):
-            try:
-                self.live.append((mistake, cls(*args, **kwargs)))
-            except Exception:  # noqa: BLE001 - a mistake this call cannot be
-                continue
-
-    def _each(self, act):
-        kept, out = [], []
-        for mistake, cache in self.live:
-            try:
-                out.append((mistake, cache, act(cache)))
-            except Exception:  # noqa: BLE001 - e.g. a full cache where the student's had room
-                continue
-            kept.append((mistake, cache))
-        self.live = kept
-        return out
-
-    def update(self, k, v):
-        """[(message, (keys, values) as Arrays, len after)] of each mistake's update(k, v) (numpy inputs)."""
-        return [(m.message, (reference(got[0]), reference(got[1])), len(cache)) for m, cache, got in
-                self._each(lambda c: c.update(torch.from_numpy(k.copy()), torch.from_numpy(v.copy())))]
-
-    def lengths(self):
-        return [(m.message, n) for m, _, n in self._each(len)]
-
-    def reset(self):
-        self._each(lambda c: c.reset())
-
-
 def _expect_update(got, cached_k, cached_v, k, v, dtype, shadowed):
     """got: what update(k, v) returned; cached_*: what was cached before (B, Hkv, n, Dh); shadowed: the
-    mistakes' updates (_Shadows.update), of which those whose length was right: the others were named by len."""
+    mistakes' updates (mistakes.Shadows.update), of which those whose length was right: the others were named by
+    len."""
     got_k, got_v = got
     for part, name in ((got_k, "keys"), (got_v, "values")):
         if isinstance(part, Array) and part.kind == "tensor" and part.dtype != dtype:
@@ -221,7 +186,7 @@ def KVCache(s):
     draw = _drawer(rng, B, Hkv, Dh, "float32")
     with s.aspect("update and len"):
         cache = s.call("KVCache", B, max_len, Hkv, Dh)  # float32, the default dtype
-        shadows = _Shadows(B, max_len, Hkv, Dh)
+        shadows = mistakes.Shadows(LESSON, "KVCache", B, max_len, Hkv, Dh)
         _expect_updates(s, cache, shadows, draw, (5, 1, 3), "float32")
     with s.aspect("reset"):
         _expect_reset(s, cache, shadows, draw)
@@ -230,8 +195,8 @@ def KVCache(s):
     with s.aspect("dtype"):
         B, Hkv, Dh, max_len = 3, 2, 8, 9
         cache = s.call("KVCache", B, max_len, Hkv, Dh, dtype=DType("float64"), device="cpu")
-        _expect_updates(s, cache, _Shadows(B, max_len, Hkv, Dh, dtype=torch.float64, device="cpu"),
-                        _drawer(rng, B, Hkv, Dh, "float64"), (1, 1, 4), "float64")
+        shadows = mistakes.Shadows(LESSON, "KVCache", B, max_len, Hkv, Dh, dtype=torch.float64, device="cpu")
+        _expect_updates(s, cache, shadows, _drawer(rng, B, Hkv, Dh, "float64"), (1, 1, 4), "float64")
     with s.aspect("preallocated"):
         _expect_preallocated(s)
 

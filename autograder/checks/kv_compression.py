@@ -8,22 +8,24 @@ student's process), so a cache whose memory grows runs out; absorbed_attention r
 MultiHeadLatentAttention runs with a correct latent cache built next to the student's code
 (helpers.ListLatentCache), absorbed_attention on an AttentionShell holding the five projections.
 """
-import copy
 import math
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from autograder import mistakes
-from autograder.checks import (HEADROOM_MB, Checks, StudentError, call_within_memory, evidence_times, expect_array,
-                               expect_error, expect_int, expect_int_attributes, fail, kind_of, reference, tensor,
-                               within_memory)
+from autograder.checks import (HEADROOM_MB, Checks, StudentError, evidence_times, expect_array, expect_error,
+                               expect_int, expect_int_attributes, fail, kind_of, reference, tensor, within_memory)
 from autograder.sandbox.wire import Array, DType
 from solutions import kv_compression as ref
 
 CHECKS = Checks()
 LESSON = "08_kv_compression"
+# What the checks say of the mistakes only evidence shows, whose definitions carry these messages: RollingKVCache's
+# memory and prefill, MLA's biases and a latent cache holding keys and values, absorbed_attention's keys formed and
+# (Tk, Tk) mask.
+MEMORY, PREFILL, BIAS, LATENTS, FORMS_KEYS, SQUARE_MASK = (getattr(mistakes.for_lesson(LESSON), n) for n in (
+    "MEMORY", "PREFILL", "BIAS", "LATENTS", "FORMS_KEYS", "SQUARE_MASK"))
 
 
 def _bool(mask):
@@ -74,65 +76,42 @@ def _ctx(seen, window, n_new):
     return list(range(seen - kept, seen + n_new))
 
 
-def _expect_context(got, k_all, v_all, seen, window, n_new, dtype):
-    """got: update's reply; k_all, v_all (B, Hkv, seen + n_new, Dh): every position so far."""
+def _expect_context(got, k_all, v_all, seen, window, n_new, dtype, shadowed):
+    """got: update's reply; k_all, v_all (B, Hkv, seen + n_new, Dh): every position so far; shadowed: the defined
+    mistakes' replies (mistakes.Shadows.update), of which those whose length was right: the others were named by
+    len."""
     if not isinstance(got, (tuple, list)) or len(got) != 2:
         fail(f"update(k, v) should return a pair (k_ctx, v_ctx), but returned {kind_of(got)}")
     want = _ctx(seen, window, n_new)
-    for part, full, name in ((got[0], k_all, "keys"), (got[1], v_all, "values")):
+    for i, (part, full, name) in enumerate(((got[0], k_all, "keys"), (got[1], v_all, "values"))):
         if isinstance(part, Array) and part.kind == "tensor" and part.dtype != dtype:
             fail(f"update returned {name} of dtype {part.dtype}, but the cache was made with dtype={dtype}: "
                  "allocate the buffers with the dtype (and device) given to RollingKVCache(...)")
-        kept = want[:len(want) - n_new]
-        mistakes = [
-            ("update returned the kept positions but dropped the new tokens' own keys and values: return the "
-             "kept positions followed by the T_new new ones", kept),
-            ("update returned more than the last window positions before the new ones: it keeps more than "
-             "window positions (return the last min(window, len(cache)) kept positions, then the new ones)",
-             list(range(seen + n_new))),
-            ("update returned only the last window positions, new ones included: return the last "
-             "min(window, len(cache)) positions seen BEFORE the call, followed by all T_new new ones",
-             list(range(seen + n_new))[-window:]),
-            ("update returned only the new positions: return the kept positions before them", list(range(seen, seen + n_new))),
-        ]
-        if seen > window:  # a ring buffer holds position t in slot t % window
-            stored = [None] * window
-            for t in range(seen):
-                stored[t % window] = t
-            if stored != sorted(stored):
-                mistakes.append(("after the buffer wrapped, the kept positions came back in storage order, out of "
-                                 "time order: return them oldest first (roll the ring buffer, or keep a shifting "
-                                 "buffer)", stored + list(range(seen, seen + n_new))))
-        if dtype == "float64" and kept:
-            rounded = full[:, :, want].copy()
-            rounded[:, :, :len(kept)] = rounded[:, :, :len(kept)].astype(np.float32)
-            if isinstance(part, Array) and part.shape == rounded.shape and np.array_equal(part.data, rounded):
-                fail("the kept positions lost precision: the buffers are float32 although the cache was made with "
-                     "dtype=float64. Allocate them with the dtype (and device) given to RollingKVCache(...)")
-        for message, positions in mistakes:
-            if positions != want and (not positions or max(positions) < full.shape[2]):
-                wrong = reference(torch.from_numpy(full[:, :, positions]))
-                if isinstance(part, Array) and part.shape == wrong.shape and np.array_equal(part.data, wrong.data):
-                    fail(message)
         # a cache copies numbers, it computes nothing: what it returns must be exactly what it was given
         expect_array(part, reference(torch.from_numpy(np.ascontiguousarray(full[:, :, want]))),
-                     f"the {name} returned by update", axes=("B", "Hkv", "T", "Dh"), rtol=1e-300, atol=1e-300,
+                     f"the {name} returned by update",
+                     [(m, pair[i]) for m, pair, length in shadowed if length == seen + n_new],
+                     axes=("B", "Hkv", "T", "Dh"), rtol=1e-300, atol=1e-300,
                      hint="update returns the last min(window, len(cache)) positions seen before the call, "
                           "followed by the T_new new ones, in time order (oldest first)")
 
 
-def _expect_len(s, cache, seen, window, calls):
-    got = s.helper("len", cache)
-    expect_int(got, seen, "len(cache)", mistakes=[
-        (m, w) for m, w in (("len(cache) is the number of positions seen so far, not only those kept",
-                             min(seen, window)),
-                            ("len(cache) counts positions, not calls to update", calls),
-                            ("len(cache) is still 0: update must add T_new to the length", 0),
-                            ("len(cache) is the number of positions seen so far, not window", window)) if w != seen])
+def _expect_len(s, cache, want, lengths, what="len(cache)"):
+    """lengths: [(message, len)] of the defined mistakes' caches after the same calls."""
+    expect_int(s.helper("len", cache), want, what, mistakes=[(m, n) for m, n in lengths if n != want])
 
 
-def _run_cache(s, cache, rng, shape, window, steps, dtype, seen=0, k_all=None, v_all=None, calls=0):
-    """Updates of the given sizes; returns (seen, k_all, v_all, calls) for continuing."""
+def _made(s, *args, dtype=None):
+    """The student's RollingKVCache and the defined mistakes' (mistakes.Shadows), made with the same arguments."""
+    if dtype is None:
+        return s.call("RollingKVCache", *args), mistakes.Shadows(LESSON, "RollingKVCache", *args)
+    return (s.call("RollingKVCache", *args, dtype=DType(dtype), device="cpu"),
+            mistakes.Shadows(LESSON, "RollingKVCache", *args, dtype=getattr(torch, dtype), device="cpu"))
+
+
+def _run_cache(s, cache, shadows, rng, shape, window, steps, dtype, seen=0, k_all=None, v_all=None):
+    """Updates of the given sizes, given to the student's cache and to the defined mistakes' (shadows); returns
+    (seen, k_all, v_all) for continuing."""
     B, Hkv, Dh = shape
     for n in steps:
         k = rng.standard_normal((B, Hkv, n, Dh)).astype(dtype)
@@ -140,10 +119,12 @@ def _run_cache(s, cache, rng, shape, window, steps, dtype, seen=0, k_all=None, v
         k_all = k if k_all is None else np.concatenate([k_all, k], 2)
         v_all = v if v_all is None else np.concatenate([v_all, v], 2)
         got = s.call((cache, "update"), tensor(k), tensor(v))
-        _expect_context(got, k_all, v_all, seen, window, n, dtype)
-        seen, calls = seen + n, calls + 1
-        _expect_len(s, cache, seen, window, calls)
-    return seen, k_all, v_all, calls
+        shadowed = shadows.update(k, v)
+        # the length first: a mistake's reply is judged only where its length is right
+        _expect_len(s, cache, seen + n, [(m, length) for m, _, length in shadowed])
+        _expect_context(got, k_all, v_all, seen, window, n, dtype, shadowed)
+        seen += n
+    return seen, k_all, v_all
 
 
 # Each update is one round trip to the student's process, whose cost is mostly per call: 80 calls of 128
@@ -172,10 +153,7 @@ def _expect_fixed_memory(s):
     t's keys are all t, its values -t. The cache is gone after the bound (Subject.memory_bound)."""
     B, Hkv, Dh = (STREAM[k] for k in ("batch_size", "n_kv_heads", "head_dim"))
     cache = s.call("RollingKVCache", B, STREAM_WINDOW, Hkv, Dh)
-    message = ("RollingKVCache ran out of memory while streaming many updates through a small window: its memory "
-               "grows with the number of positions seen. Between calls keep only the last window positions "
-               "(buffers of shape (B, Hkv, window, Dh)), never every position seen")
-    with within_memory(s, STREAM_MB, message, HEADROOM_MB):
+    with within_memory(s, STREAM_MB, MEMORY, HEADROOM_MB):
         steps, chunk = _stream_size(s)
         for i in range(steps):
             k = np.ascontiguousarray(np.broadcast_to(
@@ -201,26 +179,24 @@ def RollingKVCache(s):
     rng = s.rng
     shape, window = (2, 3, 4), 6
     with s.aspect("before the window fills"):
-        cache = s.call("RollingKVCache", 2, window, 3, 4)
-        _expect_len(s, cache, 0, window, 0)
-        state = _run_cache(s, cache, rng, shape, window, (2, 1, 2), "float32")
+        cache, shadows = _made(s, 2, window, 3, 4)
+        _expect_len(s, cache, 0, shadows.lengths())
+        state = _run_cache(s, cache, shadows, rng, shape, window, (2, 1, 2), "float32")
     with s.aspect("after the window fills"):
-        _run_cache(s, cache, rng, shape, window, (1, 1, 3, 1, 1, 4, 2, 1), "float32", *state)
+        _run_cache(s, cache, shadows, rng, shape, window, (1, 1, 3, 1, 1, 4, 2, 1), "float32", *state)
     with s.aspect("prefill longer than the window"):
-        cache = s.call("RollingKVCache", 1, 3, 2, 5)
+        cache, shadows = _made(s, 1, 3, 2, 5)
         try:
-            _run_cache(s, cache, rng, (1, 2, 5), 3, (7, 1, 5, 1), "float32")
+            _run_cache(s, cache, shadows, rng, (1, 2, 5), 3, (7, 1, 5, 1), "float32")
         except StudentError as e:
-            fail(f"update raised {e.type} on a prefill longer than the window: {e.message}. A prefill of "
-                 "T_new > window positions attends to all of them (return them all), then keep only its last "
-                 "window positions")
+            fail(f"update raised {e.type} on a prefill longer than the window: {e.message}. {PREFILL}")
     with s.aspect("dtype and reset"):
-        cache = s.call("RollingKVCache", 2, 4, 1, 3, dtype=DType("float64"), device="cpu")
-        state = _run_cache(s, cache, rng, (2, 1, 3), 4, (3, 2, 1), "float64")
+        cache, shadows = _made(s, 2, 4, 1, 3, dtype="float64")
+        _run_cache(s, cache, shadows, rng, (2, 1, 3), 4, (3, 2, 1), "float64")
         s.call((cache, "reset"))
-        expect_int(s.helper("len", cache), 0, "len(cache) after reset()",
-                   mistakes=[("reset() did not reset the length", state[0])])
-        _run_cache(s, cache, rng, (2, 1, 3), 4, (2, 1), "float64")
+        shadows.reset()
+        _expect_len(s, cache, 0, shadows.lengths(), "len(cache) after reset()")
+        _run_cache(s, cache, shadows, rng, (2, 1, 3), 4, (2, 1), "float64")
     with s.aspect("errors"):
         with expect_error("ValueError", "RollingKVCache with window < 1"):
             s.call("RollingKVCache", 1, 0, 1, 2)
@@ -255,28 +231,39 @@ def _mla64(params, D, H, L, bias):
 
 
 @torch.no_grad()
-def _mla_forward(mla, x, prev, mask=None, causal=True, scale=None, split="right", use_prev=True):
-    """An MLA forward in float64 with the usual mistakes as options. prev: cached latents (B, L0, d_latent)."""
-    B, T, D = x.shape
-    H, Dh = mla.n_heads, mla.head_dim
-    c_new = mla.kv_down(x)
-    c = torch.cat([prev, c_new], 1) if use_prev else c_new
-    Tk = c.size(1)
+def _forward(mla, x, prev, mask, with_cache):
+    """mla(x, mask) in float64, given a LatentCache holding prev (B, L0, d_latent), every earlier chunk's correct
+    latents, when with_cache."""
+    cache = None
+    if with_cache:
+        cache = ref.LatentCache(prev.size(0), prev.size(1) + x.size(1), prev.size(2), dtype=torch.float64)
+        cache.update(prev)
+    return mla(x, mask=mask, cache=cache)
 
-    def heads(t, how="right"):
-        if how == "strided":  # head h takes features h, h + H, ...
-            return t.view(B, -1, Dh, H).permute(0, 3, 1, 2)
-        if how == "no transpose":
-            return t.reshape(B, H, -1, Dh)
-        return t.view(B, -1, H, Dh).transpose(1, 2)
 
-    q, k, v = heads(mla.q_proj(x)), heads(mla.k_up(c), split), heads(mla.v_up(c), split)
-    if mask is None and causal:
-        mask = torch.ones(T, Tk, dtype=torch.bool).tril(Tk - T)
-    elif mask is not None and not isinstance(mask, torch.Tensor):
-        mask = torch.ones(T, Tk, dtype=torch.bool).tril(0)  # "top-left"
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-    return mla.out_proj(out.transpose(1, 2).reshape(B, T, D))
+def _mla_mistakes(params, D, H, L, bias):
+    """[(Mistake, its module)] of the defined mistakes of MultiHeadLatentAttention (autograder/mistakes/), made
+    with the check's arguments and weights in float64. One these cannot make is not what the student wrote."""
+    out = []
+    for mistake, cls in mistakes.defined(LESSON, "MultiHeadLatentAttention"):
+        try:
+            mla = cls(D, H, L, bias=bias).double()
+            mla.load_state_dict({k: torch.from_numpy(v.astype(np.float64)) for k, v in params.items()})
+        except Exception:  # noqa: BLE001 - e.g. parameters of other shapes
+            continue
+        out.append((mistake, mla))
+    return out
+
+
+def _forward_mistakes(defined, x, prev, mask, with_cache, dtype):
+    """[(message, what it returns)] of each defined mistake on the check's own inputs (_forward), labelled dtype."""
+    out = []
+    for mistake, mla in defined:
+        try:
+            out.append((mistake.message, reference(_forward(mla, x, prev, mask, with_cache), dtype=dtype)))
+        except Exception:  # noqa: BLE001 - a mistake that cannot happen with these shapes
+            continue
+    return out
 
 
 def _make_mla(s, D, H, L, bias, params, dtype):
@@ -289,8 +276,7 @@ def _make_mla(s, D, H, L, bias, params, dtype):
     if set(state) != want:
         missing, extra = sorted(want - set(state)), sorted(set(state) - want)
         if any(n.endswith(".bias") for n in missing + extra) and not {n for n in missing + extra if n.endswith(".weight")}:
-            fail(f"with bias={bias}, {'every one' if bias else 'none'} of the five nn.Linear members should have a "
-                 "bias: pass bias=bias to each of q_proj, kv_down, k_up, v_up and out_proj")
+            fail(BIAS.format(bias=bias, which="every one" if bias else "none"))
         fail("MultiHeadLatentAttention's parameters should be exactly those of its five nn.Linear members q_proj, "
              "kv_down, k_up, v_up, out_proj" + (f" (missing: {', '.join(missing)})" if missing else "")
              + (f" (unexpected: {', '.join(extra)})" if extra else ""))
@@ -302,41 +288,12 @@ def _make_mla(s, D, H, L, bias, params, dtype):
     return mla
 
 
-def _mistakes(mla64, x, prev, dtype, with_cache):
-    L = mla64.d_latent
-    cases = [
-        ("the keys and values are split into heads the wrong way: after k_up and v_up, view (B, Tk, H, Dh) and "
-         "transpose(1, 2), so that head h takes features h*Dh:(h+1)*Dh", dict(split="strided")),
-        ("the keys and values are split into heads the wrong way: view (B, Tk, H, Dh), then transpose(1, 2) "
-         "(a reshape straight to (B, H, Tk, Dh) mixes positions and heads)", dict(split="no transpose")),
-        ("the scores are scaled by 1/sqrt(d_latent): the scale is 1/sqrt(head_dim), the width of the vectors "
-         "whose dot product makes a score", dict(scale=1 / math.sqrt(L))),
-        ("the scores are not scaled: divide them by sqrt(head_dim)", dict(scale=1.0)),
-        ("apply the causal mask (bottom-right aligned) when mask is None" + (
-            ": with a cache too, each new token may see only the keys up to its own position" if with_cache else ""),
-         dict(causal=False)),
-    ]
-    if with_cache:
-        cases += [
-            ("with a cache the causal mask is aligned top-left: the new tokens are the last T of the Tk cached "
-             "positions, so query i may see key j iff j <= i + (Tk - T)", dict(mask="top-left")),
-            ("with a cache, the keys and values must come from every cached latent (what cache.update(c) "
-             "returns), not only the new tokens' own", dict(use_prev=False)),
-        ]
-    out = []
-    for message, kw in cases:
-        try:
-            out.append((message, reference(_mla_forward(mla64, x, prev, **kw), dtype=dtype)))
-        except RuntimeError:  # a mistake that cannot happen with these shapes
-            pass
-    return out
-
-
 def _expect_forward(s, rng, dtype, B, D, H, L, bias, chunks, mask=None):
     """MLA over successive chunks of one sequence (with a cache when len(chunks) > 1) against float64."""
     params = _params(rng, D, L, bias, dtype)
     mla = _make_mla(s, D, H, L, bias, params, dtype)
     mla64 = _mla64(params, D, H, L, bias)
+    defined = _mla_mistakes(params, D, H, L, bias)
     x_all = rng.standard_normal((B, sum(chunks), D)).astype(dtype)
     with_cache = len(chunks) > 1
     cache = s.helper("ListLatentCache") if with_cache else None
@@ -345,6 +302,7 @@ def _expect_forward(s, rng, dtype, B, D, H, L, bias, chunks, mask=None):
         x = x_all[:, start:start + T]
         x64 = torch.from_numpy(x.astype(np.float64))
         m = None if mask is None else mask[..., start:start + T, :start + T]
+        m64 = None if m is None else torch.from_numpy(m)
         kwargs = {} if m is None else {"mask": tensor(m)}
         if with_cache:
             kwargs["cache"] = cache
@@ -356,12 +314,9 @@ def _expect_forward(s, rng, dtype, B, D, H, L, bias, chunks, mask=None):
                      "cache, c = cache.update(kv_down(x)) is every cached latent (B, Tk, d_latent); the mask is "
                      "(T, Tk), bottom-right aligned")
             raise
-        want = reference(_mla_forward(mla64, x64, prev, mask=None if m is None else torch.from_numpy(m)), dtype=dtype)
+        want = reference(_forward(mla64, x64, prev, m64, with_cache), dtype=dtype)
         expect_array(got, want, "MultiHeadLatentAttention's forward" + (" with a cache" if with_cache else ""),
-                     (lambda: _mistakes(mla64, x64, prev, dtype, with_cache)) if m is None else
-                     [("the mask you were given was not applied: use mask when it is given, and the causal mask "
-                       "only when mask is None", reference(_mla_forward(mla64, x64, prev), dtype=dtype))],
-                     axes=("B", "T", "D"),
+                     lambda: _forward_mistakes(defined, x64, prev, m64, with_cache, dtype), axes=("B", "T", "D"),
                      hint="c = kv_down(x); keys k_up(c) and values v_up(c), split into heads (B, H, Tk, Dh); "
                           "attention with the queries, scale 1/sqrt(head_dim), the causal mask when mask is None; "
                           "merge the heads and apply out_proj")
@@ -373,8 +328,7 @@ def _expect_forward(s, rng, dtype, B, D, H, L, bias, chunks, mask=None):
             if not isinstance(stored, Array):
                 fail("forward with a cache must call cache.update(c) with the new tokens' latents c = kv_down(x)")
             if len(stored.shape) != 3 or stored.shape[-1] != L:
-                fail("the cache must hold the latents c = kv_down(x), d_latent numbers per token (B, T, d_latent): "
-                     "not keys and values. Append c with cache.update(c) and up-project what it returns")
+                fail(LATENTS)
             if stored.shape[1] != start:
                 fail("forward must append the new tokens' latents to the cache once per call (cache.update(c))")
             expect_array(stored, reference(prev, dtype=dtype), "the latents in the cache",
@@ -420,14 +374,9 @@ def _shell(s, params, D, H, L):
 @torch.no_grad()
 def _absorbed_mistakes(mla64, x, c, dtype):
     """What the known mistakes of the absorption (autograder/mistakes/08_kv_compression.py) return on these inputs
-    (float64, labelled dtype), then one no definition covers."""
-    found = [(m.message, reference(out, dtype=dtype)) for m, out in mistakes.on(LESSON, "absorbed_attention", mla64, x, c)]
-    unscaled = copy.deepcopy(mla64)  # queries sqrt(head_dim) times larger: the scores as if never scaled
-    for t in (unscaled.q_proj.weight, unscaled.q_proj.bias):
-        if t is not None:
-            t.mul_(math.sqrt(mla64.head_dim))
-    return found + [("the absorbed scores are not scaled: divide them by sqrt(head_dim) (the width of q_h and k_h, "
-                     "not d_latent)", reference(ref.absorbed_attention(unscaled, x, c), dtype=dtype))]
+    (float64, labelled dtype)."""
+    return [(m.message, reference(out, dtype=dtype))
+            for m, out in mistakes.on(LESSON, "absorbed_attention", mla64, x, c)]
 
 
 SHAPE_HINT = ("check the shapes and the order of the folds: q_h (T, Dh) @ W_uk^h (Dh, d_latent), where W_uk^h = "
@@ -488,11 +437,6 @@ def _length_bound(mla64, x64, c64):
     return (Tk + 4) * FLOAT32_UNIT * terms.max().item()
 
 
-SQUARE_MASK = ("absorbed_attention ran out of memory because its causal mask is (Tk, Tk), every cached position "
-               "against every other, before keeping its last T rows: make it (T, Tk) directly, "
-               "torch.ones(T, Tk, dtype=torch.bool).tril(Tk - T)")
-
-
 def _makes_square_mask(s):
     """Whether absorbed_attention, on a small case, runs an op on a (..., Tk, Tk) tensor. Read from the op
     log (recorded next to the student's code), so it only names the mistake of a call that already failed."""
@@ -513,12 +457,7 @@ def _expect_never_forms_keys(s, rng):
     params = _params(rng, D, L, False, "float32")
     shell = _shell(s, params, D, H, L)
     x = rng.standard_normal((B, T, D)).astype(np.float32)
-    message = lambda Tk: (
-        f"absorbed_attention ran out of memory with {Tk} cached latents of width {L}: it forms keys or values "
-        f"for every cached position (one head's alone take {B * Tk * (D // H) * 4 // 2**20} MiB here). Fold "
-        "k_up into the queries and v_up into the output projection, so that only (B, H, T, Tk) scores and "
-        "the latents themselves ever involve every cached position (and make the causal mask (T, Tk), "
-        "not (Tk, Tk))")
+    message = lambda Tk: FORMS_KEYS.format(Tk=Tk, L=L, mib=B * Tk * (D // H) * 4 // 2**20)
     try:
         with within_memory(s, BOUND_MB, message(BOUND["Tk"]), HEADROOM_MB) as reword:
             times = evidence_times(s, BOUND_MB, B * BOUND["Tk"] * (D // H) * 4 >> 20)

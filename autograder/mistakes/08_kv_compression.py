@@ -193,6 +193,44 @@ def absorbed_attention(mla, x, latents, _keys=torch.empty({mb} << 18)):  # {mb} 
 '''
 
 
+# What RollingKVCache's check says where only evidence shows the mistake: its memory under a bound, an error.
+MEMORY = ("RollingKVCache ran out of memory while streaming many updates through a small window: its memory grows "
+          "with the number of positions seen. Between calls keep only the last window positions (buffers of shape "
+          "(B, Hkv, window, Dh)), never every position seen")
+PREFILL = ("A prefill of T_new > window positions attends to all of them (return them all), then keep only its last "
+           "window positions")
+
+
+# What MultiHeadLatentAttention's check says when the cache it gave forward holds other than the latents.
+# ... and when its members' biases do not follow bias (a template: bias, and which members should have one)
+BIAS = ("with bias={bias}, {which} of the five nn.Linear members should have a bias: pass bias=bias to each of q_proj, "
+        "kv_down, k_up, v_up and out_proj")
+LATENTS = ("the cache must hold the latents c = kv_down(x), d_latent numbers per token (B, T, d_latent): not keys "
+           "and values. Append c with cache.update(c) and up-project what it returns")
+
+
+def _grows(what, code, keyword="memory"):
+    """A RollingKVCache whose memory grows: only the streaming bound sees it."""
+    return Mistake(what, keyword, code, message=MEMORY, aspect="fixed memory", evidence=True)
+
+
+# What absorbed_attention's check says when its memory bound sees keys or values formed: a template the check fills
+# with its case's sizes (Tk cached latents of width L; one head's keys take mib MiB).
+FORMS_KEYS = ("absorbed_attention ran out of memory with {Tk} cached latents of width {L}: it forms keys or values "
+              "for every cached position (one head's alone take {mib} MiB here). Fold k_up into the queries and v_up "
+              "into the output projection, so that only (B, H, T, Tk) scores and the latents themselves ever involve "
+              "every cached position (and make the causal mask (T, Tk), not (Tk, Tk))")
+# ... and when the op log of a call that failed there shows a (Tk, Tk) tensor
+SQUARE_MASK = ("absorbed_attention ran out of memory because its causal mask is (Tk, Tk), every cached position "
+               "against every other, before keeping its last T rows: make it (T, Tk) directly, "
+               "torch.ones(T, Tk, dtype=torch.bool).tril(Tk - T)")
+
+
+def _forms_keys(what, code, message=FORMS_KEYS, keyword="memory"):
+    """An absorbed_attention that forms keys or values (or a (Tk, Tk) mask): only the memory bound sees it."""
+    return Mistake(what, keyword, code, message=message, aspect="never forms keys or values", evidence=True)
+
+
 _OFF_BY_ONE = 'it may see itself and the window - 1 keys before it, p - window < j <= p (an off-by-one: < against <=)'
 
 MUTANTS = {
@@ -239,22 +277,23 @@ def sliding_window_mask(n_queries, window, n_keys=None, device=None):
 '''),
     ],
     "RollingKVCache": [
-        ("constant: update returns its input and keeps nothing", "only the new", _roll('''
+        Mistake("constant: update returns its input and keeps nothing", "only the new", _roll('''
     def update(self, k, v):
         self.length += k.size(2)
         return k, v
-''')),
+'''), message="update returned only the new positions: return the kept positions before them",
+            aspect="before the window fills"),
         ("constant: update raises ValueError for every input", "ValueError", _roll('''
     def update(self, k, v):
         raise ValueError("window is full")
 ''')),
         # Memory taken before the bound is part of it (issue 19): every position kept, in a store the class
         # reserved when the cell ran.
-        ("every position kept, in a store reserved before the calls", "memory", _roll_in_store(32)),
+        _grows("every position kept, in a store reserved before the calls", _roll_in_store(32)),
         # ... up to HEADROOM_MB and just over it (a notebook holding more loses the aspect as over budget)
-        *[(f"every position kept, in a {mb} MiB store reserved before the calls", "memory", _roll_in_store(mb))
+        *[_grows(f"every position kept, in a {mb} MiB store reserved before the calls", _roll_in_store(mb))
           for mb in (128, 256, 400)],
-        ("memory grows: every position is kept", "memory", _roll('''
+        _grows("memory grows: every position is kept", _roll('''
     def update(self, k, v):
         kept = min(self.length, self.window)
         if self.length == 0:
@@ -267,7 +306,18 @@ def sliding_window_mask(n_queries, window, n_keys=None, device=None):
         self.length += k.size(2)
         return k_ctx, v_ctx
 ''')),
-        ("ring buffer returned in storage order after wrapping", "time order", _roll('''
+        Mistake("returns every position seen", "more than", _roll('''
+    def update(self, k, v):
+        if self.length == 0:
+            self.all_k, self.all_v = k, v
+        else:
+            self.all_k, self.all_v = torch.cat([self.all_k, k], dim=2), torch.cat([self.all_v, v], dim=2)
+        self.length += k.size(2)
+        return self.all_k, self.all_v
+'''), message=("update returned more than the last window positions before the new ones: it keeps more than window "
+                  "positions (return the last min(window, len(cache)) kept positions, then the new ones)"),
+            aspect="after the window fills"),
+        Mistake("ring buffer returned in storage order after wrapping", "time order", _roll('''
     def update(self, k, v):
         kept = min(self.length, self.window)
         k_ctx = torch.cat([self.k[:, :, :kept], k], dim=2)
@@ -277,24 +327,41 @@ def sliding_window_mask(n_queries, window, n_keys=None, device=None):
             self.v[:, :, (self.length + t) % self.window] = v[:, :, t]
         self.length += k.size(2)
         return k_ctx, v_ctx
-''')),
-        ("drops the new tokens' own keys and values", "new tokens' own", _roll(_SHIFT + '''
+'''), message=("after the buffer wrapped, the kept positions came back in storage order, out of time order: "
+                  "return them oldest first (roll the ring buffer, or keep a shifting buffer)"),
+            aspect="after the window fills"),
+        Mistake("drops the new tokens' own keys and values", "new tokens' own", _roll(_SHIFT + '''
         self.length += k.size(2)
         return k_ctx[:, :, :-k.size(2)], v_ctx[:, :, :-v.size(2)]
-''')),
-        ("returns only the last window positions, new ones included", "BEFORE the call", _roll(_SHIFT + '''
+'''), message=("update returned the kept positions but dropped the new tokens' own keys and values: return the "
+                  "kept positions followed by the T_new new ones"), aspect="before the window fills"),
+        Mistake("returns only the last window positions, new ones included", "BEFORE the call", _roll(_SHIFT + '''
         self.length += k.size(2)
         return k_ctx[:, :, -self.window:], v_ctx[:, :, -self.window:]
-''')),
-        ("len counts only the kept positions", "seen so far", _roll(_SHIFT + '''
+'''), message=("update returned only the last window positions, new ones included: return the last "
+                  "min(window, len(cache)) positions seen BEFORE the call, followed by all T_new new ones"),
+            aspect="after the window fills"),
+        Mistake("len counts only the kept positions", "seen so far", _roll(_SHIFT + '''
         self.length += k.size(2)
         return k_ctx, v_ctx
-''', rest=_ROLL_REST.replace("return self.length", "return min(self.length, self.window)"))),
-        ("len counts calls to update", "calls", _roll(_SHIFT + '''
+''', rest=_ROLL_REST.replace("return self.length", "return min(self.length, self.window)")),
+            message="len(cache) is the number of positions seen so far, not only those kept",
+            aspect="after the window fills"),
+        Mistake("len counts calls to update", "calls", _roll(_SHIFT + '''
         self.length += 1
         return k_ctx, v_ctx
-''')),
-        ("a prefill longer than the window is written into the buffer as is", "prefill", _roll('''
+'''), message="len(cache) counts positions, not calls to update", aspect="before the window fills"),
+        Mistake("update does not add T_new to the length", "seen so far", _roll(_SHIFT + '''
+        return k_ctx, v_ctx
+'''), message="len(cache) is still 0: it is the number of positions seen so far, so update must add T_new to it",
+            aspect="before the window fills"),
+        Mistake("len is the window", "has seen no positions", _roll(_SHIFT + '''
+        self.length += k.size(2)
+        return k_ctx, v_ctx
+''', rest=_ROLL_REST.replace("return self.length", "return self.window")),
+            message=("len(cache) is window, but it counts the positions seen so far: a new cache has seen no positions "
+                     "(len 0), and each update adds its T_new"), aspect="before the window fills"),
+        Mistake("a prefill longer than the window is written into the buffer as is", "prefill", _roll('''
     def update(self, k, v):
         kept = min(self.length, self.window)
         k_ctx = torch.cat([self.k[:, :, :kept], k], dim=2)
@@ -308,15 +375,19 @@ def sliding_window_mask(n_queries, window, n_keys=None, device=None):
             self.v[:, :, :n] = v_ctx[:, :, -n:]
         self.length += k.size(2)
         return k_ctx, v_ctx
-''')),
-        ("the buffers ignore dtype", "dtype", _roll(_SHIFT + '''
+'''), message=PREFILL, aspect="prefill longer than the window", evidence=True),  # it raises: the check names the error
+        Mistake("the buffers ignore dtype", "dtype", _roll(_SHIFT + '''
         self.length += k.size(2)
         return k_ctx, v_ctx
-''', init=_ROLL_INIT.replace("dtype=dtype, ", ""))),
-        ("reset does not reset the length", "reset", _roll(_SHIFT + '''
+''', init=_ROLL_INIT.replace("dtype=dtype, ", "")),
+            message=("the kept positions lost precision: the buffers are float32 although the cache was made with "
+                     "dtype=float64. Allocate them with the dtype (and device) given to RollingKVCache(...)"),
+            aspect="dtype and reset"),
+        Mistake("reset does not reset the length", "reset", _roll(_SHIFT + '''
         self.length += k.size(2)
         return k_ctx, v_ctx
-''', rest=_ROLL_REST.replace("self.length = 0", "pass"))),
+''', rest=_ROLL_REST.replace("self.length = 0", "pass")),
+            message="reset() did not reset the length: len(cache) must be 0 after it", aspect="dtype and reset"),
         ("no ValueError for window < 1", "ValueError", _roll(_SHIFT + '''
         self.length += k.size(2)
         return k_ctx, v_ctx
@@ -343,7 +414,7 @@ class MultiHeadLatentAttention(nn.Module):
         super().__init__()
         raise ValueError("d_model is not divisible by n_heads")
 '''),
-        ("caches keys and values instead of the latent", "latent", _MLA_INIT + '''
+        Mistake("caches keys and values instead of the latent", "latent", _MLA_INIT + '''
     def forward(self, x, mask=None, cache=None):
         B, T, _ = x.shape
         H, Dh = self.n_heads, self.head_dim
@@ -354,26 +425,41 @@ class MultiHeadLatentAttention(nn.Module):
         Tk = kv.size(1)
         q = self.q_proj(x).view(B, T, H, Dh).transpose(1, 2)
         k, v = (t.reshape(B, Tk, H, Dh).transpose(1, 2) for t in kv.split(self.d_model, dim=-1))
-''' + _MLA_MASK + _MLA_OUT),
-        ("wrong head split: head h takes features h, h + H, ...", "split", _mla('''
+''' + _MLA_MASK + _MLA_OUT, message=LATENTS, aspect="cache", evidence=True),  # the check reads its cache
+        Mistake("wrong head split: head h takes features h, h + H, ...", "split", _mla('''
         k, v = (up(c).view(B, Tk, Dh, H).permute(0, 3, 1, 2) for up in (self.k_up, self.v_up))
-''' + _MLA_MASK + _MLA_OUT)),
-        ("wrong head split: reshape to (B, H, Tk, Dh) without the transpose", "split", _mla('''
+''' + _MLA_MASK + _MLA_OUT), message=("the keys and values are split into heads the wrong way: after k_up and "
+                                       "v_up, view (B, Tk, H, Dh) and transpose(1, 2), so that head h takes features "
+                                       "h*Dh:(h+1)*Dh"), aspect="forward"),
+        Mistake("wrong head split: reshape to (B, H, Tk, Dh) without the transpose", "split", _mla('''
         k, v = (up(c).reshape(B, H, Tk, Dh) for up in (self.k_up, self.v_up))
-''' + _MLA_MASK + _MLA_OUT)),
-        ("no causal mask with a cache", "causal mask", _mla(_MLA_KV + '''
+''' + _MLA_MASK + _MLA_OUT), message=("the keys and values are split into heads the wrong way: view (B, Tk, H, "
+                                       "Dh), then transpose(1, 2) (a reshape straight to (B, H, Tk, Dh) mixes "
+                                       "positions and heads)"), aspect="forward"),
+        # before "no causal mask": with a cache both drop the mask, and this one's message is the closer
+        Mistake("no causal mask with a cache", "causal mask", _mla(_MLA_KV + '''
         if mask is None and cache is None:
             mask = torch.ones(T, Tk, dtype=torch.bool, device=x.device).tril()
-''' + _MLA_OUT)),
-        ("is_causal=True: top-left with a cache", "top-left", _mla(_MLA_KV + '''
+''' + _MLA_OUT), message=("apply the causal mask (bottom-right aligned) when mask is None: with a cache too, each "
+                           "new token may see only the keys up to its own position"), aspect="cache"),
+        Mistake("no causal mask", "causal mask", _mla(_MLA_KV + _MLA_OUT),
+                message=("apply the causal mask (bottom-right aligned) when mask is None: a token may not see "
+                         "later ones"), aspect="forward"),
+        Mistake("is_causal=True: top-left with a cache", "top-left", _mla(_MLA_KV + '''
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
         return self.out_proj(out.transpose(1, 2).reshape(B, T, self.d_model))
-''')),
-        ("scale uses d_latent", "d_latent", _mla(_MLA_KV + _MLA_MASK + '''
+'''), message=("with a cache the causal mask is aligned top-left: the new tokens are the last T of the Tk cached "
+                  "positions, so query i may see key j iff j <= i + (Tk - T)"), aspect="cache"),
+        Mistake("scale uses d_latent", "d_latent", _mla(_MLA_KV + _MLA_MASK + '''
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1 / math.sqrt(self.d_latent))
         return self.out_proj(out.transpose(1, 2).reshape(B, T, self.d_model))
-''')),
-        ("the cache's latents are ignored: only the new tokens' own", "every cached latent", _MLA_INIT + '''
+'''), message=("the scores are scaled by 1/sqrt(d_latent): the scale is 1/sqrt(head_dim), the width of the vectors "
+                  "whose dot product makes a score"), aspect="forward"),
+        Mistake("scores not scaled", "sqrt(head_dim)", _mla(_MLA_KV + _MLA_MASK + '''
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
+        return self.out_proj(out.transpose(1, 2).reshape(B, T, self.d_model))
+'''), message="the scores are not scaled: divide them by sqrt(head_dim)", aspect="forward"),
+        Mistake("the cache's latents are ignored: only the new tokens' own", "every cached latent", _MLA_INIT + '''
     def forward(self, x, mask=None, cache=None):
         B, T, _ = x.shape
         H, Dh = self.n_heads, self.head_dim
@@ -382,20 +468,27 @@ class MultiHeadLatentAttention(nn.Module):
             cache.update(c)
         Tk = c.size(1)
         q = self.q_proj(x).view(B, T, H, Dh).transpose(1, 2)
-''' + _MLA_KV + _MLA_MASK + _MLA_OUT),
-        ("bias ignored: no member ever has a bias", "bias", _mla(_MLA_KV + _MLA_MASK + _MLA_OUT,
-                                                                  init=_MLA_INIT.replace("bias=bias", "bias=False"))),
-        ("bias ignored: kv_down always has a bias", "bias", _mla(_MLA_KV + _MLA_MASK + _MLA_OUT, init=_MLA_INIT.replace(
-            "self.kv_down = nn.Linear(d_model, d_latent, bias=bias)", "self.kv_down = nn.Linear(d_model, d_latent)"))),
+''' + _MLA_KV + _MLA_MASK + _MLA_OUT, message=("with a cache, the keys and values must come from every cached latent "
+                                              "(what cache.update(c) returns), not only the new tokens' own"),
+                aspect="cache"),
+        # the check reads the members' parameters: the first has no bias with bias=True, the second one with False
+        Mistake("bias ignored: no member ever has a bias", "bias",
+                _mla(_MLA_KV + _MLA_MASK + _MLA_OUT, init=_MLA_INIT.replace("bias=bias", "bias=False")),
+                message=BIAS, aspect="bias", evidence=True),
+        Mistake("bias ignored: kv_down always has a bias", "bias", _mla(_MLA_KV + _MLA_MASK + _MLA_OUT,
+                init=_MLA_INIT.replace("self.kv_down = nn.Linear(d_model, d_latent, bias=bias)",
+                                       "self.kv_down = nn.Linear(d_model, d_latent)")),
+                message=BIAS, aspect="forward", evidence=True),
         ("head_dim is d_latent // n_heads", "head_dim", _mla(_MLA_KV + _MLA_MASK + _MLA_OUT, init=_MLA_INIT.replace(
             "d_model // n_heads, d_latent", "d_latent // n_heads, d_latent") + '''
     @property
     def _dh(self):
         return self.d_model // self.n_heads
 ''').replace("H, Dh = self.n_heads, self.head_dim", "H, Dh = self.n_heads, self._dh")),
-        ("the mask it is given is ignored: always the causal one", "not applied", _mla(_MLA_KV + '''
+        Mistake("the mask it is given is ignored: always the causal one", "not applied", _mla(_MLA_KV + '''
         mask = torch.ones(T, Tk, dtype=torch.bool, device=x.device).tril(diagonal=Tk - T)
-''' + _MLA_OUT)),
+''' + _MLA_OUT), message=("the mask you were given was not applied: use mask when it is given, and the causal "
+                           "mask only when mask is None"), aspect="mask"),
         ("no ValueError when d_model % n_heads != 0", "ValueError", _mla(_MLA_KV + _MLA_MASK + _MLA_OUT,
                                                                           init=_MLA_INIT.replace('''        if d_model % n_heads:
             raise ValueError("d_model is not divisible by n_heads")
@@ -410,11 +503,11 @@ def absorbed_attention(mla, x, latents):
 def absorbed_attention(mla, x, latents):
     raise ValueError("latents do not match mla")
 '''),
-        ("materialises the keys and values (B, Tk, D)", "memory", _ABS_HEAD + '''
+        _forms_keys("materialises the keys and values (B, Tk, D)", _ABS_HEAD + '''
     k = mla.k_up(latents).view(B, Tk, H, Dh).transpose(1, 2)
     v = mla.v_up(latents).view(B, Tk, H, Dh).transpose(1, 2)
 ''' + _MATERIALISED_OUT),
-        ("materialises one head's keys and values at a time", "memory", _ABS_HEAD + '''
+        _forms_keys("materialises one head's keys and values at a time", _ABS_HEAD + '''
     outs = []
     for h in range(H):
         k_h = latents @ w_uk[h].T
@@ -428,7 +521,7 @@ def absorbed_attention(mla, x, latents):
         out = out + mla.out_proj.bias
     return out
 '''),
-        ("absorbs the keys but materialises the values", "memory", _ABS_HEAD + '''
+        _forms_keys("absorbs the keys but materialises the values", _ABS_HEAD + '''
     scores = (q @ w_uk) @ latents.transpose(1, 2)[:, None] / math.sqrt(Dh)
     weights = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
     v = mla.v_up(latents).view(B, Tk, H, Dh).transpose(1, 2)
@@ -442,6 +535,9 @@ def absorbed_attention(mla, x, latents):
                          "k_up.weight[h*Dh:(h+1)*Dh] (Dh, d_latent), so q_h k_h^T = (q_h @ W_uk^h) c^T"), aspect="values"),
         Mistake("the scale applied twice", "twice", _abs(_abs_scores(scale="/ math.sqrt(Dh) / math.sqrt(Dh)")),
                 message="the scale is applied twice: divide the scores by sqrt(head_dim) once", aspect="values"),
+        Mistake("the scores not scaled", "sqrt(Dh)", _abs(_abs_scores(scale="")),
+                message=("the absorbed scores are not scaled: divide them by sqrt(head_dim) (the width of q_h and k_h, "
+                         "not d_latent), scores (q @ W_uk) @ latents^T / sqrt(Dh)"), aspect="values"),
         Mistake("the scale uses d_latent", "d_latent", _abs(_abs_scores(scale="/ math.sqrt(L)")),
                 message=("the absorbed scores are scaled by 1/sqrt(d_latent): the scale is 1/sqrt(head_dim), as in the "
                          "unabsorbed form"), aspect="values"),
@@ -453,13 +549,14 @@ def absorbed_attention(mla, x, latents):
         Mistake("no causal mask", "causal", _abs(_abs_scores(mask=False)),
                 message="the new tokens attend to every latent: the causal mask (bottom-right) still applies",
                 aspect="values"),
-        ("a (Tk, Tk) causal mask, sliced to its last T rows", "mask is (Tk, Tk)", _ABS_HEAD.replace(
+        _forms_keys("a (Tk, Tk) causal mask, sliced to its last T rows", _ABS_HEAD.replace(
             "torch.ones(T, Tk, dtype=torch.bool, device=x.device).tril(diagonal=Tk - T)",
-            "torch.ones(Tk, Tk, dtype=torch.bool, device=x.device).tril()[Tk - T:]") + _abs_scores() + _ABS_BIAS),
+            "torch.ones(Tk, Tk, dtype=torch.bool, device=x.device).tril()[Tk - T:]") + _abs_scores() + _ABS_BIAS,
+            message=SQUARE_MASK, keyword="mask is (Tk, Tk)"),
         # Memory taken before the bound is part of it (issue 19): one head's keys at a time, written into a
         # buffer given as a default argument (made when the cell runs); the values absorbed.
-        ("one head's keys at a time, in a buffer reserved before the call", "memory", _abs_in_buffer(128)),
-        *[(f"one head's keys at a time, in a {mb} MiB buffer reserved before the call", "memory", _abs_in_buffer(mb))
+        _forms_keys("one head's keys at a time, in a buffer reserved before the call", _abs_in_buffer(128)),
+        *[_forms_keys(f"one head's keys at a time, in a {mb} MiB buffer reserved before the call", _abs_in_buffer(mb))
           for mb in (256, 400)],
         Mistake("v_up's bias dropped", "bias", _abs(_abs_scores(), bias='''
     if mla.out_proj.bias is not None:

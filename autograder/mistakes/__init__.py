@@ -10,7 +10,8 @@ code is the answer cell's source: the function (or class) a student who makes th
 keyword is a word the feedback must contain; message, where given, is what the check says when it
 recognises the mistake, and aspect the aspect it costs. A check recognises such a mistake by running
 the definition on its own inputs (`defined`), so the mutant the tests run and the formula the check
-compares with are one text.
+compares with are one text. A mistake marked evidence=True is one only evidence shows (memory under a
+bound, an error it raises): its check names it with its message, and no check runs it.
 
 Grader-side only, like solutions/ and the checks: autograder/sandbox/ never imports it, and messages
 never name hidden inputs or expected values.
@@ -25,11 +26,12 @@ import numpy as np
 
 
 class Mistake(tuple):
-    """(what, keyword, code), a plain triple for the tests that unpack it, with message and aspect."""
+    """(what, keyword, code), a plain triple for the tests that unpack it, with message and aspect, and
+    evidence: only evidence shows it (its check reads the message; `defined` leaves it out)."""
 
-    def __new__(cls, what, keyword, code, message="", aspect=""):
+    def __new__(cls, what, keyword, code, message="", aspect="", evidence=False):
         self = super().__new__(cls, (what, keyword, code))
-        self.message, self.aspect = message, aspect
+        self.message, self.aspect, self.evidence = message, aspect, evidence
         return self
 
     what, keyword, code = (property(lambda self, i=i: self[i]) for i in range(3))
@@ -85,9 +87,50 @@ def _compiled(lesson, name, what):
 
 
 def defined(lesson, name):
-    """[(Mistake, its function)] of the mistakes of `name` that carry a message: what a check runs on its
-    own inputs to recognise them. Compiled once per process, against the reference's other names."""
-    return [(m, _compiled(lesson, name, m.what)) for m in mutants(lesson).get(name, []) if m.message]
+    """[(Mistake, its function)] of the mistakes of `name` that carry a message, evidence aside: what a check
+    runs on its own inputs to recognise them. Compiled once per process, against the reference's other names."""
+    return [(m, _compiled(lesson, name, m.what)) for m in mutants(lesson).get(name, [])
+            if m.message and not m.evidence]
+
+
+class Shadows:
+    """The defined mistakes of a cache class `name` (update(k, v), len, reset), each a cache made in the grader
+    with the student's arguments and given the same calls: what a student who made that mistake would get at
+    each step. One that raises is not what the student wrote, and is dropped."""
+
+    def __init__(self, lesson, name, *args, **kwargs):
+        self.live = []
+        for mistake, cls in defined(lesson, name):
+            try:
+                self.live.append((mistake, cls(*args, **kwargs)))
+            except Exception:  # noqa: BLE001 - a mistake this call cannot be
+                continue
+
+    def _each(self, act):
+        kept, out = [], []
+        for mistake, cache in self.live:
+            try:
+                out.append((mistake, cache, act(cache)))
+            except Exception:  # noqa: BLE001 - e.g. a full cache where the student's had room
+                continue
+            kept.append((mistake, cache))
+        self.live = kept
+        return out
+
+    def update(self, k, v):
+        """[(message, (keys, values) as Arrays, len after)] of each mistake's update(k, v) (numpy inputs)."""
+        import torch
+
+        from autograder.checks import reference
+
+        return [(m.message, (reference(got[0]), reference(got[1])), len(cache)) for m, cache, got in
+                self._each(lambda c: c.update(torch.from_numpy(k.copy()), torch.from_numpy(v.copy())))]
+
+    def lengths(self):
+        return [(m.message, n) for m, _, n in self._each(len)]
+
+    def reset(self):
+        self._each(lambda c: c.reset())
 
 
 def on(lesson, name, *args, fresh=False, **kwargs):
