@@ -159,6 +159,18 @@ def repeat_kv(x, n_rep):
             ("out.transpose(1, 2).reshape(B, T, D)", "out.reshape(B, T, D)")),
             message=("merge the heads back in order: transpose (B, H, T, Dh) to (B, T, H, Dh) before reshaping to "
                      "(B, T, D)")),
+        Mistake("queries and keys split into heads without the transpose", "transpose", gqa(
+            ("q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)",
+             "q = self.q_proj(x).view(B, self.n_heads, T, self.head_dim)"),
+            ("k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)",
+             "k = self.k_proj(x).view(B, self.n_kv_heads, T, self.head_dim)")),
+            message=("split q and k into heads with .view(B, T, n, head_dim).transpose(1, 2): a view straight to "
+                     "(B, n, T, head_dim) mixes tokens and features")),
+        Mistake("values split into heads without the transpose", "transpose", gqa(
+            ("v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)",
+             "v = self.v_proj(x).view(B, self.n_kv_heads, T, self.head_dim)")),
+            message=("split the values into heads with .view(B, T, n_kv_heads, head_dim).transpose(1, 2): a view "
+                     "straight to (B, n_kv_heads, T, head_dim) mixes tokens and features")),
         ("no n_kv_heads attribute", "n_kv_heads", gqa(("self.n_kv_heads", "self.n_kv"))),
     ],
     "mha_to_gqa": [

@@ -312,6 +312,22 @@ def attend_with_cache(attn, x, cache):
     return out.transpose(1, 2).reshape(B, T, attn.d_model)
 ''',
             message="apply out_proj to the merged heads"),
+        Mistake("heads merged without the transpose", "transpose", _ATTEND + '''
+    k_all, v_all = cache.update(k, v)
+    Tk = k_all.size(2)
+    mask = torch.ones(T, Tk, dtype=torch.bool).tril(diagonal=Tk - T)
+    out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, enable_gqa=True)
+    return attn.out_proj(out.reshape(B, T, attn.d_model))
+''',
+            message="merge the heads in order: transpose (B, H, T, Dh) to (B, T, H, Dh) before reshaping to (B, T, D)"),
+        Mistake("scaled by 1/sqrt(d_model)", "1/sqrt(head_dim)", _ATTEND + '''
+    k_all, v_all = cache.update(k, v)
+    Tk = k_all.size(2)
+    mask = torch.ones(T, Tk, dtype=torch.bool).tril(diagonal=Tk - T)
+    out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, enable_gqa=True, scale=attn.d_model ** -0.5)
+    return attn.out_proj(out.transpose(1, 2).reshape(B, T, attn.d_model))
+''',
+            message="scale the scores by 1/sqrt(head_dim), the width of one head, not 1/sqrt(d_model)"),
     ],
     "generate": [
         ("constant: returns the prompt", "only the prompt", '''
