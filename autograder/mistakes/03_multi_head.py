@@ -66,6 +66,8 @@ def concat_and_project(heads, w_o):
 '''),
     ],
     "MultiHeadAttention": [
+        ("keys and values split with the query length Tq", "own length", _mha(
+            ("view(t.size(0), t.size(1), self.n_heads", "view(B, Tq, self.n_heads"))),
         ("value defaults to query", "value must default to key",
          _mha(("value = key if value is None else value", "value = query if value is None else value"))),
         ("weights averaged over heads", "average",
