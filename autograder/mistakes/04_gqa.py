@@ -132,6 +132,15 @@ def repeat_kv(x, n_rep):
             ("is_causal=mask is None", "is_causal=False")),
             message=("with mask=None the layer must be causal: query i may see keys 0..i only "
                      "(is_causal=True, or a lower-triangular boolean mask)")),
+        Mistake("a float 0/1 causal mask (added to the scores: hides nothing)", "float", gqa(
+            ("attn_mask=mask, is_causal=mask is None", "attn_mask=torch.ones(T, T).tril() if mask is None else mask")),
+            message=("the causal mask is a float tensor of 0s and 1s: scaled_dot_product_attention adds a float mask to "
+                     "the scores, so it hides nothing; build it as bool (dtype=torch.bool), True = may attend")),
+        Mistake("the keys to hide marked True: triu(diagonal=1) as the causal mask", "may attend", gqa(
+            ("attn_mask=mask, is_causal=mask is None",
+             "attn_mask=torch.ones(T, T, dtype=torch.bool).triu(diagonal=1) if mask is None else mask")),
+            message=("the causal mask marks the keys to hide: True in a mask means 'may attend', so token i's row is "
+                     "True at keys 0..i (tril()), not at the later keys (triu(diagonal=1))")),
         Mistake("a given mask ignored", "ignored", gqa(
             ("attn_mask=mask, is_causal=mask is None", "is_causal=True")),
             message="a given mask must be used: you ignored it and kept the causal mask"),

@@ -312,6 +312,24 @@ def attend_with_cache(attn, x, cache):
     return out.transpose(1, 2).reshape(B, T, attn.d_model)
 ''',
             message="apply out_proj to the merged heads"),
+        Mistake("a float 0/1 causal mask (added to the scores: hides nothing)", "float", _ATTEND + '''
+    k_all, v_all = cache.update(k, v)
+    Tk = k_all.size(2)
+    mask = torch.ones(T, Tk).tril(diagonal=Tk - T)
+    out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, enable_gqa=True)
+    return attn.out_proj(out.transpose(1, 2).reshape(B, T, attn.d_model))
+''',
+            message=("the causal mask is a float tensor of 0s and 1s: scaled_dot_product_attention adds a float mask "
+                     "to the scores, so it hides nothing; build it as bool (dtype=torch.bool), True = may attend")),
+        Mistake("the keys to hide marked True (triu)", "may attend", _ATTEND + '''
+    k_all, v_all = cache.update(k, v)
+    Tk = k_all.size(2)
+    mask = torch.ones(T, Tk, dtype=torch.bool).triu(diagonal=Tk - T + 1)
+    out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, enable_gqa=True)
+    return attn.out_proj(out.transpose(1, 2).reshape(B, T, attn.d_model))
+''',
+            message=("the causal mask marks the keys to hide: True in a mask means 'may attend', so query i's row is "
+                     "True at keys j <= i + (Tk - T) (tril(diagonal=Tk - T)), not at the later keys")),
         Mistake("heads merged without the transpose", "transpose", _ATTEND + '''
     k_all, v_all = cache.update(k, v)
     Tk = k_all.size(2)
