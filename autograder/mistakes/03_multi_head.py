@@ -2,7 +2,7 @@
 import inspect
 import textwrap
 
-from autograder.mistakes import Mistake
+from autograder.mistakes import Mistake, edited
 from solutions import multi_head as _ref
 
 # Each MultiHeadAttention mutant is the reference class with one change (old -> new, which must occur).
@@ -10,11 +10,7 @@ _MHA = textwrap.dedent(inspect.getsource(_ref.MultiHeadAttention))
 
 
 def _mha(*changes):
-    code = _MHA
-    for old, new in changes:
-        assert old in code, old
-        code = code.replace(old, new)
-    return code
+    return edited(_MHA, *changes)
 
 
 MUTANTS = {

@@ -1,5 +1,5 @@
 """Lesson 04 (grouped-query attention): known mistakes and correct variants (see autograder/mistakes)."""
-from autograder.mistakes import Mistake
+from autograder.mistakes import Mistake, edited
 
 _GQA = '''
 class GroupedQueryAttention(nn.Module):
@@ -28,11 +28,7 @@ class GroupedQueryAttention(nn.Module):
 
 def gqa(*replacements):
     """The correct class with (old, new) text replacements: one mistake each."""
-    code = _GQA
-    for old, new in replacements:
-        assert old in code, old
-        code = code.replace(old, new)
-    return code
+    return edited(_GQA, *replacements)
 
 
 _MHA_TO_GQA = '''
@@ -60,11 +56,7 @@ def mha_to_gqa(mha, n_kv_heads):
 
 
 def to_gqa(*replacements):
-    code = _MHA_TO_GQA
-    for old, new in replacements:
-        assert old in code, old
-        code = code.replace(old, new)
-    return code
+    return edited(_MHA_TO_GQA, *replacements)
 
 
 _KV = '''
