@@ -62,10 +62,10 @@ def concat_and_project(heads, w_o):
 '''),
     ],
     "MultiHeadAttention": [
-        ("keys and values split with the query length Tq", "own length", _mha(
-            ("view(t.size(0), t.size(1), self.n_heads", "view(B, Tq, self.n_heads"))),
         ("value defaults to query", "value must default to key",
          _mha(("value = key if value is None else value", "value = query if value is None else value"))),
+        ("keys and values split with the query length Tq", "own length", _mha(
+            ("view(t.size(0), t.size(1), self.n_heads", "view(B, Tq, self.n_heads"))),
         ("weights averaged over heads", "average",
          _mha(("return (out, weights) if need_weights else out", "return (out, weights.mean(dim=1)) if need_weights else out"))),
         ("bias argument ignored in __init__", "bias=False",
