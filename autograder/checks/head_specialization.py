@@ -148,6 +148,12 @@ def duplicate_token_score(s):
     expect_scores(s.call("duplicate_token_score", tensor(p), tensor(t)),
                   _exact(ref.duplicate_token_score, p, torch.from_numpy(t)),
                   "duplicate_token_score on a repeated sequence", 5, 10, _dup_mistakes(p, t))
+    # the pattern is left as it was given: the other scores read the same pattern
+    p, t = random_pattern(rng, 3, 9, np.float64), _tokens(rng, 9, 4)
+    _, kept = s.helper("keeps_argument", s.get("duplicate_token_score", "__call__"), tensor(p), tensor(t))
+    if not kept:
+        fail("duplicate_token_score changed the pattern it was given in place (mul_, masked_fill_, *=): the "
+             "other scores read the same pattern, so compute on a new tensor (pattern * mask)")
     with expect_error("ValueError", "duplicate_token_score with tokens that never repeat (every position would be "
                                     "left out of the average: say so with a ValueError instead of returning NaN)"):
         s.call("duplicate_token_score", tensor(random_pattern(rng, 2, 6, np.float32)), tensor(np.arange(6)))

@@ -171,6 +171,12 @@ def attention(s):
                 regions=None if mask is None else {"masked keys": ~mask})
             expect_array(out, want_out, "the attention output", lambda: [(m, o) for m, (o, w) in mistakes()],
                          hint="out = weights @ v", cond=cond, axes=lead + ("Tq", "Dv"))
+    with s.aspect("scaled attention"):  # the caller's q is left as it was given
+        q, k, v = (s.rng.standard_normal(shape).astype("float32") for shape in ((2, 4, 8), (2, 6, 8), (2, 6, 5)))
+        _, kept = s.helper("keeps_argument", s.get("attention", "__call__"), tensor(q), tensor(k), tensor(v))
+        if not kept:
+            fail("attention changed its input q in place (q /= ..., q.mul_(...)): the caller still needs q, so "
+                 "compute a new tensor (q / math.sqrt(d_k))")
 
 
 # ---- per_head_attention ---------------------------------------------------------------------

@@ -154,6 +154,9 @@ def _check_forward(s, mha, module, state, H, case, weights=True):
         hint = "mha(query, key) attends to key: value defaults to key"
     elif key is None:
         hint = "mha(x) is self-attention: key defaults to query and value to key"
+    if key is not None and key.shape[1] != query.shape[1]:
+        hint = "; ".join(filter(None, [hint, "split the keys and values into heads with their own length Tk, "
+                                             "not the query's Tq"]))
     got = call_named(s, what, mha, *args, **kwargs, hint=hint)
     k = query if key is None else key
     v = k if value is None else value

@@ -138,6 +138,9 @@ def attention(q, k, v, mask=None):
          _attention(scores="q @ k.transpose(0, 1) / math.sqrt(q.size(-1))")),
         ("softmax over dim=1, right only for 2-D scores", "dim=-1",
          _attention(weights="weights = torch.softmax(scores, dim=1)")),
+        # No message: the check recognises it by the q it was given, not by running this definition.
+        ("q scaled in place (q /= sqrt(d_k))", "in place", _attention(
+            cast="\n    q /= math.sqrt(q.size(-1))", scores="q @ k.transpose(-2, -1)")),
         ("returns only out, not (out, weights)", "pair", '''
 def attention(q, k, v, mask=None):
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))

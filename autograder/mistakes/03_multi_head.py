@@ -2,7 +2,7 @@
 import inspect
 import textwrap
 
-from autograder.mistakes import Mistake
+from autograder.mistakes import Mistake, edited
 from solutions import multi_head as _ref
 
 # Each MultiHeadAttention mutant is the reference class with one change (old -> new, which must occur).
@@ -10,11 +10,7 @@ _MHA = textwrap.dedent(inspect.getsource(_ref.MultiHeadAttention))
 
 
 def _mha(*changes):
-    code = _MHA
-    for old, new in changes:
-        assert old in code, old
-        code = code.replace(old, new)
-    return code
+    return edited(_MHA, *changes)
 
 
 MUTANTS = {
@@ -68,6 +64,8 @@ def concat_and_project(heads, w_o):
     "MultiHeadAttention": [
         ("value defaults to query", "value must default to key",
          _mha(("value = key if value is None else value", "value = query if value is None else value"))),
+        ("keys and values split with the query length Tq", "own length", _mha(
+            ("view(t.size(0), t.size(1), self.n_heads", "view(B, Tq, self.n_heads"))),
         ("weights averaged over heads", "average",
          _mha(("return (out, weights) if need_weights else out", "return (out, weights.mean(dim=1)) if need_weights else out"))),
         ("bias argument ignored in __init__", "bias=False",

@@ -1,5 +1,5 @@
 """Lesson 04 (grouped-query attention): known mistakes and correct variants (see autograder/mistakes)."""
-from autograder.mistakes import Mistake
+from autograder.mistakes import Mistake, edited
 
 _GQA = '''
 class GroupedQueryAttention(nn.Module):
@@ -28,11 +28,7 @@ class GroupedQueryAttention(nn.Module):
 
 def gqa(*replacements):
     """The correct class with (old, new) text replacements: one mistake each."""
-    code = _GQA
-    for old, new in replacements:
-        assert old in code, old
-        code = code.replace(old, new)
-    return code
+    return edited(_GQA, *replacements)
 
 
 _MHA_TO_GQA = '''
@@ -60,11 +56,7 @@ def mha_to_gqa(mha, n_kv_heads):
 
 
 def to_gqa(*replacements):
-    code = _MHA_TO_GQA
-    for old, new in replacements:
-        assert old in code, old
-        code = code.replace(old, new)
-    return code
+    return edited(_MHA_TO_GQA, *replacements)
 
 
 _KV = '''
@@ -132,6 +124,15 @@ def repeat_kv(x, n_rep):
             ("is_causal=mask is None", "is_causal=False")),
             message=("with mask=None the layer must be causal: query i may see keys 0..i only "
                      "(is_causal=True, or a lower-triangular boolean mask)")),
+        Mistake("a float 0/1 causal mask (added to the scores: hides nothing)", "float", gqa(
+            ("attn_mask=mask, is_causal=mask is None", "attn_mask=torch.ones(T, T).tril() if mask is None else mask")),
+            message=("the causal mask is a float tensor of 0s and 1s: scaled_dot_product_attention adds a float mask to "
+                     "the scores, so it hides nothing; build it as bool (dtype=torch.bool), True = may attend")),
+        Mistake("the keys to hide marked True: triu(diagonal=1) as the causal mask", "may attend", gqa(
+            ("attn_mask=mask, is_causal=mask is None",
+             "attn_mask=torch.ones(T, T, dtype=torch.bool).triu(diagonal=1) if mask is None else mask")),
+            message=("the causal mask marks the keys to hide: True in a mask means 'may attend', so token i's row is "
+                     "True at keys 0..i (tril()), not at the later keys (triu(diagonal=1))")),
         Mistake("a given mask ignored", "ignored", gqa(
             ("attn_mask=mask, is_causal=mask is None", "is_causal=True")),
             message="a given mask must be used: you ignored it and kept the causal mask"),
@@ -159,6 +160,18 @@ def repeat_kv(x, n_rep):
             ("out.transpose(1, 2).reshape(B, T, D)", "out.reshape(B, T, D)")),
             message=("merge the heads back in order: transpose (B, H, T, Dh) to (B, T, H, Dh) before reshaping to "
                      "(B, T, D)")),
+        Mistake("queries and keys split into heads without the transpose", "transpose", gqa(
+            ("q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)",
+             "q = self.q_proj(x).view(B, self.n_heads, T, self.head_dim)"),
+            ("k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)",
+             "k = self.k_proj(x).view(B, self.n_kv_heads, T, self.head_dim)")),
+            message=("split q and k into heads with .view(B, T, n, head_dim).transpose(1, 2): a view straight to "
+                     "(B, n, T, head_dim) mixes tokens and features")),
+        Mistake("values split into heads without the transpose", "transpose", gqa(
+            ("v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)",
+             "v = self.v_proj(x).view(B, self.n_kv_heads, T, self.head_dim)")),
+            message=("split the values into heads with .view(B, T, n_kv_heads, head_dim).transpose(1, 2): a view "
+                     "straight to (B, n_kv_heads, T, head_dim) mixes tokens and features")),
         ("no n_kv_heads attribute", "n_kv_heads", gqa(("self.n_kv_heads", "self.n_kv"))),
     ],
     "mha_to_gqa": [

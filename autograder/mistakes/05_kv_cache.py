@@ -1,5 +1,5 @@
 """Known-wrong answers and correct variants of lesson 05: KVCache, attend_with_cache, generate."""
-from autograder.mistakes import Mistake
+from autograder.mistakes import Mistake, edited
 
 _KV_INIT = '''
 class KVCache:
@@ -62,6 +62,20 @@ def attend_with_cache(attn, x, cache):
     k = attn.k_proj(x).view(B, T, attn.n_kv_heads, attn.head_dim).transpose(1, 2)
     v = attn.v_proj(x).view(B, T, attn.n_kv_heads, attn.head_dim).transpose(1, 2)
 '''
+
+_ATTEND_OK = _ATTEND + '''
+    k_all, v_all = cache.update(k, v)
+    Tk = k_all.size(2)
+    mask = torch.ones(T, Tk, dtype=torch.bool).tril(diagonal=Tk - T)
+    out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, enable_gqa=True)
+    return attn.out_proj(out.transpose(1, 2).reshape(B, T, attn.d_model))
+'''
+
+
+def _attend(*replacements):
+    """The correct attend_with_cache with (old, new) text replacements: one mistake each."""
+    return edited(_ATTEND_OK, *replacements)
+
 
 _GENERATE = '''
 @torch.no_grad()
@@ -312,6 +326,20 @@ def attend_with_cache(attn, x, cache):
     return out.transpose(1, 2).reshape(B, T, attn.d_model)
 ''',
             message="apply out_proj to the merged heads"),
+        Mistake("a float 0/1 causal mask (added to the scores: hides nothing)", "float", _attend(
+            ("torch.ones(T, Tk, dtype=torch.bool)", "torch.ones(T, Tk)")),
+            message=("the causal mask is a float tensor of 0s and 1s: scaled_dot_product_attention adds a float mask "
+                     "to the scores, so it hides nothing; build it as bool (dtype=torch.bool), True = may attend")),
+        Mistake("the keys to hide marked True (triu)", "may attend", _attend(
+            (".tril(diagonal=Tk - T)", ".triu(diagonal=Tk - T + 1)")),
+            message=("the causal mask marks the keys to hide: True in a mask means 'may attend', so query i's row is "
+                     "True at keys j <= i + (Tk - T) (tril(diagonal=Tk - T)), not at the later keys")),
+        Mistake("heads merged without the transpose", "transpose", _attend(
+            ("out.transpose(1, 2).reshape(B, T", "out.reshape(B, T")),
+            message="merge the heads in order: transpose (B, H, T, Dh) to (B, T, H, Dh) before reshaping to (B, T, D)"),
+        Mistake("scaled by 1/sqrt(d_model)", "1/sqrt(head_dim)", _attend(
+            ("enable_gqa=True)", "enable_gqa=True, scale=attn.d_model ** -0.5)")),
+            message="scale the scores by 1/sqrt(head_dim), the width of one head, not 1/sqrt(d_model)"),
     ],
     "generate": [
         ("constant: returns the prompt", "only the prompt", '''

@@ -169,6 +169,17 @@ def duplicate_token_score(pattern, tokens):
 ''',
             message=("you averaged over the heads: one score per head: average over the query positions (not over "
                      "the heads, not over everything), so the result has shape (H,)")),
+        # No message: the check recognises it by the pattern it was given, not by running this definition,
+        # which would change the check's own pattern.
+        ("the pattern masked in place (mul_)", "in place", '''
+def duplicate_token_score(pattern, tokens):
+    earlier = (tokens[:, None] == tokens[None, :]).tril(diagonal=-1)
+    has_copy = earlier.any(dim=-1)
+    if not has_copy.any():
+        raise ValueError("no token repeats")
+    pattern.mul_(earlier)
+    return pattern.sum(dim=-1)[:, has_copy].mean(dim=-1)
+'''),
         ("NaN instead of a ValueError when nothing repeats", "ValueError", '''
 def duplicate_token_score(pattern, tokens):
     earlier = (tokens[:, None] == tokens[None, :]).tril(diagonal=-1)

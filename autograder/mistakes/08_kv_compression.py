@@ -565,6 +565,11 @@ def absorbed_attention(mla, x, latents):
 '''),
                 message=("v_up's bias is missing: it adds b_uv to every value, and the weights of a row sum to 1, so it "
                          "passes through out_proj: add v_up.bias @ out_proj.weight.T"), aspect="bias"),
+        Mistake("a top-left causal mask (tril() without the offset)", "top-left", _ABS_HEAD.replace(
+            ".tril(diagonal=Tk - T)", ".tril()") + _abs_scores() + _ABS_BIAS,
+                message=("the causal mask is aligned top-left (tril() without an offset, or is_causal=True): the new "
+                         "tokens are the last T of the Tk latents, so query i sees latent j iff j <= i + Tk - T"),
+                aspect="values"),
     ],
 }
 

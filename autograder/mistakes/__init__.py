@@ -37,6 +37,15 @@ class Mistake(tuple):
     what, keyword, code = (property(lambda self, i=i: self[i]) for i in range(3))
 
 
+def edited(code, *replacements):
+    """code with each (old, new) text replacement made; old must occur (a mutant that changes nothing would
+    silently be the correct answer)."""
+    for old, new in replacements:
+        assert old in code, old
+        code = code.replace(old, new)
+    return code
+
+
 def lessons():
     """The lessons that have a mistakes module, in order."""
     return sorted(p.stem for p in Path(__file__).parent.glob("[0-9][0-9]_*.py"))
