@@ -115,7 +115,9 @@ def main(argv=None):
     rp.add_argument("--no-names", action="store_true", help="leave students' names out (for a projector)")
     rp.add_argument("--roster", metavar="CSV", help="student, section: adds each lesson's scores per section")
     rp.add_argument("--gradebook", metavar="DB", help="nbgrader's gradebook: names its manual scores and stale ones")
-    rp.add_argument("--written", action="store_true", help=WRITTEN_HELP)
+    rp.add_argument("--written", action="store_true", help="count the written questions even where RESULTS was graded "
+                    "and exported without --written (the page says it differs from totals.csv); by default the "
+                    "report counts as RESULTS's last grade or export did")
 
     s = sub.add_parser("sync", help="rewrite the notebooks' solution and hidden-test cells from solutions/")
     s.add_argument("--lesson", action="append", choices=list(LESSONS))
@@ -223,11 +225,13 @@ def _outputs(args):
     """The adapters' writers that follow grade's and merge's reports; UsageError, before any work,
     for a --gradebook that could not be written."""
     from autograder.adapters import report_outputs
+    from autograder.adapters.export import counting_of
     from autograder.adapters.gradebook import check_gradebook, check_same_gradebook
     from autograder.adapters.roster import load_roster, stored_roster
 
     check_gradebook(args.gradebook)
     check_same_gradebook(args.out, args.gradebook)
+    counting_of(args.out)   # a damaged record of how RESULTS is counted stops the run before any work
     roster = load_roster(args.roster) if getattr(args, "roster", None) else \
         stored_roster(getattr(args, "submissions", None))   # the roster collect kept, when there is one
     return report_outputs(args.gradebook, args.course_root, roster, args.written)
@@ -294,16 +298,24 @@ def _term(args):
             raise UsageError(f"{args.results} holds no grading results (grade into it first)")
         if args.command == "report":
             from autograder import report
+            from dataclasses import replace
             from autograder.adapters.classreport import submission_mismatches, write_report
+            from autograder.adapters.export import counting_of
             stale = submission_mismatches(results, args.submissions)
             for line in stale:
                 print(f"error: {line}", file=sys.stderr)
             results += [report.placeholder(s, lsn, "not graded: " + report.refused_message(why))
                         for (s, lsn), why in sorted(refused.items()) if lsn in LESSONS]
             sections = {r["student"]: r["section"] for r in roster.rows} if roster and "section" in roster.columns else None
-            path = write_report(args.results, results, args.submissions, term.lines + stale, not args.no_names, sections,
-                                [r["student"] for r in roster.rows] if roster else None, _reviews(args.gradebook),
-                                args.written)
+            counting, apart = counting_of(args.results), []
+            if args.written and not counting.written:   # what the instructor asked for, said to differ from totals.csv
+                counting = replace(counting, written=True)
+                apart.append(f"the written questions count here, but not in {args.results}/totals.csv or the export: "
+                             "grade or export with --written to count them there too")
+                print(f"warning: {apart[0]}", file=sys.stderr)
+            path = write_report(args.results, results, args.submissions, term.lines + stale + apart, not args.no_names,
+                                sections, [r["student"] for r in roster.rows] if roster else None,
+                                _reviews(args.gradebook), counting)
             print(f"wrote {path}")
             return 1 if refused or stale else 0
         from autograder.adapters.export import export

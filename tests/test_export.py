@@ -207,7 +207,10 @@ def test_a_stale_override_is_named_and_the_flag_chooses_whether_it_wins(term, ca
     with _open(db) as gb:
         gb.find_grade("test_scaled_dot_product_attention", "01_attention", "01_attention", "carol").needs_manual_grade = False
         gb.db.commit()
-    assert main(out) == 0 and "stale" not in capsys.readouterr().err
+    assert main(out) == 0
+    err = capsys.readouterr().err   # no stale score now; kept (the default) after drop is said, totals.csv follows it
+    assert "stale manual scores (" not in err and f"counted otherwise than before in {term / 'RESULTS'}: stale manual " \
+        "scores kept (before: stale manual scores dropped); totals.csv, the class report and later runs now" in err
     assert main(out[:-1] + [str(term / "nope.db")]) == 2
     assert "no such gradebook" in capsys.readouterr().err
 

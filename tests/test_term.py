@@ -406,14 +406,20 @@ def test_a_term_adds_up_for_every_roster_student(term, tmp_path, cli):
     assert {r["ID"]: tuple(number(r[c]) for c in (L1, L2, L3)) for r in rows[1:]} == {
         "101": (6, 8, 10), "102": (0, 0, 0), "103": (5.4, 0, 9)}   # carol: 6 less 10%, 1 started day past her extension
     totals = {r["student"]: (float(r["total"]), float(r["max_points"])) for r in store.read_csv(out / "totals.csv")}
-    assert totals == {"alice": (24, 24), "bob": (0, 24), "carol": (15, 24)}   # raw: no late penalty
+    assert totals == {"alice": (24, 24), "bob": (0, 24), "carol": (14.4, 24)}   # the export's: 5.4 + 0 + 9
+    assert [(r["student"], r["lesson"], r["late_units"], r["raw"], r["penalised"]) for r in
+            store.read_csv(out / "late-penalties.csv")] == [("alice", L1, "0", "6", "6"), ("carol", L1, "1", "6", "5.4")]
     code, err = cli("export", "--format", "csv", "--out", tmp_path / "plain.csv", *common)   # stale kept: 1.5 wins
     assert code == 0, err
+    assert "stale manual scores kept (before: stale manual scores dropped); totals.csv, the class report" in err
     plain = {r["student"]: r for r in store.read_csv(tmp_path / "plain.csv")}
     assert {s: tuple(number(r[c]) for c in (f"{L1} raw", L1, L2, L3, "total", "max_points")) for s, r in plain.items()} \
         == {"alice": (6, 6, 8, 10, 24, 24), "bob": (0, 0, 0, 0, 0, 24), "carol": (5.5, 4.95, 0, 9, 13.95, 24)}
     assert "manual: test_softmax" in plain["carol"]["flags"] and "stale override kept: test_softmax" in plain["carol"]["flags"]
     assert "manual: written_heads" in plain["alice"]["flags"] and "never handed in" in plain["bob"]["flags"]
+    totals = {r["student"]: r for r in store.read_csv(out / "totals.csv")}   # the same scores as the last export
+    assert {s: tuple(number(r[c]) for c in (L1, L2, L3, "total")) for s, r in totals.items()} == {
+        s: tuple(number(r[c]) for c in (L1, L2, L3, "total")) for s, r in plain.items()}
 
     code, err = cli("feedback-upload", out, "--submissions", subs, "--format", "canvas", "--out", tmp_path / "zips")
     assert code == 0, err
@@ -439,6 +445,12 @@ def test_a_term_adds_up_for_every_roster_student(term, tmp_path, cli):
     assert "Scored by hand in the gradebook: 1 test (carol test_softmax)" in report
     assert "Stale manual scores (the autograded result or the written answer changed since): carol test_softmax" in report
     sections = report[report.index("id='sections'"):report.index("id='identical'")]
-    # As the export counts: alice 6/6 and bob, who never handed it in, 0 (he was left out before).
+    # As the last export counts: alice 6/6 and bob, who never handed it in, 0 (he was left out before); carol
+    # 4.95/6 = 82.5% (her stale 1.5 kept, 10% off for a day late); lesson 03 with the TAs' written scores.
     assert "<td>A</td><td>01_attention</td><td class='n'>2</td><td class='n'>50%</td><td class='n'>1/2</td>" in sections
+    assert "<td>B</td><td>01_attention</td><td class='n'>1</td><td class='n'>82%</td>" in sections
     assert "<td>B</td><td>02_heads</td><td class='n'>1</td><td class='n'>0%</td>" in sections
+    assert "<td>B</td><td>03_multi_head</td><td class='n'>1</td><td class='n'>90%</td>" in sections
+    # Each lesson's mean is totals.csv's: 01 (6 + 0 + 4.95) / 18, 02 8 / 24, 03 (10 + 0 + 9) / 30.
+    assert [report.count(f"Mean score: {m}% of 3 students") for m in (61, 33, 63)] == [1, 1, 1]
+    assert "late penalties: 10%/day after 01_attention 2026-10-01T23:59:00+00:00, 1 extension(s)" in sections

@@ -22,11 +22,12 @@ the gradebook's update). tests/test_layout.py
 checks the imports.
 """
 import sys
+from dataclasses import replace
 
 from autograder import notebook as nbk
 from autograder.report import write_feedback
 from autograder.adapters.classreport import write_report
-from autograder.adapters.export import score, stale_warning, write_totals
+from autograder.adapters.export import counting_of, remember_counting, score, stale_warning, write_totals
 from autograder.adapters.gradebook import read_reviews, remember_gradebook, update_gradebook
 
 
@@ -35,7 +36,9 @@ def report_outputs(gradebook=None, course_root=None, roster=None, written=False)
     with a gradebook (nbgrader's database file) its scores and the autograded notebooks under course_root
     (default: the gradebook's folder), then the feedback pages again with its manual scores; totals.csv (a
     row for every student of the roster, when one is given; the gradebook's manual scores and extra credit
-    counted and flagged; written: the written questions count); the class report (with the gradebook's scores).
+    counted and flagged; written: the written questions count); the class report (with the gradebook's scores and
+    the roster). Both count as RESULTS's last export counted (export.counting_of: its late penalties too), with
+    this run's written, which RESULTS then remembers.
     """
     reviews = {}
 
@@ -48,6 +51,12 @@ def report_outputs(gradebook=None, course_root=None, roster=None, written=False)
         for line in stale_warning([f"{r.student} {r.lesson} {t}" for r in results
                                    for t in score(r, reviews.get((r.student, r.lesson)), written=written).stale]):
             print(f"warning: {line}", file=sys.stderr)   # as export warns: the scores it sends are the same
-    return ([to_gradebook] if gradebook else []) + [
-        lambda out, results, warnings: write_totals(out, results, roster=roster, reviews=reviews, written=written),
-        lambda out, results, warnings: write_report(out, results, warnings=warnings, reviews=reviews, written=written)]
+    def to_totals(out, results, warnings):
+        counting = replace(counting_of(out), written=written)   # the last export's late policy, this run's --written
+        for line in remember_counting(out, counting):
+            print(f"warning: {line}", file=sys.stderr)
+        write_totals(out, results, roster=roster, reviews=reviews, counting=counting)
+    students = [r["student"] for r in roster.rows] if roster else None
+    sections = {r["student"]: r["section"] for r in roster.rows} if roster and "section" in roster.columns else None
+    return ([to_gradebook] if gradebook else []) + [to_totals, lambda out, results, warnings: write_report(
+        out, results, warnings=warnings, sections=sections, roster=students, reviews=reviews)]
