@@ -94,7 +94,8 @@ def main(argv=None):
     x.add_argument("--submissions", metavar="SUBMISSIONS", help="where collect wrote the submission times")
     x.add_argument("--extensions", metavar="CSV", help="student,lesson,deadline (an ISO 8601 time or 'exempt')")
     x.add_argument("--grace", metavar="DURATION", help="e.g. 15m, 2h or 1d: work this late counts as on time")
-    x.add_argument("--gradebook", metavar="DB", help="nbgrader's gradebook: its manual scores and extra credit count")
+    x.add_argument("--gradebook", metavar="DB", help="nbgrader's gradebook: its manual scores and extra credit count "
+                   "(default: the one RESULTS was graded with, if any)")
     x.add_argument("--stale-overrides", choices=["keep", "drop"], default="keep",
                    help="a manual score made before its test's autograded result changed: keep it (default) or drop it")
     x.add_argument("--written", action="store_true", help=WRITTEN_HELP)
@@ -114,7 +115,8 @@ def main(argv=None):
     rp.add_argument("--submissions", metavar="SUBMISSIONS", help="the graded notebooks, to find identical answers")
     rp.add_argument("--no-names", action="store_true", help="leave students' names out (for a projector)")
     rp.add_argument("--roster", metavar="CSV", help="student, section: adds each lesson's scores per section")
-    rp.add_argument("--gradebook", metavar="DB", help="nbgrader's gradebook: names its manual scores and stale ones")
+    rp.add_argument("--gradebook", metavar="DB", help="nbgrader's gradebook: its manual scores count, stale ones "
+                    "named (default: the one RESULTS was graded with, if any)")
     rp.add_argument("--written", action="store_true", help="count the written questions even where RESULTS was graded "
                     "and exported without --written (the page says it differs from totals.csv); by default the "
                     "report counts as RESULTS's last grade or export did")
@@ -315,14 +317,14 @@ def _term(args):
                 print(f"warning: {apart[0]}", file=sys.stderr)
             path = write_report(args.results, results, args.submissions, term.lines + stale + apart, not args.no_names,
                                 sections, [r["student"] for r in roster.rows] if roster else None,
-                                _reviews(args.gradebook), counting)
+                                _reviews(args.gradebook, args.results), counting)
             print(f"wrote {path}")
             return 1 if refused or stale else 0
         from autograder.adapters.export import export
         for line in export(args.results, results, args.format, args.out, roster, args.canvas_gradebook,
                            args.deadline, args.late_policy, args.timezone, args.submissions, args.assignment,
                            refused, args.extensions, args.grace, args.missing_blank,
-                           _reviews(args.gradebook), args.stale_overrides, args.written):
+                           _reviews(args.gradebook, args.results), args.stale_overrides, args.written):
             print(f"warning: {line}", file=sys.stderr)
         print(f"wrote {args.out}")
         return 1 if refused else 0
@@ -331,11 +333,13 @@ def _term(args):
         return 2
 
 
-def _reviews(gradebook):
-    """The gradebook's manual scores (gradebook.read_reviews), or None without --gradebook."""
+def _reviews(gradebook, out):
+    """The manual scores (gradebook.read_reviews) of --gradebook or, without it, of the gradebook RESULTS (out) was
+    graded with (the same scores as its totals.csv and feedback pages); None when there is neither."""
+    from autograder.adapters.gradebook import check_gradebook, read_reviews, remembered_gradebook
+    gradebook = gradebook or remembered_gradebook(out)
     if not gradebook:
         return None
-    from autograder.adapters.gradebook import check_gradebook, read_reviews
     check_gradebook(gradebook)
     return read_reviews(gradebook)
 

@@ -417,6 +417,10 @@ def test_a_term_adds_up_for_every_roster_student(term, tmp_path, cli):
         == {"alice": (6, 6, 8, 10, 24, 24), "bob": (0, 0, 0, 0, 0, 24), "carol": (5.5, 4.95, 0, 9, 13.95, 24)}
     assert "manual: test_softmax" in plain["carol"]["flags"] and "stale override kept: test_softmax" in plain["carol"]["flags"]
     assert "manual: written_heads" in plain["alice"]["flags"] and "never handed in" in plain["bob"]["flags"]
+    # Without --gradebook, export (as report) counts the gradebook RESULTS was graded with: the same numbers.
+    code, err = cli("export", "--format", "csv", "--out", tmp_path / "again.csv", *(a for a in common if a not in (db, "--gradebook")))
+    assert code == 0, err
+    assert store.read_csv(tmp_path / "again.csv") == store.read_csv(tmp_path / "plain.csv")
     totals = {r["student"]: r for r in store.read_csv(out / "totals.csv")}   # the same scores as the last export
     assert {s: tuple(number(r[c]) for c in (L1, L2, L3, "total")) for s, r in totals.items()} == {
         s: tuple(number(r[c]) for c in (L1, L2, L3, "total")) for s, r in plain.items()}
@@ -435,7 +439,7 @@ def test_a_term_adds_up_for_every_roster_student(term, tmp_path, cli):
                                         f"Carol Danvers_503_assignsubmission_file_/{L2}_feedback.html"]
     assert f"{L2}: never handed in, so no upload to attach feedback to: bob" in err
 
-    code, err = cli("report", out, "--submissions", subs, *roster, "--gradebook", db)
+    code, err = cli("report", out, "--submissions", subs, *roster)   # the gradebook RESULTS was graded with
     assert code == 0, err
     report = (out / "report.html").read_text()
     assert report.count("Never submitted: 1 roster student: bob") == 3
