@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from autograder.__main__ import main
-from autograder.adapters.export import score, write_totals
+from autograder.adapters.export import score, write_final
 from autograder.results import Result, load_results, result_path, save_result, write_timestamp
 
 # Canvas's documented gradebook import: these identity columns first, then one column per assignment
@@ -57,7 +57,7 @@ def read(path):
 
 
 def test_totals(term):
-    path = write_totals(term / "RESULTS", load_results(term / "RESULTS"))
+    path = write_final(term / "RESULTS", load_results(term / "RESULTS"))
     rows = {r["student"]: r for r in csv.DictReader(open(path, newline=""))}
     assert read(path)[0] == ["student", "01_attention", "02_heads", "total", "max_points", "percentage", "regrade"]
     assert rows["alice"] == dict(student="alice", **{"01_attention": "6", "02_heads": "6"}, total="12",
@@ -184,7 +184,8 @@ def test_a_stale_override_is_named_and_the_flag_chooses_whether_it_wins(term, ca
     assert read_reviews(db)["bob", "01_attention"].stale == [], "a regrade that changes nothing keeps it fresh"
     # grade --gradebook (its writer after the regrade) warns as export does, and carol's page says it is stale.
     from autograder.adapters import report_outputs
-    report_outputs(gradebook=db, course_root=term / "course")[0](term / "RESULTS", load_results(term / "RESULTS"), [])
+    for write in report_outputs(gradebook=db, course_root=term / "course"):
+        write(term / "RESULTS", load_results(term / "RESULTS"), [])
     assert "warning: stale manual scores" in capsys.readouterr().err
     page = (term / "RESULTS/feedback/carol/01_attention.html").read_text()
     assert "scored by hand: 2 (the grader gave 3), before your work last changed: to be reviewed again (stale)" in page
@@ -281,6 +282,10 @@ def test_late_penalties(term, capsys):
     assert rows["carol"]["02_heads"] == "0", "no submission, no time needed"
     penalties = {r["student"]: r for r in csv.DictReader(open(term / "RESULTS/late-penalties.csv", newline=""))}
     assert penalties["alice"]["raw"] == "6" and penalties["alice"]["penalised"] == "5.1"
+    # Her feedback page says what the export counts; bob's, on time, says nothing of lateness.
+    assert f"Handed in 2 days after your deadline ({deadline}): 15% off the points earned, so 5.1 of 6 count." in \
+        (term / "RESULTS/feedback/alice/02_heads.html").read_text()
+    assert "Handed in" not in (term / "RESULTS/feedback/bob/02_heads.html").read_text()
     assert penalties["alice"]["penalty_percent"] == "15" and penalties["alice"]["late_units"] == "2"
     # A submission without a time is exported unpenalised and flagged, named in a warning; bob, who has
     # one, is still penalised the same way, and the export goes on.

@@ -407,6 +407,8 @@ def test_a_term_adds_up_for_every_roster_student(term, tmp_path, cli):
         "101": (6, 8, 10), "102": (0, 0, 0), "103": (5.4, 0, 9)}   # carol: 6 less 10%, 1 started day past her extension
     totals = {r["student"]: (float(r["total"]), float(r["max_points"])) for r in store.read_csv(out / "totals.csv")}
     assert totals == {"alice": (24, 24), "bob": (0, 24), "carol": (14.4, 24)}   # the export's: 5.4 + 0 + 9
+    late = "Handed in 1 day after your deadline (2026-10-02T23:59:00+00:00): 10% off the points earned, so 5.4 of 6 count."
+    assert late in (out / "feedback" / "carol" / f"{L1}.html").read_text()   # her page, as the export counts
     assert [(r["student"], r["lesson"], r["late_units"], r["raw"], r["penalised"]) for r in
             store.read_csv(out / "late-penalties.csv")] == [("alice", L1, "0", "6", "6"), ("carol", L1, "1", "6", "5.4")]
     code, err = cli("export", "--format", "csv", "--out", tmp_path / "plain.csv", *common)   # stale kept: 1.5 wins
@@ -430,7 +432,9 @@ def test_a_term_adds_up_for_every_roster_student(term, tmp_path, cli):
     assert f"{L1}: never handed in, so no upload to attach feedback to: bob" in err
     with zipfile.ZipFile(tmp_path / "zips" / f"{L1}_feedback_canvas.zip") as z:
         assert sorted(z.namelist()) == [f"danverscarol_103_9013_{L1}_feedback.html", f"liddellalice_101_9001_{L1}_feedback.html"]
-        assert z.read(f"danverscarol_103_9013_{L1}_feedback.html").decode() == pages["carol", L1]
+        page = z.read(f"danverscarol_103_9013_{L1}_feedback.html").decode()
+    assert page == (out / "feedback" / "carol" / f"{L1}.html").read_text() and "<b>5.5 / 6</b>" in page
+    assert "10% off the points earned, so 4.95 of 5.5 count." in page   # the last export's: her stale 1.5 kept
     code, err = cli("feedback-upload", out, "--submissions", subs, "--format", "moodle", "--out", tmp_path / "zips",
                     "--lesson", L2)
     assert code == 0, err

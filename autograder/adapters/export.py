@@ -43,6 +43,7 @@ from pathlib import Path
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from autograder.results import NEEDS_GRADING, STORE, UNANSWERED, UsageError, csv_text, read_timestamp, write_atomic
+from autograder.report import write_feedback
 from autograder.adapters.gradebook import Review
 from autograder.adapters.roster import squash
 
@@ -77,6 +78,7 @@ class Score:
     flag: str = ""             # manual scores, why its late penalty was not taken (no submission time, exempt)
     stale: list = field(default_factory=list)   # tests whose manual score predates their autograded result
     pending: list = field(default_factory=list)  # written questions counted but not graded yet (then points is None)
+    late_note: str = ""        # the late penalty taken, in a sentence for the student's feedback page
 
 
 def score(result, review=None, drop_stale=False, written=False):
@@ -273,8 +275,10 @@ def final_scores(results, refused=None, roster=None, reviews=None, counting=None
     return students, lessons, scores, rows, warnings
 
 
-def write_totals(out, results, refused=None, roster=None, reviews=None, counting=None):
-    """RESULTS/totals.csv: one row per student (every roster student, with a roster), a column per lesson (its
+def write_final(out, results, refused=None, roster=None, reviews=None, counting=None):
+    """What the final scores (final_scores) make in RESULTS (out): the feedback pages (report.write_feedback: the
+    gradebook's reviews, the written questions as counting counts them, the late penalty taken) and totals.csv,
+    one row per student (every roster student, with a roster), a column per lesson (its
     final score: final_scores, as the export counts, late penalties too), total, max_points, percentage, regrade
     (what must be graded again, never counted; refused {(student, lesson): why} too) and, where a score is
     flagged (a lesson never handed in, a manual score from the gradebook's reviews, written questions still to
@@ -283,6 +287,8 @@ def write_totals(out, results, refused=None, roster=None, reviews=None, counting
     none). Returns totals.csv's path."""
     counting = counting_of(out) if counting is None else counting
     students, lessons, scores, penalties, _ = final_scores(results, refused, roster, reviews, counting)
+    write_feedback(out, results, reviews, counting.written,
+                   {pair: s.late_note for pair, s in scores.items() if s.late_note})
     path = Path(out) / TOTALS
     write_atomic(path, csv_text(totals_rows(students, lessons, scores, pending=NEEDS_GRADING),
                                 totals_columns(lessons, scores)))
@@ -408,6 +414,10 @@ def apply_penalties(results, scores, late):
             s.penalty = min(cap, rate * s.late)
             if s.points is not None:
                 s.points = round(s.raw * (1 - s.penalty), 4)
+            if s.penalty and s.points is not None:
+                s.late_note = (f"Handed in {s.late} {'day' if unit == timedelta(days=1) else 'hour'}"
+                               f"{'s' if s.late > 1 else ''} after your deadline ({deadline.isoformat()}): "
+                               f"{100 * s.penalty:g}% off the points earned, so {s.points:g} of {s.raw:g} count.")
         rows.append(dict(student=r.student, lesson=r.lesson, submitted_at=moment.isoformat() if moment else "",
                          deadline=deadline if deadline == EXEMPT else deadline.isoformat(), late_units=s.late,
                          penalty_percent=round(100 * s.penalty, 2), raw=s.raw if s.raw is not None else "",
@@ -523,8 +533,9 @@ def canvas_fill(path, students_rows, lessons, scores, assignments):
 def export(out, results, fmt, dest, roster=None, gradebook=None, deadlines=(), policy=None, zone="UTC",
            submissions=None, assignments=(), refused=None, extensions=None, grace=None, blank_missing=False,
            reviews=None, stale_overrides="keep", written=False):
-    """Write the export to dest, RESULTS/totals.csv (the same scores: final_scores) and, when penalised,
-    RESULTS/late-penalties.csv, and remember how it counted (remember_counting); returns warning lines.
+    """Write the export to dest, RESULTS/totals.csv and the feedback pages (the same scores: write_final) and,
+    when penalised, RESULTS/late-penalties.csv, and remember how it counted (remember_counting); returns
+    warning lines.
     refused: {(student, lesson): why} of stored results the store refused: marked in the rows, left blank in
     Canvas, each named in a warning.
     reviews: nbgrader's gradebook {(student, lesson): Review} (gradebook.read_reviews), whose manual
@@ -587,6 +598,6 @@ def export(out, results, fmt, dest, roster=None, gradebook=None, deadlines=(), p
         warnings.append(f"not in the roster, kept: {', '.join(outside)}")
     warnings += stale_warning([f"{s} {lsn} {t}" for (s, lsn), sc in sorted(scores.items()) for t in sc.stale], drop_stale)
     warnings += remember_counting(out, counting)
-    write_totals(out, results, refused, roster, reviews, counting)
+    write_final(out, results, refused, roster, reviews, counting)
     write_atomic(dest, text)
     return warnings
