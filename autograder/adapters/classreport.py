@@ -34,8 +34,8 @@ from autograder.adapters.export import Counting, counting_of, final_scores
 from autograder.adapters.roster import Roster
 
 REPORT = "report.html"
-COUNTED = ("final scores, as the export and totals.csv count them: manual scores and extra credit, a roster student "
-           "who never handed the lesson in, a lesson still to grade left out")
+COUNTED = ("the final scores, as the export and totals.csv count them: the gradebook's manual scores and extra credit "
+           "count, every roster student counts, a lesson still to grade (by a person or again) is left out")
 MIN_ANSWER_CHARS = 80      # of the student's own code, spaces aside: `return x.sum(-1)` says nothing
 TOP_MISTAKES = 5
 STYLE = """body{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem;color:#222}
@@ -290,6 +290,7 @@ def render(results, submissions=None, warnings=(), names=True, sections=None, ro
              f"<p>{plural(len(students), 'student')}, {plural(len(lessons), 'lesson')}, "
              f"{plural(len(results), 'graded submission')}.</p>"]
     parts += [f"<p class='warning'><b>{e(line)}</b></p>" for line in warnings]  # e.g. a sandbox that hides no file
+    parts.append(f"<p class='muted' id='scores'>Scores: {e(COUNTED)}; {e(counting.said())}.</p>")
     missing = never_submitted(results, roster) if roster is not None else {}
     for lesson in lessons:
         parts.append(f"<h2 id='{e(lesson)}'>{e(lesson)}</h2>")
@@ -302,7 +303,7 @@ def render(results, submissions=None, warnings=(), names=True, sections=None, ro
         if percentages.get(lesson):
             got = percentages[lesson]
             parts.append(f"<p>Mean score: {sum(got) / len(got):.0f}% of {plural(len(got), 'student')} "
-                         f"<span class='muted'>({e(COUNTED)}; {e(counting.said())})</span></p>")
+                         "<span class='muted'>(see <a href='#scores'>Scores</a>)</span></p>")
             png = base64.b64encode(histogram(got, lesson)).decode()
             parts.append(f"<img src='data:image/png;base64,{png}' alt='histogram of the scores of {e(lesson)}: "
                          f"{plural(len(got), 'student')}'>")
@@ -327,8 +328,8 @@ def render(results, submissions=None, warnings=(), names=True, sections=None, ro
               for lesson, name, rate in functions_across_lessons(stats)]
     parts.append("</table>")
     if sections:
-        parts.append(f"<h2 id='sections'>By section</h2><p class='muted'>{e(COUNTED)}; {e(counting.said())}.</p>"
-                     "<table><tr><th>section</th><th>lesson</th><th>students</th>"
+        parts.append("<h2 id='sections'>By section</h2><p class='muted'>Final scores (see <a href='#scores'>Scores</a>)."
+                     "</p><table><tr><th>section</th><th>lesson</th><th>students</th>"
                      "<th>mean score</th><th>passed every test</th></tr>")
         parts += [f"<tr><td>{e(section)}</td><td>{e(lesson)}</td><td class='n'>{n}</td><td class='n'>{mean:.0f}%</td>"
                   f"<td class='n'>{ok}/{n}</td></tr>" for section, lesson, n, mean, ok in by_section(results, sections, scores)]
