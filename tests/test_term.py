@@ -430,6 +430,7 @@ def test_a_term_adds_up_for_every_roster_student(term, tmp_path, cli):
     code, err = cli("feedback-upload", out, "--submissions", subs, "--format", "canvas", "--out", tmp_path / "zips")
     assert code == 0, err
     assert f"{L1}: never handed in, so no upload to attach feedback to: bob" in err
+    assert f"{L2}, {L3}: collected from no Canvas download, so no zip" in err and "did not name" not in err
     with zipfile.ZipFile(tmp_path / "zips" / f"{L1}_feedback_canvas.zip") as z:
         assert sorted(z.namelist()) == [f"danverscarol_103_9013_{L1}_feedback.html", f"liddellalice_101_9001_{L1}_feedback.html"]
         page = z.read(f"danverscarol_103_9013_{L1}_feedback.html").decode()
@@ -461,4 +462,4 @@ def test_a_term_adds_up_for_every_roster_student(term, tmp_path, cli):
     assert "<td>B</td><td>03_multi_head</td><td class='n'>1</td><td class='n'>90%</td>" in sections
     # Each lesson's mean is totals.csv's: 01 (6 + 0 + 4.95) / 18, 02 8 / 24, 03 (10 + 0 + 9) / 30.
     assert [report.count(f"Mean score: {m}% of 3 students") for m in (61, 33, 63)] == [1, 1, 1]
-    assert "late penalties: 10%/day after 01_attention 2026-10-01T23:59:00+00:00, 1 extension(s)" in sections
+    assert "late penalties: 10%/day after 01_attention 2026-10-01T23:59:00+00:00, 1 extension(s)" in report
