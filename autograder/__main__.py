@@ -354,7 +354,9 @@ def _summary(out, results):
     waiting = sum(v in ("needs grading", "") for r in rows for k, v in r.items()
                   if k not in ("student", "total", "max_points", "percentage", "regrade", "flags"))
     students = len({r.student for r in results})
-    print(f"{out} holds {len(results)} results ({students} students), {got:g}/{full:g} points in totals.csv"
+    print(f"{out} holds {len(results)} results ({students} students"
+          + (f"; {len(rows)} in totals.csv with the roster" if len(rows) != students else "")
+          + f"), {got:g}/{full:g} points in totals.csv"
           + (f" ({waiting} lesson scores left out: still to grade, or to grade again)" if waiting else "")
           + f"; wrote {out}/grades.csv, totals.csv, report.html and feedback/")
     if any(r.grader_errors for r in results):

@@ -226,7 +226,8 @@ def test_merge_writes_totals_for_every_roster_student(term, capsys):
     # merge's (and grade's) summary line counts as totals.csv does: dave's 14 in the maximum, and the lessons to grade
     # again (this partial merge's gaps) left out, where it summed the stored results' points whatever totals.csv said.
     assert (sum(float(r["total"]) for r in rows.values()), sum(float(r["max_points"]) for r in rows.values())) == (0, 14)
-    assert "holds 6 results (3 students), 0/14 points in totals.csv (6 lesson scores left out: still to grade, or " \
+    assert "holds 6 results (3 students; 4 in totals.csv with the roster), 0/14 points in totals.csv (6 lesson scores " \
+           "left out: still to grade, or " \
            "to grade again)" in capsys.readouterr().out
 
 
@@ -296,7 +297,7 @@ def test_late_penalties(term, capsys):
     assert "no submission time for 1 submission(s) of 02_heads: alice: exported unpenalised" in capsys.readouterr().err
     rows = {r["student"]: r for r in csv.DictReader(open(term / "scores.csv", newline=""))}
     assert rows["alice"]["02_heads"] == "6" and rows["alice"]["flags"] == "02_heads: no submission time: not penalised"
-    assert rows["bob"]["02_heads"] == "5.4" and rows["bob"]["flags"] == ""
+    assert rows["bob"]["02_heads"] == "5.4" and rows["bob"]["flags"] == "02_heads: late 1 day: -10%"
     penalties = {r["student"]: r for r in csv.DictReader(open(term / "RESULTS/late-penalties.csv", newline=""))}
     assert penalties["alice"]["submitted_at"] == "" and penalties["alice"]["penalised"] == "6"
 

@@ -41,7 +41,9 @@ def cli(capsys):
     """The command line in this process (no interpreter and torch to start): (exit status, stderr)."""
     def call(*args):
         code = main([str(a) for a in args])
-        return code, capsys.readouterr().err
+        captured = capsys.readouterr()
+        call.out = captured.out   # the last command's stdout (grade's summary), for the test that reads it
+        return code, captured.err
     return call
 
 
@@ -341,12 +343,16 @@ def test_a_term_adds_up_for_every_roster_student(term, tmp_path, cli):
     db.parent.mkdir()
     code, err = cli("grade", subs, "--out", out, "--gradebook", db, "--written", "--quiet")
     assert code == 0, err
+    summary = cli.out
     auto = {(r["student"], r["lesson"], r["test"]): float(r["points"]) for r in store.read_grades(out / "grades.csv")}
     points = {(s, lsn): sum(p for (s2, l2, _), p in auto.items() if (s2, l2) == (s, lsn))
               for s in ("alice", "carol") for lsn in (L1, L2, L3)}
     carol_auto = points["carol", L1]
     assert points == {("alice", L1): 6, ("alice", L2): 8, ("alice", L3): 8, ("carol", L1): carol_auto,
                       ("carol", L2): 0, ("carol", L3): 8} and 4 <= carol_auto < 6 and auto["carol", L1, "test_softmax"] < 2
+    # grade's last line sums totals.csv: alice 14 of 14 and carol's of 14 (lesson 03 to grade), bob 0 of 24.
+    assert f"holds 6 results (2 students; 3 in totals.csv with the roster), {14 + round(carol_auto, 2):g}/52 points " \
+        "in totals.csv (2 lesson scores left out" in summary
     # Not graded by a person yet: 'needs grading', out of the total, never a 0; blank and flagged in the export.
     totals = {r["student"]: r for r in store.read_csv(out / "totals.csv")}
     assert {s: tuple(number(r[c]) for c in (L1, L2, L3, "total", "max_points")) for s, r in totals.items()} == {
@@ -407,6 +413,8 @@ def test_a_term_adds_up_for_every_roster_student(term, tmp_path, cli):
         "101": (6, 8, 10), "102": (0, 0, 0), "103": (5.4, 0, 9)}   # carol: 6 less 10%, 1 started day past her extension
     totals = {r["student"]: (float(r["total"]), float(r["max_points"])) for r in store.read_csv(out / "totals.csv")}
     assert totals == {"alice": (24, 24), "bob": (0, 24), "carol": (14.4, 24)}   # the export's: 5.4 + 0 + 9
+    assert [r["flags"] for r in store.read_csv(out / "totals.csv") if r["student"] == "carol"] == [
+        f"{L1}: stale override dropped: test_softmax; late 1 day: -10%; {L3}: manual: written_heads"]
     late = "Handed in 1 day after your deadline (2026-10-02T23:59:00+00:00): 10% off the points earned, so 5.4 of 6 count."
     assert late in (out / "feedback" / "carol" / f"{L1}.html").read_text()   # her page, as the export counts
     assert [(r["student"], r["lesson"], r["late_units"], r["raw"], r["penalised"]) for r in

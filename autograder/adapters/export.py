@@ -414,10 +414,12 @@ def apply_penalties(results, scores, late):
             s.penalty = min(cap, rate * s.late)
             if s.points is not None:
                 s.points = round(s.raw * (1 - s.penalty), 4)
-            if s.penalty and s.points is not None:
-                s.late_note = (f"Handed in {s.late} {'day' if unit == timedelta(days=1) else 'hour'}"
-                               f"{'s' if s.late > 1 else ''} after your deadline ({deadline.isoformat()}): "
-                               f"{100 * s.penalty:g}% off the points earned, so {s.points:g} of {s.raw:g} count.")
+            if s.penalty:   # said where the score is: totals.csv's flags, the student's page
+                late_units = f"{s.late} {'day' if unit == timedelta(days=1) else 'hour'}{'s' if s.late > 1 else ''}"
+                s.flag = "; ".join(filter(None, [s.flag, f"late {late_units}: -{100 * s.penalty:g}%"]))
+                s.late_note = "" if s.points is None else (
+                    f"Handed in {late_units} after your deadline ({deadline.isoformat()}): {100 * s.penalty:g}% off "
+                    f"the points earned, so {s.points:g} of {s.raw:g} count.")
         rows.append(dict(student=r.student, lesson=r.lesson, submitted_at=moment.isoformat() if moment else "",
                          deadline=deadline if deadline == EXEMPT else deadline.isoformat(), late_units=s.late,
                          penalty_percent=round(100 * s.penalty, 2), raw=s.raw if s.raw is not None else "",
