@@ -87,7 +87,9 @@ def test_every_roster_student_has_a_row(term, capsys):
         assert rows["dave"]["flags"] == "01_attention: never handed in; 02_heads: never handed in"
         assert rows["alice"]["flags"] == "" and rows["alice"]["total"] == "12"
     assert main(args + ["--missing-blank"]) == 0
-    assert "never handed in, left blank: dave 01_attention" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "never handed in, left blank: dave 01_attention" in err
+    assert [line.split(": ")[-1] for line in err.splitlines() if "to be graded again" in line] == ["bob 01_attention"]
     rows = {r["student"]: r for r in csv.DictReader(open(term / "scores.csv", newline=""))}
     assert (rows["dave"]["01_attention"], rows["dave"]["max_points"], rows["dave"]["percentage"]) == ("", "0", "")
     assert rows["dave"]["regrade"] == "" and "never handed in" in rows["dave"]["flags"]

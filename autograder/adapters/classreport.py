@@ -35,7 +35,7 @@ from autograder.adapters.roster import Roster
 
 REPORT = "report.html"
 COUNTED = ("the final scores, as the export and totals.csv count them: the gradebook's manual scores and extra credit "
-           "count, every roster student counts, a lesson still to grade (by a person or again) is left out")
+           "count, a lesson still to grade (by a person or again) is left out")
 MIN_ANSWER_CHARS = 80      # of the student's own code, spaces aside: `return x.sum(-1)` says nothing
 TOP_MISTAKES = 5
 STYLE = """body{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem;color:#222}

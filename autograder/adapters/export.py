@@ -583,8 +583,8 @@ def export(out, results, fmt, dest, roster=None, gradebook=None, deadlines=(), p
             warnings += more
         else:
             text = canvas_new(students_rows, lessons, scores)
-    regrade = sorted(f"{s} {lsn}" for (s, lsn), sc in scores.items()
-                     if sc.points is None and not sc.refused and (sc.regrade or not sc.pending))
+    regrade = sorted(f"{s} {lsn}" for (s, lsn), sc in scores.items()   # not a lesson never handed in, left blank
+                     if sc.points is None and not sc.refused and sc.flag != MISSING and (sc.regrade or not sc.pending))
     warnings += [f"{s} {lsn}: left blank, its stored result was refused ({sc.refused}): regrade it (grade --resume)"
                  for (s, lsn), sc in sorted(scores.items()) if sc.refused]
     if regrade:
