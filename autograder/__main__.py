@@ -229,13 +229,13 @@ def _outputs(args):
     from autograder.adapters import report_outputs
     from autograder.adapters.export import counting_of
     from autograder.adapters.gradebook import check_gradebook, check_same_gradebook
-    from autograder.adapters.roster import load_roster, stored_roster
+    from autograder.adapters.roster import kept_roster, load_roster, stored_roster
 
     check_gradebook(args.gradebook)
     check_same_gradebook(args.out, args.gradebook)
     counting_of(args.out)   # a damaged record of how RESULTS is counted stops the run before any work
     roster = load_roster(args.roster) if getattr(args, "roster", None) else \
-        stored_roster(getattr(args, "submissions", None))   # the roster collect kept, when there is one
+        stored_roster(getattr(args, "submissions", None)) or kept_roster(args.out)   # collect's, else RESULTS's
     return report_outputs(args.gradebook, args.course_root, roster, args.written)
 
 
@@ -282,12 +282,12 @@ def _term(args):
     """collect, export and report (collect.py, export.py, classreport.py)."""
     from autograder.checks import LESSONS
     from autograder.results import UsageError, load_term
-    from autograder.adapters.roster import load_roster, stored_roster
+    from autograder.adapters.roster import kept_roster, load_roster, stored_roster
 
     try:
         roster = load_roster(args.roster) if getattr(args, "roster", None) else None
-        if roster is None and args.command != "collect":   # the roster collect kept, when there is one
-            roster = stored_roster(getattr(args, "submissions", None))
+        if roster is None and args.command != "collect":   # the roster collect kept, else the one RESULTS kept
+            roster = stored_roster(getattr(args, "submissions", None)) or kept_roster(args.results)
         if args.command == "collect":
             from autograder.adapters.collect import collect
             collect(args.download, args.out, roster, args.lesson, args.times, args.timezone)

@@ -471,3 +471,8 @@ def test_a_term_adds_up_for_every_roster_student(term, tmp_path, cli):
     # Each lesson's mean is totals.csv's: 01 (6 + 0 + 4.95) / 18, 02 8 / 24, 03 (10 + 0 + 9) / 30.
     assert [report.count(f"Mean score: {m}% of 3 students") for m in (61, 33, 63)] == [1, 1, 1]
     assert "late penalties: 10%/day after 01_attention 2026-10-01T23:59:00+00:00, 1 extension(s)" in report
+    # An export given no roster, nor the SUBMISSIONS that keeps one, still has the class RESULTS was counted for.
+    code, err = cli("export", out, "--format", "csv", "--out", tmp_path / "bare.csv", "--gradebook", db, "--written")
+    assert code == 0, err
+    assert [(r["student"], r["total"], r["max_points"]) for r in store.read_csv(tmp_path / "bare.csv")] == [
+        ("alice", "24", "24"), ("bob", "0", "24"), ("carol", "14.5", "24")]   # no late penalty asked for: 5.5

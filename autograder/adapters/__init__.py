@@ -28,6 +28,7 @@ from autograder import notebook as nbk
 from autograder.adapters.classreport import write_report
 from autograder.adapters.export import counting_of, remember_counting, score, stale_warning, write_final
 from autograder.adapters.gradebook import read_reviews, remember_gradebook, update_gradebook
+from autograder.adapters.roster import remember_roster
 
 
 def report_outputs(gradebook=None, course_root=None, roster=None, written=False):
@@ -55,6 +56,8 @@ def report_outputs(gradebook=None, course_root=None, roster=None, written=False)
         for line in remember_counting(out, counting):
             print(f"warning: {line}", file=sys.stderr)
         write_final(out, results, roster=roster, reviews=reviews, counting=counting)
+        if roster:
+            remember_roster(out, roster)
     students = [r["student"] for r in roster.rows] if roster else None
     sections = {r["student"]: r["section"] for r in roster.rows} if roster and "section" in roster.columns else None
     return ([to_gradebook] if gradebook else []) + [to_totals, lambda out, results, warnings: write_report(

@@ -45,7 +45,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from autograder.results import NEEDS_GRADING, STORE, UNANSWERED, UsageError, csv_text, read_timestamp, write_atomic
 from autograder.report import write_feedback
 from autograder.adapters.gradebook import Review
-from autograder.adapters.roster import squash
+from autograder.adapters.roster import remember_roster, squash
 
 TOTALS, PENALTIES = "totals.csv", "late-penalties.csv"
 COUNTING = "counting.json"   # in RESULTS/.results: how the last export counted (Counting)
@@ -601,5 +601,7 @@ def export(out, results, fmt, dest, roster=None, gradebook=None, deadlines=(), p
     warnings += stale_warning([f"{s} {lsn} {t}" for (s, lsn), sc in sorted(scores.items()) for t in sc.stale], drop_stale)
     warnings += remember_counting(out, counting)
     write_final(out, results, refused, roster, reviews, counting)
+    if roster:
+        remember_roster(out, roster)
     write_atomic(dest, text)
     return warnings
