@@ -178,7 +178,8 @@ def test_the_report_the_export_and_totals_count_the_same_final_scores(graded, ca
         if name not in ("erin", "ivan"):
             store.write_timestamp(subs / name / LESSON, datetime(2026, 10, 1, 12, 0, tzinfo=timezone.utc))
     roster = ["--roster", str(graded / "roster.csv")]
-    late = ["--deadline", f"{LESSON}=2026-10-01T23:59:00+00:00", "--late-policy", "10%/day", "--submissions", str(subs)]
+    late = ["--deadline", f"{LESSON}=2026-10-01T23:59:00+00:00", "--late-policy", "10%/day", "--submissions", str(subs),
+            "--grace", "90m"]
     assert main(["export", str(out), "--format", "csv", "--out", str(graded / "plain.csv"), *roster, *late]) == 0
     # alice 6, bob 5, carol 4, gina 4 (A); dave 3, erin 4.8, frank 4, hank 4, ivan 0 (B); of 6 each.
     expected = {"alice": 6, "bob": 5, "carol": 4, "gina": 4, "dave": 3, "erin": 4.8, "frank": 4, "hank": 4, "ivan": 0}
@@ -194,7 +195,7 @@ def test_the_report_the_export_and_totals_count_the_same_final_scores(graded, ca
 
     assert main(["report", str(out), *roster]) == 0
     page = check(4.8, 64, 53)   # B: (50 + 80 + 66.7 + 66.7 + 0) / 5
-    assert f"late penalties: 10%/day after {LESSON} 2026-10-01T23:59:00+00:00" in page
+    assert f"late penalties: 10%/day after {LESSON} 2026-10-01T23:59:00+00:00, grace 90m" in page
     assert "late-penalties.csv" in os.listdir(out)
     results = store.load_term(out).results   # a later grade run's totals.csv and report count the same
     for write in report_outputs(roster=load_roster(graded / "roster.csv")):

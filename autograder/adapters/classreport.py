@@ -100,9 +100,10 @@ def functions_across_lessons(stats):
 
 def by_section(results, sections, scores):
     """[(section, lesson, students with a score, mean score %, students who passed every test)] for the
-    roster's sections ({student: section}; students without one, or off the roster, are '(none)'), of the final scores
-    ({(student, lesson): Score} of export.final_scores, with every roster student: one who never handed a lesson
-    in counts 0); a lesson still to grade, by a person or again, has no score yet and is left out."""
+    roster's sections ({student: section}; students without one, or off the roster, are '(none)'), of the final
+    scores ({(student, lesson): Score} of export.final_scores, with every roster student: one who never handed a
+    lesson in counts 0, unless the export leaves it blank); a lesson still to grade, by a person or again, has no
+    score yet and is left out."""
     passed = {(r.student, r.lesson): all(t.status == "passed" for t in r.tests) for r in results}
     rows = defaultdict(list)
     for (student, lesson), s in scores.items():
@@ -328,11 +329,12 @@ def render(results, submissions=None, warnings=(), names=True, sections=None, ro
               for lesson, name, rate in functions_across_lessons(stats)]
     parts.append("</table>")
     if sections:
-        parts.append("<h2 id='sections'>By section</h2><p class='muted'>Final scores (see <a href='#scores'>Scores</a>)."
-                     "</p><table><tr><th>section</th><th>lesson</th><th>students</th>"
+        parts.append("<h2 id='sections'>By section</h2><p class='muted'>Final scores (see "
+                     "<a href='#scores'>Scores</a>).</p><table><tr><th>section</th><th>lesson</th><th>students</th>"
                      "<th>mean score</th><th>passed every test</th></tr>")
         parts += [f"<tr><td>{e(section)}</td><td>{e(lesson)}</td><td class='n'>{n}</td><td class='n'>{mean:.0f}%</td>"
-                  f"<td class='n'>{ok}/{n}</td></tr>" for section, lesson, n, mean, ok in by_section(results, sections, scores)]
+                  f"<td class='n'>{ok}/{n}</td></tr>"
+                  for section, lesson, n, mean, ok in by_section(results, sections, scores)]
         parts.append("</table>")
     groups = identical_groups(results, submissions)
     parts.append("<h2 id='identical'>Identical answers</h2><p class='muted'>Answer cells whose code is the same after "

@@ -191,10 +191,13 @@ class Late:
     submissions: str | None = None
 
     def said(self):
-        """One line for people: the policy, each deadline, how many extensions, the grace."""
-        return (f"{self.policy} after {', '.join(f'{lsn} {d.isoformat()}' for lsn, d in sorted(self.deadlines.items()))}"
-                + (f", {len(self.extensions)} extension(s)" if self.extensions else "")
-                + (f", grace {self.grace}" if self.grace else ""))
+        """One line for people: the policy, each deadline, how many extensions, the grace (as --grace takes it)."""
+        minutes = self.grace.total_seconds() / 60
+        grace = f"{minutes / 1440:g}d" if minutes % 1440 == 0 else f"{minutes / 60:g}h" if minutes % 60 == 0 \
+            else f"{minutes:g}m"
+        deadlines = ", ".join(f"{lsn} {d.isoformat()}" for lsn, d in sorted(self.deadlines.items()))
+        return (f"{self.policy} after {deadlines}" + (f", {len(self.extensions)} extension(s)" if self.extensions else "")
+                + (f", grace {grace}" if self.grace else ""))
 
 
 @dataclass
@@ -210,7 +213,8 @@ class Counting:
     def to_json(self):
         late = self.late and dict(
             deadlines={lsn: d.isoformat() for lsn, d in sorted(self.late.deadlines.items())}, policy=self.late.policy,
-            extensions=[[s, lsn, d if d == EXEMPT else d.isoformat()] for (s, lsn), d in sorted(self.late.extensions.items())],
+            extensions=[[s, lsn, d if d == EXEMPT else d.isoformat()]
+                        for (s, lsn), d in sorted(self.late.extensions.items())],
             grace_seconds=self.late.grace.total_seconds(), submissions=self.late.submissions)
         return dict(blank_missing=self.blank_missing, drop_stale=self.drop_stale, late=late, written=self.written)
 
