@@ -94,7 +94,8 @@ def main(argv=None):
     x.add_argument("--submissions", metavar="SUBMISSIONS", help="where collect wrote the submission times")
     x.add_argument("--extensions", metavar="CSV", help="student,lesson,deadline (an ISO 8601 time or 'exempt')")
     x.add_argument("--grace", metavar="DURATION", help="e.g. 15m, 2h or 1d: work this late counts as on time")
-    x.add_argument("--gradebook", metavar="DB", help="nbgrader's gradebook: its manual scores and extra credit count")
+    x.add_argument("--gradebook", metavar="DB", help="nbgrader's gradebook: its manual scores and extra credit count "
+                   "(default: the one RESULTS was graded with, if any)")
     x.add_argument("--stale-overrides", choices=["keep", "drop"], default="keep",
                    help="a manual score made before its test's autograded result changed: keep it (default) or drop it")
     x.add_argument("--written", action="store_true", help=WRITTEN_HELP)
@@ -114,8 +115,11 @@ def main(argv=None):
     rp.add_argument("--submissions", metavar="SUBMISSIONS", help="the graded notebooks, to find identical answers")
     rp.add_argument("--no-names", action="store_true", help="leave students' names out (for a projector)")
     rp.add_argument("--roster", metavar="CSV", help="student, section: adds each lesson's scores per section")
-    rp.add_argument("--gradebook", metavar="DB", help="nbgrader's gradebook: names its manual scores and stale ones")
-    rp.add_argument("--written", action="store_true", help=WRITTEN_HELP)
+    rp.add_argument("--gradebook", metavar="DB", help="nbgrader's gradebook: its manual scores count, stale ones "
+                    "named (default: the one RESULTS was graded with, if any)")
+    rp.add_argument("--written", action="store_true", help="count the written questions even where RESULTS was graded "
+                    "and exported without --written (the page says it differs from totals.csv); by default the "
+                    "report counts as RESULTS's last grade or export did")
 
     s = sub.add_parser("sync", help="rewrite the notebooks' solution and hidden-test cells from solutions/")
     s.add_argument("--lesson", action="append", choices=list(LESSONS))
@@ -223,13 +227,15 @@ def _outputs(args):
     """The adapters' writers that follow grade's and merge's reports; UsageError, before any work,
     for a --gradebook that could not be written."""
     from autograder.adapters import report_outputs
+    from autograder.adapters.export import counting_of
     from autograder.adapters.gradebook import check_gradebook, check_same_gradebook
-    from autograder.adapters.roster import load_roster, stored_roster
+    from autograder.adapters.roster import kept_roster, load_roster, stored_roster
 
     check_gradebook(args.gradebook)
     check_same_gradebook(args.out, args.gradebook)
+    counting_of(args.out)   # a damaged record of how RESULTS is counted stops the run before any work
     roster = load_roster(args.roster) if getattr(args, "roster", None) else \
-        stored_roster(getattr(args, "submissions", None))   # the roster collect kept, when there is one
+        stored_roster(getattr(args, "submissions", None)) or kept_roster(args.out)   # collect's, else RESULTS's
     return report_outputs(args.gradebook, args.course_root, roster, args.written)
 
 
@@ -276,12 +282,12 @@ def _term(args):
     """collect, export and report (collect.py, export.py, classreport.py)."""
     from autograder.checks import LESSONS
     from autograder.results import UsageError, load_term
-    from autograder.adapters.roster import load_roster, stored_roster
+    from autograder.adapters.roster import kept_roster, load_roster, stored_roster
 
     try:
         roster = load_roster(args.roster) if getattr(args, "roster", None) else None
-        if roster is None and args.command != "collect":   # the roster collect kept, when there is one
-            roster = stored_roster(getattr(args, "submissions", None))
+        if roster is None and args.command != "collect":   # the roster collect kept, else the one RESULTS kept
+            roster = stored_roster(getattr(args, "submissions", None)) or kept_roster(args.results)
         if args.command == "collect":
             from autograder.adapters.collect import collect
             collect(args.download, args.out, roster, args.lesson, args.times, args.timezone)
@@ -294,23 +300,31 @@ def _term(args):
             raise UsageError(f"{args.results} holds no grading results (grade into it first)")
         if args.command == "report":
             from autograder import report
+            from dataclasses import replace
             from autograder.adapters.classreport import submission_mismatches, write_report
+            from autograder.adapters.export import counting_of
             stale = submission_mismatches(results, args.submissions)
             for line in stale:
                 print(f"error: {line}", file=sys.stderr)
             results += [report.placeholder(s, lsn, "not graded: " + report.refused_message(why))
                         for (s, lsn), why in sorted(refused.items()) if lsn in LESSONS]
             sections = {r["student"]: r["section"] for r in roster.rows} if roster and "section" in roster.columns else None
-            path = write_report(args.results, results, args.submissions, term.lines + stale, not args.no_names, sections,
-                                [r["student"] for r in roster.rows] if roster else None, _reviews(args.gradebook),
-                                args.written)
+            counting, apart = counting_of(args.results), []
+            if args.written and not counting.written:   # what the instructor asked for, said to differ from totals.csv
+                counting = replace(counting, written=True)
+                apart.append(f"the written questions count here, but not in {args.results}/totals.csv or the export: "
+                             "grade or export with --written to count them there too")
+                print(f"warning: {apart[0]}", file=sys.stderr)
+            path = write_report(args.results, results, args.submissions, term.lines + stale + apart, not args.no_names,
+                                sections, [r["student"] for r in roster.rows] if roster else None,
+                                _reviews(args.gradebook, args.results), counting)
             print(f"wrote {path}")
             return 1 if refused or stale else 0
         from autograder.adapters.export import export
         for line in export(args.results, results, args.format, args.out, roster, args.canvas_gradebook,
                            args.deadline, args.late_policy, args.timezone, args.submissions, args.assignment,
                            refused, args.extensions, args.grace, args.missing_blank,
-                           _reviews(args.gradebook), args.stale_overrides, args.written):
+                           _reviews(args.gradebook, args.results), args.stale_overrides, args.written):
             print(f"warning: {line}", file=sys.stderr)
         print(f"wrote {args.out}")
         return 1 if refused else 0
@@ -319,11 +333,13 @@ def _term(args):
         return 2
 
 
-def _reviews(gradebook):
-    """The gradebook's manual scores (gradebook.read_reviews), or None without --gradebook."""
+def _reviews(gradebook, out):
+    """The manual scores (gradebook.read_reviews) of --gradebook or, without it, of the gradebook RESULTS (out) was
+    graded with (the same scores as its totals.csv and feedback pages); None when there is neither."""
+    from autograder.adapters.gradebook import check_gradebook, read_reviews, remembered_gradebook
+    gradebook = gradebook or remembered_gradebook(out)
     if not gradebook:
         return None
-    from autograder.adapters.gradebook import check_gradebook, read_reviews
     check_gradebook(gradebook)
     return read_reviews(gradebook)
 
@@ -338,7 +354,9 @@ def _summary(out, results):
     waiting = sum(v in ("needs grading", "") for r in rows for k, v in r.items()
                   if k not in ("student", "total", "max_points", "percentage", "regrade", "flags"))
     students = len({r.student for r in results})
-    print(f"{out} holds {len(results)} results ({students} students), {got:g}/{full:g} points in totals.csv"
+    print(f"{out} holds {len(results)} results ({students} students"
+          + (f"; {len(rows)} in totals.csv with the roster" if len(rows) != students else "")
+          + f"), {got:g}/{full:g} points in totals.csv"
           + (f" ({waiting} lesson scores left out: still to grade, or to grade again)" if waiting else "")
           + f"; wrote {out}/grades.csv, totals.csv, report.html and feedback/")
     if any(r.grader_errors for r in results):

@@ -103,20 +103,23 @@ def _aspects_html(t):
     return f"<ul class='aspects'>{items}</ul>" if items else ""
 
 
-def write_feedback(out, results, reviews=None, written=False):
+def write_feedback(out, results, reviews=None, written=False, late=None):
     """RESULTS/feedback/<student>/<lesson>.html of each Result (feedback_page; reviews: the gradebook's
-    {(student, lesson): review} of manual scores, from the adapters, which read it)."""
+    {(student, lesson): review} of manual scores, late: {(student, lesson): the sentence on its late penalty},
+    from the adapters, which read the gradebook and count the late penalties)."""
     for r in results:
         store.write_derived(Path(out) / "feedback" / r.student / f"{r.lesson}.html",
-                            feedback_page(r, (reviews or {}).get((r.student, r.lesson)), written))
+                            feedback_page(r, (reviews or {}).get((r.student, r.lesson)), written,
+                                          (late or {}).get((r.student, r.lesson), "")))
 
 
-def feedback_page(r, review=None, written=False):
+def feedback_page(r, review=None, written=False, late=""):
     """A Result's page for its student: each test, its points (and each aspect's) and its teaching message;
     never hidden code, hidden inputs or expected values (check messages are written not to contain
     them). review (a gradebook's, with .manual and .extra {test or question: points}): a manual score
     replaces the grader's and is said to be one, extra credit is added. Written questions are listed: with
     written they count (a manual score, or 'needs grading' and the total so far), without it they do not.
+    late: a sentence on the late penalty taken (what the export sends: the points counted), shown as a note.
     Every text is stored cleaned and capped (results.clean), and escaped here."""
     e = html.escape
     manual, extra, stale = (review.manual, review.extra, review.stale) if review else ({}, {}, ())
@@ -147,7 +150,7 @@ def feedback_page(r, review=None, written=False):
                         f"Written question: {w.message}" + ("" if written else
                                                             " (read by your instructor; it does not count)"))
                     for w in r.written)
-    note_html = "".join(f"<p class='note'>{e(n)}</p>" for n in result_notes(r))
+    note_html = "".join(f"<p class='note'>{e(n)}</p>" for n in ([late] if late else []) + result_notes(r))
     note_html += (f"<p class='note'>Written questions not graded yet ({e(', '.join(pending))}): these are your points "
                   "so far, not your score.</p>") if pending else ""
     return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{e(r.lesson)}: feedback for "

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import subprocess
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -122,7 +123,7 @@ def test_report_says_who_made_each_mistake_unless_told_not_to(graded):
 def test_report_splits_by_roster_section(graded):
     results = store.load_term(graded / "RESULTS").results
     sections = {"alice": "A", "bob": "A", "carol": "A", "dave": "B", "erin": "B", "frank": "B"}
-    rows = classreport.by_section(results, sections)
+    rows = classreport.by_section(results, sections, final(results, sections))
     # A: alice 100%, bob 5/6, carol 4/6; B: dave 3/6, erin 100%, frank 4/6; gina 4/6 and hank 4/6 have none.
     assert [(s, n, round(mean, 1), ok) for s, _, n, mean, ok in rows] == [
         ("(none)", 2, 66.7, 0), ("A", 3, 83.3, 1), ("B", 3, 72.2, 1)]
@@ -135,22 +136,84 @@ def test_report_splits_by_roster_section(graded):
 
 
 
+def final(results, students, reviews=None, counting=None):
+    """The export's final scores {(student, lesson): Score} of results, with the roster of these students."""
+    from autograder.adapters.export import final_scores
+    from autograder.adapters.roster import Roster
+    return final_scores(results, roster=Roster(rows=[{"student": s} for s in students]), reviews=reviews,
+                        counting=counting)[2]
+
+
 def test_report_sections_count_as_the_export_does(graded):
     """A roster student who never submitted counts 0 (as in the export), and a TA's manual score counts: ivan (B)
     never handed in, dave's manual 6/6 replaces his 3/6. B: dave 100%, erin 100%, frank 4/6, ivan 0."""
     from autograder.adapters.gradebook import Review
-    from autograder.adapters.export import table
-    from autograder.adapters.roster import Roster
 
     results = store.load_term(graded / "RESULTS").results
     sections = {"alice": "A", "bob": "A", "carol": "A", "dave": "B", "erin": "B", "frank": "B", "ivan": "B"}
     [dave] = [r for r in results if r.student == "dave"]
     reviews = {("dave", dave.lesson): Review(manual={t.test: t.max_points for t in dave.tests})}
-    rows = {s: (n, round(mean, 1), ok) for s, _, n, mean, ok in classreport.by_section(results, sections, reviews)}
+    rows = {s: (n, round(mean, 1), ok) for s, _, n, mean, ok in
+            classreport.by_section(results, sections, final(results, sections, reviews))}
     assert rows["B"] == (4, 66.7, 1), "dave 100, erin 100, frank 66.7, ivan 0; only erin passed every test"
-    _, _, export = table(results, roster=Roster(rows=[{"student": s} for s in sections]), reviews=reviews)
-    b = [export[s, dave.lesson] for s in sections if sections[s] == "B"]
-    assert round(100 * sum(s.points / s.max_points for s in b) / len(b), 1) == rows["B"][1]
+    page = classreport.render(results, sections=sections, reviews=reviews)
+    assert "<td>B</td><td>01_attention</td><td class='n'>4</td><td class='n'>67%</td><td class='n'>1/4</td>" in page
+    # scaled_dot_product_attention's mean points count dave's manual 3 of 3: (22 + 1) / 8 (the grader's: 22 / 8).
+    assert "<td class='n'>2.88 / 3</td>" in page and "2.75 / 3" not in page
+
+
+def test_the_report_the_export_and_totals_count_the_same_final_scores(graded, capsys):
+    """The class report's per-lesson mean, histogram and sections are the export's final scores, late penalties
+    too, as totals.csv has them; RESULTS remembers the export's late policy, so a later totals.csv and report
+    (grade's, report's) keep counting it, and an export without one takes it off again, saying so. erin hands
+    lesson 01 in 2 days late (10%/day: 6 becomes 4.8); ivan, on the roster, never hands it in (0)."""
+    from autograder.adapters import report_outputs
+    from autograder.adapters.roster import load_roster
+    out, subs = graded / "RESULTS", graded / "SUBMISSIONS"
+    sections = {"alice": "A", "bob": "A", "carol": "A", "gina": "A", "dave": "B", "erin": "B", "frank": "B",
+                "hank": "B", "ivan": "B"}
+    (graded / "roster.csv").write_text("student,section\n" + "".join(f"{s},{x}\n" for s, x in sections.items()))
+    store.write_timestamp(subs / "erin" / LESSON, datetime(2026, 10, 3, 12, 0, tzinfo=timezone.utc))
+    for name in sections:   # on time: the others
+        if name not in ("erin", "ivan"):
+            store.write_timestamp(subs / name / LESSON, datetime(2026, 10, 1, 12, 0, tzinfo=timezone.utc))
+    roster = ["--roster", str(graded / "roster.csv")]
+    late = ["--deadline", f"{LESSON}=2026-10-01T23:59:00+00:00", "--late-policy", "10%/day", "--submissions", str(subs),
+            "--grace", "90m"]
+    assert main(["export", str(out), "--format", "csv", "--out", str(graded / "plain.csv"), *roster, *late]) == 0
+    # alice 6, bob 5, carol 4, gina 4 (A); dave 3, erin 4.8, frank 4, hank 4, ivan 0 (B); of 6 each.
+    expected = {"alice": 6, "bob": 5, "carol": 4, "gina": 4, "dave": 3, "erin": 4.8, "frank": 4, "hank": 4, "ivan": 0}
+
+    def check(erin, mean, b_mean):
+        plain = {r["student"]: float(r[LESSON]) for r in store.read_csv(out / "totals.csv")}
+        assert plain == dict(expected, erin=erin)
+        page = (out / "report.html").read_text()
+        assert f"Mean score: {mean}% of 9 students" in page and "histogram of the scores of 01_attention: 9 students" in page
+        assert round(100 * sum(plain.values()) / 6 / len(plain)) == mean   # the report's mean is totals.csv's
+        assert f"<td>B</td><td>{LESSON}</td><td class='n'>5</td><td class='n'>{b_mean}%</td>" in page
+        return page
+
+    assert main(["report", str(out), *roster]) == 0
+    page = check(4.8, 64, 53)   # B: (50 + 80 + 66.7 + 66.7 + 0) / 5
+    assert f"late penalties: 10%/day after {LESSON} 2026-10-01T23:59:00+00:00, grace 90m" in page
+    assert "late-penalties.csv" in os.listdir(out)
+    results = store.load_term(out).results   # a later grade run's totals.csv and report count the same
+    for write in report_outputs(roster=load_roster(graded / "roster.csv")):
+        write(out, results, [])
+    check(4.8, 64, 53)
+    capsys.readouterr()
+    assert main(["export", str(out), "--format", "csv", "--out", str(graded / "plain.csv"), *roster]) == 0
+    assert f"counted otherwise than before in {out}: no late penalties (before: late penalties: 10%/day" \
+        in capsys.readouterr().err
+    assert main(["report", str(out), *roster]) == 0
+    assert "no late penalties" in check(6, 67, 57) and "late-penalties.csv" not in os.listdir(out)
+    capsys.readouterr()
+    assert main(["report", str(out), "--written"]) == 0   # asked for, though RESULTS does not count them: said
+    assert "the written questions count here, but not in" in capsys.readouterr().err
+    (out / store.STORE / "counting.json").write_text('{"late": 1}')
+    assert main(["report", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "counting.json is damaged" in err and "\n" not in err
 
 
 def test_report_roster_names_who_never_submitted(graded):

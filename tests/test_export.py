@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from autograder.__main__ import main
-from autograder.adapters.export import score, write_totals
+from autograder.adapters.export import score, write_final
 from autograder.results import Result, load_results, result_path, save_result, write_timestamp
 
 # Canvas's documented gradebook import: these identity columns first, then one column per assignment
@@ -57,7 +57,7 @@ def read(path):
 
 
 def test_totals(term):
-    path = write_totals(term / "RESULTS", load_results(term / "RESULTS"))
+    path = write_final(term / "RESULTS", load_results(term / "RESULTS"))
     rows = {r["student"]: r for r in csv.DictReader(open(path, newline=""))}
     assert read(path)[0] == ["student", "01_attention", "02_heads", "total", "max_points", "percentage", "regrade"]
     assert rows["alice"] == dict(student="alice", **{"01_attention": "6", "02_heads": "6"}, total="12",
@@ -87,7 +87,9 @@ def test_every_roster_student_has_a_row(term, capsys):
         assert rows["dave"]["flags"] == "01_attention: never handed in; 02_heads: never handed in"
         assert rows["alice"]["flags"] == "" and rows["alice"]["total"] == "12"
     assert main(args + ["--missing-blank"]) == 0
-    assert "never handed in, left blank: dave 01_attention" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "never handed in, left blank: dave 01_attention" in err
+    assert [line.split(": ")[-1] for line in err.splitlines() if "to be graded again" in line] == ["bob 01_attention"]
     rows = {r["student"]: r for r in csv.DictReader(open(term / "scores.csv", newline=""))}
     assert (rows["dave"]["01_attention"], rows["dave"]["max_points"], rows["dave"]["percentage"]) == ("", "0", "")
     assert rows["dave"]["regrade"] == "" and "never handed in" in rows["dave"]["flags"]
@@ -184,7 +186,8 @@ def test_a_stale_override_is_named_and_the_flag_chooses_whether_it_wins(term, ca
     assert read_reviews(db)["bob", "01_attention"].stale == [], "a regrade that changes nothing keeps it fresh"
     # grade --gradebook (its writer after the regrade) warns as export does, and carol's page says it is stale.
     from autograder.adapters import report_outputs
-    report_outputs(gradebook=db, course_root=term / "course")[0](term / "RESULTS", load_results(term / "RESULTS"), [])
+    for write in report_outputs(gradebook=db, course_root=term / "course"):
+        write(term / "RESULTS", load_results(term / "RESULTS"), [])
     assert "warning: stale manual scores" in capsys.readouterr().err
     page = (term / "RESULTS/feedback/carol/01_attention.html").read_text()
     assert "scored by hand: 2 (the grader gave 3), before your work last changed: to be reviewed again (stale)" in page
@@ -207,7 +210,10 @@ def test_a_stale_override_is_named_and_the_flag_chooses_whether_it_wins(term, ca
     with _open(db) as gb:
         gb.find_grade("test_scaled_dot_product_attention", "01_attention", "01_attention", "carol").needs_manual_grade = False
         gb.db.commit()
-    assert main(out) == 0 and "stale" not in capsys.readouterr().err
+    assert main(out) == 0
+    err = capsys.readouterr().err   # no stale score now; kept (the default) after drop is said, totals.csv follows it
+    assert "stale manual scores (" not in err and f"counted otherwise than before in {term / 'RESULTS'}: stale manual " \
+        "scores kept (before: stale manual scores dropped); totals.csv, the class report and later runs now" in err
     assert main(out[:-1] + [str(term / "nope.db")]) == 2
     assert "no such gradebook" in capsys.readouterr().err
 
@@ -222,7 +228,8 @@ def test_merge_writes_totals_for_every_roster_student(term, capsys):
     # merge's (and grade's) summary line counts as totals.csv does: dave's 14 in the maximum, and the lessons to grade
     # again (this partial merge's gaps) left out, where it summed the stored results' points whatever totals.csv said.
     assert (sum(float(r["total"]) for r in rows.values()), sum(float(r["max_points"]) for r in rows.values())) == (0, 14)
-    assert "holds 6 results (3 students), 0/14 points in totals.csv (6 lesson scores left out: still to grade, or " \
+    assert "holds 6 results (3 students; 4 in totals.csv with the roster), 0/14 points in totals.csv (6 lesson scores " \
+           "left out: still to grade, or " \
            "to grade again)" in capsys.readouterr().out
 
 
@@ -278,6 +285,10 @@ def test_late_penalties(term, capsys):
     assert rows["carol"]["02_heads"] == "0", "no submission, no time needed"
     penalties = {r["student"]: r for r in csv.DictReader(open(term / "RESULTS/late-penalties.csv", newline=""))}
     assert penalties["alice"]["raw"] == "6" and penalties["alice"]["penalised"] == "5.1"
+    # Her feedback page says what the export counts; bob's, on time, says nothing of lateness.
+    assert f"Handed in 2 days after your deadline ({deadline}): 15% off the points earned, so 5.1 of 6 count." in \
+        (term / "RESULTS/feedback/alice/02_heads.html").read_text()
+    assert "Handed in" not in (term / "RESULTS/feedback/bob/02_heads.html").read_text()
     assert penalties["alice"]["penalty_percent"] == "15" and penalties["alice"]["late_units"] == "2"
     # A submission without a time is exported unpenalised and flagged, named in a warning; bob, who has
     # one, is still penalised the same way, and the export goes on.
@@ -288,7 +299,7 @@ def test_late_penalties(term, capsys):
     assert "no submission time for 1 submission(s) of 02_heads: alice: exported unpenalised" in capsys.readouterr().err
     rows = {r["student"]: r for r in csv.DictReader(open(term / "scores.csv", newline=""))}
     assert rows["alice"]["02_heads"] == "6" and rows["alice"]["flags"] == "02_heads: no submission time: not penalised"
-    assert rows["bob"]["02_heads"] == "5.4" and rows["bob"]["flags"] == ""
+    assert rows["bob"]["02_heads"] == "5.4" and rows["bob"]["flags"] == "02_heads: late 1 day: -10%"
     penalties = {r["student"]: r for r in csv.DictReader(open(term / "RESULTS/late-penalties.csv", newline=""))}
     assert penalties["alice"]["submitted_at"] == "" and penalties["alice"]["penalised"] == "6"
 

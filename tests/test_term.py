@@ -41,7 +41,9 @@ def cli(capsys):
     """The command line in this process (no interpreter and torch to start): (exit status, stderr)."""
     def call(*args):
         code = main([str(a) for a in args])
-        return code, capsys.readouterr().err
+        captured = capsys.readouterr()
+        call.out = captured.out   # the last command's stdout (grade's summary), for the test that reads it
+        return code, captured.err
     return call
 
 
@@ -341,12 +343,16 @@ def test_a_term_adds_up_for_every_roster_student(term, tmp_path, cli):
     db.parent.mkdir()
     code, err = cli("grade", subs, "--out", out, "--gradebook", db, "--written", "--quiet")
     assert code == 0, err
+    summary = cli.out
     auto = {(r["student"], r["lesson"], r["test"]): float(r["points"]) for r in store.read_grades(out / "grades.csv")}
     points = {(s, lsn): sum(p for (s2, l2, _), p in auto.items() if (s2, l2) == (s, lsn))
               for s in ("alice", "carol") for lsn in (L1, L2, L3)}
     carol_auto = points["carol", L1]
     assert points == {("alice", L1): 6, ("alice", L2): 8, ("alice", L3): 8, ("carol", L1): carol_auto,
                       ("carol", L2): 0, ("carol", L3): 8} and 4 <= carol_auto < 6 and auto["carol", L1, "test_softmax"] < 2
+    # grade's last line sums totals.csv: alice 14 of 14 and carol's of 14 (lesson 03 to grade), bob 0 of 24.
+    assert f"holds 6 results (2 students; 3 in totals.csv with the roster), {14 + round(carol_auto, 2):g}/52 points " \
+        "in totals.csv (2 lesson scores left out" in summary
     # Not graded by a person yet: 'needs grading', out of the total, never a 0; blank and flagged in the export.
     totals = {r["student"]: r for r in store.read_csv(out / "totals.csv")}
     assert {s: tuple(number(r[c]) for c in (L1, L2, L3, "total", "max_points")) for s, r in totals.items()} == {
@@ -406,21 +412,38 @@ def test_a_term_adds_up_for_every_roster_student(term, tmp_path, cli):
     assert {r["ID"]: tuple(number(r[c]) for c in (L1, L2, L3)) for r in rows[1:]} == {
         "101": (6, 8, 10), "102": (0, 0, 0), "103": (5.4, 0, 9)}   # carol: 6 less 10%, 1 started day past her extension
     totals = {r["student"]: (float(r["total"]), float(r["max_points"])) for r in store.read_csv(out / "totals.csv")}
-    assert totals == {"alice": (24, 24), "bob": (0, 24), "carol": (15, 24)}   # raw: no late penalty
+    assert totals == {"alice": (24, 24), "bob": (0, 24), "carol": (14.4, 24)}   # the export's: 5.4 + 0 + 9
+    assert [r["flags"] for r in store.read_csv(out / "totals.csv") if r["student"] == "carol"] == [
+        f"{L1}: stale override dropped: test_softmax; late 1 day: -10%; {L3}: manual: written_heads"]
+    late = "Handed in 1 day after your deadline (2026-10-02T23:59:00+00:00): 10% off the points earned, so 5.4 of 6 count."
+    assert late in (out / "feedback" / "carol" / f"{L1}.html").read_text()   # her page, as the export counts
+    assert [(r["student"], r["lesson"], r["late_units"], r["raw"], r["penalised"]) for r in
+            store.read_csv(out / "late-penalties.csv")] == [("alice", L1, "0", "6", "6"), ("carol", L1, "1", "6", "5.4")]
     code, err = cli("export", "--format", "csv", "--out", tmp_path / "plain.csv", *common)   # stale kept: 1.5 wins
     assert code == 0, err
+    assert "stale manual scores kept (before: stale manual scores dropped); totals.csv, the class report" in err
     plain = {r["student"]: r for r in store.read_csv(tmp_path / "plain.csv")}
     assert {s: tuple(number(r[c]) for c in (f"{L1} raw", L1, L2, L3, "total", "max_points")) for s, r in plain.items()} \
         == {"alice": (6, 6, 8, 10, 24, 24), "bob": (0, 0, 0, 0, 0, 24), "carol": (5.5, 4.95, 0, 9, 13.95, 24)}
     assert "manual: test_softmax" in plain["carol"]["flags"] and "stale override kept: test_softmax" in plain["carol"]["flags"]
     assert "manual: written_heads" in plain["alice"]["flags"] and "never handed in" in plain["bob"]["flags"]
+    # Without --gradebook, export (as report) counts the gradebook RESULTS was graded with: the same numbers.
+    code, err = cli("export", "--format", "csv", "--out", tmp_path / "again.csv", *(a for a in common if a not in (db, "--gradebook")))
+    assert code == 0, err
+    assert store.read_csv(tmp_path / "again.csv") == store.read_csv(tmp_path / "plain.csv")
+    totals = {r["student"]: r for r in store.read_csv(out / "totals.csv")}   # the same scores as the last export
+    assert {s: tuple(number(r[c]) for c in (L1, L2, L3, "total")) for s, r in totals.items()} == {
+        s: tuple(number(r[c]) for c in (L1, L2, L3, "total")) for s, r in plain.items()}
 
     code, err = cli("feedback-upload", out, "--submissions", subs, "--format", "canvas", "--out", tmp_path / "zips")
     assert code == 0, err
     assert f"{L1}: never handed in, so no upload to attach feedback to: bob" in err
+    assert f"{L2}, {L3}: collected from no Canvas download, so no zip" in err and "did not name" not in err
     with zipfile.ZipFile(tmp_path / "zips" / f"{L1}_feedback_canvas.zip") as z:
         assert sorted(z.namelist()) == [f"danverscarol_103_9013_{L1}_feedback.html", f"liddellalice_101_9001_{L1}_feedback.html"]
-        assert z.read(f"danverscarol_103_9013_{L1}_feedback.html").decode() == pages["carol", L1]
+        page = z.read(f"danverscarol_103_9013_{L1}_feedback.html").decode()
+    assert page == (out / "feedback" / "carol" / f"{L1}.html").read_text() and "<b>5.5 / 6</b>" in page
+    assert "10% off the points earned, so 4.95 of 5.5 count." in page   # the last export's: her stale 1.5 kept
     code, err = cli("feedback-upload", out, "--submissions", subs, "--format", "moodle", "--out", tmp_path / "zips",
                     "--lesson", L2)
     assert code == 0, err
@@ -429,7 +452,7 @@ def test_a_term_adds_up_for_every_roster_student(term, tmp_path, cli):
                                         f"Carol Danvers_503_assignsubmission_file_/{L2}_feedback.html"]
     assert f"{L2}: never handed in, so no upload to attach feedback to: bob" in err
 
-    code, err = cli("report", out, "--submissions", subs, *roster, "--gradebook", db)
+    code, err = cli("report", out, "--submissions", subs, *roster)   # the gradebook RESULTS was graded with
     assert code == 0, err
     report = (out / "report.html").read_text()
     assert report.count("Never submitted: 1 roster student: bob") == 3
@@ -439,6 +462,17 @@ def test_a_term_adds_up_for_every_roster_student(term, tmp_path, cli):
     assert "Scored by hand in the gradebook: 1 test (carol test_softmax)" in report
     assert "Stale manual scores (the autograded result or the written answer changed since): carol test_softmax" in report
     sections = report[report.index("id='sections'"):report.index("id='identical'")]
-    # As the export counts: alice 6/6 and bob, who never handed it in, 0 (he was left out before).
+    # As the last export counts: alice 6/6 and bob, who never handed it in, 0 (he was left out before); carol
+    # 4.95/6 = 82.5% (her stale 1.5 kept, 10% off for a day late); lesson 03 with the TAs' written scores.
     assert "<td>A</td><td>01_attention</td><td class='n'>2</td><td class='n'>50%</td><td class='n'>1/2</td>" in sections
+    assert "<td>B</td><td>01_attention</td><td class='n'>1</td><td class='n'>82%</td>" in sections
     assert "<td>B</td><td>02_heads</td><td class='n'>1</td><td class='n'>0%</td>" in sections
+    assert "<td>B</td><td>03_multi_head</td><td class='n'>1</td><td class='n'>90%</td>" in sections
+    # Each lesson's mean is totals.csv's: 01 (6 + 0 + 4.95) / 18, 02 8 / 24, 03 (10 + 0 + 9) / 30.
+    assert [report.count(f"Mean score: {m}% of 3 students") for m in (61, 33, 63)] == [1, 1, 1]
+    assert "late penalties: 10%/day after 01_attention 2026-10-01T23:59:00+00:00, 1 extension(s)" in report
+    # An export given no roster, nor the SUBMISSIONS that keeps one, still has the class RESULTS was counted for.
+    code, err = cli("export", out, "--format", "csv", "--out", tmp_path / "bare.csv", "--gradebook", db, "--written")
+    assert code == 0, err
+    assert [(r["student"], r["total"], r["max_points"]) for r in store.read_csv(tmp_path / "bare.csv")] == [
+        ("alice", "24", "24"), ("bob", "0", "24"), ("carol", "14.5", "24")]   # no late penalty asked for: 5.5

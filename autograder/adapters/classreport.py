@@ -1,13 +1,14 @@
 """RESULTS/report.html: the class at a glance, for the instructor (`python -m autograder report`).
 
-- per lesson, a histogram of the students' scores (a matplotlib PNG inside the page);
+- per lesson, a histogram of the students' final scores and their mean, as the export counts them (export.
+  final_scores, with RESULTS's last export's late penalties: the same numbers as totals.csv);
 - per function, the pass rate and the most common named mistakes, with counts and the students who made
   each (the checks name the mistake, so equal messages are the same mistake); `report --no-names` leaves
   the names out, for a projector;
 - every function of every lesson on one table, lowest pass rate first (functions_across_lessons);
 - per lesson, its manual scores (--gradebook) and, per written question, how many answers are graded and who
   still needs a grade;
-- with a roster that has a section column, each lesson's mean score and pass count per section (by_section);
+- with a roster that has a section column, each lesson's mean final score and pass count per section (by_section);
 - per function, groups of students whose answer cells are identical. Only the graded answer cells
   count, compared after normalising whitespace, without the lines the released stub gives (the
   signature and docstring); stubs and answers too short to mean anything are left out. The page
@@ -29,10 +30,12 @@ from pathlib import Path
 
 from autograder import notebook as nbk
 from autograder.results import NEEDS_GRADING, UNANSWERED, write_atomic
-from autograder.adapters.export import table
+from autograder.adapters.export import Counting, counting_of, final_scores
 from autograder.adapters.roster import Roster
 
 REPORT = "report.html"
+COUNTED = ("the final scores, as the export and totals.csv count them: the gradebook's manual scores and extra credit "
+           "count, a lesson still to grade (by a person or again) is left out")
 MIN_ANSWER_CHARS = 80      # of the student's own code, spaces aside: `return x.sum(-1)` says nothing
 TOP_MISTAKES = 5
 STYLE = """body{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem;color:#222}
@@ -56,12 +59,15 @@ def mistakes(test):
     return [re.sub(r"\(\d+(?:, ?\d+)*,?\)", "(...)", line.strip())[:300] for line in lines]
 
 
-def function_stats(results):
+def function_stats(results, reviews=None, drop_stale=False):
     """{(lesson, test): {passed, counted, missing, regrade, points, max_points, mistakes: Counter,
-    who: {mistake: {students}}}} of [Result]."""
+    who: {mistake: {students}}}} of [Result]; a test's points are its manual score where the gradebook's
+    reviews ({(student, lesson): Review}) have one (a stale one too, unless drop_stale), as the export counts."""
     stats = defaultdict(lambda: {"passed": 0, "counted": 0, "missing": 0, "regrade": 0, "points": 0.0,
                                  "max_points": 0.0, "mistakes": Counter(), "who": defaultdict(set)})
     for r in results:
+        review = (reviews or {}).get((r.student, r.lesson))
+        manual = {t: p for t, p in review.manual.items() if not (drop_stale and t in review.stale)} if review else {}
         for t in r.tests:
             s = stats[(r.lesson, t.test)]
             if t.status == "missing":
@@ -71,7 +77,7 @@ def function_stats(results):
             else:
                 s["counted"] += 1
                 s["passed"] += t.status == "passed"
-                s["points"] += t.points
+                s["points"] += manual.get(t.test, t.points)
                 s["max_points"] += t.max_points
                 if t.status != "passed":
                     s["mistakes"].update(mistakes(t))
@@ -92,22 +98,25 @@ def functions_across_lessons(stats):
     return [(lesson, name, rate) for _, lesson, name, rate in sorted(rows)]
 
 
-def by_section(results, sections, reviews=None, written=False):
+def by_section(results, sections, scores):
     """[(section, lesson, students with a score, mean score %, students who passed every test)] for the
-    roster's sections ({student: section}; students without a section are '(none)'), the scores counted as
-    export counts them (export.table, late penalties aside): the gradebook's reviews (manual scores, extra
-    credit), written questions with written, and a roster student who never handed a lesson in as 0; a lesson
-    still to grade, by a person or again, has no score yet and is left out."""
+    roster's sections ({student: section}; students without one, or off the roster, are '(none)'), of the final
+    scores ({(student, lesson): Score} of export.final_scores, with every roster student: one who never handed a
+    lesson in counts 0, unless the export leaves it blank); a lesson still to grade, by a person or again, has no
+    score yet and is left out."""
     passed = {(r.student, r.lesson): all(t.status == "passed" for t in r.tests) for r in results}
-    _, _, table_scores = table(results, roster=Roster(rows=[{"student": s} for s in sections]), reviews=reviews,
-                               written=written)
-    scores = defaultdict(list)
-    for (student, lesson), s in table_scores.items():
+    rows = defaultdict(list)
+    for (student, lesson), s in scores.items():
         if s.points is not None:
-            scores[(sections.get(student) or "(none)", lesson)].append(
-                (100 * s.points / s.max_points if s.max_points else 0.0, passed.get((student, lesson), False)))
+            rows[(sections.get(student) or "(none)", lesson)].append(
+                (percent(s), passed.get((student, lesson), False)))
     return [(section, lesson, len(v), sum(p for p, _ in v) / len(v), sum(ok for _, ok in v))
-            for (section, lesson), v in sorted(scores.items())]
+            for (section, lesson), v in sorted(rows.items())]
+
+
+def percent(s):
+    """A final Score (with points) in % of its lesson's points."""
+    return 100 * s.points / s.max_points if s.max_points else 0.0
 
 
 def never_submitted(results, roster):
@@ -126,7 +135,7 @@ def histogram(percentages, lesson):
     ax.set_xlim(0, 100)
     ax.set_xlabel("score (% of the lesson's points)")
     ax.set_ylabel("students")
-    ax.set_title(f"{lesson}: {len(percentages)} submissions")
+    ax.set_title(f"{lesson}: {len(percentages)} students")
     ax.yaxis.get_major_locator().set_params(integer=True)
     fig.tight_layout()
     buf = io.BytesIO()
@@ -134,19 +143,13 @@ def histogram(percentages, lesson):
     return buf.getvalue()
 
 
-def percentage(result):
-    """A Result's score in % of the lesson's points; None when nothing was submitted or a test is to grade again."""
-    if not result.submitted or any(t.needs_regrade for t in result.tests):
-        return None
-    return 100 * result.points / result.max_points if result.max_points else 0.0
-
-
-def lesson_percentages(results):
-    """{lesson: [score % of each student who submitted and whose tests were all run]}."""
+def lesson_percentages(scores):
+    """{lesson: [final score % of each student who has one]} of final scores {(student, lesson): Score}: a roster
+    student who never handed the lesson in counts 0, a lesson still to grade (by a person or again) is left out."""
     out = defaultdict(list)
-    for r in results:
-        if (pct := percentage(r)) is not None:
-            out[r.lesson].append(pct)
+    for (_, lesson), s in sorted(scores.items()):
+        if s.points is not None:
+            out[lesson].append(percent(s))
     return out
 
 
@@ -271,19 +274,24 @@ def written_lines(results, reviews, lesson, names):
     return lines
 
 
-def render(results, submissions=None, warnings=(), names=True, sections=None, roster=None, reviews=None, written=False):
+def render(results, submissions=None, warnings=(), names=True, sections=None, roster=None, reviews=None, counting=None):
     """The page; names=False leaves out who made each mistake, sections ({student: section}) adds by_section,
     roster (its students) names under each lesson those who never submitted it, reviews (gradebook.read_reviews)
-    its manual scores; written: the written questions count in by_section."""
+    its manual scores. The scores are the export's (export.final_scores): with reviews, roster and sections (their
+    students who never handed a lesson in count 0) and counting (an export.Counting: late penalties, written
+    questions, a lesson never handed in blank, stale manual scores dropped)."""
     e = html.escape
-    stats, percentages = function_stats(results), lesson_percentages(results)
-    students = sorted({r.student for r in results})
-    lessons = sorted({r.lesson for r in results})
+    everyone = sorted(set(roster or ()) | set(sections or ()))
+    students, lessons, scores, _, _ = final_scores(results, roster=Roster(rows=[{"student": s} for s in everyone]),
+                                                   reviews=reviews, counting=counting)
+    counting = counting or Counting()
+    stats, percentages = function_stats(results, reviews, counting.drop_stale), lesson_percentages(scores)
     parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>Class report</title>"
              f"<style>{STYLE}</style></head><body><h1>Class report</h1>"
              f"<p>{plural(len(students), 'student')}, {plural(len(lessons), 'lesson')}, "
              f"{plural(len(results), 'graded submission')}.</p>"]
     parts += [f"<p class='warning'><b>{e(line)}</b></p>" for line in warnings]  # e.g. a sandbox that hides no file
+    parts.append(f"<p class='muted' id='scores'>Scores: {e(COUNTED)}; {e(counting.said())}.</p>")
     missing = never_submitted(results, roster) if roster is not None else {}
     for lesson in lessons:
         parts.append(f"<h2 id='{e(lesson)}'>{e(lesson)}</h2>")
@@ -294,9 +302,12 @@ def render(results, submissions=None, warnings=(), names=True, sections=None, ro
         parts += [f"<p class='muted'>{e(line)}</p>" for line in manual_lines(reviews or {}, lesson, names)
                   + written_lines(results, reviews or {}, lesson, names)]
         if percentages.get(lesson):
-            png = base64.b64encode(histogram(percentages[lesson], lesson)).decode()
+            got = percentages[lesson]
+            parts.append(f"<p>Mean score: {sum(got) / len(got):.0f}% of {plural(len(got), 'student')} "
+                         "<span class='muted'>(see <a href='#scores'>Scores</a>)</span></p>")
+            png = base64.b64encode(histogram(got, lesson)).decode()
             parts.append(f"<img src='data:image/png;base64,{png}' alt='histogram of the scores of {e(lesson)}: "
-                         f"{len(percentages[lesson])} submissions'>")
+                         f"{plural(len(got), 'student')}'>")
         parts.append("<table><tr><th>function</th><th>passed</th><th>mean points</th><th>most common mistakes</th></tr>")
         for (lsn, test), s in stats.items():
             if lsn != lesson:
@@ -318,12 +329,12 @@ def render(results, submissions=None, warnings=(), names=True, sections=None, ro
               for lesson, name, rate in functions_across_lessons(stats)]
     parts.append("</table>")
     if sections:
-        parts.append("<h2 id='sections'>By section</h2><p class='muted'>Scores as the export counts them (late "
-                     "penalties aside): a roster student who never handed a lesson in counts 0, a lesson still to "
-                     "grade is left out.</p><table><tr><th>section</th><th>lesson</th><th>students</th>"
+        parts.append("<h2 id='sections'>By section</h2><p class='muted'>Final scores (see "
+                     "<a href='#scores'>Scores</a>).</p><table><tr><th>section</th><th>lesson</th><th>students</th>"
                      "<th>mean score</th><th>passed every test</th></tr>")
         parts += [f"<tr><td>{e(section)}</td><td>{e(lesson)}</td><td class='n'>{n}</td><td class='n'>{mean:.0f}%</td>"
-                  f"<td class='n'>{ok}/{n}</td></tr>" for section, lesson, n, mean, ok in by_section(results, sections, reviews, written)]
+                  f"<td class='n'>{ok}/{n}</td></tr>"
+                  for section, lesson, n, mean, ok in by_section(results, sections, scores)]
         parts.append("</table>")
     groups = identical_groups(results, submissions)
     parts.append("<h2 id='identical'>Identical answers</h2><p class='muted'>Answer cells whose code is the same after "
@@ -345,8 +356,10 @@ def render(results, submissions=None, warnings=(), names=True, sections=None, ro
 
 
 def write_report(out, results, submissions=None, warnings=(), names=True, sections=None, roster=None, reviews=None,
-                 written=False):
-    """Write RESULTS/report.html (warnings: lines shown first; the rest as render); returns its path."""
+                 counting=None):
+    """Write RESULTS/report.html (warnings: lines shown first; the rest as render; counting: default, as RESULTS
+    was last counted, export.counting_of); returns its path."""
     path = Path(out) / REPORT
-    write_atomic(path, render(results, submissions, warnings, names, sections, roster, reviews, written))
+    write_atomic(path, render(results, submissions, warnings, names, sections, roster, reviews,
+                              counting_of(out) if counting is None else counting))
     return path

@@ -22,12 +22,19 @@ timestamp.txt, which `collect` writes from real sources only; a submission witho
 unpenalised, flagged in the plain CSV's `flags` and named in a warning, and the rest are penalised as
 usual. Raw and penalised scores are both kept: in the plain CSV, and in RESULTS/late-penalties.csv.
 
+One count: final_scores is "the final score of a student on a lesson" for everything: the export, totals.csv,
+the class report (histograms, means, sections). RESULTS remembers how it was last counted (Counting, in
+RESULTS/.results/counting.json: the last export's late policy, --missing-blank and --stale-overrides, and the
+--written of the last grade, merge or export), so totals.csv and the report written later (by grade, merge or
+report) count as the export did; a run that counts otherwise replaces it, with a warning naming what changed.
+
 Canvas: with --canvas-gradebook (a CSV exported from Canvas's gradebook) the lesson columns of that
 file ("Name (assignment id)") are filled, so the import updates the existing assignments; without it,
 Canvas's documented import layout: Student, ID, SIS User ID, SIS Login ID, Section, then one new
 column per lesson, with a "Points Possible" row.
 """
 import csv
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -35,11 +42,13 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from autograder.results import NEEDS_GRADING, UNANSWERED, UsageError, csv_text, read_timestamp, write_atomic
+from autograder.results import NEEDS_GRADING, STORE, UNANSWERED, UsageError, csv_text, read_timestamp, write_atomic
+from autograder.report import write_feedback
 from autograder.adapters.gradebook import Review
-from autograder.adapters.roster import squash
+from autograder.adapters.roster import remember_roster, squash
 
 TOTALS, PENALTIES = "totals.csv", "late-penalties.csv"
+COUNTING = "counting.json"   # in RESULTS/.results: how the last export counted (Counting)
 EXEMPT = "exempt"   # an extension's deadline that takes none
 MISSING = "never handed in"   # a roster student's lesson with no result
 CANVAS_IDENTITY = ["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]
@@ -69,6 +78,7 @@ class Score:
     flag: str = ""             # manual scores, why its late penalty was not taken (no submission time, exempt)
     stale: list = field(default_factory=list)   # tests whose manual score predates their autograded result
     pending: list = field(default_factory=list)  # written questions counted but not graded yet (then points is None)
+    late_note: str = ""        # the late penalty taken, in a sentence for the student's feedback page
 
 
 def score(result, review=None, drop_stale=False, written=False):
@@ -170,17 +180,126 @@ def stale_warning(stale, drop_stale=False):
             f"{', '.join(stale)}"]
 
 
-def write_totals(out, results, refused=None, roster=None, blank_missing=False, reviews=None, drop_stale=False,
-                 written=False):
-    """RESULTS/totals.csv: one row per student (every roster student, with a roster), a column per lesson,
-    total, max_points, percentage, regrade (what must be graded again, never counted; refused
-    {(student, lesson): why} too) and, where a score is flagged (a lesson never handed in, a manual score
-    from the gradebook's reviews, written questions still to grade: NEEDS_GRADING in the lesson's column), flags.
-    Returns its path."""
-    students, lessons, scores = table(results, refused, roster, blank_missing, reviews, drop_stale, written)
+@dataclass
+class Late:
+    """A late policy, parsed: {lesson: aware deadline}, its text (N%/day[,max=M%]), extensions {(student, lesson):
+    aware deadline or EXEMPT}, grace (timedelta), SUBMISSIONS where collect wrote timestamp.txt (or None)."""
+    deadlines: dict
+    policy: str
+    extensions: dict = field(default_factory=dict)
+    grace: timedelta = timedelta(0)
+    submissions: str | None = None
+
+    def said(self):
+        """One line for people: the policy, each deadline, how many extensions, the grace (as --grace takes it)."""
+        minutes = self.grace.total_seconds() / 60
+        grace = f"{minutes / 1440:g}d" if minutes % 1440 == 0 else f"{minutes / 60:g}h" if minutes % 60 == 0 \
+            else f"{minutes:g}m"
+        deadlines = ", ".join(f"{lsn} {d.isoformat()}" for lsn, d in sorted(self.deadlines.items()))
+        return (f"{self.policy} after {deadlines}" + (f", {len(self.extensions)} extension(s)" if self.extensions else "")
+                + (f", grace {grace}" if self.grace else ""))
+
+
+@dataclass
+class Counting:
+    """How scores are counted beyond the results and the gradebook: a roster student's lesson never handed in
+    blank (else 0), stale manual scores dropped (else kept), late penalties (a Late, or None), the written
+    questions counted (--written)."""
+    blank_missing: bool = False
+    drop_stale: bool = False
+    late: Late | None = None
+    written: bool = False
+
+    def to_json(self):
+        late = self.late and dict(
+            deadlines={lsn: d.isoformat() for lsn, d in sorted(self.late.deadlines.items())}, policy=self.late.policy,
+            extensions=[[s, lsn, d if d == EXEMPT else d.isoformat()]
+                        for (s, lsn), d in sorted(self.late.extensions.items())],
+            grace_seconds=self.late.grace.total_seconds(), submissions=self.late.submissions)
+        return dict(blank_missing=self.blank_missing, drop_stale=self.drop_stale, late=late, written=self.written)
+
+    @classmethod
+    def from_json(cls, data):
+        late = data["late"]
+        return cls(bool(data["blank_missing"]), bool(data["drop_stale"]), late and Late(
+            {lsn: datetime.fromisoformat(d) for lsn, d in late["deadlines"].items()}, late["policy"],
+            {(s, lsn): d if d == EXEMPT else datetime.fromisoformat(d) for s, lsn, d in late["extensions"]},
+            timedelta(seconds=late["grace_seconds"]), late["submissions"]), bool(data["written"]))
+
+    def parts(self):
+        """What this counting does beyond the results and the gradebook, in words: late penalties, a lesson never
+        handed in, stale manual scores, written questions."""
+        return [f"late penalties: {self.late.said()}" if self.late else "no late penalties",
+                "a lesson never handed in blank" if self.blank_missing else "a lesson never handed in 0",
+                f"stale manual scores {'dropped' if self.drop_stale else 'kept'}",
+                f"written questions {'counted' if self.written else 'not counted'}"]
+
+    def said(self):
+        return "; ".join(self.parts())
+
+
+def counting_of(out):
+    """The Counting RESULTS (out) was last written with (remember_counting: by an export, or the written questions
+    by grade and merge), or the default one (no late penalties, a lesson never handed in 0, stale manual scores
+    kept, written questions not counted) when none was; UsageError when it is damaged."""
+    path = Path(out) / STORE / COUNTING
+    if not path.is_file():
+        return Counting()
+    try:
+        counting = Counting.from_json(json.loads(path.read_text(encoding="utf-8")))
+        if counting.late:
+            parse_policy(counting.late.policy)
+        return counting
+    except (ValueError, KeyError, TypeError, AttributeError, OSError) as e:
+        raise UsageError(f"{path} is damaged ({type(e).__name__}: {e}): run the export again, or delete it "
+                         "to count without late penalties") from None
+
+
+def remember_counting(out, counting):
+    """Record in RESULTS (out) how it is counted now; a warning line when it was counted otherwise before."""
+    path = Path(out) / STORE / COUNTING
+    before = counting_of(out) if path.is_file() else None
+    write_atomic(path, json.dumps(counting.to_json(), indent=1) + "\n")
+    changed = [f"{now} (before: {then})" for now, then in zip(counting.parts(), before.parts()) if now != then] \
+        if before else []
+    return [f"counted otherwise than before in {out}: {'; '.join(changed)}; totals.csv, the class report and later "
+            "runs now count so"] if changed else []
+
+
+def final_scores(results, refused=None, roster=None, reviews=None, counting=None):
+    """The final score of every student on every lesson, as an instructor exports it: (students, lessons,
+    {(student, lesson): Score}, the late-penalties.csv rows, warning lines). table's scores (the gradebook's
+    manual scores and extra credit, the roster's students who never handed a lesson in) counted as counting (a
+    Counting; default: Counting()) says: written questions, stale manual scores, late penalties. The export,
+    totals.csv and the class report all count with this."""
+    counting = counting or Counting()
+    students, lessons, scores = table(results, refused, roster, counting.blank_missing, reviews, counting.drop_stale,
+                                      counting.written)
+    rows, warnings = apply_penalties(results, scores, counting.late) if counting.late else ([], [])
+    return students, lessons, scores, rows, warnings
+
+
+def write_final(out, results, refused=None, roster=None, reviews=None, counting=None):
+    """What the final scores (final_scores) make in RESULTS (out): the feedback pages (report.write_feedback: the
+    gradebook's reviews, the written questions as counting counts them, the late penalty taken) and totals.csv,
+    one row per student (every roster student, with a roster), a column per lesson (its
+    final score: final_scores, as the export counts, late penalties too), total, max_points, percentage, regrade
+    (what must be graded again, never counted; refused {(student, lesson): why} too) and, where a score is
+    flagged (a lesson never handed in, a manual score from the gradebook's reviews, written questions still to
+    grade: NEEDS_GRADING in the lesson's column, a submission without a time), flags. counting: default, how
+    RESULTS was last counted (counting_of). With late penalties, RESULTS/late-penalties.csv beside it (else
+    none). Returns totals.csv's path."""
+    counting = counting_of(out) if counting is None else counting
+    students, lessons, scores, penalties, _ = final_scores(results, refused, roster, reviews, counting)
+    write_feedback(out, results, reviews, counting.written,
+                   {pair: s.late_note for pair, s in scores.items() if s.late_note})
     path = Path(out) / TOTALS
     write_atomic(path, csv_text(totals_rows(students, lessons, scores, pending=NEEDS_GRADING),
                                 totals_columns(lessons, scores)))
+    if penalties:
+        write_atomic(Path(out) / PENALTIES, csv_text(penalties, list(penalties[0])))
+    else:   # one left by an earlier export would contradict totals.csv
+        (Path(out) / PENALTIES).unlink(missing_ok=True)
     return path
 
 
@@ -275,30 +394,36 @@ def submission_time(result, submissions):
     return moment if moment.tzinfo else moment.replace(tzinfo=ZoneInfo("UTC"))
 
 
-def apply_penalties(results, scores, deadlines, policy, submissions, extensions=None, grace=timedelta(0)):
-    """Penalise scores in place; returns (the late-penalties.csv rows, warning lines). A submitted result
-    of a lesson with a deadline and no submission time, or an exempt one, is not penalised and is flagged
-    (Score.flag); work within `grace` of its deadline is on time; extensions {(student, lesson): datetime
-    or EXEMPT} replace a lesson's deadline for a student."""
-    rate, unit, cap = policy
+def apply_penalties(results, scores, late):
+    """Penalise scores in place by a Late; returns (the late-penalties.csv rows, warning lines). A submitted
+    result of a lesson with a deadline and no submission time, or an exempt one, is not penalised and is flagged
+    (Score.flag); work within the grace of its deadline is on time; extensions replace a lesson's deadline for
+    a student."""
+    rate, unit, cap = parse_policy(late.policy)
     rows, untimed = [], {}
     for r in results:
         pair = (r.student, r.lesson)
-        s, deadline = scores[pair], (extensions or {}).get(pair, deadlines.get(r.lesson))
+        s, deadline = scores[pair], late.extensions.get(pair, late.deadlines.get(r.lesson))
         if deadline is None or not s.submitted:
             continue
-        moment = None if deadline == EXEMPT else submission_time(r, submissions)
+        moment = None if deadline == EXEMPT else submission_time(r, late.submissions)
         if moment is None:
             s.flag = "; ".join(filter(None, [s.flag, "exempt from the deadline" if deadline == EXEMPT
                                              else "no submission time: not penalised"]))
             if deadline != EXEMPT:
                 untimed.setdefault(r.lesson, []).append(r.student)
         else:
-            late = moment - deadline
-            s.late = math.ceil(late / unit) if late > grace else 0
+            behind = moment - deadline
+            s.late = math.ceil(behind / unit) if behind > late.grace else 0
             s.penalty = min(cap, rate * s.late)
             if s.points is not None:
                 s.points = round(s.raw * (1 - s.penalty), 4)
+            if s.penalty:   # said where the score is: totals.csv's flags, the student's page
+                late_units = f"{s.late} {'day' if unit == timedelta(days=1) else 'hour'}{'s' if s.late > 1 else ''}"
+                s.flag = "; ".join(filter(None, [s.flag, f"late {late_units}: -{100 * s.penalty:g}%"]))
+                s.late_note = "" if s.points is None else (
+                    f"Handed in {late_units} after your deadline ({deadline.isoformat()}): {100 * s.penalty:g}% off "
+                    f"the points earned, so {s.points:g} of {s.raw:g} count.")
         rows.append(dict(student=r.student, lesson=r.lesson, submitted_at=moment.isoformat() if moment else "",
                          deadline=deadline if deadline == EXEMPT else deadline.isoformat(), late_units=s.late,
                          penalty_percent=round(100 * s.penalty, 2), raw=s.raw if s.raw is not None else "",
@@ -414,9 +539,11 @@ def canvas_fill(path, students_rows, lessons, scores, assignments):
 def export(out, results, fmt, dest, roster=None, gradebook=None, deadlines=(), policy=None, zone="UTC",
            submissions=None, assignments=(), refused=None, extensions=None, grace=None, blank_missing=False,
            reviews=None, stale_overrides="keep", written=False):
-    """Write the export to dest, RESULTS/totals.csv (raw scores) and, when penalised,
-    RESULTS/late-penalties.csv; returns warning lines. refused: {(student, lesson): why} of stored
-    results the store refused: marked in the rows, left blank in Canvas, each named in a warning.
+    """Write the export to dest, RESULTS/totals.csv and the feedback pages (the same scores: write_final) and,
+    when penalised, RESULTS/late-penalties.csv, and remember how it counted (remember_counting); returns
+    warning lines.
+    refused: {(student, lesson): why} of stored results the store refused: marked in the rows, left blank in
+    Canvas, each named in a warning.
     reviews: nbgrader's gradebook {(student, lesson): Review} (gradebook.read_reviews), whose manual
     scores and extra credit count; stale_overrides keep|drop: whether a stale manual score still wins; written:
     the written questions count (their scores the gradebook's; a lesson with one not graded yet is left blank).
@@ -431,7 +558,7 @@ def export(out, results, fmt, dest, roster=None, gradebook=None, deadlines=(), p
     dest = Path(dest)
     if dest.is_dir():
         raise ExportError(f"--out {dest} is a folder; name the CSV file to write")
-    students, lessons, scores = table(results, refused, roster, blank_missing, reviews, drop_stale, written)
+    lessons = sorted({r.lesson for r in results} | {lsn for _, lsn in refused or {}})
     if bool(deadlines) != bool(policy):
         raise ExportError("late penalties need both --deadline LESSON=ISO8601 and --late-policy")
     pairs = dict(a.partition("=")[::2] for a in assignments)
@@ -439,13 +566,16 @@ def export(out, results, fmt, dest, roster=None, gradebook=None, deadlines=(), p
         raise ExportError(f"--assignment takes LESSON=NAME with a lesson of these results ({', '.join(lessons)})")
     if (extensions or grace) and not deadlines:
         raise ExportError("--extensions and --grace change late penalties: give --deadline and --late-policy too")
-    penalties, warnings = [], []
+    late = None
     if deadlines:
         by_lesson = parse_deadlines(deadlines, lessons, parse_zone(zone))
-        penalties, warnings = apply_penalties(
-            results, scores, by_lesson, parse_policy(policy), submissions,
-            parse_extensions(extensions, by_lesson, parse_zone(zone)) if extensions else None,
-            parse_grace(grace) if grace else timedelta(0))
+        parse_policy(policy)
+        late = Late(by_lesson, policy.replace(" ", ""),
+                    parse_extensions(extensions, by_lesson, parse_zone(zone)) if extensions else {},
+                    parse_grace(grace) if grace else timedelta(0),
+                    str(Path(submissions).resolve()) if submissions else None)
+    counting = Counting(blank_missing, drop_stale, late, written)
+    students, lessons, scores, penalties, warnings = final_scores(results, refused, roster, reviews, counting)
     if fmt == "csv":
         text = csv_text(totals_rows(students, lessons, scores, detail=bool(deadlines)),
                         totals_columns(lessons, scores, detail=bool(deadlines)))
@@ -457,8 +587,8 @@ def export(out, results, fmt, dest, roster=None, gradebook=None, deadlines=(), p
             warnings += more
         else:
             text = canvas_new(students_rows, lessons, scores)
-    regrade = sorted(f"{s} {lsn}" for (s, lsn), sc in scores.items()
-                     if sc.points is None and not sc.refused and (sc.regrade or not sc.pending))
+    regrade = sorted(f"{s} {lsn}" for (s, lsn), sc in scores.items()   # not a lesson never handed in, left blank
+                     if sc.points is None and not sc.refused and sc.flag != MISSING and (sc.regrade or not sc.pending))
     warnings += [f"{s} {lsn}: left blank, its stored result was refused ({sc.refused}): regrade it (grade --resume)"
                  for (s, lsn), sc in sorted(scores.items()) if sc.refused]
     if regrade:
@@ -473,8 +603,9 @@ def export(out, results, fmt, dest, roster=None, gradebook=None, deadlines=(), p
     if roster and fmt == "csv" and (outside := sorted(set(students) - {r["student"] for r in roster.rows})):
         warnings.append(f"not in the roster, kept: {', '.join(outside)}")
     warnings += stale_warning([f"{s} {lsn} {t}" for (s, lsn), sc in sorted(scores.items()) for t in sc.stale], drop_stale)
-    if penalties:
-        write_atomic(Path(out) / PENALTIES, csv_text(penalties, list(penalties[0])))
-    write_totals(out, results, refused, roster, blank_missing, reviews, drop_stale, written)
+    warnings += remember_counting(out, counting)
+    write_final(out, results, refused, roster, reviews, counting)
+    if roster:
+        remember_roster(out, roster)
     write_atomic(dest, text)
     return warnings

@@ -47,6 +47,12 @@ def feedback_upload(results, submissions, kind, out, lessons=None):
         if row["action"] == "collected" and row["student"] and (not lessons or row["lesson"] in lessons):
             latest[row["lesson"], row["student"]] = row["file"]
     zips, lines, pages = {}, [], {}
+    # A lesson none of whose uploads this LMS named came from another LMS: one line, not one per student.
+    other = sorted({lsn for lsn, _ in latest} - {lsn for (lsn, _), f in latest.items() if upload_name(kind, f)})
+    if other and len(other) < len({lsn for lsn, _ in latest}):
+        lines.append(f"{', '.join(other)}: collected from no {kind.capitalize()} download, so no zip (give their "
+                     "LMS's --format, with --lesson)")
+        latest = {k: f for k, f in latest.items() if k[0] not in other}
     for (lesson, student), file in sorted(latest.items()):
         page = Path(results) / "feedback" / student / f"{lesson}.html"
         name = upload_name(kind, file)

@@ -46,7 +46,7 @@ def check_same_gradebook(out, gradebook):
     """UsageError, before any work, when RESULTS (out) was last written with a gradebook and this run names
     none: rewriting totals.csv and the feedback pages without it would silently drop the TAs' manual scores."""
     path = Path(out) / STORE / GRADEBOOK_FILE
-    before = path.read_text(encoding="utf-8").strip() if path.is_file() else ""
+    before = remembered_gradebook(out)
     if before and not gradebook:
         raise UsageError(f"{out} holds the manual scores of --gradebook {before}: pass --gradebook {before} again "
                          f"(or delete {path} to rewrite it without them)")
@@ -55,6 +55,12 @@ def check_same_gradebook(out, gradebook):
             "manual: " in row.get("flags", "") or "extra credit: " in row.get("flags", "") for row in read_csv(totals)):
         raise UsageError(f"{totals} holds manual scores from a gradebook: pass --gradebook with that gradebook "
                          f"(or delete {totals} to rewrite it without them)")
+
+
+def remembered_gradebook(out):
+    """The gradebook RESULTS (out) was last written with (remember_gradebook), or None."""
+    path = Path(out) / STORE / GRADEBOOK_FILE
+    return (path.read_text(encoding="utf-8").strip() or None) if path.is_file() else None
 
 
 def remember_gradebook(out, gradebook):

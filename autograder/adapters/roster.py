@@ -9,11 +9,12 @@ Columns (header names, any case; extra columns are ignored):
   sis_user_id, sis_login_id, section   optional, copied into Canvas's columns as they are
 """
 import csv
+import io
 import re
 from pathlib import Path
 from dataclasses import dataclass, field
 
-from autograder.results import UsageError
+from autograder.results import STORE, UsageError, write_atomic
 
 COLUMNS = ("student", "name", "email", "lms_id", "sis_user_id", "sis_login_id", "section")
 ALIASES = {"student_id": "student", "id": "student", "full name": "name", "email address": "email",
@@ -29,6 +30,21 @@ def stored_roster(submissions):
     """The roster collect kept in the SUBMISSIONS folder, or None where there is none."""
     path = Path(submissions) / STORED if submissions else None
     return load_roster(path) if path and path.is_file() else None
+
+
+def remember_roster(out, roster):
+    """Keep in RESULTS (out) a copy of the roster its totals.csv is now written with (kept_roster)."""
+    columns = [c for c in COLUMNS if c in roster.columns]
+    text = io.StringIO()
+    csv.writer(text).writerows([columns] + [[row[c] for c in columns] for row in roster.rows])
+    write_atomic(Path(out) / STORE / STORED, text.getvalue())
+
+
+def kept_roster(out):
+    """The roster RESULTS (out) last wrote its totals.csv with (remember_roster), or None: a later export or
+    report given no roster (nor a SUBMISSIONS that holds one) still counts every student of the class."""
+    path = Path(out) / STORE / STORED
+    return load_roster(path) if path.is_file() else None
 
 
 class RosterError(UsageError):
