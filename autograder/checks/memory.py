@@ -13,12 +13,13 @@ less the bytes glibc holds free: mallinfo2) while they ran, recorded once by rec
 tests do; a notebook's own kernel has no record: only what the block maps counts). It does not
 depend on what ran in the process since. Without glibc (macOS) nothing is taken.
 
-Nor does what a call maps depend on the allocator's history: glibc raises its mmap threshold (up to 32 MiB)
-each time a mapped block is freed, and the large blocks that follow come from the heap, where one freed stays
-mapped between others; an honest call then mapped up to twice what it held, by how earlier frees fell (issue 19:
-a correct flash_attention took 21 to 27 of its 28 MiB, and lost its "tiled" aspect in 1 run of 6). The first
-bound pins the threshold at glibc's default (which ends the raising, for good): every block over it is mapped
-alone and unmapped when freed, so a bound counts what a call holds.
+Nor does what a call maps depend on the allocator's history: glibc raises its mmap threshold (up to
+32 MiB) to the size of each larger mapped block freed, and the large blocks that follow come from the
+heap, where one freed stays mapped between others; an honest call then mapped up to twice what it held,
+by how earlier frees fell (issue 19: a correct flash_attention took 21 to 27 of its 28 MiB, and lost its
+"tiled" aspect in 1 run of 6). The first bound pins the threshold at glibc's default (which ends the
+raising, for good): every block over it is mapped alone and unmapped when freed, so a bound counts what
+a call holds.
 """
 import ctypes
 import resource
