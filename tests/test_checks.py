@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from autograder import mistakes
-from autograder.checks import verify
+from autograder.checks import memory, verify
 from tests import mutants
 from tests.lessons import LESSONS, fresh_namespace, graded_names
 
@@ -61,9 +61,27 @@ def mutant_case(lesson, name, what):
             verify(lesson, other, ns)
 
 
-@pytest.mark.parametrize("lesson, name, variant", cases("VARIANTS"))
-def test_correct_variant_passes(lesson, name, variant):
-    verify(lesson, name, fresh_namespace(lesson, {name: variant[1]}))
+# What an honest call maps under a memory bound moves with the allocator's state (issue 19: 21 to 27 MiB of a 28 MiB
+# bound for one correct flash_attention, which lost its "tiled" aspect in 1 run of 6): a correct answer must keep
+# its marks with every bound this much smaller, so that no state of the allocator or the machine can cost it one.
+HONEST_SHARE = 0.75
+SOLUTION = ("the solution", None)
+
+
+@pytest.fixture
+def tighter_bounds(monkeypatch):
+    """Every in-process memory bound HONEST_SHARE of its size."""
+    enter = memory.LocalBound.enter
+    monkeypatch.setattr(memory.LocalBound, "enter",
+                        lambda self, namespace, mb, headroom=0: enter(self, namespace, int(mb * HONEST_SHARE), headroom))
+
+
+@pytest.mark.parametrize("lesson, name, variant", cases("VARIANTS") + [
+    pytest.param(lesson, name, SOLUTION, id=f"{lesson}-{name}-{SOLUTION[0]}") for lesson, name in
+    sorted(mutants.MEMORY_BOUND) if lesson in LESSONS])
+def test_correct_variant_passes(lesson, name, variant, tighter_bounds):
+    """Correct variants (and the solutions of the memory-bound names) pass, with every memory bound tightened."""
+    verify(lesson, name, fresh_namespace(lesson, {name: variant[1]} if variant[1] else None))
 
 
 def _zero_points(lesson, name, code):

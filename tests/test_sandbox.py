@@ -367,6 +367,46 @@ def test_the_uid_mode_cleans_what_the_childs_uid_left(tmp_path):
     assert not owned() and not os.path.exists(f"/dev/shm/mha-test-{uid}")
 
 
+
+def _forks_as(uid, limit):
+    """How many of 3 * limit forks succeed in a process that becomes uid and takes the child's limits with
+    `processes` = limit, as runner.child does in the uid mode (bounded: its children sleep a moment and go)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        n = 0
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            runner.set_limits({**DEFAULT_LIMITS.child(), "processes": limit})
+            for _ in range(3 * limit):
+                if os.fork() == 0:
+                    time.sleep(1)
+                    os._exit(0)
+                n += 1
+        except OSError:
+            pass
+        finally:
+            os.write(w, str(n).encode())
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        n = int(f.read() or -1)
+    os.waitpid(pid, 0)
+    return n
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the uid mode runs as root")
+def test_the_uid_modes_process_limit_holds_where_roots_would_not():
+    """The kernel ignores RLIMIT_NPROC for a real uid 0: the uid mode's child holds to its process limit (a fork
+    bomb stops there) because it becomes an unprivileged uid of its own (worker._free_uid) before its limits."""
+    from autograder.worker import _free_uid
+
+    assert _forks_as(0, 20) == 60  # as root the limit is no limit: what the uid mode must never run a child as
+    assert _forks_as(_free_uid(), 20) < 20
+
 NASTY_TREE = '''
 import os, socket
 def nasty_tree(top, outside, files=20_000):

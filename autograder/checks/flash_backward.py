@@ -347,9 +347,10 @@ def _as64(*arrays):
 # queries against one key tile of 1024 (FlashAttention-2's outer loop over key tiles with every query inside), both
 # 128 MiB, and, causal, a (Tq, Tk) boolean mask of 12288 queries and keys, 144 MiB. An honest backward's inputs and
 # outputs take at most 512 KiB each, its tiles (1024 x 128) 0.5 MiB in float32, 1 MiB in float64: one computed in
-# float64 inside maps up to 20 MiB in all. A notebook holding more than an honest fresh one when the block begins
-# gets what it holds on top of BACKWARD_MB, up to HEADROOM_MB: then each case grows until its forbidden layout takes
-# more than that (evidence_times), the long side's tile shrinking as the short side grows.
+# float64 inside maps up to 22 MiB in all in-process, within the three quarters of the bound that tests/test_checks.py
+# holds every correct answer to. A notebook holding more than an honest fresh one when the block begins gets what it
+# holds on top of BACKWARD_MB, up to HEADROOM_MB: then each case grows until its forbidden layout takes more than
+# that (evidence_times), the long side's tile shrinking as the short side grows.
 BACKWARD_MB = 40
 BACKWARD_LONG, BACKWARD_SHORT, BACKWARD_TILE = 32768, 1024, 128
 BACKWARD_MASK = dict(t=12288, bq=256, bk=512)

@@ -254,19 +254,21 @@ def qkv(rng, b, h, tq, tk, dh, dtype, scale=2.0):
 
 
 # The bounded block counts from a fresh process (Subject.memory_bound). An honest process holds up to 7.5 MiB
-# beyond a fresh one when the block begins, and its calls need up to 12 MiB more (k and v take 1 MiB each, a tile
-# of scores 0.5 MiB in float32, 1 in float64, and a few temporaries). Forbidden, each one allocation well above
-# TILED_MB: without a mask, one query tile of 256 against 65536 keys, whose (block_q, Tk) row of float32 scores
-# (the full matrix too) takes 64 MiB; with causal=True, 6144 queries and keys, whose (Tq, Tk) boolean mask takes
-# 36 MiB (the lesson says a full mask counts too). Only some rows are compared with the exact answer: the
-# reference's cost stays small.
+# beyond a fresh one when the block begins, and its calls need up to 10 MiB more (k and v take 256 KiB each, 512
+# KiB in float64, a tile of scores 0.5 MiB in float32, 1 in float64, and a few temporaries): a correct answer keeps
+# its marks with a bound a quarter smaller (tests/test_checks.py), whatever the allocator's state. Forbidden, each
+# one allocation well above TILED_MB: without a mask, one query tile of 1024 against 16384 keys, whose (block_q, Tk)
+# row of float32 scores (the full matrix too) takes 64 MiB (few keys, long tiles: keys and values that an honest
+# answer copies, and the grader sends, stay small); with causal=True, 6144 queries and keys, whose (Tq, Tk) boolean
+# mask takes 36 MiB (the lesson says a full mask counts too). Only some rows are compared with the exact answer:
+# the reference's cost stays small.
 # A notebook that holds more than an honest fresh one when the block begins (%matplotlib inline, a dataset, a
 # scratch tensor) keeps what it holds on top of TILED_MB, up to HEADROOM_MB: then both cases grow until their
 # forbidden layout takes more than that, glibc's slack included (evidence_times), so that no buffer reserved
 # before the block can hold it: the query tile grows (its key tiles shrink, a tile of scores stays 0.5 MiB),
 # the causal case's queries and keys grow by the square root.
 TILED_MB, TILED_ROWS = 28, 64
-TILED_ROW = dict(tq=256, tk=65536, bk=512)  # causal=False: one query tile, Tq = block_q
+TILED_ROW = dict(tq=1024, tk=16384, bk=128)  # causal=False: one query tile, Tq = block_q
 TILED_MASK = dict(t=6144, bq=256, bk=512)  # causal=True: Tq = Tk
 TILED_DH = 4
 TILED_MESSAGE = ("flash_attention{causal} ran out of memory with {tq} queries and {tk} keys in tiles of {bq} x {bk}: "

@@ -12,6 +12,14 @@ where what the cells keep (a buffer they made) is what they added to the memory 
 less the bytes glibc holds free: mallinfo2) while they ran, recorded once by record_cells() (the
 tests do; a notebook's own kernel has no record: only what the block maps counts). It does not
 depend on what ran in the process since. Without glibc (macOS) nothing is taken.
+
+Nor does what a call maps depend on the allocator's history: glibc raises its mmap threshold (up to
+32 MiB) to the size of each larger mapped block freed, and the large blocks that follow come from the
+heap, where one freed stays mapped between others; an honest call then mapped up to twice what it held,
+by how earlier frees fell (issue 19: a correct flash_attention took 21 to 27 of its 28 MiB, and lost its
+"tiled" aspect in 1 run of 6). The first bound pins the threshold at glibc's default (which ends the
+raising, for good): every block over it is mapped alone and unmapped when freed, so a bound counts what
+a call holds.
 """
 import ctypes
 import resource
@@ -20,6 +28,8 @@ from autograder.sandbox.runner import allowed, vm_size
 
 KEPT = "__memory_kept__"  # the namespace's key for record_cells()
 _SOAK_SIZES = [2**k for k in range(26, 15, -1)]  # 64 MiB down to 64 KiB: smaller chunks are left free
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt's parameters (malloc.h)
+PINNED_THRESHOLD = 128 * 1024  # glibc's default mmap threshold; the heap's top is given back above it too
 
 
 class _MallInfo2(ctypes.Structure):
@@ -35,6 +45,7 @@ def _glibc():
         return None
     libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
     libc.free.restype, libc.free.argtypes = None, [ctypes.c_void_p]
+    libc.mallopt.restype, libc.mallopt.argtypes = ctypes.c_int, [ctypes.c_int, ctypes.c_int]
     return libc
 
 
@@ -55,6 +66,13 @@ def record_cells(namespace, before):
     """After a namespace's cells ran (before: in_use() before they ran): what they keep will count
     against its memory bounds."""
     namespace[KEPT] = max(in_use() - before, 0)
+
+
+def _pin_allocator():
+    """Large blocks mapped alone from now on (the module's docstring says why)."""
+    if _LIBC:
+        _LIBC.mallopt(M_MMAP_THRESHOLD, PINNED_THRESHOLD)
+        _LIBC.mallopt(M_TRIM_THRESHOLD, PINNED_THRESHOLD)
 
 
 def _soak():
@@ -93,6 +111,7 @@ class LocalBound:
         if over:
             return {"refused": f"your notebook's cells keep {kept >> 20} MiB, and this check {over}",
                     "held_mb": kept >> 20}
+        _pin_allocator()
         held = _soak()
         soft, hard = resource.getrlimit(resource.RLIMIT_AS)
         self._saved = (soft, held)
