@@ -7,7 +7,8 @@ report.results_json, grade.grade):
 
   collect.py, roster.py     an LMS download and its roster in: collect.py files what canvas.py,
                             moodle.py and exchange.py (nbgrader's) read of each LMS's names
-  export.py                 totals.csv and the LMS's gradebook import (Canvas CSV) out
+  export.py                 the final scores, totals.csv and the export: a plain CSV, or canvas.py's
+                            gradebook import
   classreport.py            the class report (HTML) from stored results
   feedback_upload.py        the feedback pages back to the LMS: the zip Canvas or Moodle attaches, named
                             as collect.py's collection.csv says the download named each upload
@@ -17,7 +18,7 @@ report.results_json, grade.grade):
 The core never imports an adapter: `python -m autograder` dispatches to them lazily, and hands grade
 and merge the writers of report_outputs() below, which report.write_all calls after the core's files.
 Adapters import one another only where one outside system spans two modules (roster.py, shared by the
-LMS's collect and export; export.py's counting of scores, which the class report shares; canvas.py, moodle.py and exchange.py, read by collect; formgrader.py, written by
+LMS's collect and export; export.py's counting of scores, which the class report shares; canvas.py, moodle.py and exchange.py, read by collect, and canvas.py's import, written by export; formgrader.py, written by
 the gradebook's update). tests/test_layout.py
 checks the imports.
 """

@@ -28,10 +28,7 @@ RESULTS/.results/counting.json: the last export's late policy, --missing-blank a
 --written of the last grade, merge or export), so totals.csv and the report written later (by grade, merge or
 report) count as the export did; a run that counts otherwise replaces it, with a warning naming what changed.
 
-Canvas: with --canvas-gradebook (a CSV exported from Canvas's gradebook) the lesson columns of that
-file ("Name (assignment id)") are filled, so the import updates the existing assignments; without it,
-Canvas's documented import layout: Student, ID, SIS User ID, SIS Login ID, Section, then one new
-column per lesson, with a "Points Possible" row.
+Canvas's gradebook import is canvas.py's (gradebook_import).
 """
 import csv
 import json
@@ -45,16 +42,14 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from autograder.results import NEEDS_GRADING, STORE, UNANSWERED, UsageError, csv_text, read_timestamp, write_atomic
 from autograder.report import write_feedback
 from autograder.adapters.gradebook import Review
-from autograder.adapters.roster import remember_roster, squash
+from autograder.adapters import canvas
+from autograder.adapters.roster import remember_roster
 
 TOTALS, PENALTIES = "totals.csv", "late-penalties.csv"
 COUNTING = "counting.json"   # in RESULTS/.results: how the last export counted (Counting)
 EXEMPT = "exempt"   # an extension's deadline that takes none
 MISSING = "never handed in"   # a roster student's lesson with no result
-CANVAS_IDENTITY = ["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]
-POINTS_POSSIBLE = "    Points Possible"   # how Canvas's own export writes that row
 POLICY = re.compile(r"(?P<rate>\d+(?:\.\d+)?)%/(?P<unit>day|hour)(?:,\s*max=(?P<cap>\d+(?:\.\d+)?)%)?")
-ASSIGNMENT = re.compile(r"(?P<name>.*\S)\s*\((?P<id>\d+)\)")
 
 
 class ExportError(UsageError):
@@ -435,104 +430,6 @@ def apply_penalties(results, scores, late):
 
 
 # ---------------------------------------------------------------------------------------------
-# Canvas
-# ---------------------------------------------------------------------------------------------
-
-def roster_for(roster, results):
-    """{student: roster row}; ExportError for none, a warning line for students it lacks."""
-    if roster is None:
-        raise ExportError("--format canvas needs --roster (Canvas matches rows by its user ID, the roster's lms_id)")
-    roster.require(("lms_id",), "Canvas's import matches rows by (its user ID)")
-    rows = {r["student"]: r for r in roster.rows}
-    missing = sorted({r.student for r in results} - set(rows))
-    return rows, [f"not in the roster, left out: {', '.join(missing)}"] if missing else []
-
-
-def canvas_value(s):
-    return "" if s is None or s.points is None else round(s.points, 2)
-
-
-def canvas_new(students_rows, lessons, scores):
-    """Canvas's documented import layout: identity columns, a new assignment per lesson."""
-    points = {lsn: max((s.max_points for (_, l2), s in scores.items() if l2 == lsn), default=0) for lsn in lessons}
-    rows = [dict({"Student": POINTS_POSSIBLE}, **points)]
-    for student, r in sorted(students_rows.items(), key=lambda kv: kv[1]["name"] or kv[0]):
-        row = {"Student": r["name"] or student, "ID": r["lms_id"], "SIS User ID": r["sis_user_id"] or student,
-               "SIS Login ID": r["sis_login_id"], "Section": r["section"]}
-        row.update({lsn: canvas_value(scores.get((student, lsn))) for lsn in lessons})
-        rows.append(row)
-    return csv_text(rows, CANVAS_IDENTITY + lessons)
-
-
-def read_gradebook(path):
-    try:
-        with open(path, newline="", encoding="utf-8-sig") as f:
-            lines = list(csv.reader(f))
-    except (OSError, UnicodeDecodeError, csv.Error) as e:
-        raise ExportError(f"cannot read the Canvas gradebook {path}: {e}") from None
-    if not lines or not {"Student", "ID", "Section"} <= {h.strip() for h in lines[0]}:
-        raise ExportError(f"{path} is not a gradebook exported from Canvas (its first row must name Student, ID, "
-                          "SIS User ID, SIS Login ID, Section and the assignments)")
-    return [h.strip() for h in lines[0]], lines[1:]
-
-
-def match_columns(header, lessons, assignments):
-    """{lesson: gradebook column}: named with --assignment LESSON=NAME, or the one assignment column
-    whose name holds the lesson's ("01_attention", "Lesson 1: ...")."""
-    columns = [h for h in header if ASSIGNMENT.fullmatch(h)]
-    out = {}
-    for lesson in lessons:
-        if lesson in assignments:
-            want = assignments[lesson]
-            found = [c for c in columns if c == want or ASSIGNMENT.fullmatch(c)["name"] == want]
-        else:
-            number = int(lesson[:2]) if lesson[:2].isdigit() else None
-            keys = [squash(lesson)] + ([f"lesson{number}", f"lesson{number:02d}"] if number is not None else [])
-            found = [c for c in columns
-                     if any(re.search(re.escape(k) + r"(?!\d)", squash(ASSIGNMENT.fullmatch(c)["name"])) for k in keys)]
-        if len(found) != 1:
-            raise ExportError(f"{'no' if not found else 'several'} Canvas assignment column(s) for {lesson}"
-                              f"{': ' + ', '.join(found) if found else ''}; name it with --assignment "
-                              f"{lesson}=NAME (columns: {', '.join(columns) or 'none'})")
-        out[lesson] = found[0]
-    return out
-
-
-def canvas_fill(path, students_rows, lessons, scores, assignments):
-    """The exported gradebook's identity columns and its lesson columns, filled where we have a score;
-    every other cell keeps Canvas's value (read-only columns are left out: Canvas ignores them)."""
-    header, lines = read_gradebook(path)
-    columns = match_columns(header, lessons, assignments)
-    keep = header[:header.index("Section") + 1] + list(columns.values())
-    by_id = {}
-    for student, r in students_rows.items():
-        for key in ("lms_id", "sis_user_id", "sis_login_id"):
-            if r[key]:
-                by_id[(key, r[key])] = student
-        by_id.setdefault(("sis_user_id", student), student)
-    out, seen, warnings = [], set(), []
-    for values in lines:
-        row = dict(zip(header, values))
-        ident = row.get("Student", "").strip()
-        if ident in ("Points Possible", "Student, Test"):
-            out.append(row)
-            continue
-        student = (by_id.get(("lms_id", row.get("ID", ""))) or by_id.get(("sis_user_id", row.get("SIS User ID", "")))
-                   or by_id.get(("sis_login_id", row.get("SIS Login ID", ""))))
-        if student:
-            seen.add(student)
-            for lesson, column in columns.items():
-                value = canvas_value(scores.get((student, lesson)))
-                if value != "":
-                    row[column] = value
-        out.append(row)
-    missing = sorted(s for s in {s for s, _ in scores} & set(students_rows) if s not in seen)
-    if missing:
-        warnings.append(f"in the roster but not in the Canvas gradebook, left out: {', '.join(missing)}")
-    return csv_text(out, keep), warnings
-
-
-# ---------------------------------------------------------------------------------------------
 # The command
 # ---------------------------------------------------------------------------------------------
 
@@ -580,13 +477,8 @@ def export(out, results, fmt, dest, roster=None, gradebook=None, deadlines=(), p
         text = csv_text(totals_rows(students, lessons, scores, detail=bool(deadlines)),
                         totals_columns(lessons, scores, detail=bool(deadlines)))
     else:
-        students_rows, more = roster_for(roster, results)
+        text, more = canvas.gradebook_import(roster, results, lessons, scores, gradebook, pairs)
         warnings += more
-        if gradebook:
-            text, more = canvas_fill(gradebook, students_rows, lessons, scores, pairs)
-            warnings += more
-        else:
-            text = canvas_new(students_rows, lessons, scores)
     regrade = sorted(f"{s} {lsn}" for (s, lsn), sc in scores.items()   # not a lesson never handed in, left blank
                      if sc.points is None and not sc.refused and sc.flag != MISSING and (sc.regrade or not sc.pending))
     warnings += [f"{s} {lsn}: left blank, its stored result was refused ({sc.refused}): regrade it (grade --resume)"
