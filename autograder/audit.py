@@ -134,11 +134,37 @@ def _stops(plan, k, ns, tainted, rulings):
         return False
     if not set(sys.modules) <= plan["modules"]:
         return False
-    glob, names, env = _state(ns)
-    want_glob, want_names, want_env = plan["states"][k]
-    return glob == want_glob and env == want_env and ({n: h for n, h in names.items() if n not in tainted}
+    rng, glob, names, env = _state(ns)
+    want_rng, want_glob, want_names, want_env = plan["states"][k]
+    return glob == want_glob and env == want_env and (rng == want_rng or _reseeded(plan, k)) and ({n: h for n, h in names.items() if n not in tainted}
                                   == {n: h for n, h in want_names.items() if n not in tainted}) \
         and _same_rulings(plan, k, ns, rulings)
+
+
+def _reseeded(plan, k):
+    """Whether the cells after the k-th may start from another torch random state (an answer's test that
+    failed before it drew all its numbers): in the solutions' run, each leaves the state as it found it (so it
+    draws nothing, whatever the state) until one that seeds it first (_seeds_first)."""
+    for j in range(k + 1, len(plan["states"])):
+        if plan["states"][j][0] != plan["states"][j - 1][0]:
+            return plan["seeds"][j]
+    return True
+
+
+def _seeds_first(code):
+    """Whether the cell's first statement is torch.manual_seed(number), or an `if NAME:` whose body starts with
+    it and whose else (if any) only prints."""
+    try:
+        body = ast.parse(code).body
+    except SyntaxError:
+        return False
+    seed = lambda stmt: isinstance(stmt, ast.Expr) and re.fullmatch(r"torch\.manual_seed\(\d+\)", ast.unparse(stmt))
+    prints = lambda stmt: isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and \
+        ast.unparse(stmt.value.func) == "print" and not any(isinstance(n, ast.Call) for a in stmt.value.args for n in ast.walk(a))
+    first = body[0] if body else None
+    if isinstance(first, ast.If) and isinstance(first.test, ast.Name):
+        return bool(first.body) and bool(seed(first.body[0])) and all(prints(stmt) for stmt in first.orelse)
+    return bool(seed(first))
 
 
 def _same_rulings(plan, k, ns, rulings):
@@ -316,7 +342,8 @@ BY_STRING = {"globals", "locals", "vars", "eval", "exec", "dir", "__import__", "
 
 
 def _state(ns):
-    """(hash of the process's state, {name: hash of what it holds}, the environment) after a cell, comparable
+    """(hash of torch's random state, hash of the rest of the process's state, {name: hash of what it holds},
+    the environment) after a cell, comparable
     between two forked runs: torch's and numpy's random states (Python's random is seeded afresh in each
     forked child, the exact run's too), torch's global settings, working directory, sys.path, the warning
     filters; per name its value's type, and for a module its attributes' types and names (its submodules
@@ -328,7 +355,7 @@ def _state(ns):
             torch.get_default_dtype(), torch.is_grad_enabled(), torch.get_num_threads(),
             torch.are_deterministic_algorithms_enabled(), os.getcwd(), sys.path, warnings.filters, np.geterr()]
     names = {n: _hash(_describe(v)) for n, v in ns.items() if n != "__builtins__"}
-    return _hash(glob), names, dict(os.environ)
+    return _hash(glob[0]), _hash(glob[1:]), names, dict(os.environ)
 
 
 def _describe(value):
@@ -359,8 +386,8 @@ def _scout(cells, ns):
     known = set(first)
     for cell in cells:
         _run([cell], ns, failures)
-        glob, names, env = _state(ns)
-        states.append([glob, {n: h for n, h in names.items() if seen.get(n) != h}, env])
+        rng, glob, names, env = _state(ns)
+        states.append([rng, glob, {n: h for n, h in names.items() if seen.get(n) != h}, env])
         seen = names
         after.append(dict(failures))
         loaded.append([m for m in sys.modules if m not in known])
@@ -377,9 +404,9 @@ def _plan(cells, scout, start, analysed, in_reads, warmed, ns):
     binds. warmed: what _warm changed in the environment and the modules it loaded, which the solutions' run
     the children fork from has from then on (where the scout's has not)."""
     full, states = {}, []
-    for glob, changed, env in scout["states"]:
+    for rng, glob, changed, env in scout["states"]:
         full = {**full, **changed}
-        states.append((glob, full, {**warmed["environ"], **env}))
+        states.append((rng, glob, full, {**warmed["environ"], **env}))
     modules, loaded = [*scout["first"], *warmed["modules"]], []
     for new in scout["loaded"]:
         modules = modules + [m for m in new if m not in warmed["modules"]]
@@ -393,8 +420,9 @@ def _plan(cells, scout, start, analysed, in_reads, warmed, ns):
     plan = {"names": [_called(reads, binds, calls) for reads, binds, _ in analysed[start:]], "states": states[start:],
             "after": [{t: m for t, m in final.items() if t not in seen} for seen in scout["after"][start:]],
             "modules": set(scout["modules"]), "cells": cells[start:], "in_reads": in_reads[start:],
+            "seeds": [_seeds_first(code) for _, _, code in cells[start:]],
             "loaded": loaded[start:], "replaced": analysed[start - 1][1]}
-    later = [j for j, reads in enumerate(plan["in_reads"]) if reads]
+    later = [j for j, reads in enumerate(plan["in_reads"]) if reads and j > 0]  # the first runs in every child
     sources = [*ns.get("In", [""]), *(code for _, _, code in cells[start - 1:])]
     plan["rulings"] = {j: None for j in range(len(plan["cells"]))} | {
         int(j): r for j, r in _collect(*_start(lambda: _rulings(plan, later, sources, len(sources) - len(plan["cells"]) + 1))).items()
