@@ -164,3 +164,18 @@ def test_in_is_read_only_through_the_lessons_own_rules(tmp_path):
     assert audit._in_reads("import rules\nproblem = rules.check(In)\nprint(In[-1])\n", tmp_path) is None
     assert audit._in_reads("import other\nproblem = other.check(In)\n", tmp_path) is None  # not the lesson's file
     assert audit._in_reads("import rules\nrules = fake\nproblem = rules.check(In)\n", tmp_path) is None
+
+
+def test_a_later_cell_may_start_from_another_random_state_only_when_it_seeds_it_first():
+    from autograder import audit
+
+    assert audit._seeds_first("torch.manual_seed(1)\nx = torch.randn(3)\n")
+    assert audit._seeds_first("if HAS_TRITON:\n    torch.manual_seed(4)\nelse:\n    print('no Triton')\n")
+    assert not audit._seeds_first("x = torch.randn(3)\ntorch.manual_seed(1)\n")
+    assert not audit._seeds_first("if HAS_TRITON:\n    torch.manual_seed(4)\nelse:\n    print(torch.randn(1))\n")
+    # rng hashes after each cell: the second cell draws nothing, the third draws after seeding, the fourth does not seed
+    plan = {"states": [("a",), ("a",), ("b",), ("c",)], "seeds": [False, False, True, False]}
+    assert audit._reseeded(plan, 0)
+    plan["seeds"][2] = False
+    assert not audit._reseeded(plan, 0)
+    assert not audit._reseeded(plan, 2) and audit._reseeded(plan, 3)
