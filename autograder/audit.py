@@ -136,8 +136,9 @@ def _stops(plan, k, ns, tainted, rulings):
         return False
     rng, glob, names, env = _state(ns)
     want_rng, want_glob, want_names, want_env = plan["states"][k]
-    return glob == want_glob and env == want_env and (rng == want_rng or _reseeded(plan, k)) and ({n: h for n, h in names.items() if n not in tainted}
-                                  == {n: h for n, h in want_names.items() if n not in tainted}) \
+    same_names = ({n: h for n, h in names.items() if n not in tainted}
+                  == {n: h for n, h in want_names.items() if n not in tainted})
+    return glob == want_glob and env == want_env and same_names and (rng == want_rng or _reseeded(plan, k)) \
         and _same_rulings(plan, k, ns, rulings)
 
 
@@ -160,7 +161,8 @@ def _seeds_first(code):
         return False
     seed = lambda stmt: isinstance(stmt, ast.Expr) and re.fullmatch(r"torch\.manual_seed\(\d+\)", ast.unparse(stmt))
     prints = lambda stmt: isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and \
-        ast.unparse(stmt.value.func) == "print" and not any(isinstance(n, ast.Call) for a in stmt.value.args for n in ast.walk(a))
+        ast.unparse(stmt.value.func) == "print" and not any(isinstance(n, ast.Call)
+                                                            for a in stmt.value.args for n in ast.walk(a))
     first = body[0] if body else None
     if isinstance(first, ast.If) and isinstance(first.test, ast.Name):
         return bool(first.body) and bool(seed(first.body[0])) and all(prints(stmt) for stmt in first.orelse)
@@ -262,7 +264,8 @@ def _names(code):
             t = todo.pop()
             todo += t.get_children()
             for s in t.get_symbols():
-                if s.is_referenced() and (s.is_global() or t.get_type() == "class"):  # a class body falls back to globals
+                # a class body falls back to the globals for any name
+                if s.is_referenced() and (s.is_global() or t.get_type() == "class"):
                     later_reads.add(s.get_name())
                 if s.is_declared_global() and s.is_assigned():
                     later_binds.add(s.get_name())
@@ -424,9 +427,9 @@ def _plan(cells, scout, start, analysed, in_reads, warmed, ns):
             "loaded": loaded[start:], "replaced": analysed[start - 1][1]}
     later = [j for j, reads in enumerate(plan["in_reads"]) if reads and j > 0]  # the first runs in every child
     sources = [*ns.get("In", [""]), *(code for _, _, code in cells[start - 1:])]
+    found = _collect(*_start(lambda: _rulings(plan, later, sources, len(sources) - len(plan["cells"]) + 1)))
     plan["rulings"] = {j: None for j in range(len(plan["cells"]))} | {
-        int(j): r for j, r in _collect(*_start(lambda: _rulings(plan, later, sources, len(sources) - len(plan["cells"]) + 1))).items()
-        if j != "<harness>"}
+        int(j): r for j, r in found.items() if j != "<harness>"}
     return plan
 
 
