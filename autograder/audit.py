@@ -16,6 +16,7 @@ solutions), as an instructor checks an exercise before releasing it.
 """
 import ast
 import contextlib
+import functools
 import hashlib
 import importlib
 import io
@@ -24,6 +25,7 @@ import os
 import re
 import select
 import signal
+import symtable
 import sys
 import types
 import warnings
@@ -92,8 +94,9 @@ def _child(cells, ns, code, gid, hidden, plan=None):
     the solutions' verdicts for the cells it leaves (see _stops)."""
     for module in GRADER_MODULES:  # a student's kernel has none of the grader's code loaded (earlier tests did)
         sys.modules.pop(module, None)
-    failures = {}
-    tainted = {gid, "In", *_names(code)[1]}  # what may differ from the solutions' run: In lists this answer
+    failures, rulings = {}, {}
+    # What may differ from the solutions' run: what this answer or the solution binds, and In, which lists the answer
+    tainted = {gid, "In", *_names(code)[1], *(plan["replaced"] if plan else ())}
     try:
         ns["In"] = [*ns.get("In", [""]), code]
         exec(compile(code, f"<{gid}>", "exec"), ns)
@@ -105,7 +108,7 @@ def _child(cells, ns, code, gid, hidden, plan=None):
             if "*" in loads or loads & tainted:
                 tainted |= stores
             needs_hidden = hidden and (hidden[1] is None or hidden[1].lower() not in failures.get(f"test_{gid}", "").lower())
-            if not needs_hidden and _stops(plan, k, ns, tainted):
+            if not needs_hidden and _stops(plan, k, ns, tainted, rulings):
                 failures.update(plan["after"][k])
                 break
     except Exception as e:  # noqa: BLE001 - a provided cell broke: blame the answer's own test
@@ -117,63 +120,245 @@ def _child(cells, ns, code, gid, hidden, plan=None):
     return failures
 
 
-def _stops(plan, k, ns, tainted):
+def _stops(plan, k, ns, tainted, rulings):
     """True when the cells after the k-th (of those the child runs) would give what they gave the solutions:
-    none of them reads a name the answer changed (tainted: bound by it, or by a cell that read one, at any
-    depth), and the kernel's state equals the solutions' run after the same cell (_state: random states,
-    torch's global settings, the environment, the modules loaded, the names and what each is, and the
-    attributes of the modules the cells hold). What this cannot see, a change inside a value that no
-    tainted name reaches, the exact run (fast=False, what tests/test_visible.py runs) makes no bet on;
-    tests/test_audit.py holds the two equal."""
-    if any("*" in loads or loads & tainted for loads, _ in plan["names"][k + 1:]):
+    none of them reads a name the answer changed (tainted: bound by it or by the solution's answer, or by a
+    cell that read one; read where the cell has not bound it first, or by a function it calls, _names),
+    a cell that reads In (which lists this answer) gets from the lesson's own rules what the solutions' run
+    got (_same_rulings), and the kernel's state equals the solutions' run after the same cell (_state:
+    random states, torch's global settings, the environment, the modules loaded, the names and what each
+    is, and the attributes of the modules the cells hold). What this cannot see, a change inside a value
+    that no tainted name reaches (a hook the answer left on an object), the exact run (fast=False, what
+    tests/test_visible.py runs) makes no bet on; tests/test_audit.py holds the two equal."""
+    if any("*" in loads or loads & tainted - {"In"} for loads, _ in plan["names"][k + 1:]):
         return False
     if not set(sys.modules) <= plan["modules"]:
         return False
-    glob, names = _state(ns)
-    want_glob, want_names = plan["states"][k]
-    return glob == want_glob and ({n: h for n, h in names.items() if n not in tainted}
-                                  == {n: h for n, h in want_names.items() if n not in tainted})
+    rng, glob, names, env = _state(ns)
+    want_rng, want_glob, want_names, want_env = plan["states"][k]
+    same_names = ({n: h for n, h in names.items() if n not in tainted}
+                  == {n: h for n, h in want_names.items() if n not in tainted})
+    return glob == want_glob and env == want_env and same_names and (rng == want_rng or _reseeded(plan, k)) \
+        and _same_rulings(plan, k, ns, rulings)
 
 
-def _names(code):
-    """(names a cell reads, names it binds), at any depth: a local that shares a global's name counts, which
-    only makes the fast run stop later. A cell that reaches names by string (globals(), eval, ...) reads '*'."""
+def _reseeded(plan, k):
+    """Whether the cells after the k-th may start from another torch random state (an answer's test that
+    failed before it drew all its numbers): in the solutions' run, each leaves the state as it found it (so it
+    draws nothing, whatever the state) until one that seeds it first (_seeds_first)."""
+    for j in range(k + 1, len(plan["states"])):
+        if plan["states"][j][0] != plan["states"][j - 1][0]:
+            return plan["seeds"][j]
+    return True
+
+
+def _seeds_first(code):
+    """Whether the cell's first statement is torch.manual_seed(number), or an `if NAME:` whose body starts with
+    it and whose else (if any) only prints."""
+    try:
+        body = ast.parse(code).body
+    except SyntaxError:
+        return False
+    seed = lambda stmt: isinstance(stmt, ast.Expr) and re.fullmatch(r"torch\.manual_seed\(\d+\)", ast.unparse(stmt))
+    prints = lambda stmt: isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and \
+        ast.unparse(stmt.value.func) == "print" and not any(isinstance(n, ast.Call)
+                                                            for a in stmt.value.args for n in ast.walk(a))
+    first = body[0] if body else None
+    if isinstance(first, ast.If) and isinstance(first.test, ast.Name):
+        return bool(first.body) and bool(seed(first.body[0])) and all(prints(stmt) for stmt in first.orelse)
+    return bool(seed(first))
+
+
+def _same_rulings(plan, k, ns, rulings):
+    """Whether every cell after the k-th that reads In reads it only as `module.rule(In)` (_in_reads), and each
+    such call, on the In it will be given (this child's, with the cells up to it), rules as it does in the
+    solutions' run (plan["rulings"], _rulings). rulings: what earlier calls found, per cell and modules loaded."""
+    later = [j for j in range(k + 1, len(plan["names"])) if "In" in plan["names"][j][0]]
+    if any(plan["in_reads"][j] is None for j in later):
+        return False
+    key = _hash(sorted(sys.modules))
+    todo = [j for j in later if (j, key) not in rulings]
+    if todo:
+        sources = [*ns["In"], *(code for _, _, code in plan["cells"][k + 1:])]
+        found = _collect(*_start(lambda: _rulings(plan, todo, sources, len(ns["In"]) - k)))
+        for j in todo:
+            rulings[j, key] = found.get(str(j)) == plan["rulings"][j] is not None
+    return all(rulings[j, key] for j in later)
+
+
+def _rulings(plan, cells, sources, start):
+    """In a forked child (this process is left as it was): {cell: [what each of its `module.rule(In)` calls
+    rules]} for the given later cells, In as cell j runs being sources[:start + j]; None for a cell, and none
+    after it, when this process cannot have the modules the solutions' run had loaded by then (plan["loaded"]).
+    The rules are the lesson's own (source_rules.py): they read the sources as text, and look up modules in
+    sys.modules, so they judge with exactly those modules loaded, in the order the solutions' run loaded them."""
+    for module in GRADER_MODULES:
+        sys.modules.pop(module, None)
+    out = {}
+    for j in cells:
+        for module in plan["loaded"][j]:
+            if module not in sys.modules:
+                with contextlib.suppress(Exception):
+                    importlib.import_module(module)
+        if set(sys.modules) != set(plan["loaded"][j]):
+            out[j] = None
+            break
+        out[j] = [_ruling(m, f, sources[:start + j]) for m, f in plan["in_reads"][j]]
+    return out
+
+
+def _ruling(module, rule, sources):
+    """What the lesson's own module's rule says of the sources (its result, or the error it raised), comparable."""
+    try:
+        return repr(getattr(importlib.import_module(module), rule)(list(sources)))
+    except Exception as e:  # noqa: BLE001 - an error is a ruling too
+        return f"raised {type(e).__name__}: {e}"
+
+
+def _in_reads(code, folder):
+    """[(module, rule)] when the cell reads In only as the one argument of `module.rule(In)`, module a file of the
+    lesson's folder (source_rules.py) that the cell imports itself (`import module`) and binds no other way;
+    None when it reads In any other way ([] when not at all)."""
     try:
         tree = ast.parse(code)
     except SyntaxError:
-        return {"*"}, set()
-    loads, stores = set(), set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name):
-            (loads if isinstance(node.ctx, ast.Load) else stores).add(node.id)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            stores.add(node.name)
-        elif isinstance(node, ast.alias):
-            stores.add((node.asname or node.name).split(".")[0])
-        elif isinstance(node, (ast.Global, ast.Nonlocal)):
-            stores.update(node.names)
-    if loads & BY_STRING:
-        loads.add("*")
-    return loads, stores
+        return None
+    nodes = list(ast.walk(tree))
+    imported = {a.name for n in nodes if isinstance(n, ast.Import) for a in n.names if a.asname is None}
+    rebound = {n.id for n in nodes if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)} | {
+        a.asname or a.name for n in nodes if isinstance(n, ast.ImportFrom) for a in n.names}
+    calls, fine = [], set()
+    for n in nodes:
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name) \
+                and len(n.args) == 1 and not n.keywords and isinstance(n.args[0], ast.Name) and n.args[0].id == "In":
+            module = n.func.value.id
+            if module in imported and module not in rebound and (folder / f"{module}.py").is_file():
+                calls.append((module, n.func.attr))
+                fine.add(id(n.args[0]))
+    if any(isinstance(n, ast.Name) and n.id == "In" and id(n) not in fine for n in nodes):
+        return None
+    return calls
+
+
+def _names(code):
+    """(names a cell may read from the notebook's namespace, names it may bind there, {name it binds: (names,
+    names) a call of what it binds there may read and bind}), by Python's scoping (symtable): a function's
+    arguments and locals are its own. A read counts only where the cell has not bound the name itself on
+    every path before it (in order, through if/else, for, while, with and try); what a function, lambda or
+    class of the cell reads counts where it is defined (what a later cell's call of it reads is in the third
+    element, for _plan). A cell that reaches names by string (globals(), eval, ...) reads '*'."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return {"*"}, set(), {}
+    reads, binds, body = set(), set(), {}
+
+    def scope(node):
+        """(what evaluating node reads and binds at the top level, what its functions read and bind when called)"""
+        src = ast.unparse(node if isinstance(node, ast.stmt) else ast.Expr(node))
+        table = symtable.symtable(src, "<cell>", "exec")
+        now = {s.get_name() for s in table.get_symbols() if s.is_referenced()}
+        bound = {s.get_name() for s in table.get_symbols() if s.is_assigned() or s.is_imported()}
+        later_reads, later_binds, todo = set(), set(), list(table.get_children())
+        while todo:
+            t = todo.pop()
+            todo += t.get_children()
+            for s in t.get_symbols():
+                # a class body falls back to the globals for any name
+                if s.is_referenced() and (s.is_global() or t.get_type() == "class"):
+                    later_reads.add(s.get_name())
+                if s.is_declared_global() and s.is_assigned():
+                    later_binds.add(s.get_name())
+        return now | later_reads, bound | later_binds, (later_reads, later_binds)
+
+    def read(node, bound):
+        """node's reads (none where it cannot run: bound None) and binds; (what it binds, what calls read, bind)"""
+        got, changed, calls = scope(node)
+        reads.update(got - bound if bound is not None else set())
+        binds.update(changed)
+        return changed, calls
+
+    def target(node, bound):
+        """What a for or with target binds (reading the names of a subscript or attribute target)."""
+        return read(ast.Assign(targets=[node], value=ast.Constant(None), lineno=0), bound)[0]
+
+    def block(stmts, bound):
+        """Reads and binds of the statements; the names bound on every path through them (None: none ends)."""
+        for stmt in stmts:
+            if isinstance(stmt, ast.If):
+                read(stmt.test, bound)
+                bound = _meet(block(stmt.body, _copy(bound)), block(stmt.orelse, _copy(bound)))
+            elif isinstance(stmt, (ast.For, ast.While)):
+                read(stmt.iter if isinstance(stmt, ast.For) else stmt.test, bound)
+                targets = target(stmt.target, bound) if isinstance(stmt, ast.For) else set()
+                block(stmt.body, _join(bound, targets))
+                block(stmt.orelse, _copy(bound))
+            elif isinstance(stmt, ast.With):
+                named = set()
+                for item in stmt.items:
+                    read(item.context_expr, bound)
+                    named |= target(item.optional_vars, bound) if item.optional_vars else set()
+                bound = _join(bound, named)
+                block(stmt.body, _copy(bound))  # the context may swallow an exception: nothing after is sure
+            elif isinstance(stmt, ast.Try):
+                ends = [block(stmt.orelse, block(stmt.body, _copy(bound)))]
+                for handler in stmt.handlers:
+                    if handler.type:
+                        read(handler.type, bound)
+                    binds.update({handler.name} - {None})
+                    end = block(handler.body, _join(bound, {handler.name} - {None}))
+                    ends.append(end and end - {handler.name})  # Python deletes the `as` name after the handler
+                bound = _join(functools.reduce(_meet, ends), block(stmt.finalbody, _copy(bound)) or set())
+            elif isinstance(stmt, ast.Raise):
+                read(stmt, bound)
+                bound = None
+            else:
+                changed, calls = read(stmt, bound)
+                for name in changed:
+                    body[name] = calls
+                if isinstance(stmt, ast.Delete):
+                    bound = bound and bound - changed
+                else:
+                    bound = _join(bound, changed)
+        return bound
+
+    block(tree.body, set())
+    if reads & BY_STRING:
+        reads.add("*")
+    return reads, binds, body
+
+
+def _copy(bound):
+    return None if bound is None else set(bound)
+
+
+def _join(bound, more):
+    return None if bound is None else bound | more
+
+
+def _meet(a, b):
+    """The names bound on both paths; None is a path that never ends (a raise)."""
+    return b if a is None else a if b is None else a & b
 
 
 BY_STRING = {"globals", "locals", "vars", "eval", "exec", "dir", "__import__", "getattr", "setattr", "get_ipython"}
 
 
 def _state(ns):
-    """(hash of the process's state, {name: hash of what it holds}) after a cell, comparable between two
-    forked runs: torch's and numpy's random states (Python's random is seeded afresh in each forked child,
-    the exact run's too), torch's global settings, environment, working directory, sys.path, the
-    warning filters; per name its value's type, and for a module its attributes' types and names."""
+    """(hash of torch's random state, hash of the rest of the process's state, {name: hash of what it holds},
+    the environment) after a cell, comparable
+    between two forked runs: torch's and numpy's random states (Python's random is seeded afresh in each
+    forked child, the exact run's too), torch's global settings, working directory, sys.path, the warning
+    filters; per name its value's type, and for a module its attributes' types and names (its submodules
+    aside: which are loaded yet is _warm's business)."""
     import numpy as np
     import torch
 
     glob = [torch.get_rng_state().numpy().tobytes(), np.random.get_state()[1].tobytes(),
             torch.get_default_dtype(), torch.is_grad_enabled(), torch.get_num_threads(),
-            torch.are_deterministic_algorithms_enabled(), sorted(os.environ.items()), os.getcwd(), sys.path,
-            warnings.filters, np.geterr()]
+            torch.are_deterministic_algorithms_enabled(), os.getcwd(), sys.path, warnings.filters, np.geterr()]
     names = {n: _hash(_describe(v)) for n, v in ns.items() if n != "__builtins__"}
-    return _hash(glob), names
+    return _hash(glob[0]), _hash(glob[1:]), names, dict(os.environ)
 
 
 def _describe(value):
@@ -184,7 +369,8 @@ def _describe(value):
             own = []
         return type(x).__module__, type(x).__qualname__, *(a for a in own if isinstance(a, str))
     if isinstance(value, types.ModuleType):
-        return value.__name__, sorted((a, kind(x)) for a, x in list(vars(value).items()))
+        return value.__name__, sorted((a, kind(x)) for a, x in list(vars(value).items())
+                                      if x is not sys.modules.get(f"{value.__name__}.{a}", value))
     return kind(value)
 
 
@@ -194,41 +380,84 @@ def _hash(x):
 
 def _scout(cells, ns):
     """In a forked child: the solutions' run, as the fast run's plan. Per cell: _state after it (names
-    sent only where they changed), the test failures so far; and every module the run loaded, in order."""
+    sent only where they changed), the test failures so far, the modules it loaded; and every module the
+    run loaded, in order."""
     for module in GRADER_MODULES:
         sys.modules.pop(module, None)
-    failures, states, after, seen = {}, [], [], {}
+    failures, states, after, seen, loaded = {}, [], [], {}, []
+    first = list(sys.modules)
+    known = set(first)
     for cell in cells:
         _run([cell], ns, failures)
-        glob, names = _state(ns)
-        states.append([glob, {n: h for n, h in names.items() if seen.get(n) != h}])
+        rng, glob, names, env = _state(ns)
+        states.append([rng, glob, {n: h for n, h in names.items() if seen.get(n) != h}, env])
         seen = names
         after.append(dict(failures))
-    return {"failures": failures, "states": states, "after": after, "modules": list(sys.modules)}
+        loaded.append([m for m in sys.modules if m not in known])
+        known |= set(loaded[-1])
+    return {"failures": failures, "states": states, "after": after, "modules": list(sys.modules), "first": first,
+            "loaded": loaded}
 
 
-def _plan(cells, scout, start):
-    """What a child forked before cell `start` needs to stop early (see _child): per later cell its names,
-    the solutions' state after it, and the solutions' failures of the cells after it."""
+def _plan(cells, scout, start, analysed, in_reads, warmed, ns):
+    """What a child forked before cell `start` needs to stop early (see _child): per later cell what it reads
+    and binds (with what the functions it calls read and bind, analysed: _names of every cell), its reads of
+    In, the solutions' state after it, the modules loaded by then, what the lesson's rules rule there (_rulings,
+    run here on ns's In), and the solutions' failures of the cells after it; and what the solution's answer
+    binds. warmed: what _warm changed in the environment and the modules it loaded, which the solutions' run
+    the children fork from has from then on (where the scout's has not)."""
     full, states = {}, []
-    for glob, changed in scout["states"]:
+    for rng, glob, changed, env in scout["states"]:
         full = {**full, **changed}
-        states.append((glob, full))
+        states.append((rng, glob, full, {**warmed["environ"], **env}))
+    modules, loaded = [*scout["first"], *warmed["modules"]], []
+    for new in scout["loaded"]:
+        modules = modules + [m for m in new if m not in warmed["modules"]]
+        loaded.append(modules)
+    calls = {}
+    for _, _, body in analysed:
+        for name, (reads, binds) in body.items():
+            was = calls.get(name, (set(), set()))
+            calls[name] = (was[0] | reads, was[1] | binds)
     final = scout["failures"]
-    return {"names": [_names(code) for _, _, code in cells[start:]], "states": states[start:],
+    plan = {"names": [_called(reads, binds, calls) for reads, binds, _ in analysed[start:]], "states": states[start:],
             "after": [{t: m for t, m in final.items() if t not in seen} for seen in scout["after"][start:]],
-            "modules": set(scout["modules"])}
+            "modules": set(scout["modules"]), "cells": cells[start:], "in_reads": in_reads[start:],
+            "seeds": [_seeds_first(code) for _, _, code in cells[start:]],
+            "loaded": loaded[start:], "replaced": analysed[start - 1][1]}
+    later = [j for j, reads in enumerate(plan["in_reads"]) if reads and j > 0]  # the first runs in every child
+    sources = [*ns.get("In", [""]), *(code for _, _, code in cells[start - 1:])]
+    found = _collect(*_start(lambda: _rulings(plan, later, sources, len(sources) - len(plan["cells"]) + 1)))
+    plan["rulings"] = {j: None for j in range(len(plan["cells"]))} | {
+        int(j): r for j, r in found.items() if j != "<harness>"}
+    return plan
 
 
-def _warm(scout):
+def _called(reads, binds, calls):
+    """(reads, binds) of a cell with what a call of each name it reads may read and bind, through any depth
+    of calls: any function a cell defined under that name (calls: {name: (reads, binds)} of all cells)."""
+    reads, binds, todo = set(reads), set(binds), list(reads)
+    while todo:
+        more, changed = calls.get(todo.pop(), (set(), set()))
+        binds |= changed
+        todo += more - reads
+        reads |= more
+    return reads, binds
+
+
+def _warm(scout, warmed):
     """Import, before forking, the modules the solutions' run loads later inside packages already loaded
     (torch._dynamo, which torch loads lazily in every child otherwise: 1.4 s each in lesson 06). Packages
-    not yet loaded are left to the cells, which may set what they read first (TRITON_INTERPRET)."""
+    not yet loaded are left to the cells, which may set what they read first (TRITON_INTERPRET). warmed
+    gets the modules loaded and what the imports set in the environment (torch._inductor: TORCHINDUCTOR_CACHE_DIR)."""
+    before, loaded = dict(os.environ), set(sys.modules)
     with warnings.catch_warnings():  # the filters a module sets when loaded (a test cell's are dropped after it)
         for name in scout["modules"]:
             if name not in sys.modules and name.split(".")[0] in sys.modules and not name.startswith(GRADER_SIDE):
                 with contextlib.suppress(Exception):
                     importlib.import_module(name)
+    warmed["environ"].update({k: v for k, v in os.environ.items() if before.get(k) != v})
+    warmed["modules"].update(name for name in sys.modules if name not in loaded)
 
 
 GRADER_SIDE = ("autograder", "solutions", "tests", "sandbox")
@@ -297,20 +526,23 @@ def run_lesson(lesson, notebook=None, hidden=False, jobs=None, fast=False):
     cells = _cells(nbk.read(notebook or path))
     jobs = jobs or len(os.sched_getaffinity(0))
     ns = {"__name__": "__main__"}
-    results, baseline, running = {}, {}, {}
+    results, baseline, running, warmed = {}, {}, {}, {"environ": {}, "modules": set()}
     cwd = os.getcwd()
     os.chdir(path.parent)  # data files are read relative to the notebook
     sys.path.insert(0, str(path.parent))  # and its modules imported from there, as in Jupyter
     quiet = contextlib.redirect_stdout(io.StringIO())
     try:
         with quiet:
+            if fast:
+                analysed = [_names(code) for _, _, code in cells]
+                in_reads = [_in_reads(code, path.parent) for _, _, code in cells]
             scout = _collect(*_start(lambda: _scout(cells, ns), whole=True)) if fast else None
             if scout is not None and "<harness>" in scout:
                 raise RuntimeError(f"audit: the solutions' run failed: {scout['<harness>']}")
             for i, (kind, gid, code) in enumerate(cells):
                 if scout and kind == "answer" and gid in answers:
-                    _warm(scout)
-                    plan = _plan(cells, scout, i + 1)
+                    _warm(scout, warmed)
+                    plan = _plan(cells, scout, i + 1, analysed, in_reads, warmed, ns)
                 for _, what, answer, keyword in answers.get(gid, []) if kind == "answer" else ():
                     while len(running) >= jobs:
                         _finish_one(running, results)

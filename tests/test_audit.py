@@ -132,3 +132,50 @@ def test_the_fast_run_sees_a_mistake_that_changes_a_module(monkeypatch):
     fast, exact = audit.run_lesson(LESSON, fast=True), audit.run_lesson(LESSON)
     assert "test_scaled_dot_product_attention" in exact["causal_mask", "right, but np.swapaxes replaced"]
     assert fast == exact
+
+
+def test_a_cells_reads_are_what_it_may_take_from_earlier_cells():
+    """The fast run's dependencies, by Python's scoping: a function's locals are its own, a name the cell binds
+    on every path before reading it is its own, what a function reads when called counts for its callers."""
+    from autograder import audit
+
+    reads, binds, calls = audit._names(
+        "def f(q):\n    out = q * scale\n    return out\n"                 # q, out local; scale read when called
+        "x = f(1)\nprint(x)\n"                                           # x bound before it is read
+        "if flag:\n    y = 1\nelse:\n    y = 2\nprint(y)\n"              # y bound on both paths
+        "if flag:\n    z = 1\nprint(z)\n"                                # z maybe not: an earlier cell's z
+        "try:\n    w = g()\nexcept ValueError as e:\n    raise AssertionError(e)\nprint(w)\n"
+        "with ctx() as c:\n    v = 1\nprint(c, v)\n"                     # the context may swallow the body's error
+        "record = lambda *a: launches.append(a)\n")
+    assert reads == {"scale", "print", "flag", "z", "g", "ValueError", "AssertionError", "ctx", "v", "launches"}
+    assert binds == {"f", "x", "y", "z", "w", "e", "c", "v", "record"}
+    assert calls["f"] == ({"scale"}, set()) and calls["record"] == ({"launches"}, set())
+    assert audit._names("def f():\n    global g\n    g = 1\n")[2]["f"] == (set(), {"g"})
+    assert "*" in audit._names("print(globals()['x'])")[0]
+    assert audit._called({"h"}, set(), {"h": ({"f"}, set()), "f": ({"scale"}, {"g"})}) == ({"h", "f", "scale"}, {"g"})
+
+
+def test_in_is_read_only_through_the_lessons_own_rules(tmp_path):
+    from autograder import audit
+
+    (tmp_path / "rules.py").write_text("def check(cells):\n    return None\n")
+    assert audit._in_reads("import rules\nproblem = rules.check(In)\n", tmp_path) == [("rules", "check")]
+    assert audit._in_reads("x = 1\n", tmp_path) == []
+    assert audit._in_reads("import rules\nproblem = rules.check(In)\nprint(In[-1])\n", tmp_path) is None
+    assert audit._in_reads("import other\nproblem = other.check(In)\n", tmp_path) is None  # not the lesson's file
+    assert audit._in_reads("import rules\nrules = fake\nproblem = rules.check(In)\n", tmp_path) is None
+
+
+def test_a_later_cell_may_start_from_another_random_state_only_when_it_seeds_it_first():
+    from autograder import audit
+
+    assert audit._seeds_first("torch.manual_seed(1)\nx = torch.randn(3)\n")
+    assert audit._seeds_first("if HAS_TRITON:\n    torch.manual_seed(4)\nelse:\n    print('no Triton')\n")
+    assert not audit._seeds_first("x = torch.randn(3)\ntorch.manual_seed(1)\n")
+    assert not audit._seeds_first("if HAS_TRITON:\n    torch.manual_seed(4)\nelse:\n    print(torch.randn(1))\n")
+    # rng hashes after each cell: the second cell draws nothing, the third draws after seeding, the fourth does not seed
+    plan = {"states": [("a",), ("a",), ("b",), ("c",)], "seeds": [False, False, True, False]}
+    assert audit._reseeded(plan, 0)
+    plan["seeds"][2] = False
+    assert not audit._reseeded(plan, 0)
+    assert not audit._reseeded(plan, 2) and audit._reseeded(plan, 3)
