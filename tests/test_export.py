@@ -200,6 +200,10 @@ def test_a_stale_override_is_named_and_the_flag_chooses_whether_it_wins(term, ca
         rows = {r["student"]: r for r in csv.DictReader(open(term / "scores.csv", newline=""))}
         assert rows["carol"]["01_attention"] == total
         assert f"stale override {verb}: test_scaled_dot_product_attention" in rows["carol"]["flags"]
+        page = (term / "RESULTS/feedback/carol/01_attention.html").read_text()   # the page counts as the export
+        assert f"<b>{total} / 6</b>" in page and (f"<td>{3 if extra else 2:g} / 3<br><i>scored by hand: 2 (the grader "
+                                                  "gave 3), before your work last changed: ") in page
+        assert ("not counted, what the grader gave counts until it is reviewed again (stale)" in page) == bool(extra)
     assert main(["report", str(term / "RESULTS"), "--gradebook", str(db)]) == 0
     page = (term / "RESULTS/report.html").read_text()
     assert "Scored by hand in the gradebook: 2 tests (bob test_scaled_dot_product_attention, carol " in page

@@ -287,7 +287,7 @@ def write_final(out, results, refused=None, roster=None, reviews=None, counting=
     counting = counting_of(out) if counting is None else counting
     students, lessons, scores, penalties, _ = final_scores(results, refused, roster, reviews, counting)
     write_feedback(out, results, reviews, counting.written,
-                   {pair: s.late_note for pair, s in scores.items() if s.late_note})
+                   {pair: s.late_note for pair, s in scores.items() if s.late_note}, counting.drop_stale)
     path = Path(out) / TOTALS
     write_atomic(path, csv_text(totals_rows(students, lessons, scores, pending=NEEDS_GRADING),
                                 totals_columns(lessons, scores)))
