@@ -293,6 +293,8 @@ def test_late_penalties(term, capsys):
     assert f"Handed in 2 days after your deadline ({deadline}): 15% off the points earned, so 5.1 of 6 count." in \
         (term / "RESULTS/feedback/alice/02_heads.html").read_text()
     assert "Handed in" not in (term / "RESULTS/feedback/bob/02_heads.html").read_text()
+    assert "late penalties: 10%/day,max=15% after 02_heads" in (term / "RESULTS/report.html").read_text(), \
+        "the export rewrites the class report, as totals.csv and the feedback pages, to count as it does"
     assert penalties["alice"]["penalty_percent"] == "15" and penalties["alice"]["late_units"] == "2"
     # A submission without a time is exported unpenalised and flagged, named in a warning; bob, who has
     # one, is still penalised the same way, and the export goes on.
