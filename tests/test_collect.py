@@ -90,6 +90,7 @@ def test_canvas_download(tmp_path, roster, capsys, as_zip):
         assert rows[older]["action"] == "not collected" and rows[older]["anomaly"] == "resubmission"
     assert "late" in rows["stonebob_late_102_9002_01_attention.ipynb"]["anomaly"]
     assert "resubmission (3)" in said and "late (1)" in said
+    assert "nothing of 01_attention in this download from 5 roster students: carol, dave, erin, frank, grace" in said
 
 
 def test_moodle_zip_with_grading_worksheet(tmp_path, roster):

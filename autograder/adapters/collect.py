@@ -776,6 +776,11 @@ def report(rows, chosen, stream, out, roster):
     print(f"collected {len(chosen)} notebooks of {len(students)} students into {out}", file=stream)
     if roster is None:
         print("no --roster: students are named as the download names them", file=stream)
+    for lesson in sorted({lesson for _, lesson in chosen}) if roster else ():   # who has not handed it in, by name
+        absent = [r["student"] for r in roster.rows if (r["student"], lesson) not in chosen]
+        if absent:
+            print(f"nothing of {lesson} in this download from {len(absent)} roster student{'s' * (len(absent) > 1)}: "
+                  f"{', '.join(absent)}", file=stream)
     for kind, found in sorted(kinds.items(), key=lambda kv: -len(kv[1])):
         print(f"{kind} ({len(found)}):", file=stream)
         for r, detail in found[:10]:
