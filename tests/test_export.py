@@ -302,7 +302,9 @@ def test_late_penalties(term, capsys):
     write_timestamp(subs / "bob/02_heads", datetime(2025, 10, 2, 20, 0, tzinfo=timezone.utc))     # 1 day late
     capsys.readouterr()
     assert main(args + ["--submissions", str(subs)]) == 0
-    assert "no submission time for 1 submission(s) of 02_heads: alice: exported unpenalised" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "no submission time for 1 submission(s) of 02_heads: alice: exported unpenalised" in err
+    assert "give --submissions" not in err, "the hint names only what was not done: --submissions was given"
     rows = {r["student"]: r for r in csv.DictReader(open(term / "scores.csv", newline=""))}
     assert rows["alice"]["02_heads"] == "6" and rows["alice"]["flags"] == "02_heads: no submission time: not penalised"
     assert rows["bob"]["02_heads"] == "5.4" and rows["bob"]["flags"] == "02_heads: late 1 day: -10%"
