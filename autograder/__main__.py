@@ -280,7 +280,6 @@ def _grade(args):
 
 def _term(args):
     """collect, export and report (collect.py, export.py, classreport.py)."""
-    from autograder.checks import LESSONS
     from autograder.results import UsageError, load_term
     from autograder.adapters.roster import kept_roster, load_roster, stored_roster
 
@@ -299,38 +298,48 @@ def _term(args):
         if not results and not refused:
             raise UsageError(f"{args.results} holds no grading results (grade into it first)")
         if args.command == "report":
-            from autograder import report
             from dataclasses import replace
-            from autograder.adapters.classreport import submission_mismatches, write_report
+            from autograder.adapters.classreport import submission_mismatches
             from autograder.adapters.export import counting_of
             stale = submission_mismatches(results, args.submissions)
             for line in stale:
                 print(f"error: {line}", file=sys.stderr)
-            results += [report.placeholder(s, lsn, "not graded: " + report.refused_message(why))
-                        for (s, lsn), why in sorted(refused.items()) if lsn in LESSONS]
-            sections = {r["student"]: r["section"] for r in roster.rows} if roster and "section" in roster.columns else None
             counting, apart = counting_of(args.results), []
             if args.written and not counting.written:   # what the instructor asked for, said to differ from totals.csv
                 counting = replace(counting, written=True)
                 apart.append(f"the written questions count here, but not in {args.results}/totals.csv or the export: "
                              "grade or export with --written to count them there too")
                 print(f"warning: {apart[0]}", file=sys.stderr)
-            path = write_report(args.results, results, args.submissions, term.lines + stale + apart, not args.no_names,
-                                sections, [r["student"] for r in roster.rows] if roster else None,
-                                _reviews(args.gradebook, args.results), counting)
+            path = _class_report(args, results, refused, roster, term.lines + stale + apart,
+                                 _reviews(args.gradebook, args.results), counting, not args.no_names)
             print(f"wrote {path}")
             return 1 if refused or stale else 0
-        from autograder.adapters.export import export
+        from autograder.adapters.export import counting_of, export
+        reviews = _reviews(args.gradebook, args.results)
         for line in export(args.results, results, args.format, args.out, roster, args.canvas_gradebook,
                            args.deadline, args.late_policy, args.timezone, args.submissions, args.assignment,
                            refused, args.extensions, args.grace, args.missing_blank,
-                           _reviews(args.gradebook, args.results), args.stale_overrides, args.written):
+                           reviews, args.stale_overrides, args.written):
             print(f"warning: {line}", file=sys.stderr)
-        print(f"wrote {args.out}")
+        # The class report counts as the export now does, as totals.csv and the feedback pages it rewrote.
+        report_path = _class_report(args, results, refused, roster, term.lines, reviews, counting_of(args.results))
+        print(f"wrote {args.out} and {report_path}")
         return 1 if refused else 0
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+
+
+def _class_report(args, results, refused, roster, warnings, reviews, counting, names=True):
+    """RESULTS/report.html (classreport.write_report) of report and export: the results, each refused one as a
+    placeholder naming why, the roster's students and sections. Returns its path."""
+    from autograder import report
+    from autograder.adapters.classreport import write_report
+    results = results + [report.placeholder(s, lsn, "not graded: " + report.refused_message(why))
+                         for (s, lsn), why in sorted(refused.items()) if lsn in LESSONS]
+    sections = {r["student"]: r["section"] for r in roster.rows} if roster and "section" in roster.columns else None
+    return write_report(args.results, results, args.submissions, warnings, names, sections,
+                        [r["student"] for r in roster.rows] if roster else None, reviews, counting)
 
 
 def _reviews(gradebook, out):

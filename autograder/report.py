@@ -103,26 +103,28 @@ def _aspects_html(t):
     return f"<ul class='aspects'>{items}</ul>" if items else ""
 
 
-def write_feedback(out, results, reviews=None, written=False, late=None):
+def write_feedback(out, results, reviews=None, written=False, late=None, drop_stale=False):
     """RESULTS/feedback/<student>/<lesson>.html of each Result (feedback_page; reviews: the gradebook's
     {(student, lesson): review} of manual scores, late: {(student, lesson): the sentence on its late penalty},
     from the adapters, which read the gradebook and count the late penalties)."""
     for r in results:
         store.write_derived(Path(out) / "feedback" / r.student / f"{r.lesson}.html",
                             feedback_page(r, (reviews or {}).get((r.student, r.lesson)), written,
-                                          (late or {}).get((r.student, r.lesson), "")))
+                                          (late or {}).get((r.student, r.lesson), ""), drop_stale))
 
 
-def feedback_page(r, review=None, written=False, late=""):
+def feedback_page(r, review=None, written=False, late="", drop_stale=False):
     """A Result's page for its student: each test, its points (and each aspect's) and its teaching message;
     never hidden code, hidden inputs or expected values (check messages are written not to contain
     them). review (a gradebook's, with .manual and .extra {test or question: points}): a manual score
     replaces the grader's and is said to be one, extra credit is added. Written questions are listed: with
     written they count (a manual score, or 'needs grading' and the total so far), without it they do not.
     late: a sentence on the late penalty taken (what the export sends: the points counted), shown as a note.
+    drop_stale: a stale manual score is shown but not counted, as the export counts with --stale-overrides drop.
     Every text is stored cleaned and capped (results.clean), and escaped here."""
     e = html.escape
-    manual, extra, stale = (review.manual, review.extra, review.stale) if review else ({}, {}, ())
+    given, extra, stale = (review.manual, review.extra, review.stale) if review else ({}, {}, ())
+    manual = {name: p for name, p in given.items() if not (drop_stale and name in stale)}   # the scores that count
     counted = r.written if written else ()
     got = sum(manual.get(t.test, t.points) for t in r.tests) + sum(manual.get(w.question, 0.0) for w in counted) \
         + sum(extra.get(t.test, 0.0) for t in r.tests) + sum(extra.get(w.question, 0.0) for w in counted)
@@ -130,9 +132,10 @@ def feedback_page(r, review=None, written=False, late=""):
     pending = [w.question for w in counted if w.status == store.NEEDS_GRADING and w.question not in manual]
 
     def by_hand(name, points):
-        said = f"scored by hand: {manual[name]:g}" + (f" (the grader gave {points:g})" if points is not None else "") \
-            + (", before your work last changed: to be reviewed again (stale)" if name in stale else "") \
-            if name in manual else ""
+        dropped = "not counted, what the grader gave counts until it is"   # --stale-overrides drop
+        said = f"scored by hand: {given[name]:g}" + (f" (the grader gave {points:g})" if points is not None else "") \
+            + (f", before your work last changed: {'to be' if name in manual else dropped} reviewed again (stale)"
+               if name in stale else "") if name in given else ""
         return "; ".join(filter(None, [said, f"extra credit: +{extra[name]:g}" if extra.get(name) else ""]))
 
     def row(name, status, points, max_points, message, more=""):
@@ -156,7 +159,7 @@ def feedback_page(r, review=None, written=False, late=""):
     return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{e(r.lesson)}: feedback for "
             f"{e(r.student)}</title><style>{STYLE}</style></head><body><h1>{e(r.lesson)}</h1>"
             f"<p>Feedback for <b>{e(r.student)}</b>: <b>{got:g} / {full:g}</b> points"
-            f"{' (scores in italics were given by hand)' if manual or extra else ''}.</p>{note_html}"
+            f"{' (scores in italics were given by hand)' if given or extra else ''}.</p>{note_html}"
             f"<table><tr><th>test</th><th>status</th><th>points</th><th>what to look at</th></tr>{rows}</table>"
             "<p>The grader ran your notebook's code cells except tests and demonstrations, then checked each "
             "function on its own inputs.</p></body></html>\n")

@@ -90,6 +90,7 @@ def test_canvas_download(tmp_path, roster, capsys, as_zip):
         assert rows[older]["action"] == "not collected" and rows[older]["anomaly"] == "resubmission"
     assert "late" in rows["stonebob_late_102_9002_01_attention.ipynb"]["anomaly"]
     assert "resubmission (3)" in said and "late (1)" in said
+    assert "nothing of 01_attention in this download from 5 roster students: carol, dave, erin, frank, grace" in said
 
 
 def test_moodle_zip_with_grading_worksheet(tmp_path, roster):
@@ -153,6 +154,31 @@ def test_times_csv_and_recollection(tmp_path, roster):
         assert read_timestamp(out / "alice/01_attention")[0] == stored
         row = next(r for r in log_rows(out) if r["file"] == "alice/01_attention.ipynb")
         assert kind in row["anomaly"] and "2025-10-01T16:00:00+00:00" in row["detail"]
+
+
+def test_a_new_download_without_an_unchanged_notebooks_time_keeps_it_silently(tmp_path, roster, capsys):
+    """The whole assignment downloaded again after one resubmission, with the times of the resubmission only:
+    the others' notebooks are the same, so their stored times still hold and nothing is 'no submission time'."""
+    dl, out = tmp_path / "dl", tmp_path / "SUBMISSIONS"
+    put(dl, "liddellalice_101_9001_01_attention.ipynb", notebook("01_attention", 0))
+    put(dl, "stonebob_102_9002_01_attention.ipynb", notebook("01_attention", 1))
+    times = put(tmp_path, "times.csv", b"lms_id,lesson,submitted_at\n101,01_attention,2025-10-01T12:00:00+00:00\n"
+                b"102,01_attention,2025-10-01T13:00:00+00:00\n")
+    assert main(["collect", str(dl), "--out", str(out), "--roster", str(roster), "--times", str(times)]) == 0
+    put(dl, "stonebob_102_9012_01_attention-1.ipynb", notebook("01_attention", 2))
+    put(tmp_path, "times.csv", b"lms_id,lesson,submitted_at\n102,01_attention,2025-10-02T09:00:00+00:00\n")
+    capsys.readouterr()
+    assert main(["collect", str(dl), "--out", str(out), "--roster", str(roster), "--times", str(times)]) == 0
+    assert "no submission time" not in capsys.readouterr().out
+    alice = next(r for r in log_rows(out) if r["file"] == "liddellalice_101_9001_01_attention.ipynb")
+    assert (alice["anomaly"], alice["submitted_at"], alice["time_source"]) == ("", "2025-10-01T12:00:00+00:00",
+                                                                                "stored before")
+    assert read_timestamp(out / "alice/01_attention")[0] == "2025-10-01T12:00:00+00:00"
+    assert read_timestamp(out / "bob/01_attention")[0] == "2025-10-02T09:00:00+00:00"
+    # A changed notebook that the times do not list keeps the old time, and says so.
+    put(dl, "liddellalice_101_9021_01_attention-1.ipynb", notebook("01_attention", 3))
+    assert main(["collect", str(dl), "--out", str(out), "--roster", str(roster), "--times", str(times)]) == 0
+    assert "time kept" in anomalies(out)["liddellalice_101_9021_01_attention-1.ipynb"]
 
 
 def test_messy_download_reports_every_anomaly(tmp_path, roster, capsys):

@@ -200,6 +200,10 @@ def test_a_stale_override_is_named_and_the_flag_chooses_whether_it_wins(term, ca
         rows = {r["student"]: r for r in csv.DictReader(open(term / "scores.csv", newline=""))}
         assert rows["carol"]["01_attention"] == total
         assert f"stale override {verb}: test_scaled_dot_product_attention" in rows["carol"]["flags"]
+        page = (term / "RESULTS/feedback/carol/01_attention.html").read_text()   # the page counts as the export
+        assert f"<b>{total} / 6</b>" in page and (f"<td>{3 if extra else 2:g} / 3<br><i>scored by hand: 2 (the grader "
+                                                  "gave 3), before your work last changed: ") in page
+        assert ("not counted, what the grader gave counts until it is reviewed again (stale)" in page) == bool(extra)
     assert main(["report", str(term / "RESULTS"), "--gradebook", str(db)]) == 0
     page = (term / "RESULTS/report.html").read_text()
     assert "Scored by hand in the gradebook: 2 tests (bob test_scaled_dot_product_attention, carol " in page
@@ -289,6 +293,8 @@ def test_late_penalties(term, capsys):
     assert f"Handed in 2 days after your deadline ({deadline}): 15% off the points earned, so 5.1 of 6 count." in \
         (term / "RESULTS/feedback/alice/02_heads.html").read_text()
     assert "Handed in" not in (term / "RESULTS/feedback/bob/02_heads.html").read_text()
+    assert "late penalties: 10%/day,max=15% after 02_heads" in (term / "RESULTS/report.html").read_text(), \
+        "the export rewrites the class report, as totals.csv and the feedback pages, to count as it does"
     assert penalties["alice"]["penalty_percent"] == "15" and penalties["alice"]["late_units"] == "2"
     # A submission without a time is exported unpenalised and flagged, named in a warning; bob, who has
     # one, is still penalised the same way, and the export goes on.
@@ -296,7 +302,9 @@ def test_late_penalties(term, capsys):
     write_timestamp(subs / "bob/02_heads", datetime(2025, 10, 2, 20, 0, tzinfo=timezone.utc))     # 1 day late
     capsys.readouterr()
     assert main(args + ["--submissions", str(subs)]) == 0
-    assert "no submission time for 1 submission(s) of 02_heads: alice: exported unpenalised" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "no submission time for 1 submission(s) of 02_heads: alice: exported unpenalised" in err
+    assert "give --submissions" not in err, "the hint names only what was not done: --submissions was given"
     rows = {r["student"]: r for r in csv.DictReader(open(term / "scores.csv", newline=""))}
     assert rows["alice"]["02_heads"] == "6" and rows["alice"]["flags"] == "02_heads: no submission time: not penalised"
     assert rows["bob"]["02_heads"] == "5.4" and rows["bob"]["flags"] == "02_heads: late 1 day: -10%"

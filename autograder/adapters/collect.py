@@ -624,9 +624,7 @@ def collect(download, out, roster=None, lesson=None, times=(), zone="UTC", strea
         if moment:
             cand.submitted = moment if moment.tzinfo else moment.replace(tzinfo=zone)
             row.submitted_at, row.time_source = cand.submitted.isoformat(), source
-        elif have_times:
-            row.add("no submission time", "the download's time sources do not list this submission")
-    write(out, chosen, rows, download)
+    write(out, chosen, rows, download, have_times)
     if roster:   # export and report read it from SUBMISSIONS when no --roster is given
         write_atomic(out / STORED, Path(roster.path).read_text(encoding="utf-8-sig"))
     report(rows, chosen, stream or sys.stdout, out, roster)
@@ -722,9 +720,10 @@ def submission_time(cand, stamps, worksheet, given_times, students):
     return None, ""
 
 
-def write(out, chosen, rows, download):
+def write(out, chosen, rows, download, have_times):
     """The notebooks, their timestamp.txt and collection.csv. Cumulative: other lessons' and other
-    downloads' lines are kept, and so is a stored submission time (keep_time)."""
+    downloads' lines are kept, and so is a stored submission time (keep_time). have_times: the download
+    came with time sources, so a submission they do not list and that has no stored time is an anomaly."""
     out.mkdir(parents=True, exist_ok=True)
     by_file = {r.file: r for r in rows}
     for (student, lesson), cand in sorted(chosen.items()):
@@ -734,20 +733,24 @@ def write(out, chosen, rows, download):
             row.add("replaced", f"replaced the copy collected before in {dest.parent}")
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.write_bytes(cand.file.data)
-        if keep_time(dest.parent, cand.submitted, row, changed):
+        if keep_time(dest.parent, cand.submitted, row, changed, have_times):
             write_timestamp(dest.parent, cand.submitted)
     log = out / LOG_FILE
     kept = [r for r in read_csv(log) if r.get("download") != str(download)] if log.is_file() else []
     write_atomic(log, csv_text(kept + [r.csv(download) for r in rows], LOG_COLUMNS))
 
 
-def keep_time(folder, new, row, changed):
+def keep_time(folder, new, row, changed, have_times):
     """Whether to write the new submission time (aware datetime or None) over the one stored in folder:
     only a newer real one replaces it, since a plain folder or an LMS that writes no times brings none,
     and a time, once lost, is lost for every late penalty. Row says what was kept (for a changed notebook
-    or an older time) or replaced."""
+    or an older time) or replaced, or that there is no time at all although the download had time sources;
+    an unchanged notebook's stored time still holds, whatever sources a new download of the whole
+    assignment came with."""
     stored, _ = read_timestamp(folder)
     if stored is None or (new and new.astimezone(timezone.utc).isoformat() == stored):
+        if new is None and have_times:
+            row.add("no submission time", "the download's time sources do not list this submission")
         return new is not None
     if new and new > datetime.fromisoformat(stored):
         row.add("time replaced", f"the submission time {stored} stored before became {new.isoformat()}")
@@ -773,6 +776,11 @@ def report(rows, chosen, stream, out, roster):
     print(f"collected {len(chosen)} notebooks of {len(students)} students into {out}", file=stream)
     if roster is None:
         print("no --roster: students are named as the download names them", file=stream)
+    for lesson in sorted({lesson for _, lesson in chosen}) if roster else ():   # who has not handed it in, by name
+        absent = [r["student"] for r in roster.rows if (r["student"], lesson) not in chosen]
+        if absent:
+            print(f"nothing of {lesson} in this download from {len(absent)} roster student{'s' * (len(absent) > 1)}: "
+                  f"{', '.join(absent)}", file=stream)
     for kind, found in sorted(kinds.items(), key=lambda kv: -len(kv[1])):
         print(f"{kind} ({len(found)}):", file=stream)
         for r, detail in found[:10]:

@@ -287,7 +287,7 @@ def write_final(out, results, refused=None, roster=None, reviews=None, counting=
     counting = counting_of(out) if counting is None else counting
     students, lessons, scores, penalties, _ = final_scores(results, refused, roster, reviews, counting)
     write_feedback(out, results, reviews, counting.written,
-                   {pair: s.late_note for pair, s in scores.items() if s.late_note})
+                   {pair: s.late_note for pair, s in scores.items() if s.late_note}, counting.drop_stale)
     path = Path(out) / TOTALS
     write_atomic(path, csv_text(totals_rows(students, lessons, scores, pending=NEEDS_GRADING),
                                 totals_columns(lessons, scores)))
@@ -423,9 +423,10 @@ def apply_penalties(results, scores, late):
                          deadline=deadline if deadline == EXEMPT else deadline.isoformat(), late_units=s.late,
                          penalty_percent=round(100 * s.penalty, 2), raw=s.raw if s.raw is not None else "",
                          penalised=s.points if s.points is not None else "", flag=s.flag))
+    hint = "collect with --times or a Moodle worksheet that lists them" + (
+        "" if late.submissions else ", or give --submissions where collect wrote timestamp.txt")
     warnings = [f"no submission time for {len(who)} submission(s) of {lesson}: {', '.join(who)}: exported "
-                "unpenalised and flagged; collect with --times or a Moodle worksheet, or give --submissions where "
-                "collect wrote timestamp.txt" for lesson, who in sorted(untimed.items())]
+                f"unpenalised and flagged; {hint}" for lesson, who in sorted(untimed.items())]
     return rows, warnings
 
 
