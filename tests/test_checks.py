@@ -50,7 +50,9 @@ def pristine():
         server.stdin.write(json.dumps(case) + "\n")
         server.stdin.flush()
         ready, _, _ = select.select([server.stdout], [], [], 600)
-        assert ready, f"{case}: no verdict in 600 s"
+        if not ready:   # its verdict would come late, as the next case's: no later case may read it
+            server.kill()
+            pytest.fail(f"{case}: no verdict in 600 s")
         return json.loads(server.stdout.readline() or '"the fork server stopped"')
 
     yield judge
