@@ -9,6 +9,8 @@ same messages. Each function takes a list of cell sources, in the order they ran
   operations; else why not.
 - flash_problem(cells): None unless `flash_attention`, or anything it reaches by name, can call
   PyTorch's fused attention (best effort); else why.
+- online_problem(cells): None unless `online_softmax`, or anything it reaches by name, can call PyTorch's
+  softmax (the exercise forbids it; best effort); else why.
 
 How the cells are read:
 - IPython's own syntax is read as IPython runs it: the code of `%time`, `%timeit`, `%prun`, `%%time`,
@@ -80,6 +82,10 @@ REWRITERS = {"builtins", "inspect", "importlib", "ctypes", "imp", "marshal"}  # 
 STAND_INS = {"triton = SimpleNamespace(jit=lambda fn: fn)", "tl = SimpleNamespace(constexpr=None)"}
 # What flash_attention must not reach: PyTorch's fused attention, or the means to name it without saying so.
 FUSED_CALLS = {"scaled_dot_product_attention", "getattr", "__import__", "eval", "exec"}
+# What online_softmax must not reach: PyTorch's softmax, under any of its names, or the means to name it unseen.
+UNSEEN_CALLS = {"getattr", "__import__", "eval", "exec"}
+SOFTMAX_CALLS = {"softmax", "_softmax", "log_softmax", "_log_softmax", "Softmax", "LogSoftmax", "softmin",
+                 "Softmin"} | UNSEEN_CALLS
 # The hidden-test lines of a test cell, as nbgrader runs them in the instructor's notebook (IPython's In
 # holds them); the grader's own sources have no test cells. These exact lines do nothing else. "[.]" keeps
 # the hidden line itself out of the copy release gives students.
@@ -1272,12 +1278,28 @@ def _fused(node):
                 None)
 
 
-def _flash_problem(cells):
+def _softmax_call(node):
+    """The name by which this node reaches PyTorch's softmax (or could, unseen), else None. A bare name is
+    followed to what binds it (an import, a definition) rather than judged by its spelling."""
+    if isinstance(node, ast.Name):
+        names = [node.id] if node.id in UNSEEN_CALLS else []
+    elif isinstance(node, ast.Attribute):
+        names = [node.attr]
+    elif isinstance(node, (ast.Import, ast.ImportFrom)):
+        names = [part for a in node.names for part in [*a.name.split("."), a.asname or ""]]
+    else:
+        return None
+    return next((n for n in names if n in SOFTMAX_CALLS), None)
+
+
+def _reaches(cells, start, spot):
+    """`start reaches ...` when the function `start`, or anything it reaches by name in the cells, holds a node
+    that `spot` names (best effort); None otherwise, or why the cells cannot tell."""
     found = cells.once(_loader_problem) or cells.once(_hidden_code_problem, cells.flow()) \
         or cells.once(_patch_problem, cells.flow(), False)
     if found:
-        return f"{found}, so the grader cannot tell what flash_attention calls"
-    todo, seen = [], {"flash_attention"}
+        return f"{found}, so the grader cannot tell what {start} calls"
+    todo, seen = [], {start}
 
     def reach(name):
         stmt = cells.final(name)
@@ -1289,20 +1311,28 @@ def _flash_problem(cells):
         else:
             todo.append(stmt)
 
-    reach("flash_attention")
+    reach(start)
     while todo:
         part = todo.pop()
         local = set()  # a function's own arguments and variables are not the cells' names of the same spelling
         if isinstance(part, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             local = _locals(part)
         for node in ast.walk(part):
-            name = _fused(node)
+            name = spot(node)
             if name:
-                return f"flash_attention reaches `{name}`"
+                return f"{start} reaches `{name}`"
             if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id not in seen | local:
                 seen.add(node.id)
                 reach(node.id)
     return None
+
+
+def _flash_problem(cells):
+    return _reaches(cells, "flash_attention", _fused)
+
+
+def _online_problem(cells):
+    return _reaches(cells, "online_softmax", _softmax_call)
 
 
 # ---- the rules, for the grader, the visible tests and check_submission -------------------------------------
@@ -1346,12 +1376,18 @@ def flash_problem(sources):
     return _judge(_flash_problem, sources)
 
 
+def online_problem(sources):
+    """None unless online_softmax, or anything it reaches by name in the cells, calls PyTorch's softmax."""
+    return _judge(_online_problem, sources)
+
+
 def softmax_problem(sources):
     """None when the cells show a triton_softmax that launches a Triton kernel; else why not (one line)."""
     return triton_problem(sources, "triton_softmax")
 
 
-RULES = {"triton_attention": triton_problem, "flash_attention": flash_problem, "triton_softmax": softmax_problem}
+RULES = {"triton_attention": triton_problem, "flash_attention": flash_problem, "triton_softmax": softmax_problem,
+         "online_softmax": online_problem}
 
 
 def problems(sources):

@@ -224,7 +224,8 @@ def test_the_readings_work_grows_with_the_cells_not_faster(name, monkeypatch):
 
 def test_a_list_of_cells_gives_every_rule_its_verdict():
     cells = _grader_cells(last=["%run helper.py"])
-    assert set(source_rules.problems(cells)) == {"triton_attention", "flash_attention", "triton_softmax"}
+    assert set(source_rules.problems(cells)) == {"triton_attention", "flash_attention", "triton_softmax",
+                                                 "online_softmax"}
     assert source_rules.problems(_grader_cells()) == {}
 
 

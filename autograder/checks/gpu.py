@@ -13,7 +13,9 @@ the evidence is out of the student's reach:
   cells (best effort) for a call to PyTorch's fused attention;
 - online_softmax "one pass" is NOT scored: a second pass over a row leaves no trace that the student's
   code could not erase or fake (a tracer runs next to it; memory and results are the same), so only
-  its values earn points. The notebook's demo cell shows the student how their function ran.
+  its values earn points. The notebook's demo cell shows the student how their function ran. What the
+  exercise forbids by name, calling torch.softmax, the source cells show (source_rules.py), as they show
+  flash_attention calling fused attention.
 """
 import itertools
 import math
@@ -31,6 +33,10 @@ from solutions import gpu as ref
 CHECKS = Checks()
 # Checks that cannot run here (grade.py reads this: their tests get status error, for the instructor).
 UNAVAILABLE = lessons.unavailable("06_gpu", {"triton": ref.HAS_TRITON})  # the reasons: lessons/06_gpu/lesson.toml
+LESSON = "06_gpu"
+# What the checks say of mistakes only evidence shows, defined with them (autograder/mistakes/06_gpu.py)
+NO_MAX, FLOAT32_STATE, SOFTMAX_CALL, FLOAT32_INSIDE = (getattr(mistakes.for_lesson(LESSON), n) for n in (
+    "NO_MAX", "FLOAT32_STATE", "SOFTMAX_CALL", "FLOAT32_INSIDE"))
 
 
 # ---- attention_flops --------------------------------------------------------------------------
@@ -81,18 +87,11 @@ def attention_flops(s):
 # ---- online_softmax -----------------------------------------------------------------------------
 
 def _online_mistakes(x, block):
-    """The known mistakes' definitions (autograder/mistakes/06_gpu.py) run in float64 and cast to x's dtype, then
-    exp(x) without the max, computed in x's own dtype, where it overflows, and divided by its sum."""
-    t = torch.from_numpy(x).double()
-    out = [(m.message, reference(got.to(getattr(torch, x.dtype.name))))
-           for m, got in mistakes.on("06_gpu", "online_softmax", t, block)]
-    e = torch.exp(torch.from_numpy(x))
-    out.append((_NO_MAX, reference(e / e.sum(-1, keepdim=True))))
-    return out
-
-
-_NO_MAX = ("exp(x) overflows on large entries (exp(89) is inf in float32): subtract the running max before exp, "
-           "exp(x - m), and rescale the sum when the max grows")
+    """The known mistakes' definitions (autograder/mistakes/06_gpu.py) on x, cast to x's dtype: run in float64, then
+    in x's own dtype, where exp without the max overflows."""
+    own = getattr(torch, x.dtype.name)
+    return [(m.message, reference(got.to(own))) for dtype in dict.fromkeys((torch.float64, own))
+            for m, got in mistakes.on(LESSON, "online_softmax", torch.from_numpy(x).to(dtype), block)]
 
 
 def _cond(x):
@@ -102,9 +101,27 @@ def _cond(x):
     return max(1.0, float(finite.max()) / 10) if finite.size else 1.0
 
 
+def _long_row(rng):
+    """float64 rows of LONG_ROW entries whose first dominates: the rest, e^-23 of it each, add up to about 1e-5 of
+    the sum, which a float32 running sum drops block by block (1 + 6e-9 == 1 in float32) and float64 keeps."""
+    x = rng.standard_normal((2, LONG_ROW)) * 0.1 - 23.0
+    x[:, 0] = rng.standard_normal(2) * 0.1
+    return x
+
+
+LONG_ROW = 40_000
+
+
+def _float32_state(got, want, cond):
+    """Whether a float64 answer is wrong by float32's rounding only."""
+    as32 = lambda a: Array(a.kind, "float32", a.data, device=a.device)
+    return (isinstance(got, Array) and got.kind == want.kind and got.dtype == want.dtype == "float64"
+            and got.shape == want.shape and not close(got, want, cond=cond) and close(as32(got), as32(want), cond=cond))
+
+
 @CHECKS.add("online_softmax", aspects={"values": 2, "-inf entries": 1})
 def online_softmax(s):
-    """Values only: see the module's docstring for why "one pass" is not scored."""
+    """Values (see the module's docstring for why "one pass" is not scored), then no call to torch.softmax."""
     rng = s.rng
     cases = [((3, 4, 50), 8, 20.0, "random"), ((2, 20), 1, 5.0, "rising"), ((2, 3, 17), 100, 3.0, "random"),
              ((4, 64), 16, 50.0, "rising"), ((2, 3, 40), 7, 10.0, "masked"), ((5, 24), 24, 1.0, "random")]
@@ -118,88 +135,55 @@ def online_softmax(s):
                 x[0, 0, :20] = -np.inf
             x = x.astype(dtype)
             with s.aspect("-inf entries" if kind == "masked" else "values"):
-                got = s.call("online_softmax", tensor(x), block)
-                want = reference(ref.online_softmax(torch.from_numpy(x).double(), block), dtype=np.dtype(dtype).name)
-                expect_array(got, want, "online_softmax(x, block_size)", mistakes=lambda: _online_mistakes(x, block),
-                             cond=_cond(x), axes=("rows",) * (x.ndim - 1) + ("N",),
-                             nan_hint=_NO_MAX if kind != "masked" else
-                                      "-inf entries must get weight 0, and a row whose first blocks are all -inf must "
-                                      "not turn into NaN: exp(-inf - (-inf)) is NaN, so while the running max is "
-                                      "still -inf, subtract a finite number instead (e.g. clamp it to "
-                                      "torch.finfo(dtype).min)")
+                _expect_online(s, x, block, kind)
+    with s.aspect("values"):
+        _expect_online(s, _long_row(rng), 64, "long")
+        called = triton_evidence.online_problem(s.sources) if s.sources else None
+        if called:
+            fail(f"{SOFTMAX_CALL}: {called}")
+
+
+def _expect_online(s, x, block, kind):
+    """online_softmax(x, block) against the exact softmax, naming a known mistake where it recognises one."""
+    got = s.call("online_softmax", tensor(x), block)
+    want = reference(ref.online_softmax(torch.from_numpy(x).double(), block), dtype=x.dtype.name)
+    if _float32_state(got, want, _cond(x)):
+        fail(f"online_softmax(x, block_size) in float64: {FLOAT32_STATE}")
+    expect_array(got, want, "online_softmax(x, block_size)", mistakes=lambda: _online_mistakes(x, block),
+                 cond=_cond(x), axes=("rows",) * (x.ndim - 1) + ("N",),
+                 nan_hint=NO_MAX if kind != "masked" else
+                          "-inf entries must get weight 0, and a row whose first blocks are all -inf must not turn "
+                          "into NaN: exp(-inf - (-inf)) is NaN, so while the running max is still -inf, subtract a "
+                          "finite number instead (e.g. clamp it to torch.finfo(dtype).min)")
 
 
 # ---- flash_attention and triton_attention -------------------------------------------------------
 
-def _attention_variant(q, k, v, causal, block_k, acc_rescale=True, l_rescale=True, normaliser="l",
-                       top_left=False, drop_k_tail=False, scale=None, pad_k_to=None):
-    """FlashAttention's forward with a known mistake switched on, in float64 (numpy inputs). Every
-    query row is computed on its own, so all queries form one tile; only the key tiles matter."""
-    q, k, v = (torch.from_numpy(np.asarray(a, dtype=np.float64)) for a in (q, k, v))
-    tq, tk = q.size(2), k.size(2)
-    scale = 1 / math.sqrt(q.size(-1)) if scale is None else scale
-    if pad_k_to:  # keys past Tk read as zeros and not masked (a Triton tile without its mask)
-        pad = (-tk) % pad_k_to
-        k = torch.cat([k, k.new_zeros(*k.shape[:2], pad, k.size(3))], dim=2)
-        v = torch.cat([v, v.new_zeros(*v.shape[:2], pad, v.size(3))], dim=2)
-    k_stop = (tk // block_k) * block_k if drop_k_tail else k.size(2)
-    rows = torch.arange(tq)[:, None] + (0 if top_left else tk - tq)
-    m = torch.full((*q.shape[:3], 1), float("-inf"), dtype=torch.float64)
-    l, acc = torch.zeros_like(m), torch.zeros_like(q)
-    for ks in range(0, k_stop, block_k):
-        kb, vb = k[:, :, ks:ks + block_k], v[:, :, ks:ks + block_k]
-        sc = (q * scale) @ kb.transpose(-2, -1)
-        if causal:
-            sc = sc.masked_fill(torch.arange(ks, ks + kb.size(2)) > rows, float("-inf"))
-        m_new = torch.maximum(m, sc.amax(-1, keepdim=True))
-        shift = m_new.clamp(min=-1e300)
-        p = torch.exp(sc - shift)
-        alpha = torch.exp(m.clamp(min=-1e300) - shift)
-        if normaliser == "last":
-            l = p.sum(-1, keepdim=True)
-        else:
-            l = (l * alpha if l_rescale else l) + p.sum(-1, keepdim=True)
-        acc = (acc * alpha if acc_rescale else acc) + p @ vb
-        m = m_new
-    return acc / l if normaliser in ("l", "last") else acc
-
-
 def attention_mistakes(q, k, v, causal, block_ks, dtype, triton=False):
-    """(message, Array) of known mistakes on these inputs, for each block size the student may use."""
-    tq, tk, dh = q.shape[2], k.shape[2], q.shape[3]
+    """(message, Array) of known mistakes on these inputs (numpy), for each block size the student may use: the
+    definitions of flash_attention's (autograder/mistakes/06_gpu.py), run in float64 and in the inputs' own dtype
+    (float16 arithmetic shows only there), cast to `dtype`; with triton, also what Triton's own slips give: the
+    exact attention of queries ln 2 smaller (exp2 without log2(e)) and of keys padded with zeros (not masked)."""
     cast = lambda t: reference(t.to(dtype))
-    out = [("scale the scores by 1/sqrt(Dh) (Dh = q.size(-1)); they are not scaled",
-            cast(_attention_variant(q, k, v, causal, 1 << 30, scale=1.0))),
-           ("scale the scores by 1/sqrt(Dh), not 1/Dh", cast(_attention_variant(q, k, v, causal, 1 << 30, scale=1 / dh)))]
-    if triton:
-        out.append(("the exponentials are off by a factor log2(e): exp2(x) = exp(x * ln 2), so with exp2 the "
-                    "scores must be multiplied by log2(e) (fold it into the scale)",
-                    cast(_attention_variant(q, k, v, causal, 1 << 30, scale=math.log(2) / math.sqrt(dh)))))
-    if causal and tk != tq:
-        out.append(("the causal mask is aligned top-left. With Tk > Tq the queries are the last Tq positions, "
-                    "so query i sees key j iff j <= i + (Tk - Tq) (bottom-right)",
-                    cast(_attention_variant(q, k, v, causal, 1 << 30, top_left=True))))
+    own = getattr(torch, np.dtype(q.dtype).name)
+    out = []
     for bk in block_ks:
-        variants = [
-            ("the accumulator is not rescaled: when the running max grows from m to m_new, multiply acc by "
-             "exp(m - m_new), as you do for the running sum", dict(acc_rescale=False)),
-            ("the running sum l is not rescaled when the max grows: l = l * exp(m - m_new) + p.sum(-1)",
-             dict(l_rescale=False)),
-            ("neither the accumulator nor the running sum is rescaled when the max grows: multiply both by "
-             "exp(m - m_new)", dict(acc_rescale=False, l_rescale=False)),
-            ("the wrong normaliser: divide acc by the running sum l of all key tiles, once, at the end (you divide "
-             "by the last tile's sum)", dict(normaliser="last")),
-            ("the wrong normaliser: the output is never normalised; divide acc by the running sum l at the end",
-             dict(normaliser="none")),
-        ]
-        if tk % bk:
-            variants.append(("the tail is dropped: when Tk is not a multiple of block_k, the last, partial tile of "
-                             "keys must still be used", dict(drop_k_tail=True)))
-            if triton and not causal:
-                variants.append(("keys past the end of the sequence are not masked out: in the tail tile, positions "
-                                 ">= seq_k must get score -inf (loading them as 0 is not enough)", dict(pad_k_to=bk)))
-        for message, kwargs in variants:
-            out.append((message, cast(_attention_variant(q, k, v, causal, bk, **kwargs))))
+        for work in dict.fromkeys((torch.float64, own)):
+            q_, k_, v_ = (torch.from_numpy(a).to(work) for a in (q, k, v))
+            # one query tile: each query row is computed on its own, only the key tiles matter
+            out += [(m.message, cast(got)) for m, got in mistakes.on(
+                LESSON, "flash_attention", q_, k_, v_, causal=causal, block_q=max(1, q.shape[2]), block_k=bk)]
+    if triton:
+        q64, k64, v64 = (torch.from_numpy(a).double() for a in (q, k, v))
+        exact = lambda q_, k_, v_: cast(ref.flash_attention(q_, k_, v_, causal=causal))
+        out.append(("the exponentials are off by a factor log2(e): exp2(x) = exp(x * ln 2), so with exp2 the scores "
+                    "must be multiplied by log2(e) (fold it into the scale)", exact(q64 * math.log(2), k64, v64)))
+        for bk in block_ks:
+            zeros = k64.new_zeros(*k64.shape[:2], (-k64.size(2)) % bk, k64.size(3))
+            if zeros.numel() and not causal:
+                out.append(("keys past the end of the sequence are not masked out: in the tail tile, positions "
+                            ">= seq_k must get score -inf (loading them as 0 is not enough)",
+                            exact(q64, torch.cat([k64, zeros], 2), torch.cat([v64, zeros], 2))))
     return out
 
 
@@ -231,9 +215,7 @@ def expect_attention(got, want, what, mistakes, tq, block_qs, cond32):
     if isinstance(got, Array) and got.kind == want.kind and got.dtype == want.dtype and got.shape == want.shape:
         as32 = lambda a: Array(a.kind, "float32", a.data, device=a.device)
         if want.dtype == "float64" and not close(got, want) and close(as32(got), as32(want), cond=cond32):
-            fail(f"{what}: float64 inputs were computed in float32 (the result is as far from the exact answer as "
-                 "float32 rounding goes). Compute in float64 for float64 inputs: "
-                 "torch.promote_types(q.dtype, torch.float32) picks the dtype")
+            fail(f"{what}: {FLOAT32_INSIDE}")
         for bq in block_qs:
             n = (tq // bq) * bq
             head = lambda a: Array(a.kind, a.dtype, a.data[..., :n, :], device=a.device)
@@ -315,6 +297,23 @@ def _expect_tiled(s, rng):
                           lambda: [], len(rows), [], cond)
 
 
+def _dominant_key(rng):
+    """float16 q (1, 2, 3, 16), k and v (1, 2, DOMINANT_KEYS, 16). The first two keys score 11 and 10 and have
+    opposite values; the others score 0, each e^-11 of the first, and make 9% of the sum together, which float16
+    running sums drop tile by tile (1.37 + 16 e^-11 rounds to 1.37 in float16) and float32 ones keep. Two
+    dominant keys of different scores keep the answer apart from an unscaled or unnormalised one."""
+    q = np.zeros((1, 2, 3, 16))
+    q[..., 0] = 4.0
+    k = rng.standard_normal((1, 2, DOMINANT_KEYS, 16)) * 0.01
+    k[:, :, :2, 0] = [11.0, 10.0]  # scores 4 * 11 / sqrt(16) and 4 * 10 / sqrt(16)
+    v = rng.standard_normal((1, 2, DOMINANT_KEYS, 16))
+    v[:, :, :2] = np.array([1.0, -1.0])[:, None] + rng.standard_normal((1, 2, 2, 16)) * 0.1
+    return q.astype(np.float16), k.astype(np.float16), v.astype(np.float16)
+
+
+DOMINANT_BLOCK, DOMINANT_KEYS = 16, 8192
+
+
 @CHECKS.add("flash_attention", aspects={"values": 3, "causal": 1, "float16": 1, "tiled": 2})
 def flash_attention(s):
     rng = s.rng
@@ -343,6 +342,13 @@ def flash_attention(s):
         if fused:
             fail(f"flash_attention must do the tiling itself, not call PyTorch's fused attention: {fused}")
         _expect_tiled(s, rng)
+    with s.aspect("float16"):  # after the others: their inputs stay as they were
+        q, k, v = _dominant_key(rng)
+        got = s.call("flash_attention", tensor(q), tensor(k), tensor(v), block_q=DOMINANT_BLOCK, block_k=DOMINANT_BLOCK)
+        want, cond = exact_attention(q, k, v, False, np.float16)
+        expect_attention(got, want, f"flash_attention(q, k, v) in float16 with {k.shape[2]} keys",
+                         lambda: attention_mistakes(q, k, v, False, [DOMINANT_BLOCK], torch.float16), q.shape[2],
+                         [DOMINANT_BLOCK], cond)
 
 
 # ---- fuse_qkv -----------------------------------------------------------------------------------

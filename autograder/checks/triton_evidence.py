@@ -17,3 +17,8 @@ def softmax_problem(sources):
 def flash_problem(sources):
     """None unless flash_attention, or anything it reaches by name in the cells, calls fused attention."""
     return source_rules.flash_problem(sources)
+
+
+def online_problem(sources):
+    """None unless online_softmax, or anything it reaches by name in the cells, calls PyTorch's softmax."""
+    return source_rules.online_problem(sources)

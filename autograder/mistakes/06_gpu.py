@@ -153,6 +153,34 @@ def _fuse(**edits):
     return _FUSE.format(**{**_FUSE_OK, **edits})
 
 
+# What the checks say (autograder/checks/gpu.py), defined once with the mistakes that earn them.
+NO_MAX = ("exp(x) overflows on large entries (exp(89) is inf in float32): subtract the running max before exp, "
+          "exp(x - m), and rescale the sum when the max grows")
+FLOAT32_STATE = ("float64 input was computed in float32 (the result is only as close as float32 rounding goes; a "
+                 "float32 running sum drops the many small terms of a long row): keep the running max and sum in "
+                 "x's dtype")
+SOFTMAX_CALL = ("online_softmax must compute the softmax itself, block by block, not call torch.softmax (which reads "
+                "the whole row at once)")
+FLOAT32_INSIDE = ("float64 inputs were computed in float32 (the result is as far from the exact answer as float32 "
+                  "rounding goes). Compute in float64 for float64 inputs: torch.promote_types(q.dtype, torch.float32) "
+                  "picks the dtype")
+FLOAT16_INSIDE = ("float16 inputs were computed in float16: a float16 running sum drops the many small terms of a long "
+                  "row of keys (1 + 1e-4 == 1 in float16). Compute the scores and accumulate in float32 "
+                  "(torch.promote_types(q.dtype, torch.float32)), then cast the output back")
+ACC = ("the accumulator is not rescaled: when the running max grows from m to m_new, multiply acc by exp(m - m_new), "
+       "as you do for the running sum")
+L_SUM = "the running sum l is not rescaled when the max grows: l = l * exp(m - m_new) + p.sum(-1)"
+NEITHER = "neither the accumulator nor the running sum is rescaled when the max grows: multiply both by exp(m - m_new)"
+LAST_SUM = ("the wrong normaliser: divide acc by the running sum l of all key tiles, once, at the end (you divide by "
+            "the last tile's sum)")
+NEVER = "the wrong normaliser: the output is never normalised; divide acc by the running sum l at the end"
+K_TAIL = ("the tail is dropped: when Tk is not a multiple of block_k, the last, partial tile of keys must still be "
+          "used")
+TOP_LEFT = ("the causal mask is aligned top-left. With Tk > Tq the queries are the last Tq positions, so query i sees "
+            "key j iff j <= i + (Tk - Tq) (bottom-right)")
+UNSCALED = "scale the scores by 1/sqrt(Dh) (Dh = q.size(-1)); they are not scaled"
+BY_DH = "scale the scores by 1/sqrt(Dh), not 1/Dh"
+
 _RAISES = '''
 def {sig}:
     raise ValueError("not this input")
@@ -211,18 +239,32 @@ def online_softmax(x, block_size):
         ("no finite shift: NaN after an all -inf block", "finite", _online(shift="m_new")),
         Mistake("never normalised", "not normalised", _online(result="torch.exp(x - m)"),
             message="the result is not normalised: divide exp(x - max) by the running sum at the end"),
-        ("no max subtraction: exp overflows on large entries", "subtract the running max", '''
+        Mistake("no max subtraction: exp overflows on large entries", "subtract the running max", '''
 def online_softmax(x, block_size):
     s = torch.zeros((*x.shape[:-1], 1), dtype=x.dtype)
     for start in range(0, x.size(-1), block_size):
         s = s + torch.exp(x[..., start:start + block_size]).sum(dim=-1, keepdim=True)
     return torch.exp(x) / s
-'''),
+''', message=NO_MAX),
         ("constant: returns its input", "differs", '''
 def online_softmax(x, block_size):
     return x
 '''),
         ("constant: raises ValueError", "ValueError", _RAISES.format(sig="online_softmax(x, block_size)")),
+        # Two a student found passing every test (issue 20): the exercise forbids torch.softmax, and the dtype
+        # is the input's. Only evidence shows them: the source cells, and float32's rounding in a float64 answer.
+        Mistake("torch.softmax, no blocks", "torch.softmax", '''
+def online_softmax(x, block_size):
+    return torch.softmax(x, dim=-1)
+''', message=SOFTMAX_CALL, evidence=True),
+        Mistake("running max and sum in float32 for float64 input", "float32", _online().replace(
+            'm = torch.full((*x.shape[:-1], 1), float("-inf"), dtype=x.dtype)',
+            'm = torch.full((*x.shape[:-1], 1), float("-inf"), dtype=torch.float32)').replace(
+            "m_new = torch.maximum(m, block.amax(dim=-1, keepdim=True))",
+            "m_new = torch.maximum(m, block.amax(dim=-1, keepdim=True).float())").replace(
+            "clamp(min=torch.finfo(x.dtype).min)", "clamp(min=torch.finfo(torch.float32).min)").replace(
+            "torch.exp(block - shift).sum(dim=-1, keepdim=True)", "torch.exp(block - shift).sum(dim=-1, keepdim=True).float()"),
+            message=FLOAT32_STATE, evidence=True),
     ],
     "flash_attention": [
         ("the full score matrix, not tiled", "never materialises", '''
@@ -248,17 +290,19 @@ def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):
         out[:, :, qs:qs + block_q] = (scores.softmax(-1) @ v.to(work)).to(q.dtype)
     return out
 '''),
-        ("accumulator not rescaled", "accumulator", _flash(acc_update="acc + p @ vb")),
-        ("running sum not rescaled", "running sum", _flash(l_update="l + p.sum(dim=-1, keepdim=True)")),
-        ("normalised by the last tile's sum", "normaliser", _flash(l_update="p.sum(dim=-1, keepdim=True)")),
-        ("never normalised", "normaliser", _flash(result="acc")),
-        ("tail tile of keys dropped", "tail", _flash(k_stop="Tk - block_k + 1")),
+        Mistake("accumulator not rescaled", "accumulator", _flash(acc_update="acc + p @ vb"), message=ACC),
+        Mistake("running sum not rescaled", "running sum", _flash(l_update="l + p.sum(dim=-1, keepdim=True)"), message=L_SUM),
+        Mistake("normalised by the last tile's sum", "normaliser", _flash(l_update="p.sum(dim=-1, keepdim=True)"),
+                message=LAST_SUM),
+        Mistake("never normalised", "normaliser", _flash(result="acc"), message=NEVER),
+        Mistake("tail tile of keys dropped", "tail", _flash(k_stop="Tk - block_k + 1"), message=K_TAIL),
         ("tail tile of queries dropped", "tail", _flash(q_stop="Tq - block_q + 1")),
-        ("causal mask top-left", "top-left", _flash(offset="0")),
-        ("scores not scaled", "sqrt", _flash(scale="1.0")),
+        Mistake("causal mask top-left", "top-left", _flash(offset="0"), message=TOP_LEFT),
+        Mistake("scores not scaled", "sqrt", _flash(scale="1.0"), message=UNSCALED),
         ("output left in float32 for half inputs", "dtype", _flash(out_dtype="acc_dtype")),
-        ("float64 inputs computed in float32", "float64", _flash().replace(
-            "acc_dtype = torch.promote_types(q.dtype, torch.float32)", "acc_dtype = torch.float32")),
+        Mistake("float64 inputs computed in float32", "float64", _flash().replace(
+            "acc_dtype = torch.promote_types(q.dtype, torch.float32)", "acc_dtype = torch.float32"),
+            message=FLOAT32_INSIDE, evidence=True),  # float32's rounding in a float64 answer shows it
         ("the full score matrix in numpy, unseen by torch's tracer", "never materialises", '''
 def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):
     import numpy as np
@@ -297,6 +341,13 @@ def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):
             "    for qs in range(0, Tq, block_q):").replace(
             's.masked_fill(torch.arange(ks, ks + kb.size(2)) > rows, float("-inf"))',
             's.masked_fill(~visible[qs:qs + n, ks:ks + kb.size(2)], float("-inf"))')),
+        # A slip a student found passing every test (issue 20): the lesson says half precision accumulates in fp32.
+        Mistake("float16 inputs computed in float16", "accumulate in float32", _flash().replace(
+            "acc_dtype = torch.promote_types(q.dtype, torch.float32)", "acc_dtype = q.dtype"),
+            message=FLOAT16_INSIDE, aspect="float16"),
+        Mistake("neither the accumulator nor the running sum rescaled", "rescaled",
+                _flash(acc_update="acc + p @ vb", l_update="l + p.sum(dim=-1, keepdim=True)"), message=NEITHER),
+        Mistake("scores scaled by 1/Dh", "sqrt", _flash(scale="scale * scale"), message=BY_DH),
     ],
     "fuse_qkv": [
         ("k, q, v order", "order", _fuse(projs="(attn.k_proj, attn.q_proj, attn.v_proj)")),
