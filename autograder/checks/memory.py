@@ -22,6 +22,7 @@ raising, for good): every block over it is mapped alone and unmapped when freed,
 a call holds.
 """
 import ctypes
+import gc
 import resource
 
 from autograder.sandbox.runner import allowed, vm_size
@@ -58,7 +59,10 @@ def _free_bytes():
 
 
 def in_use():
-    """Bytes this process maps, less what glibc holds free."""
+    """Bytes this process maps for what is alive, less what glibc holds free. Garbage is collected
+    first: a cycle left by an earlier test (a traceback holding its namespace) would otherwise be
+    freed by whatever runs next, and its memory be read as the next cells' headroom."""
+    gc.collect()
     return vm_size() - _free_bytes()
 
 
@@ -112,6 +116,7 @@ class LocalBound:
             return {"refused": f"your notebook's cells keep {kept >> 20} MiB, and this check {over}",
                     "held_mb": kept >> 20}
         _pin_allocator()
+        gc.collect()  # garbage freed during the block would be headroom under the limit (in_use() says why)
         held = _soak()
         soft, hard = resource.getrlimit(resource.RLIMIT_AS)
         self._saved = (soft, held)
