@@ -21,11 +21,11 @@ from solutions import kv_compression as ref
 
 CHECKS = Checks()
 LESSON = "08_kv_compression"
-# What the checks say of the mistakes only evidence shows, whose definitions carry these messages: RollingKVCache's
-# memory and prefill, MLA's biases and a latent cache holding keys and values, absorbed_attention's keys formed and
-# (Tk, Tk) mask.
-MEMORY, PREFILL, BIAS, LATENTS, FORMS_KEYS, SQUARE_MASK = (getattr(mistakes.for_lesson(LESSON), n) for n in (
-    "MEMORY", "PREFILL", "BIAS", "LATENTS", "FORMS_KEYS", "SQUARE_MASK"))
+# What the checks say of the mistakes only evidence shows, whose definitions carry these messages: the mask's device,
+# RollingKVCache's memory and prefill, MLA's biases and a latent cache holding keys and values, absorbed_attention's
+# keys formed and (Tk, Tk) mask.
+DEVICE, MEMORY, PREFILL, BIAS, LATENTS, FORMS_KEYS, SQUARE_MASK = (getattr(mistakes.for_lesson(LESSON), n) for n in (
+    "DEVICE", "MEMORY", "PREFILL", "BIAS", "LATENTS", "FORMS_KEYS", "SQUARE_MASK"))
 
 
 def _bool(mask):
@@ -54,7 +54,8 @@ def _expect_mask(s, n_queries, window, n_keys=None):
                  hint="query i, at position p = i + n_keys - n_queries, may see key j iff p - window < j <= p")
 
 
-@CHECKS.add("sliding_window_mask", aspects={"square masks": 3, "more keys than queries": 2, "errors": 1})
+@CHECKS.add("sliding_window_mask", aspects={"square masks": 3, "more keys than queries": 2, "errors": 1,
+                                             "device": 1})
 def sliding_window_mask(s):
     with s.aspect("square masks"):
         for n, window in ((7, 3), (6, 1), (5, 5), (4, 9), (9, 4)):
@@ -66,6 +67,12 @@ def sliding_window_mask(s):
         for window in (0, -2):
             with expect_error("ValueError", "sliding_window_mask with window < 1"):
                 s.call("sliding_window_mask", 4, window)
+    with s.aspect("device"):
+        # a grader may have only a CPU, but every torch has the "meta" device: a mask asked for there shows whether
+        # device was used. A meta tensor holds no numbers to send back: the student's side says where it was made.
+        made_on = s.helper("device_of", s.get("sliding_window_mask", "__call__"), 3, 2, n_keys=5, device="meta")
+        if made_on not in ("meta", None):
+            fail(DEVICE)
 
 
 # ---- RollingKVCache ------------------------------------------------------------------------

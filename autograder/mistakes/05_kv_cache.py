@@ -428,6 +428,18 @@ def generate(model, prompt_ids, max_new_tokens, use_cache=True):
         ids = torch.cat([ids, new], dim=1)
     return ids
 '''),
+        ("the ids kept in a float buffer (torch.zeros' default dtype)", "long", '''
+@torch.no_grad()
+def generate(model, prompt_ids, max_new_tokens, use_cache=True):
+    B, T0 = prompt_ids.shape
+    ids = torch.zeros(B, T0 + max_new_tokens)
+    ids[:, :T0] = prompt_ids
+    caches = model.make_caches(B) if use_cache else None
+    for t in range(T0, T0 + max_new_tokens):
+        feed = ids[:, :t] if not use_cache or t == T0 else ids[:, t - 1:t]
+        ids[:, t] = model(feed, caches)[:, -1].argmax(dim=-1)
+    return ids
+'''),
         ("returns only the new tokens", "prompt", _GENERATE + '''
     for _ in range(max_new_tokens):
         logits = model(new, caches) if use_cache else model(ids)

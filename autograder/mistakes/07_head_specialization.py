@@ -10,15 +10,15 @@ def ablate_head(model, layer, head):
 '''
 
 
-def _hook_mutant(zeroing, header=_ABLATE_HEADER):
-    """An ablate_head with a pre-hook on out_proj whose zeroing line is `zeroing` (x is its input)."""
+def _hook_mutant(zeroing, header=_ABLATE_HEADER, hooked="attn.out_proj"):
+    """An ablate_head with a pre-hook on `hooked` (out_proj) whose zeroing line is `zeroing` (x is its input)."""
     return header + f'''
     def hook(module, args):
         x = args[0].clone()
         {zeroing}
         return (x,)
 
-    handle = attn.out_proj.register_forward_pre_hook(hook)
+    handle = {hooked}.register_forward_pre_hook(hook)
     try:
         yield model
     finally:
@@ -57,6 +57,9 @@ TIME = ("you zeroed a slice of the time axis (positions), not of the features: o
         "so head h is [..., h*Dh:(h+1)*Dh]")
 ROWS = ("you zeroed the wrong projection weights: rows of out_proj.weight are its *output* features. Head h's "
         "input features are the columns out_proj.weight[:, h*Dh:(h+1)*Dh]")
+LAYER_INPUT = ("you zeroed part of the layer's input (a hook on the whole layer, not on out_proj): every head of the "
+               "layer reads it, so their attention changes. Register the pre-hook on attn.out_proj, whose input is "
+               "the heads' outputs side by side, and zero head h's slice h*Dh:(h+1)*Dh of it")
 # zeroing a head's query or key rows gives the same scores (all 0), so one message names both
 UNIFORM = ("you zeroed the wrong projection weights: zeroing a head's query or key projection only makes its attention "
            "uniform, the head still writes its output. Zero the head's output (its slice of out_proj's input)")
@@ -248,6 +251,8 @@ def induction_score(pattern, period):
             "nxt = (lo + attn.head_dim) % x.shape[-1]\n        x[..., nxt:nxt + attn.head_dim] = 0"), message=WRONG_HEAD),
         Mistake("a time slice (positions lo:hi)", "time axis", _hook_mutant("x[:, lo:hi] = 0"), message=TIME),
         Mistake("the whole layer", "every head", _hook_mutant("x[...] = 0"), message=LAYER),
+        Mistake("the hook on the whole layer (its input), not on out_proj", "layer's input", _hook_mutant(
+            "x[..., lo:hi] = 0", hooked="attn"), message=LAYER_INPUT),
         Mistake("always layer 0", "wrong layer", _hook_mutant("x[..., lo:hi] = 0", _ABLATE_HEADER.replace(
             "attn = model.layers[layer]", "attn = model.layers[0]")), message=WRONG_LAYER),
         Mistake("rows of out_proj.weight", "wrong projection", _weights_mutant(

@@ -1,6 +1,6 @@
 """Known-wrong answers and correct variants of lesson 08: sliding_window_mask, RollingKVCache,
 MultiHeadLatentAttention, absorbed_attention."""
-from autograder.mistakes import Mistake
+from autograder.mistakes import Mistake, edited
 
 _MASK = '''
 def sliding_window_mask(n_queries, window, n_keys=None, device=None):
@@ -231,6 +231,11 @@ def _forms_keys(what, code, message=FORMS_KEYS, keyword="memory"):
     return Mistake(what, keyword, code, message=message, aspect="never forms keys or values", evidence=True)
 
 
+# What sliding_window_mask's check says when the mask it asked for on the "meta" device was made elsewhere.
+DEVICE = ("sliding_window_mask ignored its device argument: the mask was made on the CPU whatever device it was "
+          "asked for. Make its tensors there, torch.arange(..., device=device), so that a model on a GPU gets its "
+          "mask on the GPU")
+
 _OFF_BY_ONE = 'it may see itself and the window - 1 keys before it, p - window < j <= p (an off-by-one: < against <=)'
 
 MUTANTS = {
@@ -268,6 +273,11 @@ def sliding_window_mask(n_queries, window, n_keys=None, device=None):
         Mistake("no causal part: a band on both sides", "causal", _MASK + '''
     return (j - p).abs() < window
 ''', message="the causal part is missing: a query may never see a later key (j <= p)", aspect="square masks"),
+        # only the device the mask is made on shows it (the check reads it): every value is right
+        Mistake("device ignored: the mask is always made on the CPU", "device", edited(
+            _MASK, (", device=device)", ")")) + '''
+    return (j <= p) & (j > p - window)
+''', message=DEVICE, aspect="device", evidence=True),
         ("no ValueError for window < 1", "ValueError", '''
 def sliding_window_mask(n_queries, window, n_keys=None, device=None):
     n_keys = n_queries if n_keys is None else n_keys
@@ -436,6 +446,13 @@ class MultiHeadLatentAttention(nn.Module):
 ''' + _MLA_MASK + _MLA_OUT), message=("the keys and values are split into heads the wrong way: view (B, Tk, H, "
                                        "Dh), then transpose(1, 2) (a reshape straight to (B, H, Tk, Dh) mixes "
                                        "positions and heads)"), aspect="forward"),
+        Mistake("heads merged without the transpose", "merged", _mla(_MLA_KV + _MLA_MASK + edited(
+            _MLA_OUT, ("out.transpose(1, 2).reshape", "out.reshape"))),
+            message=("the heads are merged the wrong way: transpose(1, 2) back to (B, T, H, Dh) before "
+                     "reshape(B, T, D) (a reshape straight from (B, H, T, Dh) mixes positions and heads)")),
+        Mistake("k_up and v_up swapped", "swapped", _mla(
+            edited(_MLA_KV, ("(self.k_up, self.v_up)", "(self.v_up, self.k_up)")) + _MLA_MASK + _MLA_OUT),
+            message="the keys and values are swapped: the keys are k_up(c), the values v_up(c)"),
         # before "no causal mask": with a cache both drop the mask, and this one's message is the closer
         Mistake("no causal mask with a cache", "causal mask", _mla(_MLA_KV + '''
         if mask is None and cache is None:

@@ -134,6 +134,17 @@ def keeps_argument(fn, x, *args):
     return fn(x, *args), bool(torch.equal(before, x))
 
 
+def device_of(fn, *args, **kwargs):
+    """The device of the tensor fn(*args, **kwargs) returns, as text: a tensor on the "meta" device holds no
+    numbers to send back, only its place. None when fn returns no tensor or raises: code that honours a meta
+    device may still use an operation meta tensors lack, while code that ignores it never meets one."""
+    try:
+        out = fn(*args, **kwargs)
+    except Exception:  # noqa: BLE001 - see above: no verdict on the device
+        return None
+    return str(out.device) if torch.is_tensor(out) else None
+
+
 # payload -> the grader's reply: installed by server.py, which imports this module (so this one
 # imports no other of the sandbox's, and the two form no circle).
 host_callback = None
@@ -162,4 +173,5 @@ HELPERS = {
     "grads_as_given": grads_as_given,
     "without_grad": without_grad,
     "keeps_argument": keeps_argument,
+    "device_of": device_of,
 }
