@@ -68,11 +68,12 @@ def sliding_window_mask(s):
             with expect_error("ValueError", "sliding_window_mask with window < 1"):
                 s.call("sliding_window_mask", 4, window)
     with s.aspect("device"):
-        # a grader may have only a CPU, but every torch has the "meta" device: a mask asked for there shows whether
-        # device was used. A meta tensor holds no numbers to send back: the student's side says where it was made.
-        made_on = s.helper("device_of", s.get("sliding_window_mask", "__call__"), 3, 2, n_keys=5, device="meta")
-        if made_on not in ("meta", None):
+        # a grader may have only a CPU: the helper asks for a device there that shows whether device was used
+        used = s.helper("device_used", s.get("sliding_window_mask", "__call__"), 3, 2, n_keys=5)
+        if used == "ignored":
             fail(DEVICE)
+        if used == "broken":
+            fail('sliding_window_mask(3, 2, n_keys=5, device="cpu") should return the mask, a tensor')
 
 
 # ---- RollingKVCache ------------------------------------------------------------------------

@@ -134,15 +134,27 @@ def keeps_argument(fn, x, *args):
     return fn(x, *args), bool(torch.equal(before, x))
 
 
-def device_of(fn, *args, **kwargs):
-    """The device of the tensor fn(*args, **kwargs) returns, as text: a tensor on the "meta" device holds no
-    numbers to send back, only its place. None when fn returns no tensor or raises: code that honours a meta
-    device may still use an operation meta tensors lack, while code that ignores it never meets one."""
+def device_used(fn, *args, **kwargs):
+    """Whether fn(*args, **kwargs, device=...) makes its tensor on the device it is asked for: "used",
+    "ignored", "unseen" (no verdict) or "broken" (with device="cpu" it raises, a device argument it
+    lacks included, or returns no tensor). The device asked for is one that costs nothing here: "cuda" where this torch cannot use
+    one (code that uses it raises; code that ignores it returns a CPU tensor), else "meta", which every
+    torch has but whose first use imports PyTorch's meta kernels (about 1 s and 250 MiB, which would
+    count as the notebook's own memory in the later memory bounds); code that uses a meta device may
+    still call an operation meta tensors lack: unseen."""
     try:
-        out = fn(*args, **kwargs)
-    except Exception:  # noqa: BLE001 - see above: no verdict on the device
-        return None
-    return str(out.device) if torch.is_tensor(out) else None
+        if not torch.is_tensor(fn(*args, device="cpu", **kwargs)):
+            return "broken"
+    except Exception:  # noqa: BLE001 - the values' aspects say what is wrong with it
+        return "broken"
+    asked = "meta" if torch.cuda.is_available() else "cuda"
+    try:
+        out = fn(*args, device=asked, **kwargs)
+    except Exception:  # noqa: BLE001 - see the docstring
+        return "used" if asked == "cuda" else "unseen"
+    if not torch.is_tensor(out):
+        return "broken"
+    return "used" if out.device.type == asked else "ignored"
 
 
 # payload -> the grader's reply: installed by server.py, which imports this module (so this one
@@ -173,5 +185,5 @@ HELPERS = {
     "grads_as_given": grads_as_given,
     "without_grad": without_grad,
     "keeps_argument": keeps_argument,
-    "device_of": device_of,
+    "device_used": device_used,
 }
