@@ -58,7 +58,7 @@ TIME = ("you zeroed a slice of the time axis (positions), not of the features: o
 ROWS = ("you zeroed the wrong projection weights: rows of out_proj.weight are its *output* features. Head h's "
         "input features are the columns out_proj.weight[:, h*Dh:(h+1)*Dh]")
 LAYER_INPUT = ("you zeroed part of the layer's input (a hook on the whole layer, not on out_proj): every head of the "
-               "layer reads it, so their attention changes. Register the pre-hook on attn.out_proj, whose input is "
+               "layer reads it, so their attention changes. Register the pre-hook on model.layers[layer].out_proj, whose input is "
                "the heads' outputs side by side, and zero head h's slice h*Dh:(h+1)*Dh of it")
 # zeroing a head's query or key rows gives the same scores (all 0), so one message names both
 UNIFORM = ("you zeroed the wrong projection weights: zeroing a head's query or key projection only makes its attention "
