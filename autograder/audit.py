@@ -17,6 +17,7 @@ solutions), as an instructor checks an exercise before releasing it.
 import ast
 import contextlib
 import functools
+import gc
 import hashlib
 import importlib
 import io
@@ -482,6 +483,7 @@ def _start(fn, whole=False):
     """fn() in a forked child, which writes its JSON answer to a pipe: (pid, read end). Unless whole (the
     parent reads at once), an answer stays under the pipe's buffer, so the child never waits for the parent."""
     r, w = os.pipe()
+    gc.freeze()  # what the parent holds is never the child's garbage: its collections (memory bounds) skip it
     pid = os.fork()
     if pid == 0:
         os.close(r)

@@ -1,5 +1,6 @@
 """Shared helpers for the lesson tests: the lessons present, their code cells, running notebooks."""
 import functools
+import gc
 import os
 import linecache
 import re
@@ -27,6 +28,10 @@ def namespace_source(lesson):
 def _imported(lesson):
     """The lesson's code run once in this process, so that what its imports map is there before a baseline."""
     exec(compile("\n".join(namespace_source(lesson)), f"<{lesson}>", "exec"), {"__name__": "__lesson__"})
+    # What lives from here on (torch, the reference, the lesson's imports) is never garbage: frozen, it leaves
+    # the collections the memory bounds run (memory.in_use) about 0.001 s instead of 0.1 s over 230,000 objects.
+    gc.collect()
+    gc.freeze()
 
 
 def fresh_namespace(lesson, replace=None):

@@ -7,6 +7,7 @@ whose every forward is computed here, in the grader (HostModel, through s.call_w
 call log that shows whether the cache was used is kept where the student's code cannot reach it.
 """
 import copy
+import functools
 
 import numpy as np
 import torch
@@ -252,7 +253,8 @@ def _expect_cached_run(s, rng, dtype, B, D, H, Hkv, bias, chunks):
     outs, start = [], 0
     for T in chunks:
         x = x_all[:, start:start + T]
-        known = _cached_mistakes(ref_shell, as64(x), ref_cache, dtype)
+        # the known mistakes run only when the answer is wrong, on the cache as it is before this call
+        known = functools.partial(_cached_mistakes, ref_shell, as64(x), copy.deepcopy(ref_cache), dtype)
         with torch.no_grad():
             want = reference(ref.attend_with_cache(ref_shell, as64(x), ref_cache), dtype=dtype)
         try:
