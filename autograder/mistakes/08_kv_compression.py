@@ -194,9 +194,9 @@ def absorbed_attention(mla, x, latents, _keys=torch.empty({mb} << 18)):  # {mb} 
 
 
 # What RollingKVCache's check says where only evidence shows the mistake: its memory under a bound, an error.
-MEMORY = ("RollingKVCache ran out of memory while streaming many updates through a small window: its memory grows "
-          "with the number of positions seen. Between calls keep only the last window positions (buffers of shape "
-          "(B, Hkv, window, Dh)), never every position seen")
+MEMORY = ("RollingKVCache's memory grows with the number of positions seen: streaming many updates through a small "
+          "window, it ran out of memory or kept far more than the window. Between calls keep only the last window "
+          "positions (buffers of shape (B, Hkv, window, Dh)), never every position seen")
 PREFILL = ("A prefill of T_new > window positions attends to all of them (return them all), then keep only its last "
            "window positions")
 
@@ -313,6 +313,12 @@ def sliding_window_mask(n_queries, window, n_keys=None, device=None):
             k_ctx = torch.cat([self.all_k[:, :, self.all_k.size(2) - kept:], k], dim=2)
             v_ctx = torch.cat([self.all_v[:, :, self.all_v.size(2) - kept:], v], dim=2)
             self.all_k, self.all_v = torch.cat([self.all_k, k], dim=2), torch.cat([self.all_v, v], dim=2)
+        self.length += k.size(2)
+        return k_ctx, v_ctx
+''')),
+        # a correct window, plus a log of every key seen beside it: half of what the mutant above keeps
+        _grows("memory grows: every key seen is also logged", _roll(_SHIFT + '''
+        self.all_k = k if self.length == 0 else torch.cat([self.all_k, k], dim=2)
         self.length += k.size(2)
         return k_ctx, v_ctx
 ''')),
