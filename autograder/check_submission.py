@@ -194,6 +194,9 @@ def run_tests(nb, folder, timeout):
                                    env=dict(os.environ, MPLBACKEND="Agg"))
             last = child.stderr.strip().splitlines()[-1:] if child.returncode else []
             crash = f"stopped the notebook (exit status {child.returncode}{': ' + last[0][:200] if last else ''})"
+            if child.returncode < 0:  # killed by a signal: memory corrupted or read outside the process's own
+                crash += (": the Python process crashed, which Python code alone does not do; the usual cause is a "
+                          "Triton kernel that loads or stores outside its tensors (a tl.load or tl.store without mask=)")
         except subprocess.TimeoutExpired:
             crash = f"did not finish within {timeout} s"
         ran = [json.loads(line) for line in done.read_text().splitlines()] if done.exists() else []
@@ -204,7 +207,8 @@ def run_tests(nb, folder, timeout):
         elif error:
             out.append((True, f"cell {n} raised {error}"))
     if len(ran) < len(cells):
-        out.append((True, f"cell {cells[len(ran)][0]} {crash}; the tests after it did not run"))
+        n, name, _ = cells[len(ran)]
+        out.append((True, f"cell {n}{f' ({name})' if name else ''} {crash}; the tests after it did not run"))
     return out
 
 

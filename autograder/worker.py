@@ -621,8 +621,8 @@ class Session:
             self.close()
             if self.bounded:
                 return {"over_budget": "the call ran past its memory bound and its process ended"}
-            return {"unchecked": "your code ended the Python process (os._exit, sys.exit in a thread, "
-                                 "a crash, or a memory or CPU limit)"}
+            return {"unchecked": "your code ended the Python process (os._exit, sys.exit in a thread, a crash such "
+                                 "as a Triton kernel's tl.load or tl.store without mask=, or a memory or CPU limit)"}
 
     def _bound(self, request):
         """The host's part of Subject.memory_bound: {"op": "bound", "mb": N} has the worker bound the

@@ -93,6 +93,16 @@ def test_a_hanging_cell_is_stopped_and_named(released):
     assert rc == 1 and "cell 3 did not finish within 20 s; the tests after it did not run" in out
 
 
+def test_a_crash_names_the_test_it_stopped_and_its_usual_cause(released):
+    # a Triton kernel storing without a mask corrupts memory: glibc aborts, or a segfault, in the test that calls it
+    nb = fill(notebook(released), LESSON, {"causal_mask": "def causal_mask(n_queries, n_keys=None):\n"
+                                                          "    import os\n"
+                                                          "    os.abort()\n"})
+    rc, out = script(released, LESSON, nb)
+    assert rc == 1 and "(test_causal_mask) stopped the notebook (exit status -6" in out, out
+    assert "crashed" in out and "without mask=" in out and "the tests after it did not run" in out, out
+
+
 def problems(nb, lesson_nb, folder):
     """The problem lines check gives nb (saved in folder), for the lesson of the released notebook lesson_nb."""
     nbk.write(nb, folder / "x.ipynb")
