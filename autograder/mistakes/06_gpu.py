@@ -181,6 +181,15 @@ TOP_LEFT = ("the causal mask is aligned top-left. With Tk > Tq the queries are t
 UNSCALED = "scale the scores by 1/sqrt(Dh) (Dh = q.size(-1)); they are not scaled"
 BY_DH = "scale the scores by 1/sqrt(Dh), not 1/Dh"
 
+
+def _fuse_order(order):
+    """The fuse_qkv mistake of stacking the projections in `order` (a permutation of "qkv")."""
+    return Mistake(f"{', '.join(order)} order", "order",
+                   _fuse(projs=f"({', '.join(f'attn.{n}_proj' for n in order)})"),
+                   message=f"the projections are stacked in the order {', '.join(order)}: stack them as q, k, v, "
+                           "so that q, k, v = fused(x).split(D, dim=-1)", aspect="weights")
+
+
 _RAISES = '''
 def {sig}:
     raise ValueError("not this input")
@@ -350,10 +359,13 @@ def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):
         Mistake("scores scaled by 1/Dh", "sqrt", _flash(scale="scale * scale"), message=BY_DH),
     ],
     "fuse_qkv": [
-        ("k, q, v order", "order", _fuse(projs="(attn.k_proj, attn.q_proj, attn.v_proj)")),
+        *(_fuse_order(order) for order in ("kqv", "qvk", "kvq", "vqk", "vkq")),
         ("biases dropped", "biases are dropped", _fuse(bias="False", copy_bias="False")),
         ("bias left at its random initial value", "bias", _fuse(bias="True", copy_bias="False")),
-        ("each weight transposed", "transposed", _fuse(weight="p.weight.T")),
+        Mistake("each weight transposed", "transposed", _fuse(weight="p.weight.T"),
+                message="each weight is transposed: nn.Linear stores its weight as (out_features, in_features) and "
+                        "computes x @ weight.T, so stack the weights themselves, not their transposes",
+                aspect="weights"),
         ("always float32", "dtype", _fuse(dtype="torch.float32")),
         ("constant: returns None", "Linear", '''
 def fuse_qkv(attn):
