@@ -428,6 +428,11 @@ def _on(array, device):
     return array
 
 
+def _triton_device():
+    """Where Triton kernels run: the GPU, or the CPU in Triton's interpreter."""
+    return "cuda:0" if torch.cuda.is_available() else "cpu"
+
+
 # One program per row in the interpreter: few rows. Every width but 64 leaves a masked tail (37, 1000,
 # 100 are not powers of two); scale 50 overflows exp without the max; "-inf": a third of the entries.
 SOFTMAX_CASES = [("float32", np.float32, (5, 37), 3.0, False), ("float32", np.float32, (3, 64), 50.0, False),
@@ -446,7 +451,7 @@ def softmax_input(rng, dtype, shape, scale, with_inf):
 # Where tests/test_checks.py holds each mistake's model (autograder/mistakes/06_gpu.py: what the check runs in place
 # of the Triton kernel, too slow for the grader on a CPU) equal to its kernel in Triton's interpreter: the cases of
 # at most 100 columns (the interpreter's cost grows with the programs, one per column for the wrong-axis mistake).
-MODEL_INPUTS = {"triton_softmax": lambda rng: [(torch.from_numpy(softmax_input(rng, *case[1:])),)
+MODEL_INPUTS = {"triton_softmax": lambda rng: [(torch.from_numpy(softmax_input(rng, *case[1:])).to(_triton_device()),)
                                                for case in SOFTMAX_CASES if case[2][1] <= 100]}
 
 
@@ -477,7 +482,7 @@ def triton_softmax(s):
     if not s.sources:
         raise Unchecked("triton_softmax needs the notebook's code cells, which the grader did not receive")
     rng = s.rng
-    device = "cuda:0" if torch.cuda.is_available() else "cpu"
+    device = _triton_device()
     for aspect, dtype, shape, scale, with_inf in SOFTMAX_CASES:
         with s.aspect(aspect):
             x = softmax_input(rng, dtype, shape, scale, with_inf)
@@ -506,7 +511,7 @@ def triton_attention(s):
     if not s.sources:
         raise Unchecked("triton_attention needs the notebook's code cells, which the grader did not receive")
     rng = s.rng
-    device = "cuda:0" if torch.cuda.is_available() else "cpu"
+    device = _triton_device()
     for aspect, dtype, (b, h, tq, tk, dh), causal in TRITON_CASES:
         with s.aspect(aspect):
             q, k, v = qkv(rng, b, h, tq, tk, dh, dtype)
