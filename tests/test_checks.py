@@ -170,6 +170,29 @@ def test_a_defined_mistake_costs_the_aspect_it_names(lesson, name, mutant):
     assert_costs_its_aspect(lesson, name, mutant, caught.value)
 
 
+@pytest.mark.parametrize("lesson, name, mutant", [c for c in cases("MUTANTS") if getattr(c.values[2], "model", "")])
+def test_a_mistake_model_returns_what_its_code_returns(lesson, name, mutant):
+    """A mistake's model (autograder/mistakes: what its check runs in place of a code too slow for the grader, a
+    Triton kernel) returns what the code returns, on the check's inputs named in its module's MODEL_INPUTS."""
+    import importlib
+
+    import numpy as np
+
+    from autograder.checks import LESSONS as MODULES
+    from autograder.checks import close, reference
+
+    module = importlib.import_module(f"autograder.checks.{MODULES[lesson]}")
+    if name in getattr(module, "UNAVAILABLE", {}):
+        pytest.skip(module.UNAVAILABLE[name])
+    code = fresh_namespace(lesson, {name: mutant.code})[name]
+    [model] = [fn for m, fn in mistakes.defined(lesson, name) if m.what == mutant.what]
+    inputs = module.MODEL_INPUTS[name](np.random.default_rng(0))
+    assert inputs, f"MODEL_INPUTS gives {name} no inputs"
+    for args in inputs:
+        got, modelled = reference(code(*args)), reference(model(*args))
+        assert close(got, modelled), f"'{mutant.what}': its model differs from its code on {args[0].shape}"
+
+
 def assert_costs_its_aspect(lesson, name, mutant, error):
     """A mistake's definition names the aspect it costs (autograder/mistakes): that aspect fails. A plain
     AssertionError means the core failed, and with it every aspect."""

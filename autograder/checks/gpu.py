@@ -17,7 +17,6 @@ the evidence is out of the student's reach:
   exercise forbids by name, calling torch.softmax, the source cells show (source_rules.py), as they show
   flash_attention calling fused attention.
 """
-import itertools
 import math
 
 import numpy as np
@@ -27,6 +26,7 @@ import torch.nn.functional as F
 from autograder import lessons, mistakes
 from autograder.checks import (HEADROOM_MB, Checks, Unchecked, close, evidence_times, expect_array, expect_int, fail,
                                kind_of, reference, tensor, triton_evidence, within_memory)
+from autograder.sandbox import helpers
 from autograder.sandbox.wire import Array, Handle
 from solutions import gpu as ref
 
@@ -356,39 +356,39 @@ def flash_attention(s):
 QKV = ("q", "k", "v")
 
 
-def _stack(parts, order=QKV):
-    return reference(torch.from_numpy(np.concatenate([parts[n] for n in order])))
+def _fused(shell, part):
+    """The reference's fused layer of `shell` (an AttentionShell made here), its `part` ("weight" or "bias")."""
+    return reference(getattr(ref.fuse_qkv(shell), part).detach())
 
 
-def _order_message(order):
-    return (f"the projections are stacked in the order {', '.join(order)}: stack them as q, k, v, "
-            "so that q, k, v = fused(x).split(D, dim=-1)")
+def _fuse_mistakes(shell, part):
+    """[(message, Array)]: the `part` of the fused layer each defined mistake (autograder/mistakes/06_gpu.py)
+    makes of `shell`."""
+    return [(m.message, reference(getattr(fused, part).detach())) for m, fused in mistakes.on(LESSON, "fuse_qkv", shell)
+            if getattr(fused, part, None) is not None]
 
 
-def _expect_weights(s, attn, w):
-    """fuse_qkv(attn) is an nn.Linear whose weight stacks w's q, k, v; returns its handle."""
+def _expect_weights(s, attn, shell):
+    """fuse_qkv(attn) is an nn.Linear whose weight stacks attn's q, k, v (shell: attn's twin here); returns
+    its handle."""
     fused = s.call("fuse_qkv", attn)
     if not (isinstance(fused, Handle) and "torch.nn.modules.linear.Linear" in fused.mro):
         fail(f"fuse_qkv(attn) should return a torch.nn.Linear (D -> 3D), but it returned {kind_of(fused)}")
-    weight = s.get(fused, "weight")
-    expect_array(weight, _stack(w), "fuse_qkv(attn).weight",
-                 mistakes=[(_order_message(o), _stack(w, o)) for o in list(itertools.permutations(QKV))[1:]] + [
-                     ("each weight is transposed: nn.Linear stores its weight as (out_features, in_features) "
-                      "and computes x @ weight.T, so stack the weights themselves, not their transposes",
-                      _stack({n: w[n].T for n in QKV}))],
+    expect_array(s.get(fused, "weight"), _fused(shell, "weight"), "fuse_qkv(attn).weight",
+                 mistakes=lambda: _fuse_mistakes(shell, "weight"),
                  hint="stack q_proj.weight, k_proj.weight and v_proj.weight along dim 0")
     return fused
 
 
-def _expect_biases(s, fused, b, bias):
-    """The fused layer's bias stacks b's q, k, v, or is None when attn has no biases."""
+def _expect_biases(s, fused, shell, bias):
+    """The fused layer's bias stacks attn's q, k, v biases, or is None when attn has no biases."""
     fused_bias = s.get(fused, "bias")
     if bias:
         if fused_bias is None:
             fail("fuse_qkv(attn): the biases are dropped. attn's projections have biases, so the fused layer "
                  "needs them too, stacked in the same order (q, k, v)")
-        expect_array(fused_bias, _stack(b), "fuse_qkv(attn).bias",
-                     mistakes=[(_order_message(o), _stack(b, o)) for o in list(itertools.permutations(QKV))[1:]],
+        expect_array(fused_bias, _fused(shell, "bias"), "fuse_qkv(attn).bias",
+                     mistakes=lambda: _fuse_mistakes(shell, "bias"),
                      hint="copy the three biases into the fused layer, stacked in the order q, k, v")
     elif fused_bias is not None:
         fail("fuse_qkv(attn): attn's projections have no biases, so the fused layer must have none "
@@ -402,13 +402,17 @@ def fuse_qkv(s):
                                     (np.float64, 8, 2, False)]:
         w = {n: rng.standard_normal((d, d)).astype(dtype) for n in (*QKV, "o")}
         b = {n: rng.standard_normal(d).astype(dtype) if bias else None for n in (*QKV, "o")}
-        linears = {f"{n}_proj" if n != "o" else "out_proj": (tensor(w[n]), None if b[n] is None else tensor(b[n]))
-                   for n in (*QKV, "o")}
-        attn = s.helper("AttentionShell", linears, d_model=d, n_heads=n_heads, head_dim=d // n_heads)
+        projs = {f"{n}_proj" if n != "o" else "out_proj": (w[n], b[n]) for n in (*QKV, "o")}
+        sizes = dict(d_model=d, n_heads=n_heads, head_dim=d // n_heads)
+        attn = s.helper("AttentionShell", {p: (tensor(wp), None if bp is None else tensor(bp))
+                                           for p, (wp, bp) in projs.items()}, **sizes)
+        # its twin here, for the reference and the defined mistakes
+        shell = helpers.AttentionShell({p: (torch.from_numpy(wp), None if bp is None else torch.from_numpy(bp))
+                                        for p, (wp, bp) in projs.items()}, **sizes)
         with s.aspect("weights"):
-            fused = _expect_weights(s, attn, w)
+            fused = _expect_weights(s, attn, shell)
         with s.aspect("biases"):
-            _expect_biases(s, fused, b, bias)
+            _expect_biases(s, fused, shell, bias)
         with s.aspect("biases"):  # a bias where attn has none shows here too
             x = rng.standard_normal((2, 5, d)).astype(dtype)
             parts = {n: x @ w[n].T + (b[n] if bias else 0) for n in QKV}
@@ -424,34 +428,39 @@ def _on(array, device):
     return array
 
 
+def _triton_device():
+    """Where Triton kernels run: the GPU, or the CPU in Triton's interpreter."""
+    return "cuda:0" if torch.cuda.is_available() else "cpu"
+
+
 # One program per row in the interpreter: few rows. Every width but 64 leaves a masked tail (37, 1000,
 # 100 are not powers of two); scale 50 overflows exp without the max; "-inf": a third of the entries.
 SOFTMAX_CASES = [("float32", np.float32, (5, 37), 3.0, False), ("float32", np.float32, (3, 64), 50.0, False),
                  ("float32", np.float32, (4, 1000), 5.0, True), ("float32", np.float32, (2, 4096), 2.0, False),
                  ("float16", np.float16, (6, 100), 4.0, True), ("float16", np.float16, (3, 40), 8.0, False)]
-SOFTMAX_NO_MAX = ("exp(x) overflows on large entries (exp(89) is inf in float32): subtract the row's max before exp, "
-                  "exp(x - tl.max(x, 0))")
+SOFTMAX_NO_MAX = mistakes.for_lesson(LESSON).SOFTMAX_NO_MAX  # also what the check says of NaN
+
+def softmax_input(rng, dtype, shape, scale, with_inf):
+    """The rows one of SOFTMAX_CASES gives triton_softmax (numpy)."""
+    x = rng.standard_normal(shape) * scale
+    if with_inf:  # -inf entries, never a whole row of them (the contract)
+        x[:, 1::3] = -np.inf
+    return x.astype(dtype)
 
 
-def _softmax_mistakes(x):
-    """[(message, what a kernel with that mistake returns)] on the rows x (float64 values)."""
-    t, name = torch.from_numpy(x).double(), x.dtype.name
-    block = 1 << max(0, x.shape[1] - 1).bit_length()
-    padded = F.pad(t, (0, block - x.shape[1]), value=0.0).softmax(-1)[:, :x.shape[1]]
-    e = torch.from_numpy(x).float().exp()  # in float32, as the kernel computes: exp overflows to inf, then NaN
-    return [(SOFTMAX_NO_MAX, reference(e / e.sum(-1, keepdim=True), dtype=name)),
-            ("the tail of the block is read as 0 (other=0.0): masked entries then count in the sum and can raise "
-             "the max; read them as -inf (other=float('-inf')), which gets weight 0", reference(padded, dtype=name)),
-            ("the softmax runs over the wrong axis: each row (dim=-1) sums to 1", reference(t.softmax(0), dtype=name)),
-            ("the result is not normalised: divide exp(x - max) by the row's sum",
-             reference((t - t.amax(-1, keepdim=True)).exp(), dtype=name))]
+# Where tests/test_checks.py holds each mistake's model (autograder/mistakes/06_gpu.py: what the check runs in place
+# of the Triton kernel, too slow for the grader on a CPU) equal to its kernel in Triton's interpreter: the cases of
+# at most 100 columns (the interpreter's cost grows with the programs, one per column for the wrong-axis mistake).
+MODEL_INPUTS = {"triton_softmax": lambda rng: [(torch.from_numpy(softmax_input(rng, *case[1:])).to(_triton_device()),)
+                                               for case in SOFTMAX_CASES if case[2][1] <= 100]}
 
 
 def _expect_softmax(got, want, x, what):
-    """expect_array, most specific first: a known mistake, a block narrower than the row, a grid of one
-    program, then where the result differs."""
+    """expect_array, most specific first: a known mistake (its model, run on x), a block narrower than the row,
+    a grid of one program, then where the result differs. The last two leave part of the output unwritten, which
+    no definition reproduces (the leftovers of torch.empty_like): recognised from what the kernel did write."""
     if not close(got, want) and isinstance(got, Array) and got.shape == want.shape and got.dtype == want.dtype:
-        for message, wrong in _softmax_mistakes(x):
+        for message, wrong in mistakes.compared(LESSON, "triton_softmax", torch.from_numpy(x)):
             if close(got, wrong):
                 fail(f"{what}: {message}")
         t = torch.from_numpy(x).double()
@@ -473,13 +482,10 @@ def triton_softmax(s):
     if not s.sources:
         raise Unchecked("triton_softmax needs the notebook's code cells, which the grader did not receive")
     rng = s.rng
-    device = "cuda:0" if torch.cuda.is_available() else "cpu"
+    device = _triton_device()
     for aspect, dtype, shape, scale, with_inf in SOFTMAX_CASES:
         with s.aspect(aspect):
-            x = rng.standard_normal(shape) * scale
-            if with_inf:  # -inf entries, never a whole row of them (the contract)
-                x[:, 1::3] = -np.inf
-            x = x.astype(dtype)
+            x = softmax_input(rng, dtype, shape, scale, with_inf)
             # Called first, so an unwritten answer is told it is not implemented yet.
             got = s.call("triton_softmax", _on(tensor(x), device))
             if aspect == "float32":
@@ -505,7 +511,7 @@ def triton_attention(s):
     if not s.sources:
         raise Unchecked("triton_attention needs the notebook's code cells, which the grader did not receive")
     rng = s.rng
-    device = "cuda:0" if torch.cuda.is_available() else "cpu"
+    device = _triton_device()
     for aspect, dtype, (b, h, tq, tk, dh), causal in TRITON_CASES:
         with s.aspect(aspect):
             q, k, v = qkv(rng, b, h, tq, tk, dh, dtype)

@@ -1,8 +1,10 @@
 """Lesson 06 (making attention fast): known-wrong answers and correct variants.
 
 The Triton mutants and variants (triton_softmax, triton_attention) are the reference kernel and
-wrapper with one edit each, so
-they stay in step with solutions/gpu.py (an edit that no longer applies fails at import).
+wrapper with a few edits each, so they stay in step with solutions/gpu.py (an edit that no longer
+applies fails at import). The triton_softmax mistakes its check recognises carry a model, the same
+computation in torch, which the check runs instead of the kernel (Triton's interpreter is too slow
+for the grader).
 """
 import inspect
 import textwrap
@@ -180,6 +182,25 @@ TOP_LEFT = ("the causal mask is aligned top-left. With Tk > Tq the queries are t
             "key j iff j <= i + (Tk - Tq) (bottom-right)")
 UNSCALED = "scale the scores by 1/sqrt(Dh) (Dh = q.size(-1)); they are not scaled"
 BY_DH = "scale the scores by 1/sqrt(Dh), not 1/Dh"
+SOFTMAX_NO_MAX = ("exp(x) overflows on large entries (exp(89) is inf in float32): subtract the row's max before exp, "
+                  "exp(x - tl.max(x, 0))")
+
+
+def _fuse_order(order):
+    """The fuse_qkv mistake of stacking the projections in `order` (a permutation of "qkv")."""
+    return Mistake(f"{', '.join(order)} order", "order",
+                   _fuse(projs=f"({', '.join(f'attn.{n}_proj' for n in order)})"),
+                   message=f"the projections are stacked in the order {', '.join(order)}: stack them as q, k, v, "
+                           "so that q, k, v = fused(x).split(D, dim=-1)", aspect="weights")
+
+
+# The models of the Triton softmax's mistakes: what each kernel computes (in float32, stored in x's dtype), in torch,
+# for the check to run in place of the kernel (Triton's interpreter is too slow for the grader)
+_SOFTMAX_MODEL = """
+def triton_softmax(x):
+    x32 = x.float()
+    return ({result}).to(x.dtype)
+"""
 
 _RAISES = '''
 def {sig}:
@@ -350,10 +371,13 @@ def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):
         Mistake("scores scaled by 1/Dh", "sqrt", _flash(scale="scale * scale"), message=BY_DH),
     ],
     "fuse_qkv": [
-        ("k, q, v order", "order", _fuse(projs="(attn.k_proj, attn.q_proj, attn.v_proj)")),
+        *(_fuse_order(order) for order in ("kqv", "qvk", "kvq", "vqk", "vkq")),
         ("biases dropped", "biases are dropped", _fuse(bias="False", copy_bias="False")),
         ("bias left at its random initial value", "bias", _fuse(bias="True", copy_bias="False")),
-        ("each weight transposed", "transposed", _fuse(weight="p.weight.T")),
+        Mistake("each weight transposed", "transposed", _fuse(weight="p.weight.T"),
+                message="each weight is transposed: nn.Linear stores its weight as (out_features, in_features) and "
+                        "computes x @ weight.T, so stack the weights themselves, not their transposes",
+                aspect="weights"),
         ("always float32", "dtype", _fuse(dtype="torch.float32")),
         ("constant: returns None", "Linear", '''
 def fuse_qkv(attn):
@@ -362,9 +386,31 @@ def fuse_qkv(attn):
         ("constant: raises ValueError", "ValueError", _RAISES.format(sig="fuse_qkv(attn)")),
     ],
     "triton_softmax": [
-        ("no max subtraction", "overflows", _softmax(kernel=[("e = tl.exp(x - tl.max(x, 0))", "e = tl.exp(x)")])),
-        ("tail read as 0 (other=0.0)", "read as 0",
-         _softmax(kernel=[('mask=ok, other=float("-inf")', "mask=ok, other=0.0")])),
+        Mistake("no max subtraction", "overflows", _softmax(kernel=[("e = tl.exp(x - tl.max(x, 0))", "e = tl.exp(x)")]),
+                message=SOFTMAX_NO_MAX, aspect="float32",
+                model=_SOFTMAX_MODEL.format(result="x32.exp() / x32.exp().sum(-1, keepdim=True)")),
+        Mistake("tail read as 0 (other=0.0)", "read as 0",
+                _softmax(kernel=[('mask=ok, other=float("-inf")', "mask=ok, other=0.0")]),
+                message="the tail of the block is read as 0 (other=0.0): masked entries then count in the sum and can "
+                        "raise the max; read them as -inf (other=float('-inf')), which gets weight 0", aspect="float32",
+                model=_SOFTMAX_MODEL.format(result="torch.nn.functional.pad(x32, (0, triton.next_power_of_2(x.size(1))"
+                                                   " - x.size(1))).softmax(-1)[:, :x.size(1)]")),
+        # A student who swapped the roles of rows and columns: program i loads column i, BLOCK holds the rows
+        Mistake("one program per column: the softmax over dim 0", "wrong axis", _softmax(
+            kernel=[("X + row * stride_x + cols", "X + cols * stride_x + row"),
+                    ("Y + row * stride_y + cols", "Y + cols * stride_y + row")],
+            wrapper=[("_softmax_kernel[(rows,)](x, out, cols, x.stride(0), out.stride(0), "
+                      "BLOCK=triton.next_power_of_2(cols))",
+                      "_softmax_kernel[(cols,)](x, out, rows, x.stride(0), out.stride(0), "
+                      "BLOCK=triton.next_power_of_2(rows))")]),
+                message="the softmax runs over the wrong axis: each row (dim=-1) sums to 1, one program per row",
+                aspect="float32", model=_SOFTMAX_MODEL.format(result="x32.softmax(0)")),
+        Mistake("not normalised: exp(x - max) stored", "not normalised", _softmax(kernel=[
+            ("(e / tl.sum(e, 0)).to(Y.dtype.element_ty)", "e.to(Y.dtype.element_ty)")]),
+                message="the result is not normalised: divide exp(x - max) by the row's sum", aspect="float32",
+                model=_SOFTMAX_MODEL.format(result="(x32 - x32.amax(-1, keepdim=True)).exp()")),
+        # The two below leave part of the output unwritten (torch.empty_like's leftovers): no model returns that,
+        # and the check recognises them by what it did write
         ("a block of 128 columns, narrower than the row", "whole row",
          _softmax(wrapper=[("BLOCK=triton.next_power_of_2(cols)", "BLOCK=128")])),
         ("one program for all the rows", "one program per row", _softmax(wrapper=[("[(rows,)]", "[(1,)]")])),

@@ -11,7 +11,11 @@ keyword is a word the feedback must contain; message, where given, is what the c
 recognises the mistake, and aspect the aspect it costs. A check recognises such a mistake by running
 the definition on its own inputs (`defined`), so the mutant the tests run and the formula the check
 compares with are one text. A mistake marked evidence=True is one only evidence shows (memory under a
-bound, an error it raises): its check names it with its message, and no check runs it.
+bound, an error it raises): its check names it with its message, and no check runs it. A mistake whose code
+is too slow to run in the grader (a Triton kernel, which a CPU runs only in Triton's interpreter) carries a
+model: the source of a plain torch function of the same name that returns what the code returns. The check
+runs the model, the tests run the code as a mutant, and tests/test_checks.py holds the two equal on the
+check's own inputs (its module's MODEL_INPUTS).
 
 Grader-side only, like solutions/ and the checks: autograder/sandbox/ never imports it, and messages
 never name hidden inputs or expected values.
@@ -27,11 +31,13 @@ import numpy as np
 
 class Mistake(tuple):
     """(what, keyword, code), a plain triple for the tests that unpack it, with message and aspect, and
-    evidence: only evidence shows it (its check reads the message; `defined` leaves it out)."""
+    evidence: only evidence shows it (its check reads the message; `defined` leaves it out); model: what
+    `defined` runs in place of a code too slow for the grader (a Triton kernel), as source."""
 
-    def __new__(cls, what, keyword, code, message="", aspect="", evidence=False):
+    def __new__(cls, what, keyword, code, message="", aspect="", evidence=False, model=""):
+        assert not (evidence and model), "a mistake only evidence shows is never run: it needs no model"
         self = super().__new__(cls, (what, keyword, code))
-        self.message, self.aspect, self.evidence = message, aspect, evidence
+        self.message, self.aspect, self.evidence, self.model = message, aspect, evidence, model
         return self
 
     what, keyword, code = (property(lambda self, i=i: self[i]) for i in range(3))
@@ -91,13 +97,14 @@ def _compiled(lesson, name, what):
     [mistake] = [m for m in mutants(lesson)[name] if m.what == what]
     # the answer cell runs beside the reference's other names (softmax inside attention, np, torch)
     ns = dict(vars(importlib.import_module(f"solutions.{LESSONS[lesson]}")))
-    exec(compile(mistake.code, f"<mistake {lesson}:{name}: {what}>", "exec"), ns)
+    exec(compile(mistake.model or mistake.code, f"<mistake {lesson}:{name}: {what}>", "exec"), ns)
     return ns[name]
 
 
 def defined(lesson, name):
     """[(Mistake, its function)] of the mistakes of `name` that carry a message, evidence aside: what a check
-    runs on its own inputs to recognise them. Compiled once per process, against the reference's other names."""
+    runs on its own inputs to recognise them (its model, where it has one). Compiled once per process, against
+    the reference's other names."""
     return [(m, _compiled(lesson, name, m.what)) for m in mutants(lesson).get(name, [])
             if m.message and not m.evidence]
 
