@@ -23,15 +23,9 @@ def _known(name, *args, dtype=None):
 
 
 def _softmax_mistakes(x, axis):
-    """The known mistakes, and a softmax normalised over axis 0 where `axis` is the last (no definition:
-    'always the last axis' is right there)."""
-    found = _known("softmax", x, axis, dtype=x.dtype)
-    if axis % x.ndim == x.ndim - 1:
-        with np.errstate(invalid="ignore", divide="ignore"):
-            e = np.exp(x - x.max())
-            found.append(("you normalised over the wrong axis: use the `axis` argument, the sums along it must be 1",
-                          reference((e / e.sum(axis=0, keepdims=True)).astype(x.dtype))))
-    return found
+    """What the known mistakes (autograder/mistakes/01_attention.py) return on x, in x's dtype: expect_array's
+    mistakes, run only when the answer is wrong."""
+    return lambda: _known("softmax", x, axis, dtype=x.dtype)
 
 
 SOFTMAX_HINT = "softmax(x) = e^x / sum of e^x along `axis`: the entries along `axis` are positive and sum to 1"

@@ -369,20 +369,10 @@ def load_torch_mha(s):
 
 # ---- mha_param_count ------------------------------------------------------------------------
 
-def _count_mistakes(D, H, bias):
-    weights, per_head_square = 4 * D * D, 4 * H * (D // H) ** 2
-    square = ("each head's projections are (d_model, head_dim), not (head_dim, head_dim): together the heads have "
-              "(d_model, d_model) weights per projection, whatever n_heads is")
-    if not bias:
-        return [("with bias=False there are no biases to count", weights + 4 * D),
-                ("count all four projections: q, k, v and the output projection out_proj", 3 * D * D),
-                (square, per_head_square)]
-    wrong_biases = "the biases are counted wrongly: four projections, one (d_model,) bias each"
-    return [("count the biases too: each of the four projections has a (d_model,) bias", weights),
-            ("count all four projections: q, k, v and the output projection out_proj", 3 * D * D + 3 * D),
-            ("each projection has one bias of d_model numbers, not one bias per head", weights + 4 * H),
-            (wrong_biases, weights + D), (wrong_biases, weights + 3 * D), (wrong_biases, weights + 8 * D),
-            (square, per_head_square + 4 * D)]
+def _count_mistakes(*args, **kwargs):
+    """What the known mistakes (autograder/mistakes/03_multi_head.py) count for these arguments: expect_int's
+    mistakes, run only when the answer is wrong."""
+    return lambda: [(m.message, n) for m, n in mistakes.on("03_multi_head", "mha_param_count", *args, **kwargs)]
 
 
 @CHECKS.add("mha_param_count", isolate=["MultiHeadAttention"], aspects={"count": 2, "bias=False": 1, "errors": 1})
@@ -396,11 +386,11 @@ def mha_param_count(s):
         with s.aspect("count" if bias else "bias=False"):
             got = call_named(s, "mha_param_count(d_model, n_heads, bias)", "mha_param_count", D, H, bias=bias)
             expect_int(got, ref.mha_param_count(D, H, bias), "mha_param_count(d_model, n_heads, bias)",
-                       mistakes=_count_mistakes(D, H, bias))
+                       mistakes=_count_mistakes(D, H, bias=bias))
     with s.aspect("count"):
         got = call_named(s, "mha_param_count(d_model, n_heads)", "mha_param_count", 80, 4)
         expect_int(got, ref.mha_param_count(80, 4), "mha_param_count(d_model, n_heads) with bias left out",
-                   mistakes=[("bias defaults to True: count the biases", 4 * 80 * 80)])
+                   mistakes=_count_mistakes(80, 4))
     with s.aspect("errors"):
         for D, H in [(10, 3), (100, 7), (64, 5)]:
             _expect_value_error(s, "mha_param_count(d_model, n_heads) with d_model not divisible by n_heads",

@@ -14,6 +14,12 @@ def softmax(x, axis=-1):
     return e / e.sum(axis=-1, keepdims=True)
 ''', aspect="values along axis",
             message="you normalised over the wrong axis: use the `axis` argument, the sums along it must be 1"),
+        Mistake("always axis 0", "axis", '''
+def softmax(x, axis=-1):
+    e = np.exp(x - x.max(axis=0, keepdims=True))
+    return e / e.sum(axis=0, keepdims=True)
+''', aspect="values along axis",
+            message="you normalised over the wrong axis: use the `axis` argument, the sums along it must be 1"),
         Mistake("normalised over the whole array", "whole array", '''
 def softmax(x, axis=-1):
     e = np.exp(x - x.max())

@@ -13,6 +13,8 @@ def _mha(*changes):
     return edited(_MHA, *changes)
 
 
+_WRONG_BIASES = "the biases are counted wrongly: four projections, one (d_model,) bias each"
+
 MUTANTS = {
     "concat_and_project": [
         Mistake("merged without the transpose", "transpose", '''
@@ -242,43 +244,68 @@ def load_torch_mha(module, torch_mha):
 '''),
     ],
     "mha_param_count": [
-        ("biases forgotten", "biases", '''
+        # first: with bias left out it counts what "biases forgotten" counts, and says why
+        Mistake("bias defaults to False", "biases", '''
+def mha_param_count(d_model, n_heads, bias=False):
+    if d_model % n_heads:
+        raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+    return 4 * d_model * d_model + (4 * d_model if bias else 0)
+''', aspect="count", message="bias defaults to True: count the biases"),
+        Mistake("biases forgotten", "biases", '''
 def mha_param_count(d_model, n_heads, bias=True):
     if d_model % n_heads:
         raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
     return 4 * d_model * d_model
-'''),
-        ("biases counted even when bias=False", "bias=False", '''
+''', aspect="count",
+            message="count the biases too: each of the four projections has a (d_model,) bias"),
+        Mistake("biases counted even when bias=False", "bias=False", '''
 def mha_param_count(d_model, n_heads, bias=True):
     if d_model % n_heads:
         raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
     return 4 * d_model * d_model + 4 * d_model
-'''),
-        ("one bias per head", "per head", '''
+''', aspect="bias=False",
+            message="with bias=False there are no biases to count"),
+        Mistake("one bias per head", "per head", '''
 def mha_param_count(d_model, n_heads, bias=True):
     if d_model % n_heads:
         raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
     return 4 * d_model * d_model + (4 * n_heads if bias else 0)
-'''),
-        ("output projection's bias forgotten", "biases are counted wrongly", '''
+''', aspect="count",
+            message="each projection has one bias of d_model numbers, not one bias per head"),
+        Mistake("output projection's bias forgotten", "biases are counted wrongly", '''
 def mha_param_count(d_model, n_heads, bias=True):
     if d_model % n_heads:
         raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
     return 4 * d_model * d_model + (3 * d_model if bias else 0)
-'''),
-        ("output projection forgotten", "out_proj", '''
+''', aspect="count", message=_WRONG_BIASES),
+        Mistake("one bias for all four projections", "d_model", '''
+def mha_param_count(d_model, n_heads, bias=True):
+    if d_model % n_heads:
+        raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+    return 4 * d_model * d_model + (d_model if bias else 0)
+''', aspect="count", message=_WRONG_BIASES),
+        Mistake("two biases per projection", "biases are counted wrongly", '''
+def mha_param_count(d_model, n_heads, bias=True):
+    if d_model % n_heads:
+        raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+    return 4 * d_model * d_model + (8 * d_model if bias else 0)
+''', aspect="count", message=_WRONG_BIASES),
+        Mistake("output projection forgotten", "out_proj", '''
 def mha_param_count(d_model, n_heads, bias=True):
     if d_model % n_heads:
         raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
     return 3 * d_model * d_model + (3 * d_model if bias else 0)
-'''),
-        ("(Dh, Dh) per head", "head_dim", '''
+''', aspect="count",
+            message="count all four projections: q, k, v and the output projection out_proj"),
+        Mistake("(Dh, Dh) per head", "head_dim", '''
 def mha_param_count(d_model, n_heads, bias=True):
     if d_model % n_heads:
         raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
     head_dim = d_model // n_heads
     return 4 * n_heads * head_dim * head_dim + (4 * d_model if bias else 0)
-'''),
+''', aspect="count",
+            message=("each head's projections are (d_model, head_dim), not (head_dim, head_dim): together the heads have "
+                     "(d_model, d_model) weights per projection, whatever n_heads is")),
         ("no ValueError", "ValueError", '''
 def mha_param_count(d_model, n_heads, bias=True):
     return 4 * d_model * d_model + (4 * d_model if bias else 0)
