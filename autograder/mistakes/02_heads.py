@@ -114,20 +114,26 @@ def merge_heads(x):
 '''),
     ],
     "attention": [
-        ("no scaling", "sqrt(d_k)", _attention(scores="q @ k.transpose(-2, -1)")),
-        ("scaled by 1/d_k", "1/d_k", _attention(scores="q @ k.transpose(-2, -1) / q.size(-1)")),
-        ("inverted mask (True = masked out)", "may attend", _attention(hidden="mask")),
-        ("masked scores set to 0", "-inf", _attention(fill="0.0")),
-        ("mask applied after the softmax", "before the softmax", '''
+        Mistake("no scaling", "sqrt(d_k)", _attention(scores="q @ k.transpose(-2, -1)"),
+                message="did you scale the scores by 1/sqrt(d_k)? They are not scaled"),
+        Mistake("scaled by 1/d_k", "1/d_k", _attention(scores="q @ k.transpose(-2, -1) / q.size(-1)"),
+                message="scale the scores by 1/sqrt(d_k), not 1/d_k"),
+        Mistake("inverted mask (True = masked out)", "may attend", _attention(hidden="mask"),
+                message="True in the mask means 'may attend': you hid the allowed keys instead"),
+        Mistake("masked scores set to 0", "-inf", _attention(fill="0.0"),
+                message="masked scores must become -inf, not 0: a score of 0 still gets a share of the softmax"),
+        Mistake("mask applied after the softmax", "before the softmax", '''
 def attention(q, k, v, mask=None):
     weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.size(-1)), dim=-1)
     if mask is not None:
         weights = weights * mask
     return weights @ v, weights
-'''),
-        ("softmax over the queries", "over the keys", _attention(weights="weights = torch.softmax(scores, dim=-2)")),
-        ("scaled by the value width", "value width",
-         _attention(scores="q @ k.transpose(-2, -1) / math.sqrt(v.size(-1))")),
+''', message="apply the mask before the softmax (masked scores -> -inf), so each row still sums to 1"),
+        Mistake("softmax over the queries", "over the keys", _attention(weights="weights = torch.softmax(scores, dim=-2)"),
+                message="the softmax must run over the keys (dim=-1): each query's weights sum to 1"),
+        Mistake("scaled by the value width", "value width",
+                _attention(scores="q @ k.transpose(-2, -1) / math.sqrt(v.size(-1))"),
+                message="scale by the key width d_k = q.shape[-1], not the value width"),
         ("scaled by the number of keys", "scale", _attention(scores="q @ k.transpose(-2, -1) / math.sqrt(k.size(-2))")),
         ("returns (weights, out), the pair swapped", "weights", _attention(returned="weights, weights @ v")),
         ("naive exp without max shift", "overflow",
