@@ -540,7 +540,10 @@ def expect_array(got, want, what, mistakes=(), nan_hint="", hint="", rtol=None, 
 
 
 def expect_int(got, want, what, mistakes=()):
-    """A Python int equal to want; mistakes: [(message, wrong int)]."""
+    """A Python int equal to want; mistakes: [(message, wrong int)], or a function returning them (called only
+    when the answer is wrong)."""
+    if callable(mistakes):
+        mistakes = [] if got == want and type(got) is int else mistakes()
     for message, wrong in mistakes:
         if got == wrong and got != want and type(got) is int:
             fail(f"{what}: {message}")

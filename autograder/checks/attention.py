@@ -1,7 +1,7 @@
 """Hidden checks of lesson 01 (numpy): softmax, causal_mask, scaled_dot_product_attention."""
 import numpy as np
 
-from functools import partial
+from functools import cache, partial
 
 from autograder.checks import Checks, expect_pair, fail, reference
 from autograder.sandbox.wire import Array
@@ -23,15 +23,9 @@ def _known(name, *args, dtype=None):
 
 
 def _softmax_mistakes(x, axis):
-    """The known mistakes, and a softmax normalised over axis 0 where `axis` is the last (no definition:
-    'always the last axis' is right there)."""
-    found = _known("softmax", x, axis, dtype=x.dtype)
-    if axis % x.ndim == x.ndim - 1:
-        with np.errstate(invalid="ignore", divide="ignore"):
-            e = np.exp(x - x.max())
-            found.append(("you normalised over the wrong axis: use the `axis` argument, the sums along it must be 1",
-                          reference((e / e.sum(axis=0, keepdims=True)).astype(x.dtype))))
-    return found
+    """What the known mistakes (autograder/mistakes/01_attention.py) return on x, in x's dtype: expect_array's
+    mistakes, run only when the answer is wrong."""
+    return lambda: _known("softmax", x, axis, dtype=x.dtype)
 
 
 SOFTMAX_HINT = "softmax(x) = e^x / sum of e^x along `axis`: the entries along `axis` are positive and sum to 1"
@@ -108,18 +102,10 @@ def _attention_cases(rng):
 
 
 def _sdpa_mistakes(q, k, v, mask):
-    """(message, (out, weights)) of the known mistakes on these inputs, and one without a definition:
-    scaling by the value width where it differs from the key width."""
+    """(message, (out, weights)) of the known mistakes (autograder/mistakes/01_attention.py) on these inputs."""
     args = (q, k, v) if mask is None else (q, k, v, mask)
-    cases = [(m.message, (reference(np.asarray(o).astype(q.dtype)), reference(np.asarray(w).astype(q.dtype))))
-             for m, (o, w) in mistakes.on("01_attention", "scaled_dot_product_attention", *args)]
-    dk, dv = q.shape[-1], v.shape[-1]
-    if dv != dk:
-        scores = np.where(True if mask is None else mask, q @ np.swapaxes(k, -1, -2) * dv ** -0.5, -np.inf)
-        w = ref.softmax(scores)
-        cases.append(("scale by the key width d_k = q.shape[-1], not the value width",
-                      reference(((w @ v).astype(q.dtype), w.astype(q.dtype)))))
-    return cases
+    return [(m.message, (reference(np.asarray(o).astype(q.dtype)), reference(np.asarray(w).astype(q.dtype))))
+            for m, (o, w) in mistakes.on("01_attention", "scaled_dot_product_attention", *args)]
 
 
 WEIGHTS_HINT = "softmax over the keys of the scaled, masked scores: each query's weights sum to 1"
@@ -136,9 +122,9 @@ def scaled_dot_product_attention(s):
             want_out, want_w = ref.scaled_dot_product_attention(q64, k64, v64, mask)
             want_out, want_w = reference(want_out, dtype=q.dtype.name), reference(want_w, dtype=q.dtype.name)
             cond = max(1.0, float(np.abs(q64 @ np.swapaxes(k64, -1, -2)).max()) / np.sqrt(q.shape[-1]) / 100)
-            mistakes = _sdpa_mistakes(q, k, v, mask)
-            expect_array(weights, want_w, "the attention weights", [(m, w) for m, (o, w) in mistakes],
+            known = cache(partial(_sdpa_mistakes, q, k, v, mask))  # run only when an answer is wrong
+            expect_array(weights, want_w, "the attention weights", lambda: [(m, w) for m, (o, w) in known()],
                 nan_hint="subtract the row max inside the softmax", hint=WEIGHTS_HINT, cond=cond,
                 axes=("B", "H", "Tq", "Tk")[-q.ndim:], regions=None if mask is None else {"masked keys": ~mask})
-            expect_array(out, want_out, "the attention output", [(m, o) for m, (o, w) in mistakes],
+            expect_array(out, want_out, "the attention output", lambda: [(m, o) for m, (o, w) in known()],
                          hint="out = weights @ v", cond=cond, axes=("B", "H", "Tq", "Dv")[-q.ndim:])

@@ -1,12 +1,11 @@
 """Hidden checks of lesson 04 (torch): repeat_kv, GroupedQueryAttention, mha_to_gqa, kv_cache_bytes.
 
 Forward passes are compared with solutions.gqa and with torch's own grouped-query attention,
-F.scaled_dot_product_attention(..., enable_gqa=True). Known mistakes are recomputed on the
-same inputs (mostly through that same PyTorch function) so the feedback can name them.
+F.scaled_dot_product_attention(..., enable_gqa=True). Known mistakes are their definitions
+(autograder/mistakes/04_gqa.py) run on the same inputs, so the feedback can name them.
 """
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from autograder.checks import (Checks, expect_array, expect_error, expect_int, expect_int_attributes, fail, kind_of,
                                reference, tensor)
@@ -21,13 +20,9 @@ PROJECTIONS = ("q_proj", "k_proj", "v_proj", "out_proj")
 # ---- repeat_kv ---------------------------------------------------------------------------
 
 def _repeat_kv_mistakes(x, n_rep):
-    """The known mistakes (autograder/mistakes/04_gqa.py) on this input, and a repeat along the feature or
-    the batch axis (no definition)."""
-    t = torch.from_numpy(x)
-    return mistakes.compared("04_gqa", "repeat_kv", t, n_rep) + [
-        ("repeat along the head axis (dim 1), not the feature axis", reference(t.repeat_interleave(n_rep, dim=3))),
-        ("repeat along the head axis (dim 1), not the batch axis", reference(t.repeat_interleave(n_rep, dim=0))),
-    ]
+    """What the known mistakes (autograder/mistakes/04_gqa.py) return on this input: expect_array's mistakes,
+    run only when the answer is wrong."""
+    return lambda: mistakes.compared("04_gqa", "repeat_kv", torch.from_numpy(x), n_rep)
 
 
 @CHECKS.add("repeat_kv")
@@ -91,28 +86,10 @@ def _reference_module(state, D, H, Hkv, bias, dtype):
     return module
 
 
-def _sdpa_forward(state, x, H, Hkv, mask=None, causal=True, scale=None, project=True):
-    """The layer written with torch's grouped-query SDPA, with switches for the mistakes no definition covers."""
-    W = {k: torch.from_numpy(v) for k, v in state.items()}
-    x = torch.from_numpy(x)
-    B, T, D = x.shape
-    Dh = D // H
-
-    def heads(name, n):
-        return F.linear(x, W[f"{name}.weight"], W.get(f"{name}.bias")).view(B, T, n, Dh).transpose(1, 2)
-
-    q, k, v = heads("q_proj", H), heads("k_proj", Hkv), heads("v_proj", Hkv)
-    mask = None if mask is None else torch.from_numpy(mask)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None,
-                                         scale=scale, enable_gqa=True)
-    merged = out.transpose(1, 2).reshape(B, T, D)
-    return F.linear(merged, W["out_proj.weight"], W.get("out_proj.bias")) if project else merged
-
-
 @torch.no_grad()
 def _forward_mistakes(state, x, H, Hkv, mask):
     """(message, output) of the known mistakes (autograder/mistakes/04_gqa.py: each class built, given these
-    weights and run on x), then of those no definition covers."""
+    weights and run on x)."""
     D = x.shape[-1]
     found = []
     for m, module in mistakes.on("04_gqa", "GroupedQueryAttention", D, H, Hkv, bias="q_proj.bias" in state):
@@ -123,11 +100,7 @@ def _forward_mistakes(state, x, H, Hkv, mask):
                                                       mask=None if mask is None else torch.from_numpy(mask)))))
         except Exception:  # noqa: BLE001 - a mistake these shapes do not allow cannot be what the student did
             continue
-    f = lambda **kw: reference(_sdpa_forward(state, x, H, Hkv, **{"mask": mask, **kw}))
-    if mask is not None:
-        found.append(("a given mask must be used: you ignored it", f(mask=None, causal=False)))
-    return found + [("scale the scores by 1/sqrt(head_dim); they are not scaled", f(scale=1.0)),
-                    ("apply out_proj to the merged heads", f(project=False))]
+    return found
 
 
 def _random_mask(rng, shape, T):

@@ -9,6 +9,7 @@ the with-block; its points are split: removing one head (the core), restoring th
 ablations, and the ValueError the notebook promises for a head outside 0..n_heads-1.
 """
 import contextlib
+import functools
 
 import numpy as np
 import torch
@@ -66,11 +67,6 @@ def _exact(score, p, *args):
     return reference(score(_torch(p).double(), *args), dtype=p.dtype.name)
 
 
-def _arr(x, dtype):
-    """A numpy result as the tensor Array a correct function returns."""
-    return reference(torch.from_numpy(np.asarray(x, dtype=dtype)))
-
-
 def expect_scores(got, want, what, H, T, mistakes=()):
     """A (H,) score tensor; a wrong shape is named (averaged over the heads, over everything, not at all)."""
     if isinstance(got, Array) and got.kind == "tensor" and got.shape != (H,):
@@ -93,14 +89,6 @@ def _defined(name, p, *args):
             for m, out in mistakes.on(LESSON, name, _torch(p).double(), *args)]
 
 
-def _prev_mistakes(p):
-    """The known mistakes' definitions, and position 0 counted with its attention to itself (no definition)."""
-    sub = np.diagonal(p, offset=-1, axis1=-2, axis2=-1)  # (H, T-1)
-    return _defined("previous_token_score", p) + [
-        ("position 0 has no previous token: don't count its attention to itself, average over i = 1..T-1 only",
-         _arr((sub.sum(-1) + p[:, 0, 0]) / p.shape[-1], p.dtype))]
-
-
 @CHECKS.add("previous_token_score")
 def previous_token_score(s):
     rng = s.rng
@@ -110,7 +98,7 @@ def previous_token_score(s):
         H, T = p.shape[0], p.shape[-1]
         got = s.call("previous_token_score", tensor(p))
         expect_scores(got, _exact(ref.previous_token_score, p), "previous_token_score(pattern)", H, T,
-                      _prev_mistakes(p))
+                      functools.partial(_defined, "previous_token_score", p))
 
 
 # ---- duplicate_token_score ------------------------------------------------------------------
@@ -161,13 +149,6 @@ def duplicate_token_score(s):
 
 # ---- induction_score ------------------------------------------------------------------------
 
-def _ind_mistakes(p, period):
-    """The known mistakes' definitions, and the sum over the queries (no definition)."""
-    return _defined("induction_score", p, period) + [
-        ("take the mean over the queries i = period..T-1, not the sum",
-         _arr(np.diagonal(p, 1 - period, -2, -1)[:, 1:].sum(-1), p.dtype))]
-
-
 @CHECKS.add("induction_score")
 def induction_score(s):
     rng = s.rng
@@ -178,7 +159,7 @@ def induction_score(s):
         H, T = p.shape[0], p.shape[-1]
         got = s.call("induction_score", tensor(p), period)
         expect_scores(got, _exact(ref.induction_score, p, period), "induction_score(pattern, period)",
-                      H, T, _ind_mistakes(p, period))
+                      H, T, functools.partial(_defined, "induction_score", p, period))
 
 
 # ---- ablate_head ----------------------------------------------------------------------------

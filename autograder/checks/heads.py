@@ -107,36 +107,10 @@ def _attention_cases(rng):
             yield q, k, v, mask
 
 
-def _attend(q, k, v, mask, scale, mask_mode="before", axis=-1, fill=float("-inf")):
-    q, k, v = as_torch(q), as_torch(k), as_torch(v)
-    scores = q @ k.transpose(-2, -1) * scale
-    m = None if mask is None else as_torch(mask)
-    if m is not None and mask_mode == "before":
-        scores = scores.masked_fill(~m, fill)
-    if m is not None and mask_mode == "inverted":
-        scores = scores.masked_fill(m, float("-inf"))
-    w = torch.softmax(scores, dim=axis)
-    if m is not None and mask_mode == "after":
-        w = w * m
-    return reference((w @ v, w))
-
-
 def _attention_mistakes(q, k, v, mask):
-    dk, dv = q.shape[-1], v.shape[-1]
-    cases = [("did you scale the scores by 1/sqrt(d_k)? They are not scaled", _attend(q, k, v, mask, 1.0)),
-             ("scale the scores by 1/sqrt(d_k), not 1/d_k", _attend(q, k, v, mask, 1.0 / dk)),
-             ("the softmax must run over the keys (dim=-1): each query's weights sum to 1",
-              _attend(q, k, v, mask, dk ** -0.5, axis=-2))]
-    if dv != dk:
-        cases.append(("scale by the key width d_k = q.shape[-1], not the value width", _attend(q, k, v, mask, dv ** -0.5)))
-    if mask is not None:
-        cases += [("True in the mask means 'may attend': you hid the allowed keys instead",
-                   _attend(q, k, v, mask, dk ** -0.5, "inverted")),
-                  ("apply the mask before the softmax (masked scores -> -inf), so each row still sums to 1",
-                   _attend(q, k, v, mask, dk ** -0.5, "after")),
-                  ("masked scores must become -inf, not 0: a score of 0 still gets a share of the softmax",
-                   _attend(q, k, v, mask, dk ** -0.5, fill=0.0))]
-    return cases
+    """[(message, (out, weights))] of the known mistakes (autograder/mistakes/02_heads.py) on these inputs."""
+    args = [as_torch(a) for a in (q, k, v)] + ([] if mask is None else [as_torch(mask)])
+    return [(m.message, reference(tuple(got))) for m, got in mistakes.on("02_heads", "attention", *args)]
 
 
 def exact_attention(q, k, v, mask, dtype):
@@ -182,42 +156,9 @@ def attention(s):
 # ---- per_head_attention ---------------------------------------------------------------------
 
 def _per_head_mistakes(x, ws, H, mask):
-    """What per_head_attention returns with the usual mistakes, on these inputs."""
-    B, T, D = x.shape
-    Dh = D // H
-    t, (wq, wk, wv) = as_torch(x), (as_torch(w) for w in ws)
-    m = None if mask is None else as_torch(mask)
-
-    def split(a):
-        return ref.split_heads(a, H)
-
-    def att(q, k, v, mask=m, scale=None):
-        scores = q @ k.transpose(-2, -1) * (scale if scale is not None else q.size(-1) ** -0.5)
-        if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        return torch.softmax(scores, dim=-1) @ v
-
-    first = [(t @ w[:, :Dh]).unsqueeze(1).expand(B, H, T, Dh) for w in (wq, wk, wv)]
-    shared = [split(t) @ w[:Dh, :Dh] for w in (wq, wk, wv)]
-    out = [
-        ("the heads share one projection: every head used the first Dh columns of w_q, w_k, w_v. Head h must use "
-         "its own columns h*Dh:(h+1)*Dh: project with the full (D, D) matrix, then split",
-         att(*first)),
-        ("the heads share one projection: split x first and one (Dh, Dh) projection for every head gives all "
-         "heads the same weights. Project x with the full (D, D) matrices, then split, so head h uses columns "
-         "h*Dh:(h+1)*Dh", att(*shared)),
-        ("all heads share one attention pattern: you attended over the full width D and split afterwards. "
-         "Split q, k and v into heads, then attend within each head",
-         split(ref.attention(t @ wq, t @ wk, t @ wv, m)[0]) if m is None or m.ndim == 2 else None),
-        ("apply the projections as x @ w (not x @ w.T)", att(*(split(t @ w.T) for w in (wq, wk, wv)))),
-        ("scale each head's scores by 1/sqrt(Dh), the head width, not 1/sqrt(D)",
-         att(*(split(t @ w) for w in (wq, wk, wv)), scale=D ** -0.5)),
-        ("the queries, keys and values are mixed up: q comes from w_q, k from w_k, v from w_v",
-         att(*(split(t @ w) for w in (wk, wq, wv)))),
-    ]
-    if m is not None:
-        out.append(("pass the mask on to attention", att(*(split(t @ w) for w in (wq, wk, wv)), mask=None)))
-    return [(msg, reference(r)) for msg, r in out if r is not None]
+    """[(message, output)] of the known mistakes (autograder/mistakes/02_heads.py) on these inputs."""
+    args = [as_torch(x)] + [as_torch(w) for w in ws] + [H] + ([] if mask is None else [as_torch(mask)])
+    return mistakes.compared("02_heads", "per_head_attention", *args)
 
 
 @CHECKS.add("per_head_attention", isolate=["split_heads", "attention"], aspects={"heads": 2, "masks": 1})

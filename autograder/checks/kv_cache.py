@@ -11,7 +11,6 @@ import functools
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from autograder import mistakes
 from autograder.checks import Checks, StudentError, close, expect_array, expect_int, fail, kind_of, reference, tensor
@@ -218,22 +217,28 @@ def _shell_parts(rng, D, H, Hkv, bias, dtype):
 
 @torch.no_grad()
 def _cached_mistakes(shell, x, cache, dtype):
-    """(message, output) of the usual mistakes for new tokens x, cache holding what came before (all float64),
-    each labelled with the dtype the student computes in: the known mistakes' definitions
-    (autograder/mistakes/05_kv_cache.py) run on a copy of the cache each, then unscaled scores (no definition)."""
-    found = [(m.message, reference(out, dtype=dtype))
-             for m, out in mistakes.on(LESSON, "attend_with_cache", shell, x, cache, fresh=True)]
-    B, T, D = x.shape
-    H, Hkv, Dh = shell.n_heads, shell.n_kv_heads, shell.head_dim
-    q = shell.q_proj(x).view(B, T, H, Dh).transpose(1, 2)
-    k = shell.k_proj(x).view(B, T, Hkv, Dh).transpose(1, 2)
-    v = shell.v_proj(x).view(B, T, Hkv, Dh).transpose(1, 2)
-    k_all, v_all = copy.deepcopy(cache).update(k, v)
-    Tk = k_all.size(2)
-    out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=torch.ones(T, Tk, dtype=torch.bool).tril(Tk - T),
-                                         scale=1.0, enable_gqa=True)
-    return found + [("scale the scores by 1/sqrt(head_dim)",
-                     reference(shell.out_proj(out.transpose(1, 2).reshape(B, T, D)), dtype=dtype))]
+    """(message, output) of the known mistakes (autograder/mistakes/05_kv_cache.py) for new tokens x, cache
+    holding what came before (all float64), each run on a copy of the cache and labelled with the dtype the
+    student computes in."""
+    return [(m.message, reference(out, dtype=dtype))
+            for m, out in mistakes.on(LESSON, "attend_with_cache", shell, x, cache, fresh=True)]
+
+
+@torch.no_grad()
+def _appended_mistakes(shell, xs, dtype):
+    """(message, keys) of what each known mistake appends to a fresh cache over the chunks xs (float64): run
+    only when the student's cached keys are wrong. One that raises on them cannot be what the student did."""
+    found = []
+    for m, fn in mistakes.defined(LESSON, "attend_with_cache"):
+        cache = helpers.ListCache()
+        try:
+            for x in xs:
+                fn(shell, x, cache)
+        except Exception:  # noqa: BLE001 - e.g. a shape only other sizes allow
+            continue
+        if cache.k is not None:
+            found.append((m.message, reference(cache.k, dtype=dtype)))
+    return found
 
 
 def _expect_cached_run(s, rng, dtype, B, D, H, Hkv, bias, chunks):
@@ -273,9 +278,9 @@ def _expect_cached_run(s, rng, dtype, B, D, H, Hkv, bias, chunks):
             fail("attend_with_cache must append the new keys and values to the cache (cache.update(k, v)) "
                  "once per call: after a call with T new tokens, len(cache) should have grown by T")
         outs.append(got.data)
+    xs = [as64(x_all[:, start - T:start]) for start, T in zip(np.cumsum(chunks), chunks)]
     expect_array(s.get(cache, "k"), reference(ref_cache.k, dtype=dtype), "the keys appended to the cache",
-                 mistakes=[("you appended the values where the keys go: cache.update(k, v)",
-                            reference(ref_cache.v, dtype=dtype))],
+                 mistakes=functools.partial(_appended_mistakes, ref_shell, xs, dtype),
                  hint="append keys of shape (B, Hkv, T, Dh): view the projection as (B, T, Hkv, Dh), "
                       "then transpose(1, 2)")
     # prefill + decode equals causal attention over the whole sequence at once

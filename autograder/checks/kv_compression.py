@@ -49,7 +49,7 @@ def _expect_mask(s, n_queries, window, n_keys=None):
     what = f"sliding_window_mask({n_queries}, window, n_keys={tk})" if n_keys else "sliding_window_mask(n, window)"
     # the known mistakes (autograder/mistakes/08_kv_compression.py) run on the same arguments
     expect_array(got, _bool(_band(n_queries, tk, window)), what,
-                 mistakes.compared(LESSON, "sliding_window_mask", n_queries, window, n_keys),
+                 lambda: mistakes.compared(LESSON, "sliding_window_mask", n_queries, window, n_keys),
                  axes=("query", "key"),
                  hint="query i, at position p = i + n_keys - n_queries, may see key j iff p - window < j <= p")
 

@@ -4,7 +4,6 @@ import math
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from autograder.checks import (as_torch, call_named, Checks, expect_array, expect_int, expect_int_attributes,
                                expect_pair, fail, kind_of, reference, StudentError, tensor)
@@ -69,46 +68,22 @@ def _reference_module(D, H, bias, state):
     return m
 
 
-def _mha_math(state, H, query, key, value, mask, scale="head", invert=False, bias=True, out_proj=True,
-              merge_ok=True, average=False):
-    """What multi-head attention returns, with one of the usual mistakes switched on."""
-    def lin(name, x):
-        b = state.get(f"{name}.bias") if bias else None
-        return F.linear(x, as_torch(state[f"{name}.weight"]), None if b is None else as_torch(b))
-
-    q, k, v = lin("q_proj", as_torch(query)), lin("k_proj", as_torch(key)), lin("v_proj", as_torch(value))
-    B, Tq, D = q.shape
-    Dh = D // H
-    q, k, v = (t.reshape(B, t.size(1), H, Dh).transpose(1, 2) for t in (q, k, v))
-    scores = q @ k.transpose(-2, -1) / math.sqrt(D if scale == "model" else Dh)
-    if mask is not None:
-        m = as_torch(mask)
-        scores = scores.masked_fill(m if invert else ~m, float("-inf"))
-    w = scores.softmax(dim=-1)
-    out = w @ v
-    out = out.transpose(1, 2).reshape(B, Tq, D) if merge_ok else out.reshape(B, Tq, D)
-    if out_proj:
-        out = lin("out_proj", out)
-    return out, (w.mean(dim=1) if average else w)
-
-
-def _mha_mistakes(state, H, query, key, value, mask, value_arg_given):
-    """[(message, (out, weights))] of the usual mistakes on these inputs."""
-    cases = [("scale each head's scores by 1/sqrt(head_dim), not 1/sqrt(d_model)",
-              _mha_math(state, H, query, key, value, mask, scale="model")),
-             ("the output projection out_proj is missing", _mha_math(state, H, query, key, value, mask, out_proj=False)),
-             ("transpose the heads back to (B, Tq, H, head_dim) before merging them",
-              _mha_math(state, H, query, key, value, mask, merge_ok=False))]
-    if "q_proj.bias" in state:
-        cases.append(("the biases of the projections are ignored: call the nn.Linear layers (self.q_proj(x), ...), "
-                      "which add their bias", _mha_math(state, H, query, key, value, mask, bias=False)))
-    if mask is not None:
-        cases.append(("True in the mask means 'may attend' (the opposite of nn.MultiheadAttention's boolean "
-                      "attn_mask): you hid the allowed keys instead", _mha_math(state, H, query, key, value, mask, invert=True)))
-    if not value_arg_given and key is not query and query.shape == key.shape:
-        cases.append(("value must default to key, not to query: mha(x, memory) attends to memory and reads its "
-                      "values from memory", _mha_math(state, H, query, key, query, mask)))
-    return [(m, reference(r)) for m, r in cases]
+@torch.no_grad()
+def _mha_mistakes(state, H, args, kwargs, dtype):
+    """[(message, (out, weights))] of the known mistakes (autograder/mistakes/03_multi_head.py): each class built
+    with these weights in float64 and called as the student's was (args: the float64 tensors the student got),
+    labelled with the student's dtype. One these inputs make raise cannot be what the student did."""
+    D = state["q_proj.weight"].shape[0]
+    found = []
+    for m, module in mistakes.on("03_multi_head", "MultiHeadAttention", D, H, bias="q_proj.bias" in state):
+        try:
+            module = module.double()
+            module.load_state_dict({k: as_torch(v.astype(np.float64)) for k, v in state.items()})
+            out, w = module(*args, **kwargs, need_weights=True)
+        except Exception:  # noqa: BLE001 - e.g. value defaulting to a query of another length
+            continue
+        found.append((m.message, (reference(out, dtype=dtype), reference(w, dtype=dtype))))
+    return found
 
 
 def _forward_cases(rng, D, H, dtype):
@@ -164,7 +139,9 @@ def _check_forward(s, mha, module, state, H, case, weights=True):
         want_out, want_w = module(*(as_torch(t.astype(np.float64)) for t in (query, k, v)),
                                   mask=None if mask is None else as_torch(mask), need_weights=True)
     want_out, want_w = reference(want_out, dtype=query.dtype.name), reference(want_w, dtype=query.dtype.name)
-    mistakes = functools.cache(lambda: _mha_mistakes(state, H, query, k, v, mask, value is not None))
+    as64 = [as_torch(t.astype(np.float64)) for t in (query, key, value) if t is not None]
+    mistakes = functools.cache(lambda: _mha_mistakes(state, H, as64, {} if mask is None else {"mask": as_torch(mask)},
+                                                      query.dtype.name))
     regions = None if mask is None else {"masked keys": ~np.broadcast_to(mask, want_w.shape)}
     if not need_weights:
         if isinstance(got, (tuple, list)):
@@ -369,20 +346,10 @@ def load_torch_mha(s):
 
 # ---- mha_param_count ------------------------------------------------------------------------
 
-def _count_mistakes(D, H, bias):
-    weights, per_head_square = 4 * D * D, 4 * H * (D // H) ** 2
-    square = ("each head's projections are (d_model, head_dim), not (head_dim, head_dim): together the heads have "
-              "(d_model, d_model) weights per projection, whatever n_heads is")
-    if not bias:
-        return [("with bias=False there are no biases to count", weights + 4 * D),
-                ("count all four projections: q, k, v and the output projection out_proj", 3 * D * D),
-                (square, per_head_square)]
-    wrong_biases = "the biases are counted wrongly: four projections, one (d_model,) bias each"
-    return [("count the biases too: each of the four projections has a (d_model,) bias", weights),
-            ("count all four projections: q, k, v and the output projection out_proj", 3 * D * D + 3 * D),
-            ("each projection has one bias of d_model numbers, not one bias per head", weights + 4 * H),
-            (wrong_biases, weights + D), (wrong_biases, weights + 3 * D), (wrong_biases, weights + 8 * D),
-            (square, per_head_square + 4 * D)]
+def _count_mistakes(*args, **kwargs):
+    """What the known mistakes (autograder/mistakes/03_multi_head.py) count for these arguments: expect_int's
+    mistakes, run only when the answer is wrong."""
+    return lambda: [(m.message, n) for m, n in mistakes.on("03_multi_head", "mha_param_count", *args, **kwargs)]
 
 
 @CHECKS.add("mha_param_count", isolate=["MultiHeadAttention"], aspects={"count": 2, "bias=False": 1, "errors": 1})
@@ -396,11 +363,11 @@ def mha_param_count(s):
         with s.aspect("count" if bias else "bias=False"):
             got = call_named(s, "mha_param_count(d_model, n_heads, bias)", "mha_param_count", D, H, bias=bias)
             expect_int(got, ref.mha_param_count(D, H, bias), "mha_param_count(d_model, n_heads, bias)",
-                       mistakes=_count_mistakes(D, H, bias))
+                       mistakes=_count_mistakes(D, H, bias=bias))
     with s.aspect("count"):
         got = call_named(s, "mha_param_count(d_model, n_heads)", "mha_param_count", 80, 4)
         expect_int(got, ref.mha_param_count(80, 4), "mha_param_count(d_model, n_heads) with bias left out",
-                   mistakes=[("bias defaults to True: count the biases", 4 * 80 * 80)])
+                   mistakes=_count_mistakes(80, 4))
     with s.aspect("errors"):
         for D, H in [(10, 3), (100, 7), (64, 5)]:
             _expect_value_error(s, "mha_param_count(d_model, n_heads) with d_model not divisible by n_heads",

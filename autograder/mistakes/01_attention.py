@@ -14,6 +14,12 @@ def softmax(x, axis=-1):
     return e / e.sum(axis=-1, keepdims=True)
 ''', aspect="values along axis",
             message="you normalised over the wrong axis: use the `axis` argument, the sums along it must be 1"),
+        Mistake("always axis 0", "axis", '''
+def softmax(x, axis=-1):
+    e = np.exp(x - x.max(axis=0, keepdims=True))
+    return e / e.sum(axis=0, keepdims=True)
+''', aspect="values along axis",
+            message="you normalised over the wrong axis: use the `axis` argument, the sums along it must be 1"),
         Mistake("normalised over the whole array", "whole array", '''
 def softmax(x, axis=-1):
     e = np.exp(x - x.max())
@@ -116,6 +122,15 @@ def scaled_dot_product_attention(q, k, v, mask=None):
     return weights @ v, weights
 ''', aspect="scaled attention",
             message="scale the scores by 1/sqrt(d_k), not 1/d_k"),
+        Mistake("scaled by the value width", "value width", '''
+def scaled_dot_product_attention(q, k, v, mask=None):
+    scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(v.shape[-1])
+    if mask is not None:
+        scores = np.where(mask, scores, -np.inf)
+    weights = softmax(scores)
+    return weights @ v, weights
+''', aspect="scaled attention",
+            message="scale by the key width d_k = q.shape[-1], not the value width"),
         Mistake("inverted mask", "may attend", '''
 def scaled_dot_product_attention(q, k, v, mask=None):
     scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])

@@ -114,20 +114,26 @@ def merge_heads(x):
 '''),
     ],
     "attention": [
-        ("no scaling", "sqrt(d_k)", _attention(scores="q @ k.transpose(-2, -1)")),
-        ("scaled by 1/d_k", "1/d_k", _attention(scores="q @ k.transpose(-2, -1) / q.size(-1)")),
-        ("inverted mask (True = masked out)", "may attend", _attention(hidden="mask")),
-        ("masked scores set to 0", "-inf", _attention(fill="0.0")),
-        ("mask applied after the softmax", "before the softmax", '''
+        Mistake("no scaling", "sqrt(d_k)", _attention(scores="q @ k.transpose(-2, -1)"),
+                message="did you scale the scores by 1/sqrt(d_k)? They are not scaled"),
+        Mistake("scaled by 1/d_k", "1/d_k", _attention(scores="q @ k.transpose(-2, -1) / q.size(-1)"),
+                message="scale the scores by 1/sqrt(d_k), not 1/d_k"),
+        Mistake("inverted mask (True = masked out)", "may attend", _attention(hidden="mask"),
+                message="True in the mask means 'may attend': you hid the allowed keys instead"),
+        Mistake("masked scores set to 0", "-inf", _attention(fill="0.0"),
+                message="masked scores must become -inf, not 0: a score of 0 still gets a share of the softmax"),
+        Mistake("mask applied after the softmax", "before the softmax", '''
 def attention(q, k, v, mask=None):
     weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.size(-1)), dim=-1)
     if mask is not None:
         weights = weights * mask
     return weights @ v, weights
-'''),
-        ("softmax over the queries", "over the keys", _attention(weights="weights = torch.softmax(scores, dim=-2)")),
-        ("scaled by the value width", "value width",
-         _attention(scores="q @ k.transpose(-2, -1) / math.sqrt(v.size(-1))")),
+''', message="apply the mask before the softmax (masked scores -> -inf), so each row still sums to 1"),
+        Mistake("softmax over the queries", "over the keys", _attention(weights="weights = torch.softmax(scores, dim=-2)"),
+                message="the softmax must run over the keys (dim=-1): each query's weights sum to 1"),
+        Mistake("scaled by the value width", "value width",
+                _attention(scores="q @ k.transpose(-2, -1) / math.sqrt(v.size(-1))"),
+                message="scale by the key width d_k = q.shape[-1], not the value width"),
         ("scaled by the number of keys", "scale", _attention(scores="q @ k.transpose(-2, -1) / math.sqrt(k.size(-2))")),
         ("returns (weights, out), the pair swapped", "weights", _attention(returned="weights, weights @ v")),
         ("naive exp without max shift", "overflow",
@@ -159,48 +165,57 @@ def attention(q, k, v, mask=None):
 '''),
     ],
     "per_head_attention": [
-        ("every head uses the first Dh columns", "own columns", '''
+        Mistake("every head uses the first Dh columns", "own columns", '''
 def per_head_attention(x, w_q, w_k, w_v, n_heads, mask=None):
     B, T, D = x.shape
     Dh = D // n_heads
     q, k, v = (split_heads((x @ w[:, :Dh]).repeat(1, 1, n_heads), n_heads) for w in (w_q, w_k, w_v))
     return attention(q, k, v, mask)[0]
-'''),
-        ("one (Dh, Dh) projection shared by all heads", "share one projection", '''
+''', message=("the heads share one projection: every head used the first Dh columns of w_q, w_k, w_v. Head h must "
+                 "use its own columns h*Dh:(h+1)*Dh: project with the full (D, D) matrix, then split")),
+        Mistake("one (Dh, Dh) projection shared by all heads", "share one projection", '''
 def per_head_attention(x, w_q, w_k, w_v, n_heads, mask=None):
     Dh = x.shape[-1] // n_heads
     xs = split_heads(x, n_heads)
     q, k, v = (xs @ w[:Dh, :Dh] for w in (w_q, w_k, w_v))
     return attention(q, k, v, mask)[0]
-'''),
-        ("one attention over the full width, split afterwards", "one attention pattern", '''
+''', message=("the heads share one projection: split x first and one (Dh, Dh) projection for every head gives all "
+                 "heads the same weights. Project x with the full (D, D) matrices, then split, so head h uses columns "
+                 "h*Dh:(h+1)*Dh")),
+        Mistake("one attention over the full width, split afterwards", "one attention pattern", '''
 def per_head_attention(x, w_q, w_k, w_v, n_heads, mask=None):
     out, _ = attention(x @ w_q, x @ w_k, x @ w_v, mask)
     return split_heads(out, n_heads)
-'''),
-        ("projections applied as x @ w.T", "x @ w", '''
+''', message=("all heads share one attention pattern: you attended over the full width D and split afterwards. "
+                 "Split q, k and v into heads, then attend within each head")),
+        Mistake("projections applied as x @ w.T", "x @ w", '''
 def per_head_attention(x, w_q, w_k, w_v, n_heads, mask=None):
     q, k, v = (split_heads(x @ w.T, n_heads) for w in (w_q, w_k, w_v))
     return attention(q, k, v, mask)[0]
-'''),
-        ("mask not passed on", "mask", '''
+''', message="apply the projections as x @ w (not x @ w.T)"),
+        Mistake("queries and keys projected with each other's weights", "mixed up", '''
+def per_head_attention(x, w_q, w_k, w_v, n_heads, mask=None):
+    q, k, v = (split_heads(x @ w, n_heads) for w in (w_k, w_q, w_v))
+    return attention(q, k, v, mask)[0]
+''', message="the queries, keys and values are mixed up: q comes from w_q, k from w_k, v from w_v"),
+        Mistake("mask not passed on", "mask", '''
 def per_head_attention(x, w_q, w_k, w_v, n_heads, mask=None):
     q, k, v = (split_heads(x @ w, n_heads) for w in (w_q, w_k, w_v))
     return attention(q, k, v)[0]
-'''),
+''', message="pass the mask on to attention"),
         ("returns (out, weights)", "only the heads' outputs", '''
 def per_head_attention(x, w_q, w_k, w_v, n_heads, mask=None):
     q, k, v = (split_heads(x @ w, n_heads) for w in (w_q, w_k, w_v))
     return attention(q, k, v, mask)
 '''),
-        ("inline attention scaled by sqrt(D)", "sqrt(Dh)", '''
+        Mistake("inline attention scaled by sqrt(D)", "sqrt(Dh)", '''
 def per_head_attention(x, w_q, w_k, w_v, n_heads, mask=None):
     q, k, v = (split_heads(x @ w, n_heads) for w in (w_q, w_k, w_v))
     scores = q @ k.transpose(-2, -1) / math.sqrt(x.size(-1))
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     return torch.softmax(scores, dim=-1) @ v
-'''),
+''', message="scale each head's scores by 1/sqrt(Dh), the head width, not 1/sqrt(D)"),
         ("constant: returns zeros", "split into heads", '''
 def per_head_attention(x, w_q, w_k, w_v, n_heads, mask=None):
     B, T, D = x.shape

@@ -13,6 +13,8 @@ def _mha(*changes):
     return edited(_MHA, *changes)
 
 
+_WRONG_BIASES = "the biases are counted wrongly: four projections, one (d_model,) bias each"
+
 MUTANTS = {
     "concat_and_project": [
         Mistake("merged without the transpose", "transpose", '''
@@ -62,8 +64,10 @@ def concat_and_project(heads, w_o):
 '''),
     ],
     "MultiHeadAttention": [
-        ("value defaults to query", "value must default to key",
-         _mha(("value = key if value is None else value", "value = query if value is None else value"))),
+        Mistake("value defaults to query", "value must default to key",
+                _mha(("value = key if value is None else value", "value = query if value is None else value")),
+                message=("value must default to key, not to query: mha(x, memory) attends to memory and reads its "
+                         "values from memory")),
         ("keys and values split with the query length Tq", "own length", _mha(
             ("view(t.size(0), t.size(1), self.n_heads", "view(B, Tq, self.n_heads"))),
         ("weights averaged over heads", "average",
@@ -71,22 +75,28 @@ def concat_and_project(heads, w_o):
         ("bias argument ignored in __init__", "bias=False",
          _mha(*[(f"self.{p} = nn.Linear(d_model, d_model, bias=bias)", f"self.{p} = nn.Linear(d_model, d_model)")
                 for p in ("q_proj", "k_proj", "v_proj", "out_proj")])),
-        ("biases ignored in forward", "bias",
-         _mha(("q, k, v = (proj(t)", "q, k, v = (F.linear(t, proj.weight)"),
-              ("out = self.out_proj(out.transpose(1, 2).reshape(B, Tq, self.d_model))",
-               "out = F.linear(out.transpose(1, 2).reshape(B, Tq, self.d_model), self.out_proj.weight)"))),
-        ("scaled by sqrt(d_model)", "head_dim",
-         _mha(("scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)",
-               "scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_model)"),
-              ("out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)",
-               "out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1 / math.sqrt(self.d_model))"))),
+        Mistake("biases ignored in forward", "bias",
+                _mha(("q, k, v = (proj(t)", "q, k, v = (F.linear(t, proj.weight)"),
+                     ("out = self.out_proj(out.transpose(1, 2).reshape(B, Tq, self.d_model))",
+                      "out = F.linear(out.transpose(1, 2).reshape(B, Tq, self.d_model), self.out_proj.weight)")),
+                message=("the biases of the projections are ignored: call the nn.Linear layers (self.q_proj(x), ...), "
+                         "which add their bias")),
+        Mistake("scaled by sqrt(d_model)", "head_dim",
+                _mha(("scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)",
+                      "scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_model)"),
+                     ("out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)",
+                      "out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1 / math.sqrt(self.d_model))")),
+                message="scale each head's scores by 1/sqrt(head_dim), not 1/sqrt(d_model)"),
         ("scaled by sqrt(d_model) in the explicit path only", "head_dim",
          _mha(("scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)",
                "scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_model)"))),
-        ("mask inverted (nn.MultiheadAttention's convention)", "may attend",
-         _mha(("scores = scores.masked_fill(~mask, float(\"-inf\"))", "scores = scores.masked_fill(mask, float(\"-inf\"))"),
-              ("out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)",
-               "out = F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else ~mask)"))),
+        Mistake("mask inverted (nn.MultiheadAttention's convention)", "may attend",
+                _mha(("scores = scores.masked_fill(~mask, float(\"-inf\"))",
+                      "scores = scores.masked_fill(mask, float(\"-inf\"))"),
+                     ("out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)",
+                      "out = F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else ~mask)")),
+                message=("True in the mask means 'may attend' (the opposite of nn.MultiheadAttention's boolean "
+                         "attn_mask): you hid the allowed keys instead")),
         ("key argument ignored: always attends to the query", "cross-attention",
          _mha(("key = query if key is None else key", "key = query"))),
         ("mask ignored", "mask",
@@ -99,12 +109,14 @@ def concat_and_project(heads, w_o):
          _mha(("return (out, weights) if need_weights else out", "return (out, weights if need_weights else None)"))),
         ("no ValueError for d_model % n_heads", "ValueError",
          _mha(("if d_model % n_heads:", "if False:"))),
-        ("no output projection", "out_proj",
-         _mha(("out = self.out_proj(out.transpose(1, 2).reshape(B, Tq, self.d_model))",
-               "out = out.transpose(1, 2).reshape(B, Tq, self.d_model)"))),
-        ("heads merged without the transpose", "transpose",
-         _mha(("out = self.out_proj(out.transpose(1, 2).reshape(B, Tq, self.d_model))",
-               "out = self.out_proj(out.reshape(B, Tq, self.d_model))"))),
+        Mistake("no output projection", "out_proj",
+                _mha(("out = self.out_proj(out.transpose(1, 2).reshape(B, Tq, self.d_model))",
+                      "out = out.transpose(1, 2).reshape(B, Tq, self.d_model)")),
+                message="the output projection out_proj is missing"),
+        Mistake("heads merged without the transpose", "transpose",
+                _mha(("out = self.out_proj(out.transpose(1, 2).reshape(B, Tq, self.d_model))",
+                      "out = self.out_proj(out.reshape(B, Tq, self.d_model))")),
+                message="transpose the heads back to (B, Tq, H, head_dim) before merging them"),
         ("head_dim a float", "head_dim",
          _mha(("self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads",
                "self.d_model, self.n_heads, self._dh = d_model, n_heads, d_model // n_heads\n"
@@ -242,43 +254,68 @@ def load_torch_mha(module, torch_mha):
 '''),
     ],
     "mha_param_count": [
-        ("biases forgotten", "biases", '''
+        # first: with bias left out it counts what "biases forgotten" counts, and says why
+        Mistake("bias defaults to False", "biases", '''
+def mha_param_count(d_model, n_heads, bias=False):
+    if d_model % n_heads:
+        raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+    return 4 * d_model * d_model + (4 * d_model if bias else 0)
+''', aspect="count", message="bias defaults to True: count the biases"),
+        Mistake("biases forgotten", "biases", '''
 def mha_param_count(d_model, n_heads, bias=True):
     if d_model % n_heads:
         raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
     return 4 * d_model * d_model
-'''),
-        ("biases counted even when bias=False", "bias=False", '''
+''', aspect="count",
+            message="count the biases too: each of the four projections has a (d_model,) bias"),
+        Mistake("biases counted even when bias=False", "bias=False", '''
 def mha_param_count(d_model, n_heads, bias=True):
     if d_model % n_heads:
         raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
     return 4 * d_model * d_model + 4 * d_model
-'''),
-        ("one bias per head", "per head", '''
+''', aspect="bias=False",
+            message="with bias=False there are no biases to count"),
+        Mistake("one bias per head", "per head", '''
 def mha_param_count(d_model, n_heads, bias=True):
     if d_model % n_heads:
         raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
     return 4 * d_model * d_model + (4 * n_heads if bias else 0)
-'''),
-        ("output projection's bias forgotten", "biases are counted wrongly", '''
+''', aspect="count",
+            message="each projection has one bias of d_model numbers, not one bias per head"),
+        Mistake("output projection's bias forgotten", "biases are counted wrongly", '''
 def mha_param_count(d_model, n_heads, bias=True):
     if d_model % n_heads:
         raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
     return 4 * d_model * d_model + (3 * d_model if bias else 0)
-'''),
-        ("output projection forgotten", "out_proj", '''
+''', aspect="count", message=_WRONG_BIASES),
+        Mistake("one bias for all four projections", "d_model", '''
+def mha_param_count(d_model, n_heads, bias=True):
+    if d_model % n_heads:
+        raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+    return 4 * d_model * d_model + (d_model if bias else 0)
+''', aspect="count", message=_WRONG_BIASES),
+        Mistake("two biases per projection", "biases are counted wrongly", '''
+def mha_param_count(d_model, n_heads, bias=True):
+    if d_model % n_heads:
+        raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+    return 4 * d_model * d_model + (8 * d_model if bias else 0)
+''', aspect="count", message=_WRONG_BIASES),
+        Mistake("output projection forgotten", "out_proj", '''
 def mha_param_count(d_model, n_heads, bias=True):
     if d_model % n_heads:
         raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
     return 3 * d_model * d_model + (3 * d_model if bias else 0)
-'''),
-        ("(Dh, Dh) per head", "head_dim", '''
+''', aspect="count",
+            message="count all four projections: q, k, v and the output projection out_proj"),
+        Mistake("(Dh, Dh) per head", "head_dim", '''
 def mha_param_count(d_model, n_heads, bias=True):
     if d_model % n_heads:
         raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
     head_dim = d_model // n_heads
     return 4 * n_heads * head_dim * head_dim + (4 * d_model if bias else 0)
-'''),
+''', aspect="count",
+            message=("each head's projections are (d_model, head_dim), not (head_dim, head_dim): together the heads have "
+                     "(d_model, d_model) weights per projection, whatever n_heads is")),
         ("no ValueError", "ValueError", '''
 def mha_param_count(d_model, n_heads, bias=True):
     return 4 * d_model * d_model + (4 * d_model if bias else 0)

@@ -82,6 +82,16 @@ def repeat_kv(x, n_rep):
     return torch.repeat_interleave(x, n_rep, dim=2)
 ''',
             message="repeat along the head axis (dim 1), not the time axis"),
+        Mistake("repeated along the feature axis", "head axis", '''
+def repeat_kv(x, n_rep):
+    return torch.repeat_interleave(x, n_rep, dim=3)
+''',
+            message="repeat along the head axis (dim 1), not the feature axis"),
+        Mistake("repeated along the batch axis", "head axis", '''
+def repeat_kv(x, n_rep):
+    return torch.repeat_interleave(x, n_rep, dim=0)
+''',
+            message="repeat along the head axis (dim 1), not the batch axis"),
         ("time and feature axes swapped inside (right only when T or Dh is 1)", "h // n_rep", '''
 def repeat_kv(x, n_rep):
     B, Hkv, T, Dh = x.shape
@@ -156,6 +166,15 @@ def repeat_kv(x, n_rep):
         Mistake("scaled by 1/sqrt(d_model)", "1/sqrt(head_dim)", gqa(
             ("is_causal=mask is None)", "is_causal=mask is None, scale=D ** -0.5)")),
             message="scale the scores by 1/sqrt(head_dim), the width of one head, not 1/sqrt(d_model)"),
+        Mistake("scores not scaled", "1/sqrt(head_dim)", gqa(
+            ("is_causal=mask is None)", "is_causal=mask is None, scale=1.0)")),
+            message="scale the scores by 1/sqrt(head_dim); they are not scaled"),
+        Mistake("out_proj left out", "out_proj", gqa(
+            ("return self.out_proj(out.transpose(1, 2).reshape(B, T, D))", "return out.transpose(1, 2).reshape(B, T, D)")),
+            message="apply out_proj to the merged heads"),
+        Mistake("a given mask ignored: causal only when mask is None", "ignored", gqa(
+            ("attn_mask=mask, is_causal=mask is None", "is_causal=mask is None")),
+            message="a given mask must be used: you ignored it"),
         Mistake("heads merged without the transpose", "transpose", gqa(
             ("out.transpose(1, 2).reshape(B, T, D)", "out.reshape(B, T, D)")),
             message=("merge the heads back in order: transpose (B, H, T, Dh) to (B, T, H, Dh) before reshaping to "

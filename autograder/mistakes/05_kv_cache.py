@@ -340,6 +340,13 @@ def attend_with_cache(attn, x, cache):
         Mistake("scaled by 1/sqrt(d_model)", "1/sqrt(head_dim)", _attend(
             ("enable_gqa=True)", "enable_gqa=True, scale=attn.d_model ** -0.5)")),
             message="scale the scores by 1/sqrt(head_dim), the width of one head, not 1/sqrt(d_model)"),
+        Mistake("scores not scaled", "1/sqrt(head_dim)", _attend(
+            ("enable_gqa=True)", "enable_gqa=True, scale=1.0)")),
+            aspect="prefill and decode steps", message="scale the scores by 1/sqrt(head_dim)"),
+        Mistake("values appended where the keys go (and read back swapped)", "where the keys go", _attend(
+            ("k_all, v_all = cache.update(k, v)", "v_all, k_all = cache.update(v, k)")),
+            aspect="prefill and decode steps",
+            message="you appended the values where the keys go: cache.update(k, v)"),
     ],
     "generate": [
         ("constant: returns the prompt", "only the prompt", '''

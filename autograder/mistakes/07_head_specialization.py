@@ -91,6 +91,12 @@ def previous_token_score(pattern):
     return pattern.diagonal(offset=-1, dim1=-2, dim2=-1).sum(dim=-1) / pattern.shape[-1]
 ''',
             message="position 0 has no previous token: average over the T-1 queries i = 1..T-1, not over all T"),
+        Mistake("position 0 counted with its attention to itself", "position 0", '''
+def previous_token_score(pattern):
+    i = torch.arange(pattern.shape[-1])
+    return pattern[:, i, (i - 1).clamp(min=0)].mean(dim=-1)
+''',
+            message="position 0 has no previous token: don't count its attention to itself, average over i = 1..T-1 only"),
         ("index i - 1 for every i: position 0 reads key -1", "position 0", '''
 def previous_token_score(pattern):
     i = torch.arange(pattern.shape[-1])
@@ -232,6 +238,11 @@ def induction_score(pattern, period):
 ''',
             message=("average over the queries i = period..T-1 only (i - period + 1 with i = period - 1 is key 0, "
                      "which is not the token after an earlier copy)")),
+        Mistake("sum over the queries, not mean", "mean", '''
+def induction_score(pattern, period):
+    return pattern.diagonal(offset=1 - period, dim1=-2, dim2=-1)[:, 1:].sum(dim=-1)
+''',
+            message="take the mean over the queries i = period..T-1, not the sum"),
         ("averaged over the heads", "per head", '''
 def induction_score(pattern, period):
     return pattern.diagonal(offset=1 - period, dim1=-2, dim2=-1)[:, 1:].mean(dim=0)
