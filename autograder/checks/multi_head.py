@@ -300,6 +300,7 @@ def _expect_in_place(s, shell, tmha, src, state, marked):
 @CHECKS.add("load_torch_mha", aspects={"weights": 2, "biases": 1, "returns the module": 1, "copied in place": 1})
 def load_torch_mha(s):
     rng = s.rng
+    failed = set()
     for i, (D, H, bias) in enumerate([(12, 3, True), (16, 4, False), (20, 5, True), (8, 2, True)]):
         def rand(*shape):
             return rng.standard_normal(shape).astype(np.float32)
@@ -329,11 +330,18 @@ def load_torch_mha(s):
                 fail(f"after load_torch_mha the module's state_dict has entries {sorted(state)}: copy the weights into "
                      "the existing projections, don't add or remove any")
         for key in sorted(init, key=lambda k: (k.endswith("bias"), PROJ.index(k.split(".")[0]))):  # weights first
-            with s.aspect("biases" if key.endswith("bias") else "weights"):
-                expect_array(state[key], reference(right[key].detach()), f"module.{key} after load_torch_mha",
-                             lambda key=key: [(m, reference(got[key].detach())) for m, got in wrong() if key in got],
-                             hint="in_proj_weight = [W_q; W_k; W_v] (3D, D), in_proj_bias = [b_q; b_k; b_v]; "
-                                  "out_proj is an nn.Linear")
+            aspect = "biases" if key.endswith("bias") else "weights"
+            # an aspect keeps its first message: once it failed, the mistakes need not run again
+            known = () if aspect in failed else \
+                lambda key=key: [(m, reference(loaded[key].detach())) for m, loaded in wrong() if key in loaded]
+            with s.aspect(aspect):
+                try:
+                    expect_array(state[key], reference(right[key].detach()), f"module.{key} after load_torch_mha",
+                                 known, hint="in_proj_weight = [W_q; W_k; W_v] (3D, D), "
+                                             "in_proj_bias = [b_q; b_k; b_v]; out_proj is an nn.Linear")
+                except AssertionError:
+                    failed.add(aspect)
+                    raise
         with s.aspect("returns the module"):
             if not isinstance(got, Handle) or "AttentionShell" not in got.type:
                 fail(f"load_torch_mha should return the module it filled in, but returned {kind_of(got)}")
