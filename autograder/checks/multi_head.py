@@ -9,6 +9,7 @@ from autograder.checks import (as_torch, call_named, Checks, expect_array, expec
                                expect_pair, fail, kind_of, reference, StudentError, tensor)
 from autograder.sandbox.wire import Array, Handle
 from autograder import mistakes
+from autograder.sandbox import helpers
 from solutions import multi_head as ref
 
 CHECKS = Checks()
@@ -255,29 +256,23 @@ def MultiHeadAttention(s):
 
 # ---- load_torch_mha -------------------------------------------------------------------------
 
-def _copy_mistakes(key, init, src):
-    """[(message, Array)] of what `key` holds after the usual mistakes."""
-    proj, kind = key.split(".")
-    out = []
-    if proj == "out_proj":
-        right = src[f"out_proj.{kind}"]
-    else:
-        chunks = np.split(src[f"in_proj_{kind}"], 3)
-        index = PROJ.index(proj)
-        right = chunks[index]
-        for j, chunk in enumerate(chunks):
-            if j != index:
-                out.append((f"{proj} got the {'qkv'[j]} part of in_proj_{kind}: it stacks [q; k; v] in that order, "
-                            f"so q_proj gets rows 0:D, k_proj rows D:2D and v_proj rows 2D:3D (the chunk order "
-                            "is wrong)", chunk))
-    if kind == "weight":
-        out.append(("nn.Linear and nn.MultiheadAttention both store a weight as (out_features, in_features): copy it "
-                    "as it is, not transposed", right.T))
-    what = "the biases were not copied: in_proj_bias holds [b_q; b_k; b_v], and out_proj has its own bias" \
-        if kind == "bias" else f"{key} was not copied into the module (copy in place, e.g. with .copy_(...) " \
-                               "under torch.no_grad())"
-    out.append((what, init[key]))
-    return right, [(m, reference(as_torch(np.ascontiguousarray(a)))) for m, a in out]
+def _loaded(linears, sizes, bias, src):
+    """The module's state_dict after the reference's load_torch_mha, and a function giving [(message, state_dict)]:
+    what each defined mistake of load_torch_mha (autograder/mistakes/03_multi_head.py) leaves in the module. Both
+    run here, on twins of the student's module (an AttentionShell holding `linears`) and of torch_mha (holding
+    `src`), each mistake on its own copy; the mistakes run on the first call only, when a parameter is wrong."""
+    def shell():
+        return helpers.AttentionShell({p: (torch.from_numpy(w), None if b is None else torch.from_numpy(b))
+                                       for p, (w, b) in linears.items()}, **sizes)
+    tmha = helpers.torch_mha(sizes["d_model"], sizes["n_heads"], bias, {k: torch.from_numpy(v) for k, v in src.items()})
+    right = ref.load_torch_mha(shell(), tmha).state_dict()
+
+    @functools.lru_cache(maxsize=None)
+    def wrong():
+        return [(m.message, got.state_dict()) for m, got in
+                mistakes.on("03_multi_head", "load_torch_mha", shell(), tmha, fresh=True)
+                if isinstance(got, torch.nn.Module)]
+    return right, wrong
 
 
 IN_PLACE = "load_torch_mha must copy into the module's own parameters in place (param.copy_ under torch.no_grad())"
@@ -305,6 +300,7 @@ def _expect_in_place(s, shell, tmha, src, state, marked):
 @CHECKS.add("load_torch_mha", aspects={"weights": 2, "biases": 1, "returns the module": 1, "copied in place": 1})
 def load_torch_mha(s):
     rng = s.rng
+    failed = set()
     for i, (D, H, bias) in enumerate([(12, 3, True), (16, 4, False), (20, 5, True), (8, 2, True)]):
         def rand(*shape):
             return rng.standard_normal(shape).astype(np.float32)
@@ -317,9 +313,11 @@ def load_torch_mha(s):
             init[f"{p}.weight"] = rand(D, D)
             if bias:
                 init[f"{p}.bias"] = rand(D)
-        shell = s.helper("AttentionShell",
-                         {p: (tensor(init[f"{p}.weight"]), tensor(init[f"{p}.bias"]) if bias else None) for p in PROJ},
-                         d_model=D, n_heads=H, head_dim=D // H)
+        linears = {p: (init[f"{p}.weight"], init[f"{p}.bias"] if bias else None) for p in PROJ}
+        sizes = dict(d_model=D, n_heads=H, head_dim=D // H)
+        shell = s.helper("AttentionShell", {p: (tensor(w), None if b is None else tensor(b))
+                                            for p, (w, b) in linears.items()}, **sizes)
+        right, wrong = _loaded(linears, sizes, bias, src)
         # The last case only: on parameters without requires_grad a copy_ outside torch.no_grad() does not
         # raise (it makes them require grad), so the other cases still show that mistake as it is.
         marked = i == 3
@@ -332,11 +330,18 @@ def load_torch_mha(s):
                 fail(f"after load_torch_mha the module's state_dict has entries {sorted(state)}: copy the weights into "
                      "the existing projections, don't add or remove any")
         for key in sorted(init, key=lambda k: (k.endswith("bias"), PROJ.index(k.split(".")[0]))):  # weights first
-            with s.aspect("biases" if key.endswith("bias") else "weights"):
-                right, mistakes = _copy_mistakes(key, init, src)
-                expect_array(state[key], reference(as_torch(right)), f"module.{key} after load_torch_mha", mistakes,
-                             hint="in_proj_weight = [W_q; W_k; W_v] (3D, D), in_proj_bias = [b_q; b_k; b_v]; "
-                                  "out_proj is an nn.Linear")
+            aspect = "biases" if key.endswith("bias") else "weights"
+            # an aspect keeps its first message: once it failed, the mistakes need not run again
+            known = () if aspect in failed else \
+                lambda key=key: [(m, reference(loaded[key].detach())) for m, loaded in wrong() if key in loaded]
+            with s.aspect(aspect):
+                try:
+                    expect_array(state[key], reference(right[key].detach()), f"module.{key} after load_torch_mha",
+                                 known, hint="in_proj_weight = [W_q; W_k; W_v] (3D, D), "
+                                             "in_proj_bias = [b_q; b_k; b_v]; out_proj is an nn.Linear")
+                except AssertionError:
+                    failed.add(aspect)
+                    raise
         with s.aspect("returns the module"):
             if not isinstance(got, Handle) or "AttentionShell" not in got.type:
                 fail(f"load_torch_mha should return the module it filled in, but returned {kind_of(got)}")

@@ -13,6 +13,28 @@ def _mha(*changes):
     return edited(_MHA, *changes)
 
 
+# load_torch_mha: what the check says of each mistake, one fixed string whichever parameter shows it
+_CHUNK_ORDER = ("the chunk order is wrong: in_proj_weight stacks [W_q; W_k; W_v] (and in_proj_bias [b_q; b_k; b_v]), "
+                "so q_proj gets rows 0:D, k_proj rows D:2D and v_proj rows 2D:3D")
+_TRANSPOSED = ("nn.Linear and nn.MultiheadAttention both store a weight as (out_features, in_features): copy it as it "
+               "is, not transposed")
+_NO_BIASES = "the biases were not copied: in_proj_bias holds [b_q; b_k; b_v], and out_proj has its own bias"
+_NO_OUT_PROJ = ("out_proj.weight was not copied into the module (copy in place, e.g. with .copy_(...) under "
+                "torch.no_grad())")
+_NOT_COPIED = ("it was not copied from torch_mha: copy each parameter into the module in place (param.copy_(...) "
+               "under torch.no_grad())")
+
+
+_LOAD = textwrap.dedent(inspect.getsource(_ref.load_torch_mha))
+
+
+def _load_in_order(order):
+    """The reference load_torch_mha reading the chunks of in_proj_weight (and in_proj_bias) as `order` (("k", "q", "v"):
+    [W_k; W_q; W_v])."""
+    return edited(_LOAD, ("projs = (module.q_proj, module.k_proj, module.v_proj)",
+                          f"projs = ({', '.join(f'module.{n}_proj' for n in order)})"))
+
+
 _WRONG_BIASES = "the biases are counted wrongly: four projections, one (d_model,) bias each"
 
 MUTANTS = {
@@ -131,7 +153,7 @@ def concat_and_project(heads, w_o):
                "        return torch.zeros_like(query)"))),
     ],
     "load_torch_mha": [
-        ("q/k/v chunk order k, q, v", "chunk order", '''
+        Mistake("q/k/v chunk order k, q, v", "chunk order", '''
 def load_torch_mha(module, torch_mha):
     with torch.no_grad():
         w_k, w_q, w_v = torch_mha.in_proj_weight.chunk(3)
@@ -142,16 +164,22 @@ def load_torch_mha(module, torch_mha):
             module.q_proj.bias.copy_(b_q); module.k_proj.bias.copy_(b_k); module.v_proj.bias.copy_(b_v)
             module.out_proj.bias.copy_(torch_mha.out_proj.bias)
     return module
-'''),
-        ("biases not copied", "biases were not copied", '''
+''',
+            message=_CHUNK_ORDER, aspect="weights"),
+        # the other wrong orders: each projection can be given each other chunk
+        *(Mistake(f"q/k/v chunk order {', '.join(order)}", "chunk order", _load_in_order(order),
+                  message=_CHUNK_ORDER, aspect="weights")
+          for order in (("q", "v", "k"), ("v", "k", "q"), ("k", "v", "q"), ("v", "q", "k"))),
+        Mistake("biases not copied", "biases were not copied", '''
 def load_torch_mha(module, torch_mha):
     with torch.no_grad():
         for proj, w in zip((module.q_proj, module.k_proj, module.v_proj), torch_mha.in_proj_weight.chunk(3)):
             proj.weight.copy_(w)
         module.out_proj.weight.copy_(torch_mha.out_proj.weight)
     return module
-'''),
-        ("out_proj bias not copied", "biases were not copied", '''
+''',
+            message=_NO_BIASES, aspect="biases"),
+        Mistake("out_proj bias not copied", "biases were not copied", '''
 def load_torch_mha(module, torch_mha):
     with torch.no_grad():
         for proj, w in zip((module.q_proj, module.k_proj, module.v_proj), torch_mha.in_proj_weight.chunk(3)):
@@ -161,8 +189,9 @@ def load_torch_mha(module, torch_mha):
             for proj, b in zip((module.q_proj, module.k_proj, module.v_proj), torch_mha.in_proj_bias.chunk(3)):
                 proj.bias.copy_(b)
     return module
-'''),
-        ("weights transposed", "transposed", '''
+''',
+            message=_NO_BIASES, aspect="biases"),
+        Mistake("weights transposed", "transposed", '''
 def load_torch_mha(module, torch_mha):
     with torch.no_grad():
         for proj, w in zip((module.q_proj, module.k_proj, module.v_proj), torch_mha.in_proj_weight.chunk(3)):
@@ -173,8 +202,9 @@ def load_torch_mha(module, torch_mha):
                 proj.bias.copy_(b)
             module.out_proj.bias.copy_(torch_mha.out_proj.bias)
     return module
-'''),
-        ("out_proj not copied", "out_proj.weight was not copied", '''
+''',
+            message=_TRANSPOSED, aspect="weights"),
+        Mistake("out_proj not copied", "out_proj.weight was not copied", '''
 def load_torch_mha(module, torch_mha):
     with torch.no_grad():
         for proj, w in zip((module.q_proj, module.k_proj, module.v_proj), torch_mha.in_proj_weight.chunk(3)):
@@ -184,7 +214,8 @@ def load_torch_mha(module, torch_mha):
                 proj.bias.copy_(b)
             module.out_proj.bias.copy_(torch_mha.out_proj.bias)
     return module
-'''),
+''',
+            message=_NO_OUT_PROJ, aspect="weights"),
         ("new nn.Parameters, and torch_mha's own out_proj.weight shared", "in place", '''
 def load_torch_mha(module, torch_mha):
     for proj, w in zip((module.q_proj, module.k_proj, module.v_proj), torch_mha.in_proj_weight.detach().chunk(3)):
@@ -244,10 +275,11 @@ def load_torch_mha(module, torch_mha):
             module.out_proj.bias.copy_(torch_mha.out_proj.bias)
     return module
 '''),
-        ("constant: returns the module unchanged", "was not copied", '''
+        Mistake("constant: returns the module unchanged", "was not copied", '''
 def load_torch_mha(module, torch_mha):
     return module
-'''),
+''',
+            message=_NOT_COPIED, aspect="weights"),
         ("constant: raises ValueError", "ValueError", '''
 def load_torch_mha(module, torch_mha):
     raise ValueError("load_torch_mha is not ready")
