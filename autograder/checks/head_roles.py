@@ -19,6 +19,7 @@ from solutions import head_roles as ref
 CHECKS = Checks()
 LESSON = "10_head_roles"
 DTYPES = (np.float32, np.float64)
+REQUIRES_GRAD = mistakes.for_lesson(LESSON).REQUIRES_GRAD
 PER_HEAD = "one score per head: average over the queries or pairs (not over the heads), so the result has shape (H,)"
 
 
@@ -88,7 +89,8 @@ def offset_baseline(s):
                         and abs(got - want) > 1e-6:
                     fail(f"offset_baseline(pairs): {m.message}")
             if not isinstance(got, float):
-                fail(f"offset_baseline(pairs) should return a Python float (use .item()), not {type(got).__name__}")
+                fail("offset_baseline(pairs) should return a Python float (use .item()), not "
+                     + ("a tensor" if isinstance(got, Array) else type(got).__name__))
             if abs(got - want) > 1e-6:  # a share computed in float32 is right too
                 fail("offset_baseline(pairs) differs from the share of pairs with the most common offset from - to")
     with s.aspect("errors"):
@@ -166,6 +168,8 @@ def head_importance(s):
         with s.aspect("model as found"):
             s.helper("give_grads", model)
             s.call("head_importance", model, tensor(ids), tensor(targets))
+            if not all(s.helper("requires_grad", model)):
+                fail(REQUIRES_GRAD)
             if not s.helper("grads_as_given", model):
                 fail("head_importance changed the .grad of the model's parameters (filled, wiped or added to): take "
                      "the gradient of the mask alone (torch.autograd.grad(loss, mask)) and leave the model as found")

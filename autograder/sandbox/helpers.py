@@ -131,6 +131,11 @@ def grads_as_given(module):
                for i, p in enumerate(module.parameters()))
 
 
+def requires_grad(module):
+    """Whether each of module's parameters requires grad, in order."""
+    return [p.requires_grad for p in module.parameters()]
+
+
 def without_grad(fn, *args):
     """fn(*args) under torch.no_grad(), as a caller who only measures runs it."""
     with torch.no_grad():
@@ -217,6 +222,7 @@ HELPERS = {
     "gradcheck": gradcheck,
     "give_grads": give_grads,
     "grads_as_given": grads_as_given,
+    "requires_grad": requires_grad,
     "without_grad": without_grad,
     "keeps_argument": keeps_argument,
     "device_used": device_used,
