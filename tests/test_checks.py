@@ -231,3 +231,16 @@ def test_memory_verdicts_do_not_depend_on_what_ran_before():
     script = "from tests import conftest; from tests.test_checks import memory_verdicts_after_others as f; f()"
     run = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
+
+
+def test_where_it_differs_gives_a_tail_only_to_sequences():
+    """'the tail' is a sequence's last positions: the last heads or layers are only the last indices."""
+    import numpy as np
+
+    from autograder.checks import where_it_differs
+    bad = np.zeros((2, 4, 6), dtype=bool)
+    bad[:, 2:] = True
+    assert where_it_differs(bad, ("B", "H", "T")) == "only in the last indices along H"
+    bad = np.zeros((2, 4, 6), dtype=bool)
+    bad[..., 4:] = True
+    assert where_it_differs(bad, ("B", "H", "Tk")) == "only in the last positions along Tk (the tail)"

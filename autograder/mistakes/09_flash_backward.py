@@ -198,6 +198,8 @@ NO_D = ("dS = P * dP is missing the softmax's correction: subtract D = rowsum(do
         "row, dS = P * (dP - D) (the Jacobian of a softmax has a term for the row's sum)")
 TOP_LEFT = ("the causal mask is aligned top-left. With Tk > Tq the queries are the last Tq positions, so query i "
             "sees key j iff j <= i + (Tk - Tq) (bottom-right)")
+NO_DIAGONAL = ("with causal=True the tiles the diagonal crosses are not masked inside: skipping the fully masked tiles "
+               "is not enough, mask each crossed tile's scores bottom-right (query i sees key j iff j <= i + Tk - Tq)")
 FLOAT64 = ("float64 inputs were computed in float32 (the result is as far from the exact answer as float32 rounding "
            "goes). Compute in float64 for float64 inputs: torch.promote_types(q.dtype, torch.float32) picks the dtype")
 ORDER = "the gradients are returned in the wrong order: return (dq, dk, dv), the order of the inputs q, k, v"
@@ -284,6 +286,13 @@ def flash_attention_forward(q, k, v, causal=False, block_q=64, block_k=64):
                         "no tile holds; compute D = rowsum(dout * out) once, before the loops", aspect="values"),
         Mistake("dS without subtracting D", "P * (dP - D)", _backward(ds="p * dp"), message=NO_D, aspect="values"),
         Mistake("causal mask top-left", "top-left", _backward(offset="0"), message=TOP_LEFT, aspect="causal"),
+        Mistake("causal: fully masked tiles skipped, the diagonal's tiles not masked inside", "diagonal",
+                _backward().replace("""            if causal:
+                rows = torch.arange(qs, qs + n)[:, None] + {offset}
+                s = s.masked_fill(torch.arange(ks, ks + kb.size(2)) > rows, float("-inf"))
+""".format(offset=_BACKWARD_OK["offset"]), """            if causal and ks > qs + n - 1 + Tk - Tq:
+                continue
+"""), message=NO_DIAGONAL, aspect="causal"),
         Mistake("tail tile of keys dropped", "last", _backward(k_stop="Tk - block_k + 1"),
                 message="the last, partial tile of keys is dropped: when Tk is not a multiple of block_k, the tail "
                         "tile still counts (range(0, Tk, block_k), and slices past the end are cut short)",
@@ -368,6 +377,7 @@ def flash_attention_backward(q, k, v, out, lse, dout, causal=False, block_q=64, 
             "        dq, dk, dv = ds @ k * c, ds.transpose(-2, -1) @ q * c, p.transpose(-2, -1) @ dout\n")),
         Mistake("gradients in the wrong order", "order", _function(grads="dk, dq, dv, None"),
                 message=ORDER, aspect="values"),
+        Mistake("dk and dv swapped", "order", _function(grads="dq, dv, dk, None"), message=ORDER, aspect="values"),
         Mistake("no gradient (None) for causal", "None", _function(grads="dq, dk, dv")),
         Mistake("causal dropped in the backward", "causal", _function(backward_causal="False"),
                 message="the backward ignores causal: keep it on ctx in the forward (ctx.causal = causal) and pass "
