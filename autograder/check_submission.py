@@ -145,7 +145,44 @@ def structure(nb, lesson):
         if names and is_demo(c):
             out.append((True, f"cell {n} defines {', '.join(sorted(names))} but is a demo cell, which the grader "
                               "skips: define it in its answer cell"))
+    return out + test_only_reads(nb, graded)
+
+
+def test_only_reads(nb, answers):
+    """[(True, line)] for each name an answer cell reads that only a test cell binds. This check runs the test
+    cells, so the name is there when the answer is called; the grader runs its own tests instead, and there it
+    is not. (A name only a demo binds fails this check's run as it fails the grader: run_tests says so.)"""
+    def names(text, kind):
+        try:
+            return {n.id for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Name) and isinstance(n.ctx, kind)}
+        except SyntaxError:
+            return set()
+
+    code = [(n, c) for n, c in enumerate(nb["cells"], 1) if c.get("cell_type") == "code"]
+    graded = [source(c) for _, c in code if not is_test(c) and not is_demo(c)]
+    known = set().union(*(names(t, ast.Store) | bound(t) | _arguments(t) for t in graded), dir(__builtins__))
+    tests = {}
+    for n, c in code:
+        if is_test(c):
+            for name in bound(source(c)) - known:
+                tests.setdefault(name, n)
+    out = []
+    for n, c in code:
+        if meta(c).get("grade_id") in answers and not is_test(c):
+            for name in sorted(names(source(c), ast.Load) & set(tests)):
+                out.append((True, f"cell {n} ('{meta(c)['grade_id']}') uses '{name}', which only test cell "
+                                  f"{tests[name]} defines: the grader runs its own tests instead, so there '{name}' "
+                                  "is not defined; define it in the answer's own cell"))
     return out
+
+
+def _arguments(text):
+    """The parameter names of the functions a cell defines (they bind names too)."""
+    try:
+        return {a.arg for n in ast.walk(ast.parse(text)) if isinstance(n, ast.arguments)
+                for a in [*n.posonlyargs, *n.args, *n.kwonlyargs, n.vararg, n.kwarg] if a is not None}
+    except SyntaxError:
+        return set()
 
 
 def bound(text):
