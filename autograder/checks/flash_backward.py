@@ -170,8 +170,8 @@ def _expect_lse(got, want, largest, what, name, tk, dh, mistaken, slips=None):
     costs the aspect "lse dtype" alone."""
     lse_name = "float64" if name == "float64" else "float32"
     if slips is not None and isinstance(got, Array) and got.dtype in ("float32", "float64") and got.dtype != lse_name:
-        slips.append(f"lse is {got.dtype} for {name} inputs: keep it in the inputs' dtype ({lse_name}; float32 for "
-                     "float16 and bfloat16)")
+        slips.append(f"lse is {got.dtype} for {name} inputs: it is in the inputs' dtype, {lse_name} here (and float32 "
+                     "for float16 or bfloat16 inputs)")
         got = Array(got.kind, lse_name, got.data.astype(lse_name), device=got.device)
     if isinstance(got, Array) and name == "float16" and got.dtype == "float16":
         fail(f"{what}: lse is float16 for float16 inputs: keep it in float32 (the dtype you compute in): "

@@ -221,7 +221,9 @@ DQ_KEPT = ("a second call with the same inputs gave other gradients: dq must sta
 D_PER_PAIR = ("D = rowsum(dout * out) is computed for every pair of tiles (out is read inside the inner loop): it depends "
               "only on the query rows, so compute it once, before the loops (or once per query tile, outside the key "
               "loop)")
-LSE_FLOAT64 = "lse is float64 for float32 inputs: it is in the inputs' dtype (float32), and float32 for half precision"
+# what the check says of lse's dtype, here for float32 inputs (it judges such an lse by its values)
+LSE_FLOAT64 = ("lse is float64 for float32 inputs: it is in the inputs' dtype, float32 here (and float32 for float16 or "
+               "bfloat16 inputs)")
 
 MUTANTS = {
     "attention_backward": [
@@ -257,7 +259,7 @@ def attention_backward(q, k, v, dout, causal=False):
         Mistake("queries scaled in place: .to() returns q itself", "in place", _forward().replace(
             ".to(acc_dtype) * scale", ".to(acc_dtype).mul_(scale)"), message=IN_PLACE, aspect="inputs kept"),
         Mistake("lse in float64 for float32 inputs", "float32", _forward(lse_dtype="torch.float64"),
-                message=LSE_FLOAT64, aspect="lse dtype"),
+                message=LSE_FLOAT64, aspect="lse dtype", evidence=True),
         Mistake("lse in float16 for float16 inputs", "float32", _forward(lse_dtype="q.dtype")),
         Mistake("tail tile of keys dropped", "tail", _forward(k_stop="Tk - block_k + 1")),
         Mistake("tail tile of queries dropped", "tail", _forward(q_stop="Tq - block_q + 1")),
