@@ -244,3 +244,19 @@ def test_where_it_differs_gives_a_tail_only_to_sequences():
     bad = np.zeros((2, 4, 6), dtype=bool)
     bad[..., 4:] = True
     assert where_it_differs(bad, ("B", "H", "Tk")) == "only in the last positions along Tk (the tail)"
+
+
+def test_d_per_pair_is_read_from_the_cells_values_only():
+    """Lesson 09's "D once": out's values read for every pair of tiles fail it; the reference, out's dtype read in
+    the inner loop and out's values read once per query tile (query tiles outside) do not."""
+    import inspect
+
+    from autograder.checks.flash_backward import d_per_pair
+    from solutions import flash_backward as ref
+    source = inspect.getsource(ref.flash_attention_backward)
+    per_pair = [m.code for m in mistakes.mutants("09_flash_backward")["flash_attention_backward"]
+                if m.what == "D computed for every pair of tiles"]
+    assert per_pair and d_per_pair(per_pair) and not d_per_pair([source])
+    assert not d_per_pair([source.replace("dq[:, :, qs:qe] += ds @ kb * scale",
+                                          "dq[:, :, qs:qe] += (ds @ kb * scale).to(out.dtype)")])
+    assert not any(d_per_pair([code]) for _, code in mistakes.variants("09_flash_backward")["flash_attention_backward"])

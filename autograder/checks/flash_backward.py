@@ -430,9 +430,15 @@ def _expect_backward_tiled(s, rng):
                            f"{arrays[1].shape[2]} keys")
 
 
+_METADATA = {"dtype", "device", "shape", "size", "ndim", "dim", "is_cuda"}  # reading these reads no values
+
+
 def _reads(node, name, loops=(), guarded=False):
-    """(enclosing loops, under an if within the innermost) of every read of `name` in node, nested functions aside."""
+    """(enclosing loops, under an if within the innermost) of every read of `name`'s values in node (out.dtype
+    aside), nested functions aside."""
     for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.Attribute) and child.attr in _METADATA and isinstance(child.value, ast.Name):
+            continue
         if isinstance(child, ast.Name) and child.id == name and isinstance(child.ctx, ast.Load):
             yield loops, guarded
         elif isinstance(child, (ast.For, ast.AsyncFor, ast.While)):
