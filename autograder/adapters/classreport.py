@@ -1,7 +1,7 @@
 """RESULTS/report.html: the class at a glance, for the instructor (`python -m autograder report`).
 
-- per lesson, a histogram of the students' final scores and their mean, as the export counts them (export.
-  final_scores, with RESULTS's last export's late penalties: the same numbers as totals.csv);
+- per lesson, a histogram of the students' final scores and their mean, counted by RESULTS's rule (counting.
+  final_scores: the same numbers as totals.csv and the export), and who never handed it in (counting.MISSING);
 - per function, the pass rate and the most common named mistakes, with counts and the students who made
   each (the checks name the mistake, so equal messages are the same mistake); `report --no-names` leaves
   the names out, for a projector;
@@ -30,7 +30,7 @@ from pathlib import Path
 
 from autograder import notebook as nbk
 from autograder.results import NEEDS_GRADING, UNANSWERED, write_atomic
-from autograder.adapters.export import Counting, counting_of, final_scores
+from autograder.counting import Counting, final_scores
 from autograder.adapters.roster import Roster
 
 REPORT = "report.html"
@@ -101,7 +101,7 @@ def functions_across_lessons(stats):
 def by_section(results, sections, scores):
     """[(section, lesson, students with a score, mean score %, students who passed every test)] for the
     roster's sections ({student: section}; students without one, or off the roster, are '(none)'), of the final
-    scores ({(student, lesson): Score} of export.final_scores, with every roster student: one who never handed a
+    scores ({(student, lesson): Score} of counting.final_scores, with every roster student: one who never handed a
     lesson in counts 0, unless the export leaves it blank); a lesson still to grade, by a person or again, has no
     score yet and is left out."""
     passed = {(r.student, r.lesson): all(t.status == "passed" for t in r.tests) for r in results}
@@ -119,11 +119,14 @@ def percent(s):
     return 100 * s.points / s.max_points if s.max_points else 0.0
 
 
-def never_submitted(results, roster):
-    """{lesson: sorted roster students with no submission of it} (no result, or every test `missing`)."""
-    handed = {(r.student, r.lesson) for r in results if r.submitted}
-    lessons = sorted({r.lesson for r in results})
-    return {lsn: sorted(s for s in set(roster) if (s, lsn) not in handed) for lsn in lessons}
+def never_submitted(scores):
+    """{lesson: sorted students who never handed it in} (counting.MISSING: the state totals.csv and the export
+    flag: a roster student with no result, or a result whose every test is `missing`)."""
+    missing = defaultdict(list)
+    for (student, lesson), s in sorted(scores.items()):
+        if s.missing:
+            missing[lesson].append(student)
+    return missing
 
 
 def histogram(percentages, lesson):
@@ -276,9 +279,9 @@ def written_lines(results, reviews, lesson, names):
 
 def render(results, submissions=None, warnings=(), names=True, sections=None, roster=None, reviews=None, counting=None):
     """The page; names=False leaves out who made each mistake, sections ({student: section}) adds by_section,
-    roster (its students) names under each lesson those who never submitted it, reviews (gradebook.read_reviews)
-    its manual scores. The scores are the export's (export.final_scores): with reviews, roster and sections (their
-    students who never handed a lesson in count 0) and counting (an export.Counting: late penalties, written
+    roster (its students) adds those who never handed a lesson in, named under it, reviews (gradebook.read_reviews)
+    its manual scores. The scores are the export's (counting.final_scores): with reviews, roster and sections (their
+    students who never handed a lesson in count 0) and counting (a counting.Counting: late penalties, written
     questions, a lesson never handed in blank, stale manual scores dropped)."""
     e = html.escape
     everyone = sorted(set(roster or ()) | set(sections or ()))
@@ -292,12 +295,12 @@ def render(results, submissions=None, warnings=(), names=True, sections=None, ro
              f"{plural(len(results), 'graded submission')}.</p>"]
     parts += [f"<p class='warning'><b>{e(line)}</b></p>" for line in warnings]  # e.g. a sandbox that hides no file
     parts.append(f"<p class='muted' id='scores'>Scores: {e(COUNTED)}; {e(counting.said())}.</p>")
-    missing = never_submitted(results, roster) if roster is not None else {}
+    missing = never_submitted(scores)
     for lesson in lessons:
         parts.append(f"<h2 id='{e(lesson)}'>{e(lesson)}</h2>")
         if missing.get(lesson):
             who = missing[lesson]
-            parts.append(f"<p class='warning'>Never submitted: {plural(len(who), 'roster student')}"
+            parts.append(f"<p class='warning'>Never handed in: {plural(len(who), 'student')}"
                          + (f": {e(', '.join(who))}" if names else "") + "</p>")
         parts += [f"<p class='muted'>{e(line)}</p>" for line in manual_lines(reviews or {}, lesson, names)
                   + written_lines(results, reviews or {}, lesson, names)]
@@ -357,9 +360,8 @@ def render(results, submissions=None, warnings=(), names=True, sections=None, ro
 
 def write_report(out, results, submissions=None, warnings=(), names=True, sections=None, roster=None, reviews=None,
                  counting=None):
-    """Write RESULTS/report.html (warnings: lines shown first; the rest as render; counting: default, as RESULTS
-    was last counted, export.counting_of); returns its path."""
+    """Write RESULTS/report.html (warnings: lines shown first; the rest as render; counting: RESULTS's rule,
+    config.read_settings); returns its path."""
     path = Path(out) / REPORT
-    write_atomic(path, render(results, submissions, warnings, names, sections, roster, reviews,
-                              counting_of(out) if counting is None else counting))
+    write_atomic(path, render(results, submissions, warnings, names, sections, roster, reviews, counting))
     return path

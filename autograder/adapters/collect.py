@@ -517,9 +517,11 @@ class Candidate:
     submitted: datetime | None = None
 
 
-def collect(download, out, roster=None, lesson=None, times=(), zone="UTC", stream=None):
+def collect(download, out, roster=None, lesson=None, times=(), zone="UTC", allow_mismatch=False, stream=None):
     """Collect DOWNLOAD into OUT; returns the collection.csv rows of this run. CollectError (before
-    anything is written) for an unusable download or --times file. Times without a zone are in `zone`."""
+    anything is written) for an unusable download or --times file, or a --times line whose lesson is not the
+    course's or whose student is not on the roster (unless allow_mismatch: a typo would make a time vanish and a
+    late submission count on time). Times without a zone are in `zone`."""
     download, out = Path(download), Path(out)
     try:
         zone = ZoneInfo(zone)
@@ -552,6 +554,13 @@ def collect(download, out, roster=None, lesson=None, times=(), zone="UTC", strea
             worksheet.update(moodle.read_worksheet(sheet, parse_time))
         else:
             given_times += [(who, lsn, t, Path(path).name) for who, lsn, t in read_times(sheet, path, lesson)]
+    for (kind, value), lsn, _, source in given_times:
+        unknown = (f"lesson {lsn!r}" if lsn not in lessons else
+                   f"{kind} {value!r}" if roster and not Students(roster, {}).resolve([(kind, value)])[0] else None)
+        if unknown and not allow_mismatch:
+            raise CollectError(f"the times file {source} names {unknown}, which "
+                               f"{'the course does not have' if lsn not in lessons else 'is not on the roster'} "
+                               "(a typo?): fix it, or pass --allow-mismatch to collect without that time")
     known = (lambda name: bool(Students(roster, {}).lookup("id", name)[0])) if roster else (lambda name: False)
     layout = Layout([f.parts for f in files], lessons, known)
     notebooks = []

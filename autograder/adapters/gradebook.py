@@ -22,10 +22,9 @@ from importlib.util import find_spec
 from pathlib import Path
 
 from autograder import notebook as nbk
-from autograder.results import STORE, UNANSWERED, UsageError, read_csv, write_atomic
+from autograder.config import read_settings, set_gradebook, settings_path
+from autograder.results import UNANSWERED, UsageError, read_csv
 
-# RESULTS/.results/gradebook.txt: the gradebook whose manual scores RESULTS's totals.csv and feedback pages hold
-GRADEBOOK_FILE = "gradebook.txt"
 
 
 def check_gradebook(gradebook):
@@ -45,11 +44,10 @@ def check_gradebook(gradebook):
 def check_same_gradebook(out, gradebook):
     """UsageError, before any work, when RESULTS (out) was last written with a gradebook and this run names
     none: rewriting totals.csv and the feedback pages without it would silently drop the TAs' manual scores."""
-    path = Path(out) / STORE / GRADEBOOK_FILE
     before = remembered_gradebook(out)
     if before and not gradebook:
         raise UsageError(f"{out} holds the manual scores of --gradebook {before}: pass --gradebook {before} again "
-                         f"(or delete {path} to rewrite it without them)")
+                         f"(or remove its gradebook from {settings_path(out)} to rewrite it without them)")
     totals = Path(out) / "totals.csv"   # written by an export --gradebook, or before RESULTS remembered its gradebook
     if not gradebook and totals.is_file() and any(
             "manual: " in row.get("flags", "") or "extra credit: " in row.get("flags", "") for row in read_csv(totals)):
@@ -58,14 +56,13 @@ def check_same_gradebook(out, gradebook):
 
 
 def remembered_gradebook(out):
-    """The gradebook RESULTS (out) was last written with (remember_gradebook), or None."""
-    path = Path(out) / STORE / GRADEBOOK_FILE
-    return (path.read_text(encoding="utf-8").strip() or None) if path.is_file() else None
+    """The gradebook RESULTS (out) was last written with (remember_gradebook: its settings), or None."""
+    return read_settings(out).gradebook
 
 
 def remember_gradebook(out, gradebook):
     """Record in RESULTS (out) the gradebook its totals.csv and feedback pages now hold (check_same_gradebook)."""
-    write_atomic(Path(out) / STORE / GRADEBOOK_FILE, f"{Path(gradebook).resolve()}\n")
+    set_gradebook(out, gradebook)
 
 
 @dataclass
