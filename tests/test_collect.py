@@ -528,3 +528,16 @@ def test_the_file_name_a_student_chose_cannot_reshape_the_lms_name(tmp_path, ros
     out, _, rows = collect_of(tmp_path, dl, load_roster(roster))
     assert collected(out, "bob") == notebook("01_attention", 1)
     assert rows[name]["student"] == uploader and collected(out, uploader) == notebook("01_attention", 9)
+
+
+def test_a_time_for_a_student_or_lesson_nobody_knows_stops_collect(tmp_path, roster, capsys):
+    dl = tmp_path / "dl"
+    put(dl, "alice/01_attention.ipynb", notebook("01_attention", 0))
+    out = tmp_path / "SUBMISSIONS"
+    for line, named in (("ghopper,01_attention", "id 'ghopper'"), ("alice,01_atention", "lesson '01_atention'")):
+        times = put(tmp_path, "times.csv", f"student,lesson,submitted_at\n{line},2025-10-01T12:00:00Z\n".encode())
+        args = ["collect", str(dl), "--out", str(out), "--roster", str(roster), "--times", str(times)]
+        assert main(args) == 2
+        err = capsys.readouterr().err.strip()
+        assert f"the times file times.csv names {named}" in err and "\n" not in err and not out.exists()
+    assert main(args + ["--allow-mismatch"]) == 0

@@ -559,3 +559,114 @@ def test_a_written_answer_changed_by_a_resubmission_makes_its_manual_score_stale
     assert (kept.points, kept.pending, dropped.points, dropped.pending) == (r.max_points + 1.5, [], None, [question])
     ta_saves(2.0)
     assert regrade("A different answer, written after the TA graded the first.")[1].stale == []
+
+
+# ---- the slips of a term (issue 37): each once exited 0 with a wrong number --------------------------------------
+
+def test_an_extension_for_a_student_nobody_knows_stops_the_rule(term, capsys):
+    """`ghoper` for alice's classmate: once ignored, so the student it was meant for lost 20%."""
+    (term / "ext.csv").write_text("student,lesson,deadline\nghoper,02_heads,2025-10-09T23:59:00+00:00\n")
+    rule = ["rule", str(term / "RESULTS"), "--roster", str(term / "roster.csv"), "--deadline",
+            "02_heads=2025-10-01T23:59:00+00:00", "--late-policy", "10%/day", "--extensions", str(term / "ext.csv")]
+    before = sorted(p.name for p in (term / "RESULTS/.results").iterdir())
+    assert main(rule) == 2
+    err = capsys.readouterr().err.strip()
+    assert "line 2: no student 'ghoper' in the roster or the results" in err and "\n" not in err
+    assert sorted(p.name for p in (term / "RESULTS/.results").iterdir()) == before, "no rule written"
+    assert main(rule + ["--allow-mismatch"]) == 0   # the instructor goes on knowingly
+    assert "1 extension(s)" in capsys.readouterr().out
+
+
+def test_a_canvas_column_worth_other_points_stops_the_export(term, capsys):
+    gradebook = term / "export.csv"
+    gradebook.write_text("Student,ID,SIS User ID,SIS Login ID,Section,01_attention (5501),02_heads (5502)\n"
+                         "    Points Possible,,,,,6,10\n" '"Liddell, Alice",101,alice,aliddell,A,,\n')
+    args = ["export", str(term / "RESULTS"), "--format", "canvas", "--roster", str(term / "roster.csv"),
+            "--canvas-gradebook", str(gradebook), "--out", str(term / "canvas.csv")]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert "02_heads (5502) has Points Possible 10, but 02_heads is out of 8 here" in err and "\n" not in err
+    assert not (term / "canvas.csv").exists()
+    assert main(args + ["--allow-mismatch"]) == 0 and (term / "canvas.csv").is_file()
+
+
+def test_a_lesson_skipped_is_never_handed_in_in_every_artifact_under_every_rule(term, capsys):
+    """carol's 02_heads result has every test missing (she handed in 01 only); dave, on the roster, has no result
+    at all. Both are one state: flagged, named in the warning, 0, or blank with --missing-blank, in totals.csv,
+    the export and report.html alike."""
+    (term / "roster.csv").write_text(ROSTER + "dave,Dave Bowman,dave@example.org,104,dbowman,B\n")
+    out, roster = term / "RESULTS", ["--roster", str(term / "roster.csv")]
+    for flag, cell, said in (("--no-missing-blank", "0", "counted as 0"), ("--missing-blank", "", "left blank")):
+        assert main(["rule", str(out), *roster, flag]) == 0
+        assert main(["export", str(out), "--format", "csv", "--out", str(term / "plain.csv"), *roster]) == 0
+        assert f"never handed in, {said} (3): carol 02_heads; dave 01_attention, 02_heads" in capsys.readouterr().err
+        for path in (term / "plain.csv", out / "totals.csv"):
+            rows = {r["student"]: r for r in csv.DictReader(open(path, newline=""))}
+            assert (rows["carol"]["02_heads"], rows["dave"]["02_heads"]) == (cell, cell)
+            assert "02_heads: never handed in" in rows["carol"]["flags"] and "never handed in" in rows["dave"]["flags"]
+        assert "Never handed in: 2 students: carol, dave" in (out / "report.html").read_text()
+
+
+def test_a_trial_export_writes_only_its_file_and_grade_refuses_another_rule(term, capsys):
+    out = term / "RESULTS"
+    assert main(["rule", str(out), "--written", "--deadline", "02_heads=2025-10-01T23:59:00+00:00",
+                 "--late-policy", "10%/day", "--grace", "1h"]) == 0
+    kept = {p: p.read_bytes() for p in [out / "totals.csv", out / "report.html", *sorted((out / "feedback").rglob("*"))]
+            if p.is_file()}
+    capsys.readouterr()
+    assert main(["export", str(out), "--format", "csv", "--out", str(term / "scratch.csv"), "--no-written",
+                 "--late-policy", "none"]) == 0
+    err = capsys.readouterr().err
+    assert "a trial, counted otherwise than" in err and "written questions not counted" in err
+    assert (term / "scratch.csv").is_file()
+    assert {p: p.read_bytes() for p in kept} == kept, "RESULTS's totals.csv, pages and report unchanged"
+    for command in (["grade", str(term / "SUBMISSIONS"), "--out", str(out), "--no-written"],
+                    ["grade", str(term / "SUBMISSIONS"), "--out", str(out), "--resume", "--grace", "2h"],
+                    ["report", str(out), "--late-policy", "5%/day"]):
+        assert main(command) == 2, command
+        err = capsys.readouterr().err.strip()
+        assert "counts otherwise than these flags say" in err and "\n" not in err
+
+
+def test_a_wrong_key_writes_nothing(term, capsys, monkeypatch):
+    out = term / "RESULTS"
+    assert main(["export", str(out), "--format", "csv", "--out", str(term / "a.csv")]) == 0
+    kept = (out / "totals.csv").read_bytes()
+    (term / "other.key").write_text("ab" * 32 + "\n")
+    (term / "other.key").chmod(0o600)
+    monkeypatch.setenv("MHA_RESULTS_KEY", str(term / "other.key"))
+    capsys.readouterr()
+    for command in (["export", str(out), "--format", "canvas", "--roster", str(term / "roster.csv"), "--out",
+                     str(term / "b.csv")], ["report", str(out)], ["rule", str(out), "--written"]):
+        assert main(command) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"error: {out}: ") and "key" in err and "\n" not in err
+    assert not (term / "b.csv").exists() and (out / "totals.csv").read_bytes() == kept
+
+
+def test_the_stale_manual_score_is_told_one_way(term, capsys):
+    """RESULTS drops stale overrides: grade's warning says so, as totals.csv and the pages count it."""
+    from autograder.adapters import report_outputs
+    from autograder.adapters.gradebook import update_gradebook
+    from autograder.config import read_settings
+    db, _ = _gradebook_with_reviews(term)
+    assert main(["rule", str(term / "RESULTS"), "--gradebook", str(db), "--stale-overrides", "drop"]) == 0
+    regraded = save_result(term / "RESULTS", result("carol", "01_attention", [1, 1, 3]))
+    update_gradebook(db, [regraded], {"01_attention": TESTS["01_attention"]}, term / "course")
+    capsys.readouterr()
+    for write in report_outputs(gradebook=db, course_root=term / "course", rule=read_settings(term / "RESULTS").rule):
+        write(term / "RESULTS", load_results(term / "RESULTS"), [])
+    err = capsys.readouterr().err
+    assert "dropped: the new result counts" in err and "kept: they still win" not in err
+    rows = {r["student"]: r for r in csv.DictReader(open(term / "RESULTS/totals.csv", newline=""))}
+    assert "stale override dropped: test_scaled_dot_product_attention" in rows["carol"]["flags"]
+
+
+def test_600_results_with_one_cause_print_one_grouped_line(tmp_path, capsys):
+    out = tmp_path / "RESULTS"
+    for i in range(300):
+        for lesson in TESTS:
+            save_result(out, result(f"s{i:03d}", lesson, [0] * len(TESTS[lesson]), status="missing"))
+    assert main(["export", str(out), "--format", "csv", "--out", str(tmp_path / "x.csv")]) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if "never handed in" in line]
+    assert len(lines) == 1 and lines[0].count("s000") == 1 and "(600): s000 01_attention, 02_heads; s001" in lines[0]
