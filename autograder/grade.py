@@ -413,6 +413,11 @@ def grade_one(sandbox, student, lesson, sub, tests, data_files, grader):
         result["anomaly"] = "refused file or folder" if refused else "unreadable notebook"
         return result
     result["written"] = written_rows(lesson, nb)
+    other = nbk.content_lesson(nb, nbk.lesson_answers(tuple(LESSONS)))
+    if other and other != lesson:   # the wrong notebook handed in: its tests will fail on names it never defines
+        result["notes"].insert(0, f"this notebook looks like {other} (its answer cells are {other}'s), not {lesson}: "
+                                  f"was it handed in to the wrong assignment? Hand in {lesson}.ipynb")
+        result["anomaly"] = "notebook of another lesson"
     cells, labels, notes = submission_cells(nb)
     result["notes"] += notes
     session = Session(sandbox, lesson, cells, data_files)

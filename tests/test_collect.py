@@ -541,3 +541,23 @@ def test_a_time_for_a_student_or_lesson_nobody_knows_stops_collect(tmp_path, ros
         err = capsys.readouterr().err.strip()
         assert f"the times file times.csv names {named}" in err and "\n" not in err and not out.exists()
     assert main(args + ["--allow-mismatch"]) == 0
+
+
+def test_a_notebook_renamed_beyond_its_lessons_name_gets_a_rename_note(tmp_path, roster):
+    """`lesson1_final.ipynb` (named for no lesson, found by its cells) and Moodle's `my work.ipynb` are renamed too,
+    as `01_attention (1).ipynb` always was; a lesson 03 notebook in a download for 01 names lesson 03."""
+    dl = tmp_path / "dl"
+    put(dl, "alice/lesson1_final.ipynb", notebook("01_attention", 0))
+    put(dl, "Bob Stone_502_assignsubmission_file_/my work.ipynb", notebook("02_heads", 0))
+    out = tmp_path / "SUBMISSIONS"
+    assert main(["collect", str(dl), "--out", str(out), "--roster", str(roster)]) == 0
+    found = {f: (kinds, r["detail"]) for r in log_rows(out) for f, kinds in anomalies(out).items() if r["file"] == f}
+    assert "renamed" in found["alice/lesson1_final.ipynb"][0]
+    assert "named 'lesson1_final.ipynb', not 01_attention.ipynb" in found["alice/lesson1_final.ipynb"][1]
+    assert "named 'my work.ipynb', not 02_heads.ipynb" in found["Bob Stone_502_assignsubmission_file_/my work.ipynb"][1]
+    assert "renamed" not in str(anomalies(out).get("alice/01_attention.ipynb", ""))
+    put(tmp_path / "dl3", "alice/01_attention.ipynb", notebook("03_multi_head", 0))
+    assert main(["collect", str(tmp_path / "dl3"), "--out", str(tmp_path / "S3"), "--roster", str(roster),
+                 "--lesson", "01_attention"]) == 0
+    assert "a 03_multi_head notebook in a download collected for 01_attention" in \
+        log_rows(tmp_path / "S3")[0]["detail"]

@@ -476,3 +476,16 @@ def test_a_term_adds_up_for_every_roster_student(term, tmp_path, cli):
     assert code == 0, err
     assert [(r["student"], r["total"], r["max_points"]) for r in store.read_csv(tmp_path / "bare.csv")] == [
         ("alice", "24", "24"), ("bob", "0", "24"), ("carol", "14.5", "24")]   # no late penalty asked for: 5.5
+
+
+def test_a_notebook_of_another_lesson_says_which_lesson_it_looks_like(tmp_path, cli):
+    """A lesson 03 notebook handed in as lesson 01 (Gradescope's lesson 01 assignment stages it so): its tests fail
+    on names it never defines, and the page and the run name lesson 03, not only the NameErrors."""
+    L3 = "03_multi_head"
+    release(tmp_path / "release", [L3])
+    put(tmp_path / "subs", "alice", fill(nbk.read(tmp_path / "release" / L3 / f"{L3}.ipynb"), L3), name="work.ipynb")
+    code, err = cli("grade", tmp_path / "subs", "--out", tmp_path / "results", "--lesson", L1, "--quiet")
+    assert code == 0, err
+    assert "1 x notebook of another lesson: alice/01_attention" in err
+    page = (tmp_path / "results" / "feedback" / "alice" / f"{L1}.html").read_text()
+    assert f"this notebook looks like {L3} (its answer cells are {L3}&#x27;s), not {L1}" in page
