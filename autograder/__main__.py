@@ -4,7 +4,9 @@ import sys
 
 from pathlib import Path
 
-from autograder.checks import LESSONS
+from autograder.lessons import solutions_modules
+
+LESSONS = solutions_modules()   # {lesson: its module}, from the manifests: no torch to load for a command that needs none
 
 WRITTEN_HELP = ("the written questions count (off: shown to students, not counted); their scores are the "
                 "--gradebook's manual ones, and a lesson with one not graded yet is 'needs grading' (left blank)")
