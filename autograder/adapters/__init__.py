@@ -45,7 +45,7 @@ def report_outputs(gradebook=None, course_root=None, roster=None, rule: Counting
 
     def to_gradebook(out, results, warnings):
         tests = {lesson: nbk.lesson_tests(lesson) for lesson in sorted({r.lesson for r in results})}
-        update_gradebook(gradebook, results, tests, course_root)
+        update_gradebook(gradebook, results, tests, course_root, roster)
         reviews.update(read_reviews(gradebook))   # after the update: stale overrides are marked (kept, as nbgrader does)
         remember_gradebook(out, gradebook)   # a later run without --gradebook is refused (check_same_gradebook)
         for line in stale_warning([f"{r.student} {r.lesson} {t}" for r in results

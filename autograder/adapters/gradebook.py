@@ -104,17 +104,22 @@ def read_reviews(db_path):
     return reviews
 
 
-def update_gradebook(db_path, results, tests, course_root=None):
+def update_gradebook(db_path, results, tests, course_root=None, roster=None):
     """Create the lessons' structure (assignment, notebook, grade and solution cells), set every
-    auto_score, and write the autograded notebooks under course_root (default: the gradebook's folder)."""
+    auto_score, and write the autograded notebooks under course_root (default: the gradebook's folder), with
+    formgrader's nbgrader_config.py there (formgrader.write_config) when it has none. With a roster, every roster
+    student is in the gradebook with their name and email, as formgrader shows them."""
     from sqlalchemy.exc import SAWarning
 
-    from autograder.adapters.formgrader import changed_answers, write_autograded
+    from autograder.adapters.formgrader import changed_answers, write_autograded, write_config
 
     course_root = course_root or Path(db_path).resolve().parent
     with _open(db_path) as gb, warnings.catch_warnings():
         # nbgrader's add_submission trips SQLAlchemy's autoflush warnings; its rows are right
         warnings.simplefilter("ignore", SAWarning)
+        for row in roster.rows if roster else ():
+            first, last = split_name(row["name"])
+            gb.update_or_create_student(row["student"], first_name=first, last_name=last, email=row["email"] or None)
         for lesson, cells in tests.items():
             gb.update_or_create_assignment(lesson)
             gb.update_or_create_notebook(lesson, lesson)
@@ -153,6 +158,17 @@ def update_gradebook(db_path, results, tests, course_root=None):
                     grade.needs_manual_grade = bool(grade.needs_manual_grade) or w.question in changed
             gb.db.commit()
     write_autograded(course_root, results)
+    write_config(course_root, db_path)
+
+
+def split_name(name: str) -> tuple:
+    """(first, last) of a roster name, "Liddell, Alice" (Canvas's sortable form) or "Alice Liddell"; (None, None)
+    for none."""
+    if "," in name:
+        last, _, first = name.partition(",")
+        return first.strip() or None, last.strip() or None
+    words = name.split()
+    return (" ".join(words[:-1]) or None, words[-1]) if words else (None, None)
 
 
 def _submission_notebook(gb, r):
