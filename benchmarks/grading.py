@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import defaultdict
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -258,8 +259,8 @@ print(t1 - t0, t2 - t1, t3 - t2, t4 - t3)
 
 
 def regrade(root, baseline=None, runs=5):
-    """{checkout: {wall, imports, fingerprints, self_check, sandbox_start}} in seconds: the least of `runs`
-    regrades with --resume after one notebook (a student's lesson 03, solved and blank in turn) changed, in
+    """{checkout: {wall, cpu, imports, fingerprints, self_check, sandbox_start}} in seconds: the least of `runs`
+    regrades with --resume (the checkouts taken in turn) after one notebook (a student's lesson 03, solved and blank in turn) changed, in
     a class of 3 students x lessons 01-05 graded before; the parts are measured alone in a fresh interpreter, in
     the same RESULTS (so with what that checkout caches there)."""
     subs = make_class(root, REGRADE_LESSONS, 3)
@@ -272,28 +273,34 @@ def regrade(root, baseline=None, runs=5):
         archive = subprocess.run(["git", "-C", str(REPO), "archive", baseline], capture_output=True, check=True)
         subprocess.run(["tar", "-x", "-C", str(base)], input=archive.stdout, check=True)
         checkouts[f"{baseline} ({subprocess.check_output(['git', '-C', str(REPO), 'rev-parse', '--short', baseline], text=True).strip()})"] = base
+    outs = {name: root / f"results-{i}" for i, name in enumerate(checkouts)}
+    grades = {name: [sys.executable, "-m", "autograder", "grade", str(subs), "--out", str(outs[name]), "--quiet"]
+              for name in checkouts}
+    envs = {name: dict(os.environ, PYTHONPATH=str(code)) for name, code in checkouts.items()}
+    for name, code in checkouts.items():
+        timed(grades[name], code, envs[name])   # the class graded once
+    walls, cpus = defaultdict(list), defaultdict(list)
+    for i in range(runs):   # interleaved: a busy moment slows both checkouts, not one
+        changed.write_bytes(versions[(i + 1) % 2])
+        for name, code in checkouts.items():
+            wall, cpu = timed(grades[name] + ["--resume"], code, envs[name])
+            walls[name].append(wall)
+            cpus[name].append(cpu)
+    changed.write_bytes(versions[0])
     figures = {}
     for name, code in checkouts.items():
-        env = dict(os.environ, PYTHONPATH=str(code))
-        out = root / f"results-{len(figures)}"
-        grade = [sys.executable, "-m", "autograder", "grade", str(subs), "--out", str(out), "--quiet"]
-        timed(grade, code, env)   # the class graded once
-        walls = []
-        for i in range(runs):
-            changed.write_bytes(versions[(i + 1) % 2])
-            walls.append(timed(grade + ["--resume"], code, env)[0])
         parts = [min(x) for x in zip(*(map(float, subprocess.run(
-            [sys.executable, "-c", PARTS.format(lessons=REGRADE_LESSONS, out=str(out))], cwd=code, env=env,
-            capture_output=True, text=True, check=True).stdout.split()) for _ in range(3)))]
-        figures[name] = dict(wall=round(min(walls), 2), **{k: round(v, 2) for k, v in zip(
-            ("imports", "fingerprints", "self_check", "sandbox_start"), parts)})
-        changed.write_bytes(versions[0])
+            [sys.executable, "-c", PARTS.format(lessons=REGRADE_LESSONS, out=str(outs[name]))], cwd=code,
+            env=envs[name], capture_output=True, text=True, check=True).stdout.split()) for _ in range(3)))]
+        figures[name] = dict(wall=round(min(walls[name]), 2), cpu=round(min(cpus[name]), 2), **{
+            k: round(v, 2) for k, v in zip(("imports", "fingerprints", "self_check", "sandbox_start"), parts)})
     print(f"\nOne regrade (grade --resume, 1 of 15 notebooks changed, lessons 01-05), least of {runs}, "
           f"{os.cpu_count()} CPUs; parts measured alone, least of 3")
-    print(f"{'':28s} {'wall s':>7s} {'imports':>8s} {'fingerprints':>13s} {'self-check':>11s} {'sandbox':>8s}")
+    print(f"{'':28s} {'wall s':>7s} {'CPU s':>6s} {'imports':>8s} {'fingerprints':>13s} {'self-check':>11s} "
+          f"{'sandbox':>8s}")
     for name, f in figures.items():
-        print(f"{name:28s} {f['wall']:7.2f} {f['imports']:8.2f} {f['fingerprints']:13.2f} {f['self_check']:11.2f} "
-              f"{f['sandbox_start']:8.2f}")
+        print(f"{name:28s} {f['wall']:7.2f} {f['cpu']:6.2f} {f['imports']:8.2f} {f['fingerprints']:13.2f} "
+              f"{f['self_check']:11.2f} {f['sandbox_start']:8.2f}")
     return {"date": datetime.date.today().isoformat(), "runs": runs, "seconds": figures}
 
 
