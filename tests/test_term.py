@@ -494,3 +494,134 @@ def test_a_notebook_of_another_lesson_says_which_lesson_it_looks_like(tmp_path, 
     assert "1 x notebook of another lesson: alice/01_attention" in err
     page = (tmp_path / "results" / "feedback" / "alice" / f"{L1}.html").read_text()
     assert f"this notebook looks like {L3} (its answer cells are {L3}&#x27;s), not {L1}" in page
+
+
+def test_a_term_of_eight_agrees_with_one_table_in_every_artifact_through_the_slips(term, tmp_path, cli):
+    """A roster of 8 over lessons 01-03, collected per lesson from plain downloads with times, graded with the
+    written question, scored by TAs in the gradebook, with late work, an extension and a grace period. On the way,
+    each slip an instructor made once exited 0 with a wrong number; now each stops (or stays a trial) and the
+    numbers hold. totals.csv, both Canvas files (the new import and a filled Canvas export), the feedback pages and
+    report.html are checked against one table.
+    ada all solved; bo skips 02; cy, on the roster, hands in nothing; di's softmax is wrong; ed is a day past his
+    extension on 01 and leaves 03 blank; fay is 11 minutes late on 01 (grace 15m); gus uploads his 03 notebook to
+    01 and nothing for 03; hal's 01 is named lesson1_final.ipynb."""
+    from autograder.adapters.gradebook import _open
+    L3 = "03_multi_head"
+    root, notebooks, _ = term
+    release(root / "release", [L3])
+    rel = {lsn: nbk.read(root / "release" / lsn / f"{lsn}.ipynb") for lsn in (L1, L2, L3)}
+    solved = {L1: notebooks["solved"], L2: fill(rel[L2], L2), L3: written(fill(rel[L3], L3), "Same weights; 8 patterns.")}
+    ids = dict(zip(["ada", "bo", "cy", "di", "ed", "fay", "gus", "hal"], range(201, 209)))
+    (tmp_path / "roster.csv").write_text("student,name,email,lms_id\n" + "".join(
+        f"{s},{s.title()} Doe,{s}@x.org,{i}\n" for s, i in ids.items()))
+    roster, subs, out, db = ["--roster", tmp_path / "roster.csv"], tmp_path / "subs", tmp_path / "results", \
+        tmp_path / "course/gradebook.db"
+    uploads = {L1: {"ada": solved[L1], "bo": solved[L1], "di": notebooks["wrong"], "ed": solved[L1], "fay": solved[L1],
+                    "gus": solved[L3], "hal": solved[L1]},
+               L2: {s: solved[L2] for s in ("ada", "di", "ed", "fay", "gus", "hal")},
+               L3: dict({s: solved[L3] for s in ("ada", "bo", "di", "fay", "hal")}, ed=rel[L3])}
+    names = {("hal", L1): "lesson1_final.ipynb", ("gus", L1): f"{L1}.ipynb"}
+    times = {"ed": "2026-10-04T12:00:00Z", "fay": "2026-10-02T00:10:00Z"}
+    (tmp_path / "times.csv").write_text("lms_id,lesson,submitted_at\n" + "".join(
+        f"{ids[s]},{L1},{times.get(s, '2026-10-01T20:00:00Z')}\n" for s in uploads[L1] if s != "gus"))
+    for lesson, who in uploads.items():
+        for student, nb in who.items():
+            nbk.write(nb, tmp_path / f"dl-{lesson}" / student / names.get((student, lesson), f"{lesson}.ipynb"))
+        code, err = cli("collect", tmp_path / f"dl-{lesson}", "--out", subs, *roster, "--lesson", lesson,
+                        *(["--times", tmp_path / "times.csv"] if lesson == L1 else []))
+        assert code == 0, err
+    log = {r["file"]: r for r in store.read_csv(subs / "collection.csv")}
+    assert "a 03_multi_head notebook in a download collected for 01_attention" in log[f"gus/{L1}.ipynb"]["detail"]
+    assert "named 'lesson1_final.ipynb', not 01_attention.ipynb" in log["hal/lesson1_final.ipynb"]["detail"]
+    db.parent.mkdir()
+    code, err = cli("grade", subs, "--out", out, "--gradebook", db, "--written", "--quiet", *roster)
+    assert code == 0, err
+    with _open(db) as gb:   # the TAs score the written answers in formgrader
+        for student, score in (("ada", 2.0), ("bo", 1.0), ("di", 2.0), ("fay", 1.5), ("hal", 2.0)):
+            g = gb.find_grade("written_heads", L3, L3, student)
+            g.manual_score, g.needs_manual_grade = score, False
+        gb.db.commit()
+    # The slips: an extension for a name nobody has stops the rule; then the right one is set.
+    rule = ["rule", out, *roster, "--submissions", subs, "--deadline", f"{L1}=2026-10-01T23:59:00+00:00",
+            "--late-policy", "10%/day", "--grace", "15m", "--extensions", tmp_path / "ext.csv"]
+    (tmp_path / "ext.csv").write_text(f"student,lesson,deadline\nedd,{L1},2026-10-03T23:59:00+00:00\n")
+    code, err = cli(*rule)
+    assert code == 2 and "no student 'edd' in the roster or the results" in err and err.count("\n") == 1, err
+    (tmp_path / "ext.csv").write_text(f"student,lesson,deadline\ned,{L1},2026-10-03T23:59:00+00:00\n")
+    code, err = cli(*rule)
+    assert code == 0 and "changed: late penalties: 10%/day after 01_attention" in cli.out, err
+    di = sum(float(r["points"]) for r in store.read_grades(out / "grades.csv") if (r["student"], r["lesson"]) == ("di", L1))
+    assert 4 <= di < 6
+    table = {"ada": (6, 8, 10), "bo": (6, 0, 9), "cy": (0, 0, 0), "di": (di, 8, 10), "ed": (5.4, 8, 0),
+             "fay": (6, 8, 9.5), "gus": (0, 8, 0), "hal": (6, 8, 10)}
+    never = {("bo", L2), ("cy", L1), ("cy", L2), ("cy", L3), ("gus", L1), ("gus", L3)}
+
+    def check_totals():
+        rows = {r["student"]: r for r in store.read_csv(out / "totals.csv")}
+        assert {s: tuple(number(r[c]) for c in (L1, L2, L3)) for s, r in rows.items()} == table
+        assert {s: number(r["total"]) for s, r in rows.items()} == {s: round(sum(v), 2) for s, v in table.items()}
+        assert {(s, lsn) for s, r in rows.items() for lsn in (L1, L2, L3) if f"{lsn}: never handed in" in r["flags"]} \
+            == never
+    check_totals()
+    # A trial export with another rule writes only its file; a grade that forgets --written, or says --no-written,
+    # changes nothing or is refused.
+    kept = (out / "totals.csv").read_bytes(), (out / "report.html").read_bytes()
+    code, err = cli("export", out, "--format", "csv", "--out", tmp_path / "scratch.csv", "--no-written", "--late-policy",
+                    "none")
+    assert code == 0 and "a trial, counted otherwise than" in err, err
+    assert ((out / "totals.csv").read_bytes(), (out / "report.html").read_bytes()) == kept
+    code, err = cli("grade", subs, "--out", out, "--gradebook", db, "--no-written", "--resume", "--quiet")
+    assert code == 2 and "counts otherwise than these flags say: written questions not counted" in err, err
+    code, err = cli("grade", subs, "--out", out, "--gradebook", db, "--resume", "--quiet")   # --written forgotten
+    assert code == 0, err
+    check_totals()
+    # The Canvas files: a new import, and Canvas's own export filled (first with a column worth 8 for lesson 03).
+    code, err = cli("export", out, "--format", "canvas", "--out", tmp_path / "canvas.csv", *roster)
+    assert code == 0, err
+    assert "never handed in, counted as 0 (6): bo 02_heads; cy 01_attention, 02_heads, 03_multi_head; gus " \
+           "01_attention, 03_multi_head" in err
+    canvas = list(csv.DictReader(open(tmp_path / "canvas.csv", newline="")))
+    assert tuple(number(canvas[0][c]) for c in (L1, L2, L3)) == (6, 8, 10)
+    by_id = {int(r["ID"]): r for r in canvas[1:]}
+    assert {s: tuple(number(by_id[i][c]) for c in (L1, L2, L3)) for s, i in ids.items()} == table
+    export = tmp_path / "Grades-export.csv"
+    header = "Student,ID,SIS User ID,SIS Login ID,Section,Lesson 1 (501),Lesson 2 (502),Lesson 3 (503)\n"
+    people = "".join(f"{s.title()} Doe,{i},{s},,A,,,\n" for s, i in ids.items())
+    export.write_text(header + "    Points Possible,,,,,6,8,8\n" + people)
+    args = ["export", out, "--format", "canvas", "--canvas-gradebook", export, "--out", tmp_path / "filled.csv", *roster]
+    code, err = cli(*args)
+    assert code == 2 and "Lesson 3 (503) has Points Possible 8, but 03_multi_head is out of 10" in err
+    assert not (tmp_path / "filled.csv").exists()
+    export.write_text(header + "    Points Possible,,,,,6,8,10\n" + people)
+    code, err = cli(*args)
+    assert code == 0, err
+    filled = {int(r["ID"]): r for r in csv.DictReader(open(tmp_path / "filled.csv", newline="")) if r["ID"]}
+    assert {s: tuple(number(filled[i][f"Lesson {n} (50{n})"]) for n in (1, 2, 3)) for s, i in ids.items()} == table
+    # The feedback pages: each lesson handed in shows its points (before a late penalty, which it states).
+    full = {L1: 6, L2: 8, L3: 10}
+    for (student, lesson), got in {(s, lsn): v for s, row in table.items() for lsn, v in zip((L1, L2, L3), row)}.items():
+        if (student, lesson) in never:
+            continue
+        page = (out / "feedback" / student / f"{lesson}.html").read_text()
+        if (student, lesson) == ("ed", L1):
+            assert "<b>6 / 6</b>" in page and "so 5.4 of 6 count" in page
+        else:
+            assert f"<b>{got:g} / {full[lesson]}</b>" in page, (student, lesson)
+    # report.html: each lesson's mean is the table's, and who never handed it in.
+    report = (out / "report.html").read_text()
+    for i, lesson in enumerate((L1, L2, L3)):
+        mean = round(100 * sum(row[i] for row in table.values()) / full[lesson] / len(table))
+        assert f"Mean score: {mean}% of 8 students" in report, lesson
+    assert "Never handed in: 3 students: bo, cy, gus" not in report   # per lesson, not summed
+    for lesson, who in ((L1, "cy, gus"), (L2, "bo, cy"), (L3, "cy, gus")):
+        assert f"Never handed in: 2 students: {who}</p>" in report[report.index(f"<h2 id='{lesson}'>"):]
+    # A wrong key: export refuses in one line and writes nothing.
+    (tmp_path / "other.key").write_text("cd" * 32 + "\n")
+    (tmp_path / "other.key").chmod(0o600)
+    os.environ["MHA_RESULTS_KEY"], before = str(tmp_path / "other.key"), os.environ.get("MHA_RESULTS_KEY")
+    try:
+        code, err = cli("export", out, "--format", "canvas", "--out", tmp_path / "keyless.csv", *roster)
+    finally:
+        os.environ.pop("MHA_RESULTS_KEY") if before is None else os.environ.__setitem__("MHA_RESULTS_KEY", before)
+    assert code == 2 and err.count("\n") == 1 and not (tmp_path / "keyless.csv").exists()
+    check_totals()
