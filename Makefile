@@ -15,7 +15,7 @@ setup: system-packages
 	$(PIP) install --quiet -e ".[dev,book,gpu]"
 
 # System tools: bubblewrap (the grader's sandbox), Chromium (the book's browser test), npm
-# (MathJax for the book), and Slurm with munge (a one-node cluster in tests/test_slurm.py).
+# (MathJax for the book), and Slurm with munge (a one-node cluster in tests/deploy/test_slurm.py).
 # Installed when we are root with apt-get; otherwise the tests that need them say so.
 system-packages:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \

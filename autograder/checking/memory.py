@@ -23,9 +23,10 @@ a call holds.
 """
 import ctypes
 import gc
+import math
 import resource
 
-from autograder.sandbox.runner import allowed, vm_size
+from autograder.sandbox.runner import HONEST_HELD_MB, allowed, vm_size
 
 KEPT = "__memory_kept__"  # the namespace's key for record_cells()
 _SOAK_SIZES = [2**k for k in range(26, 15, -1)]  # 64 MiB down to 64 KiB: smaller chunks are left free
@@ -130,3 +131,29 @@ class LocalBound:
             resource.setrlimit(resource.RLIMIT_AS, (soft, resource.getrlimit(resource.RLIMIT_AS)[1]))
             _release(held)
         return {"ok": None}
+
+
+GLIBC_SLACK_MB = 64 + 16  # a thread arena's unused heap, which no address-space limit sees (runner.bound), and a margin
+# What a check that grows its evidence (evidence_times) lets a notebook hold on top of its bound: a 256 MiB dataset
+# or scratch tensor with %matplotlib inline's 30 to 60 MiB (Subject.memory_bound's headroom_mb).
+HEADROOM_MB = 320
+
+
+def evidence_times(s, memory_mb, unit_mb):
+    """Inside s.memory_bound(memory_mb, headroom_mb): how many times larger a check makes its case,
+    whose forbidden layout takes unit_mb MiB at its usual size, so that it exceeds what the process
+    held before the block (which headroom put on top of memory_mb: a buffer kept to hold it) plus
+    memory_mb plus glibc's slack. 1 for a process holding no more than an honest fresh one."""
+    if s.held_mb < HONEST_HELD_MB:
+        return 1
+    return max(1, math.ceil((s.held_mb + memory_mb + GLIBC_SLACK_MB) / unit_mb))
+
+
+HELD_NOTE_MB = 16  # an honest process holds less than 8 MiB beyond a fresh one when a bound begins
+
+
+def held_note(s):
+    """What a failure under a memory bound adds when the process already held much before it."""
+    return (f" (your notebook's process already held {s.held_mb} MiB more than a fresh one before the call: "
+            "memory your cells keep counts too: free large arrays they keep at top level)") \
+        if s.held_mb >= HELD_NOTE_MB else ""

@@ -1,4 +1,4 @@
-"""The known mistakes of each lesson, defined once: one module per lesson, autograder/mistakes/NN_name.py.
+"""The known mistakes of each lesson, defined once: one module per lesson, autograder/lessons/<module>/mistakes.py.
 
 A module holds
     MUTANTS = {graded name: [Mistake(what, keyword, code, message=..., aspect=...) or (what, keyword, code)]}
@@ -14,7 +14,7 @@ compares with are one text. A mistake marked evidence=True is one only evidence 
 bound, an error it raises): its check names it with its message, and no check runs it. A mistake whose code
 is too slow to run in the grader (a Triton kernel, which a CPU runs only in Triton's interpreter) carries a
 model: the source of a plain torch function of the same name that returns what the code returns. The check
-runs the model, the tests run the code as a mutant, and tests/test_checks.py holds the two equal on the
+runs the model, the tests run the code as a mutant, and tests/harness/checks.py holds the two equal on the
 check's own inputs (its module's MODEL_INPUTS).
 
 Grader-side only, like solutions/ and the checks: autograder/sandbox/ never imports it, and messages
@@ -27,6 +27,11 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+
+from autograder.checking.comparators import reference
+from autograder.checking.registry import LESSONS
+
+LESSONS_DIR = Path(__file__).resolve().parent.parent / "lessons"  # the grader's lesson packages
 
 
 class Mistake(tuple):
@@ -53,15 +58,15 @@ def edited(code, *replacements):
 
 
 def lessons():
-    """The lessons that have a mistakes module, in order."""
-    return sorted(p.stem for p in Path(__file__).parent.glob("[0-9][0-9]_*.py"))
+    """The lessons that have a mistakes module (autograder/lessons/<module>/mistakes.py), in order."""
+    return [lesson for lesson, module in LESSONS.items() if (LESSONS_DIR / module / "mistakes.py").is_file()]
 
 
 def for_lesson(lesson):
     """The lesson's mistakes module, or None when it has none."""
     if lesson not in lessons():
         return None
-    return importlib.import_module(f"autograder.mistakes.{lesson}")
+    return importlib.import_module(f"autograder.lessons.{LESSONS[lesson]}.mistakes")
 
 
 def mutants(lesson):
@@ -92,8 +97,6 @@ def also_loses(lesson, what):
 
 @functools.lru_cache(maxsize=None)
 def _compiled(lesson, name, what):
-    from autograder.checks import LESSONS
-
     [mistake] = [m for m in mutants(lesson)[name] if m.what == what]
     # the answer cell runs beside the reference's other names (softmax inside attention, np, torch)
     ns = dict(vars(importlib.import_module(f"solutions.{LESSONS[lesson]}")))
@@ -137,8 +140,6 @@ class Shadows:
         """[(message, (keys, values) as Arrays, len after)] of each mistake's update(k, v) (numpy inputs)."""
         import torch
 
-        from autograder.checks import reference
-
         return [(m.message, (reference(got[0]), reference(got[1])), len(cache)) for m, cache, got in
                 self._each(lambda c: c.update(torch.from_numpy(k.copy()), torch.from_numpy(v.copy())))]
 
@@ -168,6 +169,4 @@ def on(lesson, name, *args, fresh=False, **kwargs):
 def compared(lesson, name, *args, convert=None):
     """[(message, reference)] of the defined mistakes of `name` on these inputs: the `mistakes=` list of
     expect_array. convert: what each result goes through first (a cast to the inputs' dtype)."""
-    from autograder.checks import reference
-
     return [(m.message, reference(convert(got) if convert else got)) for m, got in on(lesson, name, *args)]

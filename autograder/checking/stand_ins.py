@@ -1,4 +1,4 @@
-"""Correct stand-ins for answers that other answers call (autograder.checks.Check.isolate).
+"""Correct stand-ins for answers that other answers call (autograder.checking.Check.isolate).
 
 They are lessons' answers, so they never sit in the sandbox before a check needs them: the
 grader sends this file's text with an isolate request, after the function it stands in for has

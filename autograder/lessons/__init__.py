@@ -4,7 +4,7 @@ A manifest holds what the course knows about a lesson beyond its notebook and co
 
     title = "Scaled dot-product attention"
     summary = "One line on what it teaches (the book's lesson table)."
-    solutions = "attention"    # solutions/attention.py, autograder/checks/attention.py
+    solutions = "attention"    # solutions/attention.py, autograder/lessons/attention/checks.py
     extras = []                # pyproject extras its grading needs (Gradescope's setup.sh installs them)
     data = []                  # files of the lesson's folder its notebook reads: students get them beside the
                                # notebook (release), and so does its code when it is graded
@@ -21,7 +21,7 @@ A manifest holds what the course knows about a lesson beyond its notebook and co
     names = ["triton_attention"]
     reason = "Triton is not installed where the grader runs (...)"
 
-`LESSONS` (autograder.checks), Gradescope's extras, the book's lesson list, the tests' lesson list, the
+`LESSONS` (autograder.checking), Gradescope's extras, the book's lesson list, the tests' lesson list, the
 files a release and a grading run give the notebook, and each lesson's limits are derived from these files;
 title, summary and contract are the book's text, and editing them regrades nobody (grading_keys). Python 3.10 has no tomllib: there a small reader takes the subset above
 (tables, and strings, numbers and lists of strings on one line each).
@@ -117,7 +117,7 @@ def validate(data, path):
 
 
 def solutions_modules():
-    """{lesson: its solutions (and checks) module name}: autograder.checks.LESSONS."""
+    """{lesson: its solutions (and checks) module name}: autograder.checking.LESSONS."""
     return {lesson: read(lesson)["solutions"] for lesson in names()}
 
 

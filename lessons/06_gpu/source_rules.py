@@ -89,7 +89,7 @@ SOFTMAX_CALLS = {"softmax", "_softmax", "log_softmax", "_log_softmax", "Softmax"
 # The hidden-test lines of a test cell, as nbgrader runs them in the instructor's notebook (IPython's In
 # holds them); the grader's own sources have no test cells. These exact lines do nothing else. "[.]" keeps
 # the hidden line itself out of the copy release gives students.
-HIDDEN_TEST_LINE = re.compile(r"^(from autograder[.]checks import verify|verify\('06_gpu', '\w+', globals\(\)\))$", re.M)
+HIDDEN_TEST_LINE = re.compile(r"^(from autograder[.]checking import verify|verify\('06_gpu', '\w+', globals\(\)\))$", re.M)
 
 # IPython's magics, by what they do with the rest of the cell or line.
 CODE_MAGICS = {"time", "timeit", "prun", "capture"}  # run their code (maybe not, maybe many times)

@@ -9,7 +9,7 @@ import pytest
 
 from solutions.kv_compression import MultiHeadLatentAttention, absorption_flops
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "absorption.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "absorption.py"
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import torch
 
 from solutions.gpu import HAS_TRITON, attention_flops
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_attention.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_attention.py"
 
 
 @pytest.fixture(scope="module")

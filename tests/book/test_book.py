@@ -33,9 +33,9 @@ import pytest
 
 from autograder import notebook as nbk
 from autograder.release import student_copy
-from tests.lessons import LESSONS
+from tests.harness.lessons import LESSONS
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BOOK = ROOT / "book"
 SITE = BOOK / "_build" / "html"
 SCREENSHOTS = BOOK / "_build" / "screenshots"
@@ -309,7 +309,7 @@ def test_lesson_download_is_the_release_and_runs(site, lesson, tmp_path):
     import nbformat
 
     from autograder.release import release
-    from tests.lessons import errors, execute, fill
+    from tests.harness.lessons import errors, execute, fill
 
     name, data = _download(site, lesson)
     assert name == f"{lesson}.zip"

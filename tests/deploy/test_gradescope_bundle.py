@@ -19,8 +19,8 @@ from autograder import notebook as nbk
 from autograder.adapters import gradescope
 from autograder.adapters.gradescope import setup_script
 from autograder.release import release
-from tests import mutants
-from tests.lessons import fill
+from tests.harness import mutants
+from tests.harness.lessons import fill
 
 pytestmark = pytest.mark.slow
 LESSON = "01_attention"
@@ -101,7 +101,7 @@ def test_the_zip_holds_the_two_scripts_and_only_this_lesson(bundle):
         modes = {i.filename: (i.external_attr >> 16) & 0o777 for i in z.infolist()}
         setup = z.read("setup.sh").decode()
     assert {"setup.sh", "run_autograder", "course/pyproject.toml", f"course/lessons/{LESSON}/{LESSON}.ipynb",
-            "course/solutions/attention.py", "course/autograder/checks/attention.py"} <= names
+            "course/solutions/attention.py", "course/autograder/lessons/attention/checks.py"} <= names
     assert modes["setup.sh"] & 0o111 and modes["run_autograder"] & 0o111
     assert {n.split("/")[2] for n in names if n.startswith("course/lessons/")} == {LESSON}
     assert not any(n.startswith(("course/tests/", "course/.")) or "__pycache__" in n for n in names)

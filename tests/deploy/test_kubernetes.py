@@ -14,7 +14,7 @@ import jsonschema
 import pytest
 import yaml
 
-YAML = Path(__file__).resolve().parent.parent / "examples" / "kubernetes" / "grade-job.yaml"
+YAML = Path(__file__).resolve().parents[2] / "examples" / "kubernetes" / "grade-job.yaml"
 DNS_LABEL = {"type": "string", "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", "maxLength": 63}
 INT = {"type": "integer", "minimum": 0}
 QUANTITY = {"type": "string", "pattern": r"^[0-9.]+(m|Ki|Mi|Gi|Ti|k|M|G|T)?$"}

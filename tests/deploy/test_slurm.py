@@ -19,11 +19,11 @@ import pytest
 
 from autograder import notebook as nbk
 from autograder.release import release
-from tests import mutants
-from tests.lessons import fill
+from tests.harness import mutants
+from tests.harness.lessons import fill
 
 pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 LESSON = "01_attention"
 DAEMONS = {name: shutil.which(name) or f"/usr/sbin/{name}" for name in ("munged", "slurmctld", "slurmd")}
 

@@ -18,11 +18,11 @@ import pytest
 
 from autograder import notebook as nbk
 from autograder.release import release
-from tests.lessons import fill
+from tests.harness.lessons import fill
 
 pytestmark = pytest.mark.slow
 LESSON = "01_attention"
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 WRONG_SOFTMAX = '''
 def softmax(x, axis=-1):
@@ -50,9 +50,9 @@ TRICKS = {
 import os
 found = [p for p in ["../../../source/01_attention/01_attention.ipynb", "../source/01_attention/01_attention.ipynb",
                      "{REPO}/lessons/01_attention/01_attention.ipynb", "{REPO}/solutions/attention.py",
-                     "{REPO}/autograder/checks/attention.py", "{ROOT}/submissions/honest-0/01_attention/01_attention.ipynb"]
+                     "{REPO}/autograder/lessons/attention/checks.py", "{ROOT}/submissions/honest-0/01_attention/01_attention.ipynb"]
          if os.path.exists(p)]
-for module in ("solutions.attention", "autograder.checks.attention"):
+for module in ("solutions.attention", "autograder.lessons.attention.checks"):
     try:
         __import__(module)
         found.append(module)

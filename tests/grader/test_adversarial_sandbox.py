@@ -1,6 +1,6 @@
 """Attacks on the sandbox itself (issue 11), graded by the real command beside honest students.
 
-Each attacker rides on the wrong softmax of tests/test_adversarial.py and, when its attack works,
+Each attacker rides on the wrong softmax of tests/grader/test_adversarial.py and, when its attack works,
 switches to a correct answer (IF_IT_WORKED), or hurts the grader (its memory, the whole run).
 Every attack of a lesson is graded in one run, which must see them all fail; one more run under
 the test-only switch AUTOGRADER_TEST_UNPROTECTED=1 (the grader without the defences these
@@ -21,9 +21,9 @@ import pytest
 from autograder import notebook as nbk
 from autograder.release import release
 from autograder.worker import UNPROTECTED_ENV, _Cgroups
-from tests import watch
-from tests.lessons import fill
-from tests.test_adversarial import IF_IT_WORKED, LESSON, REPO, TRICKS, WRONG_SOFTMAX, with_cells
+from tests.harness import watch
+from tests.harness.lessons import fill
+from tests.grader.test_adversarial import IF_IT_WORKED, LESSON, REPO, TRICKS, WRONG_SOFTMAX, with_cells
 
 pytestmark = pytest.mark.slow
 MIB = 2**20

@@ -4,10 +4,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from autograder import audit, mistakes
+from autograder import audit
+from autograder.checking import mistakes
 from autograder import notebook as nbk
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 LESSON = "01_attention"
 # Counted from the definitions, so adding a known mistake to lesson 01 does not break these tests.
 N_SOFTMAX = len(mistakes.mutants(LESSON)["softmax"])
@@ -109,7 +110,7 @@ def test_audit_refuses_another_lessons_notebook():
 
 
 # The audit command's fast run (autograder.audit.run_lesson(fast=True)) must give what the exact run gives,
-# the runs tests/test_visible.py asserts on: every visible test's verdict and every hidden check's.
+# the runs tests/harness/visible.py asserts on: every visible test's verdict and every hidden check's.
 def test_the_fast_run_gives_the_exact_runs_verdicts():
     from autograder import audit
 
@@ -120,7 +121,8 @@ def test_the_fast_run_sees_a_mistake_that_changes_a_module(monkeypatch):
     """A causal_mask that also replaces np.swapaxes breaks scaled_dot_product_attention's visible test, which
     never names causal_mask: the fast run must not stop after causal_mask's own test, as it does when
     nothing but its names changed."""
-    from autograder import audit, mistakes
+    from autograder import audit
+    from autograder.checking import mistakes
 
     solution = "def causal_mask(n_queries, n_keys=None):\n    n_keys = n_queries if n_keys is None else n_keys\n" \
                "    return np.tril(np.ones((n_queries, n_keys), dtype=bool), k=n_keys - n_queries)\n"

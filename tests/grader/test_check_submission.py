@@ -11,9 +11,9 @@ from autograder import check_submission as cs
 from autograder import grade, source_rules
 from autograder import notebook as nbk
 from autograder.release import release
-from tests.lessons import LESSONS, fill
+from tests.harness.lessons import LESSONS, fill
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LESSON = "01_attention"
 
 
@@ -46,7 +46,7 @@ def test_every_released_folder_has_the_check_for_its_lesson(released):
 
 
 def test_released_folders_hold_nothing_from_solutions_or_checks(released):
-    """No line of solutions/ or autograder/checks/ (beyond short ones such as imports) is in a released
+    """No line of solutions/ or autograder/checking/ (beyond short ones such as imports) is in a released
     file other than the notebook (whose stubs keep the functions' signatures and docstrings) and lesson 06's
     source_rules.py (the grader's rules, released by design: the same file as autograder's)."""
     private = {line.strip() for f in [*(ROOT / "solutions").glob("*.py"), *(ROOT / "autograder" / "checks").glob("*.py")]

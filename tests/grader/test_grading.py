@@ -9,8 +9,8 @@ import pytest
 
 from autograder import notebook as nbk
 from autograder.release import release
-from tests import mutants
-from tests.lessons import LESSONS, fill
+from tests.harness import mutants
+from tests.harness.lessons import LESSONS, fill
 
 pytestmark = pytest.mark.slow
 
@@ -29,7 +29,7 @@ def read_grades(results):
 
 def build_class(root, lessons, with_mutants=True):
     """SUBMISSIONS with, per lesson, a solved and a blank student, one student per variant and per mutant that
-    the real grader must see (tests.mutants.graded_by_the_grader: test_checks judges all of them in-process).
+    the real grader must see (tests.harness.mutants.graded_by_the_grader: test_checks judges all of them in-process).
     Returns {student: (lesson, name or None, expectation)}."""
     release(root / "release", lessons)
     subs, who = root / "submissions", {}
@@ -85,7 +85,7 @@ def test_round_trip_full_marks_and_blank_zero(graded_class):
 
 
 def _also_loses(student, lesson, name):
-    """The other names mutant-{lesson}-{name}-{i} may cost (tests.mutants.also_loses)."""
+    """The other names mutant-{lesson}-{name}-{i} may cost (tests.harness.mutants.also_loses)."""
     what = mutants.for_lesson(lesson).MUTANTS[name][int(student.rsplit("-", 1)[1])][0]
     return mutants.also_loses(lesson, what)
 

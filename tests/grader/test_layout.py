@@ -8,7 +8,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-AUTOGRADER = Path(__file__).resolve().parent.parent / "autograder"
+AUTOGRADER = Path(__file__).resolve().parents[2] / "autograder"
 SANDBOX, ADAPTERS, CLI = "autograder.sandbox", "autograder.adapters", "autograder.__main__"
 
 
@@ -167,12 +167,12 @@ def test_the_checks_see_planted_breaches(tmp_path):
         "adapters/__init__.py": "", "adapters/lms.py": "from autograder.report import write\n",
         "sandbox/__init__.py": "", "sandbox/helpers.py": "def ask():\n    from .server import call\n",
         "sandbox/server.py": "from . import helpers, wire\nimport solutions.attention\n",
-        "sandbox/wire.py": "from autograder.checks import LESSONS\n",
+        "sandbox/wire.py": "from autograder.checking import LESSONS\n",
     })
     assert circles(graph) == [["autograder.adapters.lms", "autograder.report"],
                               ["autograder.sandbox.helpers", "autograder.sandbox.server"]]
     assert sandbox_breaches(graph) == ["autograder.sandbox.server:2 imports solutions.attention",
-                                       "autograder.sandbox.wire:1 imports autograder.checks"]
+                                       "autograder.sandbox.wire:1 imports autograder.checking"]
     assert core_imports_of_adapters(graph) == ["autograder.report:3 imports autograder.adapters.lms"]
     internals = planted(tmp_path / "internals", {
         "__init__.py": "", "results.py": "def _check(): pass\n",

@@ -1,10 +1,6 @@
-"""The lesson notebooks: in sync with solutions/, complete, and runnable as source and as release."""
-import ast
-import inspect
-import importlib
+"""The lessons' machinery: notebooks in sync with solutions/, manifests read once and picked up everywhere, what a
+release and a grading run give each lesson. Each lesson's own notebook tests: tests/harness/notebooks.py."""
 import json
-import re
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,148 +8,17 @@ import pytest
 
 from autograder import lessons
 from autograder import notebook as nbk
-from autograder.checks import LESSONS as ALL_LESSONS
-from autograder.release import SOURCE_RULES, lesson_files, release
+from autograder.release import SOURCE_RULES, release
 from autograder.sync import sync
-from tests.lessons import LESSONS, errors, execute, graded_names
+from tests.harness.lessons import LESSONS
+from tests.harness.notebooks import missing_pieces
 
 
 def test_notebooks_are_in_sync_with_solutions():
     assert sync(check=True) == [], "run `python -m autograder sync` and commit"
 
 
-@pytest.mark.parametrize("lesson", LESSONS)
-def test_notebook_structure(lesson):
-    nb = nbk.read(nbk.lesson_path(lesson))
-    cells = nbk.code_cells(nb)
-    for c in cells:
-        assert not c.get("outputs") and c.get("execution_count") is None, "commit notebooks without outputs"
-    ids = [nbk.grade_id(c) for c in nb["cells"] if nbk.grade_id(c)]
-    assert len(ids) == len(set(ids)), "grade_ids must be unique"
-    tests = dict(nbk.graded_tests(nb))
-    for name in graded_names(lesson):
-        assert tests[f"test_{name}"] > 0
-        assert name in ids, f"test_{name} has no answer cell {name}"
-    for c in cells:
-        if nbk.is_test(c):
-            visible = nbk.strip_hidden_tests(nbk.source(c))
-            assert re.search(r"^\s*assert ", visible, re.M), f"{nbk.grade_id(c)} has no visible test"
-            assert not re.search(r"\b(solutions|autograder)\b", visible), "visible tests must not import the grader"
-
-
-@pytest.mark.parametrize("lesson", LESSONS)
-def test_notebook_imports_what_its_solutions_module_imports(lesson):
-    """An answer cell is solutions/ code; the names it relies on must be imported by the notebook."""
-    module = importlib.import_module(f"solutions.{ALL_LESSONS[lesson]}")
-    text = "\n".join(nbk.source(c) for c in nbk.code_cells(nbk.read(nbk.lesson_path(lesson))))
-    for node in ast.parse(inspect.getsource(module)).body:
-        if isinstance(node, (ast.Import, ast.ImportFrom)) and "solutions" not in ast.unparse(node):
-            if not (isinstance(node, ast.ImportFrom) and node.module == "triton"):
-                assert ast.unparse(node) in text or ast.get_source_segment(inspect.getsource(module), node) in text, \
-                    f"the notebook should `{ast.unparse(node)}` like solutions/{ALL_LESSONS[lesson]}.py"
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("lesson", LESSONS)
-def test_source_notebook_passes_all_its_tests(lesson):
-    start = time.perf_counter()
-    nb = execute(nbk.lesson_path(lesson))
-    assert errors(nb) == []
-    # The budget is 30 s on 2 cores; allow headroom for a loaded CI machine.
-    assert time.perf_counter() - start < 90, "the notebook is too slow to run top to bottom"
-
-
-@pytest.fixture(scope="module")
-def released(tmp_path_factory):
-    out = tmp_path_factory.mktemp("release")
-    release(out, LESSONS)
-    return out
-
-
-@pytest.mark.parametrize("lesson", LESSONS)
-def test_release_copy_has_no_solution_code_and_no_hidden_tests(released, lesson):
-    path = released / lesson / f"{lesson}.ipynb"
-    text = path.read_text()
-    for marker in ("BEGIN SOLUTION", "HIDDEN TESTS", "verify(", "import solutions", "autograder"):
-        assert marker not in text
-    # Each answer cell is compared with its own released copy: a line the lesson also gives in another cell
-    # (lesson 09's given Triton forward validates its inputs as the answers do) is not a leak.
-    released_cells = {nbk.grade_id(c): c for c in nbk.code_cells(nbk.read(path)) if nbk.is_answer(c)}
-    for c in nbk.code_cells(nbk.read(nbk.lesson_path(lesson))):
-        if nbk.is_answer(c):
-            released_lines = {line.strip() for line in nbk.source(released_cells[nbk.grade_id(c)]).splitlines()}
-            region = re.findall(r"### BEGIN SOLUTION\n(.*?)### END SOLUTION", nbk.source(c), re.S)
-            for line in "".join(region).splitlines():
-                line = line.strip()
-                if len(line) > 12 and not line.startswith(("#", "return", "raise", "\"\"\"")):
-                    assert line not in released_lines, f"solution line leaked into the release: {line}"
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("lesson", LESSONS)
-def test_release_copy_runs_and_fails_only_at_the_exercises(released, lesson):
-    nb = execute(released / lesson / f"{lesson}.ipynb", allow_errors=True)
-    failed = errors(nb)
-    assert failed, "a blank release copy should fail its tests"
-    assert {name for _, name in failed} == {"NotImplementedError"}, f"unexpected errors: {failed}"
-    tests_cells = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and nbk.is_test(c)]
-    assert set(tests_cells) <= {i for i, _ in failed}, "every test cell should fail on a blank copy"
-    # A demonstration that runs a stub says which one (answered(...), or lesson 08's pasted(...)), never a bare error.
-    bare = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and nbk.is_demo(c)
-            for o in c.get("outputs", []) if o.get("output_type") == "error" and "is still the stub" not in o["evalue"]]
-    assert not bare, f"demonstrations {bare} stop with a bare error on a blank copy: call answered(...) first"
-
-
 # ---- a lesson is described once (lessons/NN_name/lesson.toml) ------------------------------------
-
-def missing_pieces(lesson, root=nbk.LESSONS_DIR):
-    """What a lesson with a manifest lacks, in words: its solutions module and each graded name there,
-    its notebook with an answer and a test cell (the manifest's points) per graded name, its checks
-    module, its mistakes module with mutants and variants per graded name, and its data files."""
-    from autograder import mistakes
-
-    manifest = lessons.read(lesson, root)
-    module, graded = manifest["solutions"], lessons.points(lesson, root)
-    missing = []
-    try:
-        solutions = importlib.import_module(f"solutions.{module}")
-        missing += [f"solutions/{module}.py defines no {n}" for n in graded if not hasattr(solutions, n)]
-    except ImportError:
-        missing.append(f"no solutions module solutions/{module}.py")
-    try:
-        nb = nbk.read(nbk.lesson_path(lesson, root))
-        ids = {nbk.grade_id(c) for c in nbk.code_cells(nb) if nbk.is_answer(c)}
-        tests = dict(nbk.graded_tests(nb))
-        missing += [f"the notebook has no answer cell {n}" for n in graded if n not in ids]
-        missing += [f"the notebook's test_{n} has {tests.get(f'test_{n}')} points, the manifest {p}"
-                    for n, p in graded.items() if tests.get(f"test_{n}") != p]
-        missing += [f"the notebook grades {t}, which the manifest does not name" for t in tests
-                    if t.removeprefix("test_") not in graded]
-        beside = set(lesson_files(lesson, root))  # the manifest's data, and source_rules.py where a cell imports it
-    except nbk.NotebookError:
-        missing.append(f"no notebook lessons/{lesson}/{lesson}.ipynb")
-        beside = set(manifest["data"])
-    try:
-        checks = importlib.import_module(f"autograder.checks.{module}").CHECKS
-        missing += [f"autograder/checks/{module}.py has no check of {n}" for n in graded if n not in checks]
-    except ImportError:
-        missing.append(f"no checks module autograder/checks/{module}.py")
-    if mistakes.for_lesson(lesson) is None:
-        missing.append(f"no mistakes module autograder/mistakes/{lesson}.py")
-    else:
-        known, variants = mistakes.mutants(lesson), mistakes.variants(lesson)
-        missing += [f"autograder/mistakes/{lesson}.py has no mutant of {n}" for n in graded if not known.get(n)]
-        missing += [f"autograder/mistakes/{lesson}.py has no variant of {n}" for n in graded if not variants.get(n)]
-    folder = Path(root) / lesson
-    extra = {p.name for p in folder.iterdir() if p.is_file()} - {f"{lesson}.ipynb", lessons.MANIFEST, *beside}
-    missing += [f"{lesson}/{name} is not in the manifest's data" for name in sorted(extra)]
-    return missing
-
-
-@pytest.mark.parametrize("lesson", LESSONS)
-def test_every_lesson_has_every_piece(lesson):
-    assert missing_pieces(lesson) == []
-
 
 def test_every_lesson_folder_has_a_manifest():
     assert nbk.lesson_names() == [x for x in nbk.lesson_names() if x in LESSONS], "a lesson notebook without lesson.toml"
@@ -172,7 +37,7 @@ def test_a_lesson_missing_its_pieces_is_listed(tmp_path):
     (tmp_path / lesson / "notes.txt").write_text("stray")
     assert missing_pieces(lesson, tmp_path) == [
         "no solutions module solutions/toy.py", f"no notebook lessons/{lesson}/{lesson}.ipynb",
-        "no checks module autograder/checks/toy.py", f"no mistakes module autograder/mistakes/{lesson}.py",
+        "no checks module autograder/lessons/toy/checks.py", "no mistakes module autograder/lessons/toy/mistakes.py",
         f"{lesson}/notes.txt is not in the manifest's data"]
     # A real lesson's notebook, with the manifest's points changed and a graded name it lacks.
     real = (nbk.LESSONS_DIR / "01_attention" / lessons.MANIFEST).read_text(encoding="utf-8")
@@ -183,8 +48,8 @@ def test_a_lesson_missing_its_pieces_is_listed(tmp_path):
     found = missing_pieces("01_attention", tmp_path)
     assert "the notebook's test_softmax has 2.0 points, the manifest 5" in found
     assert {"solutions/attention.py defines no lost", "the notebook has no answer cell lost",
-            "autograder/checks/attention.py has no check of lost",
-            "autograder/mistakes/01_attention.py has no mutant of lost"} <= set(found)
+            "autograder/lessons/attention/checks.py has no check of lost",
+            "autograder/lessons/attention/mistakes.py has no mutant of lost"} <= set(found)
 
 
 def toy_notebook(folder):
@@ -207,11 +72,11 @@ def test_a_new_lesson_is_picked_up_everywhere(tmp_path):
     import subprocess
     import sys
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     shutil.copytree(root / "autograder", tmp_path / "autograder", ignore=shutil.ignore_patterns("__pycache__"))
-    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "harness").mkdir(parents=True)
     (tmp_path / "book").mkdir()
-    for rel in ("tests/__init__.py", "tests/lessons.py", "book/build.py"):
+    for rel in ("tests/__init__.py", "tests/harness/__init__.py", "tests/harness/lessons.py", "book/build.py"):
         shutil.copy(root / rel, tmp_path / rel)
     for lesson in LESSONS:
         shutil.copytree(root / "lessons" / lesson, tmp_path / "lessons" / lesson, ignore=shutil.ignore_patterns("*.ipynb"))
@@ -222,10 +87,10 @@ def test_a_new_lesson_is_picked_up_everywhere(tmp_path):
     (tmp_path / "lessons" / lesson / "toy.npz").write_bytes(b"toy data")
     (tmp_path / "lessons" / lesson / "notes.txt").write_text("the instructor's notes, not for students")
     probe = ("import json, os, sys, tempfile; sys.path.insert(0, 'book'); import build; from pathlib import Path; "
-             "from autograder import checks, grade, release; "
-             "from autograder.adapters import gradescope; import tests.lessons as t; "
+             "from autograder import checking, grade, release; "
+             "from autograder.adapters import gradescope; import tests.harness.lessons as t; "
              "release.release('out', ['99_toy']); staged = grade.stage_data(['99_toy'], Path(tempfile.mkdtemp())); "
-             "print(json.dumps([checks.LESSONS, t.LESSONS, build.manifests.catalogue(), gradescope.EXTRAS, "
+             "print(json.dumps([checking.LESSONS, t.LESSONS, build.manifests.catalogue(), gradescope.EXTRAS, "
              "sorted(os.listdir('out/99_toy')), staged, grade.lesson_limits('99_toy').to_json()]))")
     out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=300,
                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path)})
@@ -271,14 +136,6 @@ def test_a_bad_manifest_gets_one_line_naming_the_file_and_the_key(tmp_path, text
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("lesson", LESSONS)
-def test_the_python_3_10_reader_reads_every_manifest_as_tomllib_does(lesson):
-    import tomllib
-
-    text = (nbk.LESSONS_DIR / lesson / lessons.MANIFEST).read_text(encoding="utf-8")
-    assert lessons._toml_subset(text) == tomllib.loads(text)
-
-
 # ---- what the manifest decides: the files beside a notebook, the limits, what a regrade depends on ----------
 
 def copy_lessons(root, *names):
@@ -309,6 +166,13 @@ def edit(path, old, new):
     assert old in text
     path.write_text(text.replace(old, new, 1), encoding="utf-8")
     lessons.read.cache_clear()
+
+
+@pytest.fixture(scope="module")
+def released(tmp_path_factory):
+    out = tmp_path_factory.mktemp("release")
+    release(out, LESSONS)
+    return out
 
 
 def test_a_release_holds_exactly_what_the_manifest_declares(released, tmp_path):

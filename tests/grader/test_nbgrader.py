@@ -11,10 +11,10 @@ import pytest
 
 from autograder import notebook as nbk
 from autograder.release import student_copy
-from tests.lessons import fill
+from tests.harness.lessons import fill
 
 pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 LESSON = "01_attention"
 
 

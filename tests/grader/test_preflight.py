@@ -16,9 +16,9 @@ import pytest
 import solutions.attention
 from autograder import selfcheck
 from autograder.__main__ import main
-from autograder.checks import LESSONS
+from autograder.checking import LESSONS
 from autograder.release import release
-from tests.lessons import graded_names
+from tests.harness.lessons import graded_names
 
 LESSON = "01_attention"
 REPO = selfcheck.__file__.rsplit("/autograder/", 1)[0]
@@ -45,7 +45,7 @@ def one_error_line(capsys):
 
 
 def test_every_graded_name_and_every_stand_in_is_probed():
-    from autograder.checks import stand_ins
+    from autograder.checking import stand_ins
 
     for lesson, module in LESSONS.items():
         probed = {target for target, _ in selfcheck.PROBES[lesson]}
@@ -64,10 +64,10 @@ def test_the_reference_as_committed_passes():
 
 
 def _survey(lesson):
-    """Each mutant and correct variant of tests/mutants in place of the reference it mimics:
+    """Each mutant and correct variant of tests/harness/mutants.py in place of the reference it mimics:
     {"refused": {name: [what]}, "passed": {name: [what]}, "variants_refused": [what: message]}."""
-    from tests import mutants
-    from tests.lessons import fresh_namespace
+    from tests.harness import mutants
+    from tests.harness.lessons import fresh_namespace
 
     ref = importlib.import_module(f"solutions.{LESSONS[lesson]}")
     base, out = fresh_namespace(lesson), {"refused": {}, "passed": {}, "variants_refused": []}
@@ -99,12 +99,12 @@ def _survey(lesson):
 @pytest.mark.slow
 @pytest.mark.parametrize("lesson", list(LESSONS))
 def test_wrong_references_are_refused_and_correct_variants_pass(lesson):
-    """Known-wrong answers (tests/mutants) put in place of the reference: most are refused, naming
+    """Known-wrong answers (tests/harness/mutants.py) put in place of the reference: most are refused, naming
     the lesson and the function; the correct variants (other styles, float64 inside) all pass.
     Those that pass are wrong only in how they compute (memory, tiling, Triton): evidence that
     the grader gathers from students, which a reference's values cannot show. In a process of
     its own: a mutant may leave torch or Triton changed for the next."""
-    p = subprocess.run([sys.executable, "-m", "tests.test_preflight", lesson], capture_output=True, text=True,
+    p = subprocess.run([sys.executable, "-m", "tests.grader.test_preflight", lesson], capture_output=True, text=True,
                        cwd=REPO, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     got = json.loads(p.stdout.strip().splitlines()[-1])

@@ -13,7 +13,7 @@ import pytest
 from autograder import notebook as nbk
 from autograder import report
 from autograder import results as store
-from autograder.checks import Check, PartialCredit, Subject
+from autograder.checking import Check, PartialCredit, Subject
 from autograder.grade import run_check, submission_cells
 from autograder.merge import shard_set_problems
 
@@ -308,7 +308,7 @@ def test_merge_refuses_a_shard_whose_result_was_edited(tmp_path):
 
 
 def test_integers_in_a_students_exception_are_masked_but_the_graders_own_shapes_are_not():
-    from autograder.checks import StudentError, student_message
+    from autograder.checking import StudentError, student_message
     e = StudentError("IndexError", ["IndexError"], "index 7 is out of bounds for axis -1 with size 12 (dtype float32)")
     assert not any(ch.isdigit() for ch in e.message.replace("float32", "")) and "float32" in e.message
     assert student_message("got (3, 5, 4) and 0.5 and [1, 2]") == "got (\u2026, \u2026, \u2026) and \u2026 and \u2026"
@@ -455,7 +455,7 @@ MAIN_FOLDER = Path(__file__).parent / "data" / "results-4677f98"
 
 
 def test_a_results_folder_written_before_the_types_reads_unchanged_and_resume_regrades_nobody(tmp_path, monkeypatch):
-    """tests/data/results-4677f98: `grade SUBMISSIONS --out RESULTS --lesson 01_attention` as main wrote it at
+    """tests/grader/data/results-4677f98: `grade SUBMISSIONS --out RESULTS --lesson 01_attention` as main wrote it at
     4677f98 (before the adapters took typed results), with the results key it was signed with: alice's
     mask aligned top-left (an aspect lost), bob who never handed it in, carol's unstable softmax, a cell
     that raises and a submission time. Every result reads, is written back to the same bytes, and

@@ -1,5 +1,5 @@
 """The sandbox's host side, piece by piece: frames it refuses, callbacks, bounded calls, and the
-worker's own integrity check. The attacks themselves are graded in tests/test_adversarial*.py."""
+worker's own integrity check. The attacks themselves are graded in tests/grader/test_adversarial*.py."""
 import json
 import os
 import resource
@@ -18,12 +18,12 @@ from types import SimpleNamespace
 import pytest
 
 from autograder import notebook as nbk
-from autograder.checks import PartialCredit, Subject, checks_for
+from autograder.checking import PartialCredit, Subject, checks_for
 from autograder.grade import submission_cells
 from autograder.release import release
 from autograder.sandbox import runner, wire
 from autograder.worker import DEFAULT_LIMITS, Malformed, Sandbox, Session, SandboxError, choose_mode
-from tests.lessons import fill
+from tests.harness.lessons import fill
 
 
 def test_frames_are_capped_before_they_are_parsed():

@@ -10,29 +10,34 @@ from pathlib import Path
 
 import pytest
 
-from autograder import mistakes
-from autograder.checks import memory, verify
-from tests import mutants
-from tests.lessons import LESSONS, fresh_namespace, graded_names
+from autograder.checking import mistakes
+from autograder.checking import memory, verify
+from tests.harness import each, mutants, one_lesson
+from tests.harness.lessons import fresh_namespace, graded_names
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2].parent
+__all__ = ["test_every_graded_name_has_a_check_and_the_solutions_pass", "test_every_graded_name_has_at_least_three_mutants",
+           "pristine", "test_mutant_fails_its_check_only", "tighter_bounds", "test_correct_variant_passes",
+           "test_the_released_stub_scores_nothing", "test_constant_stubs_score_nothing",
+           "test_a_defined_mistake_costs_the_aspect_it_names", "test_a_mistake_model_returns_what_its_code_returns"]
 
 
-def cases(kind):
-    return mutants.cases(kind, LESSONS)
+def cases(kind, lesson, where=lambda case: True):
+    """The lesson's MUTANTS or VARIANTS entries as pytest params (lesson, name, item), those `where` keeps."""
+    return [c for c in mutants.cases(kind, [lesson]) if where(c)]
 
 
-@pytest.mark.parametrize("lesson", LESSONS)
+@each("lesson", one_lesson)
 def test_every_graded_name_has_a_check_and_the_solutions_pass(lesson):
     ns = fresh_namespace(lesson)
     for name in graded_names(lesson):
         verify(lesson, name, ns)
 
 
-@pytest.mark.parametrize("lesson", LESSONS)
+@each("lesson", one_lesson)
 def test_every_graded_name_has_at_least_three_mutants(lesson):
     module = mutants.for_lesson(lesson)
-    assert module is not None, f"autograder/mistakes/{lesson}.py is missing"
+    assert module is not None, f"the mistakes module of {lesson} (autograder/lessons/<module>/mistakes.py) is missing"
     for name in graded_names(lesson):
         assert len(module.MUTANTS.get(name, [])) >= 3, f"{lesson}: {name} needs at least three known-wrong answers"
 
@@ -42,7 +47,7 @@ def pristine():
     """A pristine interpreter (the tests and the course imported, nothing checked) that forks a child for each
     memory-bound mutant: every one starts from the same untouched allocator, as in a fresh interpreter, without
     paying an interpreter's start (about 2 s of CPU, for some 100 mutants)."""
-    server = subprocess.Popen([sys.executable, "-c", "from tests import conftest; from tests.test_checks import "
+    server = subprocess.Popen([sys.executable, "-c", "from tests import conftest; from tests.harness.checks import "
                                "serve_forks; serve_forks()"], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               text=True)
 
@@ -88,7 +93,7 @@ def serve_forks():
               flush=True)
 
 
-@pytest.mark.parametrize("lesson, name, mutant", cases("MUTANTS"))
+@each("lesson, name, mutant", lambda lesson: cases("MUTANTS", lesson))
 def test_mutant_fails_its_check_only(lesson, name, mutant, request):
     if (lesson, name) in mutants.MEMORY_BOUND:   # a fresh allocator: what ran before must not count
         why = request.getfixturevalue("pristine")(lesson, name, mutant[0])
@@ -128,9 +133,9 @@ def tighter_bounds(monkeypatch):
                         lambda self, namespace, mb, headroom=0: enter(self, namespace, int(mb * HONEST_SHARE), headroom))
 
 
-@pytest.mark.parametrize("lesson, name, variant", cases("VARIANTS") + [
-    pytest.param(lesson, name, SOLUTION, id=f"{lesson}-{name}-{SOLUTION[0]}") for lesson, name in
-    sorted(mutants.MEMORY_BOUND) if lesson in LESSONS])
+@each("lesson, name, variant", lambda lesson: cases("VARIANTS", lesson) + [
+    pytest.param(lesson, name, SOLUTION, id=f"{lesson}-{name}-{SOLUTION[0]}") for lesson_, name in
+    sorted(mutants.MEMORY_BOUND) if lesson_ == lesson])
 def test_correct_variant_passes(lesson, name, variant, tighter_bounds):
     """Correct variants (and the solutions of the memory-bound names) pass, with every memory bound tightened."""
     verify(lesson, name, fresh_namespace(lesson, {name: variant[1]} if variant[1] else None))
@@ -138,14 +143,14 @@ def test_correct_variant_passes(lesson, name, variant, tighter_bounds):
 
 def _zero_points(lesson, name, code):
     """verify() fails with nothing earned: a plain AssertionError, or PartialCredit of 0."""
-    from autograder.checks import PartialCredit
+    from autograder.checking import PartialCredit
 
     with pytest.raises(AssertionError) as caught:
         verify(lesson, name, fresh_namespace(lesson, {name: code}))
     return not isinstance(caught.value, PartialCredit) or caught.value.earned == 0
 
 
-@pytest.mark.parametrize("lesson", LESSONS)
+@each("lesson", one_lesson)
 def test_the_released_stub_scores_nothing(lesson):
     from autograder import notebook as nbk
 
@@ -156,32 +161,32 @@ def test_the_released_stub_scores_nothing(lesson):
         assert _zero_points(lesson, name, nbk.strip_solutions(nbk.source(cell))), f"the released stub of {name} earns points"
 
 
-@pytest.mark.parametrize("lesson, name, mutant", [c for c in cases("MUTANTS") if c.values[2][0].startswith("constant")])
+@each("lesson, name, mutant", lambda lesson: cases("MUTANTS", lesson, lambda c: c.values[2][0].startswith("constant")))
 def test_constant_stubs_score_nothing(lesson, name, mutant):
     assert _zero_points(lesson, name, mutant[2]), f"'{mutant[0]}' earns partial credit"
 
 
 # those of MEMORY_BOUND are judged in test_mutant_fails_its_check_only's fresh interpreter (mutant_case)
-@pytest.mark.parametrize("lesson, name, mutant", [c for c in cases("MUTANTS") if getattr(c.values[2], "aspect", "")
-                                                  and c.values[:2] not in mutants.MEMORY_BOUND])
+@each("lesson, name, mutant", lambda lesson: cases("MUTANTS", lesson, lambda c: getattr(c.values[2], "aspect", "")
+                                                    and c.values[:2] not in mutants.MEMORY_BOUND))
 def test_a_defined_mistake_costs_the_aspect_it_names(lesson, name, mutant):
     with pytest.raises(AssertionError) as caught:
         verify(lesson, name, fresh_namespace(lesson, {name: mutant.code}))
     assert_costs_its_aspect(lesson, name, mutant, caught.value)
 
 
-@pytest.mark.parametrize("lesson, name, mutant", [c for c in cases("MUTANTS") if getattr(c.values[2], "model", "")])
+@each("lesson, name, mutant", lambda lesson: cases("MUTANTS", lesson, lambda c: getattr(c.values[2], "model", "")))
 def test_a_mistake_model_returns_what_its_code_returns(lesson, name, mutant):
-    """A mistake's model (autograder/mistakes: what its check runs in place of a code too slow for the grader, a
+    """A mistake's model (autograder/lessons/<module>/mistakes.py: what its check runs in place of a code too slow for the grader, a
     Triton kernel) returns what the code returns, on the check's inputs named in its module's MODEL_INPUTS."""
     import importlib
 
     import numpy as np
 
-    from autograder.checks import LESSONS as MODULES
-    from autograder.checks import close, reference
+    from autograder.checking import LESSONS as MODULES
+    from autograder.checking import close, reference
 
-    module = importlib.import_module(f"autograder.checks.{MODULES[lesson]}")
+    module = importlib.import_module(f"autograder.lessons.{MODULES[lesson]}.checks")
     if name in getattr(module, "UNAVAILABLE", {}):
         pytest.skip(module.UNAVAILABLE[name])
     code = fresh_namespace(lesson, {name: mutant.code})[name]
@@ -194,9 +199,9 @@ def test_a_mistake_model_returns_what_its_code_returns(lesson, name, mutant):
 
 
 def assert_costs_its_aspect(lesson, name, mutant, error):
-    """A mistake's definition names the aspect it costs (autograder/mistakes): that aspect fails. A plain
+    """A mistake's definition names the aspect it costs (autograder/lessons/<module>/mistakes.py): that aspect fails. A plain
     AssertionError means the core failed, and with it every aspect."""
-    from autograder.checks import checks_for
+    from autograder.checking import checks_for
 
     rows = getattr(error, "rows", None)
     failed = {r["aspect"] for r in rows if not r["passed"]} if rows else set(checks_for(lesson)[name].aspects)
@@ -228,6 +233,6 @@ def memory_verdicts_after_others():
 
 @pytest.mark.slow
 def test_memory_verdicts_do_not_depend_on_what_ran_before():
-    script = "from tests import conftest; from tests.test_checks import memory_verdicts_after_others as f; f()"
+    script = "from tests import conftest; from tests.harness.checks import memory_verdicts_after_others as f; f()"
     run = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]

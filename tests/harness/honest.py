@@ -16,11 +16,11 @@ import pytest
 
 from autograder import notebook as nbk
 from autograder.release import release
-from tests import watch
-from tests.lessons import fill
-from tests.test_adversarial import with_cells
+from tests.harness import each, watch
+from tests.harness.lessons import fill
+from tests.grader.test_adversarial import with_cells
 
-pytestmark = pytest.mark.slow
+__all__ = ["graded", "test_honest_habits_keep_every_mark", "test_what_the_grader_cannot_read_is_the_students_failure"]
 GRADER_MEMORY_MIB = 600  # the grader's own memory per job (issue 19)
 
 MAGICS = {  # cells a student adds anywhere: each is its own honest student, in every lesson's run
@@ -161,7 +161,7 @@ def _lesson_06(answers):
             "np.save('ones.npy', np.ones(3))\nones = np.load('ones.npy')"]),
         # issue 19: a float64 copy of one head's keys and values (Tk x Dh) is O(T), honest, and fits the tiled bound
         "flash_upcasts_one_head_to_float64": ([], {"flash_attention": dict(
-            importlib.import_module("autograder.mistakes.06_gpu").VARIANTS["flash_attention"])[
+            importlib.import_module("autograder.lessons.gpu.mistakes").VARIANTS["flash_attention"])[
             "a loop over batch and heads, einsum, float64 inside"]}, []),
         "gc_between_timings": ([], {}, ["import gc\ngc.collect()\nif torch.cuda.is_available():\n"
                                         "    torch.cuda.empty_cache()"]),
@@ -260,9 +260,14 @@ def grade(root, subs, lesson):
     return proc, rows, peak
 
 
-@pytest.fixture(scope="module", params=sorted(LESSON_PATTERNS))
+def _with_patterns(lesson):
+    return [lesson] if lesson in LESSON_PATTERNS else []
+
+
+@pytest.fixture(scope="module")
 def graded(request, tmp_path_factory):
-    lesson = request.param
+    """The honest students of the importing file's lesson, graded by the real command."""
+    lesson = request.module.LESSON
     root = tmp_path_factory.mktemp(f"honest-{lesson}")
     release(root / "release", [lesson])
     rel = nbk.read(root / "release" / lesson / f"{lesson}.ipynb")
@@ -294,7 +299,9 @@ def test_the_corpus_is_large_enough():
     assert sum(len(patterns(lesson)) for lesson in LESSON_PATTERNS) >= 30
 
 
-def test_honest_habits_keep_every_mark(graded):
+@pytest.mark.slow
+@each("lesson", _with_patterns)
+def test_honest_habits_keep_every_mark(lesson, graded):
     lesson, proc, rows, _ = graded
     assert proc.returncode == 0, proc.stderr_text[-3000:]
     students = _by_student(rows)
@@ -305,7 +312,9 @@ def test_honest_habits_keep_every_mark(graded):
             assert not lost, (student, lost)
 
 
-def test_what_the_grader_cannot_read_is_the_students_failure(graded):
+@pytest.mark.slow
+@each("lesson", _with_patterns)
+def test_what_the_grader_cannot_read_is_the_students_failure(lesson, graded):
     lesson, proc, rows, peak = graded
     if lesson != "06_gpu":
         pytest.skip("the unreadable cells are graded in lesson 06's run")

@@ -7,7 +7,7 @@ import re
 
 from autograder import lessons
 from autograder import notebook as nbk
-from autograder.checks import checks_for, memory
+from autograder.checking import checks_for, memory
 
 LESSONS = lessons.names()  # every lesson with a manifest: one without its notebook fails here
 

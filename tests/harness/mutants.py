@@ -1,19 +1,19 @@
-"""The known mistakes and correct variants live in the course (autograder/mistakes/NN_name.py); the tests
+"""The known mistakes and correct variants live in the course (autograder/lessons/<module>/mistakes.py); the tests
 use them as mutants. A mutant must lose its own function's points and only those; a variant must keep
 full marks."""
-from autograder.mistakes import also_loses, for_lesson  # noqa: F401 - the tests' names for them
+from autograder.checking import LESSONS, checks_for
+from autograder.checking.mistakes import also_loses, for_lesson  # noqa: F401 - the tests' names for them
 
 
-# Checks whose verdict rests on a memory bound. In a long pytest process, memory that earlier tests freed
-# stays mapped in glibc's per-thread heaps, where a bounded block can reuse it unseen; the grader bounds a
-# child forked from a fresh worker. Their mutants are judged in a fresh interpreter, as the grader does.
-MEMORY_BOUND = {("06_gpu", "flash_attention"), ("08_kv_compression", "RollingKVCache"),
-                ("08_kv_compression", "absorbed_attention"), ("09_flash_backward", "flash_attention_forward"),
-                ("09_flash_backward", "flash_attention_backward"), ("09_flash_backward", "FlashAttention")}
+# Checks whose verdict rests on a memory bound (declared beside the check: Checks.add(..., memory_bound=True)).
+# In a long pytest process, memory that earlier tests freed stays mapped in glibc's per-thread heaps, where a
+# bounded block can reuse it unseen; the grader bounds a child forked from a fresh worker. Their mutants are judged
+# in a fresh interpreter, as the grader does.
+MEMORY_BOUND = {(lesson, name) for lesson in LESSONS for name, check in checks_for(lesson).items() if check.memory_bound}
 
 
 def graded_by_the_grader(lesson, name, index, mistake):
-    """Whether the real-grader test (tests/test_grading.py) grades this mutant too; test_checks judges every one
+    """Whether the real-grader test (tests/grader/test_grading.py) grades this mutant too; test_checks judges every one
     (those of MEMORY_BOUND in a fresh interpreter, as the grader does). The grader sees those whose verdict the
     sandbox may change: a cost to an aspect or to another name's points; of the rest, the first of each name and,
     for the memory-bound names, every third, stand for the pipeline."""

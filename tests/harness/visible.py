@@ -1,4 +1,4 @@
-"""Visible tests teach before grading: every known-wrong answer (autograder/mistakes) fails its own
+"""Visible tests teach before grading: every known-wrong answer (autograder/lessons/<module>/mistakes.py) fails its own
 function's visible test in the RELEASED notebook, with a message that names the same mistake as
 the hidden check (its keyword), and no other function's visible test fails (no misblame); every
 correct variant passes them all.
@@ -6,16 +6,17 @@ correct variant passes them all.
 The runs are autograder.audit's (a lesson runs once with the solutions, forking a child per mutant
 and variant just before its answer cell); `python -m autograder audit LESSON` prints them as a table.
 
-    .venv/bin/python -m tests.test_visible [LESSON ...]   # the audit's tables of these lessons
+    .venv/bin/python -m tests.harness.visible [LESSON ...]   # the audit's tables of these lessons
 """
 import functools
 import sys
 
 import pytest
 
-from autograder import audit, mistakes
-from tests import mutants
-from tests.lessons import LESSONS
+from autograder import audit
+from autograder.checking import mistakes
+from tests.harness import each, mutants, one_lesson
+from tests.harness.lessons import LESSONS
 
 MAX_HIDDEN_ONLY = mistakes.MAX_HIDDEN_ONLY  # the share of a lesson's mutants that only the hidden checks may catch
 
@@ -27,7 +28,7 @@ def run_lesson(lesson):
 
 
 def _cases(kind):
-    return mutants.cases(kind, LESSONS)
+    return lambda lesson: mutants.cases(kind, [lesson])
 
 
 def _hidden_only(lesson):
@@ -40,15 +41,18 @@ def verdict(lesson, name, mutant):
     return caught, own, misblamed, run_lesson(lesson)[name, mutant[0]]
 
 
-pytestmark = pytest.mark.slow
+__all__ = ["test_solutions_pass_every_visible_test", "test_mutant_fails_its_own_visible_test_naming_the_mistake",
+           "test_few_mutants_are_hidden_only", "test_correct_variant_passes_every_visible_test"]
 
 
-@pytest.mark.parametrize("lesson", LESSONS)
+@pytest.mark.slow
+@each("lesson", one_lesson)
 def test_solutions_pass_every_visible_test(lesson):
     assert run_lesson(lesson)["<solutions>", ""] == {}
 
 
-@pytest.mark.parametrize("lesson, name, mutant", _cases("MUTANTS"))
+@pytest.mark.slow
+@each("lesson, name, mutant", _cases("MUTANTS"))
 def test_mutant_fails_its_own_visible_test_naming_the_mistake(lesson, name, mutant):
     caught, own, misblamed, failures = verdict(lesson, name, mutant)
     assert not misblamed, f"'{mutant[0]}' in {name} makes other visible tests fail: {failures}"
@@ -58,7 +62,8 @@ def test_mutant_fails_its_own_visible_test_naming_the_mistake(lesson, name, muta
     assert caught, f"the visible test of {name} fails for '{mutant[0]}' without naming {mutant[1]!r}: {own}"
 
 
-@pytest.mark.parametrize("lesson", LESSONS)
+@pytest.mark.slow
+@each("lesson", one_lesson)
 def test_few_mutants_are_hidden_only(lesson):
     module = mutants.for_lesson(lesson)
     total = sum(len(v) for v in module.MUTANTS.values())
@@ -69,7 +74,8 @@ def test_few_mutants_are_hidden_only(lesson):
     assert len(hidden) <= MAX_HIDDEN_ONLY * total, f"{len(hidden)} of {total} mutants are hidden-only (max 5%)"
 
 
-@pytest.mark.parametrize("lesson, name, variant", _cases("VARIANTS"))
+@pytest.mark.slow
+@each("lesson, name, variant", _cases("VARIANTS"))
 def test_correct_variant_passes_every_visible_test(lesson, name, variant):
     assert run_lesson(lesson)[name, variant[0]] == {}
 

@@ -16,7 +16,9 @@ import torch
 from solutions.head_specialization import (half_losses, head_scores, load_checkpoint, repeated_sequences, train,
                                            training_batch)
 
-LESSON = Path(__file__).resolve().parent.parent / "lessons" / "07_head_specialization"
+__all__ = ["small_run", "test_reduced_training_forms_an_induction_head", "test_training_is_deterministic", "test_train_leaves_the_thread_setting_alone", "test_committed_checkpoint_has_the_lessons_heads", "test_training_batch_is_reproducible", "test_the_script_writes_a_checkpoint"]  # what tests/lessons/test_<module>.py collects
+
+LESSON = Path(__file__).resolve().parents[2] / "lessons" / "07_head_specialization"
 
 
 def uniform_score(score, T, period):
@@ -98,7 +100,7 @@ def test_the_script_writes_a_checkpoint(tmp_path):
     import sys
     out = tmp_path / "tiny.npz"
     p = subprocess.run([sys.executable, "-m", "solutions.head_specialization", str(out), "--steps", "25", "--kv-heads", "2"],
-                       capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parent.parent)
+                       capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[2])
     assert p.returncode == 0, p.stderr[-2000:]
     model, history = load_checkpoint(out)
     assert model.config["n_kv_heads"] == 2 and [r["step"] for r in history] == [0, 25]

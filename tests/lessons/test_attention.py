@@ -5,6 +5,14 @@ import torch
 import torch.nn.functional as F
 
 from solutions.attention import causal_mask, scaled_dot_product_attention, softmax
+from tests.harness.checks import *  # noqa: F403
+from tests.harness.honest import *  # noqa: F403
+from tests.harness.notebooks import *  # noqa: F403
+from tests.harness.visible import *  # noqa: F403
+
+# The slice of one lesson: its solution tests here, and the generic tests above (tests/harness/), which
+# tests/lessons/conftest.py parametrizes with this lesson's cases.
+LESSON = "01_attention"
 
 rng = np.random.default_rng(0)
 

@@ -11,6 +11,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from solutions.flash_backward import (HAS_TRITON, FlashAttention, TritonFlashAttention, attention_backward,
                                       flash_attention_backward, flash_attention_forward, triton_flash_forward)
+from tests.harness.checks import *  # noqa: F403
+from tests.harness.honest import *  # noqa: F403
+from tests.harness.notebooks import *  # noqa: F403
+from tests.harness.visible import *  # noqa: F403
+
+# The slice of one lesson: its solution tests here, and the generic tests above (tests/harness/), which
+# tests/lessons/conftest.py parametrizes with this lesson's cases.
+LESSON = "09_flash_backward"
 
 # The contract's tolerances against the float64 truth, max|err| <= tol * (1 + max|truth|): 1e-10 in float64 and
 # 1e-4 in float32. Half precision is computed in float32 and rounded once at the end: a few units of its epsilon.

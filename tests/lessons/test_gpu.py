@@ -15,6 +15,15 @@ import torch.nn.functional as F
 from solutions import gpu
 from solutions.gpu import attention_flops, flash_attention, fuse_qkv, online_softmax, triton_attention
 from solutions.multi_head import MultiHeadAttention
+from tests.harness.checks import *  # noqa: F403
+from tests.harness.honest import *  # noqa: F403
+from tests.harness.notebooks import *  # noqa: F403
+from tests.harness.visible import *  # noqa: F403
+from tests.lessons.gpu_source_rules import *  # noqa: F403
+
+# The slice of one lesson: its solution tests here, and the generic tests above (tests/harness/), which
+# tests/lessons/conftest.py parametrizes with this lesson's cases.
+LESSON = "06_gpu"
 
 torch.manual_seed(0)
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.float16: dict(atol=2e-3, rtol=2e-3),
@@ -128,7 +137,7 @@ def test_kernel_compiles_for_a_hopper_gpu(configs):
     """The interpreter never compiles the kernel. Compile it for sm_90 (an H100 or H200) with
     triton_attention's GPU tiles, as a launch there would, and check it fits in a thread block's
     227 KB of shared memory. A fresh process: a process that has interpreted kernels cannot compile."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     # Triton must be imported in compiling mode: with TRITON_INTERPRET=1 already set, code generation fails.
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, "-c", _COMPILE, json.dumps(configs)], capture_output=True, text=True,
@@ -163,7 +172,7 @@ def test_benchmark_ms_and_peak_memory_on_the_cpu():
 def test_lesson_runs_without_triton(tmp_path):
     """A student without Triton: the lesson's code cells, the Triton test cell and its demo all run,
     and say that Triton was skipped."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     script = textwrap.dedent(f"""
         import ast, sys, json
         sys.modules["triton"] = None  # `import triton` now raises ImportError
@@ -258,13 +267,13 @@ def _cells_with(code):
 
 def test_triton_evidence_accepts_the_lesson_notebook():
     """Every cell as IPython's In holds them (hidden-test lines included) reads as a Triton kernel."""
-    from autograder.checks import triton_evidence
+    from autograder.lessons.gpu import triton_evidence
     assert triton_evidence.problem(_lesson_cells()) is None
 
 
 @pytest.mark.parametrize("what", TRITON_IMITATIONS)
 def test_triton_evidence_refuses_imitations(what):
-    from autograder.checks import triton_evidence
+    from autograder.lessons.gpu import triton_evidence
     code, word = TRITON_IMITATIONS[what]
     found = triton_evidence.problem(_cells_with(code))
     assert found and word in found, found
@@ -288,19 +297,19 @@ FLASH_IMITATIONS = {  # flash_attention that reaches PyTorch's fused attention, 
 
 
 def test_flash_evidence_accepts_the_lesson_notebook():
-    from autograder.checks import triton_evidence
+    from autograder.lessons.gpu import triton_evidence
     assert triton_evidence.flash_problem(_lesson_cells()) is None
 
 
 @pytest.mark.parametrize("what", FLASH_IMITATIONS)
 def test_flash_evidence_refuses_fused_attention(what):
-    from autograder.checks import triton_evidence
+    from autograder.lessons.gpu import triton_evidence
     found = triton_evidence.flash_problem(_cells_with(FLASH_IMITATIONS[what]))
     assert found and "flash_attention reaches" in found, found
 
 
 def test_flash_evidence_refuses_magics_and_unreadable_cells():
-    from autograder.checks import triton_evidence
+    from autograder.lessons.gpu import triton_evidence
     assert "%%writefile" in triton_evidence.flash_problem(_lesson_cells() + ["%%writefile m.py\nx = 1\n"])
     assert "does not parse" in triton_evidence.flash_problem(_lesson_cells() + ["def f(:\n"])
 
@@ -309,8 +318,8 @@ def test_without_triton_the_check_is_the_instructors_to_run(monkeypatch):
     """No Triton where the grader runs: the check says so (status error, for the instructor), never a failure."""
     import importlib
 
-    from autograder.checks import Unchecked
-    from autograder.checks import gpu as checks
+    from autograder.checking import Unchecked
+    from autograder.lessons.gpu import checks
 
     monkeypatch.setattr(gpu, "HAS_TRITON", False)
     try:
@@ -326,7 +335,7 @@ def test_without_triton_the_check_is_the_instructors_to_run(monkeypatch):
 
 def test_harmless_magics_keep_the_evidence_and_others_do_not():
     from autograder import notebook as nbk
-    from autograder.checks import triton_evidence
+    from autograder.lessons.gpu import triton_evidence
 
     nb = nbk.read(nbk.lesson_path("06_gpu"))
     cells = [nbk.source(c) for c in nbk.code_cells(nb) if not nbk.is_test(c) and not nbk.is_demo(c)]

@@ -5,6 +5,14 @@ import torch.nn.functional as F
 
 from solutions.gqa import GroupedQueryAttention, kv_cache_bytes, mha_to_gqa, repeat_kv
 from solutions.multi_head import MultiHeadAttention
+from tests.harness.checks import *  # noqa: F403
+from tests.harness.honest import *  # noqa: F403
+from tests.harness.notebooks import *  # noqa: F403
+from tests.harness.visible import *  # noqa: F403
+
+# The slice of one lesson: its solution tests here, and the generic tests above (tests/harness/), which
+# tests/lessons/conftest.py parametrizes with this lesson's cases.
+LESSON = "04_gqa"
 
 torch.manual_seed(0)
 D = 24
@@ -112,9 +120,9 @@ def test_imports_go_one_way():
 @pytest.mark.parametrize("name, what, share", [("GroupedQueryAttention", "a given mask ignored", (5, 6)),
                                                ("mha_to_gqa", "biases dropped", (5, 6))])
 def test_one_slip_costs_its_share(name, what, share):
-    from autograder.checks import PartialCredit, verify
-    from tests.lessons import fresh_namespace
-    from autograder import mistakes
+    from autograder.checking import PartialCredit, verify
+    from tests.harness.lessons import fresh_namespace
+    from autograder.checking import mistakes
 
     m04_gqa = mistakes.for_lesson("04_gqa")
 

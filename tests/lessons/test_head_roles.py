@@ -7,6 +7,15 @@ import torch.nn.functional as F
 
 from solutions.head_roles import (Language, RoleModel, head_importance, make_corpus, offset_baseline, prune_heads,
                                   rare_word_score, relation_accuracy, uniform_rare_word_score)
+from tests.harness.checks import *  # noqa: F403
+from tests.harness.honest import *  # noqa: F403
+from tests.harness.notebooks import *  # noqa: F403
+from tests.harness.visible import *  # noqa: F403
+from tests.lessons.head_roles_training import *  # noqa: F403
+
+# The slice of one lesson: its solution tests here, and the generic tests above (tests/harness/), which
+# tests/lessons/conftest.py parametrizes with this lesson's cases.
+LESSON = "10_head_roles"
 
 
 def one_hot(T, targets):

@@ -9,6 +9,15 @@ from solutions.head_specialization import (AttentionOnlyTransformer, CausalSelfA
                                            duplicate_token_score, induction_score, load_checkpoint,
                                            previous_token_score, repeated_sequences, save_checkpoint,
                                            training_batch)
+from tests.harness.checks import *  # noqa: F403
+from tests.harness.honest import *  # noqa: F403
+from tests.harness.notebooks import *  # noqa: F403
+from tests.harness.visible import *  # noqa: F403
+from tests.lessons.head_specialization_training import *  # noqa: F403
+
+# The slice of one lesson: its solution tests here, and the generic tests above (tests/harness/), which
+# tests/lessons/conftest.py parametrizes with this lesson's cases.
+LESSON = "07_head_specialization"
 
 T = 8
 

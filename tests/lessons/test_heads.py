@@ -4,6 +4,14 @@ import torch
 import torch.nn.functional as F
 
 from solutions.heads import attention, merge_heads, per_head_attention, split_heads
+from tests.harness.checks import *  # noqa: F403
+from tests.harness.honest import *  # noqa: F403
+from tests.harness.notebooks import *  # noqa: F403
+from tests.harness.visible import *  # noqa: F403
+
+# The slice of one lesson: its solution tests here, and the generic tests above (tests/harness/), which
+# tests/lessons/conftest.py parametrizes with this lesson's cases.
+LESSON = "02_heads"
 
 torch.manual_seed(0)
 

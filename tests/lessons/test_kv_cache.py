@@ -4,6 +4,14 @@ import torch
 
 from solutions.gqa import GroupedQueryAttention
 from solutions.kv_cache import Decoder, KVCache, attend_with_cache, generate
+from tests.harness.checks import *  # noqa: F403
+from tests.harness.honest import *  # noqa: F403
+from tests.harness.notebooks import *  # noqa: F403
+from tests.harness.visible import *  # noqa: F403
+
+# The slice of one lesson: its solution tests here, and the generic tests above (tests/harness/), which
+# tests/lessons/conftest.py parametrizes with this lesson's cases.
+LESSON = "05_kv_cache"
 
 torch.manual_seed(0)
 
@@ -108,9 +116,9 @@ def generate(model, prompt_ids, max_new_tokens, use_cache=True):
 
 
 def test_a_generate_that_forges_the_call_log_loses_its_points():
-    from autograder.checks import verify
-    from autograder.checks.kv_cache import ProbeModel, _expected_calls
-    from tests.lessons import fresh_namespace
+    from autograder.checking import verify
+    from autograder.lessons.kv_cache.checks import ProbeModel, _expected_calls
+    from tests.harness.lessons import fresh_namespace
 
     ns = fresh_namespace("05_kv_cache", {"generate": FORGER})
     # The attack is real: a log kept next to the student's code shows a cached run ...
@@ -127,9 +135,9 @@ def test_a_generate_that_forges_the_call_log_loses_its_points():
                                                ("generate", "ignores use_cache: always caches", (2, 3)),
                                                ("KVCache", "reset() does not reset", (6, 7))])
 def test_one_slip_costs_its_share(name, what, share):
-    from autograder.checks import PartialCredit, verify
-    from tests.lessons import fresh_namespace
-    from autograder import mistakes
+    from autograder.checking import PartialCredit, verify
+    from tests.harness.lessons import fresh_namespace
+    from autograder.checking import mistakes
 
     m05_kv_cache = mistakes.for_lesson("05_kv_cache")
 

@@ -11,6 +11,14 @@ import torch.nn.functional as F
 from solutions.kv_compression import (LatentCache, MultiHeadLatentAttention, RollingKVCache, SlidingWindowDecoder,
                                       absorbed_attention, absorption_flops, mla_from_layer, sliding_window_mask, with_latent_kv,
                                       with_pooled_kv)
+from tests.harness.checks import *  # noqa: F403
+from tests.harness.honest import *  # noqa: F403
+from tests.harness.notebooks import *  # noqa: F403
+from tests.harness.visible import *  # noqa: F403
+
+# The slice of one lesson: its solution tests here, and the generic tests above (tests/harness/), which
+# tests/lessons/conftest.py parametrizes with this lesson's cases.
+LESSON = "08_kv_compression"
 
 
 @pytest.mark.parametrize("tq, tk, window", [(5, 5, 1), (5, 5, 3), (3, 8, 2), (4, 9, 20), (1, 7, 4)])

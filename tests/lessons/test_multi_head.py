@@ -4,6 +4,14 @@ import torch
 from torch import nn
 
 from solutions.multi_head import MultiHeadAttention, concat_and_project, load_torch_mha, mha_param_count
+from tests.harness.checks import *  # noqa: F403
+from tests.harness.honest import *  # noqa: F403
+from tests.harness.notebooks import *  # noqa: F403
+from tests.harness.visible import *  # noqa: F403
+
+# The slice of one lesson: its solution tests here, and the generic tests above (tests/harness/), which
+# tests/lessons/conftest.py parametrizes with this lesson's cases.
+LESSON = "03_multi_head"
 
 torch.manual_seed(0)
 D, H = 16, 4

@@ -18,7 +18,7 @@ from autograder.__main__ import main
 from autograder import results as store
 from autograder.results import save_result
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOT = ROOT / "build" / "screenshots" / "class-report.png"
 CHROMIUM = next((c for c in ("/usr/bin/chromium", shutil.which("chromium"), shutil.which("chromium-browser"))
                  if c and os.path.exists(c)), None)

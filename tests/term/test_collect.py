@@ -313,7 +313,7 @@ def test_read_clues_of_each_layout():
 
 def test_each_lms_is_read_by_a_module_of_its_own():
     """collect.py files what canvas.py, moodle.py and exchange.py read, each an LMS's names and nothing else of
-    collect's (tests/test_layout.py holds the imports); a name is tried against Canvas's first."""
+    collect's (tests/grader/test_layout.py holds the imports); a name is tried against Canvas's first."""
     from autograder.adapters import canvas, exchange, moodle
 
     assert col.LMS == (canvas, moodle, exchange)

@@ -5,7 +5,7 @@ import zipfile
 
 from autograder.__main__ import main
 from autograder.adapters import moodle
-from tests.test_collect import ROSTER, notebook, put, zip_folder
+from tests.term.test_collect import ROSTER, notebook, put, zip_folder
 
 
 def pages(results, *students, lesson="01_attention"):

@@ -19,8 +19,8 @@ import pytest
 
 from autograder import notebook as nbk
 from autograder.release import release
-from tests import mutants
-from tests.lessons import fill
+from tests.harness import mutants
+from tests.harness.lessons import fill
 
 pytestmark = pytest.mark.slow
 LESSON = "01_attention"

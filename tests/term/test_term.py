@@ -20,7 +20,7 @@ from autograder import notebook as nbk
 from autograder import results as store
 from autograder.release import release
 from autograder.worker import choose_mode
-from tests.lessons import fill
+from tests.harness.lessons import fill
 
 pytestmark = pytest.mark.slow
 L1, L2 = "01_attention", "02_heads"

@@ -3,10 +3,10 @@ import numpy as np
 
 from functools import cache, partial
 
-from autograder.checks import Checks, expect_pair, fail, reference
+from autograder.checking import Checks, expect_pair, fail, reference
 from autograder.sandbox.wire import Array
-from autograder.checks import expect_array as _expect_array
-from autograder import mistakes
+from autograder.checking import expect_array as _expect_array
+from autograder.checking import mistakes
 from solutions import attention as ref
 
 # numpy widens float32 / np.sqrt(d) to float64; that is not what this lesson is about.
@@ -17,13 +17,13 @@ DTYPES = (np.float64, np.float32)
 
 
 def _known(name, *args, dtype=None):
-    """[(message, what it returns)] of the known mistakes of `name` (autograder/mistakes/01_attention.py),
+    """[(message, what it returns)] of the known mistakes of `name` (autograder/lessons/attention/mistakes.py),
     run on these inputs (cast to dtype)."""
     return mistakes.compared("01_attention", name, *args, convert=dtype and (lambda got: np.asarray(got).astype(dtype)))
 
 
 def _softmax_mistakes(x, axis):
-    """What the known mistakes (autograder/mistakes/01_attention.py) return on x, in x's dtype: expect_array's
+    """What the known mistakes (autograder/lessons/attention/mistakes.py) return on x, in x's dtype: expect_array's
     mistakes, run only when the answer is wrong."""
     return lambda: _known("softmax", x, axis, dtype=x.dtype)
 
@@ -102,7 +102,7 @@ def _attention_cases(rng):
 
 
 def _sdpa_mistakes(q, k, v, mask):
-    """(message, (out, weights)) of the known mistakes (autograder/mistakes/01_attention.py) on these inputs."""
+    """(message, (out, weights)) of the known mistakes (autograder/lessons/attention/mistakes.py) on these inputs."""
     args = (q, k, v) if mask is None else (q, k, v, mask)
     return [(m.message, (reference(np.asarray(o).astype(q.dtype)), reference(np.asarray(w).astype(q.dtype))))
             for m, (o, w) in mistakes.on("01_attention", "scaled_dot_product_attention", *args)]

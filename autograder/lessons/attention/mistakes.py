@@ -1,5 +1,5 @@
-"""Lesson 01 (attention, numpy): known mistakes and correct variants (see autograder/mistakes)."""
-from autograder.mistakes import Mistake
+"""Lesson 01 (attention, numpy): known mistakes and correct variants (see autograder/lessons/<module>/mistakes.py)."""
+from autograder.checking.mistakes import Mistake
 
 MUTANTS = {
     "softmax": [
@@ -62,7 +62,7 @@ def softmax(x, axis=-1):
         ("borrows the grader's stand-in softmax", "sum to 1", '''
 import sys
 def softmax(x, axis=-1):
-    for module in ("sandbox.helpers", "autograder.sandbox.helpers", "autograder.checks.stand_ins"):
+    for module in ("sandbox.helpers", "autograder.sandbox.helpers", "autograder.checking.stand_ins"):
         found = getattr(sys.modules.get(module), "softmax", None)
         if found is not None:
             return found(x, axis)

@@ -21,10 +21,10 @@ import math
 import numpy as np
 import torch
 
-from autograder import mistakes
-from autograder.checks import (HEADROOM_MB, Checks, StudentError, close, evidence_times, expect_array, fail,
+from autograder.checking import mistakes
+from autograder.checking import (HEADROOM_MB, Checks, StudentError, close, evidence_times, expect_array, fail,
                                kind_of, reference, tensor, within_memory)
-from autograder.checks.gpu import (TILED_MB, TILED_ROW, TILED_ROWS, attention_mistakes, exact_attention,
+from autograder.lessons.gpu.checks import (TILED_MB, TILED_ROW, TILED_ROWS, attention_mistakes, exact_attention,
                                    expect_attention, qkv, rows_of, tiled_cases)
 from autograder.sandbox.wire import Array
 from solutions import flash_backward as ref
@@ -225,7 +225,7 @@ def _expect_forward_tiled(s, rng):
         _expect_lse(lse, want_lse, largest, what, "float32", k.shape[2], q.shape[3], [])
 
 
-@CHECKS.add("flash_attention_forward", aspects={"values": 3, "causal": 1, "float16": 1, "tiled": 2})
+@CHECKS.add("flash_attention_forward", aspects={"values": 3, "causal": 1, "float16": 1, "tiled": 2}, memory_bound=True)
 def flash_attention_forward(s):
     rng = s.rng
     # (aspect, dtype, (B, H, Tq, Tk, Dh), causal, block_q, block_k (None: the defaults), scale, blocks by position)
@@ -347,7 +347,7 @@ def _as64(*arrays):
 # queries against one key tile of 1024 (FlashAttention-2's outer loop over key tiles with every query inside), both
 # 128 MiB, and, causal, a (Tq, Tk) boolean mask of 12288 queries and keys, 144 MiB. An honest backward's inputs and
 # outputs take at most 512 KiB each, its tiles (1024 x 128) 0.5 MiB in float32, 1 MiB in float64: one computed in
-# float64 inside maps up to 22 MiB in all in-process, within the three quarters of the bound that tests/test_checks.py
+# float64 inside maps up to 22 MiB in all in-process, within the three quarters of the bound that tests/harness/checks.py
 # holds every correct answer to. A notebook holding more than an honest fresh one when the block begins gets what it
 # holds on top of BACKWARD_MB, up to HEADROOM_MB: then each case grows until its forbidden layout takes more than
 # that (evidence_times), the long side's tile shrinking as the short side grows.
@@ -396,7 +396,8 @@ def _expect_backward_tiled(s, rng):
                            f"{arrays[1].shape[2]} keys")
 
 
-@CHECKS.add("flash_attention_backward", aspects={"values": 3, "causal": 1, "half precision": 1, "tiled": 3})
+@CHECKS.add("flash_attention_backward", aspects={"values": 3, "causal": 1, "half precision": 1, "tiled": 3},
+            memory_bound=True)
 def flash_attention_backward(s):
     rng = s.rng
     # (aspect, dtype, (B, H, Tq, Tk, Dh), causal, block_q, block_k (None: the defaults), scale, blocks by position)
@@ -514,7 +515,7 @@ def _expect_never_keeps_p(s, rng):
 
 
 @CHECKS.add("FlashAttention", isolate=["flash_attention_forward", "flash_attention_backward"],
-            aspects={"values": 3, "causal": 1, "gradcheck": 1, "never keeps P": 3})
+            aspects={"values": 3, "causal": 1, "gradcheck": 1, "never keeps P": 3}, memory_bound=True)
 def FlashAttention(s):
     rng = s.rng
     with s.aspect("values"):

@@ -6,9 +6,9 @@ exactly its mistake. Those with a message are run by the checks on their own inp
 """
 import importlib
 
-from autograder.mistakes import Mistake
+from autograder.checking.mistakes import Mistake
 
-_GPU = importlib.import_module("autograder.mistakes.06_gpu")
+_GPU = importlib.import_module("autograder.lessons.gpu.mistakes")
 
 _NAIVE = '''
 def attention_backward(q, k, v, dout, causal=False):
@@ -543,7 +543,7 @@ HIDDEN_ONLY = {"P kept in a global": "a global is out of the visible test's sigh
 # A buffer of more than HEADROOM_MB kept at top level leaves no memory-bound check of the lesson its headroom.
 _OVER = "the 400 MiB its cell keeps is more than any memory-bound check allows before it, as for any notebook"
 # FlashAttention's never-keeps-P case grows with what the cells hold, and at 300 MiB held the reference forward
-# and backward it runs no longer fit its bound in a full grading run (they did in-process: tests/test_checks.py).
+# and backward it runs no longer fit its bound in a full grading run (they did in-process: tests/harness/checks.py).
 _NEAR = "the 300 MiB its cell keeps grows FlashAttention's long case past what its bound allows"
 ALSO_LOSES = {"P and dP whole, in a 300 MiB buffer reserved before the call": {"FlashAttention": _NEAR},
               "P and dP whole, in a 400 MiB buffer reserved before the call": {

@@ -23,9 +23,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from autograder import lessons, mistakes
-from autograder.checks import (HEADROOM_MB, Checks, Unchecked, close, evidence_times, expect_array, expect_int, fail,
-                               kind_of, reference, tensor, triton_evidence, within_memory)
+from autograder import lessons
+from autograder.checking import mistakes
+from autograder.checking import (HEADROOM_MB, Checks, Unchecked, close, evidence_times, expect_array, expect_int, fail,
+                                 kind_of, reference, tensor, within_memory)
+from autograder.lessons.gpu import triton_evidence
 from autograder.sandbox import helpers
 from autograder.sandbox.wire import Array, Handle
 from solutions import gpu as ref
@@ -34,7 +36,7 @@ CHECKS = Checks()
 # Checks that cannot run here (grade.py reads this: their tests get status error, for the instructor).
 UNAVAILABLE = lessons.unavailable("06_gpu", {"triton": ref.HAS_TRITON})  # the reasons: lessons/06_gpu/lesson.toml
 LESSON = "06_gpu"
-# What the checks say of mistakes only evidence shows, defined with them (autograder/mistakes/06_gpu.py)
+# What the checks say of mistakes only evidence shows, defined with them (autograder/lessons/gpu/mistakes.py)
 NO_MAX, FLOAT32_STATE, SOFTMAX_CALL, FLOAT32_INSIDE = (getattr(mistakes.for_lesson(LESSON), n) for n in (
     "NO_MAX", "FLOAT32_STATE", "SOFTMAX_CALL", "FLOAT32_INSIDE"))
 
@@ -87,7 +89,7 @@ def attention_flops(s):
 # ---- online_softmax -----------------------------------------------------------------------------
 
 def _online_mistakes(x, block):
-    """The known mistakes' definitions (autograder/mistakes/06_gpu.py) on x, cast to x's dtype: run in float64, then
+    """The known mistakes' definitions (autograder/lessons/gpu/mistakes.py) on x, cast to x's dtype: run in float64, then
     in x's own dtype, where exp without the max overflows."""
     own = getattr(torch, x.dtype.name)
     return [(m.message, reference(got.to(own))) for dtype in dict.fromkeys((torch.float64, own))
@@ -180,7 +182,7 @@ def _expect_online(s, x, block, kind, answer=ASK):
 
 def attention_mistakes(q, k, v, causal, block_ks, dtype, triton=False):
     """(message, Array) of known mistakes on these inputs (numpy), for each block size the student may use: the
-    definitions of flash_attention's (autograder/mistakes/06_gpu.py), run in float64 and in the inputs' own dtype
+    definitions of flash_attention's (autograder/lessons/gpu/mistakes.py), run in float64 and in the inputs' own dtype
     (float16 arithmetic shows only there), cast to `dtype`; with triton, also what Triton's own slips give: the
     exact attention of queries ln 2 smaller (exp2 without log2(e)) and of keys padded with zeros (not masked)."""
     cast = lambda t: reference(t.to(dtype))
@@ -257,7 +259,7 @@ def qkv(rng, b, h, tq, tk, dh, dtype, scale=2.0):
 # The bounded block counts from a fresh process (Subject.memory_bound). An honest process holds up to 7.5 MiB
 # beyond a fresh one when the block begins, and its calls need up to 10 MiB more (k and v take 256 KiB each, 512
 # KiB in float64, a tile of scores 0.5 MiB in float32, 1 in float64, and a few temporaries): a correct answer keeps
-# its marks with a bound a quarter smaller (tests/test_checks.py), whatever the allocator's state. Forbidden, each
+# its marks with a bound a quarter smaller (tests/harness/checks.py), whatever the allocator's state. Forbidden, each
 # one allocation well above TILED_MB: without a mask, one query tile of 1024 against 16384 keys, whose (block_q, Tk)
 # row of float32 scores (the full matrix too) takes 64 MiB (few keys, long tiles: keys and values that an honest
 # answer copies, and the grader sends, stay small); with causal=True, 6144 queries and keys, whose (Tq, Tk) boolean
@@ -333,7 +335,7 @@ def _dominant_key(rng):
 DOMINANT_BLOCK, DOMINANT_KEYS = 16, 8192
 
 
-@CHECKS.add("flash_attention", aspects={"values": 3, "causal": 1, "float16": 1, "tiled": 2})
+@CHECKS.add("flash_attention", aspects={"values": 3, "causal": 1, "float16": 1, "tiled": 2}, memory_bound=True)
 def flash_attention(s):
     rng = s.rng
     # (aspect, dtype, (B, H, Tq, Tk, Dh), causal, block_q, block_k or None for the defaults, scale of q and k)
@@ -381,7 +383,7 @@ def _fused(shell, part):
 
 
 def _fuse_mistakes(shell, part):
-    """[(message, Array)]: the `part` of the fused layer each defined mistake (autograder/mistakes/06_gpu.py)
+    """[(message, Array)]: the `part` of the fused layer each defined mistake (autograder/lessons/gpu/mistakes.py)
     makes of `shell`."""
     return [(m.message, reference(getattr(fused, part).detach())) for m, fused in mistakes.on(LESSON, "fuse_qkv", shell)
             if getattr(fused, part, None) is not None]
@@ -467,7 +469,7 @@ def softmax_input(rng, dtype, shape, scale, with_inf):
     return x.astype(dtype)
 
 
-# Where tests/test_checks.py holds each mistake's model (autograder/mistakes/06_gpu.py: what the check runs in place
+# Where tests/harness/checks.py holds each mistake's model (autograder/lessons/gpu/mistakes.py: what the check runs in place
 # of the Triton kernel, too slow for the grader on a CPU) equal to its kernel in Triton's interpreter: the cases of
 # at most 100 columns (the interpreter's cost grows with the programs, one per column for the wrong-axis mistake).
 MODEL_INPUTS = {"triton_softmax": lambda rng: [(torch.from_numpy(softmax_input(rng, *case[1:])).to(_triton_device()),)

@@ -9,7 +9,7 @@ for the grader).
 import inspect
 import textwrap
 
-from autograder.mistakes import Mistake
+from autograder.checking.mistakes import Mistake
 from solutions import gpu as _sol
 
 def _kernel_source(kernel):
@@ -155,7 +155,7 @@ def _fuse(**edits):
     return _FUSE.format(**{**_FUSE_OK, **edits})
 
 
-# What the checks say (autograder/checks/gpu.py), defined once with the mistakes that earn them.
+# What the checks say (autograder/lessons/gpu/checks.py), defined once with the mistakes that earn them.
 NO_MAX = ("exp(x) overflows on large entries (exp(89) is inf in float32): subtract the running max before exp, "
           "exp(x - m), and rescale the sum when the max grows")
 FLOAT32_STATE = ("float64 input was computed in float32 (the result is only as close as float32 rounding goes; a "
@@ -445,7 +445,7 @@ def triton_attention(q, k, v, causal=False):
         ("the kernel launched, then its output replaced", "@triton.jit", _triton(wrapper=[
             ("    return out", "    return flash_attention(q, k, v, causal=causal)")])),
         # A dummy kernel launched while torch does the work. Its other disguises (a decorator on the wrapper, a
-        # second definition under `if`) pass the visible test: test_sol_gpu's imitations test them.
+        # second definition under `if`) pass the visible test: tests/lessons/test_gpu.py's imitations test them.
         ("a home-made jit that launches torch", "@triton.jit", _SDPA + '''
 class _Launch:
     def __getitem__(self, grid):

@@ -2,15 +2,15 @@
 
 Forward passes are compared with solutions.gqa and with torch's own grouped-query attention,
 F.scaled_dot_product_attention(..., enable_gqa=True). Known mistakes are their definitions
-(autograder/mistakes/04_gqa.py) run on the same inputs, so the feedback can name them.
+(autograder/lessons/gqa/mistakes.py) run on the same inputs, so the feedback can name them.
 """
 import numpy as np
 import torch
 
-from autograder.checks import (Checks, expect_array, expect_error, expect_int, expect_int_attributes, fail, kind_of,
+from autograder.checking import (Checks, expect_array, expect_error, expect_int, expect_int_attributes, fail, kind_of,
                                reference, tensor)
 from autograder.sandbox.wire import Array, Handle
-from autograder import mistakes
+from autograder.checking import mistakes
 from solutions import gqa as ref
 
 CHECKS = Checks()
@@ -20,7 +20,7 @@ PROJECTIONS = ("q_proj", "k_proj", "v_proj", "out_proj")
 # ---- repeat_kv ---------------------------------------------------------------------------
 
 def _repeat_kv_mistakes(x, n_rep):
-    """What the known mistakes (autograder/mistakes/04_gqa.py) return on this input: expect_array's mistakes,
+    """What the known mistakes (autograder/lessons/gqa/mistakes.py) return on this input: expect_array's mistakes,
     run only when the answer is wrong."""
     return lambda: mistakes.compared("04_gqa", "repeat_kv", torch.from_numpy(x), n_rep)
 
@@ -88,7 +88,7 @@ def _reference_module(state, D, H, Hkv, bias, dtype):
 
 @torch.no_grad()
 def _forward_mistakes(state, x, H, Hkv, mask):
-    """(message, output) of the known mistakes (autograder/mistakes/04_gqa.py: each class built, given these
+    """(message, output) of the known mistakes (autograder/lessons/gqa/mistakes.py: each class built, given these
     weights and run on x)."""
     D = x.shape[-1]
     found = []
@@ -193,7 +193,7 @@ def _expect_conversion(s, rng, D, H, Hkv, bias, dtype, keys):
                          for p, a in (("weight", weights[n]), ("bias", biases[n])) if a is not None})
     name = np.dtype(dtype).name
     want = {k: reference(v, dtype=name) for k, v in ref.mha_to_gqa(mha, Hkv).state_dict().items()}
-    # what the known mistakes (autograder/mistakes/04_gqa.py) make of the same mha
+    # what the known mistakes (autograder/lessons/gqa/mistakes.py) make of the same mha
     wrong = [(m.message, out.state_dict()) for m, out in mistakes.on("04_gqa", "mha_to_gqa", mha, Hkv)]
 
     got = s.call("mha_to_gqa", shell, Hkv)
@@ -267,7 +267,7 @@ def mha_to_gqa(s):
 @CHECKS.add("kv_cache_bytes")
 def kv_cache_bytes(s):
     # Factors chosen so that each mistake gives a different number. The mistakes are their definitions
-    # (autograder/mistakes/04_gqa.py) run on each case.
+    # (autograder/lessons/gqa/mistakes.py) run on each case.
     cases = [((5, 3, 7, 11), dict(batch_size=3, bytes_per_element=4)),
              ((80, 8, 128, 1), {}),                                    # Llama 2 70B, one token, fp16
              ((32, 8, 128, 8192), dict(batch_size=7, bytes_per_element=1)),

@@ -1,5 +1,5 @@
-"""Lesson 04 (grouped-query attention): known mistakes and correct variants (see autograder/mistakes)."""
-from autograder.mistakes import Mistake, edited
+"""Lesson 04 (grouped-query attention): known mistakes and correct variants (see autograder/lessons/<module>/mistakes.py)."""
+from autograder.checking.mistakes import Mistake, edited
 
 _GQA = '''
 class GroupedQueryAttention(nn.Module):

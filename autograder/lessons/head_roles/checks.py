@@ -11,8 +11,8 @@ integer importances and float64 ones, and every n_prune from 0 to all heads.
 import numpy as np
 import torch
 
-from autograder import mistakes
-from autograder.checks import Checks, StudentError, expect_array, expect_error, fail, reference, tensor
+from autograder.checking import mistakes
+from autograder.checking import Checks, StudentError, expect_array, expect_error, fail, reference, tensor
 from autograder.sandbox.wire import Array
 from solutions import head_roles as ref
 

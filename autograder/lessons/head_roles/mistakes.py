@@ -1,6 +1,6 @@
 """Known mistakes and correct variants of lesson 10 (relation_accuracy, offset_baseline, rare_word_score,
 head_importance, prune_heads)."""
-from autograder.mistakes import Mistake
+from autograder.checking.mistakes import Mistake
 
 _RAISES = '''
 def {sig}:

@@ -14,8 +14,8 @@ import functools
 import numpy as np
 import torch
 
-from autograder import mistakes
-from autograder.checks import Checks, StudentError, close, expect_array, expect_error, fail, kind_of, reference, tensor
+from autograder.checking import mistakes
+from autograder.checking import Checks, StudentError, close, expect_array, expect_error, fail, kind_of, reference, tensor
 from autograder.sandbox.wire import Array, Handle
 from solutions import head_specialization as ref
 
@@ -83,7 +83,7 @@ def expect_scores(got, want, what, H, T, mistakes=()):
 # ---- previous_token_score -------------------------------------------------------------------
 
 def _defined(name, p, *args):
-    """[(message, what it returns)] of the known mistakes of `name` (autograder/mistakes/07_head_specialization.py)
+    """[(message, what it returns)] of the known mistakes of `name` (autograder/lessons/head_specialization/mistakes.py)
     run on pattern p in float64, labelled with p's dtype, as _exact."""
     return [(m.message, reference(out, dtype=p.dtype.name))
             for m, out in mistakes.on(LESSON, name, _torch(p).double(), *args)]
@@ -202,7 +202,7 @@ def _run(config, state, ids, edit=None):
 
 def _ablation_mistakes(config, layer, head):
     """[(message, edit)]: the usual wrong ablations, as edits of the reference model: the defined mistakes
-    (autograder/mistakes/07_head_specialization.py), and the reference itself on every other head or layer
+    (autograder/lessons/head_specialization/mistakes.py), and the reference itself on every other head or layer
     (the defined 'next head' and 'layer 0' are one of each), named by those mistakes' messages."""
     known = mistakes.for_lesson(LESSON)
     out = [(known.WRONG_HEAD, lambda m, h2=h2: ref.ablate_head(m, layer, h2))

@@ -1,4 +1,4 @@
-from autograder.mistakes import Mistake
+from autograder.checking.mistakes import Mistake
 
 _ABLATE_HEADER = '''
 @contextlib.contextmanager

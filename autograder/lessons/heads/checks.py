@@ -4,9 +4,9 @@ import functools
 import numpy as np
 import torch
 
-from autograder.checks import (as_torch, call_named, Checks, expect_array, expect_pair, fail, kind_of,
+from autograder.checking import (as_torch, call_named, Checks, expect_array, expect_pair, fail, kind_of,
                                reference, StudentError, tensor)
-from autograder import mistakes
+from autograder.checking import mistakes
 from solutions import heads as ref
 
 CHECKS = Checks()
@@ -16,7 +16,7 @@ DTYPES = (np.float32, np.float64)
 # ---- split_heads ----------------------------------------------------------------------------
 
 def _split_mistakes(x, H):
-    """The known layout mistakes (autograder/mistakes/02_heads.py) on this input."""
+    """The known layout mistakes (autograder/lessons/heads/mistakes.py) on this input."""
     return mistakes.compared("02_heads", "split_heads", as_torch(x), H)
 
 
@@ -49,7 +49,7 @@ def split_heads(s):
 # ---- merge_heads ----------------------------------------------------------------------------
 
 def _merge_mistakes(x):
-    """The known layout mistakes (autograder/mistakes/02_heads.py) on this input."""
+    """The known layout mistakes (autograder/lessons/heads/mistakes.py) on this input."""
     return mistakes.compared("02_heads", "merge_heads", as_torch(x))
 
 
@@ -108,7 +108,7 @@ def _attention_cases(rng):
 
 
 def _attention_mistakes(q, k, v, mask):
-    """[(message, (out, weights))] of the known mistakes (autograder/mistakes/02_heads.py) on these inputs."""
+    """[(message, (out, weights))] of the known mistakes (autograder/lessons/heads/mistakes.py) on these inputs."""
     args = [as_torch(a) for a in (q, k, v)] + ([] if mask is None else [as_torch(mask)])
     return [(m.message, reference(tuple(got))) for m, got in mistakes.on("02_heads", "attention", *args)]
 
@@ -156,7 +156,7 @@ def attention(s):
 # ---- per_head_attention ---------------------------------------------------------------------
 
 def _per_head_mistakes(x, ws, H, mask):
-    """[(message, output)] of the known mistakes (autograder/mistakes/02_heads.py) on these inputs."""
+    """[(message, output)] of the known mistakes (autograder/lessons/heads/mistakes.py) on these inputs."""
     args = [as_torch(x)] + [as_torch(w) for w in ws] + [H] + ([] if mask is None else [as_torch(mask)])
     return mistakes.compared("02_heads", "per_head_attention", *args)
 

@@ -1,5 +1,5 @@
-"""Lesson 02 (heads): known mistakes and correct variants (see autograder/mistakes)."""
-from autograder.mistakes import Mistake
+"""Lesson 02 (heads): known mistakes and correct variants (see autograder/lessons/<module>/mistakes.py)."""
+from autograder.checking.mistakes import Mistake
 
 _ATTENTION_BODY = '''
 def attention(q, k, v, mask=None):{cast}

@@ -12,8 +12,8 @@ import functools
 import numpy as np
 import torch
 
-from autograder import mistakes
-from autograder.checks import Checks, StudentError, close, expect_array, expect_int, fail, kind_of, reference, tensor
+from autograder.checking import mistakes
+from autograder.checking import Checks, StudentError, close, expect_array, expect_int, fail, kind_of, reference, tensor
 from autograder.sandbox import helpers
 from autograder.sandbox.wire import Array, DType
 from solutions import gqa as ref_gqa
@@ -217,7 +217,7 @@ def _shell_parts(rng, D, H, Hkv, bias, dtype):
 
 @torch.no_grad()
 def _cached_mistakes(shell, x, cache, dtype):
-    """(message, output) of the known mistakes (autograder/mistakes/05_kv_cache.py) for new tokens x, cache
+    """(message, output) of the known mistakes (autograder/lessons/kv_cache/mistakes.py) for new tokens x, cache
     holding what came before (all float64), each run on a copy of the cache and labelled with the dtype the
     student computes in."""
     return [(m.message, reference(out, dtype=dtype))

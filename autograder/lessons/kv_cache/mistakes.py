@@ -1,5 +1,5 @@
 """Known-wrong answers and correct variants of lesson 05: KVCache, attend_with_cache, generate."""
-from autograder.mistakes import Mistake, edited
+from autograder.checking.mistakes import Mistake, edited
 
 _KV_INIT = '''
 class KVCache:

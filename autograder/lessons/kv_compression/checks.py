@@ -13,8 +13,8 @@ import math
 import numpy as np
 import torch
 
-from autograder import mistakes
-from autograder.checks import (HEADROOM_MB, Checks, StudentError, evidence_times, expect_array, expect_error,
+from autograder.checking import mistakes
+from autograder.checking import (HEADROOM_MB, Checks, StudentError, evidence_times, expect_array, expect_error,
                                expect_int, expect_int_attributes, fail, kind_of, reference, tensor, within_memory)
 from autograder.sandbox.wire import Array, DType
 from solutions import kv_compression as ref
@@ -47,7 +47,7 @@ def _expect_mask(s, n_queries, window, n_keys=None):
     got = s.call("sliding_window_mask", *args, **kwargs)
     tk = n_queries if n_keys is None else n_keys
     what = f"sliding_window_mask({n_queries}, window, n_keys={tk})" if n_keys else "sliding_window_mask(n, window)"
-    # the known mistakes (autograder/mistakes/08_kv_compression.py) run on the same arguments
+    # the known mistakes (autograder/lessons/kv_compression/mistakes.py) run on the same arguments
     expect_array(got, _bool(_band(n_queries, tk, window)), what,
                  lambda: mistakes.compared(LESSON, "sliding_window_mask", n_queries, window, n_keys),
                  axes=("query", "key"),
@@ -189,7 +189,7 @@ def _expect_fixed_memory(s):
 
 @CHECKS.add("RollingKVCache", aspects={"before the window fills": 3, "after the window fills": 2,
                                        "prefill longer than the window": 1, "fixed memory": 2,
-                                       "dtype and reset": 1, "errors": 1, "window attribute": 1})
+                                       "dtype and reset": 1, "errors": 1, "window attribute": 1}, memory_bound=True)
 def RollingKVCache(s):
     rng = s.rng
     shape, window = (2, 3, 4), 6
@@ -257,7 +257,7 @@ def _forward(mla, x, prev, mask, with_cache):
 
 
 def _mla_mistakes(params, D, H, L, bias):
-    """[(Mistake, its module)] of the defined mistakes of MultiHeadLatentAttention (autograder/mistakes/), made
+    """[(Mistake, its module)] of the defined mistakes of MultiHeadLatentAttention (autograder/lessons/<module>/mistakes.py), made
     with the check's arguments and weights in float64. One these cannot make is not what the student wrote."""
     out = []
     for mistake, cls in mistakes.defined(LESSON, "MultiHeadLatentAttention"):
@@ -388,7 +388,7 @@ def _shell(s, params, D, H, L):
 
 @torch.no_grad()
 def _absorbed_mistakes(mla64, x, c, dtype):
-    """What the known mistakes of the absorption (autograder/mistakes/08_kv_compression.py) return on these inputs
+    """What the known mistakes of the absorption (autograder/lessons/kv_compression/mistakes.py) return on these inputs
     (float64, labelled dtype)."""
     return [(m.message, reference(out, dtype=dtype))
             for m, out in mistakes.on(LESSON, "absorbed_attention", mla64, x, c)]
@@ -494,7 +494,7 @@ def _expect_never_forms_keys(s, rng):
 
 
 # "never forms keys or values" is the exercise's point: half of its points (a notebook that forms them keeps the rest).
-@CHECKS.add("absorbed_attention", aspects={"values": 3, "bias": 1, "never forms keys or values": 4})
+@CHECKS.add("absorbed_attention", aspects={"values": 3, "bias": 1, "never forms keys or values": 4}, memory_bound=True)
 def absorbed_attention(s):
     rng = s.rng
     with s.aspect("values"):

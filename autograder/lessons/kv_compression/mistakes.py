@@ -1,6 +1,6 @@
 """Known-wrong answers and correct variants of lesson 08: sliding_window_mask, RollingKVCache,
 MultiHeadLatentAttention, absorbed_attention."""
-from autograder.mistakes import Mistake, edited
+from autograder.checking.mistakes import Mistake, edited
 
 _MASK = '''
 def sliding_window_mask(n_queries, window, n_keys=None, device=None):

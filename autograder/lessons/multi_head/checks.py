@@ -5,10 +5,10 @@ import math
 import numpy as np
 import torch
 
-from autograder.checks import (as_torch, call_named, Checks, expect_array, expect_int, expect_int_attributes,
+from autograder.checking import (as_torch, call_named, Checks, expect_array, expect_int, expect_int_attributes,
                                expect_pair, fail, kind_of, reference, StudentError, tensor)
 from autograder.sandbox.wire import Array, Handle
-from autograder import mistakes
+from autograder.checking import mistakes
 from autograder.sandbox import helpers
 from solutions import multi_head as ref
 
@@ -31,7 +31,7 @@ def _expect_value_error(s, what, *args, **kwargs):
 # ---- concat_and_project ---------------------------------------------------------------------
 
 def _concat_mistakes(heads, w_o):
-    """The known mistakes (autograder/mistakes/03_multi_head.py) on these inputs."""
+    """The known mistakes (autograder/lessons/multi_head/mistakes.py) on these inputs."""
     return mistakes.compared("03_multi_head", "concat_and_project", as_torch(heads), as_torch(w_o))
 
 
@@ -71,7 +71,7 @@ def _reference_module(D, H, bias, state):
 
 @torch.no_grad()
 def _mha_mistakes(state, H, args, kwargs, dtype):
-    """[(message, (out, weights))] of the known mistakes (autograder/mistakes/03_multi_head.py): each class built
+    """[(message, (out, weights))] of the known mistakes (autograder/lessons/multi_head/mistakes.py): each class built
     with these weights in float64 and called as the student's was (args: the float64 tensors the student got),
     labelled with the student's dtype. One these inputs make raise cannot be what the student did."""
     D = state["q_proj.weight"].shape[0]
@@ -258,7 +258,7 @@ def MultiHeadAttention(s):
 
 def _loaded(linears, sizes, bias, src):
     """The module's state_dict after the reference's load_torch_mha, and a function giving [(message, state_dict)]:
-    what each defined mistake of load_torch_mha (autograder/mistakes/03_multi_head.py) leaves in the module. Both
+    what each defined mistake of load_torch_mha (autograder/lessons/multi_head/mistakes.py) leaves in the module. Both
     run here, on twins of the student's module (an AttentionShell holding `linears`) and of torch_mha (holding
     `src`), each mistake on its own copy; the mistakes run on the first call only, when a parameter is wrong."""
     def shell():
@@ -352,7 +352,7 @@ def load_torch_mha(s):
 # ---- mha_param_count ------------------------------------------------------------------------
 
 def _count_mistakes(*args, **kwargs):
-    """What the known mistakes (autograder/mistakes/03_multi_head.py) count for these arguments: expect_int's
+    """What the known mistakes (autograder/lessons/multi_head/mistakes.py) count for these arguments: expect_int's
     mistakes, run only when the answer is wrong."""
     return lambda: [(m.message, n) for m, n in mistakes.on("03_multi_head", "mha_param_count", *args, **kwargs)]
 

@@ -1,8 +1,8 @@
-"""Lesson 03 (multi-head attention): known mistakes and correct variants (see autograder/mistakes)."""
+"""Lesson 03 (multi-head attention): known mistakes and correct variants (see autograder/lessons/<module>/mistakes.py)."""
 import inspect
 import textwrap
 
-from autograder.mistakes import Mistake, edited
+from autograder.checking.mistakes import Mistake, edited
 from solutions import multi_head as _ref
 
 # Each MultiHeadAttention mutant is the reference class with one change (old -> new, which must occur).
