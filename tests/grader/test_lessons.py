@@ -1,5 +1,6 @@
 """The lessons' machinery: notebooks in sync with solutions/, manifests read once and picked up everywhere, what a
 release and a grading run give each lesson. Each lesson's own notebook tests: tests/harness/notebooks.py."""
+import importlib
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -8,10 +9,9 @@ import pytest
 
 from autograder import lessons
 from autograder import notebook as nbk
-from autograder.release import SOURCE_RULES, release
+from autograder.release import SOURCE_RULES, lesson_files, release
 from autograder.sync import sync
 from tests.harness.lessons import LESSONS
-from tests.harness.notebooks import missing_pieces
 
 
 def test_notebooks_are_in_sync_with_solutions():
@@ -19,6 +19,66 @@ def test_notebooks_are_in_sync_with_solutions():
 
 
 # ---- a lesson is described once (lessons/NN_name/lesson.toml) ------------------------------------
+
+def missing_pieces(lesson, root=nbk.LESSONS_DIR):
+    """What a lesson with a manifest lacks, in words, of the five pieces CONTRIBUTING.md names: its solutions module
+    and each graded name there; its notebook with an answer and a test cell (the manifest's points) per graded name,
+    and its data files; its grader package (autograder/lessons/<module>/: checks with a check per graded name,
+    mistakes with mutants and variants per graded name, probes); and its test file tests/lessons/test_<module>.py,
+    which names the lesson (LESSON). root: the lessons' folder; the other pieces are looked for beside it."""
+    from autograder.checking import mistakes
+
+    manifest = lessons.read(lesson, root)
+    module, graded = manifest["solutions"], lessons.points(lesson, root)
+    missing = []
+    try:
+        solutions = importlib.import_module(f"solutions.{module}")
+        missing += [f"solutions/{module}.py defines no {n}" for n in graded if not hasattr(solutions, n)]
+    except ImportError:
+        missing.append(f"no solutions module solutions/{module}.py")
+    try:
+        nb = nbk.read(nbk.lesson_path(lesson, root))
+        ids = {nbk.grade_id(c) for c in nbk.code_cells(nb) if nbk.is_answer(c)}
+        tests = dict(nbk.graded_tests(nb))
+        missing += [f"the notebook has no answer cell {n}" for n in graded if n not in ids]
+        missing += [f"the notebook's test_{n} has {tests.get(f'test_{n}')} points, the manifest {p}"
+                    for n, p in graded.items() if tests.get(f"test_{n}") != p]
+        missing += [f"the notebook grades {t}, which the manifest does not name" for t in tests
+                    if t.removeprefix("test_") not in graded]
+        beside = set(lesson_files(lesson, root))  # the manifest's data, and source_rules.py where a cell imports it
+    except nbk.NotebookError:
+        missing.append(f"no notebook lessons/{lesson}/{lesson}.ipynb")
+        beside = set(manifest["data"])
+    try:
+        checks = importlib.import_module(f"autograder.lessons.{module}.checks").CHECKS
+        missing += [f"autograder/lessons/{module}/checks.py has no check of {n}" for n in graded if n not in checks]
+    except ImportError:
+        missing.append(f"no checks module autograder/lessons/{module}/checks.py")
+    if mistakes.for_lesson(lesson) is None:
+        missing.append(f"no mistakes module autograder/lessons/{module}/mistakes.py")
+    else:
+        known, variants = mistakes.mutants(lesson), mistakes.variants(lesson)
+        missing += [f"autograder/lessons/{module}/mistakes.py has no mutant of {n}" for n in graded if not known.get(n)]
+        missing += [f"autograder/lessons/{module}/mistakes.py has no variant of {n}" for n in graded if not variants.get(n)]
+    course = Path(root).resolve().parent
+    for piece in ("__init__.py", "probes.py"):
+        if not (course / "autograder" / "lessons" / module / piece).is_file():
+            missing.append(f"no autograder/lessons/{module}/{piece}")
+    test_file = course / "tests" / "lessons" / f"test_{module}.py"
+    if not test_file.is_file():
+        missing.append(f"no test file tests/lessons/test_{module}.py")
+    elif f'LESSON = "{lesson}"' not in test_file.read_text(encoding="utf-8"):
+        missing.append(f'tests/lessons/test_{module}.py does not say LESSON = "{lesson}"')
+    folder = Path(root) / lesson
+    extra = {p.name for p in folder.iterdir() if p.is_file()} - {f"{lesson}.ipynb", lessons.MANIFEST, *beside}
+    missing += [f"{lesson}/{name} is not in the manifest's data" for name in sorted(extra)]
+    return missing
+
+
+@pytest.mark.parametrize("lesson", LESSONS)
+def test_every_lesson_has_every_piece(lesson):
+    assert missing_pieces(lesson) == []
+
 
 def test_every_lesson_folder_has_a_manifest():
     assert nbk.lesson_names() == [x for x in nbk.lesson_names() if x in LESSONS], "a lesson notebook without lesson.toml"
@@ -38,7 +98,8 @@ def test_a_lesson_missing_its_pieces_is_listed(tmp_path):
     assert missing_pieces(lesson, tmp_path) == [
         "no solutions module solutions/toy.py", f"no notebook lessons/{lesson}/{lesson}.ipynb",
         "no checks module autograder/lessons/toy/checks.py", "no mistakes module autograder/lessons/toy/mistakes.py",
-        f"{lesson}/notes.txt is not in the manifest's data"]
+        "no autograder/lessons/toy/__init__.py", "no autograder/lessons/toy/probes.py",
+        "no test file tests/lessons/test_toy.py", f"{lesson}/notes.txt is not in the manifest's data"]
     # A real lesson's notebook, with the manifest's points changed and a graded name it lacks.
     real = (nbk.LESSONS_DIR / "01_attention" / lessons.MANIFEST).read_text(encoding="utf-8")
     (tmp_path / "01_attention").mkdir()
