@@ -242,7 +242,7 @@ def _cell_text(text, number):
             pending = pending[:-1] + line.rstrip("\n") if pending.endswith("\\") else pending
             out.append("\n")
             if not line.rstrip().endswith("\\"):
-                magics[key] = ("line", _assigned(pending, _magic(pending, number)))
+                magics[key] = ("line", _assigned(pending, _magic(pending, number)))  # noqa: F821 - set with pending
                 pending = None
             continue
         if starts and _escape(line):
@@ -436,9 +436,9 @@ class Cells:
 
     def once(self, reading, *args):
         """reading(self, *args), worked out once for every rule that asks: the cells do not change."""
-        if (reading, *args) not in self._once:
-            self._once[reading, *args] = reading(self, *args)
-        return self._once[reading, *args]
+        if (reading, *args) not in self._once:  # a tuple, not a starred index: Python 3.10 reads this file
+            self._once[(reading, *args)] = reading(self, *args)
+        return self._once[(reading, *args)]
 
     def flow(self):
         """What may hold a genuine module when the cells run (Flow), read once for every rule (a cell it cannot

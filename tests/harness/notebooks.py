@@ -1,4 +1,5 @@
-"""Each lesson's notebook: in sync with solutions/, complete, runnable as source and as release (tests/lessons/test_<module>.py imports these; tests/grader/test_lessons.py tests the machinery)."""
+"""Each lesson's notebook: in sync with solutions/, complete, runnable as source and as release
+(tests/lessons/test_<module>.py imports these; tests/grader/test_lessons.py tests the machinery)."""
 import ast
 import importlib
 import inspect

@@ -12,11 +12,22 @@ from autograder import source_rules
 from autograder.grade import submission_cells
 from autograder.release import student_copy
 from solutions.attention import answered
+from tests.grader.test_adversarial import with_cells
 from tests.harness import honest as test_honest
 from tests.harness.lessons import fill
-from tests.grader.test_adversarial import with_cells
 
-__all__ = ["test_the_rules_need_only_the_standard_library", "test_honest_habits_pass_the_rules", "beside_the_notebook", "test_tricks_are_refused", "test_flash_refuses_fused_attention_reached_unseen", "test_modules_read_through_helpers_keep_every_mark", "test_the_verdict_does_not_depend_on_what_this_process_has_loaded", "test_flash_accepts_a_setting_that_the_triton_rules_refuse", "test_flash_refuses_a_late_redefinition_that_calls_sdpa", "test_what_cannot_be_read_is_refused_with_a_message", "test_the_readings_work_grows_with_the_cells_not_faster", "test_a_list_of_cells_gives_every_rule_its_verdict", "test_the_warm_up_kernel_is_judged_by_its_own_rule", "test_code_run_unseen_is_refused_by_both_rules", "test_honest_timing_and_loading_keep_every_mark", "test_the_demonstrations_guard_keeps_every_mark", "test_the_guards_excuse_covers_only_its_exact_text"]  # what tests/lessons/test_<module>.py collects
+# What tests/lessons/test_<module>.py collects from here.
+__all__ = ["test_the_rules_need_only_the_standard_library", "test_honest_habits_pass_the_rules", "beside_the_notebook",
+           "test_tricks_are_refused", "test_flash_refuses_fused_attention_reached_unseen",
+           "test_modules_read_through_helpers_keep_every_mark",
+           "test_the_verdict_does_not_depend_on_what_this_process_has_loaded",
+           "test_flash_accepts_a_setting_that_the_triton_rules_refuse",
+           "test_flash_refuses_a_late_redefinition_that_calls_sdpa",
+           "test_what_cannot_be_read_is_refused_with_a_message",
+           "test_the_readings_work_grows_with_the_cells_not_faster",
+           "test_a_list_of_cells_gives_every_rule_its_verdict", "test_the_warm_up_kernel_is_judged_by_its_own_rule",
+           "test_code_run_unseen_is_refused_by_both_rules", "test_honest_timing_and_loading_keep_every_mark",
+           "test_the_demonstrations_guard_keeps_every_mark", "test_the_guards_excuse_covers_only_its_exact_text"]
 
 
 def _grader_cells(first=(), replace=None, last=()):

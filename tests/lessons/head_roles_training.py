@@ -15,7 +15,10 @@ import torch
 
 from solutions.head_roles import evaluate, load_checkpoint, make_corpus, train
 
-__all__ = ["test_reduced_training_is_deterministic_and_learns_the_pronoun", "test_train_leaves_the_thread_setting_alone", "test_committed_checkpoint_has_the_lessons_heads", "test_the_script_writes_a_checkpoint", "test_full_retrain_reproduces_the_checkpoint"]  # what tests/lessons/test_<module>.py collects
+# What tests/lessons/test_<module>.py collects from here.
+__all__ = ["test_reduced_training_is_deterministic_and_learns_the_pronoun",
+           "test_train_leaves_the_thread_setting_alone", "test_committed_checkpoint_has_the_lessons_heads",
+           "test_the_script_writes_a_checkpoint", "test_full_retrain_reproduces_the_checkpoint"]
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECKPOINT = ROOT / "lessons" / "10_head_roles" / "role_model.npz"

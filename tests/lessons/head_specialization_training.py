@@ -13,10 +13,19 @@ import numpy as np
 import pytest
 import torch
 
-from solutions.head_specialization import (half_losses, head_scores, load_checkpoint, repeated_sequences, train,
-                                           training_batch)
+from solutions.head_specialization import (
+    half_losses,
+    head_scores,
+    load_checkpoint,
+    repeated_sequences,
+    train,
+    training_batch,
+)
 
-__all__ = ["small_run", "test_reduced_training_forms_an_induction_head", "test_training_is_deterministic", "test_train_leaves_the_thread_setting_alone", "test_committed_checkpoint_has_the_lessons_heads", "test_training_batch_is_reproducible", "test_the_script_writes_a_checkpoint"]  # what tests/lessons/test_<module>.py collects
+# What tests/lessons/test_<module>.py collects from here.
+__all__ = ["small_run", "test_reduced_training_forms_an_induction_head", "test_training_is_deterministic",
+           "test_train_leaves_the_thread_setting_alone", "test_committed_checkpoint_has_the_lessons_heads",
+           "test_training_batch_is_reproducible", "test_the_script_writes_a_checkpoint"]
 
 LESSON = Path(__file__).resolve().parents[2] / "lessons" / "07_head_specialization"
 

@@ -2,7 +2,6 @@
 import functools
 
 import numpy as np
-import torch
 
 from autograder.checking import (as_torch, call_named, Checks, expect_array, expect_pair, fail, kind_of,
                                reference, StudentError, tensor)
