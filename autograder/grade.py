@@ -283,7 +283,8 @@ def lesson_fingerprint(lesson: str, tests: list, mode: str, limits: dict | None,
     the sandbox mode, the limits it is graded under (lesson_limits) and the package's version. cache: the files'
     hashes and imports, read again only where a file's size or time changed."""
     cache = cache or Cache()
-    files = _code_closure([f"autograder.checks.{LESSONS[lesson]}", "autograder.worker"], cache)
+    package = f"autograder.lessons.{LESSONS[lesson]}"  # its checks, and the mistakes they import by name
+    files = _code_closure([f"{package}.checks", f"{package}.mistakes", "autograder.worker"], cache)
     files += [ROOT / "autograder" / f"{m}.py" for m in ("grade", "notebook", "results")]  # not their lazy imports
     files += sorted((ROOT / "autograder" / "sandbox").glob("*.py"))
     named = {p: p.relative_to(ROOT) for p in files}
@@ -305,8 +306,9 @@ def check_references(lessons: list, cache: Cache) -> None:
     import numpy
     import torch
     for lesson in lessons:
-        files = _code_closure(["autograder.selfcheck", f"solutions.{LESSONS[lesson]}",
-                               f"autograder.checks.{LESSONS[lesson]}"], cache)
+        package = f"autograder.lessons.{LESSONS[lesson]}"   # its probes load by name, not by an import statement
+        files = _code_closure(["autograder.selfcheck", f"solutions.{LESSONS[lesson]}", f"{package}.probes",
+                               f"{package}.checks", f"{package}.mistakes"], cache)
         key = store.sha256_text(torch.__version__, numpy.__version__,
                                 *(f"{p.relative_to(ROOT)}:{cache.source(p)[0]}" for p in files))
         if cache.data["references"].get(lesson) != key:
@@ -322,7 +324,7 @@ def fingerprint(grader, sub_key, submitted_at):
 def unavailable(lesson):
     """{graded name: why} of checks that cannot run here (a check module's UNAVAILABLE, e.g.
     Triton not installed): their tests get status error, for the instructor, never failed."""
-    module = importlib.import_module(f"autograder.checks.{LESSONS[lesson]}")
+    module = importlib.import_module(f"autograder.lessons.{LESSONS[lesson]}.checks")
     found = getattr(module, "UNAVAILABLE", None) or {}
     return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
 
@@ -374,7 +376,7 @@ def aspect_rows(weights, max_points, passed=None, failed=None):
 
 def run_check(check, subject, max_points, why_unavailable=None):
     """One test's row: status, points and message (a bug of ours comes back in 'traceback')."""
-    from autograder.checks import OverBudget, PartialCredit, StudentError, Unchecked
+    from autograder.checking import OverBudget, PartialCredit, StudentError, Unchecked
     row = dict(points=0.0, max_points=max_points, status="failed", message="")
     weights = getattr(check, "aspects", None) or {}
     if why_unavailable:
@@ -487,7 +489,7 @@ def grade_one(sandbox, student, lesson, sub, tests, data_files, grader):
         except SandboxError as e:
             result["tests"] = unanimous(tests, "error", f"your notebook could not be run: {e}")
             return result
-        from autograder.checks import Subject, checks_for
+        from autograder.checking import Subject, checks_for
         checks, gone = checks_for(lesson), unavailable(lesson)
         rows = []
         for test, max_points in tests:

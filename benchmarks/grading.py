@@ -13,7 +13,7 @@ Python and the imports, the grader's fingerprints, the reference self-check, one
 rest (grading the notebook, writing the reports).
 
 The cost of one sandbox child alone (start, one cell, one request, clean-up) is measured too.
-The class is mixed: solved, blank and known-wrong submissions (tests/mutants). A lesson's cost
+The class is mixed: solved, blank and known-wrong submissions (tests/harness/mutants.py). A lesson's cost
 per extra submission is the CPU time (the grader and every sandbox process, user + system) of
 grading --students of them, less that of grading 2, over the difference (the least of two runs
 each): the start-up of the grader and its worker is left out. "without defences" runs under
@@ -40,9 +40,9 @@ sys.path.insert(0, str(REPO))
 
 from autograder import notebook as nbk  # noqa: E402
 from autograder.release import release  # noqa: E402
-from tests import mutants  # noqa: E402
+from tests.harness import mutants  # noqa: E402
 from autograder.worker import UNPROTECTED_ENV  # noqa: E402
-from tests.lessons import fill  # noqa: E402
+from tests.harness.lessons import fill  # noqa: E402
 
 
 def make_class(root, lessons, n_students):
@@ -236,7 +236,11 @@ REGRADE_LESSONS = ["01_attention", "02_heads", "03_multi_head", "04_gqa", "05_kv
 PARTS = """
 import sys, time
 t0 = time.perf_counter()
-import torch, autograder.checks, autograder.grade as g
+import torch, autograder.grade as g
+try:
+    import autograder.checking
+except ImportError:   # a commit before the layout move
+    import autograder.checks
 from autograder import notebook as nbk
 from autograder.worker import Sandbox, choose_mode
 t1 = time.perf_counter()
