@@ -262,27 +262,33 @@ def _stored_rule(args, out, students=None):
     return flags.rule_over(stored, list(LESSONS), students, args.allow_mismatch)   # its submissions, if given
 
 
-def _outputs(args):
-    """The adapters' writers that follow grade's and merge's reports; UsageError, before any work,
-    for a --gradebook that could not be written or flags that disagree with RESULTS's rule."""
-    from autograder.adapters import report_outputs
+def _config(args, **grading):
+    """The run's RunConfig from grade's or merge's flags (RESULTS is --out): its roster (--roster, else the one collect
+    kept in SUBMISSIONS, else RESULTS's), RESULTS's rule; UsageError, before any work, for a --gradebook that could not
+    be written or flags that disagree with RESULTS's rule."""
     from autograder.adapters.gradebook import check_gradebook, check_same_gradebook
     from autograder.adapters.roster import kept_roster, load_roster, stored_roster
+    from autograder.config import RunConfig
 
     check_gradebook(args.gradebook)
     check_same_gradebook(args.out, args.gradebook)
-    rule = _stored_rule(args, args.out)
-    roster = load_roster(args.roster) if getattr(args, "roster", None) else \
-        stored_roster(getattr(args, "submissions", None)) or kept_roster(args.out)   # collect's, else RESULTS's
-    return report_outputs(args.gradebook, args.course_root, roster, rule), rule
+    submissions = getattr(args, "submissions", None)
+    roster = load_roster(args.roster) if args.roster else stored_roster(submissions) or kept_roster(args.out)
+    return RunConfig(Path(args.out), submissions and Path(submissions), roster, args.gradebook, args.course_root,
+                     _stored_rule(args, args.out), args.allow_mismatch, gradescope=args.gradescope, **grading)
+
+
+def _outputs(config):
+    from autograder.adapters import report_outputs
+    return report_outputs(config.gradebook, config.course_root, config.roster, config.rule)
 
 
 def _merge(args):
     from autograder.merge import merge
 
-    outputs, rule = _outputs(args)
-    results = merge(args.results, args.out, args.gradescope, outputs, args.manifest, args.allow_partial,
-                    rule.written)
+    config = _config(args, manifest=args.manifest)
+    results = merge(args.results, args.out, args.gradescope, _outputs(config), args.manifest, args.allow_partial,
+                    config.rule.written)
     _summary(args.out, results)
     return 0
 
@@ -300,12 +306,12 @@ def _grade(args):
     if args.force and not args.resume:
         print("note: --force matters only with --resume; without it every selected submission is regraded",
               file=sys.stderr)
-    mode = choose_mode(args.sandbox, args.unsafe)
-    limits = {k: getattr(args, k) for _, k, _ in LIMIT_FLAGS if getattr(args, k) is not None}
-    outputs, rule = _outputs(args)
-    run = grade(args.submissions, args.out, args.lesson, args.jobs, args.resume, shard, mode, limits,
-                args.gradescope, outputs, progress=not args.quiet, all_lessons=args.all_lessons,
-                students=args.student, force=args.force, manifest=args.manifest, written=rule.written)
+    config = _config(args, lessons=args.lesson and tuple(args.lesson), all_lessons=args.all_lessons,
+                     students=args.student and tuple(args.student), shard=shard, manifest=args.manifest,
+                     jobs=args.jobs, resume=args.resume, force=args.force, mode=choose_mode(args.sandbox, args.unsafe),
+                     limits={k: getattr(args, k) for _, k, _ in LIMIT_FLAGS if getattr(args, k) is not None} or None,
+                     progress=not args.quiet)
+    run = grade(config, _outputs(config))
     why = ", ".join(f"{n} {reason}" for reason, n in run["reasons"].most_common())
     print(f"graded {run['graded']} submission(s) of {', '.join(run['lessons'])}"
           + (f" ({why})" if args.resume and why else "") + (f"; reused {run['reused']} unchanged" if args.resume else ""),

@@ -136,3 +136,29 @@ class RuleFlags:
         if changes:
             raise UsageError(f"{out} counts otherwise than these flags say: {'; '.join(changes)}; change its rule "
                              f"with `python -m autograder rule {out} ...` (it says what changes), or drop the flags")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One run of grade, merge, export or report, every setting declared once with its default (in the spirit of
+    Otter's AutograderConfig); `python -m autograder` fills it from its flags. The counting rule is RESULTS's
+    (read_settings), here as the run agrees with it."""
+    results: Path                          # RESULTS: graded into, merged into, exported or reported from
+    submissions: Path | None = None        # SUBMISSIONS/<student>/<lesson>/<lesson>.ipynb, with collect's times
+    roster: object = None                  # the class (roster.Roster): a row in totals.csv for each of its students
+    gradebook: str | None = None           # nbgrader's gradebook: filled by grade, its manual scores counted
+    course_root: str | None = None         # where the gradebook's autograded/ go (default: the gradebook's folder)
+    rule: Counting = field(default_factory=Counting)   # how scores count (RESULTS's rule)
+    allow_mismatch: bool = False           # go on past a file naming a student or lesson nobody knows
+    lessons: tuple | None = None           # grade: these lessons (default: those someone handed in)
+    all_lessons: bool = False              # grade: every lesson, handed in or not
+    students: tuple | None = None          # grade: these students only
+    shard: tuple | None = None             # grade: (i, N), the i-th of N slices of the students
+    manifest: str | None = None            # grade: the class list every shard splits
+    jobs: int = 1                          # grade: submissions graded at once
+    resume: bool = False                   # grade: reuse each stored result whose fingerprint still matches
+    force: bool = False                    # grade: with resume, regrade those too
+    mode: str = "bwrap"                    # grade: the sandbox (worker.choose_mode)
+    limits: dict | None = None             # grade: {Limits field: value} over the lessons' own
+    gradescope: bool = False               # grade, merge: also RESULTS/gradescope/<student>/results.json
+    progress: bool = True                  # grade: a progress line per submission

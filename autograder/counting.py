@@ -31,7 +31,6 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from autograder.report import write_feedback
 from autograder.results import NEEDS_GRADING, UNANSWERED, Result, UsageError, csv_text, read_timestamp, write_atomic
 
 TOTALS, PENALTIES = "totals.csv", "late-penalties.csv"
@@ -283,6 +282,7 @@ def write_final(out, results: list, refused: dict | None = None, roster=None, re
     grade: NEEDS_GRADING in the lesson's column, a submission without a time), flags. counting: RESULTS's rule
     (config.read_settings(out).rule; default: Counting()). With late penalties, RESULTS/late-penalties.csv beside it (else
     none). Returns totals.csv's path."""
+    from autograder.report import write_feedback   # not at import: report loads the checks (torch)
     counting = counting or Counting()
     students, lessons, scores, penalties, _ = final_scores(results, refused, roster, reviews, counting)
     write_feedback(out, results, reviews, counting.written,

@@ -35,6 +35,7 @@ from pathlib import Path
 from autograder import lessons as manifests
 from autograder import notebook as nbk
 from autograder import results as store
+from autograder.config import RunConfig
 from autograder.release import lesson_files
 from autograder.sandbox.runner import remove_tree
 from autograder.sandbox.wire import WireError
@@ -600,24 +601,24 @@ def plan(submissions, out, lessons=None, all_lessons=False, students=None, shard
     return klass, lessons, selected, (m["id"] if m else None), anomalies, out, want_shard
 
 
-def grade(submissions, out, lessons=None, jobs=1, resume=False, shard=None, mode="bwrap", limits=None,
-          gradescope=False, outputs=(), progress=True, all_lessons=False, students=None, force=False,
-          manifest=None, written=False):
-    """Grade a class into RESULTS. Returns a summary dict (see __main__). Raises GradeError on bad
-    input, before any work, and Interrupted after a clean stop on SIGTERM or SIGINT. outputs: the
-    adapters' writers report.write_all calls after the core's files (autograder.adapters.report_outputs);
-    written: the written questions count in the feedback pages (report.feedback_page)."""
+def grade(config: RunConfig, outputs=()) -> dict:
+    """Grade config.submissions into config.results (a RunConfig: lessons, students, shard, manifest, jobs, resume,
+    force, mode, limits, gradescope, progress, and the rule's written questions for the feedback pages). Returns a
+    summary dict (see __main__). Raises GradeError on bad input, before any work, and Interrupted after a clean stop
+    on SIGTERM or SIGINT. outputs: the adapters' writers report.write_all calls after the core's files
+    (autograder.adapters.report_outputs)."""
+    c = config
     klass, lessons, selected, manifest_id, anomalies, out, shard_text = plan(
-        submissions, out, lessons, all_lessons, students, shard, manifest)
+        c.submissions, c.results, c.lessons, c.all_lessons, c.students, c.shard, c.manifest)
     run_tmp = Path(tempfile.mkdtemp(prefix="mha-grade-"))
     old_tempdir, tempfile.tempdir = tempfile.tempdir, str(run_tmp)  # every sandbox folder lands in run_tmp
     try:
         data_files = stage_data(lessons, run_tmp / "data")
-        warm = Warm(mode, lesson_limits(lessons[0], limits), run_tmp / "data")
+        warm = Warm(c.mode, lesson_limits(lessons[0], c.limits), run_tmp / "data")
         try:
-            return _grade(submissions, out, lessons, jobs, resume, mode, limits, gradescope, outputs, progress,
-                          force, written, klass, selected, manifest_id, anomalies, shard_text, run_tmp, data_files,
-                          warm)
+            return _grade(c.submissions, out, lessons, c.jobs, c.resume, c.mode, c.limits, c.gradescope, outputs,
+                          c.progress, c.force, c.rule.written, klass, selected, manifest_id, anomalies, shard_text,
+                          run_tmp, data_files, warm)
         finally:
             warm.close()
     finally:

@@ -16,6 +16,7 @@ import pytest
 
 from autograder import grade as grader
 from autograder.__main__ import main
+from autograder.config import RunConfig
 from autograder import notebook as nbk
 from autograder import results as store
 from autograder.release import release
@@ -138,17 +139,17 @@ def test_resume_regrades_exactly_what_changed(term, tmp_path, monkeypatch):
     mode, out = choose_mode("auto"), tmp_path / "results"
 
     def again(**kw):
-        return grader.grade(subs, out, [L1], resume=True, mode=mode, progress=False, **kw)
+        return grader.grade(RunConfig(out, subs, lessons=(L1,), resume=True, mode=mode, progress=False, **kw))
 
     assert again()["reasons"] == {"not graded before": 2}
     first = (out / "grades.csv").read_text()
     assert (again()["graded"], again()["reused"]) == (0, 2)
-    with open(code / "autograder" / "checks" / "attention.py", "a") as f:
+    with open(code / "autograder" / "lessons" / "attention" / "checks.py", "a") as f:
         f.write("\n# a check fixed between two runs\n")
     put(subs, "carol", notebooks["solved"])
     changed = again()
     assert changed["reasons"] == {"checks, tests or grader changed": 1, "submission changed": 1}
-    assert again(force=True, students=["alice"])["reasons"] == {"forced (--force)": 1}
+    assert again(force=True, students=("alice",))["reasons"] == {"forced (--force)": 1}
     assert (out / "grades.csv").read_text() != first  # carol's new notebook scores 6
     assert {r["student"]: r["points"] for r in store.read_grades(out / "grades.csv")
             if r["test"] == "test_softmax"} == {"alice": "2", "carol": "2"}
