@@ -369,13 +369,15 @@ def _load(args, roster):
 
 def _export(args, roster):
     from autograder.adapters.export import export
-    from autograder.config import read_settings
+    from autograder.config import RunConfig, read_settings
     term, students, reviews = _load(args, roster)
     stored = read_settings(args.results).rule
     rule = _flags(args).rule_over(stored, list(LESSONS), students, args.allow_mismatch)
     trial = rule.changes(stored, f"{args.results}: ")
-    warnings = export(args.results, term.results, args.format, args.out, rule, bool(trial), roster,
-                      args.canvas_gradebook, args.assignment, term.refused, reviews, args.allow_mismatch)
+    config = RunConfig(Path(args.results), args.submissions and Path(args.submissions), roster, args.gradebook,
+                       rule=rule, allow_mismatch=args.allow_mismatch)
+    warnings = export(config, term.results, args.format, args.out, bool(trial), args.canvas_gradebook,
+                      args.assignment, term.refused, reviews)
     for line in warnings:
         print(f"warning: {line}", file=sys.stderr)
     if trial:

@@ -10,8 +10,9 @@ Canvas's gradebook import is canvas.py's (gradebook_import).
 """
 from pathlib import Path
 
-from autograder.counting import (MISSING, Counting, RuleError, final_scores, grouped, stale_warning, totals_columns,
-                                 totals_rows, write_final)
+from autograder.config import RunConfig
+from autograder.counting import (MISSING, RuleError, final_scores, grouped, stale_warning, totals_columns, totals_rows,
+                                 write_final)
 from autograder.results import csv_text, write_atomic
 from autograder.adapters import canvas
 from autograder.adapters.roster import remember_roster
@@ -21,16 +22,18 @@ class ExportError(RuleError):
     """Bad input to export: one line, exit status 2."""
 
 
-def export(out, results: list, fmt: str, dest, rule: Counting, trial: bool = False, roster=None, gradebook=None,
-           assignments=(), refused: dict | None = None, reviews=None, allow_mismatch: bool = False) -> list:
-    """Write the export of results counted by `rule` to dest; unless trial (a rule other than RESULTS's), also
+def export(config: RunConfig, results: list, fmt: str, dest, trial: bool = False, gradebook=None, assignments=(),
+           refused: dict | None = None, reviews=None) -> list:
+    """Write the export of results (RESULTS is config.results), counted by config.rule, with config.roster's class,
+    to dest; unless trial (a rule other than RESULTS's), also
     RESULTS/totals.csv and the feedback pages (the same scores: write_final) and, when penalised,
     RESULTS/late-penalties.csv. Returns warning lines, one per cause (grouped).
     refused: {(student, lesson): why} of stored results the store refused: marked in the rows, left blank in
     Canvas (the command names them). reviews: nbgrader's gradebook {(student, lesson): Review} (gradebook.read_reviews),
     whose manual scores and extra credit count. gradebook: a gradebook exported from Canvas, whose columns are
-    filled (canvas.gradebook_import; a maximum that differs stops it unless allow_mismatch).
+    filled (canvas.gradebook_import; a maximum that differs stops it unless config.allow_mismatch).
     ExportError on bad input, before anything is written."""
+    out, rule, roster = config.results, config.rule, config.roster
     if fmt not in ("canvas", "csv"):
         raise ExportError(f"unknown format {fmt!r}: use canvas or csv")
     if not results and not refused:
@@ -48,7 +51,7 @@ def export(out, results: list, fmt: str, dest, rule: Counting, trial: bool = Fal
         text = csv_text(totals_rows(students, lessons, scores, detail=detail),
                         totals_columns(lessons, scores, detail=detail))
     else:
-        text, more = canvas.gradebook_import(roster, results, lessons, scores, gradebook, pairs, allow_mismatch)
+        text, more = canvas.gradebook_import(roster, results, lessons, scores, gradebook, pairs, config.allow_mismatch)
         warnings += more
     warnings += grouped("left blank, to be graded again (the grader could not run a test)",
                         [(s, lsn) for (s, lsn), sc in scores.items() if sc.points is None and not sc.refused
