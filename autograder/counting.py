@@ -118,7 +118,7 @@ def table(results: list, refused: dict | None = None, roster=None, blank_missing
     return sorted({s for s, _ in scores}), lessons, scores
 
 
-def totals_rows(students, lessons, scores, detail=False, pending=""):
+def totals_rows(students: list, lessons: list, scores: dict, detail: bool = False, pending: str = "") -> list:
     """One dict per student: a column per lesson, total, max_points, percentage, regrade; with detail,
     also `<lesson> raw` and `<lesson> penalty %` (the late penalty taken). A lesson whose written questions
     are not graded yet says `pending` (totals.csv: NEEDS_GRADING; an export: blank, flagged) and is out of
@@ -153,17 +153,17 @@ def totals_rows(students, lessons, scores, detail=False, pending=""):
     return rows
 
 
-def flagged(scores):
+def flagged(scores: dict) -> bool:
     return any(s.flag for s in scores.values())
 
 
-def totals_columns(lessons, scores, detail=False):
+def totals_columns(lessons: list, scores: dict, detail: bool = False) -> list:
     per = [[lsn, f"{lsn} raw", f"{lsn} penalty %"] if detail else [lsn] for lsn in lessons]
     return ["student"] + [c for cols in per for c in cols] + ["total", "max_points", "percentage", "regrade"] \
         + (["flags"] if detail or flagged(scores) else [])
 
 
-def stale_warning(stale, drop_stale=False):
+def stale_warning(stale: list, drop_stale: bool = False) -> list:
     """[the warning line] naming the stale manual scores ("student lesson test" each), or [] when there are none."""
     if not stale:
         return []
@@ -301,14 +301,14 @@ def write_final(out, results: list, refused: dict | None = None, roster=None, re
 # Late penalties
 # ---------------------------------------------------------------------------------------------
 
-def parse_zone(name):
+def parse_zone(name: str) -> ZoneInfo:
     try:
         return ZoneInfo(name)
     except (ValueError, ZoneInfoNotFoundError):
         raise RuleError(f"unknown time zone {name!r} (use a name like UTC or Europe/Berlin)") from None
 
 
-def parse_moment(when, shown, zone):
+def parse_moment(when: str, shown: str, zone: ZoneInfo) -> datetime:
     """An aware datetime from an ISO 8601 time (`zone` when it names none); shown names it in errors."""
     try:
         moment = datetime.fromisoformat(when.strip())
@@ -320,7 +320,7 @@ def parse_moment(when, shown, zone):
     return moment if moment.tzinfo else moment.replace(tzinfo=zone)
 
 
-def parse_deadlines(specs, lessons, zone):
+def parse_deadlines(specs, lessons, zone: ZoneInfo) -> dict:
     """{lesson: aware datetime} from LESSON=ISO8601 strings; a time without a zone is in `zone`."""
     deadlines = {}
     for spec in specs:
@@ -362,7 +362,7 @@ def parse_extensions(path, deadlines: dict, zone, students=None) -> dict:
     return found
 
 
-def parse_grace(text):
+def parse_grace(text: str) -> timedelta:
     """A timedelta from '15m', '2h' or '1d' (minutes, hours, days)."""
     m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(m|min|h|d)", (text or "").strip())
     if not m:
@@ -371,7 +371,7 @@ def parse_grace(text):
     return timedelta(**{unit: float(m[1])})
 
 
-def parse_policy(text):
+def parse_policy(text: str) -> tuple:
     """(share per unit, timedelta unit, cap share) from '10%/day' or '5%/hour,max=50%'."""
     m = POLICY.fullmatch(text.replace(" ", ""))
     if not m or float(m["rate"]) > 100 or (m["cap"] and float(m["cap"]) > 100):
@@ -381,7 +381,7 @@ def parse_policy(text):
         float(m["cap"]) / 100 if m["cap"] else 1.0
 
 
-def submission_time(result, submissions):
+def submission_time(result: Result, submissions: str | None) -> datetime | None:
     """The stored submission time of a Result (aware datetime) or None."""
     text = result.submitted_at
     if not text and submissions:
@@ -392,7 +392,7 @@ def submission_time(result, submissions):
     return moment if moment.tzinfo else moment.replace(tzinfo=ZoneInfo("UTC"))
 
 
-def apply_penalties(results, scores, late):
+def apply_penalties(results: list, scores: dict, late: "Late") -> tuple:
     """Penalise scores in place by a Late; returns (the late-penalties.csv rows, warning lines). A submitted
     result of a lesson with a deadline and no submission time, or an exempt one, is not penalised and is flagged
     (Score.flag); work within the grace of its deadline is on time; extensions replace a lesson's deadline for

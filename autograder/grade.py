@@ -93,7 +93,7 @@ def _is_dir(entry):
     return entry.is_dir(follow_symlinks=False)
 
 
-def find_students(submissions, anomalies):
+def find_students(submissions: str | Path, anomalies: Anomalies) -> dict:
     """{student: refusal or None} of SUBMISSIONS' student folders (a symlinked one is refused)."""
     submissions = Path(submissions)
     if not submissions.is_dir():
@@ -148,7 +148,7 @@ class Submission:
         return digest, digest
 
 
-def locate(submissions, student, lesson, student_refused=None):
+def locate(submissions: str | Path, student: str, lesson: str, student_refused: str | None = None) -> "Submission":
     """The Submission of one student's lesson: SUBMISSIONS/<student>/<lesson>/<lesson>.ipynb, or,
     with a note, the one obvious alternative (a renamed notebook, a folder in another case, the
     notebook beside the lesson folders). Nothing is followed: links are refused when read."""
@@ -189,7 +189,7 @@ def locate(submissions, student, lesson, student_refused=None):
     return Submission(notes=notes + [f"no {lesson}.ipynb submitted"], anomalies=kinds + ["missing lesson"])
 
 
-def parse_shard(text):
+def parse_shard(text: str) -> tuple:
     try:
         i, n = (int(x) for x in text.split("/"))
         assert 0 <= i < n
@@ -318,11 +318,11 @@ def check_references(lessons: list, cache: Cache) -> None:
             cache.changed = True
 
 
-def fingerprint(grader, sub_key, submitted_at):
+def fingerprint(grader: str, sub_key: str, submitted_at: str | None) -> str:
     return store.sha256_text(grader, sub_key, submitted_at)
 
 
-def unavailable(lesson):
+def unavailable(lesson: str) -> dict:
     """{graded name: why} of checks that cannot run here (a check module's UNAVAILABLE, e.g.
     Triton not installed): their tests get status error, for the instructor, never failed."""
     module = importlib.import_module(f"autograder.lessons.{LESSONS[lesson]}.checks")
@@ -332,7 +332,7 @@ def unavailable(lesson):
 
 # ---- one (student, lesson) -----------------------------------------------------------------
 
-def submission_cells(nb):
+def submission_cells(nb: dict) -> tuple:
     """The code the grader runs, every code cell but tests and demos, in order: (sources, labels,
     notes). A label names a cell for feedback: its number in the notebook and its first line.
     nb has passed nbk.parse_submission, so its fields have the types Jupyter writes."""
@@ -354,7 +354,7 @@ def submission_cells(nb):
     return cells, labels, notes
 
 
-def unanimous(tests, status, message, grader_error=False):
+def unanimous(tests: list, status: str, message: str, grader_error: bool = False) -> list:
     rows = [dict(test=t, points=0.0, max_points=p, status=status, message=message) for t, p in tests]
     for row in rows:
         if grader_error:
@@ -362,7 +362,7 @@ def unanimous(tests, status, message, grader_error=False):
     return rows
 
 
-def aspect_rows(weights, max_points, passed=None, failed=None):
+def aspect_rows(weights: dict, max_points: float, passed: list | None = None, failed: str | None = None) -> list:
     """The aspects of a test for feedback, points scaled to the test's: passed (all earned),
     failed (core failed: nothing earned) or from PartialCredit rows."""
     total = sum(weights.values()) or 1
@@ -375,7 +375,7 @@ def aspect_rows(weights, max_points, passed=None, failed=None):
                  passed=bool(r["passed"]), message=str(r.get("message", ""))) for r in passed]
 
 
-def run_check(check, subject, max_points, why_unavailable=None):
+def run_check(check, subject, max_points: float, why_unavailable: str | None = None) -> dict:
     """One test's row: status, points and message (a bug of ours comes back in 'traceback')."""
     from autograder.checking import OverBudget, PartialCredit, StudentError, Unchecked
     row = dict(points=0.0, max_points=max_points, status="failed", message="")
@@ -412,7 +412,7 @@ def run_check(check, subject, max_points, why_unavailable=None):
     return row
 
 
-def cell_problem(name, cells, labels, session):
+def cell_problem(name: str, cells: list, labels: list, session: Session) -> str:
     """Why the cell that defines `name` did not run (a SyntaxError, an error raised before the def, a
     hang), so the feedback names that cell and error rather than a mistake in the function; or ''."""
     define = re.compile(rf"^\s*(?:async\s+)?(?:def|class)\s+{re.escape(name)}\b", re.M)
@@ -427,7 +427,7 @@ def cell_problem(name, cells, labels, session):
     return ""
 
 
-def written_rows(lesson, nb=None, status=None, message=""):
+def written_rows(lesson: str, nb: dict | None = None, status: str | None = None, message: str = "") -> list:
     """The lesson's written questions (nbk.lesson_written) for one submission, as stored (results.WrittenRow):
     with its notebook nb, each NEEDS_GRADING (a person grades it: never a silent 0), or UNANSWERED when its
     answer is still the stub or empty (0, said, unless a TA scores it), the message saying which; without one,
@@ -451,7 +451,8 @@ def written_rows(lesson, nb=None, status=None, message=""):
     return rows
 
 
-def grade_one(sandbox, student, lesson, sub, tests, data_files, grader):
+def grade_one(sandbox: Sandbox, student: str, lesson: str, sub: "Submission", tests: list, data_files: list,
+              grader: str) -> dict:
     """The result of one (student, lesson) in its stored JSON form: save_result reads it with Result.from_json,
     which validates what the sandbox's replies put in it."""
     sha, key = sub.key()
@@ -518,7 +519,7 @@ def grade_one(sandbox, student, lesson, sub, tests, data_files, grader):
     return result
 
 
-def stage_data(names, dest):
+def stage_data(names, dest: Path) -> dict:
     """Copy each lesson's files (release.lesson_files: what students get beside the notebook) into
     dest/<lesson>/; returns {lesson: their names}."""
     staged = {}
@@ -549,7 +550,8 @@ class Progress:
 
 # ---- a run ---------------------------------------------------------------------------------
 
-def plan(submissions, out, lessons=None, all_lessons=False, students=None, shard=None, manifest=None):
+def plan(submissions: str | Path, out: str | Path | None, lessons=None, all_lessons: bool = False, students=None,
+         shard: tuple | None = None, manifest: str | None = None) -> tuple:
     """Check the input and decide what to grade: (class {student: refusal or None}, lessons, selected
     students, manifest id, anomalies, RESULTS, shard as text). UsageError on bad input, before any
     work. out=None: only the class and its lessons (for the manifest)."""
