@@ -2,6 +2,8 @@
 resume, bad input, Gradescope's results; each lesson's whole class (round trip, every mutant, correct variants) is
 graded in its own file (tests/harness/grading.py)."""
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -103,3 +105,23 @@ def test_a_cell_that_does_not_run_is_named(tmp_path):
     first = grades["raises-first", "01_attention", "test_causal_mask"]["message"]
     assert "did not run" in first and "RuntimeError" in first, first
     assert grades["syntax", "01_attention", "test_causal_mask"]["status"] == "passed"
+
+
+CLASS = Path(__file__).parent / "data" / "class-526e3a5"
+
+
+def test_a_class_grades_as_it_did_before_the_per_lesson_layout(tmp_path):
+    """tests/grader/data/class-526e3a5: eight submissions of lesson 01 (solved, blank, mutants that keep partial
+    credit, a correct variant) and the grades.csv, totals.csv and feedback pages that main wrote for them at 526e3a5,
+    the commit before the per-lesson layout (issue 34), where two runs agreed byte for byte. Grading them now writes
+    the same files. A change meant to alter a verdict or its words changes them: write RESULTS again (`grade
+    SUBMISSIONS --out RESULTS`, keep those three) and say so in the commit."""
+    shutil.copytree(CLASS / "SUBMISSIONS", tmp_path / "SUBMISSIONS")
+    run("grade", str(tmp_path / "SUBMISSIONS"), "--out", str(tmp_path / "RESULTS"), "--quiet")
+    want = sorted(p.relative_to(CLASS) for p in (CLASS / "RESULTS").rglob("*") if p.is_file())
+    assert [Path("RESULTS/grades.csv"), Path("RESULTS/totals.csv")] == [p for p in want if p.parent.name == "RESULTS"]
+    assert sorted(p.relative_to(tmp_path) for p in (tmp_path / "RESULTS" / "feedback").rglob("*") if p.is_file()) == [
+        p for p in want if "feedback" in p.parts]
+    for rel in want:
+        assert (tmp_path / rel).read_text(encoding="utf-8") == (CLASS / rel).read_text(encoding="utf-8"), \
+            f"{rel} differs from what main wrote at 526e3a5"
