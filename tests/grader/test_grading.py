@@ -1,120 +1,18 @@
-"""The real grader, `python -m autograder grade`, on a whole class of real submissions:
-round trip, every mutant, correct variants, parallel against serial, shards and merge."""
-import csv
+"""The real grader, `python -m autograder grade`, on lesson 01's class: parallel against serial, shards and merge,
+resume, bad input, Gradescope's results; each lesson's whole class (round trip, every mutant, correct variants) is
+graded in its own file (tests/harness/grading.py)."""
 import json
-import subprocess
-import sys
+import shutil
+from pathlib import Path
 
 import pytest
 
 from autograder import notebook as nbk
 from autograder.release import release
-from tests.harness import mutants
+from tests.harness.grading import build_class, read_grades, run
 from tests.harness.lessons import LESSONS, fill
 
 pytestmark = pytest.mark.slow
-
-
-def run(*args, check=True):
-    p = subprocess.run([sys.executable, "-m", "autograder", *args], capture_output=True, text=True, timeout=1200)
-    if check:
-        assert p.returncode == 0, p.stderr[-3000:]
-    return p
-
-
-def read_grades(results):
-    with open(results / "grades.csv", newline="") as f:
-        return {(r["student"], r["lesson"], r["test"]): r for r in csv.DictReader(f)}
-
-
-def build_class(root, lessons, with_mutants=True):
-    """SUBMISSIONS with, per lesson, a solved and a blank student, one student per variant and per mutant that
-    the real grader must see (tests.harness.mutants.graded_by_the_grader: test_checks judges all of them in-process).
-    Returns {student: (lesson, name or None, expectation)}."""
-    release(root / "release", lessons)
-    subs, who = root / "submissions", {}
-    for lesson in lessons:
-        rel = nbk.read(root / "release" / lesson / f"{lesson}.ipynb")
-        entries = [(f"solved-{lesson}", fill(rel, lesson), (lesson, None, "full")),
-                   (f"blank-{lesson}", rel, (lesson, None, "zero"))]
-        module = mutants.for_lesson(lesson) if with_mutants else None
-        for name, items in (module.MUTANTS.items() if module else []):
-            for i, mistake in enumerate(items):
-                if mutants.graded_by_the_grader(lesson, name, i, mistake):
-                    _, keyword, code = mistake
-                    entries.append((f"mutant-{lesson}-{name}-{i}", fill(rel, lesson, {name: code}),
-                                    (lesson, name, keyword)))
-        for name, items in (module.VARIANTS.items() if module else []):
-            for i, (how, code) in enumerate(items):
-                entries.append((f"variant-{lesson}-{name}-{i}", fill(rel, lesson, {name: code}), (lesson, None, "full")))
-        for student, nb, expect in entries:
-            nbk.write(nb, subs / student / lesson / f"{lesson}.ipynb")
-            who[student] = expect
-    return subs, who
-
-
-@pytest.fixture(scope="module")
-def graded_class(tmp_path_factory):
-    root = tmp_path_factory.mktemp("class")
-    subs, who = build_class(root, LESSONS)
-    run("grade", str(subs), "--out", str(root / "results"), "--jobs", "2", "--quiet")
-    return who, read_grades(root / "results"), root
-
-
-def test_grades_csv_is_complete(graded_class):
-    who, grades, _ = graded_class
-    expected = {(s, lesson, t) for s in who for lesson in LESSONS
-                for t, _ in nbk.graded_tests(nbk.read(nbk.lesson_path(lesson)))}
-    assert set(grades) == expected
-    for (student, lesson, _), row in grades.items():
-        if lesson != who[student][0]:
-            assert row["status"] == "missing" and row["points"] == "0"
-
-
-def test_round_trip_full_marks_and_blank_zero(graded_class):
-    who, grades, _ = graded_class
-    for (student, lesson, test), row in grades.items():
-        if lesson != who[student][0]:
-            continue
-        kind = who[student][2]
-        if kind == "full":
-            assert (row["status"], row["points"]) == ("passed", row["max_points"]), (student, test, row["message"])
-        elif kind == "zero":
-            assert row["status"] == "failed" and row["points"] == "0", (student, test)
-            assert "not implemented" in row["message"]
-
-
-def _also_loses(student, lesson, name):
-    """The other names mutant-{lesson}-{name}-{i} may cost (tests.harness.mutants.also_loses)."""
-    what = mutants.for_lesson(lesson).MUTANTS[name][int(student.rsplit("-", 1)[1])][0]
-    return mutants.also_loses(lesson, what)
-
-
-def test_each_mutant_loses_points_on_its_own_function_only(graded_class):
-    who, grades, _ = graded_class
-    caught = 0
-    for student, (lesson, name, keyword) in who.items():
-        if name is None:
-            continue
-        for (s, l, test), row in grades.items():
-            if (s, l) != (student, lesson):
-                continue
-            if test == f"test_{name}":  # partial credit may keep the share of aspects it gets right
-                assert row["status"] == "failed" and float(row["points"]) < float(row["max_points"]), (student, row)
-                assert keyword.lower() in row["message"].lower(), (student, row["message"])
-                caught += 1
-            elif test.removeprefix("test_") not in _also_loses(student, lesson, name):
-                assert row["status"] == "passed", (student, test, row["message"])
-    assert caught == sum(1 for _, name, _ in who.values() if name)
-
-
-def test_feedback_pages_show_no_hidden_code(graded_class):
-    who, _, root = graded_class
-    pages = list((root / "results" / "feedback").glob("*/*.html"))
-    assert len(pages) == len(who) * len(LESSONS)
-    for page in pages:
-        text = page.read_text()
-        assert "verify(" not in text and "BEGIN HIDDEN" not in text and "import solutions" not in text
 
 
 @pytest.fixture(scope="module")
@@ -207,3 +105,23 @@ def test_a_cell_that_does_not_run_is_named(tmp_path):
     first = grades["raises-first", "01_attention", "test_causal_mask"]["message"]
     assert "did not run" in first and "RuntimeError" in first, first
     assert grades["syntax", "01_attention", "test_causal_mask"]["status"] == "passed"
+
+
+CLASS = Path(__file__).parent / "data" / "class-526e3a5"
+
+
+def test_a_class_grades_as_it_did_before_the_per_lesson_layout(tmp_path):
+    """tests/grader/data/class-526e3a5: eight submissions of lesson 01 (solved, blank, mutants that keep partial
+    credit, a correct variant) and the grades.csv, totals.csv and feedback pages that main wrote for them at 526e3a5,
+    the commit before the per-lesson layout (issue 34), where two runs agreed byte for byte. Grading them now writes
+    the same files. A change meant to alter a verdict or its words changes them: write RESULTS again (`grade
+    SUBMISSIONS --out RESULTS`, keep those three) and say so in the commit."""
+    shutil.copytree(CLASS / "SUBMISSIONS", tmp_path / "SUBMISSIONS")
+    run("grade", str(tmp_path / "SUBMISSIONS"), "--out", str(tmp_path / "RESULTS"), "--quiet")
+    want = sorted(p.relative_to(CLASS) for p in (CLASS / "RESULTS").rglob("*") if p.is_file())
+    assert [Path("RESULTS/grades.csv"), Path("RESULTS/totals.csv")] == [p for p in want if p.parent.name == "RESULTS"]
+    assert sorted(p.relative_to(tmp_path) for p in (tmp_path / "RESULTS" / "feedback").rglob("*") if p.is_file()) == [
+        p for p in want if "feedback" in p.parts]
+    for rel in want:
+        assert (tmp_path / rel).read_text(encoding="utf-8") == (CLASS / rel).read_text(encoding="utf-8"), \
+            f"{rel} differs from what main wrote at 526e3a5"

@@ -13,7 +13,7 @@ MEMORY_BOUND = {(lesson, name) for lesson in LESSONS for name, check in checks_f
 
 
 def graded_by_the_grader(lesson, name, index, mistake):
-    """Whether the real-grader test (tests/grader/test_grading.py) grades this mutant too; test_checks judges every one
+    """Whether the real-grader test (tests/harness/grading.py) grades this mutant too; test_checks judges every one
     (those of MEMORY_BOUND in a fresh interpreter, as the grader does). The grader sees those whose verdict the
     sandbox may change: a cost to an aspect or to another name's points; of the rest, the first of each name and,
     for the memory-bound names, every third, stand for the pipeline."""

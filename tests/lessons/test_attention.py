@@ -6,6 +6,7 @@ import torch.nn.functional as F
 
 from solutions.attention import causal_mask, scaled_dot_product_attention, softmax
 from tests.harness.checks import *  # noqa: F403
+from tests.harness.grading import *  # noqa: F403
 from tests.harness.honest import *  # noqa: F403
 from tests.harness.notebooks import *  # noqa: F403
 from tests.harness.visible import *  # noqa: F403

@@ -12,6 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from solutions.flash_backward import (HAS_TRITON, FlashAttention, TritonFlashAttention, attention_backward,
                                       flash_attention_backward, flash_attention_forward, triton_flash_forward)
 from tests.harness.checks import *  # noqa: F403
+from tests.harness.grading import *  # noqa: F403
 from tests.harness.honest import *  # noqa: F403
 from tests.harness.notebooks import *  # noqa: F403
 from tests.harness.visible import *  # noqa: F403

@@ -16,6 +16,7 @@ from solutions import gpu
 from solutions.gpu import attention_flops, flash_attention, fuse_qkv, online_softmax, triton_attention
 from solutions.multi_head import MultiHeadAttention
 from tests.harness.checks import *  # noqa: F403
+from tests.harness.grading import *  # noqa: F403
 from tests.harness.honest import *  # noqa: F403
 from tests.harness.notebooks import *  # noqa: F403
 from tests.harness.visible import *  # noqa: F403

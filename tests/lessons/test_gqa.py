@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from solutions.gqa import GroupedQueryAttention, kv_cache_bytes, mha_to_gqa, repeat_kv
 from solutions.multi_head import MultiHeadAttention
 from tests.harness.checks import *  # noqa: F403
+from tests.harness.grading import *  # noqa: F403
 from tests.harness.honest import *  # noqa: F403
 from tests.harness.notebooks import *  # noqa: F403
 from tests.harness.visible import *  # noqa: F403

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from solutions.head_roles import (Language, RoleModel, head_importance, make_corpus, offset_baseline, prune_heads,
                                   rare_word_score, relation_accuracy, uniform_rare_word_score)
 from tests.harness.checks import *  # noqa: F403
+from tests.harness.grading import *  # noqa: F403
 from tests.harness.honest import *  # noqa: F403
 from tests.harness.notebooks import *  # noqa: F403
 from tests.harness.visible import *  # noqa: F403

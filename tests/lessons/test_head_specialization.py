@@ -10,6 +10,7 @@ from solutions.head_specialization import (AttentionOnlyTransformer, CausalSelfA
                                            previous_token_score, repeated_sequences, save_checkpoint,
                                            training_batch)
 from tests.harness.checks import *  # noqa: F403
+from tests.harness.grading import *  # noqa: F403
 from tests.harness.honest import *  # noqa: F403
 from tests.harness.notebooks import *  # noqa: F403
 from tests.harness.visible import *  # noqa: F403

@@ -5,6 +5,7 @@ import torch.nn.functional as F
 
 from solutions.heads import attention, merge_heads, per_head_attention, split_heads
 from tests.harness.checks import *  # noqa: F403
+from tests.harness.grading import *  # noqa: F403
 from tests.harness.honest import *  # noqa: F403
 from tests.harness.notebooks import *  # noqa: F403
 from tests.harness.visible import *  # noqa: F403

@@ -5,6 +5,7 @@ import torch
 from solutions.gqa import GroupedQueryAttention
 from solutions.kv_cache import Decoder, KVCache, attend_with_cache, generate
 from tests.harness.checks import *  # noqa: F403
+from tests.harness.grading import *  # noqa: F403
 from tests.harness.honest import *  # noqa: F403
 from tests.harness.notebooks import *  # noqa: F403
 from tests.harness.visible import *  # noqa: F403

@@ -12,6 +12,7 @@ from solutions.kv_compression import (LatentCache, MultiHeadLatentAttention, Rol
                                       absorbed_attention, absorption_flops, mla_from_layer, sliding_window_mask, with_latent_kv,
                                       with_pooled_kv)
 from tests.harness.checks import *  # noqa: F403
+from tests.harness.grading import *  # noqa: F403
 from tests.harness.honest import *  # noqa: F403
 from tests.harness.notebooks import *  # noqa: F403
 from tests.harness.visible import *  # noqa: F403

@@ -5,6 +5,7 @@ from torch import nn
 
 from solutions.multi_head import MultiHeadAttention, concat_and_project, load_torch_mha, mha_param_count
 from tests.harness.checks import *  # noqa: F403
+from tests.harness.grading import *  # noqa: F403
 from tests.harness.honest import *  # noqa: F403
 from tests.harness.notebooks import *  # noqa: F403
 from tests.harness.visible import *  # noqa: F403
