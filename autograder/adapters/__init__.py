@@ -23,6 +23,8 @@ the gradebook's update). tests/grader/test_layout.py
 checks the imports.
 """
 import sys
+from dataclasses import dataclass, field
+from functools import partial
 
 from autograder import notebook as nbk
 from autograder.config import set_rule
@@ -31,36 +33,66 @@ from autograder.adapters.classreport import write_report
 from autograder.adapters.gradebook import read_reviews, remember_gradebook, update_gradebook
 from autograder.adapters.roster import remember_roster
 
+HOOKS = []   # [(writer, needs a gradebook)], in the order report.write_all calls them: registered by after_grading
+
+
+def after_grading(needs_gradebook: bool = False):
+    """Register a writer write(writing, out, results, warnings) that report.write_all calls after the core's files,
+    through report_outputs, in the order registered (needs_gradebook: only when the run has a gradebook)."""
+    def register(writer):
+        HOOKS.append((writer, needs_gradebook))
+        return writer
+    return register
+
+
+@dataclass
+class Writing:
+    """What the writers of one run share: its gradebook, course root, roster and rule (RESULTS's), and the
+    gradebook's reviews, read once by the first writer that needs them."""
+    gradebook: str | None = None
+    course_root: str | None = None
+    roster: object = None
+    rule: Counting = field(default_factory=Counting)
+    reviews: dict = field(default_factory=dict)
+
+
+@after_grading(needs_gradebook=True)
+def to_gradebook(w: Writing, out, results, warnings) -> None:
+    """nbgrader's gradebook and the autograded notebooks (update_gradebook), then its reviews for the writers after;
+    the stale manual scores warned of as the rule counts them, as export and totals.csv tell them."""
+    tests = {lesson: nbk.lesson_tests(lesson) for lesson in sorted({r.lesson for r in results})}
+    update_gradebook(w.gradebook, results, tests, w.course_root, w.roster)
+    w.reviews.update(read_reviews(w.gradebook))   # after the update: stale overrides are marked (kept, as nbgrader does)
+    remember_gradebook(out, w.gradebook)   # a later run without --gradebook is refused (check_same_gradebook)
+    for line in stale_warning([f"{r.student} {r.lesson} {t}" for r in results
+                               for t in score(r, w.reviews.get((r.student, r.lesson)), w.rule.drop_stale,
+                                              w.rule.written).stale], w.rule.drop_stale):
+        print(f"warning: {line}", file=sys.stderr)
+
+
+@after_grading()
+def to_totals(w: Writing, out, results, warnings) -> None:
+    """totals.csv and the feedback pages by the rule (counting.write_final), which a folder's first grade or merge
+    records (later ones agree with it, or are refused before any work), and the roster they were written with."""
+    set_rule(out, w.rule)
+    write_final(out, results, roster=w.roster, reviews=w.reviews, counting=w.rule)
+    if w.roster:
+        remember_roster(out, w.roster)
+
+
+@after_grading()
+def to_report(w: Writing, out, results, warnings) -> None:
+    """report.html, with the roster's students and sections and the gradebook's scores."""
+    roster = w.roster
+    sections = {r["student"]: r["section"] for r in roster.rows} if roster and "section" in roster.columns else None
+    write_report(out, results, warnings=warnings, sections=sections,
+                 roster=[r["student"] for r in roster.rows] if roster else None, reviews=w.reviews, counting=w.rule)
+
 
 def report_outputs(gradebook=None, course_root=None, roster=None, rule: Counting | None = None) -> list:
-    """The writers report.write_all calls after the core's files, each write(out, results ([Result]), warnings):
-    with a gradebook (nbgrader's database file) its scores and the autograded notebooks under course_root
-    (default: the gradebook's folder); the feedback pages again and totals.csv (counting.write_final: a row for
-    every student of the roster, when one is given; the gradebook's manual scores and extra credit counted and
-    flagged); the class report (with the gradebook's scores and the roster). All count by `rule`, RESULTS's
-    (config.read_settings; default: Counting()), so the stale manual scores are told as totals.csv tells them.
-    """
-    rule = rule or Counting()
-    reviews = {}
-
-    def to_gradebook(out, results, warnings):
-        tests = {lesson: nbk.lesson_tests(lesson) for lesson in sorted({r.lesson for r in results})}
-        update_gradebook(gradebook, results, tests, course_root, roster)
-        reviews.update(read_reviews(gradebook))   # after the update: stale overrides are marked (kept, as nbgrader does)
-        remember_gradebook(out, gradebook)   # a later run without --gradebook is refused (check_same_gradebook)
-        for line in stale_warning([f"{r.student} {r.lesson} {t}" for r in results
-                                   for t in score(r, reviews.get((r.student, r.lesson)), rule.drop_stale,
-                                                  rule.written).stale], rule.drop_stale):
-            print(f"warning: {line}", file=sys.stderr)   # as export warns: the scores it sends are the same
-
-    def to_totals(out, results, warnings):
-        set_rule(out, rule)   # a folder's first grade or merge records it; later ones agree with it (or are refused)
-        write_final(out, results, roster=roster, reviews=reviews, counting=rule)
-        if roster:
-            remember_roster(out, roster)
-
-    def to_report(out, results, warnings):
-        write_report(out, results, warnings=warnings, sections=sections, roster=students, reviews=reviews, counting=rule)
-    students = [r["student"] for r in roster.rows] if roster else None
-    sections = {r["student"]: r["section"] for r in roster.rows} if roster and "section" in roster.columns else None
-    return ([to_gradebook] if gradebook else []) + [to_totals, to_report]
+    """The registered writers (HOOKS) bound to one run, each write(out, results ([Result]), warnings), for
+    report.write_all: with a gradebook (nbgrader's database file) its scores and the autograded notebooks under
+    course_root (default: the gradebook's folder); totals.csv and the feedback pages; the class report. All count by
+    `rule`, RESULTS's (config.read_settings; default: Counting())."""
+    writing = Writing(gradebook, course_root, roster, rule or Counting())
+    return [partial(writer, writing) for writer, needs_gradebook in HOOKS if gradebook or not needs_gradebook]
