@@ -670,3 +670,21 @@ def test_600_results_with_one_cause_print_one_grouped_line(tmp_path, capsys):
     assert main(["export", str(out), "--format", "csv", "--out", str(tmp_path / "x.csv")]) == 0
     lines = [line for line in capsys.readouterr().err.splitlines() if "never handed in" in line]
     assert len(lines) == 1 and lines[0].count("s000") == 1 and "(600): s000 01_attention, 02_heads; s001" in lines[0]
+
+
+def test_a_manual_score_for_a_student_results_does_not_know_stops_the_export(term, capsys):
+    """The gradebook holds a TA's score for zed, whom neither the roster nor RESULTS knows (another class's
+    gradebook, or a student renamed): it would count nowhere, silently."""
+    from autograder.adapters.gradebook import _open, update_gradebook
+    db, _ = _gradebook_with_reviews(term)
+    zed = save_result(term / "OTHER", result("zed", "01_attention", [2, 1, 0]))
+    update_gradebook(db, [zed], TESTS, term / "course")
+    with _open(db) as gb:
+        g = gb.find_grade("test_scaled_dot_product_attention", "01_attention", "01_attention", "zed")
+        g.manual_score, g.needs_manual_grade = 3.0, False
+        gb.db.commit()
+    args = ["export", str(term / "RESULTS"), "--format", "csv", "--out", str(term / "scores.csv"), "--gradebook", str(db)]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert "has a manual score for student 'zed'" in err and "\n" not in err and not (term / "scores.csv").exists()
+    assert main(args + ["--allow-mismatch"]) == 0
