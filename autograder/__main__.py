@@ -145,9 +145,12 @@ def main(argv=None):
     s.add_argument("--lesson", action="append", choices=list(LESSONS))
     s.add_argument("--check", action="store_true", help="change nothing; exit 1 if anything is out of date")
 
-    from autograder.audit import EXIT_STATUS
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["audit"]:   # audit loads the checks (torch): only for its own help, never for grade's start
+        from autograder.audit import EXIT_STATUS
     au = sub.add_parser("audit", help="run every known mistake and variant against a lesson's visible and hidden tests",
-                        epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter)
+                        epilog=EXIT_STATUS if argv[:1] == ["audit"] else None,
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
     au.add_argument("lesson", choices=list(LESSONS), metavar="LESSON")
     au.add_argument("--notebook", metavar="NB", help="an edited source notebook of the lesson (default: the lesson's)")
 
