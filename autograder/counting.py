@@ -257,6 +257,12 @@ def _moment(when) -> str:
     return "none" if when is None else when if when == EXEMPT else when.isoformat()
 
 
+def missing_note(s: Score, counting: "Counting") -> str:
+    """The sentence on a page of a lesson never handed in, as totals.csv and the export count it."""
+    return (f"{MISSING.capitalize()}: this lesson is left blank, out of your total." if counting.blank_missing else
+            f"{MISSING.capitalize()}: this lesson counts 0 of its {s.max_points:g} points.")
+
+
 def final_scores(results: list, refused: dict | None = None, roster=None, reviews=None,
                  counting: "Counting | None" = None) -> tuple:
     """The final score of every student on every lesson, as an instructor exports it: (students, lessons,
@@ -286,7 +292,8 @@ def write_final(out, results: list, refused: dict | None = None, roster=None, re
     counting = counting or Counting()
     students, lessons, scores, penalties, _ = final_scores(results, refused, roster, reviews, counting)
     write_feedback(out, results, reviews, counting.written,
-                   {pair: s.late_note for pair, s in scores.items() if s.late_note}, counting.drop_stale)
+                   {pair: s.late_note or missing_note(s, counting) for pair, s in scores.items()
+                    if s.late_note or s.missing}, counting.drop_stale)
     path = Path(out) / TOTALS
     write_atomic(path, csv_text(totals_rows(students, lessons, scores, pending=NEEDS_GRADING),
                                 totals_columns(lessons, scores)))

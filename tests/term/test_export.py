@@ -605,6 +605,8 @@ def test_a_lesson_skipped_is_never_handed_in_in_every_artifact_under_every_rule(
             assert (rows["carol"]["02_heads"], rows["dave"]["02_heads"]) == (cell, cell)
             assert "02_heads: never handed in" in rows["carol"]["flags"] and "never handed in" in rows["dave"]["flags"]
         assert "Never handed in: 2 students: carol, dave" in (out / "report.html").read_text()
+        page = (out / "feedback" / "carol" / "02_heads.html").read_text()
+        assert ("left blank, out of your total" if cell == "" else "counts 0 of its 8 points") in page
 
 
 def test_a_trial_export_writes_only_its_file_and_grade_refuses_another_rule(term, capsys):
