@@ -125,7 +125,7 @@ def _mistaken(fn_name, q, k, v, dout, causal, name, *extra, forward=False):
 
 # ---- attention_backward ------------------------------------------------------------------------
 
-@CHECKS.add("attention_backward", aspects={"values": 3, "causal": 2, "half precision": 1})
+@CHECKS.add("attention_backward", aspects={"values": 3, "causal": 2, "half precision": 1, "by hand": 2})
 def attention_backward(s):
     rng = s.rng
     # (aspect, dtype, (B, H, Tq, Tk, Dh), causal, scale of q and k)
@@ -142,6 +142,12 @@ def attention_backward(s):
             _expect_grads(got, _truth(q, k, v, dout, causal, name),
                           f"attention_backward(q, k, v, dout, causal={causal}) in {name}", name,
                           _mistaken("attention_backward", q, k, v, dout, causal, name))
+    with s.aspect("by hand"):  # with autograd and PyTorch's attention kernels off (lessons/09_flash_backward/lesson.toml)
+        for causal in (False, True):
+            q, k, v, dout = _inputs(rng, 2, 2, 6, 10, 8, "float64", 2.0)
+            got = s.call("attention_backward", *(_send(a, "float64") for a in (q, k, v, dout)), causal=causal)
+            _expect_grads(got, _truth(q, k, v, dout, causal, "float64"),
+                          f"attention_backward(q, k, v, dout, causal={causal}) in float64", "float64")
 
 
 # ---- flash_attention_forward -------------------------------------------------------------------
