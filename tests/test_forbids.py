@@ -168,37 +168,49 @@ def flash_attention_forward(q, k, v, causal=False, block_q=64, block_k=64):
 '''
 
 
+REAL_GRADER = {  # lesson: {student: {graded name: the mutant's what, or code}}; "solved" answers all
+    "09_flash_backward": {"autograd": {"attention_backward": "autograd through the naive forward"},
+                          "fused": {"flash_attention_forward": "PyTorch's fused CPU flash attention",
+                                    "flash_attention_backward": "PyTorch's fused CPU flash attention backward"},
+                          "looked-up": {"flash_attention_forward": LOOKED_UP_FIRST}},
+    "06_gpu": {"tricks": {"online_softmax": "a distribution's probabilities",
+                          "flash_attention": "a dispatch table filled in later",
+                          "triton_softmax": "a kernel that only reads its program id, the wrapper computing"}},
+}
+
+
 @pytest.mark.slow
-def test_the_real_grader_costs_each_trick_its_aspect(tmp_path):
+@pytest.mark.parametrize("lesson", REAL_GRADER)
+def test_the_real_grader_costs_each_trick_its_aspect(lesson, tmp_path):
+    """In the sandbox: each trick loses exactly the aspect its manifest (or, Triton, its check) names, the rest of
+    its answer and every other answer keep their points."""
     from autograder import notebook as nbk
     from autograder.release import release
     from tests.lessons import fill
     from tests.test_grading import read_grades, run
 
-    lesson = "09_flash_backward"
     release(tmp_path / "release", [lesson])
     rel = nbk.read(tmp_path / "release" / lesson / f"{lesson}.ipynb")
-    known = {m.what: m.code for ms in mistakes.mutants(lesson).values() for m in ms}
-    students = {"solved": {}, "autograd": {"attention_backward": known["autograd through the naive forward"]},
-                "fused": {"flash_attention_forward": known["PyTorch's fused CPU flash attention"],
-                          "flash_attention_backward": known["PyTorch's fused CPU flash attention backward"]},
-                "looked-up": {"flash_attention_forward": LOOKED_UP_FIRST}}
+    known = {(name, m.what): m.code for name, ms in mistakes.mutants(lesson).items() for m in ms}
+    students = {"solved": {}, **{student: {name: known.get((name, what), what) for name, what in answers.items()}
+                                 for student, answers in REAL_GRADER[lesson].items()}}
     for student, answers in students.items():
         nbk.write(fill(rel, lesson, answers), tmp_path / "subs" / student / lesson / f"{lesson}.ipynb")
     run("grade", str(tmp_path / "subs"), "--out", str(tmp_path / "results"), "--jobs", "1", "--quiet")
     grades = read_grades(tmp_path / "results")
     checks = checks_for(lesson)
     for student, answers in students.items():
-        for test in ("test_attention_backward", "test_flash_attention_forward", "test_flash_attention_backward",
-                     "test_FlashAttention"):
-            row, name = grades[student, lesson, test], test.removeprefix("test_")
+        for name in checks:
+            row = grades[student, lesson, f"test_{name}"]
             if name not in answers:
-                assert row["status"] == "passed", (student, test, row["message"])
+                assert row["status"] == "passed", (student, name, row["message"])
                 continue
-            aspects, lost = checks[name].aspects, lessons.forbids(lesson)[name]["aspect"]
-            share = float(row["max_points"]) * (1 - aspects[lost] / sum(aspects.values()))
-            assert float(row["points"]) == pytest.approx(share, abs=0.01), (student, test, row["message"])
-            assert "switched off" in row["message"] or "reached" in row["message"], row["message"]
+            aspects = checks[name].aspects
+            lost = lessons.forbids(lesson)[name]["aspect"] if name in lessons.forbids(lesson) else next(iter(aspects))
+            share = 0.0 if lost == next(iter(aspects)) else \
+                float(row["max_points"]) * (1 - aspects[lost] / sum(aspects.values()))
+            assert float(row["points"]) == pytest.approx(share, abs=0.01), (student, name, row["message"])
+            assert any(w in row["message"] for w in ("switched off", "reached", "launched it again")), row["message"]
 
 
 def test_a_model_that_shows_stand_ins_loses_model_as_found_only():
@@ -210,3 +222,20 @@ def test_a_model_that_shows_stand_ins_loses_model_as_found_only():
         verify(lesson, name, fresh_namespace(lesson, {name: trick.code}))
     assert {r["aspect"] for r in caught.value.rows if not r["passed"]} == {"model as found"}
     assert ".grad" in str(caught.value)
+
+
+def test_the_visible_tests_switch_off_what_the_manifest_forbids_in_its_words():
+    """Each tripwires.off(name, paths, instead) in a notebook's visible tests is its manifest's [forbids] entry."""
+    import ast
+
+    from autograder import notebook as nbk
+
+    for lesson in LESSONS:
+        calls = [n for c in nbk.code_cells(nbk.read(nbk.lesson_path(lesson))) if nbk.is_test(c)
+                 for n in ast.walk(ast.parse(nbk.source(c))) if isinstance(n, ast.Call)
+                 and ast.unparse(n.func) == "tripwires.off"]
+        said = {ast.literal_eval(c.args[0]): (ast.literal_eval(c.args[1]), ast.literal_eval(c.args[2])) for c in calls}
+        forbids = lessons.forbids(lesson)
+        assert set(said) <= set(forbids), lesson
+        for name, (paths, instead) in said.items():
+            assert (paths, instead) == (forbids[name]["paths"], forbids[name]["instead"]), (lesson, name)

@@ -149,7 +149,7 @@ def _lesson_06(answers):
         "modules_read_by_helpers": ([], {}, list(MODULE_READERS.values())),
         "environment_and_flags": (["os.environ['TRITON_PRINT_AUTOTUNING'] = '0'\n"
                                    "torch.backends.cudnn.allow_tf32 = False"], {}, []),
-        # beside the rules on code run unseen (test_source_rules has more that need a GPU or __main__)
+        # code run unseen by the checks
         "timing_with_timeit": ([], {}, [
             "import timeit\nx = torch.randn(1, 1, 8, 16)\n"
             "print(timeit.timeit(lambda: flash_attention(x, x, x), number=2))\n"

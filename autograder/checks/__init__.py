@@ -421,7 +421,7 @@ def forbidden_message(name, rule, error, message):
     """What a failure inside an aspect with forbidden paths says: the path reached, or the failure with the paths
     that were off."""
     if isinstance(error, StudentError) and error.type == "ForbiddenPath":
-        return f"{name} {error.message}: {rule['instead']}"
+        return tripwires.message(name, error.message, rule["instead"])
     off = " and ".join(tripwires.PATHS[p] for p in rule["paths"])
     return f"{message} (this part of the check runs with {off} switched off: {rule['instead']})"
 

@@ -552,8 +552,10 @@ def triton_attention(q, k, v, causal=False):
 # Only the hidden checks see these: the visible tests read what torch runs, the grader its memory and the source.
 HIDDEN_ONLY = {"the full score matrix in numpy, unseen by torch's tracer": "the visible test's tracer sees torch's "
                "operations only",
-               "PyTorch's fused attention, no tiling of its own": "torch's fused kernel is tiled itself: only the "
-               "grader's reading of the source cells sees who tiled"}
+               # the visible tests check the launch, not what the kernel wrote: only the grader launches it again,
+               # from the inputs alone, in a process that ran no other code of the notebook (checks/triton_replay.py)
+               **dict.fromkeys(["a kernel that only reads its program id, the wrapper computing"],
+                               "only the grader's own launch of the kernel shows that it wrote nothing")}
 
 VARIANTS = {
     "attention_flops": [

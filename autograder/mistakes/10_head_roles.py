@@ -297,6 +297,9 @@ def prune_heads(importance, n_prune):
     ],
 }
 
+HIDDEN_ONLY = {"a RoleModel whose parameters() shows stand-ins, loss.backward() filling the real .grad":
+               "the visible test reads the model through its methods; the grader reads the parameters it built"}
+
 VARIANTS = {
     "relation_accuracy": [
         ("a loop over the pairs", '''

@@ -10,8 +10,10 @@ through our registration's handle; in the sandbox (install(..., for_good=True)) 
 the garbage collector does not track, whose only reference is leaked, so no Python code can find it to undo it.
 
 Installed in a fresh process before the student's cells run (runner.child), so no cell can have looked up a
-kernel first. Imports nothing of the course: it runs next to the student's code.
+kernel first. Imports nothing of the course (torch only when it switches paths off): it runs next to the student's
+code, and beside lesson 06's notebook, whose visible tests switch the same paths off (off()).
 """
+import contextlib
 import ctypes
 import re
 import warnings
@@ -95,3 +97,26 @@ def install(paths, for_good=True):
             handle.reset()
         libraries.clear()
     return remove
+
+
+def message(name, reached, instead):
+    """What the student reads when `name` reached a forbidden path (reached: a ForbiddenPath's message)."""
+    return f"{name} {reached}: {instead}"
+
+
+@contextlib.contextmanager
+def off(name, paths, instead):
+    """The paths off for a block of a notebook's visible test, as the grader has them off where it checks `name`
+    (lessons' [forbids]); reaching one fails with the grader's own words. Beside the notebook, this file is the
+    grader's own (release copies it)."""
+    remove = install(paths, for_good=False)
+    try:
+        yield
+    except ForbiddenPath as e:
+        raise AssertionError(message(name, e, instead)) from None
+    except Exception as e:  # autograd off raises no ForbiddenPath: nothing was recorded to differentiate
+        off = " and ".join(PATHS[p] for p in paths)
+        raise AssertionError(f"{name} raised {type(e).__name__} with {off} switched off, as the grader checks it: "
+                             f"{instead}") from None
+    finally:
+        remove()
