@@ -153,7 +153,7 @@ def points(lesson, root=nbk.LESSONS_DIR):
 
 def forbids(lesson, root=nbk.LESSONS_DIR):
     """{graded name: {"aspect", "paths", "instead"}}: what each graded function may not reach, and the aspect it
-    costs (autograder.checks enforces it)."""
+    costs (autograder.checking enforces it)."""
     return read(lesson, root)["forbids"]
 
 

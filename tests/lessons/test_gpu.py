@@ -20,7 +20,6 @@ from tests.harness.grading import *  # noqa: F403
 from tests.harness.honest import *  # noqa: F403
 from tests.harness.notebooks import *  # noqa: F403
 from tests.harness.visible import *  # noqa: F403
-from tests.lessons.gpu_source_rules import *  # noqa: F403
 
 # The slice of one lesson: its solution tests here, and the generic tests above (tests/harness/), which
 # tests/lessons/conftest.py parametrizes with this lesson's cases.

@@ -8,6 +8,9 @@ student's code cannot reach, a hard memory bound set from outside its process (S
 - flash_attention_forward and flash_attention_backward "tiled": calls with so many keys (or queries) that a
   (block_q, Tk) row of scores, a (Tq, block_k) column of them, the full matrix or a full causal mask does not
   fit the bound while block_q x block_k tiles do;
+- attention_backward "by hand": calls in a process where autograd's kernels are fallthroughs and PyTorch's attention
+  and softmax-backward kernels raise (lesson.toml's [forbids], sandbox/tripwires.py); the other functions' "tiled"
+  and FlashAttention's "never keeps P" run with PyTorch's attention kernels off the same way;
 - FlashAttention "never keeps P": a forward and a backward, both inside one bound, at a length where one
   float32 (Tq, Tk) tensor of probabilities is larger than the bound plus all the process held before it:
   keeping P (in ctx.save_for_backward, on ctx, in a global) cannot fit, whatever buffer was reserved first.
