@@ -65,7 +65,8 @@ def kernel_cells(sources):
                     (a.name if isinstance(node, ast.Import) else node.module or "") in MODULES for a in node.names):
                 kept.append(node)
             elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None and _constant(node.value) \
-                    and all(isinstance(t, ast.Name) for t in getattr(node, "targets", [node.target])):
+                    and all(isinstance(t, ast.Name) for t in (node.targets if isinstance(node, ast.Assign)
+                                                              else [node.target])):
                 kept.append(node)
     return [PREAMBLE] + [ast.unparse(n) for n in kept]  # a cell each: one that raises leaves the others defined
 
