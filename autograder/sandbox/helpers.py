@@ -111,6 +111,10 @@ def gradcheck(fn, q, k, v, *args):
     return torch.autograd.gradcheck(fn, (*(t.detach().requires_grad_() for t in (q, k, v)), *args))
 
 
+# .grad and .requires_grad as torch's C type defines them: a cell may rebind torch.Tensor's, not these (an immutable type)
+_GRAD, _REQUIRES_GRAD = torch._C.TensorBase.grad, torch._C.TensorBase.requires_grad
+
+
 class ModelRecord:
     """The parameters and submodules of a model the grader just built, found through each module's own __dict__ (as
     nn.Module keeps them), not through its methods, which a subclass may override: what the grader reads of the model
@@ -131,12 +135,12 @@ class ModelRecord:
         """Every other parameter (the 1st, 3rd, ...) a .grad of 0.5s and the rest none, as a caller in the middle of
         its own backward would leave them."""
         for i, p in enumerate(self.params.values()):
-            torch.Tensor.grad.__set__(p, torch.full_like(p.detach(), 0.5) if i % 2 == 0 else None)
+            _GRAD.__set__(p, torch.full_like(p.detach(), 0.5) if i % 2 == 0 else None)
 
     def grads_as_given(self):
         """Whether the .grad are still as give_grads left them (values included), and every parameter requires grad."""
-        grads = [torch.Tensor.grad.__get__(p) for p in self.params.values()]
-        return all(torch.Tensor.requires_grad.__get__(p) for p in self.params.values()) and all(
+        grads = [_GRAD.__get__(p) for p in self.params.values()]
+        return all(_REQUIRES_GRAD.__get__(p) for p in self.params.values()) and all(
             (g is not None and bool((g == 0.5).all())) if i % 2 == 0 else g is None for i, g in enumerate(grads))
 
     def weights(self):
@@ -151,19 +155,6 @@ class ModelRecord:
         """The model and its submodules in train (True) or eval mode, without their methods."""
         for own in self.modules:
             own["training"] = bool(training)
-
-
-def give_grads(module):
-    """Give every other parameter of module (the 1st, 3rd, ...) a .grad of 0.5s and the rest none, as a caller
-    in the middle of its own backward would leave them."""
-    for i, p in enumerate(module.parameters()):
-        p.grad = torch.full_like(p, 0.5) if i % 2 == 0 else None
-
-
-def grads_as_given(module):
-    """Whether module's parameters' .grad are still as give_grads left them (values included)."""
-    return all((p.grad is not None and bool((p.grad == 0.5).all())) if i % 2 == 0 else p.grad is None
-               for i, p in enumerate(module.parameters()))
 
 
 def without_grad(fn, *args):
@@ -277,8 +268,6 @@ HELPERS = {
     "len": len,
     "Graph": Graph,
     "gradcheck": gradcheck,
-    "give_grads": give_grads,
-    "grads_as_given": grads_as_given,
     "without_grad": without_grad,
     "keeps_argument": keeps_argument,
     "device_used": device_used,
