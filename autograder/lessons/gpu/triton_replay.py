@@ -32,6 +32,7 @@ def _replay(name, buffers, launches):
 '''
 MAX_SCALARS = 32  # a kernel's launch takes a few sizes, strides and flags: not an answer spelled out in numbers
 MODULES = {"math", "triton", "triton.language", "torch", "numpy"}
+MAX_CELL = 100_000  # characters: a kernel's cell is a few hundred
 
 
 def _jit(node):
@@ -48,27 +49,32 @@ def _constant(value):
 
 
 def kernel_cells(sources):
-    """The cells' @triton.jit functions, the imports of MODULES and the constants (names bound to literals or
-    tl.constexpr of them) they may read, a cell each after the PREAMBLE, in the cells' order. Cells that do not parse (magics) count for what parses
-    without their magic lines."""
-    kept = []
+    """The cells' imports of MODULES, the constants their @triton.jit functions read (names bound to literals or
+    tl.constexpr of them), and those functions, a cell each after the PREAMBLE. Magic lines are left out; a cell
+    longer than MAX_CELL, or that does not parse, gives nothing (a kernel there cannot be launched on its own)."""
+    kernels, imports, constants = [], [], []
     for source in sources:
-        text = "\n".join(line for line in str(source).splitlines() if not line.lstrip().startswith(("%", "!")))
+        text = "\n".join(line for line in str(source)[:MAX_CELL + 1].splitlines()
+                         if not line.lstrip().startswith(("%", "!")))
+        if len(text) > MAX_CELL:
+            continue
         try:
             tree = ast.parse(text)
-        except (SyntaxError, RecursionError, MemoryError, ValueError):  # no kernel the grader could launch there
+        except (SyntaxError, RecursionError, MemoryError, ValueError):
             continue
         for node in tree.body:
             if isinstance(node, ast.FunctionDef) and _jit(node):
-                kept.append(node)
+                kernels.append(node)
             elif isinstance(node, (ast.Import, ast.ImportFrom)) and all(
                     (a.name if isinstance(node, ast.Import) else node.module or "") in MODULES for a in node.names):
-                kept.append(node)
-            elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None and _constant(node.value) \
-                    and all(isinstance(t, ast.Name) for t in (node.targets if isinstance(node, ast.Assign)
-                                                              else [node.target])):
-                kept.append(node)
-    return [PREAMBLE] + [ast.unparse(n) for n in kept]  # a cell each: one that raises leaves the others defined
+                imports.append(node)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None and _constant(node.value):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                if all(isinstance(t, ast.Name) for t in targets):
+                    constants.append((node, {t.id for t in targets}))
+    read = {n.id for k in kernels for n in ast.walk(k) if isinstance(n, ast.Name)}
+    return [PREAMBLE] + [ast.unparse(n) for n in imports] + [ast.unparse(n) for n, names in constants if names & read] \
+        + [ast.unparse(n) for n in kernels]
 
 
 def _replay_buffers(buffers, inputs):
