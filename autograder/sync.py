@@ -5,8 +5,8 @@ defines (the lesson's own module first) is rewritten from solutions/. In answer 
 bodies are wrapped in solution markers, after the docstring (and a leading
 super().__init__()), so students see signatures and docstrings. A demo cell starts with
 notebook.DEMO_HEADER, so students see that grading skips it. Hidden-test blocks are
-rewritten to the canonical verify() call. A lesson whose notebook imports source_rules gets a copy
-of autograder/source_rules.py beside it (lessons/<lesson>/source_rules.py, so that the source
+rewritten to the canonical verify() call. A lesson whose notebook imports tripwires gets a copy
+of autograder/sandbox/tripwires.py beside it (lessons/<lesson>/tripwires.py, so that the source
 notebook runs in place), byte for byte.
 
     python -m autograder sync          # rewrite the notebooks
@@ -19,7 +19,7 @@ import textwrap
 
 from autograder import notebook as nbk
 from autograder.checking import LESSONS
-from autograder.release import SOURCE_RULES, uses_source_rules
+from autograder.release import TRIPWIRES, uses_tripwires
 
 
 def solution_source(lesson, name):
@@ -100,7 +100,7 @@ def synced_cell_source(lesson, cell):
 
 def sync(names=None, check=False, root=nbk.LESSONS_DIR):
     """Rewrite (or, with check, only list) the cells that differ from solutions/, and the copies of
-    source_rules.py that differ from autograder's. Returns them."""
+    tripwires.py that differ from autograder's. Returns them."""
     changed = []
     for lesson in names or nbk.lesson_names(root):
         path = nbk.lesson_path(lesson, root)
@@ -114,11 +114,11 @@ def sync(names=None, check=False, root=nbk.LESSONS_DIR):
                 dirty = True
         if dirty and not check:
             nbk.write(nb, path)
-        copy = path.parent / SOURCE_RULES.name
-        if uses_source_rules(nb) and (copy.is_symlink() or not copy.is_file()
-                                      or copy.read_bytes() != SOURCE_RULES.read_bytes()):
-            changed.append(f"{lesson}: {copy.name} differs from autograder/{SOURCE_RULES.name}")
+        copy = path.parent / TRIPWIRES.name
+        if uses_tripwires(nb) and (copy.is_symlink() or not copy.is_file()
+                                   or copy.read_bytes() != TRIPWIRES.read_bytes()):
+            changed.append(f"{lesson}: {copy.name} differs from autograder/sandbox/{TRIPWIRES.name}")
             if not check:
                 copy.unlink(missing_ok=True)  # a link, or a stale copy: written anew, never through a link
-                copy.write_bytes(SOURCE_RULES.read_bytes())
+                copy.write_bytes(TRIPWIRES.read_bytes())
     return changed

@@ -60,8 +60,6 @@ def _prune(order="torch.argsort(importance.flatten(), stable=True)", dtype="dtyp
     return _PRUNE.format(order=order, dtype=dtype)
 
 
-REQUIRES_GRAD = ("head_importance left the parameters' requires_grad off: leave the model as found (autograd.grad(loss, "
-                 "mask) needs no gradient of the parameters, so there is nothing to switch off)")
 IGNORE_INDEX = ("every target counts: the loss is F.cross_entropy(logits[b], targets[b]), without ignore_index (the "
                 "lesson's training skips padding, but head_importance is given its targets aligned, every one counted)")
 
@@ -254,6 +252,17 @@ def head_importance(model, ids, targets):
         Mistake("loss.backward() fills the parameters' .grad", ".grad", _importance(
             term="(loss.backward() or mask.grad).abs()"),
             message="head_importance changed the .grad of the model's parameters", aspect="model as found"),
+        # A model whose parameters() shows stand-ins while the real .grad fills (issue 33): the grader reads the
+        # parameters it built the model with (sandbox.helpers.ModelRecord), not the model's methods.
+        Mistake("a RoleModel whose parameters() shows stand-ins, loss.backward() filling the real .grad", ".grad",
+                '''
+class RoleModel(RoleModel):
+    def parameters(self, recurse=True):
+        if "_shown" not in self.__dict__:
+            self.__dict__["_shown"] = [torch.nn.Parameter(p.detach().clone()) for p in super().parameters(recurse)]
+        return iter(self.__dict__["_shown"])
+
+''' + _importance(term="(loss.backward() or mask.grad).abs()"), aspect="model as found", evidence=True),
         Mistake("loss.backward(), then model.zero_grad(): the caller's .grad wiped", ".grad", _importance(
             term="(loss.backward() or mask.grad).abs()\n            model.zero_grad()"),
             message="head_importance changed the .grad of the model's parameters", aspect="model as found"),
@@ -268,9 +277,10 @@ def head_importance(model, ids, targets):
     return total / ids.shape[0]
 ''', message="head_importance fails when called under torch.no_grad()", aspect="values"),
         ("model.eval() inside, the mode not restored", "mode", _importance(prelude="model.eval()\n    ")),
+        # the check's message on the model's .grad names requires_grad too (ModelRecord.grads_as_given reads both)
         Mistake("requires_grad turned off on the parameters and left off", "requires_grad", _importance(
             prelude="for p in model.parameters():\n        p.requires_grad_(False)\n    "),
-                message=REQUIRES_GRAD, aspect="model as found"),
+                aspect="model as found"),
         Mistake("padding targets ignored (ignore_index), as in training", "ignore_index", _importance().replace(
             "targets[b])", "targets[b], ignore_index=0)"), message=IGNORE_INDEX, aspect="values"),
         ("float32 always", "dtype", _importance(result="(total / ids.shape[0]).float()")),
@@ -315,6 +325,9 @@ def prune_heads(importance, n_prune):
 '''),
     ],
 }
+
+HIDDEN_ONLY = {"a RoleModel whose parameters() shows stand-ins, loss.backward() filling the real .grad":
+               "the visible test reads the model through its methods; the grader reads the parameters it built"}
 
 VARIANTS = {
     "relation_accuracy": [
