@@ -3,7 +3,8 @@
 For every code cell of a lesson notebook, each top-level def or class whose name solutions/
 defines (the lesson's own module first) is rewritten from solutions/. In answer cells the
 bodies are wrapped in solution markers, after the docstring (and a leading
-super().__init__()), so students see signatures and docstrings. Hidden-test blocks are
+super().__init__()), so students see signatures and docstrings. A demo cell starts with
+notebook.DEMO_HEADER, so students see that grading skips it. Hidden-test blocks are
 rewritten to the canonical verify() call. A lesson whose notebook imports tripwires gets a copy
 of autograder/sandbox/tripwires.py beside it (lessons/<lesson>/tripwires.py, so that the source
 notebook runs in place), byte for byte.
@@ -73,6 +74,8 @@ def _is_super_init(stmt):
 def synced_cell_source(lesson, cell):
     """The cell's source as it should be."""
     text = nbk.source(cell)
+    if nbk.is_demo(cell):
+        text = nbk.with_demo_header(text)
     if nbk.is_test(cell):
         name = nbk.grade_id(cell).removeprefix("test_")
         return nbk.with_hidden_block(text, lesson, name)

@@ -105,6 +105,13 @@ class Graph:
         torch.autograd.backward(self.out, dout)
         return tuple(t.grad for t in self.leaves)
 
+    def saved(self):
+        """Before backward: the shapes of what fn's ctx.save_for_backward saved, and the names of the tensors kept
+        as attributes of ctx (what the student's process reports: it catches the honest slip, not a forgery)."""
+        ctx = self.out.grad_fn
+        return ([list(t.shape) for t in getattr(ctx, "saved_tensors", ())],
+                sorted(n for n, x in vars(ctx).items() if isinstance(x, torch.Tensor)))
+
 
 def gradcheck(fn, q, k, v, *args):
     """torch.autograd.gradcheck of fn(q, k, v, *args) in q's dtype (float64): True, or it raises why not."""

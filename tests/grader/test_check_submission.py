@@ -1,6 +1,7 @@
 """check_submission.py, the check students run before submitting: release puts it in every lesson folder,
 it holds nothing of solutions/ or checks/, and it says what the grader would say, in the grader's words."""
 import copy
+import csv
 import subprocess
 import sys
 from pathlib import Path
@@ -202,3 +203,35 @@ def test_release_keeps_a_written_question_and_tells_the_check(tmp_path):
     cell_ = copy_["cells"][1]
     assert nbk.TEXT_STUB in nbk.source(cell_) and "sqrt" not in nbk.source(cell_) and cs.is_written(cell_)
     assert "'written': {'why_scale': 2.0}" in check_script(copy_, LESSON)
+
+
+def test_the_check_and_the_grader_agree_on_what_demonstrations_define(released, tmp_path):
+    """Demo cells are not run when grading. An answer whose cell reads a name only a demo defines is lost: the
+    check says so, naming that demo cell, and so does the grader, which gives it nothing. A scratch cell that
+    reads one only raises: the grader runs it and goes on (full marks), and the check notes it without failing. An
+    answer reading a name only a test cell binds passes this check's run but not the grader: the check says so."""
+    demos = cs.demo_only(notebook(released))  # x: the first demo binds it (a later test cell too); dots: a plot's
+    code = {nbk.grade_id(c): nbk.source(c) for c in nbk.code_cells(fill(notebook(released), LESSON)) if nbk.is_answer(c)}
+    lost = fill(notebook(released), LESSON, {"softmax": "BIG = x.max()\n" + code["softmax"]})
+    scratch = fill(notebook(released), LESSON)
+    scratch["cells"].append({"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
+                             "source": "print(softmax(dots))\n"})
+    said = "'{}' is defined only in demonstration cell {}, which is not run when grading".format
+    rc, out = script(released, LESSON, lost)
+    assert rc == 1 and said("x", demos["x"]) in out and "so softmax is not defined: the grader finds no answer" in out
+    rc, out = script(released, LESSON, scratch)
+    assert rc == 0 and f"note    cell {len(scratch['cells'])} raised NameError" in out, out
+    assert said("dots", demos["dots"]) in out, out
+    # a name only a test cell binds: this check's run defines it (it runs the test cells), the grader's does not
+    tested = fill(notebook(released), LESSON, {"scaled_dot_product_attention": code["scaled_dot_product_attention"]
+                  .replace('"""\n', '"""\n    lower.shape\n', 1)})
+    [line] = problems(tested, notebook(released), tmp_path)
+    assert "uses 'lower', which only test cell" in line and "grader runs its own tests instead" in line, line
+    for student, nb in (("lost", lost), ("scratch", scratch), ("tested", tested)):
+        nbk.write(nb, tmp_path / "subs" / student / LESSON / f"{LESSON}.ipynb")
+    subprocess.run([sys.executable, "-m", "autograder", "grade", str(tmp_path / "subs"), "--out",
+                    str(tmp_path / "results"), "--quiet"], check=True, timeout=600)
+    rows = {(r["student"], r["test"]): r for r in csv.DictReader(open(tmp_path / "results" / "grades.csv"))}
+    assert float(rows["lost", "test_softmax"]["points"]) == 0 and said("x", demos["x"]) in rows["lost", "test_softmax"]["message"]
+    assert all(r["status"] == "passed" for (student, _), r in rows.items() if student == "scratch"), rows
+    assert float(rows["tested", "test_scaled_dot_product_attention"]["points"]) == 0

@@ -18,6 +18,17 @@ def test_notebooks_are_in_sync_with_solutions():
     assert sync(check=True) == [], "run `python -m autograder sync` and commit"
 
 
+@pytest.mark.parametrize("lesson", LESSONS)
+def test_students_can_tell_a_demonstration(lesson):
+    """Grading skips demo cells: each starts with DEMO_HEADER (sync writes it from the tag), and the lesson's
+    "how to work" paragraph says what that means for answers."""
+    nb = nbk.read(nbk.lesson_path(lesson))
+    assert all(nbk.source(c).startswith(nbk.DEMO_HEADER + "\n") for c in nbk.code_cells(nb) if nbk.is_demo(c))
+    how = next(nbk.source(c) for c in nb["cells"] if "**How to work:**" in nbk.source(c))
+    assert "`" + nbk.DEMO_HEADER.split(":")[0] + "`" in how and "no answer may use a name they define" in how
+    assert nbk.with_demo_header(nbk.with_demo_header("y = 2")) == nbk.DEMO_HEADER + "\ny = 2"  # once
+
+
 # ---- a lesson is described once (lessons/NN_name/lesson.toml) ------------------------------------
 
 def missing_pieces(lesson, root=nbk.LESSONS_DIR):

@@ -19,6 +19,7 @@ The large cases compare values too, with tolerances derived from the length of t
 FlashAttention runs with correct flash_attention_forward and flash_attention_backward (isolate), so a
 mistake in those costs points on their own tests only.
 """
+import ast
 import math
 
 import numpy as np
@@ -40,8 +41,8 @@ TOL = {"float64": 1e-10, "float32": 1e-4, "float16": 2e-3, "bfloat16": 1.6e-2}
 UNIT = {"float64": 2.0 ** -53, "float32": 2.0 ** -24}  # unit roundoff of the arithmetic
 GRADS = ("dq", "dk", "dv")
 AXES = {"dq": ("B", "H", "Tq", "Dh"), "dk": ("B", "H", "Tk", "Dh"), "dv": ("B", "H", "Tk", "Dh")}
-FLOAT64 = mistakes.for_lesson(LESSON).FLOAT64
-ORDER = mistakes.for_lesson(LESSON).ORDER
+FLOAT64, ORDER, IN_PLACE, DQ_KEPT, D_PER_PAIR, SAVED = (getattr(mistakes.for_lesson(LESSON), n) for n in (
+    "FLOAT64", "ORDER", "IN_PLACE", "DQ_KEPT", "D_PER_PAIR", "SAVED"))
 
 
 def _torch_dtype(name):
@@ -92,9 +93,8 @@ def _expect_grads(got, want, what, name, mistaken=lambda: [], atols=None):
     shapes = [getattr(g, "shape", None) for g in got]
     if shapes != [w.shape for w in want] and sorted(map(str, shapes)) == sorted(str(w.shape) for w in want):
         fail(f"{what}: {ORDER}")
-    if len({w.shape for w in want}) == 1 and any(
-            all(close(g, want[j], rtol=1e-300, atol=atols[j]) for g, j in zip(got, perm))
-            for perm in [(1, 0, 2), (0, 2, 1), (2, 1, 0), (1, 2, 0), (2, 0, 1)]):
+    if any(all(close(g, want[j], rtol=1e-300, atol=atols[j]) for g, j in zip(got, perm))  # dk and dv share a shape
+           for perm in [(1, 0, 2), (0, 2, 1), (2, 1, 0), (1, 2, 0), (2, 0, 1)]):
         fail(f"{what}: {ORDER}")
     if name == "float64" and all(isinstance(g, Array) and g.dtype == "float64" for g in got) and all(
             close(_as(g, "float32"), _as(w, "float32"), rtol=1e-300, atol=_atol(w, "float32"))
@@ -173,9 +173,15 @@ def _lse_atol(lse, largest, name, tk, dh):
     return unit * (tk + 8 + (dh + 4) * largest + float(lse.abs().max()))
 
 
-def _expect_lse(got, want, largest, what, name, tk, dh, mistaken):
-    """lse: float32 for half inputs, else the inputs' dtype; shape exactly (B, H, Tq)."""
+def _expect_lse(got, want, largest, what, name, tk, dh, mistaken, slips=None):
+    """lse: float32 for half inputs, else the inputs' dtype; shape exactly (B, H, Tq). slips: a list that gets
+    another float dtype of lse (float64 for float32 inputs), which is then judged by its values: a dtype slip
+    costs the aspect "lse dtype" alone."""
     lse_name = "float64" if name == "float64" else "float32"
+    if slips is not None and isinstance(got, Array) and got.dtype in ("float32", "float64") and got.dtype != lse_name:
+        slips.append(f"lse is {got.dtype} for {name} inputs: it is in the inputs' dtype, {lse_name} here (and float32 "
+                     "for float16 or bfloat16 inputs)")
+        got = Array(got.kind, lse_name, got.data.astype(lse_name), device=got.device)
     if isinstance(got, Array) and name == "float16" and got.dtype == "float16":
         fail(f"{what}: lse is float16 for float16 inputs: keep it in float32 (the dtype you compute in): "
              "float16 has 3 decimal digits, and P = exp(s - lse) needs more")
@@ -186,12 +192,12 @@ def _expect_lse(got, want, largest, what, name, tk, dh, mistaken):
                  hint="lse[b, h, i] = m + log(l), the natural log of the sum of exp(s) over the keys row i may see")
 
 
-def _forward_mistakes(q, k, v, causal, blocks, name):
-    """[(message, lse)] of the defined mistakes of flash_attention_forward on these inputs."""
+def _forward_mistakes(q, k, v, causal, blocks, name, part=1):
+    """[(message, lse)] (part 0: out) of the defined mistakes of flash_attention_forward on these inputs."""
     def run():
         args = [torch.from_numpy(a) for a in (q, k, v)]
-        return [(m.message, reference(got[1])) for m, got in mistakes.on(LESSON, "flash_attention_forward", *args,
-                                                                          causal, *blocks)
+        return [(m.message, reference(got[part])) for m, got in mistakes.on(LESSON, "flash_attention_forward", *args,
+                                                                          causal, *blocks, fresh=True)
                 if isinstance(got, tuple) and len(got) == 2]
     return run
 
@@ -231,12 +237,23 @@ def _expect_forward_tiled(s, rng):
         want_lse, largest = _exact_lse(q, k, causal, rows)
         if isinstance(lse, Array) and lse.data.ndim == 3 and lse.shape[2] == q.shape[2]:
             lse = Array(lse.kind, lse.dtype, lse.data[:, :, rows], device=lse.device)
-        _expect_lse(lse, want_lse, largest, what, "float32", k.shape[2], q.shape[3], [])
+        _expect_lse(lse, want_lse, largest, what, "float32", k.shape[2], q.shape[3], [], [])
 
 
-@CHECKS.add("flash_attention_forward", aspects={"values": 3, "causal": 1, "float16": 1, "tiled": 2}, memory_bound=True)
+def _large_scores(rng, b, h, tq, tk, dh):
+    """float32 q, k, v whose even query rows score in the hundreds and odd ones near 1: exp of a score overflows
+    (exp(89) is inf in float32), and one shift for rows of both kinds underflows the small ones to 0."""
+    q, k, v = qkv(rng, b, h, tq, tk, dh, np.float32, 1.0)
+    q[:, :, ::2] *= 100
+    return q, k, v
+
+
+@CHECKS.add("flash_attention_forward", aspects={"values": 3, "causal": 1, "large scores": 1, "inputs kept": 1,
+                                                "float16": 1, "lse dtype": 1, "tiled": 2},
+            memory_bound=True)
 def flash_attention_forward(s):
     rng = s.rng
+    slips = []  # lse in another float dtype: judged by its values, costing "lse dtype" only
     # (aspect, dtype, (B, H, Tq, Tk, Dh), causal, block_q, block_k (None: the defaults), scale, blocks by position)
     cases = [("values", np.float64, (2, 3, 37, 53, 8), False, 16, 16, 3.0, False),
              ("values", np.float32, (2, 2, 45, 20, 8), False, 16, 8, 10.0, True),
@@ -244,12 +261,17 @@ def flash_attention_forward(s):
              ("causal", np.float64, (2, 2, 29, 45, 16), True, 8, 12, 2.0, True),
              ("causal", np.float32, (2, 3, 150, 150, 8), True, None, None, 2.0, False),
              ("causal", np.float32, (2, 2, 1, 77, 16), True, 16, 32, 2.0, False),
+             # a query tile's last visible key is the first of a key tile: key 31 for queries 16..31, and key 64
+             # for query 64 with the default blocks
+             ("causal", np.float32, (1, 2, 100, 100, 8), True, 16, 31, 2.0, False),
+             ("causal", np.float32, (1, 2, 65, 65, 8), True, None, None, 2.0, False),
+             ("large scores", np.float32, (2, 2, 33, 40, 8), False, 16, 16, None, False),
              ("float16", np.float16, (2, 2, 40, 70, 16), True, 16, 32, 1.5, False),
              ("float16", np.float16, (2, 3, 64, 64, 32), False, 32, 32, 1.0, True)]
     for aspect, dtype, (b, h, tq, tk, dh), causal, bq, bk, scale, positional in cases:
         with s.aspect(aspect):
             name = np.dtype(dtype).name
-            q, k, v = qkv(rng, b, h, tq, tk, dh, dtype, scale)
+            q, k, v = qkv(rng, b, h, tq, tk, dh, dtype, scale) if scale else _large_scores(rng, b, h, tq, tk, dh)
             blocks = () if bq is None else (bq, bk)
             args, kwargs = ((causal, *blocks), {}) if positional else ((), dict(causal=causal, **(
                 dict(block_q=bq, block_k=bk) if blocks else {})))
@@ -259,10 +281,23 @@ def flash_attention_forward(s):
                                     what)
             bq, bk = bq or 64, bk or 64
             want, cond = exact_attention(q, k, v, causal, dtype)
-            mistaken = lambda: attention_mistakes(q, k, v, causal, [bk], getattr(torch, name))
-            expect_attention(out, want, what, mistaken, tq, [bq], cond)
+            mistaken = lambda: (attention_mistakes(q, k, v, causal, [bk], getattr(torch, name))
+                                + _forward_mistakes(q, k, v, causal, (bq, bk), name, part=0)())
             want_lse, largest = _exact_lse(q, k, causal)
-            _expect_lse(lse, want_lse, largest, what, name, tk, dh, _forward_mistakes(q, k, v, causal, (bq, bk), name))
+            lse_mistaken = _forward_mistakes(q, k, v, causal, (bq, bk), name)
+            if aspect == "large scores":  # lse first: it names the slip (an overflow, one shift) that out's NaN hides
+                _expect_lse(lse, want_lse, largest, what, name, tk, dh, lse_mistaken, slips)
+            expect_attention(out, want, what, mistaken, tq, [bq], cond)
+            _expect_lse(lse, want_lse, largest, what, name, tk, dh, lse_mistaken, slips)
+    with s.aspect("inputs kept"):
+        q, k, v = qkv(rng, 2, 2, 20, 30, 8, np.float32)
+        _, kept = s.helper("keeps_argument", s.get("flash_attention_forward", "__call__"), tensor(q), tensor(k),
+                           tensor(v), True, 8, 8)
+        if not kept:
+            fail(f"flash_attention_forward(q, k, v) in float32: {IN_PLACE}")
+    with s.aspect("lse dtype"):
+        if slips:
+            fail(slips[0])
     with s.aspect("tiled"):
         _expect_forward_tiled(s, rng)
 
@@ -405,7 +440,60 @@ def _expect_backward_tiled(s, rng):
                            f"{arrays[1].shape[2]} keys")
 
 
-@CHECKS.add("flash_attention_backward", aspects={"values": 3, "causal": 1, "half precision": 1, "tiled": 3},
+_METADATA = {"dtype", "device", "shape", "size", "ndim", "dim", "is_cuda"}  # reading these reads no values
+
+
+def _reads(node, name, loops=(), guarded=False):
+    """(enclosing loops, under an if within the innermost) of every read of `name`'s values in node (out.dtype
+    aside), nested functions aside."""
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.Attribute) and child.attr in _METADATA and isinstance(child.value, ast.Name):
+            continue
+        if isinstance(child, ast.Name) and child.id == name and isinstance(child.ctx, ast.Load):
+            yield loops, guarded
+        elif isinstance(child, (ast.For, ast.AsyncFor, ast.While)):
+            yield from _reads(child, name, (*loops, child), False)
+        elif not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            yield from _reads(child, name, loops, guarded or isinstance(child, ast.If))
+
+
+def d_per_pair(sources):
+    """Whether flash_attention_backward, as the cells define it, reads `out` (its fourth parameter) for every pair
+    of tiles: in a loop nested in another, with no loop inside it and no `if` around the read (a cache filled once
+    per query tile). D = rowsum(dout * out) is what it reads out for, and the contract computes it up front or once
+    per query tile. The cells are parsed here, in the grader's process: evidence the student's code cannot reach."""
+    loop = (ast.For, ast.AsyncFor, ast.While)
+    for source in sources:
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            continue
+        for fn in tree.body:
+            if isinstance(fn, ast.FunctionDef) and fn.name == "flash_attention_backward" and len(fn.args.args) > 3:
+                for name in _aliases(fn, fn.args.args[3].arg):
+                    for loops, guarded in _reads(fn, name):
+                        if len(loops) >= 2 and not guarded and not any(
+                                isinstance(n, loop) for n in ast.walk(loops[-1]) if n is not loops[-1]):
+                            return True
+    return False
+
+
+def _aliases(fn, name):
+    """name and the names fn binds to it through method calls alone (o = out.to(work), out.float()): the same
+    tensor, or a copy of it, under another name."""
+    found = {name}
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            value = node.value
+            while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute):
+                value = value.func.value
+            if isinstance(value, ast.Name) and value.id == name:
+                found.add(node.targets[0].id)
+    return found
+
+
+@CHECKS.add("flash_attention_backward", aspects={"values": 3, "causal": 1, "half precision": 1, "D once": 1,
+                                                 "tiled": 3},
             memory_bound=True)
 def flash_attention_backward(s):
     rng = s.rng
@@ -430,11 +518,19 @@ def flash_attention_backward(s):
             args, kwargs = ((causal, *blocks), {}) if positional else ((), dict(causal=causal, **(
                 dict(block_q=bq, block_k=bk) if blocks else {})))
             got = s.call("flash_attention_backward", *sent, *args, **kwargs)
-            _expect_grads(got, _truth(q, k, v, dout, causal, name),
-                          f"flash_attention_backward(q, k, v, out, lse, dout, causal={causal}"
-                          f"{', block_q, block_k' if blocks else ''}) in {name}", name,
+            what = (f"flash_attention_backward(q, k, v, out, lse, dout, causal={causal}"
+                    f"{', block_q, block_k' if blocks else ''}) in {name}")
+            _expect_grads(got, _truth(q, k, v, dout, causal, name), what, name,
                           _mistaken("flash_attention_backward", q, k, v, dout, causal, name, bq or 64, bk or 64,
                                     forward=True))
+            if (aspect, name) == ("values", "float64"):  # the same call again gives the same gradients
+                again = s.call("flash_attention_backward", *sent, *args, **kwargs)
+                if not (isinstance(again, (tuple, list)) and len(again) == 3
+                        and all(close(a, g, rtol=1e-300, atol=0) for a, g in zip(again, got))):
+                    fail(f"{what}: {DQ_KEPT}")
+    with s.aspect("D once"):
+        if s.sources and d_per_pair(s.sources):
+            fail(D_PER_PAIR)
     with s.aspect("tiled"):
         _expect_backward_tiled(s, rng)
 
@@ -523,8 +619,20 @@ def _expect_never_keeps_p(s, rng):
     _expect_long_grads(grads, [q, k, v, out64.numpy(), lse64.numpy(), dout], False, f"the gradients of {what}", t)
 
 
+def _expect_saved(s, rng):
+    """What the forward saved, as the student's process reports it (helpers.Graph.saved): exactly q, k, v, out, lse."""
+    q, k, v, _ = _inputs(rng, 1, 2, 5, 7, 4, "float64")
+    graph = s.helper("Graph", s.get("FlashAttention", "apply"), tensor(q), tensor(k), tensor(v), True)
+    shapes, on_ctx = s.call((graph, "saved"))
+    want = [list(q.shape), list(k.shape), list(v.shape), list(q.shape), list(q.shape[:3])]
+    if [list(x) for x in shapes] != want or on_ctx:
+        fail(f"{SAVED}; it saved shapes {[tuple(x) for x in shapes]}"
+             + (f" and kept {', '.join(map(str, on_ctx))} on ctx" if on_ctx else ""))
+
+
 @CHECKS.add("FlashAttention", isolate=["flash_attention_forward", "flash_attention_backward"],
-            aspects={"values": 3, "causal": 1, "gradcheck": 1, "never keeps P": 3}, memory_bound=True)
+            aspects={"values": 3, "causal": 1, "gradcheck": 1, "saves q, k, v, out, lse": 1, "never keeps P": 3},
+            memory_bound=True)
 def FlashAttention(s):
     rng = s.rng
     with s.aspect("values"):
@@ -539,7 +647,10 @@ def FlashAttention(s):
             try:
                 s.helper("gradcheck", s.get("FlashAttention", "apply"), tensor(q), tensor(k), tensor(v), causal)
             except StudentError as e:
+                first = e.message.strip().splitlines()[0] if e.message.strip() else ""  # not its tensors
                 fail(f"torch.autograd.gradcheck(FlashAttention.apply, (q, k, v, {causal})) in float64 failed "
-                     f"({e.type}: {e.message}): the backward's gradients must be those of the forward")
+                     f"({e.type}: {first}): the backward's gradients must be those of the forward")
+    with s.aspect("saves q, k, v, out, lse"):
+        _expect_saved(s, rng)
     with s.aspect("never keeps P"):
         _expect_never_keeps_p(s, rng)

@@ -198,9 +198,32 @@ NO_D = ("dS = P * dP is missing the softmax's correction: subtract D = rowsum(do
         "row, dS = P * (dP - D) (the Jacobian of a softmax has a term for the row's sum)")
 TOP_LEFT = ("the causal mask is aligned top-left. With Tk > Tq the queries are the last Tq positions, so query i "
             "sees key j iff j <= i + (Tk - Tq) (bottom-right)")
+NO_DIAGONAL = ("with causal=True the tiles the diagonal crosses are not masked inside: skipping the fully masked tiles "
+               "is not enough, mask each crossed tile's scores bottom-right (query i sees key j iff j <= i + Tk - Tq)")
 FLOAT64 = ("float64 inputs were computed in float32 (the result is as far from the exact answer as float32 rounding "
            "goes). Compute in float64 for float64 inputs: torch.promote_types(q.dtype, torch.float32) picks the dtype")
 ORDER = "the gradients are returned in the wrong order: return (dq, dk, dv), the order of the inputs q, k, v"
+LSE_OVERFLOW = ("lse overflows for large scores: exp(m) is inf past 88 in float32, so log(l * exp(m)) or log(sum(exp(s))) "
+                "is inf; add the max back after the log, lse = m + log(l)")
+ONE_SHIFT = ("the scores are shifted by one max for the whole tile, not by each row's own max: a row whose scores are "
+             "far below another row's underflows to exp(-inf) = 0 and gives NaN; keep m per row, s.amax(dim=-1, "
+             "keepdim=True)")
+KEY_END = ("with causal=True the last key tile a query tile sees is skipped when its last visible key is the first of "
+           "a key tile (the key loop's end is one short): loop over keys up to min(Tk, qe + Tk - Tq), qe the query "
+           "tile's end")
+IN_PLACE = ("q was changed in place: .to(dtype) returns q itself when it already has that dtype, so qb *= scale or "
+            "qb.mul_(scale) scales the caller's q (a second call is then wrong); scale a new tensor, qb = q[...] * scale")
+SAVED = ("FlashAttention must save exactly q, k, v, out, lse with ctx.save_for_backward, in that order, and keep no "
+         "other tensor on ctx (causal as a plain attribute, ctx.causal = causal): the backward needs out and lse, "
+         "and rerunning the forward there costs a second forward")
+DQ_KEPT = ("a second call with the same inputs gave other gradients: dq must start from zeros at every call (a "
+           "buffer made inside the function, torch.zeros(...)), not one kept from the call before")
+D_PER_PAIR = ("D = rowsum(dout * out) is computed for every pair of tiles (out is read inside the inner loop): it depends "
+              "only on the query rows, so compute it once, before the loops (or once per query tile, outside the key "
+              "loop)")
+# what the check says of lse's dtype, here for float32 inputs (it judges such an lse by its values)
+LSE_FLOAT64 = ("lse is float64 for float32 inputs: it is in the inputs' dtype, float32 here (and float32 for float16 or "
+               "bfloat16 inputs)")
 
 # PyTorch's fused CPU flash attention, forward and backward, with the lesson's bottom-right causal mask (issue 33: a
 # lesson 09 answered with them got 10/10): its kernels are off where "tiled" and "by hand" are graded
@@ -266,6 +289,17 @@ def attention_backward(q, k, v, dout, causal=False):
         Mistake("lse without the max", "max", _forward(lse="torch.log(l)"),
                 message="lse is missing the running max: l sums exp(s - m), so lse = m + log(l)", aspect="values"),
         Mistake("lse of shape (B, H, Tq, 1)", "shape", _forward(lse_out="lse[..., None]")),
+        Mistake("lse as log(l * exp(m)): the max multiplied back in before the log", "overflow",
+                _forward(lse="torch.log(l * torch.exp(m))"), message=LSE_OVERFLOW, aspect="large scores"),
+        Mistake("one max shift for the whole tile, not per row", "row", _forward().replace(
+            "m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))", "m_new = torch.maximum(m, s.amax())"),
+                message=ONE_SHIFT, aspect="large scores"),
+        Mistake("the causal key loop stops one key short", "last key tile", _forward(
+            k_stop="(min(Tk, qs + n + Tk - Tq - 1) if causal else Tk)"), message=KEY_END, aspect="causal"),
+        Mistake("queries scaled in place: .to() returns q itself", "in place", _forward().replace(
+            ".to(acc_dtype) * scale", ".to(acc_dtype).mul_(scale)"), message=IN_PLACE, aspect="inputs kept"),
+        Mistake("lse in float64 for float32 inputs", "float32", _forward(lse_dtype="torch.float64"),
+                message=LSE_FLOAT64, aspect="lse dtype", evidence=True),
         Mistake("lse in float16 for float16 inputs", "float32", _forward(lse_dtype="q.dtype")),
         Mistake("tail tile of keys dropped", "tail", _forward(k_stop="Tk - block_k + 1")),
         Mistake("tail tile of queries dropped", "tail", _forward(q_stop="Tq - block_q + 1")),
@@ -296,6 +330,13 @@ def flash_attention_forward(q, k, v, causal=False, block_q=64, block_k=64):
                         "no tile holds; compute D = rowsum(dout * out) once, before the loops", aspect="values"),
         Mistake("dS without subtracting D", "P * (dP - D)", _backward(ds="p * dp"), message=NO_D, aspect="values"),
         Mistake("causal mask top-left", "top-left", _backward(offset="0"), message=TOP_LEFT, aspect="causal"),
+        Mistake("causal: fully masked tiles skipped, the diagonal's tiles not masked inside", "diagonal",
+                _backward().replace("""            if causal:
+                rows = torch.arange(qs, qs + n)[:, None] + {offset}
+                s = s.masked_fill(torch.arange(ks, ks + kb.size(2)) > rows, float("-inf"))
+""".format(offset=_BACKWARD_OK["offset"]), """            if causal and ks > qs + n - 1 + Tk - Tq:
+                continue
+"""), message=NO_DIAGONAL, aspect="causal"),
         Mistake("tail tile of keys dropped", "last", _backward(k_stop="Tk - block_k + 1"),
                 message="the last, partial tile of keys is dropped: when Tk is not a multiple of block_k, the tail "
                         "tile still counts (range(0, Tk, block_k), and slices past the end are cut short)",
@@ -308,6 +349,13 @@ def flash_attention_forward(q, k, v, causal=False, block_q=64, block_k=64):
                         "accumulate it (dq[...] += dS K / sqrt(Dh)), do not assign", aspect="values"),
         Mistake("gradients in the wrong order", "order",
                 _backward(result="dk.to(k.dtype), dq.to(q.dtype), dv.to(v.dtype)")),
+        Mistake("dQ's buffer kept across calls (a second call adds to the first)", "second call",
+                "_DQ = {}\n" + _backward().replace("    dq = torch.zeros(q.shape, dtype=work)",
+                                                   "    dq = _DQ.setdefault((q.shape, work), torch.zeros(q.shape, dtype=work))"),
+                message=DQ_KEPT, aspect="values", evidence=True),
+        Mistake("D computed for every pair of tiles", "every pair",
+                _backward(d="(dob * out[:, :, qs:qs + n].to(work)).sum(dim=-1, keepdim=True)"),
+                message=D_PER_PAIR, aspect="D once", evidence=True),
         Mistake("float64 inputs computed in float32", "float64", _backward(work="torch.float32")),
         Mistake("the full probability matrix from lse, not tiled", "tile", '''
 def flash_attention_backward(q, k, v, out, lse, dout, causal=False, block_q=64, block_k=64):
@@ -355,8 +403,27 @@ def flash_attention_backward(q, k, v, out, lse, dout, causal=False, block_q=64, 
         *[Mistake(f"P kept in a {mb} MiB buffer reserved before the call", "save_for_backward",
                   _function_in_buffer(mb))
           for mb in (68, 256, 400)],
+        Mistake("causal saved as a tensor with save_for_backward", "exactly", _function(
+            keep="        ctx.save_for_backward(q, k, v, out, lse, torch.tensor(causal))",
+            backward_causal="bool(ctx.saved_tensors[5])"), message=SAVED, aspect="saves q, k, v, out, lse"),
+        Mistake("only q, k, v saved, the forward rerun in the backward", "exactly", _function(
+            keep="        ctx.save_for_backward(q, k, v)").replace(
+            "        q, k, v, out, lse = ctx.saved_tensors[:5]\n",
+            "        q, k, v = ctx.saved_tensors\n        out, lse = flash_attention_forward(q, k, v, ctx.causal)\n"),
+                message=SAVED, aspect="saves q, k, v, out, lse"),
+        Mistake("the backward rebuilds the full P from lse", "tile by tile", _function().replace(
+            "        dq, dk, dv = flash_attention_backward(q, k, v, out, lse, dout, ctx.causal)\n",
+            "        c = 1 / math.sqrt(q.size(-1))\n"
+            "        s = q @ k.transpose(-2, -1) * c\n"
+            "        if ctx.causal:\n"
+            "            s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).tril(k.size(2) - q.size(2))"
+            ".logical_not(), float(\"-inf\"))\n"
+            "        p = torch.exp(s - lse[..., None])\n"
+            "        ds = p * (dout @ v.transpose(-2, -1) - (dout * out).sum(-1, keepdim=True))\n"
+            "        dq, dk, dv = ds @ k * c, ds.transpose(-2, -1) @ q * c, p.transpose(-2, -1) @ dout\n")),
         Mistake("gradients in the wrong order", "order", _function(grads="dk, dq, dv, None"),
                 message=ORDER, aspect="values"),
+        Mistake("dk and dv swapped", "order", _function(grads="dq, dv, dk, None"), message=ORDER, aspect="values"),
         Mistake("no gradient (None) for causal", "None", _function(grads="dq, dk, dv")),
         Mistake("causal dropped in the backward", "causal", _function(backward_causal="False"),
                 message="the backward ignores causal: keep it on ctx in the forward (ctx.causal = causal) and pass "
@@ -581,8 +648,6 @@ class FlashAttention(torch.autograd.Function):
     ],
 }
 
-# Only the hidden check sees it: the visible test reads what ctx holds, the grader the process's memory.
-HIDDEN_ONLY = {"P kept in a global": "a global is out of the visible test's sight: only the memory bound sees it"}
 
 # A buffer of more than HEADROOM_MB kept at top level leaves no memory-bound check of the lesson its headroom.
 _OVER = "the 400 MiB its cell keeps is more than any memory-bound check allows before it, as for any notebook"

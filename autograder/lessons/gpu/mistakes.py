@@ -567,7 +567,14 @@ def attention_flops(batch, n_heads, seq_q, seq_k, head_dim, causal=False):
 '''),
     ],
     "online_softmax": [
-        ("running log-sum-exp in float64", '''
+        ("running log-sum-exp in the input's dtype", '''
+def online_softmax(x, block_size):
+    lse = torch.full((*x.shape[:-1], 1), float("-inf"), dtype=x.dtype)
+    for start in range(0, x.size(-1), block_size):
+        lse = torch.logaddexp(lse, torch.logsumexp(x[..., start:start + block_size], dim=-1, keepdim=True))
+    return torch.exp(x - lse)
+'''),
+        ("running log-sum-exp in float64", '''''
 def online_softmax(x, block_size):
     x64 = x.double()
     lse = torch.full((*x.shape[:-1], 1), float("-inf"), dtype=torch.float64)
