@@ -11,6 +11,9 @@ It says, in the grader's own words where the grader has them:
 - what the grader would not read (code in a test cell or a demo cell) and, for a lesson with source rules
   (source_rules.py beside this script, wherever the notebook is), what it would refuse (source_rules.problems
   on the cells the grader reads);
+- for a lesson whose Triton kernels the grader can compile (triton_fit.py beside this script), whether they
+  compile for a GPU, an A100, and fit its shared memory, as the lesson launches them; the compiler's complaint
+  when not (the interpreter runs kernels a GPU refuses); without Triton, that it skipped them and why;
 - the result of each visible test, running the code cells in order (demos skipped, as the grader does) in a
   fresh Python with a timeout, in this script's folder (where release put the lesson's data files, which the
   grader stages beside the notebook).
@@ -163,6 +166,19 @@ def rules(nb, folder):
     return [(True, f"{name}: {why}") for name, why in source_rules.problems(graded_sources(nb)).items()]
 
 
+def kernels(nb, folder):
+    """[(is_problem, line)] on the lesson's Triton kernels among the cells the grader reads, compiled for a GPU
+    (triton_fit.check_kernels, beside this script): none for a lesson without triton_fit.py."""
+    if not (folder / "triton_fit.py").is_file():
+        return []
+    sys.path.insert(0, str(folder))
+    try:
+        import triton_fit
+    finally:
+        sys.path.remove(str(folder))
+    return triton_fit.check_kernels(graded_sources(nb))
+
+
 CHILD = r"""
 import json, sys
 from IPython.core.interactiveshell import InteractiveShell
@@ -222,7 +238,7 @@ def check(path, lesson=None, timeout=DEFAULT_TIMEOUT, run=True, folder=HERE):
     found = structure(nb, lesson)
     if any("not lesson" in line or LOST_METADATA in line for _, line in found):
         return found
-    found += rules(nb, folder)
+    found += rules(nb, folder) + kernels(nb, folder)
     return found + (run_tests(nb, folder, timeout) if run else [])
 
 

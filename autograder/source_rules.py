@@ -40,7 +40,8 @@ How the cells are read:
   over the frames that call it (sys.settrace/setprofile, sys._getframe, frame attributes, gc's object
   lists: gc.collect() is fine).
 - The lesson's own code, as its notebook has it, is excused from these readings (COURSE_CODE): the OpLog cell,
-  and the demonstrations' guard `answered`, which reads `vars` and `__code__` of the answers it is given.
+  and the demonstrations' guard `answered`, which reads `vars` and `__code__` of the answers it is given; and
+  triton_attention may call the lesson's launch helpers as given (LAUNCH_HELPERS: launch_tiles, attention_tiles).
   A timer's code given as a literal string (timeit.timeit('f(x)'), cProfile.run, torch's benchmark Timer)
   is read as code that may run; code given as anything but a function or a literal is refused.
 
@@ -509,7 +510,7 @@ IMPORT_MACHINERY = {"path", "meta_path", "path_hooks", "path_importer_cache", "m
 LOADERS = {"importlib", "imp", "runpy", "zipimport", "pkgutil", "site", "pickle", "_pickle", "shelve", "dill",
            "cloudpickle", "unittest", "marshal", "copyreg", "joblib", "code", "codeop", "doctest", "pdb", "bdb",
            "trace", "ctypes", "_ctypes", "cffi", "builtins"}
-OWN_MODULES = {"source_rules"}  # the course's own module beside the notebook (its visible tests import it)
+OWN_MODULES = {"source_rules", "triton_fit"}  # the course's own modules beside the notebook (release.OWN_MODULES)
 MAX_PASSES = 10  # the module-flow reading converges in 2 or 3 passes on honest code
 # ...and visits each node once a pass: passes times nodes is bounded too, so that no submission's cells (a chain of
 # aliases written backwards, one name a pass) cost the grader seconds. An honest lesson 06 notebook has about
@@ -893,6 +894,11 @@ UNPICKLING_SETTINGS = {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"}  # makes torch.load's
 #   the answers it is given, to stop a demonstration that would run a stub.
 # An edited statement no longer matches: the honest tests (the OpLog cell) and test_source_rules (answered) say so.
 COURSE_CODE = {"aca3d3864942d6db", "8f5d94a6dd665055", "edb66a89833ab5fd"}
+# The lesson's given launch helpers, as written (solutions/gpu.py's launch_tiles and attention_tiles, a provided
+# cell): triton_attention may call them, though they read the GPU's properties and choose tiles with loops, because
+# they touch no tensor's data. Pinned the same way (the sha256 of each statement, ast.unparse), each trusted only
+# while every function of the cells it calls by name is one of them too; an edited one is judged like any helper.
+LAUNCH_HELPERS = {"0a8263b521c427b2", "0f040488f44dd389"}
 FRAME_ATTRS = {"f_back", "f_locals", "f_globals", "f_builtins", "f_code", "f_trace", "tb_frame", "gi_frame",
                "cr_frame", "ag_frame", "__traceback__", "__code__", "__globals__", "__closure__"}
 
@@ -963,6 +969,31 @@ def _course_code(cells):
     return {id(n) for tree in cells.trees for stmt in tree.body
             if isinstance(stmt, (ast.ClassDef, ast.FunctionDef, ast.ImportFrom))
             and hashlib.sha256(ast.unparse(stmt).encode()).hexdigest()[:16] in COURSE_CODE for n in ast.walk(stmt)}
+
+
+def _launch_helpers(cells):
+    """{id: why not trusted, or ''} of the top-level defs that are the lesson's launch helpers as written
+    (LAUNCH_HELPERS): trusted while every name they call is a trusted builtin or module or another of them."""
+    pinned = {id(stmt): stmt for tree in cells.trees for stmt in tree.body if isinstance(stmt, ast.FunctionDef)
+              and hashlib.sha256(ast.unparse(stmt).encode()).hexdigest()[:16] in LAUNCH_HELPERS}
+    why = dict.fromkeys(pinned, "")
+    changed = True
+    while changed:
+        changed = False
+        for i, stmt in pinned.items():
+            if why[i]:
+                continue
+            for node in ast.walk(stmt):
+                if not isinstance(node, ast.Call) or _root(node.func) in _locals(stmt) or _root(node.func) is None:
+                    continue
+                final = cells.final(_root(node.func)) if isinstance(node.func, ast.Name) else None
+                why[i] = _untrusted(cells, node.func) or why.get(id(final)) or (
+                    f"{stmt.name} calls `{node.func.id}`, which is not the lesson's own"
+                    if isinstance(final, (ast.AST, str)) and id(final) not in why else "")
+                if why[i]:
+                    changed = True
+                    break
+    return why
 
 
 def _hidden_code_problem(cells, flow):
@@ -1192,6 +1223,12 @@ def _wrapper_problem(cells, fn, kernels, seen):
             if cells.resolve(func) in WRAPPER_CALLS:
                 continue
             if isinstance(func, ast.Attribute) and func.attr in TENSOR_METHODS and cells.resolve(func) is None:
+                continue
+            given = cells.once(_launch_helpers).get(id(cells.final(func.id))) if isinstance(func, ast.Name) \
+                and func.id not in local else None
+            if given is not None:
+                if given:
+                    return given
                 continue
             if isinstance(func, ast.Name) and func.id not in local and cells.module(func.id) is None \
                     and func.id not in seen and isinstance(cells.final(func.id), ast.FunctionDef) \

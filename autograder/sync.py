@@ -4,9 +4,9 @@ For every code cell of a lesson notebook, each top-level def or class whose name
 defines (the lesson's own module first) is rewritten from solutions/. In answer cells the
 bodies are wrapped in solution markers, after the docstring (and a leading
 super().__init__()), so students see signatures and docstrings. Hidden-test blocks are
-rewritten to the canonical verify() call. A lesson whose notebook imports source_rules gets a copy
-of autograder/source_rules.py beside it (lessons/<lesson>/source_rules.py, so that the source
-notebook runs in place), byte for byte.
+rewritten to the canonical verify() call. A lesson whose notebook imports one of the course's own
+modules (autograder/source_rules.py, autograder/triton_fit.py) gets a copy of it beside it
+(lessons/<lesson>/source_rules.py, so that the source notebook runs in place), byte for byte.
 
     python -m autograder sync          # rewrite the notebooks
     python -m autograder sync --check  # fail if anything would change (CI)
@@ -18,7 +18,7 @@ import textwrap
 
 from autograder import notebook as nbk
 from autograder.checks import LESSONS
-from autograder.release import SOURCE_RULES, uses_source_rules
+from autograder.release import own_modules
 
 
 def solution_source(lesson, name):
@@ -96,8 +96,8 @@ def synced_cell_source(lesson, cell):
 
 
 def sync(names=None, check=False, root=nbk.LESSONS_DIR):
-    """Rewrite (or, with check, only list) the cells that differ from solutions/, and the copies of
-    source_rules.py that differ from autograder's. Returns them."""
+    """Rewrite (or, with check, only list) the cells that differ from solutions/, and the copies of the
+    course's own modules (release.OWN_MODULES) that differ from autograder's. Returns them."""
     changed = []
     for lesson in names or nbk.lesson_names(root):
         path = nbk.lesson_path(lesson, root)
@@ -111,11 +111,11 @@ def sync(names=None, check=False, root=nbk.LESSONS_DIR):
                 dirty = True
         if dirty and not check:
             nbk.write(nb, path)
-        copy = path.parent / SOURCE_RULES.name
-        if uses_source_rules(nb) and (copy.is_symlink() or not copy.is_file()
-                                      or copy.read_bytes() != SOURCE_RULES.read_bytes()):
-            changed.append(f"{lesson}: {copy.name} differs from autograder/{SOURCE_RULES.name}")
-            if not check:
-                copy.unlink(missing_ok=True)  # a link, or a stale copy: written anew, never through a link
-                copy.write_bytes(SOURCE_RULES.read_bytes())
+        for module in own_modules(nb):
+            copy = path.parent / module.name
+            if copy.is_symlink() or not copy.is_file() or copy.read_bytes() != module.read_bytes():
+                changed.append(f"{lesson}: {copy.name} differs from autograder/{module.name}")
+                if not check:
+                    copy.unlink(missing_ok=True)  # a link, or a stale copy: written anew, never through a link
+                    copy.write_bytes(module.read_bytes())
     return changed

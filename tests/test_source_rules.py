@@ -87,7 +87,7 @@ TRICKS = {  # cells appended to a solved notebook, and a word of the reason each
     "a module patched by name with mock": ("from unittest import mock\nmock.patch('torch.empty_like', None).start()",
                                            "unittest"),
     "a wrapper helper that calls torch": ("def _grid(*a):\n    return naive_attention(*a)\n\n" + "\n".join(
-        line.replace("grid = (triton.cdiv(Tq, block_q), B * H)", "grid = _grid(q, k, v)")
+        line.replace('grid = (triton.cdiv(Tq, tiles["BLOCK_Q"]), B * H)', "grid = _grid(q, k, v)")
         for line in test_honest._answers("06_gpu")["triton_attention"].splitlines()), "naive_attention"),
 }
 
