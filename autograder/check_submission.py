@@ -32,7 +32,7 @@ from pathlib import Path
 LESSON = None  # release writes: {"name": ..., "answers": [grade_id, ...], "tests": {grade_id: [points, sha256]},
 #                                 "written": {grade_id: points}}
 
-# The grader's words (autograder/grade.py and notebook.py; tests/test_check_submission.py holds them equal).
+# The grader's words (autograder/grade.py and notebook.py; tests/grader/test_check_submission.py holds them equal).
 LOST_METADATA = "the notebook has lost its nbgrader metadata; every code cell was run"
 MAX_NOTEBOOK_BYTES = 20 << 20
 TOO_BIG = f"is larger than {MAX_NOTEBOOK_BYTES >> 20} MB; clear large outputs and submit it again"

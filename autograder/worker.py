@@ -52,7 +52,7 @@ class LimitsError(ValueError):
 class Limits:
     """What one submission may use: memory (MB), CPU time (s), file size (MB) and processes (the child's
     rlimits and cgroup), and the wall clock per cell, per checked call and per notebook (s).
-    DEFAULT_LIMITS is the grader's; a lesson's manifest ([limits] in lesson.toml, autograder/lessons.py)
+    DEFAULT_LIMITS is the grader's; a lesson's manifest ([limits] in lesson.toml, autograder/lessons/__init__.py)
     raises or lowers any of them, and grade's flags (--memory, --cell-timeout, ...) override both
     (grade.lesson_limits), each through over(), the one reader, which validates."""
     memory_mb: int = 3072

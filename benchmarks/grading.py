@@ -6,7 +6,7 @@ and without them; and throughput against plain `nbgrader autograde` on the same 
     python benchmarks/grading.py --lessons --skip-child --json benchmarks/results/grading_cpu.json  # nbgrader only
 
 The cost of one sandbox child alone (start, one cell, one request, clean-up) is measured too.
-The class is mixed: solved, blank and known-wrong submissions (tests/mutants). A lesson's cost
+The class is mixed: solved, blank and known-wrong submissions (tests/harness/mutants.py). A lesson's cost
 per extra submission is the CPU time (the grader and every sandbox process, user + system) of
 grading --students of them, less that of grading 2, over the difference (the least of two runs
 each): the start-up of the grader and its worker is left out. "without defences" runs under
@@ -32,9 +32,9 @@ sys.path.insert(0, str(REPO))
 
 from autograder import notebook as nbk  # noqa: E402
 from autograder.release import release  # noqa: E402
-from tests import mutants  # noqa: E402
+from tests.harness import mutants  # noqa: E402
 from autograder.worker import UNPROTECTED_ENV  # noqa: E402
-from tests.lessons import fill  # noqa: E402
+from tests.harness.lessons import fill  # noqa: E402
 
 
 def make_class(root, lessons, n_students):
