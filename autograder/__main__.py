@@ -41,6 +41,9 @@ def main(argv=None):
     g.add_argument("--course-root", metavar="DIR", help="where --gradebook writes autograded/ (default: its folder)")
     g.add_argument("--quiet", action="store_true", help="no progress output")
     g.add_argument("--written", action="store_true", help=WRITTEN_HELP)
+    g.add_argument("--kernels", action="store_true",
+                   help="also compile each submission's Triton kernels (lesson 06's) for a GPU, an A100, in its "
+                        "sandbox, and say in its feedback whether they compile and fit (not graded)")
     g.add_argument("--roster", metavar="CSV", help="the class: totals.csv gets a row for every student on it "
                    "(default: the roster collect kept in SUBMISSIONS)")
     for flag, key, unit in LIMIT_FLAGS:
@@ -265,7 +268,8 @@ def _grade(args):
     limits = {k: getattr(args, k) for _, k, _ in LIMIT_FLAGS if getattr(args, k) is not None}
     run = grade(args.submissions, args.out, args.lesson, args.jobs, args.resume, shard, mode, limits,
                 args.gradescope, _outputs(args), progress=not args.quiet, all_lessons=args.all_lessons,
-                students=args.student, force=args.force, manifest=args.manifest, written=args.written)
+                students=args.student, force=args.force, manifest=args.manifest, written=args.written,
+                kernels=args.kernels)
     why = ", ".join(f"{n} {reason}" for reason, n in run["reasons"].most_common())
     print(f"graded {run['graded']} submission(s) of {', '.join(run['lessons'])}"
           + (f" ({why})" if args.resume and why else "") + (f"; reused {run['reused']} unchanged" if args.resume else ""),

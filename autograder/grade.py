@@ -236,7 +236,7 @@ def lesson_limits(lesson, given=None) -> Limits:
     return manifests.limits(lesson, nbk.lesson_path(lesson).parent.parent).over(given, "grade's limits")
 
 
-def lesson_fingerprint(lesson, tests, mode, limits):
+def lesson_fingerprint(lesson, tests, mode, limits, kernels=False):
     """What a lesson's verdicts depend on besides the submission: its tests and points (and its written
     questions'), the code
     of its checks, of solutions/ they import, of the grader and the sandbox, what of its manifest
@@ -253,6 +253,7 @@ def lesson_fingerprint(lesson, tests, mode, limits):
              repr(manifests.grading_keys(lesson, root))]
     written = nbk.lesson_written(lesson)
     parts += [repr(written)] if written else []  # a lesson without written questions keeps its fingerprint
+    parts += ["kernels"] if kernels else []  # and grading without --kernels keeps it too
     parts += [f"{name}:{hashlib.sha256(p.read_bytes()).hexdigest()}" for p, name in named.items()]
     return store.sha256_text(*parts)
 
@@ -389,9 +390,27 @@ def written_rows(lesson, nb=None, status=None, message=""):
     return rows
 
 
-def grade_one(sandbox, student, lesson, sub, tests, data_files, grader):
+def kernel_notes(session, cells):
+    """Feedback lines, not graded, on the lesson's Triton kernels among the submission's cells
+    (triton_fit.check_kernels): compiled for an A100 by the triton_fit.py staged beside the notebook, in the
+    submission's own sandbox (compiling runs the student's code: under its limits, like every other step)."""
+    import json
+
+    from autograder import triton_fit
+    subject = Subject(session.transport, "kernels", sources=cells)
+
+    def compiler(jobs, timeout):
+        return json.loads(subject.helper("compile_kernels", json.dumps(jobs), timeout))
+    try:
+        said = triton_fit.check_kernels(cells, compiler=compiler)
+    except (StudentError, Unchecked, OverBudget, ValueError, TypeError) as e:  # the grades stand; the note says why
+        return [f"Triton kernels: not compiled for a GPU here ({type(e).__name__}: {str(e)[:200]})"]
+    return [f"Triton kernels (a note, not graded): {line}" for _, line in said]
+
+
+def grade_one(sandbox, student, lesson, sub, tests, data_files, grader, kernels=False):
     """The result of one (student, lesson) in its stored JSON form: save_result reads it with Result.from_json,
-    which validates what the sandbox's replies put in it."""
+    which validates what the sandbox's replies put in it. kernels: add kernel_notes to its notes."""
     sha, key = sub.key()
     result = dict(student=student, lesson=lesson, notebook=str(sub.path) if sub.path else None, sha256=sha,
                   fingerprint=fingerprint(grader, key, sub.submitted_at), grader=grader,
@@ -436,6 +455,8 @@ def grade_one(sandbox, student, lesson, sub, tests, data_files, grader):
                 row["message"] = f"{why}. {row['message']}"
             rows.append(dict(test=test, **row))
         result["tests"] = rows
+        if kernels:
+            result["notes"] += kernel_notes(session, cells)
         result["cells"] = {"skipped": {labels[i]: why for i, why in session.skipped.items() if i < len(labels)},
                            "errors": {labels[i]: store.cell_error(err) for i, err in session.cell_errors.items()
                                       if isinstance(i, int) and 0 <= i < len(labels)}}
@@ -535,17 +556,18 @@ def plan(submissions, out, lessons=None, all_lessons=False, students=None, shard
 
 def grade(submissions, out, lessons=None, jobs=1, resume=False, shard=None, mode="bwrap", limits=None,
           gradescope=False, outputs=(), progress=True, all_lessons=False, students=None, force=False,
-          manifest=None, written=False):
+          manifest=None, written=False, kernels=False):
     """Grade a class into RESULTS. Returns a summary dict (see __main__). Raises GradeError on bad
     input, before any work, and Interrupted after a clean stop on SIGTERM or SIGINT. outputs: the
     adapters' writers report.write_all calls after the core's files (autograder.adapters.report_outputs);
-    written: the written questions count in the feedback pages (report.feedback_page)."""
+    written: the written questions count in the feedback pages (report.feedback_page); kernels: each
+    feedback also says whether the submission's Triton kernels compile for a GPU and fit (kernel_notes)."""
     klass, lessons, selected, manifest_id, anomalies, out, shard_text = plan(
         submissions, out, lessons, all_lessons, students, shard, manifest)
     from autograder.selfcheck import check_reference
     check_reference(lessons)  # a reference changed by mistake would grade the whole class wrong
     tests = {lesson: nbk.lesson_tests(lesson) for lesson in lessons}
-    graders = {lesson: lesson_fingerprint(lesson, tests[lesson], mode, limits) for lesson in lessons}
+    graders = {lesson: lesson_fingerprint(lesson, tests[lesson], mode, limits, kernels) for lesson in lessons}
     weak = [line for line in [weak_mode_warning(mode)] if line]  # a mode that hides no file: said once, here
     warnings_ = weak + [f"warning: {lesson} test_{name} cannot be checked here ({why}): it gets status error, "
                         "flagged for regrading, never failed" for lesson in lessons for name, why in unavailable(lesson).items()]
@@ -583,7 +605,7 @@ def grade(submissions, out, lessons=None, jobs=1, resume=False, shard=None, mode
                 reasons[why] += 1
             else:
                 reused += 1
-    kept = _run(todo, out, tests, graders, lessons, mode, limits, jobs, progress, anomalies)
+    kept = _run(todo, out, tests, graders, lessons, mode, limits, jobs, progress, anomalies, kernels)
     store.write_run(out, shard_text, manifest_id, set(store.read_run(out).lessons) | set(lessons))
 
     from autograder import report
@@ -599,7 +621,7 @@ def grade(submissions, out, lessons=None, jobs=1, resume=False, shard=None, mode
                 lessons=lessons, students=selected, warnings=warnings_)
 
 
-def _run(todo, out, tests, graders, lessons, mode, limits, jobs, progress, anomalies):
+def _run(todo, out, tests, graders, lessons, mode, limits, jobs, progress, anomalies, kernels=False):
     """Grade todo in `jobs` threads, one sandbox each, started under the limits of the lesson it grades
     (lesson_limits; todo is taken lesson limits by lesson limits, so a thread rarely starts another);
     returns how many results were written.
@@ -652,7 +674,7 @@ def _run(todo, out, tests, graders, lessons, mode, limits, jobs, progress, anoma
                             with lock:
                                 live.add(sandbox)
                         result = grade_one(sandbox, student, lesson, sub, tests[lesson], data_files[lesson],
-                                           graders[lesson])
+                                           graders[lesson], kernels)
                         break
                     except SandboxError as e:
                         if sandbox:

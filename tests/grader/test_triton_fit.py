@@ -201,3 +201,29 @@ def test_the_source_rules_pin_the_given_launch_helpers_as_solutions_writes_them(
     pins = {hashlib.sha256(ast.unparse(ast.parse(textwrap.dedent(inspect.getsource(f))).body[0]).encode())
             .hexdigest()[:16] for f in (gpu.launch_tiles, gpu.attention_tiles)}
     assert pins == source_rules.LAUNCH_HELPERS
+
+
+@pytest.mark.slow
+def test_grade_kernels_says_in_the_feedback_what_the_compiler_refuses_and_takes_no_points(tmp_path):
+    """grade --kernels on a lesson 06 submission with both slips: full marks (they run right in the interpreter),
+    and its feedback names each one's problem, compiled in the submission's sandbox."""
+    import subprocess
+    import sys
+
+    from autograder import notebook as nbk
+    from autograder.release import release
+    from tests.harness.grading import read_grades
+    from tests.harness.lessons import fill
+    release(tmp_path / "release", ["06_gpu"])
+    rel = nbk.read(tmp_path / "release" / "06_gpu" / "06_gpu.ipynb")
+    nbk.write(fill(rel, "06_gpu", {"_attention_kernel": DOT_ON_8, "_softmax_kernel": IF_ON_A_BLOCK}),
+              tmp_path / "subs" / "ada" / "06_gpu" / "06_gpu.ipynb")
+    done = subprocess.run([sys.executable, "-m", "autograder", "grade", str(tmp_path / "subs"), "--out",
+                           str(tmp_path / "results"), "--lesson", "06_gpu", "--kernels", "--quiet"],
+                          capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stderr[-3000:]
+    grades = read_grades(tmp_path / "results")
+    assert all((r["status"], r["points"]) == ("passed", r["max_points"]) for r in grades.values()), grades
+    feedback = "\n".join(p.read_text() for p in (tmp_path / "results" / "feedback").rglob("*.html"))
+    assert "Triton kernels (a note, not graded): _attention_kernel" in feedback
+    assert "at least 16 x 16" in feedback and "Python `if` on a block-shaped tensor" in feedback
