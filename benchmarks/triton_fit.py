@@ -45,7 +45,7 @@ def kernels():
              ("attention", "solutions/gpu.py", fit.kernel_source(gpu._attention_kernel)),
              ("attention", "solutions/flash_backward.py", fit.kernel_source(flash_backward._flash_forward_kernel))]
     for lesson, path in NOTEBOOKS.items():
-        cells = [nbk.source(c) for c in nbk.code_cells(nbk.read(ROOT / path))]
+        cells = [nbk.without_markers(nbk.source(c)) for c in nbk.code_cells(nbk.read(ROOT / path))]
         for name, kernel in fit.notebook_kernels(cells).items():
             same = [i for i, (_, _, k) in enumerate(found) if k == kernel]
             if same:

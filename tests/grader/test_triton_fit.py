@@ -150,6 +150,9 @@ def test_check_kernels_names_each_slip_and_passes_the_lessons_own():
     assert cond.startswith("_softmax_kernel (float16 BLOCK 1024") and "Python `if` on a block-shaped tensor" in cond
     own = fit.check_kernels([fit.kernel_source(k)[1][-1] for k in (gpu._attention_kernel, gpu._softmax_kernel)])
     assert [bad for bad, _ in own] == [False, False] and all("fits A100" in line for _, line in own)
+    stub = ('@triton.jit\ndef _softmax_kernel(X, Y, n_cols, stride_x, stride_y, BLOCK: tl.constexpr):\n'
+            '    """One program computes one row."""\n    raise NotImplementedError\n')
+    assert fit.check_kernels([stub]) == [], "a kernel not written yet: the visible tests say so"
     renamed = DOT_ON_8.replace("stride_kt,", "stride_kv,", 1)
     assert fit.check_kernels([renamed]) == [(True, "_attention_kernel: its parameters are not the lesson's (" +
                                                    ", ".join(fit.ATTENTION_ARGS) + "), so it cannot be compiled "
