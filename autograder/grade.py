@@ -401,8 +401,8 @@ def kernel_notes(session, cells):
 
     def compiler(jobs, timeout):
         return json.loads(subject.helper("compile_kernels", json.dumps(jobs), timeout))
-    try:
-        said = triton_fit.check_kernels(cells, compiler=compiler)
+    try:  # the compiler's own time limit comes first: the call's would end the child without a verdict
+        said = triton_fit.check_kernels(cells, max(5, session.sandbox.limits.call_seconds - 5), compiler)
     except (StudentError, Unchecked, OverBudget, ValueError, TypeError) as e:  # the grades stand; the note says why
         return [f"Triton kernels: not compiled for a GPU here ({type(e).__name__}: {str(e)[:200]})"]
     return [f"Triton kernels (a note, not graded): {line}" for _, line in said]
