@@ -294,13 +294,19 @@ HINTS = [
 
 
 def _complaint(e):
-    """The line of a compile error that says what is wrong (Triton's CompilationError holds the source around
-    the line, then the cause), where it is in the kernel, and what it usually means (HINTS)."""
-    text = str(e).strip() or type(e).__name__
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    cause = [ln for ln in lines if re.match(r"^\w*(Error|Exception)\b|^\w+Error\(", ln.strip())]
-    where = re.match(r"at (\d+):(\d+):", lines[0]) if lines else None
-    said = (cause[-1].strip() if cause else lines[-1].strip())[:300]
+    """The line of a compile error that says what is wrong, where it is in the kernel, and what it usually means
+    (HINTS). Triton's CompilationError holds the source around the line, then the cause; an error inside a
+    helper the kernel calls is chained under the call's (e.__cause__): the innermost cause is the one."""
+    where, said = None, None
+    while e is not None:
+        lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
+        at = re.match(r"at (\d+):(\d+):", lines[0]) if lines else None
+        where = where or at  # the kernel's own line, the outermost
+        cause = [ln.strip() for ln in lines if re.match(r"^\w*(Error|Exception)\b|^\w+Error\(", ln.strip())]
+        last = lines[-1].strip() if lines else type(e).__name__
+        said = cause[-1] if cause else last if last.strip("^ ") else said  # a bare ^ only marks the column
+        e = e.__cause__
+    said = (said or "the compiler gave no reason")[:300]
     hint = next((f": {h}" for words, h in HINTS if words in said), "")
     return (f"line {where[1]} of the kernel: " if where else "") + said + hint
 

@@ -100,7 +100,7 @@ def test_the_interpreter_runs_what_the_compiler_refuses_and_the_refusal_is_named
     assert fit.describe(cond).startswith("does not compile for A100")
 
 
-SCALE = 2.0
+SCALE = tl.constexpr(2.0)  # a plain global the compiler refuses (the interpreter takes it)
 
 
 @triton.jit
@@ -118,9 +118,12 @@ def test_kernel_source_brings_the_helpers_and_constants_a_kernel_names():
     name, sources = fit.kernel_source(flash_backward._flash_forward_kernel)
     assert name == "_flash_forward_kernel" and sources[-1].startswith("@triton.jit\ndef _flash_forward_kernel(")
     name, sources = fit.kernel_source(_with_a_helper)
-    assert sources[0] == "SCALE = 2.0" and sources[1].startswith("@triton.jit\ndef _doubled(x):")
-    r, = fit.compile_jobs([fit.job(_with_a_helper, {"X": "*fp32"}, {"BLOCK": 16}, 80)])
-    assert r["compiles"], r["error"]
+    assert sources[0] == "SCALE = tl.constexpr(2.0)" and sources[1].startswith("@triton.jit\ndef _doubled(x):")
+    plain = (name, ["SCALE = 2.0", *sources[1:]])
+    took, refused = fit.compile_jobs([fit.job(k, {"X": "*fp32"}, {"BLOCK": 16}, 80) for k in ((name, sources), plain)])
+    assert took["compiles"], took["error"]
+    assert not refused["compiles"] and refused["error"].startswith("line 3 of the kernel: NameError(") \
+        and "global variable SCALE" in refused["error"], "the cause, from inside the helper"
     cells = ["x = 1", "if HAS_TRITON:\n    @triton.jit\n    def _k(X, BLOCK: tl.constexpr):\n        pass\n"]
     assert fit.notebook_kernels(cells) == {"_k": ("_k", ["@triton.jit\ndef _k(X, BLOCK: tl.constexpr):\n    pass"])}
 
