@@ -254,7 +254,8 @@ def _child():
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    triton.knobs.nvidia.dump_ptxas_log = True  # printed on a fresh compile: registers and spills
+    if hasattr(triton, "knobs"):  # Triton 3.4 on: ptxas -v's log, printed on a fresh compile (registers, spills)
+        triton.knobs.nvidia.dump_ptxas_log = True
     jobs = json.load(sys.stdin)
     with tempfile.TemporaryDirectory() as tmp:
         for i, j in enumerate(jobs):
