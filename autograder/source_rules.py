@@ -898,7 +898,7 @@ COURSE_CODE = {"aca3d3864942d6db", "8f5d94a6dd665055", "edb66a89833ab5fd"}
 # cell): triton_attention may call them, though they read the GPU's properties and choose tiles with loops, because
 # they touch no tensor's data. Pinned the same way (the sha256 of each statement, ast.unparse), each trusted only
 # while every function of the cells it calls by name is one of them too; an edited one is judged like any helper.
-LAUNCH_HELPERS = {"0a8263b521c427b2", "0f040488f44dd389"}
+LAUNCH_HELPERS = {"0a8263b521c427b2", "384ee5c240c2f576"}
 FRAME_ATTRS = {"f_back", "f_locals", "f_globals", "f_builtins", "f_code", "f_trace", "tb_frame", "gi_frame",
                "cr_frame", "ag_frame", "__traceback__", "__code__", "__globals__", "__closure__"}
 

@@ -262,7 +262,9 @@ def attention_tiles(capability, max_shared_bytes, dtype, head_dim):
         else:
             break
     return {"BLOCK_Q": block_q, "BLOCK_K": block_k, "BLOCK_D": block_d,
-            "num_warps": 8 if block_q >= 128 or (size == 4 and block_q >= 64 and block_d >= 64) else 4,
+            # more warps share the registers of larger tiles (fewer spilled: triton_fit.json's ptxas figures)
+            "num_warps": 8 if block_q >= 128 or block_q * block_d >= 8192 or (size == 4 and block_q >= 64 and block_d >= 64)
+            else 4,
             "num_stages": stages}
 
 
