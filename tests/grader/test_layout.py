@@ -1,7 +1,7 @@
 """The package's shape, from its imports (stdlib ast only, no module is imported): no import circles,
 the sandbox imports nothing of the grader's (autograder/sandbox/__init__.py states the rule), the
 core imports no adapter (autograder/adapters/__init__.py), except `python -m autograder`'s lazy dispatch,
-and no module takes another's internals (a `_name`).
+the checking machinery every lesson shares imports no lesson's package, and no module takes another's internals (a `_name`).
 Imports inside functions count: a lazy import still makes a circle."""
 import ast
 import sys
@@ -10,6 +10,7 @@ from pathlib import Path
 
 AUTOGRADER = Path(__file__).resolve().parents[2] / "autograder"
 SANDBOX, ADAPTERS, CLI = "autograder.sandbox", "autograder.adapters", "autograder.__main__"
+CHECKING, LESSONS = "autograder.checking", "autograder.lessons"
 
 
 def module_name(path, root):
@@ -106,6 +107,13 @@ def core_imports_of_adapters(graph):
             for t, line, lazy in edges if is_under(t, ADAPTERS) and not (m == CLI and lazy)]
 
 
+def checking_imports_of_lessons(graph):
+    """Imports of a lesson's package (autograder.lessons.<module>) from the machinery every lesson shares
+    (autograder.checking): a lesson builds on it, never the reverse (the registry finds a lesson's checks by name)."""
+    return [f"{m}:{line} imports {t}" for m, edges in graph.items() if is_under(m, CHECKING)
+            for t, line, _ in edges if is_under(t, LESSONS) and t != LESSONS]
+
+
 def private(name):
     return name.startswith("_") and not name.startswith("__")
 
@@ -147,6 +155,11 @@ def test_the_core_imports_no_adapter():
     assert not core_imports_of_adapters(GRAPH), core_imports_of_adapters(GRAPH)
 
 
+def test_the_shared_checking_imports_no_lesson():
+    assert any(is_under(m, CHECKING) for m in GRAPH) and any(m.startswith(LESSONS + ".") for m in GRAPH)
+    assert not checking_imports_of_lessons(GRAPH), checking_imports_of_lessons(GRAPH)
+
+
 def test_no_module_takes_another_modules_internals():
     assert not private_uses(AUTOGRADER), private_uses(AUTOGRADER)
 
@@ -168,12 +181,16 @@ def test_the_checks_see_planted_breaches(tmp_path):
         "sandbox/__init__.py": "", "sandbox/helpers.py": "def ask():\n    from .server import call\n",
         "sandbox/server.py": "from . import helpers, wire\nimport solutions.attention\n",
         "sandbox/wire.py": "from autograder.checking import LESSONS\n",
+        "lessons/__init__.py": "", "lessons/toy/__init__.py": "", "lessons/toy/checks.py": "from autograder import checking\n",
+        "checking/__init__.py": "from autograder import lessons\n",
+        "checking/registry.py": "def find():\n    from autograder.lessons.toy import checks\n",
     })
     assert circles(graph) == [["autograder.adapters.lms", "autograder.report"],
                               ["autograder.sandbox.helpers", "autograder.sandbox.server"]]
     assert sandbox_breaches(graph) == ["autograder.sandbox.server:2 imports solutions.attention",
                                        "autograder.sandbox.wire:1 imports autograder.checking"]
     assert core_imports_of_adapters(graph) == ["autograder.report:3 imports autograder.adapters.lms"]
+    assert checking_imports_of_lessons(graph) == ["autograder.checking.registry:2 imports autograder.lessons.toy.checks"]
     internals = planted(tmp_path / "internals", {
         "__init__.py": "", "results.py": "def _check(): pass\n",
         "export.py": "from autograder.results import _check\nfrom autograder import results as store\nstore._check()\n"})
@@ -183,4 +200,5 @@ def test_the_checks_see_planted_breaches(tmp_path):
     # and a tree without them passes
     clean = planted(tmp_path / "clean", {"__init__.py": "", "a.py": "from autograder import b\n", "b.py": "import os\n"})
     assert circles(clean) == [] and sandbox_breaches(clean) == [] and core_imports_of_adapters(clean) == []
+    assert checking_imports_of_lessons(clean) == []
     assert private_uses(tmp_path / "clean" / "autograder") == []

@@ -356,7 +356,8 @@ def test_one_run_grades_each_lesson_under_its_own_limits(lessons_in, tmp_path, m
         return real(sandbox, student, lesson, *args)
 
     monkeypatch.setattr(grader, "grade_one", grade_one)
-    run = grader.grade(tmp_path / "subs", tmp_path / "results", mode=choose_mode("auto"), progress=False, jobs=1)
+    from autograder.config import RunConfig
+    run = grader.grade(RunConfig(tmp_path / "results", tmp_path / "subs", mode=choose_mode("auto"), progress=False))
     assert run["graded"] == 4
     want = {"01_attention": DEFAULT_LIMITS, "02_heads": replace(DEFAULT_LIMITS, cell_seconds=50, memory_mb=3000)}
     assert sorted((s, x) for s, x, _ in seen) == [(s, x) for s in ("ann", "ben") for x in want]
