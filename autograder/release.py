@@ -12,13 +12,14 @@ from pathlib import Path
 from autograder import check_submission, lessons
 from autograder import notebook as nbk
 
-# The course's own modules that a notebook imports from its folder (standard library only at import): the source
-# rules (lesson 06's visible tests) and triton_fit (lessons 06 and 09 compile their kernels for real GPUs with it).
-# A lesson whose cells import one gets the module itself beside its notebook. In the course, `sync` keeps a copy in
-# lessons/<lesson>/ (for the source notebook's runs and the book), and `sync --check` fails when it differs.
-SOURCE_RULES = Path(__file__).resolve().parent / "source_rules.py"
+# The course's own modules that a notebook imports from its folder: the grader's switch for forbidden paths
+# (sandbox/tripwires.py: lesson 06's visible tests) and triton_fit (lessons 06 and 09 compile their kernels for real
+# GPUs with it). A lesson whose cells import one gets the module itself beside its notebook. In the course, `sync`
+# keeps a copy in lessons/<lesson>/ (for the source notebook's runs and the book), and `sync --check` fails when it
+# differs.
+TRIPWIRES = Path(__file__).resolve().parent / "sandbox" / "tripwires.py"
 TRITON_FIT = Path(__file__).resolve().parent / "triton_fit.py"
-OWN_MODULES = (SOURCE_RULES, TRITON_FIT)
+OWN_MODULES = (TRIPWIRES, TRITON_FIT)
 CHECK_SCRIPT = Path(check_submission.__file__)
 LEAK = re.compile(r"BEGIN SOLUTION|END SOLUTION|HIDDEN TESTS|^\s*(from|import)\s+(solutions|autograder)\b", re.M)
 

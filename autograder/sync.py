@@ -5,8 +5,8 @@ defines (the lesson's own module first) is rewritten from solutions/. In answer 
 bodies are wrapped in solution markers, after the docstring (and a leading
 super().__init__()), so students see signatures and docstrings. Hidden-test blocks are
 rewritten to the canonical verify() call. A lesson whose notebook imports one of the course's own
-modules (autograder/source_rules.py, autograder/triton_fit.py) gets a copy of it beside it
-(lessons/<lesson>/source_rules.py, so that the source notebook runs in place), byte for byte.
+modules (autograder/sandbox/tripwires.py, autograder/triton_fit.py) gets a copy of it beside it
+(lessons/<lesson>/tripwires.py, so that the source notebook runs in place), byte for byte.
 
     python -m autograder sync          # rewrite the notebooks
     python -m autograder sync --check  # fail if anything would change (CI)
@@ -15,10 +15,13 @@ import ast
 import importlib
 import inspect
 import textwrap
+from pathlib import Path
 
 from autograder import notebook as nbk
 from autograder.checking import LESSONS
 from autograder.release import own_modules
+
+ROOT = Path(__file__).resolve().parent.parent  # the course: what the messages name paths from
 
 
 def solution_source(lesson, name):
@@ -114,7 +117,7 @@ def sync(names=None, check=False, root=nbk.LESSONS_DIR):
         for module in own_modules(nb):
             copy = path.parent / module.name
             if copy.is_symlink() or not copy.is_file() or copy.read_bytes() != module.read_bytes():
-                changed.append(f"{lesson}: {copy.name} differs from autograder/{module.name}")
+                changed.append(f"{lesson}: {copy.name} differs from {module.relative_to(ROOT)}")
                 if not check:
                     copy.unlink(missing_ok=True)  # a link, or a stale copy: written anew, never through a link
                     copy.write_bytes(module.read_bytes())

@@ -9,7 +9,7 @@ import pytest
 
 from autograder import lessons
 from autograder import notebook as nbk
-from autograder.release import SOURCE_RULES, TRITON_FIT, lesson_files, release
+from autograder.release import TRIPWIRES, TRITON_FIT, lesson_files, release
 from autograder.sync import sync
 from tests.harness.lessons import LESSONS
 
@@ -239,10 +239,10 @@ def released(tmp_path_factory):
 def test_a_release_holds_exactly_what_the_manifest_declares(released, tmp_path):
     for lesson in LESSONS:
         want = {f"{lesson}.ipynb", "check_submission.py", *lessons.read(lesson)["data"]} | (
-            {SOURCE_RULES.name} if lesson == "06_gpu" else set()) | (
+            {TRIPWIRES.name} if lessons.forbids(lesson) else set()) | (  # its visible tests switch off what it forbids
             {TRITON_FIT.name} if lesson in ("06_gpu", "09_flash_backward") else set())
         assert {p.name for p in (released / lesson).iterdir()} == want, lesson
-    for module in (SOURCE_RULES, TRITON_FIT):
+    for module in (TRIPWIRES, TRITON_FIT):
         assert (released / "06_gpu" / module.name).read_bytes() == module.read_bytes()
     # A file the manifest does not declare stays in the course, and so does the manifest.
     root = copy_lessons(tmp_path / "lessons", "07_head_specialization")
@@ -257,26 +257,26 @@ def test_the_grader_gives_a_notebook_the_files_a_release_gives(tmp_path):
     from autograder.grade import stage_data
 
     staged = stage_data(["06_gpu", "07_head_specialization"], tmp_path)
-    assert staged == {"06_gpu": [SOURCE_RULES.name, TRITON_FIT.name], "07_head_specialization": sorted(lessons.read(
+    assert staged == {"06_gpu": sorted([TRIPWIRES.name, TRITON_FIT.name]), "07_head_specialization": sorted(lessons.read(
         "07_head_specialization")["data"])}
     assert sorted(p.name for p in (tmp_path / "07_head_specialization").iterdir()) == staged["07_head_specialization"]
 
 
-def test_sync_keeps_the_lessons_copy_of_source_rules_equal_to_the_graders(tmp_path):
+def test_sync_keeps_the_lessons_copy_of_tripwires_equal_to_the_graders(tmp_path):
     import os
 
     root = copy_lessons(tmp_path / "lessons", "06_gpu")
-    copy = root / "06_gpu" / SOURCE_RULES.name
-    assert not (nbk.LESSONS_DIR / "06_gpu" / SOURCE_RULES.name).is_symlink(), "a plain file, written by sync"
-    stale = [f"06_gpu: {SOURCE_RULES.name} differs from autograder/{SOURCE_RULES.name}"]
-    copy.write_text(SOURCE_RULES.read_text(encoding="utf-8") + "\n# an edit made to the copy\n", encoding="utf-8")
+    copy = root / "06_gpu" / TRIPWIRES.name
+    assert not (nbk.LESSONS_DIR / "06_gpu" / TRIPWIRES.name).is_symlink(), "a plain file, written by sync"
+    stale = [f"06_gpu: {TRIPWIRES.name} differs from autograder/sandbox/{TRIPWIRES.name}"]
+    copy.write_text(TRIPWIRES.read_text(encoding="utf-8") + "\n# an edit made to the copy\n", encoding="utf-8")
     assert sync(["06_gpu"], check=True, root=root) == stale
     assert sync(["06_gpu"], root=root) == stale
-    assert copy.read_bytes() == SOURCE_RULES.read_bytes() and sync(["06_gpu"], check=True, root=root) == []
+    assert copy.read_bytes() == TRIPWIRES.read_bytes() and sync(["06_gpu"], check=True, root=root) == []
     copy.unlink()
-    os.symlink(SOURCE_RULES, copy)  # a link breaks where a clone has no links: sync writes the file itself
+    os.symlink(TRIPWIRES, copy)  # a link breaks where a clone has no links: sync writes the file itself
     assert sync(["06_gpu"], root=root) == stale and not copy.is_symlink()
-    assert copy.read_bytes() == SOURCE_RULES.read_bytes() and SOURCE_RULES.is_file()
+    assert copy.read_bytes() == TRIPWIRES.read_bytes() and TRIPWIRES.is_file()
 
 
 def test_a_lessons_limits_come_from_its_manifest_and_the_flags_win(lessons_in):
