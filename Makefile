@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip
 # The torch that CI tests (a small CPU wheel here). Any torch>=2.5 works: `make setup TORCH=torch`.
 TORCH  ?= torch==2.13.0
 
-.PHONY: setup system-packages lint test test-fast book release clean
+.PHONY: setup system-packages lint test test-fast gpu-check book release clean
 
 setup: system-packages
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -47,6 +47,12 @@ test:
 # The quick loop while writing code: no notebooks, no grading runs, no book.
 test-fast:
 	$(PY) -m pytest -q $(XDIST) -m "not slow"
+
+# On a machine with an NVIDIA GPU: the GPU tests, lessons 06 and 09, the GPU benchmarks and the fit report, in
+# about 8 minutes (benchmarks/gpu_check.py). Needs only torch and Triton: the venv's Python if `make setup` made
+# one, else python3. Without a GPU it says so and exits 0.
+gpu-check:
+	$(if $(wildcard $(PY)),$(PY),$(PYTHON)) benchmarks/gpu_check.py
 
 book:
 	$(PY) book/build.py

@@ -9,6 +9,9 @@ It says, in the grader's own words where the grader has them:
 - whether the notebook is this lesson, with its answer and test cells and their nbgrader metadata intact,
   and each written question (a markdown answer cell graded by hand) kept and answered;
 - what the grader would not read (code in a test cell or a demo cell);
+- for a lesson whose Triton kernels the grader can compile (triton_fit.py beside this script), whether they
+  compile for a GPU, an A100, and fit its shared memory, as the lesson launches them; the compiler's complaint
+  when not (the interpreter runs kernels a GPU refuses); without Triton, that it skipped them and why;
 - the result of each visible test, running the code cells in order (demos skipped, as the grader does) in a
   fresh Python with a timeout, in this script's folder (where release put the lesson's data files, which the
   grader stages beside the notebook).
@@ -222,6 +225,25 @@ def demo_hint(error, demos):
             "grading: an answer must define what it uses itself)")
 
 
+def graded_sources(nb):
+    """The code the grader reads, as grade.submission_cells takes it: every code cell but tests and demos."""
+    return [source(c) for c in nb["cells"] if c["cell_type"] == "code" and not is_test(c) and not is_demo(c)
+            and not str(meta(c).get("grade_id") or "").startswith("test_")]
+
+
+def kernels(nb, folder):
+    """[(is_problem, line)] on the lesson's Triton kernels among the cells the grader reads, compiled for a GPU
+    (triton_fit.check_kernels, beside this script): none for a lesson without triton_fit.py."""
+    if not (folder / "triton_fit.py").is_file():
+        return []
+    sys.path.insert(0, str(folder))
+    try:
+        import triton_fit
+    finally:
+        sys.path.remove(str(folder))
+    return triton_fit.check_kernels(graded_sources(nb))
+
+
 CHILD = r"""
 import json, sys
 from IPython.core.interactiveshell import InteractiveShell
@@ -294,6 +316,7 @@ def check(path, lesson=None, timeout=DEFAULT_TIMEOUT, run=True, folder=HERE):
     found = structure(nb, lesson)
     if any("not lesson" in line or LOST_METADATA in line for _, line in found):
         return found
+    found += kernels(nb, folder)
     return found + (run_tests(nb, folder, timeout, lesson["answers"]) if run else [])
 
 

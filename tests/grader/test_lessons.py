@@ -9,7 +9,7 @@ import pytest
 
 from autograder import lessons
 from autograder import notebook as nbk
-from autograder.release import TRIPWIRES, lesson_files, release
+from autograder.release import TRIPWIRES, TRITON_FIT, lesson_files, release
 from autograder.sync import sync
 from tests.harness.lessons import LESSONS
 
@@ -56,7 +56,7 @@ def missing_pieces(lesson, root=nbk.LESSONS_DIR):
                     for n, p in graded.items() if tests.get(f"test_{n}") != p]
         missing += [f"the notebook grades {t}, which the manifest does not name" for t in tests
                     if t.removeprefix("test_") not in graded]
-        beside = set(lesson_files(lesson, root))  # the manifest's data, and tripwires.py where a cell imports it
+        beside = set(lesson_files(lesson, root))  # the manifest's data, and the course's modules its cells import
     except nbk.NotebookError:
         missing.append(f"no notebook lessons/{lesson}/{lesson}.ipynb")
         beside = set(manifest["data"])
@@ -250,9 +250,11 @@ def released(tmp_path_factory):
 def test_a_release_holds_exactly_what_the_manifest_declares(released, tmp_path):
     for lesson in LESSONS:
         want = {f"{lesson}.ipynb", "check_submission.py", *lessons.read(lesson)["data"]} | (
-            {TRIPWIRES.name} if lessons.forbids(lesson) else set())  # its visible tests switch off what it forbids
+            {TRIPWIRES.name} if lessons.forbids(lesson) else set()) | (  # its visible tests switch off what it forbids
+            {TRITON_FIT.name} if lesson in ("06_gpu", "09_flash_backward") else set())
         assert {p.name for p in (released / lesson).iterdir()} == want, lesson
-    assert (released / "06_gpu" / TRIPWIRES.name).read_bytes() == TRIPWIRES.read_bytes()
+    for module in (TRIPWIRES, TRITON_FIT):
+        assert (released / "06_gpu" / module.name).read_bytes() == module.read_bytes()
     # A file the manifest does not declare stays in the course, and so does the manifest.
     root = copy_lessons(tmp_path / "lessons", "07_head_specialization")
     (root / "07_head_specialization" / "notes.txt").write_text("the instructor's notes")
@@ -266,7 +268,7 @@ def test_the_grader_gives_a_notebook_the_files_a_release_gives(tmp_path):
     from autograder.grade import stage_data
 
     staged = stage_data(["06_gpu", "07_head_specialization"], tmp_path)
-    assert staged == {"06_gpu": [TRIPWIRES.name], "07_head_specialization": sorted(lessons.read(
+    assert staged == {"06_gpu": sorted([TRIPWIRES.name, TRITON_FIT.name]), "07_head_specialization": sorted(lessons.read(
         "07_head_specialization")["data"])}
     assert sorted(p.name for p in (tmp_path / "07_head_specialization").iterdir()) == staged["07_head_specialization"]
 

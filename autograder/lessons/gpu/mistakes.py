@@ -501,7 +501,7 @@ def triton_softmax(x):
         ("exp2 without log2(e)", "log2(e)", _triton(wrapper=[("math.log2(math.e) / math.sqrt(Dh)", "1 / math.sqrt(Dh)")])),
         ("accumulator not rescaled", "accumulator",
          _triton(kernel=[("acc = acc * alpha[:, None] + tl.dot", "acc = acc + tl.dot")])),
-        ("query tail tile dropped", "tail", _triton(wrapper=[("grid = (triton.cdiv(Tq, block_q), B * H)", "grid = (Tq // block_q, B * H)")])),
+        ("query tail tile dropped", "tail", _triton(wrapper=[('grid = (triton.cdiv(Tq, tiles["BLOCK_Q"]), B * H)', 'grid = (Tq // tiles["BLOCK_Q"], B * H)')])),
         ("output always float32", "dtype", _triton(wrapper=[("out = torch.empty_like(q)", "out = torch.empty_like(q, dtype=torch.float32)")])),
         ("plain torch, no Triton", "@triton.jit", '''
 def triton_attention(q, k, v, causal=False):
@@ -762,6 +762,7 @@ def triton_softmax(x):
             kernel=[("p = tl.math.exp2(s - shift[:, None])", "p = tl.exp(s - shift[:, None])"),
                     ("alpha = tl.math.exp2(m_i - shift)", "alpha = tl.exp(m_i - shift)")],
             wrapper=[("math.log2(math.e) / math.sqrt(Dh)", "1 / math.sqrt(Dh)")])),
-        ("32 x 32 tiles on the CPU", _triton(wrapper=[("(128, 64) if on_gpu else (16, 16)", "(128, 64) if on_gpu else (32, 32)")])),
+        ("32 x 32 tiles on the CPU", _triton(wrapper=[("tiles = launch_tiles(q)", "tiles = launch_tiles(q) if on_gpu else "
+                                                       "dict(BLOCK_Q=32, BLOCK_K=32, BLOCK_D=max(16, triton.next_power_of_2(Dh)))")])),
     ],
 }
