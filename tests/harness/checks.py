@@ -15,7 +15,7 @@ from autograder.checking import memory, verify
 from tests.harness import each, mutants, one_lesson
 from tests.harness.lessons import fresh_namespace, graded_names
 
-REPO = Path(__file__).resolve().parents[2].parent
+REPO = Path(__file__).resolve().parents[2]
 __all__ = ["test_every_graded_name_has_a_check_and_the_solutions_pass", "test_every_graded_name_has_at_least_three_mutants",
            "pristine", "test_mutant_fails_its_check_only", "tighter_bounds", "test_correct_variant_passes",
            "test_the_released_stub_scores_nothing", "test_constant_stubs_score_nothing",
