@@ -13,6 +13,7 @@ setup: system-packages
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet "$(TORCH)"
 	$(PIP) install --quiet -e ".[dev,book,gpu]"
+	$(PY) -m autograder sync  # beside the lessons that import them: the course's own modules, not in git
 
 # System tools: bubblewrap (the grader's sandbox), Chromium (the book's browser test), npm
 # (MathJax for the book), and Slurm with munge (a one-node cluster in tests/deploy/test_slurm.py).

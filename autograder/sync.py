@@ -7,7 +7,8 @@ super().__init__()), so students see signatures and docstrings. A demo cell star
 notebook.DEMO_HEADER, so students see that grading skips it. Hidden-test blocks are
 rewritten to the canonical verify() call. A lesson whose notebook imports one of the course's own
 modules (autograder/sandbox/tripwires.py, autograder/triton_fit.py) gets a copy of it beside it
-(lessons/<lesson>/tripwires.py, so that the source notebook runs in place), byte for byte.
+(lessons/<lesson>/tripwires.py, so that the source notebook runs in place), byte for byte; git ignores
+these copies.
 
     python -m autograder sync          # rewrite the notebooks
     python -m autograder sync --check  # fail if anything would change (CI)
@@ -117,11 +118,20 @@ def sync(names=None, check=False, root=nbk.LESSONS_DIR):
                 dirty = True
         if dirty and not check:
             nbk.write(nb, path)
-        for module in own_modules(nb):
-            copy = path.parent / module.name
-            if copy.is_symlink() or not copy.is_file() or copy.read_bytes() != module.read_bytes():
-                changed.append(f"{lesson}: {copy.name} differs from {module.relative_to(ROOT)}")
-                if not check:
-                    copy.unlink(missing_ok=True)  # a link, or a stale copy: written anew, never through a link
-                    copy.write_bytes(module.read_bytes())
+        changed += copy_own_modules(lesson, nb, check, root)
+    return changed
+
+
+def copy_own_modules(lesson, nb, check=False, root=nbk.LESSONS_DIR):
+    """Write (or, with check, only list) the lesson folder's copies of the course's own modules its notebook
+    imports (release.OWN_MODULES), so the source notebook runs in place. The copies are not in git (one copy
+    of each module is): `make setup`, `sync` and the test session write them."""
+    changed = []
+    for module in own_modules(nb):
+        copy = nbk.lesson_path(lesson, root).parent / module.name
+        if copy.is_symlink() or not copy.is_file() or copy.read_bytes() != module.read_bytes():
+            changed.append(f"{lesson}: {copy.name} differs from {module.relative_to(ROOT)}")
+            if not check:
+                copy.unlink(missing_ok=True)  # a link, or a stale copy: written anew, never through a link
+                copy.write_bytes(module.read_bytes())
     return changed
