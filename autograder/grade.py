@@ -34,7 +34,8 @@ from pathlib import Path
 from autograder import lessons as manifests
 from autograder import notebook as nbk
 from autograder import results as store
-from autograder.checks import LESSONS, OverBudget, PartialCredit, StudentError, Subject, Unchecked, checks_for
+from autograder.checks import (LESSONS, OverBudget, PartialCredit, Regrade, StudentError, Subject, Unchecked,
+                               checks_for)
 from autograder.release import lesson_files
 from autograder.sandbox.runner import remove_tree
 from autograder.sandbox.wire import WireError
@@ -335,6 +336,8 @@ def run_check(check, subject, max_points, why_unavailable=None):
         row["message"] = str(e)
         if weights:
             row["aspects"] = aspect_rows(weights, max_points, failed=str(e))
+    except Regrade as e:
+        row.update(status="error", grader_error=True, message=str(e))
     except Unchecked as e:
         row.update(status="error", message=str(e))
     except OverBudget as e:

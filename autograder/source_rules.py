@@ -54,6 +54,7 @@ import os
 import re
 import sys
 import textwrap
+import threading
 import types
 
 MAX_CELL_CHARS = 100_000     # an honest lesson 06 notebook: 45,000 characters of code in all, 5,300 in one cell
@@ -385,7 +386,7 @@ class Cells:
         self.trees = trees
         self.top, self.globals_declared, self.all_nodes = {}, set(), []
         self.top_defs = {id(s) for tree in trees for s in tree.body}
-        self._flow, self._modules, self._once = None, {}, {}
+        self._flow, self._modules, self._once, self._resolved = None, {}, {}, {}
         for tree in trees:
             todo = [(stmt, stmt, False, True) for stmt in reversed(tree.body)]
             while todo:
@@ -477,19 +478,27 @@ class Cells:
 
     def resolve(self, node):
         """The canonical dotted name of a Name/Attribute chain ('torch.empty_like' for T.empty_like after
-        `import torch as T`; 'max' for the genuine builtin), or None when its root is not trusted."""
-        parts = []
-        while isinstance(node, ast.Attribute):
-            parts.append(node.attr)
+        `import torch as T`; 'max' for the genuine builtin), or None when its root is not trusted. Every link of a
+        chain is resolved in the one walk down it and remembered: the rules ask for each link, and walking the
+        chain for each would be quadratic in its length (issue 33)."""
+        if isinstance(node, ast.Name):
+            root = self.module(node.id)
+            if root is None and node.id in BUILTINS and not self.top.get(node.id) \
+                    and node.id not in self.globals_declared:
+                return node.id
+            return root
+        chain = []
+        while isinstance(node, ast.Attribute) and id(node) not in self._resolved:
+            chain.append(node)
             node = node.value
-        if not isinstance(node, ast.Name):
-            return None
-        root = self.module(node.id)
-        if root is None:
-            if parts or node.id not in BUILTINS or self.top.get(node.id) or node.id in self.globals_declared:
-                return None
-            root = node.id
-        return ".".join([root, *reversed(parts)])
+        if isinstance(node, ast.Attribute):
+            path = self._resolved[id(node)][1]
+        else:
+            path = self.module(node.id) if isinstance(node, ast.Name) else None
+        for link in reversed(chain):
+            path = None if path is None else f"{path}.{link.attr}"
+            self._resolved[id(link)] = (link, path)  # the node kept with it: its id is never reused
+        return path
 
 
 def _root(node):
@@ -571,7 +580,7 @@ class Flow:
     def __init__(self, cells):
         self.cells, self.names, self.attrs, self.returns = cells, set(), set(), set()
         self.defs, self.methods, self.classes = {}, set(), set()
-        self.nodes, self.enclosing, self.locals, self.returned_by = [], {}, {}, {}
+        self.nodes, self.enclosing, self.locals, self.returned_by, self._may = [], {}, {}, {}, {}
         todo = [(stmt, None) for tree in reversed(cells.trees) for stmt in reversed(tree.body)]
         while todo:  # every node with the function it runs in (None: the top level)
             node, scope = todo.pop()
@@ -637,7 +646,17 @@ class Flow:
 
     # -- what may be a module --
     def may(self, node, scope=None):
-        """Whether the expression may evaluate to a genuine module or class, or to a container holding one."""
+        """Whether the expression may evaluate to a genuine module or class, or to a container holding one.
+        Remembered per node until what the flow knows grows (its sets only grow): an expression nested n deep is
+        asked about at each level, and reading it again at each would be quadratic in n (issue 33)."""
+        known = (len(self.names), len(self.attrs), len(self.returns))
+        memo = self._may.get((id(node), id(scope)))
+        if memo is None or memo[0] != known:
+            memo = (known, self._may_read(node, scope), node)  # the node kept with it: its id is never reused
+            self._may[id(node), id(scope)] = memo
+        return memo[1]
+
+    def _may_read(self, node, scope):
         if isinstance(node, ast.Name):
             return self.key(node.id, scope) in self.names
         if isinstance(node, (ast.Attribute, ast.Subscript)):
@@ -1337,23 +1356,27 @@ def _online_problem(cells):
 
 # ---- the rules, for the grader, the visible tests and check_submission -------------------------------------
 
-_LAST = [None, None]  # (the sources, their Cells or Unreadable): the grader's two checks read them once
+# (the sources, their Cells or Unreadable): the grader's two checks read them once. One per thread: grading
+# threads never share a reading (one thread's notebook would otherwise be judged by another's cells).
+_LAST = threading.local()
 
 
 def _read(sources):
     key = tuple(str(s) for s in sources)
-    if _LAST[0] != key:
+    last = getattr(_LAST, "read", (None, None))
+    if last[0] != key:
         try:
             cells = _with_timed_code(read_cells(key))
             if cells.top.get("verify") or "verify" in cells.globals_declared:
                 # a `verify` of the student's own would be handed globals() by the hidden-test line: read it too
                 cells = _with_timed_code(read_cells(key, drop_hidden_tests=False))
-            _LAST[:] = [key, cells]
+            last = (key, cells)
         except Unreadable as e:
-            _LAST[:] = [key, e]
-    if isinstance(_LAST[1], Unreadable):
-        raise _LAST[1]
-    return _LAST[1]
+            last = (key, e)
+        _LAST.read = last
+    if isinstance(last[1], Unreadable):
+        raise last[1]
+    return last[1]
 
 
 def _judge(rule, sources):

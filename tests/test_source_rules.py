@@ -363,3 +363,55 @@ def test_the_guards_excuse_covers_only_its_exact_text(abuse):
     cell, word = GUARD_ABUSES[abuse]
     found = source_rules.problems(_grader_cells(last=[cell]))
     assert {"triton_attention", "triton_softmax"} <= set(found) and all(word in why for why in found.values()), found
+
+
+def test_grading_threads_never_share_a_reading():
+    """The reading of the last notebook is kept per grading thread (issue 33): with one shared, a thread could judge
+    its notebook by another thread's cells between checking and using it."""
+    import threading
+
+    honest = ["import torch\n\ndef flash_attention(q, k, v, causal=False, block_q=64, block_k=64):\n    return q\n"]
+    fused = ["import torch.nn.functional as F\n\ndef flash_attention(q, k, v, causal=False, block_q=64, block_k=64):\n"
+             "    return F.scaled_dot_product_attention(q, k, v)\n"]
+    wrong, switch = [], sys.getswitchinterval()
+
+    def judge(cells, refused):
+        for _ in range(300):
+            if (source_rules.flash_problem(cells) is not None) != refused:
+                wrong.append(refused)
+
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible: every window between two lines is tried
+    try:
+        threads = [threading.Thread(target=judge, args=args) for args in ((honest, False), (fused, True))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(switch)
+    assert not wrong
+
+
+@pytest.mark.parametrize("depth", [20, 40, 80])
+def test_reading_a_chain_or_a_nest_is_linear_in_its_length(depth, monkeypatch):
+    """An attribute chain or a nested call n long is read link by link once, not once per link (issue 33: the reading
+    was quadratic in a chain's length): the links asked about grow as n, not n**2."""
+    asked = {"may": 0, "resolve": 0}
+    may, resolve = source_rules.Flow._may_read, source_rules.Cells.resolve
+    monkeypatch.setattr(source_rules.Flow, "_may_read",
+                        lambda self, *a: asked.__setitem__("may", asked["may"] + 1) or may(self, *a))
+
+    def counting(self, node):
+        chain = node
+        while isinstance(chain, ast.Attribute) and id(chain) not in self._resolved:
+            asked["resolve"] += 1
+            chain = chain.value
+        return resolve(self, node)
+
+    monkeypatch.setattr(source_rules.Cells, "resolve", counting)
+    chain = "torch." + ".".join(f"a{i}" for i in range(depth // 2))
+    nest = "f(" * (depth // 2) + "torch" + ")" * (depth // 2)
+    cells = [f"import torch\n\ndef f(x):\n    return x\n\ndef flash_attention(q, k, v):\n    y = {chain}\n    return {nest}\n"]
+    source_rules._LAST.__dict__.clear()
+    source_rules.flash_problem(cells)
+    assert asked["resolve"] <= 4 * depth and asked["may"] <= 4 * depth, (depth, asked)

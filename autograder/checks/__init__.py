@@ -116,6 +116,11 @@ class Unchecked(Exception):
     Only the transport says so (an "unchecked" reply), never the name of a student's exception."""
 
 
+class Regrade(Unchecked):
+    """The grader could not judge the call for a reason of its own or of the machine's (its wall-clock backstop ran
+    out while the code used little CPU: it waited): status error, flagged for regrading, never a fail."""
+
+
 class OverBudget(Exception):
     """A bounded call (Subject.call_bounded) ran past its memory bound and was killed."""
 
@@ -169,6 +174,10 @@ class Subject:
             raise Unchecked("the sandbox sent a malformed reply")
         if "unchecked" in reply:
             raise Unchecked(str(reply["unchecked"]))
+        if "stalled" in reply:
+            raise Regrade(str(reply["stalled"]))
+        if "too_slow" in reply:  # the call's CPU limit: the cases it did not finish are lost, as a wrong answer's
+            raise AssertionError(str(reply["too_slow"]))
         if "over_budget" in reply:
             raise OverBudget(str(reply["over_budget"]))
         if "error" in reply:
@@ -207,7 +216,7 @@ class Subject:
         return reply
 
     @contextlib.contextmanager
-    def memory_bound(self, memory_mb, headroom_mb=0):
+    def memory_bound(self, memory_mb, headroom_mb=0, inputs_mb=0):
         """A block in which the student's process may map at most memory_mb MiB more than a fresh one
         (in the sandbox: the pristine worker it is forked from), and (in the sandbox) start no process:
         a hard limit set from outside that process by the sandbox's worker (runner.bound()), after it
@@ -225,8 +234,11 @@ class Subject:
         headroom_mb: a process holding more than an honest fresh one (runner.HONEST_HELD_MB: %matplotlib
         inline, a scratch tensor) gets what it holds on top of memory_mb, up to headroom_mb (over budget
         above it): a check that allows it sizes its forbidden layout from self.held_mb, well above
-        self.held_mb + memory_mb + 64 MiB (a buffer kept before the block is then too small to hold it)."""
-        reply = self._transport({"op": "bound", "mb": int(memory_mb), "headroom": int(headroom_mb)})
+        self.held_mb + memory_mb + 64 MiB (a buffer kept before the block is then too small to hold it).
+        inputs_mb: what the check's own inputs take, made inside the block (helpers.drawn_calls), on top of
+        memory_mb, which is then the answer's working memory alone."""
+        reply = self._transport({"op": "bound", "mb": int(memory_mb), "headroom": int(headroom_mb),
+                                 "inputs": int(inputs_mb)})
         held = reply.get("held_mb") if isinstance(reply, dict) else None
         self.held_mb = held if isinstance(held, int) else 0
         if isinstance(reply, dict) and "refused" in reply:
@@ -324,7 +336,8 @@ class LocalSubject(Subject):
 
         def transport(request, callback=None):
             if request.get("op") == "bound":
-                return bound.enter(namespace, int(request["mb"]), int(request.get("headroom", 0)))
+                return bound.enter(namespace, int(request["mb"]), int(request.get("headroom", 0)),
+                                   int(request.get("inputs", 0)))
             if request.get("op") == "unbound":
                 return bound.leave()
             server.channel = (lambda payload: roundtrip(wire.encode_plain(callback(wire.decode(roundtrip(payload))))))\
@@ -369,13 +382,14 @@ def call_within_memory(s, memory_mb, message, target, *args, **kwargs):
 
 
 @contextlib.contextmanager
-def within_memory(s, memory_mb, message, headroom_mb=0):
-    """A block of calls in s.memory_bound(memory_mb, headroom_mb); running out of memory there fails with `message`.
+def within_memory(s, memory_mb, message, headroom_mb=0, inputs_mb=0):
+    """A block of calls in s.memory_bound(memory_mb, headroom_mb, inputs_mb); running out of memory there fails with
+    `message`.
     It gives reword(message), which sets the message for what follows in the block (one bound, calls
     that must fit it for different reasons)."""
     said = [message]
     try:
-        with s.memory_bound(memory_mb, headroom_mb):
+        with s.memory_bound(memory_mb, headroom_mb, inputs_mb):
             yield lambda new: said.__setitem__(0, new)
     except OverBudget:
         fail(said[0] + _held(s))
