@@ -27,7 +27,8 @@ import tempfile
 from pathlib import Path
 
 LESSON = None  # release writes: {"name": ..., "answers": [grade_id, ...], "tests": {grade_id: [points, sha256]},
-#                                 "written": {grade_id: points}}
+#                                 "written": {grade_id: points}, "limits": the limits in words, "call_seconds": the
+#                                 CPU limit on one graded call, "timed": {graded name: a case at the graded size}}
 
 # The grader's words (autograder/grade.py and notebook.py; tests/test_check_submission.py holds them equal).
 LOST_METADATA = "the notebook has lost its nbgrader metadata; every code cell was run"
@@ -168,6 +169,7 @@ import json, sys
 from IPython.core.interactiveshell import InteractiveShell
 cells, out = json.load(open(sys.argv[1])), sys.argv[2]
 shell = InteractiveShell.instance()
+timed = cells.pop()  # {name: {"tensors": [[shape, scale], ...], "args": [...]}}: one graded case each
 for n, name, code in cells:
     r = shell.run_cell(code, store_history=True)
     e = r.error_before_exec or r.error_in_exec
@@ -177,16 +179,32 @@ for n, name, code in cells:
         line += " (an answer is still the released stub)"
     with open(out, "a") as f:
         f.write(json.dumps([n, name, line]) + "\n")
+for name, case in timed.items():
+    if not callable(shell.user_ns.get(name)):
+        continue
+    import time, torch
+    g = torch.Generator().manual_seed(0)
+    tensors = [torch.empty(shape, dtype=torch.float64).uniform_(-scale, scale, generator=g)
+               for shape, scale in case["tensors"]]
+    start, error = time.process_time(), ""
+    try:
+        shell.user_ns[name](*tensors, *case["args"])
+    except Exception as e:
+        error = f"{type(e).__name__}: {str(e).strip()[:200]}"
+    with open(out, "a") as f:
+        f.write(json.dumps(["timed", name, [time.process_time() - start, error]]) + "\n")
 """
 
 
-def run_tests(nb, folder, timeout):
-    """[(is_problem, line)]: each visible test's result, running the code cells (demos skipped) in order."""
+def run_tests(nb, folder, timeout, lesson=None):
+    """[(is_problem, line)]: each visible test's result, running the code cells (demos skipped) in order; then the
+    CPU time of one case at the graded size of each name LESSON["timed"] holds, against the limit on a call."""
     cells = [(n, meta(c).get("grade_id") if is_test(c) else None, source(c))
              for n, c in enumerate(nb["cells"], 1) if c["cell_type"] == "code" and not is_demo(c)]
     with tempfile.TemporaryDirectory() as tmp:
         todo, done = Path(tmp, "cells.json"), Path(tmp, "done.jsonl")
-        todo.write_text(json.dumps(cells))
+        lesson = lesson or LESSON or {}
+        todo.write_text(json.dumps(cells + [lesson.get("timed", {})]))
         crash = ""
         try:
             child = subprocess.run([sys.executable, "-c", CHILD, str(todo), str(done)], cwd=folder, timeout=timeout,
@@ -201,6 +219,8 @@ def run_tests(nb, folder, timeout):
             crash = f"did not finish within {timeout} s"
         ran = [json.loads(line) for line in done.read_text().splitlines()] if done.exists() else []
     out = []
+    timings = [(name, result) for n, name, result in ran if n == "timed"]
+    ran = [r for r in ran if r[0] != "timed"]
     for n, name, error in ran:
         if name:
             out.append((bool(error), f"{name}: {'FAILED: ' + error if error else 'passed'}"))
@@ -209,6 +229,15 @@ def run_tests(nb, folder, timeout):
     if len(ran) < len(cells):
         n, name, _ = cells[len(ran)]
         out.append((True, f"cell {n}{f' ({name})' if name else ''} {crash}; the tests after it did not run"))
+    limit = lesson.get("call_seconds")
+    for name, (seconds, error) in timings:
+        if error:
+            continue  # its visible test says what is wrong
+        slow = limit is not None and seconds > limit
+        out.append((slow, f"{name} at the size it is graded: {seconds:.1f} s of CPU time" + (
+            f", more than the {limit} s a graded call may use: correct but too slow for the graded sizes (keep the "
+            "block sizes you are given, and let torch work on whole tiles)" if slow else
+            f", within the {limit} s a graded call may use" if limit is not None else "")))
     return out
 
 
@@ -223,7 +252,7 @@ def check(path, lesson=None, timeout=DEFAULT_TIMEOUT, run=True, folder=HERE):
     if any("not lesson" in line or LOST_METADATA in line for _, line in found):
         return found
     found += rules(nb, folder)
-    return found + (run_tests(nb, folder, timeout) if run else [])
+    return found + (run_tests(nb, folder, timeout, lesson) if run else [])
 
 
 def main(argv=None):
@@ -236,6 +265,8 @@ def main(argv=None):
         p.error("this is the course's template: use the copy in a released lesson folder")
     if not Path(args.notebook).exists():
         p.error(f"no notebook at {args.notebook}")
+    if LESSON.get("limits"):
+        print(f"limits  when graded, {LESSON['limits']}")
     found = check(args.notebook, timeout=args.timeout, run=not args.no_run)
     for bad, line in found:
         print(("PROBLEM " if bad else "ok      ") + line)
