@@ -125,7 +125,8 @@ def tighter_bounds(monkeypatch):
     """Every in-process memory bound HONEST_SHARE of its size."""
     enter = memory.LocalBound.enter
     monkeypatch.setattr(memory.LocalBound, "enter",
-                        lambda self, namespace, mb, headroom=0: enter(self, namespace, int(mb * HONEST_SHARE), headroom))
+                        lambda self, namespace, mb, headroom=0, inputs=0:
+                        enter(self, namespace, int(mb * HONEST_SHARE), headroom, inputs))
 
 
 @pytest.mark.parametrize("lesson, name, variant", cases("VARIANTS") + [

@@ -184,6 +184,45 @@ def tensor_bytes(obj, limit=10_000):
     return sum(storages.values())
 
 
+def draw(seed, specs):
+    """float64 tensors, one per (shape, scale) of specs, uniform in [-scale, scale], from a generator seeded with
+    seed, in order. The grader draws the same on its side (same torch, same CPU generator), so that inputs too large
+    to send are made where they are used, and no wire buffer counts against a memory bound."""
+    generator = torch.Generator().manual_seed(int(seed))
+    return [torch.empty([int(n) for n in shape], dtype=torch.float64).uniform_(-float(scale), float(scale),
+                                                                               generator=generator)
+            for shape, scale in specs]
+
+
+def _picked(value, picks):
+    """Of each tensor of value (a tensor, or a tuple or list of them), the entries at picks[j] along dim 2 (None:
+    all of it); anything else as it is. -> (what is picked, each element's full shape or None)."""
+    items = list(value) if isinstance(value, (tuple, list)) else [value]
+    out, shapes = [], []
+    for item, pick in zip(items, list(picks) + [None] * (len(items) - len(picks))):
+        tensor = torch.is_tensor(item)
+        shapes.append(list(item.shape) if tensor else None)
+        if tensor and pick is not None and item.dim() >= 3 and item.size(2) > max(pick):
+            item = item.index_select(2, torch.tensor(pick, device=item.device))
+        out.append(item)
+    return (tuple(out) if isinstance(value, (tuple, list)) else out[0]), shapes
+
+
+def drawn_calls(fn, seed, specs, calls):
+    """fn(*call["args"]) for each of calls, where {"drawn": i} among the args is the i-th tensor draw(seed, specs) makes
+    here, every one alive until the last call; of each result, only the entries call["picks"] says (_picked), with
+    the full shapes. call["ballast_mb"] MiB stay mapped during the call: what another call's results may take, so
+    that one memory bound holds each call to the same working memory."""
+    drawn = draw(seed, specs)
+    results = []
+    for call in calls:
+        ballast = torch.empty(int(call.get("ballast_mb", 0)) << 20, dtype=torch.uint8)  # mapped, never touched
+        result = fn(*[drawn[a["drawn"]] if isinstance(a, dict) and "drawn" in a else a for a in call["args"]])
+        results.append(_picked(result, call.get("picks", [])))
+        del result, ballast
+    return results
+
+
 # payload -> the grader's reply: installed by server.py, which imports this module (so this one
 # imports no other of the sandbox's, and the two form no circle).
 host_callback = None
@@ -214,4 +253,5 @@ HELPERS = {
     "keeps_argument": keeps_argument,
     "device_used": device_used,
     "tensor_bytes": tensor_bytes,
+    "drawn_calls": drawn_calls,
 }
