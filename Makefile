@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip
 # The torch that CI tests (a small CPU wheel here). Any torch>=2.5 works: `make setup TORCH=torch`.
 TORCH  ?= torch==2.13.0
 
-.PHONY: setup system-packages test test-fast book release clean
+.PHONY: setup system-packages lint test test-fast book release clean
 
 setup: system-packages
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -15,7 +15,7 @@ setup: system-packages
 	$(PIP) install --quiet -e ".[dev,book,gpu]"
 
 # System tools: bubblewrap (the grader's sandbox), Chromium (the book's browser test), npm
-# (MathJax for the book), and Slurm with munge (a one-node cluster in tests/test_slurm.py).
+# (MathJax for the book), and Slurm with munge (a one-node cluster in tests/deploy/test_slurm.py).
 # Installed when we are root with apt-get; otherwise the tests that need them say so.
 system-packages:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
@@ -30,8 +30,15 @@ system-packages:
 	    fi; \
 	else echo "not root with apt-get: install bubblewrap, chromium, slurm-wlm and munge yourself for the sandbox, browser and Slurm tests"; fi
 
-# Two test processes or more (each test file stays in one, so its shared fixtures are built once):
-# the grading runs wait on sandboxes as much as they compute.
+# Ruff's checks (pyproject.toml's [tool.ruff]) and the notebooks in sync with solutions/. Not `ruff format --check`
+# yet: the tree has not been formatted (135 files would change).
+lint:
+	$(PY) -m ruff check .
+	$(PY) -m autograder sync --check
+
+# Two test processes or more (each test file stays in one, so its shared fixtures are built once; a lesson's tests
+# are one file, tests/lessons/test_<module>.py, so the lessons spread over the processes): the grading runs wait
+# on sandboxes as much as they compute.
 XDIST := -n auto --maxprocesses 4 --dist loadfile
 
 test:

@@ -4,7 +4,7 @@ import sys
 
 from pathlib import Path
 
-from autograder.checks import LESSONS
+from autograder.checking import LESSONS
 
 WRITTEN_HELP = ("the written questions count (off: shown to students, not counted); their scores are the "
                 "--gradebook's manual ones, and a lesson with one not graded yet is 'needs grading' (left blank)")

@@ -1,6 +1,6 @@
 """python -m autograder audit LESSON [--notebook NB]: how the visible tests of a lesson teach.
 
-Every known mistake and correct variant (autograder/mistakes) replaces its answer in the RELEASED
+Every known mistake and correct variant (autograder/lessons/<module>/mistakes.py) replaces its answer in the RELEASED
 notebook, and the rest of the notebook runs as a student's kernel would. Per graded name it says what
 the visible tests catch (the function's own test fails naming the mistake's keyword), what they misblame
 (another function's visible test fails), what a correct variant loses (a visible test, or its hidden
@@ -8,9 +8,9 @@ check), and the hidden-only escapes: mistakes the visible test misses, with the 
 
 A lesson runs once, cell by cell, with the solutions; just before each answer cell it forks one child
 per mistake and variant of that function (several at once), which runs the rest of the notebook (demo
-cells skipped, the visible test cells recorded) with that answer instead. tests/test_visible.py asserts
+cells skipped, the visible test cells recorded) with that answer instead. tests/harness/visible.py asserts
 on the same runs; the command's fast run (run_lesson(fast=True)) lets a child stop where the rest of the
-notebook can no longer differ from the solutions' run, and tests/test_audit.py holds it to the same
+notebook can no longer differ from the solutions' run, and tests/grader/test_audit.py holds it to the same
 verdicts. With --notebook, the lesson is read from an edited source notebook (its answer cells the
 solutions), as an instructor checks an exercise before releasing it.
 """
@@ -31,7 +31,7 @@ import sys
 import types
 import warnings
 
-from autograder import mistakes
+from autograder.checking import mistakes
 from autograder import notebook as nbk
 from autograder.release import student_copy
 
@@ -85,7 +85,7 @@ def _run(cells, ns, failures):
             exec(compile(code, f"<{gid or 'cell'}>", "exec"), ns)
 
 
-GRADER_MODULES = ("sandbox.helpers", "autograder.sandbox.helpers", "autograder.checks.stand_ins")
+GRADER_MODULES = ("sandbox.helpers", "autograder.sandbox.helpers", "autograder.checking.stand_ins")
 
 
 def _child(cells, ns, code, gid, hidden, plan=None):
@@ -130,7 +130,7 @@ def _stops(plan, k, ns, tainted, rulings):
     random states, torch's global settings, the environment, the modules loaded, the names and what each
     is, and the attributes of the modules the cells hold). What this cannot see, a change inside a value
     that no tainted name reaches (a hook the answer left on an object), the exact run (fast=False, what
-    tests/test_visible.py runs) makes no bet on; tests/test_audit.py holds the two equal."""
+    tests/harness/visible.py runs) makes no bet on; tests/grader/test_audit.py holds the two equal."""
     if any("*" in loads or loads & tainted - {"In"} for loads, _ in plan["names"][k + 1:]):
         return False
     if not set(sys.modules) <= plan["modules"]:
@@ -466,7 +466,7 @@ GRADER_SIDE = ("autograder", "solutions", "tests", "sandbox")
 
 def _hidden(lesson, name, ns):
     """The hidden check's verdict on ns: '' when it passes, else what it says (with the points earned)."""
-    from autograder.checks import PartialCredit, verify
+    from autograder.checking import PartialCredit, verify
 
     try:
         verify(lesson, name, ns)
@@ -579,7 +579,7 @@ def verdict(results, name, mistake):
 def judge(lesson, results):
     """{name: [(status, what, detail)]} of every mistake and variant, and the problems: the lines that make
     the audit fail. A mistake is
-      caught       its own visible test fails naming its keyword (what tests/test_visible.py asks);
+      caught       its own visible test fails naming its keyword (what tests/harness/visible.py asks);
       hidden-only  it is not, is declared in HIDDEN_ONLY, and the hidden check catches it naming the keyword;
       UNNAMED      its own visible test fails, but the message does not name the mistake: the student learns
                    that something is wrong, not what;

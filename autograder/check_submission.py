@@ -30,7 +30,7 @@ LESSON = None  # release writes: {"name": ..., "answers": [grade_id, ...], "test
 #                                 "written": {grade_id: points}, "limits": the limits in words, "call_seconds": the
 #                                 CPU limit on one graded call, "timed": {graded name: a case at the graded size}}
 
-# The grader's words (autograder/grade.py and notebook.py; tests/test_check_submission.py holds them equal).
+# The grader's words (autograder/grade.py and notebook.py; tests/grader/test_check_submission.py holds them equal).
 LOST_METADATA = "the notebook has lost its nbgrader metadata; every code cell was run"
 MAX_NOTEBOOK_BYTES = 20 << 20
 TOO_BIG = f"is larger than {MAX_NOTEBOOK_BYTES >> 20} MB; clear large outputs and submit it again"

@@ -34,8 +34,8 @@ from pathlib import Path
 from autograder import lessons as manifests
 from autograder import notebook as nbk
 from autograder import results as store
-from autograder.checks import (LESSONS, OverBudget, PartialCredit, Regrade, StudentError, Subject, Unchecked,
-                               checks_for)
+from autograder.checking import (LESSONS, OverBudget, PartialCredit, Regrade, StudentError, Subject, Unchecked,
+                                 checks_for)
 from autograder.release import lesson_files
 from autograder.sandbox.runner import remove_tree
 from autograder.sandbox.wire import WireError
@@ -243,7 +243,8 @@ def lesson_fingerprint(lesson, tests, mode, limits):
     of its checks, of solutions/ they import, of the grader and the sandbox, what of its manifest
     grading reads (lessons.grading_keys: not the book's text), the files its notebook has beside it,
     the sandbox mode, the limits it is graded under (lesson_limits) and the package's version."""
-    files = _code_closure([f"autograder.checks.{LESSONS[lesson]}", "autograder.worker"])
+    package = f"autograder.lessons.{LESSONS[lesson]}"  # its checks, and the mistakes they import by name
+    files = _code_closure([f"{package}.checks", f"{package}.mistakes", "autograder.worker"])
     files += [ROOT / "autograder" / f"{m}.py" for m in ("grade", "notebook", "results")]  # not their lazy imports
     files += sorted((ROOT / "autograder" / "sandbox").glob("*.py"))
     named = {p: p.relative_to(ROOT) for p in files}
@@ -264,7 +265,7 @@ def fingerprint(grader, sub_key, submitted_at):
 def unavailable(lesson):
     """{graded name: why} of checks that cannot run here (a check module's UNAVAILABLE, e.g.
     Triton not installed): their tests get status error, for the instructor, never failed."""
-    module = importlib.import_module(f"autograder.checks.{LESSONS[lesson]}")
+    module = importlib.import_module(f"autograder.lessons.{LESSONS[lesson]}.checks")
     found = getattr(module, "UNAVAILABLE", None) or {}
     return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
 

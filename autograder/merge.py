@@ -8,7 +8,7 @@ from pathlib import Path
 
 from autograder import report
 from autograder import results as store
-from autograder.checks import LESSONS
+from autograder.checking import LESSONS
 
 
 class MergeError(store.UsageError):

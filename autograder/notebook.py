@@ -217,7 +217,7 @@ def without_markers(text):
 
 def hidden_block(lesson, name):
     """The one form a hidden test takes: a call of the lesson's check."""
-    return (f"{BEGIN_HIDDEN}\nfrom autograder.checks import verify\n"
+    return (f"{BEGIN_HIDDEN}\nfrom autograder.checking import verify\n"
             f"verify({lesson!r}, {name!r}, globals())\n{END_HIDDEN}")
 
 

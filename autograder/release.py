@@ -79,8 +79,8 @@ def script_facts(nb, lesson):
 def timed_cases(lesson):
     """{graded name: one case at the size its hidden checks grade it} of the lesson (its checks module's TIMED), for
     check_submission.py to time against the limit on a call."""
-    from autograder.checks import LESSONS  # the checks import torch: only when a script is written
-    return dict(getattr(importlib.import_module(f"autograder.checks.{LESSONS[lesson]}"), "TIMED", {}))
+    from autograder.checking import LESSONS  # the checks import torch: only when a script is written
+    return dict(getattr(importlib.import_module(f"autograder.lessons.{LESSONS[lesson]}.checks"), "TIMED", {}))
 
 
 def release(out_dir, names=None, root=nbk.LESSONS_DIR):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from autograder import notebook as nbk
 from autograder import results as store
-from autograder.checks import LESSONS
+from autograder.checking import LESSONS
 
 
 def gather(out, expected=(), problems=None):

@@ -17,7 +17,7 @@ import inspect
 import textwrap
 
 from autograder import notebook as nbk
-from autograder.checks import LESSONS
+from autograder.checking import LESSONS
 from autograder.release import SOURCE_RULES, uses_source_rules
 
 

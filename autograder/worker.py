@@ -56,7 +56,7 @@ class Limits:
     outside it, so that a busy grader does not change a verdict) and the wall clock per notebook (s). A cell or call
     also has a wall-clock backstop, WALL_FACTOR times its CPU limit, for code that sleeps or blocks: its expiry is
     the grader's to regrade, never a fail.
-    DEFAULT_LIMITS is the grader's; a lesson's manifest ([limits] in lesson.toml, autograder/lessons.py)
+    DEFAULT_LIMITS is the grader's; a lesson's manifest ([limits] in lesson.toml, autograder/lessons/__init__.py)
     raises or lowers any of them, and grade's flags (--memory, --cell-timeout, ...) override both
     (grade.lesson_limits), each through over(), the one reader, which validates."""
     memory_mb: int = 3072

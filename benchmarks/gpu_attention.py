@@ -6,7 +6,7 @@ FlashAttention of lesson 06 and naive attention.
 
 The sweep is sized to take well under 5 minutes on an H200, and --budget (default 270 s) skips
 whatever is left when time runs out. (Written without a GPU at hand: the GPU path has not been
-run yet; the kernel was compiled for sm_90 ahead of time, see tests/test_sol_gpu.py.)
+run yet; the kernel was compiled for sm_90 ahead of time, see tests/lessons/test_gpu.py.)
 
 FlashAttention's convention: a fixed 16k tokens per batch (batch x T = 16384) and a hidden size of
 2048 (heads = 2048 / head_dim), T from 1k to 16k, head_dim 64 and 128, fp16 and bf16, causal or

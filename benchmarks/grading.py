@@ -9,7 +9,7 @@ The cost of one sandbox child alone (start, one cell, one request, clean-up) is 
 (--reading) the grader's own CPU for reading large submissions: a correct lesson 06 notebook grown to
 270,000 characters with helpers holding long attribute chains, and notebooks at the size caps
 (source_rules' and notebook.py's), each against a plain correct notebook (issue 33: at most 2 s more).
-The class is mixed: solved, blank and known-wrong submissions (tests/mutants). A lesson's cost
+The class is mixed: solved, blank and known-wrong submissions (tests/harness/mutants.py). A lesson's cost
 per extra submission is the CPU time (the grader and every sandbox process, user + system) of
 grading --students of them, less that of grading 2, over the difference (the least of two runs
 each): the start-up of the grader and its worker is left out. "without defences" runs under
@@ -35,9 +35,9 @@ sys.path.insert(0, str(REPO))
 
 from autograder import notebook as nbk  # noqa: E402
 from autograder.release import release  # noqa: E402
-from tests import mutants  # noqa: E402
+from tests.harness import mutants  # noqa: E402
 from autograder.worker import UNPROTECTED_ENV  # noqa: E402
-from tests.lessons import fill  # noqa: E402
+from tests.harness.lessons import fill  # noqa: E402
 
 
 def make_class(root, lessons, n_students):
@@ -205,7 +205,7 @@ READ_ONE = """
 import json, sys
 from autograder import grade
 from autograder import notebook as nbk
-from autograder.checks import triton_evidence
+from autograder.lessons.gpu import triton_evidence
 data = open(sys.argv[1], "rb").read()
 nb = nbk.parse_submission(data)
 cells, _, _ = grade.submission_cells(nb)
@@ -225,7 +225,7 @@ def reading(root):
     for name, nb in [("nothing", None), *books.items()]:
         path = root / "reading.ipynb"
         path.write_text(json.dumps(nb) if nb else "")
-        script = READ_ONE if nb else "from autograder import grade\nfrom autograder.checks import triton_evidence"
+        script = READ_ONE if nb else "from autograder import grade\nfrom autograder.lessons.gpu import triton_evidence"
         cpu[name] = min(timed([sys.executable, "-c", script, str(path)], REPO)[1] for _ in range(3))
     base = cpu.pop("nothing")
     plain_cpu = cpu["a plain correct notebook"] - base

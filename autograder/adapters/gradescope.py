@@ -73,7 +73,7 @@ fi
 # Everything grading imports, and the reference against this torch: a failure here fails the build.
 # (The reference first: solutions.gpu sets Triton's interpreter up before anything imports Triton.)
 "$python" -c "from autograder.selfcheck import check_reference; check_reference(['{lesson}'])
-from autograder.checks import checks_for; checks_for('{lesson}')
+from autograder.checking import checks_for; checks_for('{lesson}')
 from autograder.sandbox.runner import preload; preload()"
 # Only root may enter the course: a sandbox that runs student code under another uid cannot read it.
 chmod 0700 "$root/source"

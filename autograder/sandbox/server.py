@@ -1,6 +1,6 @@
 """Runs the grader's requests against student code: call a function, read an attribute,
 read or load a module's state. Used inside the sandbox (runner.py) and, for hidden tests
-run in the notebook itself, in-process (autograder.checks.LocalSubject).
+run in the notebook itself, in-process (autograder.checking.LocalSubject).
 
 Requests and replies are plain data (wire.py). Whatever the student's code returns becomes
 plain data here, or a handle to an object that stays on this side.

@@ -90,7 +90,7 @@ SOFTMAX_CALLS = {"softmax", "_softmax", "log_softmax", "_log_softmax", "Softmax"
 # The hidden-test lines of a test cell, as nbgrader runs them in the instructor's notebook (IPython's In
 # holds them); the grader's own sources have no test cells. These exact lines do nothing else. "[.]" keeps
 # the hidden line itself out of the copy release gives students.
-HIDDEN_TEST_LINE = re.compile(r"^(from autograder[.]checks import verify|verify\('06_gpu', '\w+', globals\(\)\))$", re.M)
+HIDDEN_TEST_LINE = re.compile(r"^(from autograder[.]checking import verify|verify\('06_gpu', '\w+', globals\(\)\))$", re.M)
 
 # IPython's magics, by what they do with the rest of the cell or line.
 CODE_MAGICS = {"time", "timeit", "prun", "capture"}  # run their code (maybe not, maybe many times)
@@ -243,7 +243,7 @@ def _cell_text(text, number):
             pending = pending[:-1] + line.rstrip("\n") if pending.endswith("\\") else pending
             out.append("\n")
             if not line.rstrip().endswith("\\"):
-                magics[key] = ("line", _assigned(pending, _magic(pending, number)))
+                magics[key] = ("line", _assigned(pending, _magic(pending, number)))  # noqa: F821 - set with pending
                 pending = None
             continue
         if starts and _escape(line):
@@ -437,9 +437,9 @@ class Cells:
 
     def once(self, reading, *args):
         """reading(self, *args), worked out once for every rule that asks: the cells do not change."""
-        if (reading, *args) not in self._once:
-            self._once[reading, *args] = reading(self, *args)
-        return self._once[reading, *args]
+        if (reading, *args) not in self._once:  # a tuple, not a starred index: Python 3.10 reads this file
+            self._once[(reading, *args)] = reading(self, *args)
+        return self._once[(reading, *args)]
 
     def flow(self):
         """What may hold a genuine module when the cells run (Flow), read once for every rule (a cell it cannot

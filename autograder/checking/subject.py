@@ -1,0 +1,257 @@
+"""The student's code as a check sees it: a Subject reached through a transport (the sandbox in the grader,
+this process in a notebook's hidden test), and the errors its replies become."""
+import contextlib
+import json
+import re
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from autograder.checking.memory import LocalBound
+from autograder.sandbox import wire
+from autograder.sandbox.server import ObjectServer
+from autograder.sandbox.wire import Array, Handle
+
+
+class Unchecked(Exception):
+    """The student's code could not be checked: it hung or ended its process (grader only).
+    Only the transport says so (an "unchecked" reply), never the name of a student's exception."""
+
+
+class Regrade(Unchecked):
+    """The grader could not judge the call for a reason of its own or of the machine's (its wall-clock backstop ran
+    out while the code used little CPU: it waited): status error, flagged for regrading, never a fail."""
+
+
+class OverBudget(Exception):
+    """A bounded call (Subject.call_bounded) ran past its memory bound and was killed."""
+
+
+# Sent with each isolate request, never kept in the sandbox: they are lessons' answers.
+STAND_INS = (Path(__file__).parent / "stand_ins.py").read_text(encoding="utf-8")
+NOT_IMPLEMENTED = "not implemented yet: replace `raise NotImplementedError()` with your code"
+MAX_STUDENT_MESSAGE = 300
+# Numbers and array reprs in a student's exception message may be the hidden inputs.
+_NUMBERS = re.compile(r"(?:tensor|array)\((?:[^()]|\([^()]*\))*\)|\[[-+\d.,eEinfa\s\[\]]*\d[-+\d.,eEinfa\s\[\]]*\]"
+                      r"|-?\d+\.\d*(?:[eE][-+]?\d+)?|-?\d+[eE][-+]?\d+"
+                      r"|(?<![\w.])-?\d+(?![\w.])")  # an integer on its own (an index, a size), not float32's
+
+
+def student_message(text):
+    """A student's exception message as feedback shows it: array data, decimals and integers masked,
+    capped. Only the student's text comes here: the grader's own messages (shapes it reports) never do."""
+    text = _NUMBERS.sub("\u2026", str(text))
+    return text if len(text) <= MAX_STUDENT_MESSAGE else text[:MAX_STUDENT_MESSAGE - 1] + "\u2026"
+
+
+class StudentError(Exception):
+    """The student's code raised: type name, its class names (mro) and message (masked for
+    feedback; raw_message as sent, for checks that look for a word in it)."""
+
+    def __init__(self, type, mro, message):
+        super().__init__(f"{type}: {message}")
+        self.type, self.mro = student_message(type)[:80], tuple(mro)
+        self.raw_message, self.message = message, student_message(message)
+
+    def is_a(self, name):
+        return name in self.mro
+
+
+class Subject:
+    """The student's code, reached through a transport (request -> reply, both plain data).
+    sources: the code cells the student's notebook ran, as text (host-side evidence for checks
+    that parse them with ast; empty when unknown)."""
+
+    def __init__(self, transport, seed_text="", sources=()):
+        self._transport = transport
+        self.rng = np.random.default_rng(zlib.crc32(seed_text.encode()))
+        self.sources = [str(c) for c in sources]
+        self._aspects = None
+        self._isolated = ()  # the names isolate() replaced, until restore()
+        self.held_mb = 0  # see memory_bound()
+
+    def _request(self, request, callback=None):
+        reply = self._transport(request, callback=callback) if callback else self._transport(request)
+        if not isinstance(reply, dict):
+            raise Unchecked("the sandbox sent a malformed reply")
+        if "unchecked" in reply:
+            raise Unchecked(str(reply["unchecked"]))
+        if "stalled" in reply:
+            raise Regrade(str(reply["stalled"]))
+        if "too_slow" in reply:  # the call's CPU limit: the cases it did not finish are lost, as a wrong answer's
+            raise AssertionError(str(reply["too_slow"]))
+        if "over_budget" in reply:
+            raise OverBudget(str(reply["over_budget"]))
+        if "error" in reply:
+            e = reply["error"] if isinstance(reply["error"], dict) else {}
+            mro = e.get("mro") if isinstance(e.get("mro"), list) else []
+            error = StudentError(str(e.get("type")), [str(m) for m in mro[:64]], str(e.get("message", ""))[:10_000])
+            if error.is_a("NotImplementedError"):  # ends the check whatever it catches: not written yet
+                raise AssertionError(NOT_IMPLEMENTED)
+            raise error
+        try:
+            return wire.decode(reply.get("ok"))
+        except wire.WireError as e:  # only code in the student's process could have sent it
+            raise AssertionError(f"the reply from your notebook's process was not plain data ({e}): "
+                                 "does your code change the grader's server?") from None
+
+    def _call_request(self, target, args, kwargs, **extra):
+        return {"op": "call", "target": _target(target), "args": [wire.encode_plain(a) for a in args],
+                "kwargs": {k: wire.encode_plain(v) for k, v in kwargs.items()}, **extra}
+
+    def call(self, target, *args, **kwargs):
+        """target: a name the notebook defines, a Handle, or (Handle, method name)."""
+        return self._request(self._call_request(target, args, kwargs))
+
+    def call_for_effect(self, target, *args, **kwargs):
+        """call(), for its effect only: the result is not sent back (a long stream of updates)."""
+        self._request(self._call_request(target, args, kwargs, discard=True))
+
+    def call_traced(self, target, *args, **kwargs):
+        """(result, ops): call(), plus every tensor op the call ran, as [name, first input's shape,
+        [floating outputs' shapes]] (see sandbox.server.OpLog). The log is recorded next to the
+        student's code, so it may be forged: use it to explain a mistake, never to award points."""
+        reply = self._request(self._call_request(target, args, kwargs, trace=True))
+        if not (isinstance(reply, tuple) and len(reply) == 2):
+            raise AssertionError("the reply from your notebook's process was not a traced result: "
+                                 "does your code change the grader's server?")
+        return reply
+
+    @contextlib.contextmanager
+    def memory_bound(self, memory_mb, headroom_mb=0, inputs_mb=0):
+        """A block in which the student's process may map at most memory_mb MiB more than a fresh one
+        (in the sandbox: the pristine worker it is forked from), and (in the sandbox) start no process:
+        a hard limit set from outside that process by the sandbox's worker (runner.bound()), after it
+        killed every other process of the sandbox. What the process mapped before the block (its cells,
+        a buffer they keep, memory freed but still mapped, earlier checks) is part of memory_mb, never
+        headroom on top of it: size memory_mb for an honest process (runner.py says what one maps) and
+        the forbidden layout well above it. The limit cannot be lifted, so the grader ends that process
+        after the block: handles from before or inside it are gone, and the next request runs the
+        cells again. In-process (LocalSubject) the soft limit of this process is lowered for the block,
+        counted the same way (checks.memory). A call that runs out raises OverBudget or comes back as a
+        StudentError (MemoryError, or torch's "can't allocate memory"). One bound per block (no nesting).
+        A process that already holds memory_mb is over budget before the block (OverBudget); one that
+        ended before it could be bounded fails with that reason (AssertionError).
+        self.held_mb: what the process held beyond a fresh one when the block began.
+        headroom_mb: a process holding more than an honest fresh one (runner.HONEST_HELD_MB: %matplotlib
+        inline, a scratch tensor) gets what it holds on top of memory_mb, up to headroom_mb (over budget
+        above it): a check that allows it sizes its forbidden layout from self.held_mb, well above
+        self.held_mb + memory_mb + 64 MiB (a buffer kept before the block is then too small to hold it).
+        inputs_mb: what the check's own inputs take, made inside the block (helpers.drawn_calls), on top of
+        memory_mb, which is then the answer's working memory alone."""
+        reply = self._transport({"op": "bound", "mb": int(memory_mb), "headroom": int(headroom_mb),
+                                 "inputs": int(inputs_mb)})
+        held = reply.get("held_mb") if isinstance(reply, dict) else None
+        self.held_mb = held if isinstance(held, int) else 0
+        if isinstance(reply, dict) and "refused" in reply:
+            self._transport({"op": "unbound"})
+            if isinstance(held, int):
+                raise OverBudget(str(reply["refused"]))
+            raise AssertionError(f"your code's memory could not be checked: {reply['refused']}")
+        try:
+            yield
+        finally:
+            self._transport({"op": "unbound"})
+            if self._isolated:  # the fresh process runs the notebook's own names again
+                self.isolate(self._isolated)
+
+    def call_bounded(self, memory_mb, target, *args, **kwargs):
+        """call() alone in a memory_bound(memory_mb) block."""
+        with self.memory_bound(memory_mb):
+            return self.call(target, *args, **kwargs)
+
+    def call_with_callbacks(self, handler, target, *args, **kwargs):
+        """call(), during which code next to the student's (sandbox.helpers) may ask this process
+        handler(payload) -> reply through sandbox.server.host_callback: a record the student cannot reach."""
+        return self._request(self._call_request(target, args, kwargs), callback=handler)
+
+    @contextlib.contextmanager
+    def aspect(self, name):
+        """One aspect of a check with partial credit (Check): a failure inside fails only this aspect,
+        unless it is the core. Outside a check with aspects it is a plain block."""
+        record = self._aspects
+        if record is None:
+            yield
+            return
+        if name not in record.weights:
+            raise RuntimeError(f"undeclared aspect {name!r}")
+        record.tested.add(name)
+        try:
+            yield
+        except (AssertionError, StudentError) as e:
+            message = str(e) if isinstance(e, AssertionError) else f"your code raised {e.type}: {e.message}"
+            if name == record.core or str(e) == NOT_IMPLEMENTED:
+                raise AssertionError(message) from None
+            record.failed.setdefault(name, message)
+
+    def helper(self, name, *args, **kwargs):
+        """Build one of autograder.sandbox.helpers next to the student's code; returns a Handle."""
+        return self.call({"helper": name}, *args, **kwargs)
+
+    def get(self, handle, name):
+        """handle.name; handle may be a name the notebook defines (s.get("FlashAttention", "apply"))."""
+        where = {"global": handle} if isinstance(handle, str) else {"handle": handle.id}
+        return self._request({"op": "getattr", **where, "name": name})
+
+    def state(self, handle, keep_vars=False):
+        """A module's state_dict as {name: Array}; keep_vars: state_dict(keep_vars=True), the parameters
+        themselves, whose Arrays keep their requires_grad (a plain state_dict detaches them)."""
+        return self._request({"op": "state", "handle": handle.id, **({"keep_vars": True} if keep_vars else {})})
+
+    def load(self, handle, state):
+        """load_state_dict(strict=True) with {name: numpy array}, sent as tensors."""
+        return self._request({"op": "load", "handle": handle.id,
+                              "state": {k: wire.encode_plain(tensor(v)) for k, v in state.items()}})
+
+    def has(self, name):
+        return self._request({"op": "has", "name": name})
+
+    def isolate(self, names):
+        """Until restore(), the notebook's `names` are correct helpers (Check.isolate)."""
+        self._isolated = tuple(names)
+        return self._request({"op": "isolate", "names": list(names), "source": STAND_INS})
+
+    def restore(self):
+        self._isolated = ()
+        return self._request({"op": "restore"})
+
+
+def _target(t):
+    if isinstance(t, str):
+        return {"name": t}
+    if isinstance(t, Handle):
+        return {"handle": t.id}
+    if isinstance(t, tuple):
+        return {"handle": t[0].id, "method": t[1]}
+    return t  # {"helper": name}
+
+
+class LocalSubject(Subject):
+    """The student's code in this process (hidden tests run in the notebook). Requests and
+    replies still go through JSON, so a check sees exactly what it would see in the grader."""
+
+    def __init__(self, namespace, seed_text=""):
+        server = ObjectServer(namespace)
+        roundtrip = lambda msg: json.loads(wire.dumps(msg))  # noqa: E731
+
+        bound = LocalBound()
+
+        def transport(request, callback=None):
+            if request.get("op") == "bound":
+                return bound.enter(namespace, int(request["mb"]), int(request.get("headroom", 0)),
+                                   int(request.get("inputs", 0)))
+            if request.get("op") == "unbound":
+                return bound.leave()
+            server.channel = (lambda payload: roundtrip(wire.encode_plain(callback(wire.decode(roundtrip(payload))))))\
+                if callback else None
+            return roundtrip(server.handle(roundtrip(request)))
+
+        sources = namespace.get("In") or namespace.get("__cell_sources__") or ()
+        super().__init__(transport, seed_text, [c for c in sources if isinstance(c, str)])
+
+
+def tensor(array, dtype=None):
+    """A numpy array to send as a torch tensor; dtype 'bfloat16' is allowed."""
+    array = np.asarray(array)
+    return Array("tensor", dtype or array.dtype.name, array.astype(np.float32) if dtype == "bfloat16" else array)

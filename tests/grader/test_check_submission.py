@@ -1,0 +1,238 @@
+"""check_submission.py, the check students run before submitting: release puts it in every lesson folder,
+it holds nothing of solutions/ or checks/, and it says what the grader would say, in the grader's words."""
+import copy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autograder import check_submission as cs
+from autograder import grade, source_rules
+from autograder import notebook as nbk
+from autograder.release import release, script_facts
+from tests.harness.lessons import LESSONS, fill
+
+ROOT = Path(__file__).resolve().parents[2]
+LESSON = "01_attention"
+
+
+@pytest.fixture(scope="module")
+def released(tmp_path_factory):
+    out = tmp_path_factory.mktemp("release")
+    release(out)
+    return out
+
+
+def script(released, lesson, notebook, *args):
+    """Run the released check_submission.py on a notebook dict saved in the lesson's folder: (exit status, output)."""
+    folder = released / lesson
+    nbk.write(notebook, folder / "mine.ipynb")
+    done = subprocess.run([sys.executable, "check_submission.py", "mine.ipynb", *args], cwd=folder,
+                          capture_output=True, text=True, timeout=600)
+    return done.returncode, done.stdout
+
+
+def notebook(released, lesson=LESSON):
+    return nbk.read(released / lesson / f"{lesson}.ipynb")
+
+
+def test_every_released_folder_has_the_check_for_its_lesson(released):
+    for lesson in LESSONS:
+        text = (released / lesson / "check_submission.py").read_text()
+        facts = script_facts(notebook(released, lesson), lesson)
+        assert f"LESSON = {facts!r}" in text
+        assert [t for t, _ in nbk.lesson_tests(lesson)] == list(facts["tests"])
+
+
+def test_released_folders_hold_nothing_from_solutions_or_checks(released):
+    """No line of solutions/ or autograder/checking/ (beyond short ones such as imports) is in a released
+    file other than the notebook (whose stubs keep the functions' signatures and docstrings) and lesson 06's
+    source_rules.py (the grader's rules, released by design: the same file as autograder's)."""
+    private = {line.strip() for f in [*(ROOT / "solutions").glob("*.py"), *(ROOT / "autograder" / "checks").glob("*.py")]
+               for line in f.read_text().splitlines() if len(line.strip()) >= 40 and not line.strip().startswith("#")}
+    assert private
+    for f in released.rglob("*.py"):
+        if f.name == source_rules.__name__.split(".")[-1] + ".py":
+            assert f.read_bytes() == Path(source_rules.__file__).read_bytes()
+            continue
+        text = f.read_text()
+        assert not {line.strip() for line in text.splitlines()} & private, f
+        assert "BEGIN SOLUTION" not in text and "HIDDEN TESTS" not in text, f
+
+
+def test_the_template_refuses_to_run_itself(capsys):
+    with pytest.raises(SystemExit) as e:
+        cs.main(["x.ipynb"])
+    assert e.value.code == 2 and "released lesson folder" in capsys.readouterr().err
+
+
+def test_an_honest_notebook_passes_and_the_released_one_does_not(released):
+    rc, out = script(released, LESSON, fill(notebook(released), LESSON))
+    assert rc == 0, out
+    assert out.count("passed") == 3 and "ready to submit" in out
+    rc, out = script(released, LESSON, notebook(released))
+    # softmax's and causal_mask's tests meet their stubs; scaled_dot_product_attention's names the stub it waits for
+    assert rc == 1 and out.count("FAILED: NotImplementedError (an answer is still the released stub)") == 2, out
+    assert "FAILED: NotImplementedError: scaled_dot_product_attention: NOT TESTED YET" in out and "softmax" in out, out
+
+
+def test_a_failing_visible_test_names_its_assertion(released):
+    nb = fill(notebook(released), LESSON, {"causal_mask": "def causal_mask(n_queries, n_keys=None):\n"
+                                                          "    import numpy as np\n"
+                                                          "    return np.ones((n_queries, n_keys or n_queries), bool)\n"})
+    rc, out = script(released, LESSON, nb)
+    assert rc == 1 and "PROBLEM test_causal_mask: FAILED: AssertionError" in out and "ok      test_softmax" in out
+
+
+def test_a_hanging_cell_is_stopped_and_named(released):
+    nb = fill(notebook(released), LESSON)
+    nb["cells"].insert(2, {"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
+                           "source": "while True:\n    pass\n"})
+    rc, out = script(released, LESSON, nb, "--timeout", "20")
+    assert rc == 1 and "cell 3 did not finish within 20 s; the tests after it did not run" in out
+
+
+def test_a_crash_names_the_test_it_stopped_and_its_usual_cause(released):
+    # a Triton kernel storing without a mask corrupts memory: glibc aborts, or a segfault, in the test that calls it
+    nb = fill(notebook(released), LESSON, {"causal_mask": "def causal_mask(n_queries, n_keys=None):\n"
+                                                          "    import os\n"
+                                                          "    os.abort()\n"})
+    rc, out = script(released, LESSON, nb)
+    assert rc == 1 and "(test_causal_mask) stopped the notebook (exit status -6" in out, out
+    assert "crashed" in out and "without mask=" in out and "the tests after it did not run" in out, out
+
+
+def problems(nb, lesson_nb, folder):
+    """The problem lines check gives nb (saved in folder), for the lesson of the released notebook lesson_nb."""
+    nbk.write(nb, folder / "x.ipynb")
+    return [line for bad, line in cs.check(folder / "x.ipynb", cs.lesson_facts(lesson_nb, LESSON), run=False,
+                                           folder=folder) if bad]
+
+
+def cell(nb, grade_id):
+    return next(c for c in nb["cells"] if nbk.grade_id(c) == grade_id)
+
+
+def test_the_wrong_lesson_and_lost_metadata_in_the_graders_words(released, tmp_path):
+    [line] = problems(notebook(released, "02_heads"), notebook(released), tmp_path)
+    assert line.startswith(f"this is not lesson {LESSON}")
+    nb = fill(notebook(released), LESSON)
+    for c in nb["cells"]:
+        c["metadata"].pop("nbgrader", None)
+    [line] = problems(nb, notebook(released), tmp_path)
+    assert line.startswith(cs.LOST_METADATA)
+    assert cs.LOST_METADATA in grade.submission_cells(nb)[2]  # the grader's own note
+    assert (cs.TOO_BIG, cs.MAX_NOTEBOOK_BYTES, cs.DEMO_TAG, cs.TEXT_STUB) == (nbk.TOO_BIG, nbk.MAX_NOTEBOOK_BYTES,
+                                                                             nbk.DEMO_TAG, nbk.TEXT_STUB)
+    # The check and the grader take the same cells for written questions (the check cannot import the grader).
+    cells = [c for lesson in LESSONS for c in nbk.read(nbk.lesson_path(lesson))["cells"]]
+    assert [cs.is_written(c) for c in cells] == [nbk.is_written(c) for c in cells] and sum(map(nbk.is_written, cells)) == 4
+
+
+def test_cells_the_grader_would_not_read(released, tmp_path):
+    nb = fill(notebook(released), LESSON)
+    honest = copy.deepcopy(nb)
+    assert problems(honest, notebook(released), tmp_path) == []
+    nbk.set_source(cell(nb, "test_softmax"), nbk.source(cell(nb, "test_softmax")) + "\ndef softmax(x): ...\n")
+    cell(nb, "causal_mask")["metadata"].pop("nbgrader")
+    demo = next(c for c in nb["cells"] if nbk.is_demo(c))
+    nbk.set_source(demo, "def scaled_dot_product_attention(q, k, v, mask=None):\n    return q\n")
+    found = problems(nb, notebook(released), tmp_path)
+    assert any("('test_softmax') was edited" in line for line in found)
+    assert any("answer cell 'causal_mask' has lost its nbgrader metadata" in line for line in found)
+    assert any("defines scaled_dot_product_attention but is a demo cell" in line for line in found)
+    assert len(found) == 3, found
+    # the grader indeed reads neither the test cell nor the demo
+    assert not any("def softmax(x): ..." in s or "return q" in s for s in grade.submission_cells(nb)[0])
+
+
+def test_source_rules_refusals_are_the_graders_own(released):
+    """Lesson 06's released notebook, unanswered: its source rules refuse it, and the check says so with
+    the words of source_rules.problems on the cells grade.submission_cells reads (its written question answered,
+    so that the rules' lines are all the check says)."""
+    nb = notebook(released, "06_gpu")
+    for cell in nb["cells"]:
+        if cs.is_written(cell):
+            nbk.set_source(cell, "The scores never leave the chip.")
+    path = released / "06_gpu" / "mine.ipynb"
+    nbk.write(nb, path)
+    found = [line for bad, line in cs.check(path, cs.lesson_facts(nb, "06_gpu"), run=False, folder=path.parent)
+             if bad]
+    expected = source_rules.problems(grade.submission_cells(nb)[0])
+    assert expected and found == [f"{name}: {why}" for name, why in expected.items()]
+
+
+def test_the_check_reads_the_rules_beside_itself_when_the_notebook_is_elsewhere(released, tmp_path):
+    """A student who keeps their notebook in another folder (python ../06_gpu/check_submission.py mine.ipynb)
+    still gets lesson 06's source rules: the script reads source_rules.py beside itself, not beside the notebook."""
+    nb = notebook(released, "06_gpu")
+    nbk.write(nb, tmp_path / "mine.ipynb")
+    done = subprocess.run([sys.executable, str(released / "06_gpu" / "check_submission.py"), "mine.ipynb",
+                           "--no-run"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    expected = source_rules.problems(grade.submission_cells(nb)[0])
+    assert expected and done.returncode == 1, done.stdout + done.stderr
+    for name, why in expected.items():
+        assert f"PROBLEM {name}: {why}" in done.stdout
+
+
+def written(nb, grade_id="why_scale", points=2, text="YOUR ANSWER HERE"):
+    """nb with a written question after its first cell: a markdown answer cell graded by hand (nbgrader's
+    manually graded answer: solution and grade, its points)."""
+    nb = copy.deepcopy(nb)
+    nb["cells"].insert(1, {"cell_type": "markdown", "source": text, "metadata": {"nbgrader": {
+        "grade": True, "solution": True, "grade_id": grade_id, "points": points, "locked": False}}})
+    return nb
+
+
+def test_written_questions_are_checked_kept_and_answered(released, tmp_path):
+    """release records each written question (grade_id: points); the check names one whose cell lost its
+    metadata and one still holding the released stub, and is quiet about an answered one."""
+    lesson_nb = written(notebook(released))
+    facts = cs.lesson_facts(lesson_nb, LESSON)
+    assert facts["written"] == {"why_scale": 2.0} and "why_scale" not in facts["answers"]
+    check = lambda nb: problems(nb, lesson_nb, tmp_path)  # noqa: E731
+    answered = fill(notebook(released), LESSON)
+    assert check(written(answered, text="Without it the logits grow like sqrt(d_k).")) == []
+    [line] = check(written(answered))
+    assert line.startswith("the written question 'why_scale' (2 points) still holds YOUR ANSWER HERE")
+    lost = written(answered, text="My answer.")
+    lost["cells"][1]["metadata"] = {}
+    [line] = check(lost)
+    assert line.startswith("the written question 'why_scale' (2 points) has lost its nbgrader metadata")
+
+
+def test_release_keeps_a_written_question_and_tells_the_check(tmp_path):
+    """A written question in a lesson's source: the student copy keeps its cell and metadata with the answer
+    replaced by the stub, and the released check_submission.py knows its points."""
+    from autograder.release import check_script, student_copy
+    src = written(nbk.read(nbk.lesson_path(LESSON)),
+                  text=f"Why scale?\n{nbk.BEGIN_SOLUTION}\nThe logits grow like sqrt(d_k).\n{nbk.END_SOLUTION}\n")
+    copy_ = student_copy(src)
+    cell_ = copy_["cells"][1]
+    assert nbk.TEXT_STUB in nbk.source(cell_) and "sqrt" not in nbk.source(cell_) and cs.is_written(cell_)
+    assert "'written': {'why_scale': 2.0}" in check_script(copy_, LESSON)
+
+
+def test_the_limits_are_stated_and_a_graded_case_is_timed_against_them(released, tmp_path):
+    """check_submission.py states the limits a student can hit, and times one case at the graded size against the
+    limit on a call (issue 33: a correct backward too slow for the graded sizes was told "an infinite loop?")."""
+    lesson = "09_flash_backward"
+    answered = fill(notebook(released, lesson), lesson)
+    rc, out = script(released, lesson, answered)
+    assert rc == 0 and f"limits  when graded, {grade.lesson_limits(lesson).statement()}" in out, out
+    assert "flash_attention_backward at the size it is graded:" in out and "within the 30 s" in out, out
+    folder = tmp_path / lesson  # the same check, with no CPU time to spare on a call
+    folder.mkdir()
+    text = (released / lesson / "check_submission.py").read_text()
+    (folder / "check_submission.py").write_text(text.replace("'call_seconds': 30,", "'call_seconds': 0,", 1))
+    nbk.write(answered, folder / "mine.ipynb")
+    done = subprocess.run([sys.executable, "check_submission.py", "mine.ipynb"], cwd=folder, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 1 and "too slow for the graded sizes" in done.stdout, done.stdout
+
+
+def test_every_lesson_states_the_limits_a_student_can_hit():
+    for lesson in LESSONS:
+        intro = " ".join(nbk.source(nbk.read(nbk.lesson_path(lesson))["cells"][0]).split())
+        assert grade.lesson_limits(lesson).statement() in intro, lesson

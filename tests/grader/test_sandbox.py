@@ -1,0 +1,545 @@
+"""The sandbox's host side, piece by piece: frames it refuses, callbacks, bounded calls, and the
+worker's own integrity check. The attacks themselves are graded in tests/grader/test_adversarial*.py."""
+import json
+import os
+import resource
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from autograder import notebook as nbk
+from autograder.checking import PartialCredit, Subject, checks_for
+from autograder.grade import submission_cells
+from autograder.release import release
+from autograder.sandbox import runner, wire
+from autograder.worker import DEFAULT_LIMITS, Malformed, Sandbox, Session, SandboxError, choose_mode
+from tests.harness.lessons import fill
+
+
+def test_frames_are_capped_before_they_are_parsed():
+    assert wire.loads(b'{"ok": [[], []]}') == {"ok": [[], []]}
+    with pytest.raises(wire.WireError, match="items"):
+        wire.loads(b'{"ok":[' + b"[]," * wire.MAX_TOKENS + b"[]]}")
+    a, b = socket.socketpair()
+    with a, b:
+        a.sendall(struct.pack(">I", wire.MAX_FRAME + 1))
+        with pytest.raises(wire.WireError, match="larger"):
+            wire.recv_frame(b)
+        payload = json.dumps({"ok": "x" * 1000}).encode()
+        a.sendall(struct.pack(">I", len(payload)) + payload)
+        assert wire.recv_frame(b) == {"ok": "x" * 1000}
+
+
+@pytest.mark.parametrize("frame", [{"cell": -1000, "state": "start"}, {"cell": 3, "state": "start"},
+                                   {"cell": "0", "state": "done"}, {"cell": True, "state": "start"},
+                                   {"cell": 0, "state": "running"}, {"cell": 0, "state": "done", "error": "x"},
+                                   {"cell": 0, "state": "done", "error": {"type": 1, "mro": [], "message": ""}}])
+def test_malformed_cell_frames_are_refused(frame):
+    session = Session(SimpleNamespace(limits=replace(DEFAULT_LIMITS, notebook_seconds=10), protect=True), "01_attention", [])
+    with pytest.raises(Malformed):
+        session._progress(frame, 3)
+    error = {"type": "ValueError", "mro": ["ValueError", "Exception"], "message": "m" * 5000}
+    assert session._progress({"cell": 2, "state": "done", "error": error}, 3)[2]["message"] == "m" * 2000
+
+
+@pytest.mark.parametrize("reply", [{"ok": 1, "error": {}}, {"error": "boom"}, {"result": 1}, {"error": {"type": "E"}}])
+def test_malformed_replies_are_refused(reply):
+    session = Session(SimpleNamespace(limits=replace(DEFAULT_LIMITS, notebook_seconds=10), protect=True), "01_attention", [])
+    with pytest.raises(Malformed):
+        session._reply(reply)
+
+
+def test_the_worker_notices_a_change_to_itself():
+    shell = runner.preload()
+    before = runner.fingerprint(shell)
+    assert runner.fingerprint(shell) == before
+    shell.user_ns["softmax"] = lambda x: x  # a previous student's answer, left in the pristine shell
+    assert runner.fingerprint(shell) != before
+    del shell.user_ns["softmax"]
+    original = wire.dumps
+    wire.dumps = lambda message: b"{}"  # the worker's own code replaced
+    try:
+        assert runner.fingerprint(shell) != before
+    finally:
+        wire.dumps = original
+    assert runner.fingerprint(shell) == before
+
+
+CELL = '''
+import os, time
+from sandbox.server import host_callback
+
+def ask(n):
+    return [host_callback({"i": i}) for i in range(n)]
+
+daemon = os.fork()
+if daemon == 0:  # a daemon, which could work for a bounded call outside its bound
+    os.setsid()
+    time.sleep(600)
+    os._exit(0)
+
+me = os.getpid
+
+def processes():  # the daemon, and the live processes this one can see
+    return daemon, sorted(int(p) for p in os.listdir("/proc") if p.isdigit()
+                          and open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0] != "Z")
+'''
+
+
+@pytest.fixture(scope="module")
+def session():
+    try:
+        sandbox = Sandbox(choose_mode("auto"), replace(DEFAULT_LIMITS, memory_mb=512, call_seconds=20))
+    except SandboxError as e:
+        pytest.skip(f"no sandbox here: {e}")
+    s = Session(sandbox, "01_attention", [CELL])
+    s.open()
+    yield s
+    s.close()
+    sandbox.close()
+
+
+def call(name, *args, **extra):
+    return {"op": "call", "target": {"name": name}, "args": list(args), "kwargs": {}, **extra}
+
+
+@pytest.mark.slow
+def test_a_cell_that_ran_out_of_memory_is_skipped():
+    """A top-level cell that fills memory and keeps it (MemoryError) would starve every later call:
+    it is skipped on a restart, and the rest of the notebook is graded as if it were not there."""
+    try:
+        sandbox = Sandbox(choose_mode("auto"), replace(DEFAULT_LIMITS, memory_mb=512, call_seconds=20))
+    except SandboxError as e:
+        pytest.skip(f"no sandbox here: {e}")
+    hog = "blob = []\nwhile True:\n    blob.append(bytearray(16 * 2**20))"
+    s = Session(sandbox, "01_attention", ["def room():\n    return len(bytearray(64 * 2**20))", hog])
+    try:
+        s.open()
+        # MemoryError, or the process ended while it reported one (a thread or the reply could not start)
+        assert list(s.skipped) == [1] and ("memory" in s.skipped[1] or "ended" in s.skipped[1]), s.skipped
+        assert s.transport(call("room")) == {"ok": 64 * 2**20}
+    finally:
+        s.close()
+        sandbox.close()
+
+
+@pytest.mark.slow
+def test_callbacks_are_answered_by_the_host(session):
+    log = []
+
+    def handler(payload):
+        log.append(payload)
+        return payload["i"] * 10
+
+    assert session.transport(call("ask", 3), callback=handler) == {"ok": [0, 10, 20]}
+    assert log == [{"i": 0}, {"i": 1}, {"i": 2}]
+    reply = session.transport(call("ask", 1))  # no handler: the call cannot be checked
+    assert "callback" in reply["unchecked"]
+    with pytest.raises(AssertionError):  # the check's own verdict inside a handler ends the call...
+        session.transport(call("ask", 2), callback=lambda payload: (_ for _ in ()).throw(AssertionError()))
+    assert session.transport(call("ask", 1), callback=lambda p: "fine") == {"ok": ["fine"]}  # ...not the session
+
+
+@pytest.mark.slow
+def test_a_bounded_call_runs_with_no_other_process_of_the_sandbox(session):
+    session.close()
+    daemon, before = wire.decode(session.transport(call("processes"))["ok"])
+    assert "ok" in session.transport({"op": "bound", "mb": 256})
+    _, during = wire.decode(session.transport(call("processes"))["ok"])
+    bounded = session.transport(call("me"))["ok"]
+    assert session.transport({"op": "unbound"}) == {"ok": None}
+    assert daemon in before and daemon not in during, (daemon, before, during)
+    assert set(during) < set(before)  # the serving process itself, bounded: no process of its own
+    assert session.transport(call("me"))["ok"] != bounded  # a fresh one after the bound, which cannot be lifted
+
+
+@pytest.mark.slow
+def test_a_memory_bound_holds_against_the_students_own_process(session, tmp_path):
+    """The bound is set from outside: a notebook that disables setrlimit and fork in its own process
+    still runs out (a tiled flash_attention of lesson 06 that materialises every score loses "tiled")."""
+    lesson = "06_gpu"
+    release(tmp_path, [lesson])
+    nb = fill(nbk.read(tmp_path / lesson / f"{lesson}.ipynb"), lesson, {"flash_attention": UNBOUNDED_FLASH})
+    sandbox = Sandbox(session.sandbox.mode)  # the grader's own limits
+    attacker = Session(sandbox, lesson, submission_cells(nb)[0])
+    try:
+        with pytest.raises(PartialCredit) as failed:
+            checks_for(lesson)["flash_attention"](Subject(attacker.transport))
+    finally:
+        attacker.close()
+        sandbox.close()
+    assert [r["aspect"] for r in failed.value.rows if not r["passed"]] == ["tiled"], failed.value.rows
+
+
+
+@pytest.mark.slow
+def test_a_memory_bound_is_refused_to_a_process_that_already_holds_much(session):
+    """A bound counts from a fresh worker: a process that already maps the whole bound gets none."""
+    sandbox = Sandbox(session.sandbox.mode)
+    holder = Session(sandbox, "01_attention", ["import mmap\nkeep = mmap.mmap(-1, 96 << 20)"])
+    try:
+        reply = holder.transport({"op": "bound", "mb": 64})
+        assert "free large arrays" in reply["refused"] and reply["held_mb"] >= 96, reply
+        assert holder.transport({"op": "unbound"}) == {"ok": None}
+    finally:
+        holder.close()
+        sandbox.close()
+
+
+@pytest.mark.slow
+def test_memory_mapped_before_a_bound_is_part_of_it(session):
+    """Memory the cells mapped before the bound is no headroom: 64 MiB reserved at top level, then an 80 MiB
+    allocation under a 128 MiB bound runs out; without the reserve it fits. (One allocation above 64 MiB:
+    glibc's thread arenas reserve 64 MiB heaps whose unused part is mapped already, see runner.bound.)"""
+    sandbox = Sandbox(session.sandbox.mode)
+    grab = "import numpy as np\ndef grab():\n    return int(np.ones(80 << 20, np.uint8).sum())\n"
+    try:
+        for cells, fits in (([grab], True), ([grab, "import mmap\nkeep = mmap.mmap(-1, 64 << 20)"], False)):
+            s = Session(sandbox, "01_attention", cells)
+            try:
+                assert "ok" in s.transport({"op": "bound", "mb": 128})
+                reply = s.transport(call("grab"))
+                assert ("ok" in reply) == fits, reply
+                s.transport({"op": "unbound"})
+            finally:
+                s.close()
+    finally:
+        sandbox.close()
+
+
+# A child of the worker, outside any sandbox: on SIGUSR1 it maps (never touches) 512 MiB and says
+# whether it could (on `out`); a thread of a student's process could do the same at any moment.
+MAPPER = """
+import mmap, signal, time
+asked, keep = [], []
+signal.signal(signal.SIGUSR1, lambda *_: asked.append(1))
+out.write("ready\\n"); out.flush()
+while True:
+    if asked:
+        asked.clear()
+        try:
+            keep.append(mmap.mmap(-1, 512 << 20))
+            out.write("1\\n")
+        except OSError:
+            out.write("0\\n")
+        out.flush()
+    time.sleep(0.001)
+"""
+
+
+@pytest.fixture
+def mapper():
+    r, w = os.pipe()
+    child = subprocess.Popen([sys.executable, "-c", f"import os\nout = os.fdopen({w}, 'w')\n" + MAPPER], pass_fds=[w])
+    os.close(w)
+    out = os.fdopen(r)
+    try:
+        assert out.readline() == "ready\n"
+        yield SimpleNamespace(pid=child.pid, stdout=out)
+    finally:
+        child.kill()
+        child.wait()
+        out.close()
+
+
+def _bound_of(pid):
+    return resource.prlimit(pid, resource.RLIMIT_AS)[0]
+
+
+def test_memory_mapped_while_a_bound_is_set_is_within_it(mapper, monkeypatch):
+    """The child maps 512 MiB between the worker's measurement and its limit (here: just as the limit is
+    set): that memory must not lie beyond the limit, unseen (the child is stopped meanwhile)."""
+    opts = {"pidns": False, "cgroup": None, "uid": 0, "pristine_vm": runner.vm_size(mapper.pid)}
+    prlimit = resource.prlimit
+
+    def late(pid, which, limits=None):
+        if which == resource.RLIMIT_AS and limits is not None:
+            os.kill(pid, signal.SIGUSR1)
+            select.select([mapper.stdout], [], [], 0.5)  # a running child maps now; a stopped one cannot
+        return prlimit(pid, which, limits) if limits is not None else prlimit(pid, which)
+
+    monkeypatch.setattr(runner.resource, "prlimit", late)
+    reply = runner.bound(mapper.pid, 64, opts)
+    monkeypatch.undo()
+    assert reply["op"] == "bounded", reply
+    mapper.stdout.readline()  # the mapping, tried once the child runs again
+    assert runner.vm_size(mapper.pid) <= _bound_of(mapper.pid), "memory mapped during the bound escapes it"
+
+
+def test_a_process_the_child_started_cannot_continue_it_while_it_is_bounded(mapper, monkeypatch, tmp_path):
+    """Just after the worker killed the sandbox's other processes (here: as the kill returns), the child starts
+    one of its own, if its process limit lets it (a child is no root, whom the limit does not bind: the test
+    starts it for the child), which keeps sending it SIGCONT; the child maps 512 MiB as its limit is set. It
+    may start none once the bound began, so it stays stopped, and the 512 MiB lie within the limit."""
+    (tmp_path / "cgroup.procs").write_text("")
+    opts = {"pidns": False, "cgroup": str(tmp_path), "uid": 0, "pristine_vm": runner.vm_size(mapper.pid)}
+    reap, prlimit, started = runner.reap, resource.prlimit, []
+
+    def then_start(opts, keep=()):
+        reap(opts, keep)
+        if not started and prlimit(mapper.pid, resource.RLIMIT_NPROC)[0] != 0:
+            helper = os.fork()
+            if helper == 0:
+                try:
+                    while True:
+                        os.kill(mapper.pid, signal.SIGCONT)
+                        time.sleep(0.0005)
+                finally:
+                    os._exit(0)
+            started.append(helper)
+            (tmp_path / "cgroup.procs").write_text(f"{helper}\n")  # the sandbox's own record of it
+
+    def late(pid, which, limits=None):
+        if which == resource.RLIMIT_AS and limits is not None:
+            os.kill(pid, signal.SIGUSR1)
+            select.select([mapper.stdout], [], [], 0.5)  # a running child maps now; a stopped one cannot
+        return prlimit(pid, which, limits) if limits is not None else prlimit(pid, which)
+
+    monkeypatch.setattr(runner, "reap", then_start)
+    monkeypatch.setattr(runner.resource, "prlimit", late)
+    try:
+        reply = runner.bound(mapper.pid, 64, opts)
+    finally:
+        monkeypatch.undo()
+        for helper in started:
+            os.kill(helper, signal.SIGKILL)
+            os.waitpid(helper, 0)
+    assert reply["op"] == "bounded", reply
+    assert runner.vm_size(mapper.pid) <= _bound_of(mapper.pid), "memory mapped during the bound escapes it"
+
+
+def test_a_child_that_unmapped_part_of_the_worker_gains_no_headroom(mapper):
+    """A child mapping 256 MiB less than the fresh worker (it unmapped libraries or arenas it inherited) is
+    bounded from what it maps, not from the worker: the 256 MiB are no room for a forbidden tensor."""
+    vm = runner.vm_size(mapper.pid)
+    opts = {"pidns": False, "cgroup": None, "uid": 0, "pristine_vm": vm + (256 << 20)}
+    assert runner.bound(mapper.pid, 64, opts)["op"] == "bounded"
+    assert _bound_of(mapper.pid) <= vm + (64 << 20)
+
+
+UNBOUNDED_FLASH = """
+import os, resource
+resource.setrlimit = resource.prlimit = lambda *a, **k: None  # the bound must not be set in this process
+os.fork = lambda: 0
+
+def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):
+    check_attention_inputs(q, k, v)  # every score at once: correct values, no tiles
+    Tq, Tk = q.size(2), k.size(2)
+    acc = torch.promote_types(q.dtype, torch.float32)
+    s = (q.to(acc) @ k.to(acc).transpose(-2, -1)) / math.sqrt(q.size(-1))
+    if causal:
+        s = s.masked_fill(~torch.ones(Tq, Tk, dtype=torch.bool).tril(Tk - Tq), float("-inf"))
+    return (s.softmax(-1) @ v.to(acc)).to(q.dtype)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the uid mode's clean-up runs as root")
+def test_the_uid_mode_cleans_what_the_childs_uid_left(tmp_path):
+    """Where a child cannot have its own IPC namespace, the worker removes its uid's SysV
+    segments and its files in the shared /dev/shm."""
+    import ctypes
+
+    uid = 1_999_999_999
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgid(uid)
+            os.setuid(uid)
+            ctypes.CDLL(None).shmget(0, 4096, 0o1000 | 0o600)
+            open(f"/dev/shm/mha-test-{uid}", "w").close()
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    owned = lambda: [line for line in open("/proc/sysvipc/shm").readlines()[1:] if line.split()[7] == str(uid)]  # noqa: E731
+    assert owned() and os.path.exists(f"/dev/shm/mha-test-{uid}")
+    runner.remove_ipc(uid)
+    runner.wipe_owned("/dev/shm", uid)
+    assert not owned() and not os.path.exists(f"/dev/shm/mha-test-{uid}")
+
+
+
+def _forks_as(uid, limit):
+    """How many of 3 * limit forks succeed in a process that becomes uid and takes the child's limits with
+    `processes` = limit, as runner.child does in the uid mode (bounded: its children sleep a moment and go)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        n = 0
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            runner.set_limits({**DEFAULT_LIMITS.child(), "processes": limit})
+            for _ in range(3 * limit):
+                if os.fork() == 0:
+                    time.sleep(1)
+                    os._exit(0)
+                n += 1
+        except OSError:
+            pass
+        finally:
+            os.write(w, str(n).encode())
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        n = int(f.read() or -1)
+    os.waitpid(pid, 0)
+    return n
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the uid mode runs as root")
+def test_the_uid_modes_process_limit_holds_where_roots_would_not():
+    """The kernel ignores RLIMIT_NPROC for a real uid 0: the uid mode's child holds to its process limit (a fork
+    bomb stops there) because it becomes an unprivileged uid of its own (worker._free_uid) before its limits."""
+    from autograder.worker import _free_uid
+
+    assert _forks_as(0, 20) == 60  # as root the limit is no limit: what the uid mode must never run a child as
+    assert _forks_as(_free_uid(), 20) < 20
+
+NASTY_TREE = '''
+import os, socket
+def nasty_tree(top, outside, files=20_000):
+    """What a child may leave in its scratch folder (top), with a link to `outside` that must survive."""
+    os.chdir(top)
+    home = os.open(".", os.O_RDONLY)
+    for name in ("d" * 1, "L" * 250):  # 1,500 nested folders; 40 nested names of 250 characters (past PATH_MAX)
+        for _ in range(1500 if len(name) == 1 else 40):
+            os.mkdir(name)
+            os.chdir(name)
+        os.fchdir(home)
+    for _ in range(files):  # one folder of many files
+        os.makedirs("many", exist_ok=True)
+        open(f"many/{_}", "w").close()
+    os.makedirs("locked/inner")
+    open("locked/inner/f", "w").close()
+    os.chmod("locked/inner", 0)
+    os.chmod("locked", 0)
+    os.makedirs("readonly")
+    open("readonly/f", "w").close()
+    os.chmod("readonly/f", 0)
+    os.chmod("readonly", 0o500)
+    os.mkfifo("fifo")
+    socket.socket(socket.AF_UNIX).bind("sock")
+    os.symlink("loop-b", "loop-a")
+    os.symlink("loop-a", "loop-b")
+    for name, target in (("up", ".."), ("root", "/"), ("outside", outside), ("outside-file", f"{outside}/canary")):
+        os.symlink(target, name)
+    keep = open("kept-open", "w")  # a file it still holds
+    os.chmod(".", 0)  # and the folder itself
+    return keep
+'''
+
+
+def test_the_wipe_removes_whatever_a_child_left(tmp_path):
+    """Deep trees, names past PATH_MAX, folders made unreadable, FIFOs, sockets, link loops, links out
+    (never followed), many files, the scratch folder itself made unreadable: emptied, never recursively."""
+    scope = {}
+    exec(NASTY_TREE, scope)
+    root = Path(tempfile.mkdtemp(dir="/tmp" if os.geteuid() == 0 else tmp_path))  # pytest's folders: mode 0700
+    top, outside = root / "scratch", root / "outside"
+    top.mkdir()
+    outside.mkdir()
+    (outside / "canary").write_text("x")
+    uid = 65534 if os.geteuid() == 0 else os.geteuid()  # as root, permissions would not be tested
+    for path in (root, top):
+        os.chmod(path, 0o755)
+    os.chmod(outside, 0o751)  # a link's target keeps its mode (a wipe that chmods through links: any folder)
+    os.chown(top, uid, uid) if os.geteuid() == 0 else None
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child's tree and the worker's wipe, as the same unprivileged user
+        ok = b"?"
+        try:
+            os.setgid(uid) if os.geteuid() == 0 else None
+            os.setuid(uid) if os.geteuid() == 0 else None
+            keep = scope["nasty_tree"](str(top), str(outside))
+            os.chdir("/")
+            ok = b"1" if runner.wipe([str(top)], {str(top): 0o755}) else b"0"
+            keep.close()
+        except BaseException as e:
+            ok = repr(e).encode()[:500]
+        finally:
+            os.write(w, ok)
+            os._exit(0)
+    os.close(w)
+    os.waitpid(pid, 0)
+    with os.fdopen(r, "rb") as f:
+        assert f.read() == b"1"
+    try:
+        assert top.is_dir() and list(top.iterdir()) == [] and (top.stat().st_mode & 0o777) == 0o755
+        assert (outside / "canary").read_text() == "x" and (outside.stat().st_mode & 0o777) == 0o751
+    finally:
+        assert runner.remove_tree(str(root))
+
+
+def test_a_tree_that_cannot_be_removed_is_reported_not_raised(tmp_path, monkeypatch):
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    monkeypatch.setattr(runner.os, "rmdir", lambda *a, **k: (_ for _ in ()).throw(PermissionError("no")))
+    assert runner.wipe([str(tmp_path)]) is False
+    assert runner.remove_tree(str(tmp_path)) is False
+
+
+def test_auto_never_takes_a_mode_that_hides_no_file(tmp_path, monkeypatch):
+    """A bubblewrap that fails (Ubuntu's AppArmor rule, a container) first on PATH: auto takes the uid mode
+    (root, the course private) or refuses in one line naming bubblewrap; never unshare, which hides nothing."""
+    (tmp_path / "bwrap").write_text("#!/bin/sh\nexit 1\n")
+    (tmp_path / "bwrap").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    try:
+        assert choose_mode("auto") == "uid"
+    except SandboxError as e:
+        assert "bubblewrap" in str(e) and "\n" not in str(e), e
+    from autograder.worker import weak_mode_warning
+    for mode in ("unshare", "none"):
+        assert all(word in weak_mode_warning(mode) for word in ("solutions/", "RESULTS", "gradebook")), mode
+    assert weak_mode_warning("bwrap") is weak_mode_warning("uid") is None
+
+
+@pytest.mark.slow
+def test_time_limits_count_cpu_time_and_a_wait_is_regraded():
+    """A call's limit counts the CPU time of the student's process (issue 33): code that computes past it is too slow
+    for the graded sizes (its case is lost, with that message), code that sleeps passes the wall-clock backstop and
+    is the grader's to regrade; neither is "an infinite loop?", and the child is restarted for the next call."""
+    try:
+        sandbox = Sandbox(choose_mode("auto"), replace(DEFAULT_LIMITS, memory_mb=512, call_seconds=1))
+    except SandboxError as e:
+        pytest.skip(f"no sandbox here: {e}")
+    cell = ("import time\n\ndef spin():\n    while True:\n        pass\n\n"
+            "def nap():\n    time.sleep(60)\n\ndef quick():\n    return 7\n")
+    s = Session(sandbox, "01_attention", [cell])
+    try:
+        s.open()
+        slow = s.transport(call("spin"))  # stopped by its CPU time, before the backstop
+        assert list(slow) == ["too_slow"] and "CPU time" in slow["too_slow"] and "too slow" in slow["too_slow"], slow
+        waited = s.transport(call("nap"))
+        assert list(waited) == ["stalled"] and "grade it again" in waited["stalled"], waited
+        assert s.transport(call("quick")) == {"ok": 7}
+    finally:
+        s.close()
+        sandbox.close()
+
+
+def test_a_stalled_call_is_flagged_for_regrading_and_a_slow_one_loses_its_case():
+    """What grade stores for each: a wait is an error to regrade (never a fail); CPU past the limit fails the check."""
+    from autograder.checking import Check, Subject
+    from autograder.grade import run_check
+
+    def replying(reply):
+        return Subject(lambda request: reply)
+
+    check = Check("f", lambda s: s.call("f"))
+    stalled = run_check(check, replying({"stalled": "waited"}), 2)
+    assert stalled["status"] == "error" and stalled.get("grader_error") is True, stalled
+    slow = run_check(check, replying({"too_slow": "too slow for the graded sizes"}), 2)
+    assert slow["status"] == "failed" and "too slow" in slow["message"] and not slow.get("grader_error"), slow

@@ -1,0 +1,347 @@
+"""solutions.gpu (lesson 06): tiled attention equals SDPA; Triton under its interpreter, and
+compiled for a GPU ahead of time (no GPU needed); the measuring tools; the lesson without Triton."""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from solutions import gpu
+from solutions.gpu import attention_flops, flash_attention, fuse_qkv, online_softmax, triton_attention
+from solutions.multi_head import MultiHeadAttention
+from tests.harness.checks import *  # noqa: F403
+from tests.harness.grading import *  # noqa: F403
+from tests.harness.honest import *  # noqa: F403
+from tests.harness.notebooks import *  # noqa: F403
+from tests.harness.visible import *  # noqa: F403
+from tests.lessons.gpu_source_rules import *  # noqa: F403
+
+# The slice of one lesson: its solution tests here, and the generic tests above (tests/harness/), which
+# tests/lessons/conftest.py parametrizes with this lesson's cases.
+LESSON = "06_gpu"
+
+torch.manual_seed(0)
+TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.float16: dict(atol=2e-3, rtol=2e-3),
+       torch.bfloat16: dict(atol=1.6e-2, rtol=1.6e-2), torch.float64: dict(atol=1e-10, rtol=1e-10)}
+
+
+def sdpa(q, k, v, causal):
+    mask = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool).tril(k.size(-2) - q.size(-2)) if causal else None
+    # The reference in float32, so that the half-precision tolerances measure our error alone.
+    return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask).to(q.dtype)
+
+
+def test_attention_flops_known_values():
+    assert attention_flops(1, 1, 1, 1, 1) == 4
+    assert attention_flops(2, 12, 1024, 1024, 64) == 4 * 2 * 12 * 1024 * 1024 * 64
+    assert attention_flops(2, 12, 1024, 1024, 64, causal=True) == 2 * 2 * 12 * 1024 * 1024 * 64
+    assert isinstance(attention_flops(1, 2, 3, 4, 5), int)
+
+
+@pytest.mark.parametrize("n, block", [(10, 3), (64, 16), (7, 100), (33, 1)])
+def test_online_softmax_equals_softmax(n, block):
+    x = torch.randn(4, 3, n) * 20
+    x[0, 0, : n // 2] = float("-inf")  # a row whose first blocks are all -inf
+    torch.testing.assert_close(online_softmax(x, block), x.softmax(-1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("tq, tk, causal", [(100, 100, False), (100, 100, True), (37, 130, True),
+                                            (130, 37, False), (1, 77, True), (64, 64, True)])
+def test_flash_attention_equals_sdpa(dtype, tq, tk, causal):
+    q, k, v = torch.randn(2, 3, tq, 16, dtype=dtype), torch.randn(2, 3, tk, 16, dtype=dtype), torch.randn(2, 3, tk, 16, dtype=dtype)
+    got = flash_attention(q, k, v, causal=causal, block_q=32, block_k=48)
+    assert got.dtype == dtype and got.shape == q.shape
+    torch.testing.assert_close(got, sdpa(q, k, v, causal), **TOL[dtype])
+
+
+def test_flash_attention_default_blocks_and_bad_input():
+    q = torch.randn(1, 2, 200, 8)
+    torch.testing.assert_close(flash_attention(q, q, q, causal=True), sdpa(q, q, q, True), **TOL[torch.float32])
+    with pytest.raises(ValueError, match=r"\(1, 2, 200, 8\)"):
+        flash_attention(q, q[..., :4], q[..., :4])
+    with pytest.raises(ValueError, match="float64"):
+        flash_attention(q, q.double(), q)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_fuse_qkv_equals_three_projections(bias):
+    attn = MultiHeadAttention(32, 4, bias=bias)
+    with torch.no_grad():
+        for p in attn.parameters():
+            p.normal_()
+    fused = fuse_qkv(attn)
+    assert isinstance(fused, torch.nn.Linear) and fused.weight.shape == (96, 32)
+    x = torch.randn(2, 5, 32)
+    for got, proj in zip(fused(x).split(32, dim=-1), (attn.q_proj, attn.k_proj, attn.v_proj)):
+        torch.testing.assert_close(got, proj(x))
+
+
+triton_missing = importlib.util.find_spec("triton") is None
+
+
+@pytest.mark.skipif(triton_missing, reason="Triton is not installed (pip install -e '.[gpu]', Linux only)")
+@pytest.mark.skipif(not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="no GPU and TRITON_INTERPRET is not 1")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("tq, tk, dh, causal", [(17, 17, 16, False), (20, 33, 32, True), (33, 33, 24, True)])
+def test_triton_attention_equals_sdpa(dtype, tq, tk, dh, causal):
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    q, k, v = (torch.randn(2, 2, t, dh, dtype=dtype, device=dev) for t in (tq, tk, tk))
+    got = triton_attention(q, k, v, causal=causal)
+    torch.testing.assert_close(got.cpu(), sdpa(q.cpu(), k.cpu(), v.cpu(), causal), **TOL[dtype])
+
+
+@pytest.mark.skipif(triton_missing, reason="Triton is not installed")
+def test_triton_attention_rejects_bf16_off_the_gpu():
+    # Triton's interpreter runs on numpy, which has no bfloat16: it would return garbage.
+    q = torch.randn(1, 1, 4, 16, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="bfloat16"):
+        triton_attention(q, q, q)
+
+
+_COMPILE = """
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.runtime.jit import JITFunction
+from solutions import gpu
+kernel = JITFunction(gpu._attention_kernel.fn)  # without a GPU the module holds the interpreted kernel
+shared = []
+for dtype, head_dim, causal in json.loads(sys.argv[1]):
+    signature = {name: "i32" for name in kernel.arg_names}
+    signature.update({p: "*" + dtype for p in "QKVO"}, qk_scale="fp32")
+    constexprs = dict(CAUSAL=causal, BLOCK_Q=128, BLOCK_K=64, BLOCK_D=head_dim,
+                      PRECISION="ieee" if dtype == "fp32" else "tf32")
+    signature.update({name: "constexpr" for name in constexprs})
+    compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
+                              target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": 8 if head_dim > 64 else 4, "num_stages": 2})
+    assert "cubin" in compiled.asm
+    shared.append(compiled.metadata.shared)
+print(json.dumps(shared))
+"""
+
+
+@pytest.mark.skipif(triton_missing, reason="Triton is not installed")
+@pytest.mark.parametrize("configs", [
+    [("fp16", 64, False), ("bf16", 128, True)],
+    pytest.param([("fp32", 64, True), ("fp32", 128, False)], marks=pytest.mark.slow)])  # exact fp32 compiles slowly
+def test_kernel_compiles_for_a_hopper_gpu(configs):
+    """The interpreter never compiles the kernel. Compile it for sm_90 (an H100 or H200) with
+    triton_attention's GPU tiles, as a launch there would, and check it fits in a thread block's
+    227 KB of shared memory. A fresh process: a process that has interpreted kernels cannot compile."""
+    root = Path(__file__).resolve().parents[2]
+    # Triton must be imported in compiling mode: with TRITON_INTERPRET=1 already set, code generation fails.
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", _COMPILE, json.dumps(configs)], capture_output=True, text=True,
+                         cwd=root, env=env, timeout=300)
+    if "ASTSource" in run.stderr and "TypeError" in run.stderr:
+        pytest.skip("this Triton release spells ASTSource differently")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert all(0 < n <= 227 * 1024 for n in json.loads(run.stdout.strip().splitlines()[-1]))
+
+
+def test_naive_attention_equals_sdpa_bottom_right():
+    q, k, v = torch.randn(2, 3, 5, 8), torch.randn(2, 3, 9, 8), torch.randn(2, 3, 9, 8)
+    for causal in (False, True):
+        torch.testing.assert_close(gpu.naive_attention(q, k, v, causal), sdpa(q, k, v, causal))
+
+
+def test_benchmark_ms_and_peak_memory_on_the_cpu():
+    q = torch.randn(1, 2, 64, 16)
+    assert gpu.benchmark_ms(torch.matmul, q, q.transpose(-1, -2), min_run_time=0.01) > 0
+    peaks = {}
+    for T in (256, 512):
+        q = torch.randn(1, 2, T, 32)
+        peaks[T] = (gpu.peak_memory_bytes(gpu.naive_attention, q, q, q),
+                    gpu.peak_memory_bytes(lambda q, k, v: flash_attention(q, k, v, block_q=64, block_k=64), q, q, q))
+    scores = 1 * 2 * 512 * 512 * 4
+    assert peaks[512][0] >= 2 * scores, "naive attention holds the scores and their softmax at once"
+    assert peaks[512][0] / peaks[256][0] > 3.5, "naive attention's memory is quadratic in T"
+    assert peaks[512][1] / peaks[256][1] < 2.5, "flash_attention's memory is linear in T (the output plus tiles)"
+    assert peaks[512][1] < scores / 4
+
+
+def test_lesson_runs_without_triton(tmp_path):
+    """A student without Triton: the lesson's code cells, the Triton test cell and its demo all run,
+    and say that Triton was skipped."""
+    root = Path(__file__).resolve().parents[2]
+    script = textwrap.dedent(f"""
+        import ast, sys, json
+        sys.modules["triton"] = None  # `import triton` now raises ImportError
+        sys.path.insert(0, {str(root)!r})
+        from autograder import notebook as nbk
+        nb = nbk.read(nbk.lesson_path("06_gpu"))
+        ns = {{"__name__": "__lesson__"}}
+        for cell in nbk.code_cells(nb):
+            text = nbk.without_markers(nbk.source(cell))
+            if nbk.is_test(cell):
+                if nbk.grade_id(cell) != "test_triton_attention":
+                    continue
+                text = nbk.strip_hidden_tests(text)
+            elif nbk.is_demo(cell) and "HAS_TRITON" not in text:
+                # of the other demos, only their guard `answered`, which the Triton demo calls
+                text = chr(10).join(ast.unparse(n) for n in ast.parse(text).body
+                                  if isinstance(n, ast.FunctionDef) and n.name == "answered")
+            exec(compile(text, "<cell>", "exec"), ns)
+        assert ns["HAS_TRITON"] is False
+        import torch
+        q = torch.randn(1, 1, 4, 8)
+        try:
+            ns["triton_attention"](q, q, q)
+        except RuntimeError as e:
+            assert "Triton" in str(e)
+        else:
+            raise AssertionError("triton_attention should say it needs Triton")
+    """)
+    env = dict(os.environ, MPLBACKEND="Agg")
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "Triton: not installed" in run.stdout
+    assert "triton_attention was not tested" in run.stdout and "nothing to time here" in run.stdout
+    assert run.stderr == ""
+
+
+TRITON_IMITATIONS = {  # what each must be refused for (a word of the reason)
+    "plain torch": ("def triton_attention(q, k, v, causal=False):\n    return flash_attention(q, k, v, causal)\n",
+                    "flash_attention"),
+    "torch patched": ("torch.empty_like = lambda q: flash_attention(q, q, q)\n", "changes"),
+    "a trusted name rebound": ("max = lambda *a: 0\n", "redefines"),
+    "exec": ("exec('x = 1')\n", "exec"),
+    "a function's globals": ("g = triton_attention.__globals__\n", "__globals__"),
+    "the kernel rebound": ("_attention_kernel = flash_attention\n", "top level"),
+    "a verify of one's own": ("def verify(lesson, name, g):\n    g['_attention_kernel'] = None\n", "globals"),
+    "a loop in the wrapper": ("def triton_attention(q, k, v, causal=False):\n    out = torch.empty_like(q)\n"
+                              "    for i in range(2):\n        _attention_kernel[(1,)](q, k, v, out)\n    return out\n", "loop"),
+    "another tensor returned": ("def triton_attention(q, k, v, causal=False):\n    out = torch.empty_like(q)\n"
+                                "    _attention_kernel[(1,)](q, k, v, out)\n    return q\n", "buffer"),
+    "torch in the kernel": ("@triton.jit\ndef _attention_kernel(Q):\n    x = torch.softmax(Q, -1)\n", "torch"),
+    # Each name the rules trust is bound once, at any nesting, by any means; the cells are read as IPython runs them.
+    "the wrapper redefined under if": ("if True:\n    def triton_attention(q, k, v, causal=False):\n"
+                                       "        return flash_attention(q, k, v, causal)\n", "condition"),
+    "the wrapper bound by import-as": ("from os import getcwd as triton_attention\n", "top level"),
+    "the wrapper deleted": ("del triton_attention\n", "deleted"),
+    "the kernel bound by a walrus": ("(_attention_kernel := None)\n", "top level"),
+    "tl bound by a for loop": ("for tl in []:\n    pass\n", "`tl`"),
+    "torch bound by with-as": ("with open('x') as torch:\n    pass\n", "`torch`"),
+    "triton bound to another module": ("import torch as triton\n", "`triton`"),
+    "a builtin bound by a function": ("def helper():\n    global max\n    max = 1\n", "`max`"),
+    "a stand-in outside the setup's except": ("triton = SimpleNamespace(jit=lambda fn: fn)\n", "`triton`"),
+    "a magic that runs a file": ("%run helper.py\n", "%run"),
+    "a cell magic hiding code": ("%%capture\ndef triton_attention(q, k, v, causal=False):\n    return q\n",
+                                 "condition"),
+    "a cell that does not parse": ("def f(:\n    pass\n", "does not parse"),
+    "a decorator on the wrapper": ("def _use_torch(fn):\n    return fn\n\n@_use_torch\n"
+                                   "def triton_attention(q, k, v, causal=False):\n    return q\n", "decorated"),
+    "a home-made jit": ("def jit(fn):\n    return fn\n\n@jit\ndef _attention_kernel(Q):\n    pass\n", "@triton.jit"),
+}
+
+
+
+def _lesson_cells():
+    from autograder import notebook as nbk
+    return [nbk.source(c) for c in nbk.code_cells(nbk.read(nbk.lesson_path("06_gpu")))]
+
+
+def _cells_with(code):
+    """The lesson's cells with `code` in place of the cell that defines what it defines at the top level
+    (as a student's answer replaces the lesson's), else after them."""
+    import ast
+    try:
+        names = {n.name for n in ast.parse(code).body if isinstance(n, ast.FunctionDef)}
+    except SyntaxError:
+        names = set()
+    cells = _lesson_cells()
+    at = [i for i, c in enumerate(cells) if any(f"\ndef {n}(" in "\n" + c for n in names)]
+    if at:
+        return cells[:at[0]] + [code] + cells[at[0] + 1:]
+    return cells + [code]
+
+
+def test_triton_evidence_accepts_the_lesson_notebook():
+    """Every cell as IPython's In holds them (hidden-test lines included) reads as a Triton kernel."""
+    from autograder.lessons.gpu import triton_evidence
+    assert triton_evidence.problem(_lesson_cells()) is None
+
+
+@pytest.mark.parametrize("what", TRITON_IMITATIONS)
+def test_triton_evidence_refuses_imitations(what):
+    from autograder.lessons.gpu import triton_evidence
+    code, word = TRITON_IMITATIONS[what]
+    found = triton_evidence.problem(_cells_with(code))
+    assert found and word in found, found
+
+
+FLASH_IMITATIONS = {  # flash_attention that reaches PyTorch's fused attention, and how
+    "directly": "def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):\n"
+                "    return F.scaled_dot_product_attention(q, k, v)\n",
+    "through a helper": "def _fast(q, k, v):\n    return torch.nn.functional.scaled_dot_product_attention(q, k, v)\n\n"
+                        "def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):\n    return _fast(q, k, v)\n",
+    "through a decorator": "def _fast(fn):\n    return lambda q, k, v, **kw: F.scaled_dot_product_attention(q, k, v)\n\n"
+                           "@_fast\ndef flash_attention(q, k, v, causal=False, block_q=64, block_k=64):\n    return q\n",
+    "through torch.ops": "def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):\n"
+                         "    return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v)[0]\n",
+    "through getattr": "def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):\n"
+                       "    return getattr(F, 'scaled_dot_product' + '_attention')(q, k, v)\n",
+    "imported under another name": "from torch.nn.functional import scaled_dot_product_attention as sdpa\n\n"
+                                   "def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):\n"
+                                   "    return sdpa(q, k, v)\n",
+}
+
+
+def test_flash_evidence_accepts_the_lesson_notebook():
+    from autograder.lessons.gpu import triton_evidence
+    assert triton_evidence.flash_problem(_lesson_cells()) is None
+
+
+@pytest.mark.parametrize("what", FLASH_IMITATIONS)
+def test_flash_evidence_refuses_fused_attention(what):
+    from autograder.lessons.gpu import triton_evidence
+    found = triton_evidence.flash_problem(_cells_with(FLASH_IMITATIONS[what]))
+    assert found and "flash_attention reaches" in found, found
+
+
+def test_flash_evidence_refuses_magics_and_unreadable_cells():
+    from autograder.lessons.gpu import triton_evidence
+    assert "%%writefile" in triton_evidence.flash_problem(_lesson_cells() + ["%%writefile m.py\nx = 1\n"])
+    assert "does not parse" in triton_evidence.flash_problem(_lesson_cells() + ["def f(:\n"])
+
+
+def test_without_triton_the_check_is_the_instructors_to_run(monkeypatch):
+    """No Triton where the grader runs: the check says so (status error, for the instructor), never a failure."""
+    import importlib
+
+    from autograder.checking import Unchecked
+    from autograder.lessons.gpu import checks
+
+    monkeypatch.setattr(gpu, "HAS_TRITON", False)
+    try:
+        importlib.reload(checks)
+        assert "not installed where the grader runs" in checks.UNAVAILABLE["triton_attention"]
+        with pytest.raises(Unchecked, match="not installed where the grader runs"):
+            checks.CHECKS["triton_attention"].fn(None)
+    finally:
+        monkeypatch.undo()
+        importlib.reload(checks)
+    assert checks.UNAVAILABLE == {}
+
+
+def test_harmless_magics_keep_the_evidence_and_others_do_not():
+    from autograder import notebook as nbk
+    from autograder.lessons.gpu import triton_evidence
+
+    nb = nbk.read(nbk.lesson_path("06_gpu"))
+    cells = [nbk.source(c) for c in nbk.code_cells(nb) if not nbk.is_test(c) and not nbk.is_demo(c)]
+    for magic in ("%matplotlib inline", "%config InlineBackend.figure_format = 'retina'", "%timeit flash_attention",
+                  "_ = %env", "%%capture\nx = 1\n"):
+        assert triton_evidence.flash_problem(cells + [magic]) is None
+        assert triton_evidence.problem(cells + [magic]) is None
+    assert "%load_ext" in triton_evidence.flash_problem(cells + ["%load_ext my_module"])
