@@ -184,8 +184,8 @@ for name, case in timed.items():
         continue
     import time, torch
     g = torch.Generator().manual_seed(0)
-    tensors = [torch.empty(shape, dtype=torch.float64).uniform_(-scale, scale, generator=g)
-               for shape, scale in case["tensors"]]
+    tensors = [torch.empty(shape, dtype=getattr(torch, dtype[0]) if dtype else torch.float64)
+               .uniform_(-scale, scale, generator=g) for shape, scale, *dtype in case["tensors"]]
     start, error = time.process_time(), ""
     try:
         shell.user_ns[name](*tensors, *case["args"])

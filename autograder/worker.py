@@ -82,7 +82,8 @@ class Limits:
         """The limits a student can hit, in the words each lesson's introduction and check_submission.py use (tests
         hold the lessons to them)."""
         return (f"each code cell may use {self.cell_seconds} s and each graded call {self.call_seconds} s of CPU time "
-                f"(time your code computes, not time it waits), and the notebook {self.memory_mb} MB of memory")
+                f"(time your code computes, not time it waits), the whole notebook {self.cpu_seconds} s, and "
+                f"{self.memory_mb} MB of memory")
 
     def to_json(self) -> dict:
         """{field: value}: what grade's fingerprint hashes."""
@@ -659,6 +660,10 @@ class Session:
         callback: the handler of the call's host_callback frames (Subject.call_with_callbacks)."""
         if request.get("op") in ("bound", "unbound"):
             return self._bound(request)
+        if request.get("op") == "cpu":  # Subject.cpu_seconds: the worker reads it, never the child
+            if self.data is None:
+                self.open()
+            return {"ok": self.sandbox.cpu()}
         if self.data is None:
             if self.bounded:  # the child ended inside a bounded block: its calls stay unchecked
                 return {"over_budget": "the process ended inside the memory bound"}
@@ -682,7 +687,9 @@ class Session:
             raise Malformed(f"more than {MAX_CALLBACKS} callbacks in one call")
         except Timeout:
             self.close()
-            return {"unchecked": "the notebook's total time limit ran out"}
+            # the notebook's wall clock is a backstop too: past it, the grader's to regrade
+            return {"stalled": f"the notebook's total time ({self.sandbox.limits.notebook_seconds} s) ran out: not "
+                               "graded; your instructor will grade it again"}
         except OverCpu:
             self.close()
             return {"too_slow": TOO_SLOW.format(s=self.sandbox.limits.call_seconds)}

@@ -3,6 +3,7 @@ this process in a notebook's hidden test), and the errors its replies become."""
 import contextlib
 import json
 import re
+import time
 import zlib
 from pathlib import Path
 
@@ -156,6 +157,14 @@ class Subject:
             if self._isolated:  # the fresh process runs the notebook's own names again
                 self.isolate(self._isolated)
 
+    def cpu_seconds(self):
+        """The CPU seconds the student's process has used so far: in the sandbox read by its worker from outside the
+        process (runner.cpu_seconds), which its code cannot change; in-process (LocalSubject), this process's own."""
+        used = self._request({"op": "cpu"})
+        if not isinstance(used, float):
+            raise Unchecked("your notebook's process ended before its CPU time could be read")
+        return used
+
     def call_bounded(self, memory_mb, target, *args, **kwargs):
         """call() alone in a memory_bound(memory_mb) block."""
         with self.memory_bound(memory_mb):
@@ -243,6 +252,8 @@ class LocalSubject(Subject):
                                    int(request.get("inputs", 0)))
             if request.get("op") == "unbound":
                 return bound.leave()
+            if request.get("op") == "cpu":
+                return {"ok": time.process_time()}
             server.channel = (lambda payload: roundtrip(wire.encode_plain(callback(wire.decode(roundtrip(payload))))))\
                 if callback else None
             return roundtrip(server.handle(roundtrip(request)))

@@ -185,13 +185,12 @@ def tensor_bytes(obj, limit=10_000):
 
 
 def draw(seed, specs):
-    """float64 tensors, one per (shape, scale) of specs, uniform in [-scale, scale], from a generator seeded with
-    seed, in order. The grader draws the same on its side (same torch, same CPU generator), so that inputs too large
+    """Tensors, one per (shape, scale) or (shape, scale, dtype name) of specs, uniform in [-scale, scale] (float64
+    unless named), from a generator seeded with seed, in order. The grader draws the same on its side (same torch, same CPU generator), so that inputs too large
     to send are made where they are used, and no wire buffer counts against a memory bound."""
     generator = torch.Generator().manual_seed(int(seed))
-    return [torch.empty([int(n) for n in shape], dtype=torch.float64).uniform_(-float(scale), float(scale),
-                                                                               generator=generator)
-            for shape, scale in specs]
+    return [torch.empty([int(n) for n in shape], dtype=getattr(torch, dtype[0]) if dtype else torch.float64)
+            .uniform_(-float(scale), float(scale), generator=generator) for shape, scale, *dtype in specs]
 
 
 def _picked(value, picks):
@@ -221,6 +220,17 @@ def drawn_calls(fn, seed, specs, calls):
         results.append(_picked(result, call.get("picks", [])))
         del result, ballast
     return results
+
+
+def form_latent_kv(mla, seed, specs, chunk=2048):
+    """What absorbed_attention must never do, done here to price it: apply mla.k_up and mla.v_up to every latent
+    (B, Tk, d_latent) of draw(seed, specs), chunk positions at a time, keeping nothing. The grader compares the CPU
+    time of a student's call with this one's, in the same process (checks/kv_compression.py)."""
+    latents = draw(seed, specs)[0]
+    with torch.no_grad():
+        for s in range(0, latents.size(1), chunk):
+            mla.k_up(latents[:, s:s + chunk])
+            mla.v_up(latents[:, s:s + chunk])
 
 
 # payload -> the grader's reply: installed by server.py, which imports this module (so this one
@@ -254,4 +264,5 @@ HELPERS = {
     "device_used": device_used,
     "tensor_bytes": tensor_bytes,
     "drawn_calls": drawn_calls,
+    "form_latent_kv": form_latent_kv,
 }

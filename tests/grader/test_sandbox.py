@@ -525,6 +525,8 @@ def test_time_limits_count_cpu_time_and_a_wait_is_regraded():
         waited = s.transport(call("nap"))
         assert list(waited) == ["stalled"] and "grade it again" in waited["stalled"], waited
         assert s.transport(call("quick")) == {"ok": 7}
+        used = s.transport({"op": "cpu"})  # Subject.cpu_seconds: the worker's reading, never the child's word
+        assert isinstance(used["ok"], float) and used["ok"] >= 0, used
     finally:
         s.close()
         sandbox.close()
