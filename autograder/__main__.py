@@ -4,7 +4,9 @@ import sys
 
 from pathlib import Path
 
-from autograder.checking import LESSONS
+from autograder.lessons import solutions_modules
+
+LESSONS = solutions_modules()   # {lesson: its module}, from the manifests: no torch to load for a command that needs none
 
 WRITTEN_HELP = ("the written questions count (off: shown to students, not counted); their scores are the "
                 "--gradebook's manual ones, and a lesson with one not graded yet is 'needs grading' (left blank)")
@@ -12,15 +14,37 @@ LIMIT_FLAGS = (("--cell-timeout", "cell_seconds", "s"), ("--call-timeout", "call
                ("--notebook-timeout", "notebook_seconds", "s"), ("--memory", "memory_mb", "MB"))
 
 
+def rule_flags():
+    """The flags of the counting rule (config.RuleFlags), one declaration for every command that takes them:
+    `rule` sets RESULTS's rule with them; grade, merge and report refuse them where they disagree with it; export
+    counts a trial with them."""
+    f = argparse.ArgumentParser(add_help=False)
+    g = f.add_argument_group("the counting rule (RESULTS keeps it: `rule` sets it, other commands must agree)")
+    g.add_argument("--written", action=argparse.BooleanOptionalAction, default=None, help=WRITTEN_HELP)
+    g.add_argument("--missing-blank", action=argparse.BooleanOptionalAction, default=None,
+                   help="leave a lesson never handed in blank (and flagged), not 0")
+    g.add_argument("--stale-overrides", choices=["keep", "drop"], default=None,
+                   help="a manual score made before its test's autograded result changed: keep it or drop it")
+    g.add_argument("--deadline", action="append", default=[], metavar="LESSON=ISO8601", help="repeatable")
+    g.add_argument("--late-policy", metavar="POLICY", help="e.g. 10%%/day,max=50%% (of the points earned), or none")
+    g.add_argument("--timezone", default="UTC", help="the zone of deadlines that name none (default: UTC)")
+    g.add_argument("--extensions", metavar="CSV", help="student,lesson,deadline (an ISO 8601 time or 'exempt')")
+    g.add_argument("--grace", metavar="DURATION", help="e.g. 15m, 2h or 1d: work this late counts as on time")
+    g.add_argument("--allow-mismatch", action="store_true", help="go on although a file names a student or lesson "
+                   "RESULTS and the roster do not know, or a Canvas maximum differs (each is an error otherwise)")
+    return f
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m autograder", description="The course's instructor commands.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    rules = rule_flags()
 
     r = sub.add_parser("release", help="write the student copies of the lessons to OUT/<lesson>/")
     r.add_argument("out", metavar="OUT")
     r.add_argument("--lesson", action="append", choices=list(LESSONS), help="only this lesson (repeatable)")
 
-    g = sub.add_parser("grade", help="grade SUBMISSIONS/<student>/<lesson>/<lesson>.ipynb into RESULTS")
+    g = sub.add_parser("grade", help="grade SUBMISSIONS/<student>/<lesson>/<lesson>.ipynb into RESULTS", parents=[rules])
     g.add_argument("submissions", metavar="SUBMISSIONS")
     g.add_argument("--out", required=True, metavar="RESULTS", help="where grades.csv and feedback/ go")
     g.add_argument("--lesson", action="append", choices=list(LESSONS),
@@ -40,13 +64,12 @@ def main(argv=None):
     g.add_argument("--gradebook", metavar="DB", help="also update this nbgrader gradebook (e.g. gradebook.db)")
     g.add_argument("--course-root", metavar="DIR", help="where --gradebook writes autograded/ (default: its folder)")
     g.add_argument("--quiet", action="store_true", help="no progress output")
-    g.add_argument("--written", action="store_true", help=WRITTEN_HELP)
     g.add_argument("--roster", metavar="CSV", help="the class: totals.csv gets a row for every student on it "
                    "(default: the roster collect kept in SUBMISSIONS)")
     for flag, key, unit in LIMIT_FLAGS:
         g.add_argument(flag, type=int, dest=key, metavar=unit.upper(), help=f"limit per {key.split('_')[0]} ({unit})")
 
-    m = sub.add_parser("merge", help="combine the RESULTS folders of sharded runs into one")
+    m = sub.add_parser("merge", help="combine the RESULTS folders of sharded runs into one", parents=[rules])
     m.add_argument("results", nargs="+", metavar="RESULTS")
     m.add_argument("--out", required=True, metavar="MERGED")
     m.add_argument("--gradescope", action="store_true")
@@ -55,7 +78,6 @@ def main(argv=None):
     m.add_argument("--manifest", metavar="CLASS_JSON", help="check that the shards cover this class list")
     m.add_argument("--allow-partial", action="store_true", help="merge an incomplete shard set, marking the gaps")
     m.add_argument("--roster", metavar="CSV", help="the class: totals.csv gets a row for every student on it")
-    m.add_argument("--written", action="store_true", help=WRITTEN_HELP)
 
     c = sub.add_parser("manifest", help="write the class list (students, lessons) that sharded runs split")
     c.add_argument("submissions", metavar="SUBMISSIONS")
@@ -79,8 +101,18 @@ def main(argv=None):
     co.add_argument("--times", action="append", default=[], metavar="CSV",
                     help="submission times: student, lesson, submitted_at; or a Moodle grading worksheet (repeatable)")
     co.add_argument("--timezone", default="UTC", help="the zone of times that name none (default: UTC)")
+    co.add_argument("--allow-mismatch", action="store_true",
+                    help="collect although a --times line names a student or lesson the roster and course lack")
 
-    x = sub.add_parser("export", help="write RESULTS' scores as a Canvas gradebook import or a plain CSV")
+    ru = sub.add_parser("rule", parents=[rules], help="set or change how RESULTS counts (written questions, deadlines, "
+                        "late policy, grace, extensions, a lesson never handed in, stale overrides); says what changed")
+    ru.add_argument("results", metavar="RESULTS")
+    ru.add_argument("--roster", metavar="CSV", help="the class (default: the roster RESULTS or SUBMISSIONS keeps)")
+    ru.add_argument("--submissions", metavar="SUBMISSIONS", help="where collect wrote the submission times")
+    ru.add_argument("--gradebook", metavar="DB", help="nbgrader's gradebook (default: the one RESULTS was graded with)")
+
+    x = sub.add_parser("export", parents=[rules], help="write RESULTS' scores as a Canvas gradebook import or a plain "
+                       "CSV; flags of another rule than RESULTS's make a trial that writes only --out")
     x.add_argument("results", metavar="RESULTS")
     x.add_argument("--format", required=True, help="canvas or csv")
     x.add_argument("--out", required=True, metavar="FILE")
@@ -88,19 +120,9 @@ def main(argv=None):
     x.add_argument("--canvas-gradebook", metavar="CSV", help="a gradebook exported from Canvas: fill its lesson columns")
     x.add_argument("--assignment", action="append", default=[], metavar="LESSON=NAME",
                    help="the Canvas assignment of a lesson, where its name does not say (repeatable)")
-    x.add_argument("--deadline", action="append", default=[], metavar="LESSON=ISO8601", help="repeatable")
-    x.add_argument("--late-policy", metavar="POLICY", help="e.g. 10%%/day,max=50%% (of the points earned)")
-    x.add_argument("--timezone", default="UTC", help="the zone of deadlines that name none (default: UTC)")
     x.add_argument("--submissions", metavar="SUBMISSIONS", help="where collect wrote the submission times")
-    x.add_argument("--extensions", metavar="CSV", help="student,lesson,deadline (an ISO 8601 time or 'exempt')")
-    x.add_argument("--grace", metavar="DURATION", help="e.g. 15m, 2h or 1d: work this late counts as on time")
     x.add_argument("--gradebook", metavar="DB", help="nbgrader's gradebook: its manual scores and extra credit count "
                    "(default: the one RESULTS was graded with, if any)")
-    x.add_argument("--stale-overrides", choices=["keep", "drop"], default="keep",
-                   help="a manual score made before its test's autograded result changed: keep it (default) or drop it")
-    x.add_argument("--written", action="store_true", help=WRITTEN_HELP)
-    x.add_argument("--missing-blank", action="store_true",
-                   help="leave a roster student's lesson never handed in blank (and flagged), not 0")
 
     fu = sub.add_parser("feedback-upload", help="write the zip Canvas or Moodle takes to attach each student's "
                         "feedback page to their submission, one per lesson")
@@ -110,24 +132,25 @@ def main(argv=None):
     fu.add_argument("--out", required=True, metavar="FOLDER", help="where <lesson>_feedback_<format>.zip go")
     fu.add_argument("--lesson", action="append", choices=list(LESSONS), help="only this lesson (repeatable)")
 
-    rp = sub.add_parser("report", help="write RESULTS/report.html: pass rates, mistakes, histograms, identical answers")
+    rp = sub.add_parser("report", parents=[rules],
+                        help="write RESULTS/report.html: pass rates, mistakes, histograms, identical answers")
     rp.add_argument("results", metavar="RESULTS")
     rp.add_argument("--submissions", metavar="SUBMISSIONS", help="the graded notebooks, to find identical answers")
     rp.add_argument("--no-names", action="store_true", help="leave students' names out (for a projector)")
     rp.add_argument("--roster", metavar="CSV", help="student, section: adds each lesson's scores per section")
     rp.add_argument("--gradebook", metavar="DB", help="nbgrader's gradebook: its manual scores count, stale ones "
                     "named (default: the one RESULTS was graded with, if any)")
-    rp.add_argument("--written", action="store_true", help="count the written questions even where RESULTS was graded "
-                    "and exported without --written (the page says it differs from totals.csv); by default the "
-                    "report counts as RESULTS's last grade or export did")
 
     s = sub.add_parser("sync", help="rewrite the notebooks' solution and hidden-test cells from solutions/")
     s.add_argument("--lesson", action="append", choices=list(LESSONS))
     s.add_argument("--check", action="store_true", help="change nothing; exit 1 if anything is out of date")
 
-    from autograder.audit import EXIT_STATUS
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["audit"]:   # audit loads the checks (torch): only for its own help, never for grade's start
+        from autograder.audit import EXIT_STATUS
     au = sub.add_parser("audit", help="run every known mistake and variant against a lesson's visible and hidden tests",
-                        epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter)
+                        epilog=EXIT_STATUS if argv[:1] == ["audit"] else None,
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
     au.add_argument("lesson", choices=list(LESSONS), metavar="LESSON")
     au.add_argument("--notebook", metavar="NB", help="an edited source notebook of the lesson (default: the lesson's)")
 
@@ -142,7 +165,7 @@ def main(argv=None):
             return 2
     elif args.command in ("grade", "merge", "manifest"):
         return _grade_or_merge(args)
-    elif args.command in ("collect", "export", "report"):
+    elif args.command in ("collect", "export", "report", "rule"):
         return _term(args)
     elif args.command == "feedback-upload":
         from autograder.adapters.feedback_upload import feedback_upload
@@ -223,27 +246,52 @@ def _manifest(args):
     return 0
 
 
-def _outputs(args):
-    """The adapters' writers that follow grade's and merge's reports; UsageError, before any work,
-    for a --gradebook that could not be written."""
-    from autograder.adapters import report_outputs
-    from autograder.adapters.export import counting_of
+def _flags(args):
+    """The counting rule's flags a command was given (config.RuleFlags)."""
+    from autograder.config import RuleFlags
+    return RuleFlags(args.written, args.missing_blank, None if args.stale_overrides is None else
+                     args.stale_overrides == "drop", tuple(args.deadline), args.late_policy, args.extensions,
+                     args.grace, args.timezone, getattr(args, "submissions", None))
+
+
+def _stored_rule(args, out, students=None):
+    """RESULTS's (out) counting rule, which this command counts by; UsageError, one line, when the command's flags
+    disagree with it. A folder that records none yet takes the flags' (its first grade or merge records it)."""
+    from autograder.config import read_settings, settings_path
+    flags, stored = _flags(args), read_settings(out).rule
+    if not settings_path(out).is_file():
+        return flags.rule_over(stored, list(LESSONS), students, args.allow_mismatch)
+    flags.refuse(out, stored, list(LESSONS), students, args.allow_mismatch)
+    return flags.rule_over(stored, list(LESSONS), students, args.allow_mismatch)   # its submissions, if given
+
+
+def _config(args, **grading):
+    """The run's RunConfig from grade's or merge's flags (RESULTS is --out): its roster (--roster, else the one collect
+    kept in SUBMISSIONS, else RESULTS's), RESULTS's rule; UsageError, before any work, for a --gradebook that could not
+    be written or flags that disagree with RESULTS's rule."""
     from autograder.adapters.gradebook import check_gradebook, check_same_gradebook
     from autograder.adapters.roster import kept_roster, load_roster, stored_roster
+    from autograder.config import RunConfig
 
     check_gradebook(args.gradebook)
     check_same_gradebook(args.out, args.gradebook)
-    counting_of(args.out)   # a damaged record of how RESULTS is counted stops the run before any work
-    roster = load_roster(args.roster) if getattr(args, "roster", None) else \
-        stored_roster(getattr(args, "submissions", None)) or kept_roster(args.out)   # collect's, else RESULTS's
-    return report_outputs(args.gradebook, args.course_root, roster, args.written)
+    submissions = getattr(args, "submissions", None)
+    roster = load_roster(args.roster) if args.roster else stored_roster(submissions) or kept_roster(args.out)
+    return RunConfig(Path(args.out), submissions and Path(submissions), roster, args.gradebook, args.course_root,
+                     _stored_rule(args, args.out), args.allow_mismatch, gradescope=args.gradescope, **grading)
+
+
+def _outputs(config):
+    from autograder.adapters import report_outputs
+    return report_outputs(config.gradebook, config.course_root, config.roster, config.rule)
 
 
 def _merge(args):
     from autograder.merge import merge
 
-    results = merge(args.results, args.out, args.gradescope, _outputs(args), args.manifest, args.allow_partial,
-                    args.written)
+    config = _config(args, manifest=args.manifest)
+    results = merge(args.results, args.out, args.gradescope, _outputs(config), args.manifest, args.allow_partial,
+                    config.rule.written)
     _summary(args.out, results)
     return 0
 
@@ -261,11 +309,12 @@ def _grade(args):
     if args.force and not args.resume:
         print("note: --force matters only with --resume; without it every selected submission is regraded",
               file=sys.stderr)
-    mode = choose_mode(args.sandbox, args.unsafe)
-    limits = {k: getattr(args, k) for _, k, _ in LIMIT_FLAGS if getattr(args, k) is not None}
-    run = grade(args.submissions, args.out, args.lesson, args.jobs, args.resume, shard, mode, limits,
-                args.gradescope, _outputs(args), progress=not args.quiet, all_lessons=args.all_lessons,
-                students=args.student, force=args.force, manifest=args.manifest, written=args.written)
+    config = _config(args, lessons=args.lesson and tuple(args.lesson), all_lessons=args.all_lessons,
+                     students=args.student and tuple(args.student), shard=shard, manifest=args.manifest,
+                     jobs=args.jobs, resume=args.resume, force=args.force, mode=choose_mode(args.sandbox, args.unsafe),
+                     limits={k: getattr(args, k) for _, k, _ in LIMIT_FLAGS if getattr(args, k) is not None} or None,
+                     progress=not args.quiet)
+    run = grade(config, _outputs(config))
     why = ", ".join(f"{n} {reason}" for reason, n in run["reasons"].most_common())
     print(f"graded {run['graded']} submission(s) of {', '.join(run['lessons'])}"
           + (f" ({why})" if args.resume and why else "") + (f"; reused {run['reused']} unchanged" if args.resume else ""),
@@ -279,8 +328,8 @@ def _grade(args):
 
 
 def _term(args):
-    """collect, export and report (collect.py, export.py, classreport.py)."""
-    from autograder.results import UsageError, load_term
+    """collect, export, report and rule (collect.py, export.py, classreport.py, config.py)."""
+    from autograder.results import UsageError
     from autograder.adapters.roster import kept_roster, load_roster, stored_roster
 
     try:
@@ -289,50 +338,93 @@ def _term(args):
             roster = stored_roster(getattr(args, "submissions", None)) or kept_roster(args.results)
         if args.command == "collect":
             from autograder.adapters.collect import collect
-            collect(args.download, args.out, roster, args.lesson, args.times, args.timezone)
+            collect(args.download, args.out, roster, args.lesson, args.times, args.timezone, args.allow_mismatch)
             return 0
-        term = load_term(args.results)  # a refused result is named and marked, never a silent blank: exit 1
-        for line in term.lines:
-            print(f"error: {line}", file=sys.stderr)
-        results, refused = term.results, term.refused
-        if not results and not refused:
-            raise UsageError(f"{args.results} holds no grading results (grade into it first)")
-        if args.command == "report":
-            from dataclasses import replace
-            from autograder.adapters.classreport import submission_mismatches
-            from autograder.adapters.export import counting_of
-            stale = submission_mismatches(results, args.submissions)
-            for line in stale:
-                print(f"error: {line}", file=sys.stderr)
-            counting, apart = counting_of(args.results), []
-            if args.written and not counting.written:   # what the instructor asked for, said to differ from totals.csv
-                counting = replace(counting, written=True)
-                apart.append(f"the written questions count here, but not in {args.results}/totals.csv or the export: "
-                             "grade or export with --written to count them there too")
-                print(f"warning: {apart[0]}", file=sys.stderr)
-            path = _class_report(args, results, refused, roster, term.lines + stale + apart,
-                                 _reviews(args.gradebook, args.results), counting, not args.no_names)
-            print(f"wrote {path}")
-            return 1 if refused or stale else 0
-        from autograder.adapters.export import counting_of, export
-        reviews = _reviews(args.gradebook, args.results)
-        for line in export(args.results, results, args.format, args.out, roster, args.canvas_gradebook,
-                           args.deadline, args.late_policy, args.timezone, args.submissions, args.assignment,
-                           refused, args.extensions, args.grace, args.missing_blank,
-                           reviews, args.stale_overrides, args.written):
-            print(f"warning: {line}", file=sys.stderr)
-        # The class report counts as the export now does, as totals.csv and the feedback pages it rewrote.
-        report_path = _class_report(args, results, refused, roster, term.lines, reviews, counting_of(args.results))
-        print(f"wrote {args.out} and {report_path}")
-        return 1 if refused else 0
+        return {"export": _export, "report": _report, "rule": _rule}[args.command](args, roster)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
 
+def _load(args, roster):
+    """(Term, the students a file may name: the roster's and the results', reviews) of RESULTS; UsageError, before
+    anything is written, when its key is not the one it was graded with (every result would be refused), or a
+    gradebook's manual score names a student, lesson or test RESULTS does not know (unless --allow-mismatch). The
+    refused results are said in one line per cause (Term.lines, for the report too)."""
+    from autograder import results as store
+    from autograder.counting import grouped
+    from autograder.results import UsageError
+    out = args.results
+    if store.stored_pairs(out) and (why := store.folder_problem(out)):
+        raise UsageError(f"{out}: {why}")
+    term = store.load_term(out)
+    if not term.results and not term.refused:
+        raise UsageError(f"{out} holds no grading results (grade into it first)")
+    term.lines = grouped("stored result refused, left blank (regrade it: grade --resume)",
+                         [(s, lsn, why) for (s, lsn), why in term.refused.items()])
+    for line in term.lines:
+        print(f"error: {line}", file=sys.stderr)
+    students = {r.student for r in term.results} | {s for s, _ in term.refused} | \
+        {r["student"] for r in (roster.rows if roster else ())}
+    reviews = _reviews(args.gradebook, out, term.results, students, args.allow_mismatch)
+    return term, students, reviews
+
+
+def _export(args, roster):
+    from autograder.adapters.export import export
+    from autograder.config import RunConfig, read_settings
+    term, students, reviews = _load(args, roster)
+    stored = read_settings(args.results).rule
+    rule = _flags(args).rule_over(stored, list(LESSONS), students, args.allow_mismatch)
+    trial = rule.changes(stored, f"{args.results}: ")
+    config = RunConfig(Path(args.results), args.submissions and Path(args.submissions), roster, args.gradebook,
+                       rule=rule, allow_mismatch=args.allow_mismatch)
+    warnings = export(config, term.results, args.format, args.out, bool(trial), args.canvas_gradebook,
+                      args.assignment, term.refused, reviews)
+    for line in warnings:
+        print(f"warning: {line}", file=sys.stderr)
+    if trial:
+        print(f"note: a trial, counted otherwise than {args.results}'s rule ({'; '.join(trial)}): wrote only "
+              f"{args.out}; {args.results}'s totals.csv, feedback pages and report are unchanged (`python -m "
+              f"autograder rule {args.results} ...` makes a rule RESULTS's)", file=sys.stderr)
+        return 1 if term.refused else 0
+    report_path = _class_report(args, term.results, term.refused, roster, term.lines, reviews, rule)
+    print(f"wrote {args.out} and {report_path}")
+    return 1 if term.refused else 0
+
+
+def _report(args, roster):
+    from autograder.adapters.classreport import submission_mismatches
+    term, students, reviews = _load(args, roster)
+    rule = _stored_rule(args, args.results, students)
+    stale = submission_mismatches(term.results, args.submissions)
+    for line in stale:
+        print(f"error: {line}", file=sys.stderr)
+    path = _class_report(args, term.results, term.refused, roster, term.lines + stale, reviews, rule, not args.no_names)
+    print(f"wrote {path}")
+    return 1 if term.refused or stale else 0
+
+
+def _rule(args, roster):
+    """Set RESULTS's counting rule from the flags, say what changed, and count its totals.csv, feedback pages
+    and report by it."""
+    from autograder.config import read_settings, set_rule
+    from autograder.counting import write_final
+    term, students, reviews = _load(args, roster)
+    rule = _flags(args).rule_over(read_settings(args.results).rule, list(LESSONS), students, args.allow_mismatch)
+    changed = set_rule(args.results, rule)
+    for line in changed:
+        print(f"changed: {line}")
+    print(f"{args.results} counts: {rule.said()}" + ("" if changed else " (unchanged)"))
+    write_final(args.results, term.results, term.refused, roster, reviews, rule)
+    path = _class_report(args, term.results, term.refused, roster, term.lines, reviews, rule)
+    print(f"wrote {args.results}/totals.csv, feedback/ and {path}")
+    return 1 if term.refused else 0
+
+
 def _class_report(args, results, refused, roster, warnings, reviews, counting, names=True):
-    """RESULTS/report.html (classreport.write_report) of report and export: the results, each refused one as a
-    placeholder naming why, the roster's students and sections. Returns its path."""
+    """RESULTS/report.html (classreport.write_report) of report, export and rule: the results, each refused one as
+    a placeholder naming why, the roster's students and sections. Returns its path."""
     from autograder import report
     from autograder.adapters.classreport import write_report
     results = results + [report.placeholder(s, lsn, "not graded: " + report.refused_message(why))
@@ -342,15 +434,27 @@ def _class_report(args, results, refused, roster, warnings, reviews, counting, n
                         [r["student"] for r in roster.rows] if roster else None, reviews, counting)
 
 
-def _reviews(gradebook, out):
+def _reviews(gradebook, out, results=(), students=(), allow_mismatch=False):
     """The manual scores (gradebook.read_reviews) of --gradebook or, without it, of the gradebook RESULTS (out) was
-    graded with (the same scores as its totals.csv and feedback pages); None when there is neither."""
+    graded with (the same scores as its totals.csv and feedback pages); None when there is neither. UsageError
+    when one names a student, lesson or test RESULTS does not know (unless allow_mismatch): it would count nowhere."""
     from autograder.adapters.gradebook import check_gradebook, read_reviews, remembered_gradebook
+    from autograder.results import UsageError
     gradebook = gradebook or remembered_gradebook(out)
     if not gradebook:
         return None
     check_gradebook(gradebook)
-    return read_reviews(gradebook)
+    reviews = read_reviews(gradebook)
+    known = {(r.student, r.lesson): {t.test for t in r.tests} | {w.question for w in r.written} for r in results}
+    for (student, lesson), review in sorted(reviews.items()):
+        tests = set(review.manual) | set(review.extra)
+        unknown = (f"student {student!r}" if student not in students else f"lesson {lesson!r}" if lesson not in LESSONS
+                   else f"{lesson} {', '.join(sorted(tests - known[student, lesson]))}"
+                   if (student, lesson) in known and tests - known[student, lesson] else None)
+        if unknown and tests and not allow_mismatch:
+            raise UsageError(f"the gradebook {gradebook} has a manual score for {unknown}, which {out} does not know "
+                             f"({student} {lesson}): fix it in formgrader, or pass --allow-mismatch to go on without it")
+    return reviews
 
 
 def _summary(out, results):

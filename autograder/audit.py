@@ -71,7 +71,7 @@ def _run(cells, ns, failures):
     """Run cells in ns; a test cell's failure is recorded as {grade_id: message}, others raise.
     A warning counts as a failure too: plain nbgrader zeroes a cell that writes to stderr."""
     for kind, gid, code in cells:
-        ns.setdefault("In", [""]).append(code)  # IPython's In: the cells run so far, which source_rules reads
+        ns.setdefault("In", [""]).append(code)  # IPython's In: the cells run so far
         if kind == "test":
             try:
                 with warnings.catch_warnings(record=True) as caught:
@@ -191,7 +191,7 @@ def _rulings(plan, cells, sources, start):
     """In a forked child (this process is left as it was): {cell: [what each of its `module.rule(In)` calls
     rules]} for the given later cells, In as cell j runs being sources[:start + j]; None for a cell, and none
     after it, when this process cannot have the modules the solutions' run had loaded by then (plan["loaded"]).
-    The rules are the lesson's own (source_rules.py): they read the sources as text, and look up modules in
+    The rules are the lesson's own (a module beside its notebook): they read the sources as text, and look up modules in
     sys.modules, so they judge with exactly those modules loaded, in the order the solutions' run loaded them."""
     for module in GRADER_MODULES:
         sys.modules.pop(module, None)
@@ -218,7 +218,7 @@ def _ruling(module, rule, sources):
 
 def _in_reads(code, folder):
     """[(module, rule)] when the cell reads In only as the one argument of `module.rule(In)`, module a file of the
-    lesson's folder (source_rules.py) that the cell imports itself (`import module`) and binds no other way;
+    lesson's folder that the cell imports itself (`import module`) and binds no other way;
     None when it reads In any other way ([] when not at all)."""
     try:
         tree = ast.parse(code)

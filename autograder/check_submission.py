@@ -8,9 +8,7 @@ have: the standard library and IPython (numpy, torch, ... only as the notebook i
 It says, in the grader's own words where the grader has them:
 - whether the notebook is this lesson, with its answer and test cells and their nbgrader metadata intact,
   and each written question (a markdown answer cell graded by hand) kept and answered;
-- what the grader would not read (code in a test cell or a demo cell) and, for a lesson with source rules
-  (source_rules.py beside this script, wherever the notebook is), what it would refuse (source_rules.problems
-  on the cells the grader reads);
+- what the grader would not read (code in a test cell or a demo cell);
 - the result of each visible test, running the code cells in order (demos skipped, as the grader does) in a
   fresh Python with a timeout, in this script's folder (where release put the lesson's data files, which the
   grader stages beside the notebook).
@@ -37,7 +35,8 @@ TOO_BIG = f"is larger than {MAX_NOTEBOOK_BYTES >> 20} MB; clear large outputs an
 DEMO_TAG = "demo"
 TEXT_STUB = "YOUR ANSWER HERE"  # what release leaves in a written question's answer (notebook.TEXT_STUB)
 DEFAULT_TIMEOUT = 900  # seconds for the whole run of the notebook's cells
-HERE = Path(__file__).resolve().parent  # the released lesson folder: its source_rules.py and data files
+HERE = Path(__file__).resolve().parent  # the released lesson folder: its data files, and tripwires.py where its
+#                                         visible tests switch off what an exercise forbids, as the grader does
 
 
 def source(cell):
@@ -100,12 +99,6 @@ def read(path):
     return nb, None
 
 
-def graded_sources(nb):
-    """The code the grader reads, as grade.submission_cells takes it: every code cell but tests and demos."""
-    return [source(c) for c in nb["cells"] if c["cell_type"] == "code" and not is_test(c) and not is_demo(c)
-            and not str(meta(c).get("grade_id") or "").startswith("test_")]
-
-
 def structure(nb, lesson):
     """[(is_problem, line)] on whether the notebook is the lesson with its answer and test cells intact."""
     out = []
@@ -145,23 +138,6 @@ def structure(nb, lesson):
             out.append((True, f"cell {n} defines {', '.join(sorted(names))} but is a demo cell, which the grader "
                               "skips: define it in its answer cell"))
     return out
-
-
-def rules(nb, folder):
-    """[(True, line)] of what the lesson's source rules (source_rules.py beside the script) would refuse."""
-    if not (folder / "source_rules.py").is_file():
-        return []
-    for library in ("torch", "triton.language"):  # loaded, as in the kernel the grader reads the cells in
-        try:
-            __import__(library)
-        except Exception:  # not installed (Triton is optional), or broken: the rules judge without it
-            pass
-    sys.path.insert(0, str(folder))
-    try:
-        import source_rules
-    finally:
-        sys.path.remove(str(folder))
-    return [(True, f"{name}: {why}") for name, why in source_rules.problems(graded_sources(nb)).items()]
 
 
 CHILD = r"""
@@ -251,7 +227,6 @@ def check(path, lesson=None, timeout=DEFAULT_TIMEOUT, run=True, folder=HERE):
     found = structure(nb, lesson)
     if any("not lesson" in line or LOST_METADATA in line for _, line in found):
         return found
-    found += rules(nb, folder)
     return found + (run_tests(nb, folder, timeout, lesson) if run else [])
 
 

@@ -16,6 +16,7 @@ ends as that submission's status `error`, never the run.
 import ast
 import hashlib
 import importlib
+import json
 import os
 import queue
 import re
@@ -34,15 +35,16 @@ from pathlib import Path
 from autograder import lessons as manifests
 from autograder import notebook as nbk
 from autograder import results as store
-from autograder.checking import (LESSONS, OverBudget, PartialCredit, Regrade, StudentError, Subject, Unchecked,
-                                 checks_for)
+from autograder.config import RunConfig
 from autograder.release import lesson_files
 from autograder.sandbox.runner import remove_tree
 from autograder.sandbox.wire import WireError
 from autograder.worker import Limits, Sandbox, SandboxError, Session, weak_mode_warning
 
 ROOT = Path(__file__).resolve().parent.parent
+LESSONS = manifests.solutions_modules()   # {lesson: its solutions and checks module}; the checks (torch) load lazily
 IGNORED = ("__MACOSX", ".ipynb_checkpoints")
+CACHE = "cache.json"   # in RESULTS/.results: Cache
 
 
 class GradeError(store.UsageError):
@@ -91,7 +93,7 @@ def _is_dir(entry):
     return entry.is_dir(follow_symlinks=False)
 
 
-def find_students(submissions, anomalies):
+def find_students(submissions: str | Path, anomalies: Anomalies) -> dict:
     """{student: refusal or None} of SUBMISSIONS' student folders (a symlinked one is refused)."""
     submissions = Path(submissions)
     if not submissions.is_dir():
@@ -146,7 +148,7 @@ class Submission:
         return digest, digest
 
 
-def locate(submissions, student, lesson, student_refused=None):
+def locate(submissions: str | Path, student: str, lesson: str, student_refused: str | None = None) -> "Submission":
     """The Submission of one student's lesson: SUBMISSIONS/<student>/<lesson>/<lesson>.ipynb, or,
     with a note, the one obvious alternative (a renamed notebook, a folder in another case, the
     notebook beside the lesson folders). Nothing is followed: links are refused when read."""
@@ -187,7 +189,7 @@ def locate(submissions, student, lesson, student_refused=None):
     return Submission(notes=notes + [f"no {lesson}.ipynb submitted"], anomalies=kinds + ["missing lesson"])
 
 
-def parse_shard(text):
+def parse_shard(text: str) -> tuple:
     try:
         i, n = (int(x) for x in text.split("/"))
         assert 0 <= i < n
@@ -206,21 +208,58 @@ def _module_file(name):
     return None
 
 
-def _code_closure(modules):
+class Cache:
+    """What does not change between runs of one RESULTS folder, in RESULTS/.results/cache.json, each entry keyed by
+    what it depends on, so that a change is never missed: a source file's sha256 and imports by its (path, size,
+    mtime_ns) (files), and each lesson's reference self-check passed by the hash of the code it ran (references).
+    A cache that is missing or unreadable is an empty one (everything is computed again); save() writes it when it
+    changed. It holds no verdict: results are the signed store's."""
+
+    def __init__(self, out=None):
+        self.path = Path(out) / store.STORE / CACHE if out else None
+        self.data, self.changed = {"files": {}, "references": {}}, False
+        try:
+            loaded = json.loads(self.path.read_text(encoding="utf-8")) if self.path else {}
+            if isinstance(loaded.get("files"), dict) and isinstance(loaded.get("references"), dict):
+                self.data = loaded
+        except (OSError, ValueError, AttributeError):
+            pass
+
+    def source(self, path: Path) -> tuple:
+        """(sha256, [imported names of solutions and autograder]) of one of our source files."""
+        st = path.stat()
+        stamp = [st.st_size, st.st_mtime_ns]
+        known = self.data["files"].get(str(path))
+        if known and known[:2] == stamp:
+            return known[2], known[3]
+        data = path.read_bytes()
+        names = []
+        for node in ast.walk(ast.parse(data)):
+            if isinstance(node, ast.Import):
+                names += [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names += [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        names = sorted({n for n in names if n.split(".")[0] in ("solutions", "autograder")})
+        self.data["files"][str(path)] = stamp + [hashlib.sha256(data).hexdigest(), names]
+        self.changed = True
+        return self.data["files"][str(path)][2], names
+
+    def save(self) -> None:
+        if self.path and self.changed:
+            store.write_atomic(self.path, json.dumps(self.data), durable=False)
+            self.changed = False
+
+
+def _code_closure(modules, cache=None):
     """The source files of our modules (solutions, autograder) that `modules` import, transitively."""
+    cache = cache or Cache()
     seen, todo = set(), [m for m in modules]
     while todo:
         path = _module_file(todo.pop())
         if path is None or path in seen:
             continue
         seen.add(path)
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            names = []
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-            todo += [n for n in names if n.split(".")[0] in ("solutions", "autograder")]
+        todo += cache.source(path)[1]
     return sorted(seen)
 
 
@@ -237,14 +276,16 @@ def lesson_limits(lesson, given=None) -> Limits:
     return manifests.limits(lesson, nbk.lesson_path(lesson).parent.parent).over(given, "grade's limits")
 
 
-def lesson_fingerprint(lesson, tests, mode, limits):
+def lesson_fingerprint(lesson: str, tests: list, mode: str, limits: dict | None, cache: Cache | None = None) -> str:
     """What a lesson's verdicts depend on besides the submission: its tests and points (and its written
     questions'), the code
     of its checks, of solutions/ they import, of the grader and the sandbox, what of its manifest
     grading reads (lessons.grading_keys: not the book's text), the files its notebook has beside it,
-    the sandbox mode, the limits it is graded under (lesson_limits) and the package's version."""
+    the sandbox mode, the limits it is graded under (lesson_limits) and the package's version. cache: the files'
+    hashes and imports, read again only where a file's size or time changed."""
+    cache = cache or Cache()
     package = f"autograder.lessons.{LESSONS[lesson]}"  # its checks, and the mistakes they import by name
-    files = _code_closure([f"{package}.checks", f"{package}.mistakes", "autograder.worker"])
+    files = _code_closure([f"{package}.checks", f"{package}.mistakes", "autograder.worker"], cache)
     files += [ROOT / "autograder" / f"{m}.py" for m in ("grade", "notebook", "results")]  # not their lazy imports
     files += sorted((ROOT / "autograder" / "sandbox").glob("*.py"))
     named = {p: p.relative_to(ROOT) for p in files}
@@ -254,15 +295,34 @@ def lesson_fingerprint(lesson, tests, mode, limits):
              repr(manifests.grading_keys(lesson, root))]
     written = nbk.lesson_written(lesson)
     parts += [repr(written)] if written else []  # a lesson without written questions keeps its fingerprint
-    parts += [f"{name}:{hashlib.sha256(p.read_bytes()).hexdigest()}" for p, name in named.items()]
+    parts += [f"{name}:{cache.source(p)[0] if p.suffix == '.py' else hashlib.sha256(p.read_bytes()).hexdigest()}"
+              for p, name in named.items()]
     return store.sha256_text(*parts)
 
 
-def fingerprint(grader, sub_key, submitted_at):
+def check_references(lessons: list, cache: Cache) -> None:
+    """selfcheck.check_reference of each lesson whose reference code (its solutions module, its checks and the
+    probes, with what they import, and the versions of torch and numpy) changed since it last passed here."""
+    from autograder.selfcheck import check_reference
+    import numpy
+    import torch
+    for lesson in lessons:
+        package = f"autograder.lessons.{LESSONS[lesson]}"   # its probes load by name, not by an import statement
+        files = _code_closure(["autograder.selfcheck", f"solutions.{LESSONS[lesson]}", f"{package}.probes",
+                               f"{package}.checks", f"{package}.mistakes"], cache)
+        key = store.sha256_text(torch.__version__, numpy.__version__,
+                                *(f"{p.relative_to(ROOT)}:{cache.source(p)[0]}" for p in files))
+        if cache.data["references"].get(lesson) != key:
+            check_reference([lesson])   # ReferenceBroken: nothing graded, nothing cached
+            cache.data["references"][lesson] = key
+            cache.changed = True
+
+
+def fingerprint(grader: str, sub_key: str, submitted_at: str | None) -> str:
     return store.sha256_text(grader, sub_key, submitted_at)
 
 
-def unavailable(lesson):
+def unavailable(lesson: str) -> dict:
     """{graded name: why} of checks that cannot run here (a check module's UNAVAILABLE, e.g.
     Triton not installed): their tests get status error, for the instructor, never failed."""
     module = importlib.import_module(f"autograder.lessons.{LESSONS[lesson]}.checks")
@@ -272,7 +332,7 @@ def unavailable(lesson):
 
 # ---- one (student, lesson) -----------------------------------------------------------------
 
-def submission_cells(nb):
+def submission_cells(nb: dict) -> tuple:
     """The code the grader runs, every code cell but tests and demos, in order: (sources, labels,
     notes). A label names a cell for feedback: its number in the notebook and its first line.
     nb has passed nbk.parse_submission, so its fields have the types Jupyter writes."""
@@ -294,7 +354,7 @@ def submission_cells(nb):
     return cells, labels, notes
 
 
-def unanimous(tests, status, message, grader_error=False):
+def unanimous(tests: list, status: str, message: str, grader_error: bool = False) -> list:
     rows = [dict(test=t, points=0.0, max_points=p, status=status, message=message) for t, p in tests]
     for row in rows:
         if grader_error:
@@ -302,7 +362,7 @@ def unanimous(tests, status, message, grader_error=False):
     return rows
 
 
-def aspect_rows(weights, max_points, passed=None, failed=None):
+def aspect_rows(weights: dict, max_points: float, passed: list | None = None, failed: str | None = None) -> list:
     """The aspects of a test for feedback, points scaled to the test's: passed (all earned),
     failed (core failed: nothing earned) or from PartialCredit rows."""
     total = sum(weights.values()) or 1
@@ -315,8 +375,9 @@ def aspect_rows(weights, max_points, passed=None, failed=None):
                  passed=bool(r["passed"]), message=str(r.get("message", ""))) for r in passed]
 
 
-def run_check(check, subject, max_points, why_unavailable=None):
+def run_check(check, subject, max_points: float, why_unavailable: str | None = None) -> dict:
     """One test's row: status, points and message (a bug of ours comes back in 'traceback')."""
+    from autograder.checking import OverBudget, PartialCredit, Regrade, StudentError, Unchecked
     row = dict(points=0.0, max_points=max_points, status="failed", message="")
     weights = getattr(check, "aspects", None) or {}
     if why_unavailable:
@@ -353,7 +414,7 @@ def run_check(check, subject, max_points, why_unavailable=None):
     return row
 
 
-def cell_problem(name, cells, labels, session):
+def cell_problem(name: str, cells: list, labels: list, session: Session) -> str:
     """Why the cell that defines `name` did not run (a SyntaxError, an error raised before the def, a
     hang), so the feedback names that cell and error rather than a mistake in the function; or ''."""
     define = re.compile(rf"^\s*(?:async\s+)?(?:def|class)\s+{re.escape(name)}\b", re.M)
@@ -368,7 +429,7 @@ def cell_problem(name, cells, labels, session):
     return ""
 
 
-def written_rows(lesson, nb=None, status=None, message=""):
+def written_rows(lesson: str, nb: dict | None = None, status: str | None = None, message: str = "") -> list:
     """The lesson's written questions (nbk.lesson_written) for one submission, as stored (results.WrittenRow):
     with its notebook nb, each NEEDS_GRADING (a person grades it: never a silent 0), or UNANSWERED when its
     answer is still the stub or empty (0, said, unless a TA scores it), the message saying which; without one,
@@ -392,7 +453,8 @@ def written_rows(lesson, nb=None, status=None, message=""):
     return rows
 
 
-def grade_one(sandbox, student, lesson, sub, tests, data_files, grader):
+def grade_one(sandbox: Sandbox, student: str, lesson: str, sub: "Submission", tests: list, data_files: list,
+              grader: str) -> dict:
     """The result of one (student, lesson) in its stored JSON form: save_result reads it with Result.from_json,
     which validates what the sandbox's replies put in it."""
     sha, key = sub.key()
@@ -417,6 +479,11 @@ def grade_one(sandbox, student, lesson, sub, tests, data_files, grader):
         result["anomaly"] = "refused file or folder" if refused else "unreadable notebook"
         return result
     result["written"] = written_rows(lesson, nb)
+    other = nbk.content_lesson(nb, nbk.lesson_answers(tuple(LESSONS)))
+    if other and other != lesson:   # the wrong notebook handed in: its tests will fail on names it never defines
+        result["notes"].insert(0, f"this notebook looks like {other} (its answer cells are {other}'s), not {lesson}: "
+                                  f"was it handed in to the wrong assignment? Hand in {lesson}.ipynb")
+        result["anomaly"] = "notebook of another lesson"
     cells, labels, notes = submission_cells(nb)
     result["notes"] += notes
     session = Session(sandbox, lesson, cells, data_files)
@@ -426,6 +493,7 @@ def grade_one(sandbox, student, lesson, sub, tests, data_files, grader):
         except SandboxError as e:
             result["tests"] = unanimous(tests, "error", f"your notebook could not be run: {e}")
             return result
+        from autograder.checking import Subject, checks_for
         checks, gone = checks_for(lesson), unavailable(lesson)
         rows = []
         for test, max_points in tests:
@@ -453,7 +521,7 @@ def grade_one(sandbox, student, lesson, sub, tests, data_files, grader):
     return result
 
 
-def stage_data(names, dest):
+def stage_data(names, dest: Path) -> dict:
     """Copy each lesson's files (release.lesson_files: what students get beside the notebook) into
     dest/<lesson>/; returns {lesson: their names}."""
     staged = {}
@@ -484,7 +552,8 @@ class Progress:
 
 # ---- a run ---------------------------------------------------------------------------------
 
-def plan(submissions, out, lessons=None, all_lessons=False, students=None, shard=None, manifest=None):
+def plan(submissions: str | Path, out: str | Path | None, lessons=None, all_lessons: bool = False, students=None,
+         shard: tuple | None = None, manifest: str | None = None) -> tuple:
     """Check the input and decide what to grade: (class {student: refusal or None}, lessons, selected
     students, manifest id, anomalies, RESULTS, shard as text). UsageError on bad input, before any
     work. out=None: only the class and its lessons (for the manifest)."""
@@ -536,19 +605,39 @@ def plan(submissions, out, lessons=None, all_lessons=False, students=None, shard
     return klass, lessons, selected, (m["id"] if m else None), anomalies, out, want_shard
 
 
-def grade(submissions, out, lessons=None, jobs=1, resume=False, shard=None, mode="bwrap", limits=None,
-          gradescope=False, outputs=(), progress=True, all_lessons=False, students=None, force=False,
-          manifest=None, written=False):
-    """Grade a class into RESULTS. Returns a summary dict (see __main__). Raises GradeError on bad
-    input, before any work, and Interrupted after a clean stop on SIGTERM or SIGINT. outputs: the
-    adapters' writers report.write_all calls after the core's files (autograder.adapters.report_outputs);
-    written: the written questions count in the feedback pages (report.feedback_page)."""
+def grade(config: RunConfig, outputs=()) -> dict:
+    """Grade config.submissions into config.results (a RunConfig: lessons, students, shard, manifest, jobs, resume,
+    force, mode, limits, gradescope, progress, and the rule's written questions for the feedback pages). Returns a
+    summary dict (see __main__). Raises GradeError on bad input, before any work, and Interrupted after a clean stop
+    on SIGTERM or SIGINT. outputs: the adapters' writers report.write_all calls after the core's files
+    (autograder.adapters.report_outputs)."""
+    c = config
     klass, lessons, selected, manifest_id, anomalies, out, shard_text = plan(
-        submissions, out, lessons, all_lessons, students, shard, manifest)
-    from autograder.selfcheck import check_reference
-    check_reference(lessons)  # a reference changed by mistake would grade the whole class wrong
+        c.submissions, c.results, c.lessons, c.all_lessons, c.students, c.shard, c.manifest)
+    run_tmp = Path(tempfile.mkdtemp(prefix="mha-grade-"))
+    old_tempdir, tempfile.tempdir = tempfile.tempdir, str(run_tmp)  # every sandbox folder lands in run_tmp
+    try:
+        data_files = stage_data(lessons, run_tmp / "data")
+        warm = Warm(c.mode, lesson_limits(lessons[0], c.limits), run_tmp / "data")
+        try:
+            return _grade(c.submissions, out, lessons, c.jobs, c.resume, c.mode, c.limits, c.gradescope, outputs,
+                          c.progress, c.force, c.rule.written, klass, selected, manifest_id, anomalies, shard_text,
+                          run_tmp, data_files, warm)
+        finally:
+            warm.close()
+    finally:
+        tempfile.tempdir = old_tempdir
+        remove_tree(run_tmp)  # whatever a submission left there, at any depth
+
+
+def _grade(submissions, out, lessons, jobs, resume, mode, limits, gradescope, outputs, progress, force, written,
+           klass, selected, manifest_id, anomalies, shard_text, run_tmp, data_files, warm):
+    """grade's work once its plan is made and a sandbox is starting (warm, in run_tmp with data_files)."""
+    cache = Cache(out)
+    check_references(lessons, cache)  # a reference changed by mistake would grade the whole class wrong
     tests = {lesson: nbk.lesson_tests(lesson) for lesson in lessons}
-    graders = {lesson: lesson_fingerprint(lesson, tests[lesson], mode, limits) for lesson in lessons}
+    graders = {lesson: lesson_fingerprint(lesson, tests[lesson], mode, limits, cache) for lesson in lessons}
+    cache.save()
     weak = [line for line in [weak_mode_warning(mode)] if line]  # a mode that hides no file: said once, here
     warnings_ = weak + [f"warning: {lesson} test_{name} cannot be checked here ({why}): it gets status error, "
                         "flagged for regrading, never failed" for lesson in lessons for name, why in unavailable(lesson).items()]
@@ -586,7 +675,7 @@ def grade(submissions, out, lessons=None, jobs=1, resume=False, shard=None, mode
                 reasons[why] += 1
             else:
                 reused += 1
-    kept = _run(todo, out, tests, graders, lessons, mode, limits, jobs, progress, anomalies)
+    kept = _run(todo, out, tests, graders, lessons, mode, limits, jobs, progress, anomalies, run_tmp, data_files, warm)
     store.write_run(out, shard_text, manifest_id, set(store.read_run(out).lessons) | set(lessons))
 
     from autograder import report
@@ -602,18 +691,57 @@ def grade(submissions, out, lessons=None, jobs=1, resume=False, shard=None, mode
                 lessons=lessons, students=selected, warnings=warnings_)
 
 
-def _run(todo, out, tests, graders, lessons, mode, limits, jobs, progress, anomalies):
-    """Grade todo in `jobs` threads, one sandbox each, started under the limits of the lesson it grades
-    (lesson_limits; todo is taken lesson limits by lesson limits, so a thread rarely starts another);
-    returns how many results were written.
-    SIGTERM/SIGINT: stop, kill the sandboxes, remove every temporary folder, raise Interrupted."""
+class Warm:
+    """A sandbox started in the background (its worker imports torch) while the grader loads its own checks and
+    decides what to grade: on two cores, a regrade pays for one start-up, not two in a row. take(limits) hands it
+    to the first worker thread whose lesson has those limits; close() ends it when none took it. A sandbox that
+    failed to start is left to the worker, which starts its own and reports why. The thread that started it lives
+    until close(): bwrap's --die-with-parent ends the sandbox with the thread that started it, not the process."""
+
+    def __init__(self, mode: str, limits: Limits, data_dir: Path) -> None:
+        self.limits, self.sandbox, self.lock = limits, None, threading.Lock()
+        self.started, self.done = threading.Event(), threading.Event()
+        self.thread = threading.Thread(target=self._hold, args=(mode, limits, data_dir), daemon=True)
+        self.thread.start()
+
+    def _hold(self, mode, limits, data_dir):
+        try:
+            self.sandbox = Sandbox(mode, limits, data_dir)
+        except SandboxError:
+            pass
+        finally:
+            self.started.set()
+        self.done.wait()
+
+    def take(self, limits: Limits) -> Sandbox | None:
+        with self.lock:
+            if limits != self.limits:
+                return None
+            self.started.wait()
+            sandbox, self.sandbox = self.sandbox, None
+            return sandbox
+
+    def close(self) -> None:
+        """After every sandbox it handed out is closed: end its own, if nobody took it, and its thread."""
+        with self.lock:
+            self.started.wait()
+            if self.sandbox is not None:
+                self.sandbox.close()
+                self.sandbox = None
+            self.done.set()
+        self.thread.join()
+
+
+def _run(todo, out, tests, graders, lessons, mode, limits, jobs, progress, anomalies, run_tmp, data_files, warm):
+    """Grade todo in `jobs` threads, one sandbox each (the first may be warm's), started under the limits of the
+    lesson it grades (lesson_limits; todo is taken lesson limits by lesson limits, so a thread rarely starts another),
+    their folders in run_tmp (grade removes it); returns how many results were written.
+    SIGTERM/SIGINT: stop, kill the sandboxes, raise Interrupted."""
     if not todo:
         return 0
     limits_of = {lesson: lesson_limits(lesson, limits) for lesson in lessons}
     same = {lesson: list(limits_of.values()).index(v) for lesson, v in limits_of.items()}  # lessons alike share a rank
     todo = sorted(todo, key=lambda item: same[item[1]])  # stable: otherwise in the order given
-    run_tmp = Path(tempfile.mkdtemp(prefix="mha-grade-"))
-    old_tempdir, tempfile.tempdir = tempfile.tempdir, str(run_tmp)  # every sandbox folder lands in run_tmp
     stop, lock, live, failures, written = threading.Event(), threading.Lock(), set(), [], [0]
     bar = Progress(len(todo)) if progress else None
     work = queue.Queue()
@@ -651,7 +779,7 @@ def _run(todo, out, tests, graders, lessons, mode, limits, jobs, progress, anoma
                             sandbox.close()
                             sandbox = None
                         if sandbox is None or not sandbox.alive():
-                            sandbox = Sandbox(mode, limits_of[lesson], run_tmp / "data")
+                            sandbox = warm.take(limits_of[lesson]) or Sandbox(mode, limits_of[lesson], run_tmp / "data")
                             with lock:
                                 live.add(sandbox)
                         result = grade_one(sandbox, student, lesson, sub, tests[lesson], data_files[lesson],
@@ -698,7 +826,6 @@ def _run(todo, out, tests, graders, lessons, mode, limits, jobs, progress, anoma
         handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     threads = []
     try:
-        data_files = stage_data(lessons, run_tmp / "data")
         threads = [threading.Thread(target=worker, daemon=True) for _ in range(max(1, min(jobs, len(todo))))]
         for t in threads:
             t.start()
@@ -716,8 +843,6 @@ def _run(todo, out, tests, graders, lessons, mode, limits, jobs, progress, anoma
     finally:
         for s, h in handlers.items():
             signal.signal(s, h)
-        tempfile.tempdir = old_tempdir
-        remove_tree(run_tmp)  # whatever a submission left there, at any depth
     return written[0]
 
 

@@ -7,6 +7,8 @@ import json
 import os
 import re
 import stat
+from collections import Counter
+from functools import lru_cache
 from pathlib import Path
 
 BEGIN_SOLUTION, END_SOLUTION = "### BEGIN SOLUTION", "### END SOLUTION"
@@ -240,3 +242,20 @@ def lesson_written(lesson, root=LESSONS_DIR):
 
 def lesson_names(root=LESSONS_DIR):
     return sorted(p.name for p in Path(root).iterdir() if re.fullmatch(r"\d\d_\w+", p.name) and lesson_path(p.name, root).exists())
+
+
+@lru_cache(maxsize=4)
+def lesson_answers(lessons: tuple) -> dict:
+    """{lesson: frozenset of its answer cells' grade_ids}, from the source notebooks (read once per process)."""
+    return {lesson: frozenset(grade_id(c) for c in code_cells(read(lesson_path(lesson))) if is_answer(c))
+            for lesson in lessons}
+
+
+def content_lesson(nb, answers: dict):
+    """The lesson whose answer cells the notebook holds (most of them; answers: lesson_answers), or None."""
+    ids = {grade_id(c) for c in code_cells(nb) if is_answer(c)}
+    scores = Counter({lesson: len(ids & mine) for lesson, mine in answers.items()})
+    ranked = scores.most_common(2)
+    if not ranked or ranked[0][1] == 0 or (len(ranked) > 1 and ranked[1][1] == ranked[0][1]):
+        return None
+    return ranked[0][0]

@@ -13,27 +13,27 @@ from pathlib import Path
 from autograder import check_submission, lessons
 from autograder import notebook as nbk
 
-# The lesson's source rules (standard library only): a lesson whose visible tests import them gets the module
-# itself beside its notebook. In the course, `sync` keeps a copy in lessons/<lesson>/ (for the source notebook's
-# runs and the book), and `sync --check` fails when it differs from this one.
-SOURCE_RULES = Path(__file__).resolve().parent / "source_rules.py"
-USES_RULES = re.compile(r"^\s*(import|from)\s+source_rules\b", re.M)
+# The grader's switch for forbidden paths (sandbox/tripwires.py: no import of the course): a lesson whose visible
+# tests import it gets the module itself beside its notebook. In the course, `sync` keeps a copy in
+# lessons/<lesson>/ (for the source notebook's runs and the book), and `sync --check` fails when it differs.
+TRIPWIRES = Path(__file__).resolve().parent / "sandbox" / "tripwires.py"
+USES_TRIPWIRES = re.compile(r"^\s*(import|from)\s+tripwires\b", re.M)
 CHECK_SCRIPT = Path(check_submission.__file__)
 LEAK = re.compile(r"BEGIN SOLUTION|END SOLUTION|HIDDEN TESTS|^\s*(from|import)\s+(solutions|autograder)\b", re.M)
 
 
-def uses_source_rules(nb):
-    """Whether a code cell of the notebook dict imports source_rules (lesson 06's visible tests do)."""
-    return any(USES_RULES.search(nbk.source(c)) for c in nbk.code_cells(nb))
+def uses_tripwires(nb):
+    """Whether a code cell of the notebook dict imports tripwires (lesson 06's visible tests do)."""
+    return any(USES_TRIPWIRES.search(nbk.source(c)) for c in nbk.code_cells(nb))
 
 
 def lesson_files(lesson, root=nbk.LESSONS_DIR):
     """{name: file} of what a lesson's notebook has beside it, for students (release) and for its code when
-    it is graded (grade.stage_data): the manifest's data files, and source_rules.py where a cell imports it."""
+    it is graded (grade.stage_data): the manifest's data files, and tripwires.py where a cell imports it."""
     folder = nbk.lesson_path(lesson, root).parent
     files = {name: folder / name for name in lessons.read(lesson, root)["data"]}
-    if uses_source_rules(nbk.read(nbk.lesson_path(lesson, root))):
-        files[SOURCE_RULES.name] = SOURCE_RULES
+    if uses_tripwires(nbk.read(nbk.lesson_path(lesson, root))):
+        files[TRIPWIRES.name] = TRIPWIRES
     return files
 
 

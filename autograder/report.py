@@ -119,7 +119,8 @@ def feedback_page(r, review=None, written=False, late="", drop_stale=False):
     them). review (a gradebook's, with .manual and .extra {test or question: points}): a manual score
     replaces the grader's and is said to be one, extra credit is added. Written questions are listed: with
     written they count (a manual score, or 'needs grading' and the total so far), without it they do not.
-    late: a sentence on the late penalty taken (what the export sends: the points counted), shown as a note.
+    late: a sentence on how the lesson counts, shown as a note: the late penalty taken (what the export sends: the
+    points counted), or that it was never handed in (0, or left blank).
     drop_stale: a stale manual score is shown but not counted, as the export counts with --stale-overrides drop.
     Every text is stored cleaned and capped (results.clean), and escaped here."""
     e = html.escape

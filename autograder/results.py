@@ -135,7 +135,7 @@ _CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?")
 
 
-def clean(text, cap=MESSAGE_CAP, newlines=True):
+def clean(text: object, cap: int = MESSAGE_CAP, newlines: bool = True) -> str:
     """text as printable str: ANSI sequences and control characters removed, tabs as spaces,
     newlines kept only when newlines=True, at most cap characters. A value that is not text is
     named by its type, never str()-ed whole: a forged 50 MB structure costs nothing."""
@@ -146,7 +146,7 @@ def clean(text, cap=MESSAGE_CAP, newlines=True):
     return text if len(text) <= cap else text[:cap - 10] + " [... cut]"
 
 
-def check_student(name):
+def check_student(name: str) -> str | None:
     """The reason a folder name cannot be a student identifier, or None when it can."""
     if not name or name.startswith(".") or name in ("__MACOSX",):
         return "a hidden or system folder, not a student"
@@ -157,7 +157,7 @@ def check_student(name):
 
 # ---- files ---------------------------------------------------------------------------------
 
-def write_atomic(path, text, durable=True):
+def write_atomic(path: str | Path, text: str, durable: bool = True) -> None:
     """Write text to path so that a reader (or a crash) sees the old file or the new, never half.
     durable=False skips the fsync, for files made again from stored results on every run."""
     path = Path(path)
@@ -175,7 +175,7 @@ def write_atomic(path, text, durable=True):
         raise
 
 
-def prepare_out(out, submissions=None):
+def prepare_out(out: str | Path, submissions: str | Path | None = None) -> Path:
     """RESULTS made ready to write (UsageError when it cannot be); never overlapping SUBMISSIONS,
     where it would become a student."""
     out = Path(out)
@@ -197,7 +197,7 @@ def prepare_out(out, submissions=None):
     return out
 
 
-def write_derived(path, text):
+def write_derived(path: str | Path, text: str) -> None:
     """A file made from stored results (a feedback page): written, without fsync, only when it
     changes, so a run over a term rewrites only what it graded."""
     try:
@@ -218,7 +218,7 @@ def _read_small(path, cap=MAX_STORED_BYTES):
         return f.read(cap + 1).decode("utf-8")
 
 
-def sha256_text(*parts):
+def sha256_text(*parts: object) -> str:
     h = hashlib.sha256()
     for p in parts:
         h.update(str(p).encode())
@@ -228,14 +228,14 @@ def sha256_text(*parts):
 
 # ---- the results key and the digest --------------------------------------------------------
 
-def key_path():
+def key_path() -> Path:
     """Where the results key is: $MHA_RESULTS_KEY, else $XDG_CONFIG_HOME (or ~/.config)/mha-course/results.key."""
     if os.environ.get(KEY_ENV):
         return Path(os.environ[KEY_ENV]).expanduser()
     return Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "mha-course" / "results.key"
 
 
-def key_source():
+def key_source() -> str:
     """What chose key_path(), in words, for messages."""
     if os.environ.get(KEY_ENV):
         return f"${KEY_ENV}"
@@ -245,7 +245,7 @@ def key_source():
 _warned_open_keys = set()
 
 
-def results_key(create=False):
+def results_key(create: bool = False) -> bytes | None:
     """The key (32 bytes) that signs stored results, or None when there is none and create=False.
     create=True makes it on first use, mode 0600, atomically (shards starting together agree on one).
     A key other users may read is used, with one warning per run: they could sign any verdict."""
@@ -284,7 +284,7 @@ def results_key(create=False):
     return bytes.fromhex(text.strip())
 
 
-def digest(result, key, nonce=""):
+def digest(result: dict, key: bytes, nonce: str = "") -> str:
     """HMAC-SHA256 of a folder's nonce and a result's canonical JSON (sorted keys, no spaces; its own
     digest left out): valid only in the folder whose index holds that nonce."""
     body = json.dumps({k: v for k, v in result.items() if k != "digest"}, sort_keys=True, separators=(",", ":"))
@@ -297,7 +297,7 @@ _index_lock = threading.Lock()   # save_result runs in grading threads: one inde
 _index_cache = {}                # index path -> (stat, key, (index, why)): grade --resume reads it per result
 
 
-def index_path(out):
+def index_path(out: str | Path) -> Path:
     return Path(out) / STORE / INDEX_FILE
 
 
@@ -306,7 +306,7 @@ def _index_mac(index, key):
     return hmac.new(key, body.encode(), hashlib.sha256).hexdigest()
 
 
-def folder_problem(out):
+def folder_problem(out: str | Path) -> str | None:
     """Why no result of RESULTS can be trusted with the key at hand, said once for the folder (the key is
     probably not the one it was graded with, there is none, the index is damaged or missing), or None."""
     index, why = _read_index(out, results_key())
@@ -387,7 +387,7 @@ def _unsigned(raw, student, lesson, index):
     return None
 
 
-def lesson_problem(result, tests):
+def lesson_problem(result: "Result", tests: list) -> str | None:
     """Why a Result does not fit its lesson's tests [(name, max_points)], or None."""
     got = [(t.test, t.max_points) for t in result.tests]
     if [name for name, _ in got] != [name for name, _ in tests]:
@@ -401,7 +401,7 @@ def lesson_problem(result, tests):
 
 # ---- results -------------------------------------------------------------------------------
 
-def result_path(out, student, lesson):
+def result_path(out: str | Path, student: str, lesson: str) -> Path:
     return Path(out) / STORE / lesson / f"{student}.json"
 
 
@@ -592,7 +592,7 @@ class Result:
         return out
 
 
-def cell_error(value):
+def cell_error(value: object) -> dict:
     """A cell's error as {type, message}, whatever the sandbox sent (a forged string, a huge list)."""
     if isinstance(value, dict):
         return {"type": clean(value.get("type"), 100, newlines=False) or "error",
@@ -634,7 +634,7 @@ def load_result(out, student, lesson, tests=None) -> tuple:
     return result, None
 
 
-def stored_pairs(out):
+def stored_pairs(out: str | Path) -> set:
     """{(student, lesson)} of every result file in RESULTS (valid or not), and of every result its index
     records (a deleted one)."""
     store = Path(out) / STORE
@@ -739,19 +739,19 @@ def read_run(out) -> Run:
         raise UsageError(f"{path} is damaged ({why}): delete it and grade again") from None
 
 
-def write_run(out, shard, manifest, lessons, partial=()):
+def write_run(out: str | Path, shard: str | None, manifest: str | None, lessons, partial=()) -> None:
     write_atomic(Path(out) / STORE / RUN_FILE,
                  json.dumps(Run(shard, manifest, tuple(lessons), tuple(partial)).to_json(), indent=1) + "\n")
 
 
-def write_manifest(path, students, lessons):
+def write_manifest(path: str | Path, students, lessons) -> str:
     """The class list every shard splits the same way; returns its id."""
     manifest = {"format": MANIFEST_FORMAT, "students": sorted(students), "lessons": list(lessons)}
     write_atomic(path, json.dumps(manifest, indent=1) + "\n")
     return manifest_id(manifest)
 
 
-def read_manifest(path):
+def read_manifest(path: str | Path) -> dict:
     """{students, lessons, id}; UsageError when it is not a manifest this module wrote."""
     try:
         m = json.loads(_read_small(path, 64 << 20))
@@ -768,18 +768,18 @@ def read_manifest(path):
     return {"students": m["students"], "lessons": m["lessons"], "id": manifest_id(m)}
 
 
-def manifest_id(m):
+def manifest_id(m: dict) -> str:
     return sha256_text(json.dumps([sorted(m["students"]), list(m["lessons"])]))[:16]
 
 
 # ---- submission times ----------------------------------------------------------------------
 
-def write_timestamp(lesson_folder, when):
+def write_timestamp(lesson_folder: str | Path, when: datetime) -> None:
     """nbgrader's timestamp.txt: the submission time, a timezone-aware datetime."""
     write_atomic(Path(lesson_folder) / TIMESTAMP_FILE, when.astimezone(timezone.utc).isoformat() + "\n")
 
 
-def read_timestamp(lesson_folder):
+def read_timestamp(lesson_folder: str | Path) -> tuple:
     """(ISO 8601 UTC string or None, problem or None) from lesson_folder/timestamp.txt: ISO 8601, or
     nbgrader's "2026-01-31 23:59:00.000000 UTC"; a time without a zone is taken as UTC."""
     path = Path(lesson_folder) / TIMESTAMP_FILE
@@ -803,7 +803,7 @@ def read_timestamp(lesson_folder):
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 
-def csv_cell(value):
+def csv_cell(value: object) -> str:
     """A value as CSV text a spreadsheet will not run: one line without control characters, and,
     when it starts (after spaces) with = + - @ TAB CR, or with a single quote (so that read_csv can
     undo it), a single quote in front. Numbers are written as they are."""
@@ -816,7 +816,7 @@ def csv_cell(value):
     return text
 
 
-def csv_text(rows, columns):
+def csv_text(rows, columns) -> str:
     """CSV text of rows (dicts) with the given columns, every cell through csv_cell."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
@@ -826,14 +826,14 @@ def csv_text(rows, columns):
     return buf.getvalue()
 
 
-def read_csv(path):
+def read_csv(path: str | Path) -> list:
     """The rows of a CSV this module wrote, as dicts of str, with the injection guard removed,
     so values equal the identifiers in RESULTS."""
     with open(path, newline="", encoding="utf-8") as f:
         return [{k: v[1:] if v.startswith("'") else v for k, v in row.items()} for row in csv.DictReader(f)]
 
 
-def write_grades(path, results):
+def write_grades(path: str | Path, results: list) -> None:
     """grades.csv from [Result]: one row per (student, lesson, test), COLUMNS, points summed over aspects."""
     rows = [dict(student=r.student, lesson=r.lesson, test=t.test, points=t.points, max_points=t.max_points,
                  status=t.status, message=" | ".join(t.message.splitlines()))
@@ -841,5 +841,5 @@ def write_grades(path, results):
     write_atomic(path, csv_text(rows, COLUMNS))
 
 
-def read_grades(path):
+def read_grades(path: str | Path) -> list:
     return read_csv(path)

@@ -4,8 +4,8 @@ For every code cell of a lesson notebook, each top-level def or class whose name
 defines (the lesson's own module first) is rewritten from solutions/. In answer cells the
 bodies are wrapped in solution markers, after the docstring (and a leading
 super().__init__()), so students see signatures and docstrings. Hidden-test blocks are
-rewritten to the canonical verify() call. A lesson whose notebook imports source_rules gets a copy
-of autograder/source_rules.py beside it (lessons/<lesson>/source_rules.py, so that the source
+rewritten to the canonical verify() call. A lesson whose notebook imports tripwires gets a copy
+of autograder/sandbox/tripwires.py beside it (lessons/<lesson>/tripwires.py, so that the source
 notebook runs in place), byte for byte.
 
     python -m autograder sync          # rewrite the notebooks
@@ -18,7 +18,7 @@ import textwrap
 
 from autograder import notebook as nbk
 from autograder.checking import LESSONS
-from autograder.release import SOURCE_RULES, uses_source_rules
+from autograder.release import TRIPWIRES, uses_tripwires
 
 
 def solution_source(lesson, name):
@@ -97,7 +97,7 @@ def synced_cell_source(lesson, cell):
 
 def sync(names=None, check=False, root=nbk.LESSONS_DIR):
     """Rewrite (or, with check, only list) the cells that differ from solutions/, and the copies of
-    source_rules.py that differ from autograder's. Returns them."""
+    tripwires.py that differ from autograder's. Returns them."""
     changed = []
     for lesson in names or nbk.lesson_names(root):
         path = nbk.lesson_path(lesson, root)
@@ -111,11 +111,11 @@ def sync(names=None, check=False, root=nbk.LESSONS_DIR):
                 dirty = True
         if dirty and not check:
             nbk.write(nb, path)
-        copy = path.parent / SOURCE_RULES.name
-        if uses_source_rules(nb) and (copy.is_symlink() or not copy.is_file()
-                                      or copy.read_bytes() != SOURCE_RULES.read_bytes()):
-            changed.append(f"{lesson}: {copy.name} differs from autograder/{SOURCE_RULES.name}")
+        copy = path.parent / TRIPWIRES.name
+        if uses_tripwires(nb) and (copy.is_symlink() or not copy.is_file()
+                                   or copy.read_bytes() != TRIPWIRES.read_bytes()):
+            changed.append(f"{lesson}: {copy.name} differs from autograder/sandbox/{TRIPWIRES.name}")
             if not check:
                 copy.unlink(missing_ok=True)  # a link, or a stale copy: written anew, never through a link
-                copy.write_bytes(SOURCE_RULES.read_bytes())
+                copy.write_bytes(TRIPWIRES.read_bytes())
     return changed

@@ -547,6 +547,9 @@ class Session:
         self.cell_errors = {}  # cell index -> error description
         self.data = None
         self.bounded = False  # inside Subject.memory_bound: the child runs under a memory bound
+        self.forbid = ()  # inside Subject.forbidding: the paths to switch off before the cells (tripwires)
+        self.elsewhere = None  # inside Subject.elsewhere: the grader's cells, run instead of the notebook's
+        self.serving = ((), None)  # (forbid, elsewhere) of the serving child
         self.starts = 0
         self.deadline = time.monotonic() + sandbox.limits.notebook_seconds
         # What the grader parses from the sandbox is capped (its own memory); tests may lift it.
@@ -618,11 +621,23 @@ class Session:
             if not self.sandbox.alive():
                 raise SandboxError("the sandbox worker died")
             self.data = self.sandbox.start(self.lesson, self.data_files)
+            self.serving = (self.forbid, self.elsewhere)
+            if self.elsewhere is not None:  # the grader's own cells: nothing of the notebook's runs, none skipped
+                wire.send_frame(self.data, {"cells": self.elsewhere})
+                try:  # timed by CPU as the notebook's cells are; the grader's cells are never skipped
+                    while self._progress(self._await(self.sandbox.limits.cell_seconds), len(self.elsewhere))[0] != "done":
+                        pass
+                except (Timeout, OverCpu, Stalled):
+                    raise SandboxError("the grader's cells ran past their time limit") from None
+                return
             run = [i for i in range(len(self.cells)) if i not in self.skipped]
-            self.cell_errors = {}
+            # The cells' errors a student is shown are those of a plain run: a child with paths off may fail a scratch
+            # cell that calls one (Subject.forbidding).
+            kept, self.cell_errors = self.cell_errors, {}
             current = None
             try:
-                wire.send_frame(self.data, {"cells": [self.cells[i] for i in run]})
+                wire.send_frame(self.data, {"cells": [self.cells[i] for i in run],
+                                            **({"forbid": list(self.forbid)} if self.forbid else {})})
                 while True:
                     frame = self._progress(self._await(self.sandbox.limits.cell_seconds), len(run))
                     if frame[0] == "done":
@@ -649,6 +664,8 @@ class Session:
                 # later call would fail for it, so it is skipped on a restart, as a cell that crashed.
                 starved = [i for i, e in self.cell_errors.items() if "MemoryError" in (e.get("mro") or ())]
                 if not starved:
+                    if self.forbid:
+                        self.cell_errors = kept
                     return
                 for i in starved:
                     self.skipped[i] = "ran out of memory (MemoryError)"
@@ -660,14 +677,14 @@ class Session:
         callback: the handler of the call's host_callback frames (Subject.call_with_callbacks)."""
         if request.get("op") in ("bound", "unbound"):
             return self._bound(request)
+        if request.get("op") in ("forbid", "unforbid", "elsewhere", "here"):
+            return self._kind(request)
         if request.get("op") == "cpu":  # Subject.cpu_seconds: the worker reads it, never the child
-            if self.data is None:
-                self.open()
+            self._serve()  # the child that serves the next call: the one to read
             return {"ok": self.sandbox.cpu()}
-        if self.data is None:
-            if self.bounded:  # the child ended inside a bounded block: its calls stay unchecked
-                return {"over_budget": "the process ended inside the memory bound"}
-            self.open()
+        if self.data is None and self.bounded:  # the child ended inside a bounded block: its calls stay unchecked
+            return {"over_budget": "the process ended inside the memory bound"}
+        self._serve()
         try:
             wire.send_frame(self.data, request)
             for _ in range(MAX_CALLBACKS + 1):
@@ -716,11 +733,31 @@ class Session:
                 self.starts -= 1  # a restart the grader asked for, not a crash of the notebook
             self.bounded = False
             return {"ok": None}
-        if self.data is None:
-            self.open()
+        self._serve()
         reply = self.sandbox.bound(request["mb"], request.get("headroom", 0), request.get("inputs", 0))
         self.bounded = True  # refused too: that child may start no thread or process any more (runner.bound)
         return reply if "refused" in reply else {"ok": None, **reply}
+
+    def _kind(self, request):
+        """The host's part of Subject.forbidding and Subject.elsewhere: {"op": "forbid", "paths": [...]} asks for a
+        child that switched the paths off before running the cells (runner.child, sandbox/tripwires.py), "unforbid"
+        for one that did not; {"op": "elsewhere", "cells": [...]} for one that runs the grader's cells instead of the
+        notebook's, "here" for the notebook's again. The serving child is replaced at the next request that needs
+        another kind (_serve), so blocks that follow each other share one. Never forwarded to the child."""
+        op = request["op"]
+        if op in ("forbid", "unforbid"):
+            self.forbid = tuple(str(p) for p in request.get("paths", ())) if op == "forbid" else ()
+        else:
+            self.elsewhere = [str(c) for c in request.get("cells", ())] if op == "elsewhere" else None
+        return {"ok": None}
+
+    def _serve(self):
+        """A serving child of the kind asked for (forbid), started or restarted as needed."""
+        if self.data is not None and self.serving != (self.forbid, self.elsewhere):
+            self.close()
+            self.starts -= 1  # a restart the grader asked for, not a crash of the notebook
+        if self.data is None:
+            self.open()
 
     def _reply(self, reply):
         """A reply frame, validated: exactly one known key, and an error that is plain data."""

@@ -4,11 +4,15 @@ and without them; and throughput against plain `nbgrader autograde` on the same 
     python benchmarks/grading.py                       # every lesson; nbgrader on lessons 01-03
     python benchmarks/grading.py --lessons 01_attention --skip-nbgrader
     python benchmarks/grading.py --lessons --skip-child --json benchmarks/results/grading_cpu.json  # nbgrader only
+    python benchmarks/grading.py --regrade --baseline main --lessons --skip-child --skip-nbgrader   # one regrade
 
-The cost of one sandbox child alone (start, one cell, one request, clean-up) is measured too, and
-(--reading) the grader's own CPU for reading large submissions: a correct lesson 06 notebook grown to
-270,000 characters with helpers holding long attribute chains, and notebooks at the size caps
-(source_rules' and notebook.py's), each against a plain correct notebook (issue 33: at most 2 s more).
+--regrade: the wall time of `grade --resume` after one notebook of lessons 01-05 changed, in a class graded
+before (3 students), the least of 5 runs, for this checkout and for --baseline (a commit, checked out with
+`git archive` into a temporary folder, measured in the same run on the same class), with where the time goes:
+Python and the imports, the grader's fingerprints, the reference self-check, one sandbox's start-up, and the
+rest (grading the notebook, writing the reports).
+
+The cost of one sandbox child alone (start, one cell, one request, clean-up) is measured too.
 The class is mixed: solved, blank and known-wrong submissions (tests/harness/mutants.py). A lesson's cost
 per extra submission is the CPU time (the grader and every sandbox process, user + system) of
 grading --students of them, less that of grading 2, over the difference (the least of two runs
@@ -28,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import defaultdict
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -128,115 +133,32 @@ def main():
     p.add_argument("--nbgrader-lessons", nargs="+", default=["01_attention", "02_heads", "03_multi_head"])
     p.add_argument("--skip-nbgrader", action="store_true", help="no throughput against nbgrader")
     p.add_argument("--skip-child", action="store_true", help="no CPU figure of one sandbox child")
-    p.add_argument("--reading", action="store_true", help="only the grader's own CPU for reading large notebooks")
+    p.add_argument("--regrade", action="store_true", help="the wall time of one regrade with --resume, and its parts")
+    p.add_argument("--baseline", metavar="COMMIT", help="with --regrade: measure this commit too, in the same run")
     p.add_argument("--json", type=Path, help="also write the figures to this JSON file (sections not measured "
                                                  "in this run are kept)")
     args = p.parse_args()
     root = Path(tempfile.mkdtemp(prefix="grading-bench-"))
     record = {}
     try:
-        if args.reading:
-            record["reading_cpu"] = reading(root)
-        elif not args.skip_child:
+        if not args.skip_child:
             record["cpu_per_child"] = per_child()
-        if args.lessons and not args.reading:
+        if args.lessons:
             record["cpu_per_extra_submission"] = per_lesson(root, args.lessons, args.students)
-        if not args.skip_nbgrader and not args.reading:
+        if args.regrade:
+            record["regrade"] = regrade(root / "regrade", args.baseline)
+        if not args.skip_nbgrader:
             record["throughput_vs_nbgrader"] = throughput(root / "throughput", args.nbgrader_lessons,
                                                           args.nbgrader_students)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     if args.json:
         old = json.loads(args.json.read_text()) if args.json.exists() else {}
-        old = {k: v for k, v in old.items() if k in ("cpu_per_child", "cpu_per_extra_submission", "throughput_vs_nbgrader",
-                                                     "reading_cpu")}
+        old = {k: v for k, v in old.items()
+               if k in ("cpu_per_child", "cpu_per_extra_submission", "throughput_vs_nbgrader", "regrade")}
         args.json.write_text(json.dumps({
             "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs", **old, **record,
         }, indent=1) + "\n")
-
-
-# ---- the grader's own reading of a submission (issue 33) ------------------------------------------
-
-READING_LESSON = "06_gpu"  # the lesson whose cells the grader reads (source_rules)
-
-
-def _with_code(nb, cells):
-    """nb with code cells of the given sources appended."""
-    nb = json.loads(json.dumps(nb))
-    nb["cells"] += [{"cell_type": "code", "metadata": {}, "source": c, "outputs": [], "execution_count": None}
-                    for c in cells]
-    return nb
-
-
-def _code_chars(nb):
-    return sum(len(nbk.source(c)) for c in nb["cells"] if c["cell_type"] == "code")
-
-
-def chains_notebook(plain, chars=270_000, depth=95, per_cell=40):
-    """plain grown to `chars` characters of code with helper cells, each def holding an attribute chain `depth` long
-    (subscripts between the links: the costliest form to read, and as deep as the rules read)."""
-    chain = "[0].".join(f"a{k}" for k in range(depth // 2))
-    cells, i = [], 0
-    while _code_chars(plain) + sum(map(len, cells)) < chars:
-        cells.append("".join(f"def helper_{i}_{j}(obj):\n    return obj.{chain}\n\n" for j in range(per_cell)))
-        i += 1
-    return _with_code(plain, cells)
-
-
-def capped_notebooks(plain):
-    """{what: notebook} at the caps the grader reads under: source_rules' total and per-cell characters in dense code
-    and nested as deep as it reads, and notebook.py's bytes in markdown."""
-    from autograder import source_rules as rules
-
-    room = rules.MAX_TOTAL_CHARS - _code_chars(plain) - 1000
-    per_cell = min(rules.MAX_CELL_CHARS - 1000, room)
-    dense = "".join(f"x{i} = torch.zeros(3)[0] + y.b{i}(z)[1].c\n" for i in range(per_cell // 40))
-    depth = rules.MAX_DEPTH // 2 - 5  # each level a call and its argument
-    nested = "".join("v{0} = {1}0{2}\n".format(i, "f(" * depth, ")" * depth) for i in range(per_cell // (4 * depth)))
-    markdown = {"cell_type": "markdown", "metadata": {}, "source": "x" * (nbk.MAX_NOTEBOOK_BYTES // 2)}
-    big = json.loads(json.dumps(plain))
-    big["cells"].append(markdown)
-    return {"code at the total cap, dense": _with_code(plain, [dense] * (room // len(dense))),
-            "code at the total cap, nested to the depth cap": _with_code(plain, [nested] * (room // len(nested))),
-            f"{nbk.MAX_NOTEBOOK_BYTES >> 21} MB of markdown": big}
-
-
-READ_ONE = """
-import json, sys
-from autograder import grade
-from autograder import notebook as nbk
-from autograder.lessons.gpu import triton_evidence
-data = open(sys.argv[1], "rb").read()
-nb = nbk.parse_submission(data)
-cells, _, _ = grade.submission_cells(nb)
-print(json.dumps(triton_evidence.problems(cells)))
-"""
-
-
-def reading(root):
-    """The grader's own CPU seconds (its process and the reading's, user + system) to parse a submission, take its
-    cells and read them with the source rules (triton_evidence.problems, bounded), for each large notebook against a
-    plain correct one: the least of three runs, less that of an empty run (Python and the imports)."""
-    release(root / "release", [READING_LESSON])
-    plain = fill(nbk.read(root / "release" / READING_LESSON / f"{READING_LESSON}.ipynb"), READING_LESSON)
-    books = {"a plain correct notebook": plain, "270,000 characters, long attribute chains": chains_notebook(plain),
-             **capped_notebooks(plain)}
-    cpu = {}
-    for name, nb in [("nothing", None), *books.items()]:
-        path = root / "reading.ipynb"
-        path.write_text(json.dumps(nb) if nb else "")
-        script = READ_ONE if nb else "from autograder import grade\nfrom autograder.lessons.gpu import triton_evidence"
-        cpu[name] = min(timed([sys.executable, "-c", script, str(path)], REPO)[1] for _ in range(3))
-    base = cpu.pop("nothing")
-    plain_cpu = cpu["a plain correct notebook"] - base
-    figures = {}
-    for name, nb in books.items():
-        seconds = cpu[name] - base
-        figures[name] = {"code_chars": _code_chars(nb), "notebook_bytes": len(json.dumps(nb)),
-                         "cpu_s": round(seconds, 3), "beyond_plain_s": round(seconds - plain_cpu, 3)}
-        print(f"reading {name}: {seconds:.2f} CPU s ({seconds - plain_cpu:+.2f} s beyond a plain correct notebook; "
-              f"{figures[name]['code_chars']:,} characters of code)")
-    return {"date": datetime.date.today().isoformat(), "lesson": READING_LESSON, "notebooks": figures}
 
 
 CHILDREN = """
@@ -308,6 +230,82 @@ def throughput(root, lessons, students):
     return {"date": datetime.date.today().isoformat(), "submissions": n, "lessons": lessons,
             "runs": [{"command": name, "seconds": round(t, 1), "seconds_per_submission": round(t / n, 2),
                       "throughput_vs_nbgrader": round(base / t, 2)} for name, t in times.items()]}
+
+
+REGRADE_LESSONS = ["01_attention", "02_heads", "03_multi_head", "04_gqa", "05_kv_cache"]
+PARTS = """
+import sys, time
+t0 = time.perf_counter()
+import torch, autograder.grade as g
+try:
+    import autograder.checking
+except ImportError:   # a commit before the layout move
+    import autograder.checks
+from autograder import notebook as nbk
+from autograder.worker import Sandbox, choose_mode
+t1 = time.perf_counter()
+lessons, out = {lessons!r}, {out!r}
+cache = g.Cache(out) if hasattr(g, "Cache") else None
+tests = {{lesson: nbk.lesson_tests(lesson) for lesson in lessons}}
+for lesson in lessons:
+    g.lesson_fingerprint(lesson, tests[lesson], choose_mode("auto"), None, *([cache] if cache else []))
+t2 = time.perf_counter()
+if cache:
+    g.check_references(lessons, cache)
+else:
+    from autograder.selfcheck import check_reference
+    check_reference(lessons)
+t3 = time.perf_counter()
+Sandbox(choose_mode("auto"), g.lesson_limits(lessons[0])).close()
+t4 = time.perf_counter()
+print(t1 - t0, t2 - t1, t3 - t2, t4 - t3)
+"""
+
+
+def regrade(root, baseline=None, runs=5):
+    """{checkout: {wall, cpu, imports, fingerprints, self_check, sandbox_start}} in seconds: the least of `runs`
+    regrades with --resume (the checkouts taken in turn) after one notebook (a student's lesson 03, solved and blank in turn) changed, in
+    a class of 3 students x lessons 01-05 graded before; the parts are measured alone in a fresh interpreter, in
+    the same RESULTS (so with what that checkout caches there)."""
+    subs = make_class(root, REGRADE_LESSONS, 3)
+    changed = subs / "student000" / "03_multi_head" / "03_multi_head.ipynb"
+    versions = [changed.read_bytes(), (root / "release" / "03_multi_head" / "03_multi_head.ipynb").read_bytes()]
+    checkouts = {"this checkout": REPO}
+    if baseline:
+        base = root / "baseline"
+        base.mkdir()
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", baseline], capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", str(base)], input=archive.stdout, check=True)
+        checkouts[f"{baseline} ({subprocess.check_output(['git', '-C', str(REPO), 'rev-parse', '--short', baseline], text=True).strip()})"] = base
+    outs = {name: root / f"results-{i}" for i, name in enumerate(checkouts)}
+    grades = {name: [sys.executable, "-m", "autograder", "grade", str(subs), "--out", str(outs[name]), "--quiet"]
+              for name in checkouts}
+    envs = {name: dict(os.environ, PYTHONPATH=str(code)) for name, code in checkouts.items()}
+    for name, code in checkouts.items():
+        timed(grades[name], code, envs[name])   # the class graded once
+    walls, cpus = defaultdict(list), defaultdict(list)
+    for i in range(runs):   # interleaved: a busy moment slows both checkouts, not one
+        changed.write_bytes(versions[(i + 1) % 2])
+        for name, code in checkouts.items():
+            wall, cpu = timed(grades[name] + ["--resume"], code, envs[name])
+            walls[name].append(wall)
+            cpus[name].append(cpu)
+    changed.write_bytes(versions[0])
+    figures = {}
+    for name, code in checkouts.items():
+        parts = [min(x) for x in zip(*(map(float, subprocess.run(
+            [sys.executable, "-c", PARTS.format(lessons=REGRADE_LESSONS, out=str(outs[name]))], cwd=code,
+            env=envs[name], capture_output=True, text=True, check=True).stdout.split()) for _ in range(3)))]
+        figures[name] = dict(wall=round(min(walls[name]), 2), cpu=round(min(cpus[name]), 2), **{
+            k: round(v, 2) for k, v in zip(("imports", "fingerprints", "self_check", "sandbox_start"), parts)})
+    print(f"\nOne regrade (grade --resume, 1 of 15 notebooks changed, lessons 01-05), least of {runs}, "
+          f"{os.cpu_count()} CPUs; parts measured alone, least of 3")
+    print(f"{'':28s} {'wall s':>7s} {'CPU s':>6s} {'imports':>8s} {'fingerprints':>13s} {'self-check':>11s} "
+          f"{'sandbox':>8s}")
+    for name, f in figures.items():
+        print(f"{name:28s} {f['wall']:7.2f} {f['cpu']:6.2f} {f['imports']:8.2f} {f['fingerprints']:13.2f} "
+              f"{f['self_check']:11.2f} {f['sandbox_start']:8.2f}")
+    return {"date": datetime.date.today().isoformat(), "runs": runs, "seconds": figures}
 
 
 if __name__ == "__main__":

@@ -7,8 +7,8 @@ report.results_json, grade.grade):
 
   collect.py, roster.py     an LMS download and its roster in: collect.py files what canvas.py,
                             moodle.py and exchange.py (nbgrader's) read of each LMS's names
-  export.py                 the final scores, totals.csv and the export: a plain CSV, or canvas.py's
-                            gradebook import
+  export.py                 the export of the final scores (the core's counting.py): a plain CSV, or
+                            canvas.py's gradebook import
   classreport.py            the class report (HTML) from stored results
   feedback_upload.py        the feedback pages back to the LMS: the zip Canvas or Moodle attaches, named
                             as collect.py's collection.csv says the download named each upload
@@ -18,48 +18,81 @@ report.results_json, grade.grade):
 The core never imports an adapter: `python -m autograder` dispatches to them lazily, and hands grade
 and merge the writers of report_outputs() below, which report.write_all calls after the core's files.
 Adapters import one another only where one outside system spans two modules (roster.py, shared by the
-LMS's collect and export; export.py's counting of scores, which the class report shares; canvas.py, moodle.py and exchange.py, read by collect, and canvas.py's import, written by export; formgrader.py, written by
+LMS's collect and export; canvas.py, moodle.py and exchange.py, read by collect, and canvas.py's import, written by export; formgrader.py, written by
 the gradebook's update). tests/grader/test_layout.py
 checks the imports.
 """
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, field
+from functools import partial
 
 from autograder import notebook as nbk
+from autograder.config import set_rule
+from autograder.counting import Counting, score, stale_warning, write_final
 from autograder.adapters.classreport import write_report
-from autograder.adapters.export import counting_of, remember_counting, score, stale_warning, write_final
 from autograder.adapters.gradebook import read_reviews, remember_gradebook, update_gradebook
 from autograder.adapters.roster import remember_roster
 
+HOOKS = []   # [(writer, needs a gradebook)], in the order report.write_all calls them: registered by after_grading
 
-def report_outputs(gradebook=None, course_root=None, roster=None, written=False):
-    """The writers report.write_all calls after the core's files, each write(out, results ([Result]), warnings):
-    with a gradebook (nbgrader's database file) its scores and the autograded notebooks under course_root
-    (default: the gradebook's folder); the feedback pages again and totals.csv (export.write_final: a row for
-    every student of the roster, when one is given; the gradebook's manual scores and extra credit counted and
-    flagged; written: the written questions count); the class report (with the gradebook's scores and the
-    roster). All count as RESULTS's last export counted (export.counting_of: its late penalties too), with this
-    run's written, which RESULTS then remembers.
-    """
-    reviews = {}
 
-    def to_gradebook(out, results, warnings):
-        tests = {lesson: nbk.lesson_tests(lesson) for lesson in sorted({r.lesson for r in results})}
-        update_gradebook(gradebook, results, tests, course_root)
-        reviews.update(read_reviews(gradebook))   # after the update: stale overrides are marked (kept, as nbgrader does)
-        remember_gradebook(out, gradebook)   # a later run without --gradebook is refused (check_same_gradebook)
-        for line in stale_warning([f"{r.student} {r.lesson} {t}" for r in results
-                                   for t in score(r, reviews.get((r.student, r.lesson)), written=written).stale]):
-            print(f"warning: {line}", file=sys.stderr)   # as export warns: the scores it sends are the same
+def after_grading(needs_gradebook: bool = False):
+    """Register a writer write(writing, out, results, warnings) that report.write_all calls after the core's files,
+    through report_outputs, in the order registered (needs_gradebook: only when the run has a gradebook)."""
+    def register(writer):
+        HOOKS.append((writer, needs_gradebook))
+        return writer
+    return register
 
-    def to_totals(out, results, warnings):
-        counting = replace(counting_of(out), written=written)   # the last export's late policy, this run's --written
-        for line in remember_counting(out, counting):
-            print(f"warning: {line}", file=sys.stderr)
-        write_final(out, results, roster=roster, reviews=reviews, counting=counting)
-        if roster:
-            remember_roster(out, roster)
-    students = [r["student"] for r in roster.rows] if roster else None
+
+@dataclass
+class Writing:
+    """What the writers of one run share: its gradebook, course root, roster and rule (RESULTS's), and the
+    gradebook's reviews, read once by the first writer that needs them."""
+    gradebook: str | None = None
+    course_root: str | None = None
+    roster: object = None
+    rule: Counting = field(default_factory=Counting)
+    reviews: dict = field(default_factory=dict)
+
+
+@after_grading(needs_gradebook=True)
+def to_gradebook(w: Writing, out, results, warnings) -> None:
+    """nbgrader's gradebook and the autograded notebooks (update_gradebook), then its reviews for the writers after;
+    the stale manual scores warned of as the rule counts them, as export and totals.csv tell them."""
+    tests = {lesson: nbk.lesson_tests(lesson) for lesson in sorted({r.lesson for r in results})}
+    update_gradebook(w.gradebook, results, tests, w.course_root, w.roster)
+    w.reviews.update(read_reviews(w.gradebook))   # after the update: stale overrides are marked (kept, as nbgrader does)
+    remember_gradebook(out, w.gradebook)   # a later run without --gradebook is refused (check_same_gradebook)
+    for line in stale_warning([f"{r.student} {r.lesson} {t}" for r in results
+                               for t in score(r, w.reviews.get((r.student, r.lesson)), w.rule.drop_stale,
+                                              w.rule.written).stale], w.rule.drop_stale):
+        print(f"warning: {line}", file=sys.stderr)
+
+
+@after_grading()
+def to_totals(w: Writing, out, results, warnings) -> None:
+    """totals.csv and the feedback pages by the rule (counting.write_final), which a folder's first grade or merge
+    records (later ones agree with it, or are refused before any work), and the roster they were written with."""
+    set_rule(out, w.rule)
+    write_final(out, results, roster=w.roster, reviews=w.reviews, counting=w.rule)
+    if w.roster:
+        remember_roster(out, w.roster)
+
+
+@after_grading()
+def to_report(w: Writing, out, results, warnings) -> None:
+    """report.html, with the roster's students and sections and the gradebook's scores."""
+    roster = w.roster
     sections = {r["student"]: r["section"] for r in roster.rows} if roster and "section" in roster.columns else None
-    return ([to_gradebook] if gradebook else []) + [to_totals, lambda out, results, warnings: write_report(
-        out, results, warnings=warnings, sections=sections, roster=students, reviews=reviews)]
+    write_report(out, results, warnings=warnings, sections=sections,
+                 roster=[r["student"] for r in roster.rows] if roster else None, reviews=w.reviews, counting=w.rule)
+
+
+def report_outputs(gradebook=None, course_root=None, roster=None, rule: Counting | None = None) -> list:
+    """The registered writers (HOOKS) bound to one run, each write(out, results ([Result]), warnings), for
+    report.write_all: with a gradebook (nbgrader's database file) its scores and the autograded notebooks under
+    course_root (default: the gradebook's folder); totals.csv and the feedback pages; the class report. All count by
+    `rule`, RESULTS's (config.read_settings; default: Counting())."""
+    writing = Writing(gradebook, course_root, roster, rule or Counting())
+    return [partial(writer, writing) for writer, needs_gradebook in HOOKS if gradebook or not needs_gradebook]

@@ -59,10 +59,14 @@ def canvas_value(s):
     return "" if s is None or s.points is None else round(s.points, 2)
 
 
+def points_possible(scores, lessons):
+    """{lesson: its maximum, as the scores count it (with the written questions when the rule counts them)}."""
+    return {lsn: max((s.max_points for (_, l2), s in scores.items() if l2 == lsn), default=0) for lsn in lessons}
+
+
 def canvas_new(students_rows, lessons, scores):
     """Canvas's documented import layout: identity columns, a new assignment per lesson."""
-    points = {lsn: max((s.max_points for (_, l2), s in scores.items() if l2 == lsn), default=0) for lsn in lessons}
-    rows = [dict({"Student": POINTS_POSSIBLE}, **points)]
+    rows = [dict({"Student": POINTS_POSSIBLE}, **points_possible(scores, lessons))]
     for student, r in sorted(students_rows.items(), key=lambda kv: kv[1]["name"] or kv[0]):
         row = {"Student": r["name"] or student, "ID": r["lms_id"], "SIS User ID": r["sis_user_id"] or student,
                "SIS Login ID": r["sis_login_id"], "Section": r["section"]}
@@ -105,11 +109,27 @@ def match_columns(header, lessons, assignments):
     return out
 
 
-def canvas_fill(path, students_rows, lessons, scores, assignments):
+def canvas_fill(path, students_rows, lessons, scores, assignments, allow_mismatch=False):
     """The exported gradebook's identity columns and its lesson columns, filled where we have a score;
-    every other cell keeps Canvas's value (read-only columns are left out: Canvas ignores them)."""
+    every other cell keeps Canvas's value (read-only columns are left out: Canvas ignores them). CanvasError when
+    a column's Points Possible differs from its lesson's maximum here (a score out of 10 in a column worth 8),
+    unless allow_mismatch."""
     header, lines = read_gradebook(path)
     columns = match_columns(header, lessons, assignments)
+    full = points_possible(scores, lessons)
+    for values in lines:
+        row = dict(zip(header, values))
+        if row.get("Student", "").strip() != "Points Possible":
+            continue
+        for lesson, column in columns.items():
+            try:
+                theirs = float(row.get(column, "").strip())
+            except ValueError:
+                continue   # Canvas left it empty: nothing to disagree with
+            if abs(theirs - full[lesson]) > 1e-9 and not allow_mismatch:
+                raise CanvasError(f"the Canvas gradebook {path}: {column} has Points Possible {theirs:g}, but {lesson} "
+                                  f"is out of {full[lesson]:g} here: make them agree (in Canvas, or the rule's written "
+                                  "questions), or pass --allow-mismatch to fill it anyway")
     keep = header[:header.index("Section") + 1] + list(columns.values())
     by_id = {}
     for student, r in students_rows.items():
@@ -139,11 +159,11 @@ def canvas_fill(path, students_rows, lessons, scores, assignments):
     return csv_text(out, keep), warnings
 
 
-def gradebook_import(roster, results, lessons, scores, gradebook=None, assignments=None):
+def gradebook_import(roster, results, lessons, scores, gradebook=None, assignments=None, allow_mismatch=False):
     """(CSV text, warnings) for Canvas's gradebook import of scores {(student, lesson): export.Score}: the
     exported gradebook's columns filled (gradebook, a path) or Canvas's documented layout."""
     students_rows, warnings = roster_for(roster, results)
     if gradebook:
-        text, more = canvas_fill(gradebook, students_rows, lessons, scores, assignments or {})
+        text, more = canvas_fill(gradebook, students_rows, lessons, scores, assignments or {}, allow_mismatch)
         return text, warnings + more
     return canvas_new(students_rows, lessons, scores), warnings

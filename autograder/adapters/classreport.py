@@ -1,7 +1,7 @@
 """RESULTS/report.html: the class at a glance, for the instructor (`python -m autograder report`).
 
-- per lesson, a histogram of the students' final scores and their mean, as the export counts them (export.
-  final_scores, with RESULTS's last export's late penalties: the same numbers as totals.csv);
+- per lesson, a histogram of the students' final scores and their mean, counted by RESULTS's rule (counting.
+  final_scores: the same numbers as totals.csv and the export), and who never handed it in (counting.MISSING);
 - per function, the pass rate and the most common named mistakes, with counts and the students who made
   each (the checks name the mistake, so equal messages are the same mistake); `report --no-names` leaves
   the names out, for a projector;
@@ -20,17 +20,16 @@ folder, a later submission not graded yet) is named at the top of the page (subm
 
 The page is one file: no scripts, no external requests.
 """
-import base64
 import hashlib
 import html
-import io
+import math
 import re
 from collections import Counter, defaultdict
 from pathlib import Path
 
 from autograder import notebook as nbk
 from autograder.results import NEEDS_GRADING, UNANSWERED, write_atomic
-from autograder.adapters.export import Counting, counting_of, final_scores
+from autograder.counting import Counting, final_scores
 from autograder.adapters.roster import Roster
 
 REPORT = "report.html"
@@ -101,7 +100,7 @@ def functions_across_lessons(stats):
 def by_section(results, sections, scores):
     """[(section, lesson, students with a score, mean score %, students who passed every test)] for the
     roster's sections ({student: section}; students without one, or off the roster, are '(none)'), of the final
-    scores ({(student, lesson): Score} of export.final_scores, with every roster student: one who never handed a
+    scores ({(student, lesson): Score} of counting.final_scores, with every roster student: one who never handed a
     lesson in counts 0, unless the export leaves it blank); a lesson still to grade, by a person or again, has no
     score yet and is left out."""
     passed = {(r.student, r.lesson): all(t.status == "passed" for t in r.tests) for r in results}
@@ -119,28 +118,40 @@ def percent(s):
     return 100 * s.points / s.max_points if s.max_points else 0.0
 
 
-def never_submitted(results, roster):
-    """{lesson: sorted roster students with no submission of it} (no result, or every test `missing`)."""
-    handed = {(r.student, r.lesson) for r in results if r.submitted}
-    lessons = sorted({r.lesson for r in results})
-    return {lsn: sorted(s for s in set(roster) if (s, lsn) not in handed) for lsn in lessons}
+def never_submitted(scores):
+    """{lesson: sorted students who never handed it in} (counting.MISSING: the state totals.csv and the export
+    flag: a roster student with no result, or a result whose every test is `missing`)."""
+    missing = defaultdict(list)
+    for (student, lesson), s in sorted(scores.items()):
+        if s.missing:
+            missing[lesson].append(student)
+    return missing
 
 
 def histogram(percentages, lesson):
-    """A PNG (bytes) of the lesson's score distribution."""
-    from matplotlib.figure import Figure  # no pyplot: no global state, no display needed
-    fig = Figure(figsize=(6, 2.4), dpi=100)
-    ax = fig.add_subplot()
-    ax.hist(percentages, bins=[0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100.001], color="#4c72b0", edgecolor="white")
-    ax.set_xlim(0, 100)
-    ax.set_xlabel("score (% of the lesson's points)")
-    ax.set_ylabel("students")
-    ax.set_title(f"{lesson}: {len(percentages)} students")
-    ax.yaxis.get_major_locator().set_params(integer=True)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return buf.getvalue()
+    """An inline SVG of the lesson's score distribution: ten bins of 10% (100% in the last), bars in #4c72b0, the
+    counts on a y axis of whole students. Drawn as text: no plotting library to start for a report."""
+    counts = [0] * 10
+    for p in percentages:
+        counts[min(9, max(0, int(p // 10)))] += 1
+    top = max(counts) or 1
+    left, bottom, width, height = 50, 200, 520, 160   # the plot area, in the 600 x 240 picture
+    bars = "".join(f"<rect x='{left + i * width / 10:.1f}' y='{bottom - height * n / top:.1f}' width='{width / 10:.1f}' "
+                   f"height='{height * n / top:.1f}' fill='#4c72b0' stroke='white'><title>{10 * i}-{10 * i + 10}%: {n}"
+                   "</title></rect>" for i, n in enumerate(counts) if n)
+    step = max(1, math.ceil(top / 5))
+    ticks = "".join(f"<text x='{left - 6}' y='{bottom - height * k / top + 4:.1f}' text-anchor='end'>{k}</text>"
+                    for k in range(0, top + 1, step))
+    ticks += "".join(f"<text x='{left + width * k / 100:.1f}' y='{bottom + 16}' text-anchor='middle'>{k}</text>"
+                     for k in range(0, 101, 20))
+    title = html.escape(f"{lesson}: {plural(len(percentages), 'student')}")
+    return (f"<svg width='600' height='240' role='img' font-size='11' "
+            f"font-family='sans-serif' aria-label='histogram of the scores of {title}'>"
+            f"<text x='{left + width / 2}' y='20' text-anchor='middle' font-size='13'>{title}</text>{bars}"
+            f"<path d='M{left},{bottom - height}V{bottom}H{left + width}' fill='none' stroke='black'/>{ticks}"
+            f"<text x='{left + width / 2}' y='{bottom + 34}' text-anchor='middle'>score (% of the lesson's points)</text>"
+            f"<text x='14' y='{bottom - height / 2}' text-anchor='middle' transform='rotate(-90 14 "
+            f"{bottom - height / 2})'>students</text></svg>")
 
 
 def lesson_percentages(scores):
@@ -276,9 +287,9 @@ def written_lines(results, reviews, lesson, names):
 
 def render(results, submissions=None, warnings=(), names=True, sections=None, roster=None, reviews=None, counting=None):
     """The page; names=False leaves out who made each mistake, sections ({student: section}) adds by_section,
-    roster (its students) names under each lesson those who never submitted it, reviews (gradebook.read_reviews)
-    its manual scores. The scores are the export's (export.final_scores): with reviews, roster and sections (their
-    students who never handed a lesson in count 0) and counting (an export.Counting: late penalties, written
+    roster (its students) adds those who never handed a lesson in, named under it, reviews (gradebook.read_reviews)
+    its manual scores. The scores are the export's (counting.final_scores): with reviews, roster and sections (their
+    students who never handed a lesson in count 0) and counting (a counting.Counting: late penalties, written
     questions, a lesson never handed in blank, stale manual scores dropped)."""
     e = html.escape
     everyone = sorted(set(roster or ()) | set(sections or ()))
@@ -292,12 +303,12 @@ def render(results, submissions=None, warnings=(), names=True, sections=None, ro
              f"{plural(len(results), 'graded submission')}.</p>"]
     parts += [f"<p class='warning'><b>{e(line)}</b></p>" for line in warnings]  # e.g. a sandbox that hides no file
     parts.append(f"<p class='muted' id='scores'>Scores: {e(COUNTED)}; {e(counting.said())}.</p>")
-    missing = never_submitted(results, roster) if roster is not None else {}
+    missing = never_submitted(scores)
     for lesson in lessons:
         parts.append(f"<h2 id='{e(lesson)}'>{e(lesson)}</h2>")
         if missing.get(lesson):
             who = missing[lesson]
-            parts.append(f"<p class='warning'>Never submitted: {plural(len(who), 'roster student')}"
+            parts.append(f"<p class='warning'>Never handed in: {plural(len(who), 'student')}"
                          + (f": {e(', '.join(who))}" if names else "") + "</p>")
         parts += [f"<p class='muted'>{e(line)}</p>" for line in manual_lines(reviews or {}, lesson, names)
                   + written_lines(results, reviews or {}, lesson, names)]
@@ -305,9 +316,7 @@ def render(results, submissions=None, warnings=(), names=True, sections=None, ro
             got = percentages[lesson]
             parts.append(f"<p>Mean score: {sum(got) / len(got):.0f}% of {plural(len(got), 'student')} "
                          "<span class='muted'>(see <a href='#scores'>Scores</a>)</span></p>")
-            png = base64.b64encode(histogram(got, lesson)).decode()
-            parts.append(f"<img src='data:image/png;base64,{png}' alt='histogram of the scores of {e(lesson)}: "
-                         f"{plural(len(got), 'student')}'>")
+            parts.append(histogram(got, lesson))
         parts.append("<table><tr><th>function</th><th>passed</th><th>mean points</th><th>most common mistakes</th></tr>")
         for (lsn, test), s in stats.items():
             if lsn != lesson:
@@ -357,9 +366,8 @@ def render(results, submissions=None, warnings=(), names=True, sections=None, ro
 
 def write_report(out, results, submissions=None, warnings=(), names=True, sections=None, roster=None, reviews=None,
                  counting=None):
-    """Write RESULTS/report.html (warnings: lines shown first; the rest as render; counting: default, as RESULTS
-    was last counted, export.counting_of); returns its path."""
+    """Write RESULTS/report.html (warnings: lines shown first; the rest as render; counting: RESULTS's rule,
+    config.read_settings); returns its path."""
     path = Path(out) / REPORT
-    write_atomic(path, render(results, submissions, warnings, names, sections, roster, reviews,
-                              counting_of(out) if counting is None else counting))
+    write_atomic(path, render(results, submissions, warnings, names, sections, roster, reviews, counting))
     return path

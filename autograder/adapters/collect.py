@@ -27,7 +27,7 @@ import stat
 import sys
 import zipfile
 import zlib
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import InitVar, dataclass, field
 from datetime import datetime, timezone
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -383,25 +383,6 @@ def match_lesson(text, lessons, loose=True):
     return None, None
 
 
-def lesson_answers(lessons):
-    """{lesson: set of its answer cells' grade_ids}, from the source notebooks."""
-    out = {}
-    for lesson in lessons:
-        nb = nbk.read(nbk.lesson_path(lesson))
-        out[lesson] = {nbk.grade_id(c) for c in nbk.code_cells(nb) if nbk.is_answer(c)}
-    return out
-
-
-def content_lesson(nb, answers):
-    """The lesson whose answer cells the notebook holds (most of them), or None."""
-    ids = {nbk.grade_id(c) for c in nbk.code_cells(nb) if nbk.is_answer(c)}
-    scores = Counter({lesson: len(ids & mine) for lesson, mine in answers.items()})
-    ranked = scores.most_common(2)
-    if not ranked or ranked[0][1] == 0 or (len(ranked) > 1 and ranked[1][1] == ranked[0][1]):
-        return None
-    return ranked[0][0]
-
-
 def slug(text):
     """A folder name for a student known only by the download's name for them."""
     text = re.sub(r"[^A-Za-z0-9._@+-]+", "_", text.strip()).strip("._-").lower()
@@ -517,9 +498,11 @@ class Candidate:
     submitted: datetime | None = None
 
 
-def collect(download, out, roster=None, lesson=None, times=(), zone="UTC", stream=None):
+def collect(download, out, roster=None, lesson=None, times=(), zone="UTC", allow_mismatch=False, stream=None):
     """Collect DOWNLOAD into OUT; returns the collection.csv rows of this run. CollectError (before
-    anything is written) for an unusable download or --times file. Times without a zone are in `zone`."""
+    anything is written) for an unusable download or --times file, or a --times line whose lesson is not the
+    course's or whose student is not on the roster (unless allow_mismatch: a typo would make a time vanish and a
+    late submission count on time). Times without a zone are in `zone`."""
     download, out = Path(download), Path(out)
     try:
         zone = ZoneInfo(zone)
@@ -534,7 +517,7 @@ def collect(download, out, roster=None, lesson=None, times=(), zone="UTC", strea
     lessons = nbk.lesson_names()
     if lesson and lesson not in lessons:
         raise CollectError(f"unknown lesson {lesson!r}; lessons are {', '.join(lessons)}")
-    answers = lesson_answers(lessons)
+    answers = nbk.lesson_answers(tuple(lessons))
 
     items = list(walk(download))   # reads everything first: an unsafe archive stops us before any write
     rows = [i for i in items if isinstance(i, Row)]
@@ -552,6 +535,13 @@ def collect(download, out, roster=None, lesson=None, times=(), zone="UTC", strea
             worksheet.update(moodle.read_worksheet(sheet, parse_time))
         else:
             given_times += [(who, lsn, t, Path(path).name) for who, lsn, t in read_times(sheet, path, lesson)]
+    for (kind, value), lsn, _, source in given_times:
+        unknown = (f"lesson {lsn!r}" if lsn not in lessons else
+                   f"{kind} {value!r}" if roster and not Students(roster, {}).resolve([(kind, value)])[0] else None)
+        if unknown and not allow_mismatch:
+            raise CollectError(f"the times file {source} names {unknown}, which "
+                               f"{'the course does not have' if lsn not in lessons else 'is not on the roster'} "
+                               "(a typo?): fix it, or pass --allow-mismatch to collect without that time")
     known = (lambda name: bool(Students(roster, {}).lookup("id", name)[0])) if roster else (lambda name: False)
     layout = Layout([f.parts for f in files], lessons, known)
     notebooks = []
@@ -635,7 +625,7 @@ def choose_lesson(c, nb, lesson, lessons, answers):
     """(lesson, [(anomaly, detail)]) or (None, (anomaly, detail))."""
     named, naming = match_lesson(c.file_name, lessons)
     folder, folder_case = match_lesson(c.folder_lesson, lessons, loose=False) if c.folder_lesson else (None, None)
-    inside = content_lesson(nb, answers)
+    inside = nbk.content_lesson(nb, answers)
     notes = []
     if naming:
         notes.append((naming, f"named {c.file_name!r}, not {named}.ipynb"))
@@ -657,6 +647,8 @@ def choose_lesson(c, nb, lesson, lessons, answers):
                       "metadata: rename it to <lesson>.ipynb or give --lesson")
     if lesson and result != lesson:
         return None, ("wrong lesson", f"a {result} notebook in a download collected for {lesson}")
+    if not naming and c.file_name and c.file_name != f"{result}.ipynb":   # lesson1_final.ipynb, Moodle's my work.ipynb
+        notes.append(("renamed", f"named {c.file_name!r}, not {result}.ipynb"))
     return result, notes
 
 

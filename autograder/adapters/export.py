@@ -1,454 +1,39 @@
-"""Scores an LMS can take, from stored results: RESULTS/totals.csv, and
-`python -m autograder export RESULTS --format canvas|csv --out FILE`.
+"""Scores an LMS can take, from stored results: `python -m autograder export RESULTS --format canvas|csv --out FILE`.
 
-A lesson's score is the sum of its tests' points. A test the grader itself could not run
-(TestRow.needs_regrade) counts neither as 0 nor as full marks: the student's lesson is left blank
-(out of the total and its maximum too) and listed under `regrade`, to be graded again. So is a stored
-result the store refused (edited, copied from another folder, put back, deleted: results.load_term):
-its row says `<lesson>: refused: <why>`, and the command names it and exits 1, never a silent blank.
-
-Written questions (a lesson's markdown answers a person grades: results' `written`) count only with
---written (grade, merge and export take it): then their points join the lesson's maximum and their scores
-are the gradebook's manual ones (--gradebook DB, where the formgrader saves them); a lesson with one not
-graded yet says `needs grading` in totals.csv and is blank and flagged in an export, out of the total, never
-a 0. Without --written they are shown to students (feedback) and counted nowhere.
-
-Late penalties (--deadline LESSON=ISO8601, --late-policy 10%/day[,max=50%]): each started day (or
-hour) after the deadline costs that share of the points earned, up to the cap. --grace 15m (or 2h, 1d)
-lets work that late count as on time (later work is counted from the deadline), and --extensions FILE
-(student,lesson,deadline or student,lesson,exempt) gives a student their own deadline or none.
-Submission times come from the stored results (submitted_at) or SUBMISSIONS/<student>/<lesson>/
-timestamp.txt, which `collect` writes from real sources only; a submission without one is exported
-unpenalised, flagged in the plain CSV's `flags` and named in a warning, and the rest are penalised as
-usual. Raw and penalised scores are both kept: in the plain CSV, and in RESULTS/late-penalties.csv.
-
-One count: final_scores is "the final score of a student on a lesson" for everything: the export, totals.csv,
-the class report (histograms, means, sections). RESULTS remembers how it was last counted (Counting, in
-RESULTS/.results/counting.json: the last export's late policy, --missing-blank and --stale-overrides, and the
---written of the last grade, merge or export), so totals.csv and the report written later (by grade, merge or
-report) count as the export did; a run that counts otherwise replaces it, with a warning naming what changed.
+The scores are counting.final_scores's, counted by RESULTS's rule (config.read_settings(out).rule): the same as
+totals.csv, the feedback pages and the class report, which an export with that rule refreshes. An export given a
+rule of its own (rule_over: flags that disagree with RESULTS's) is a trial: it writes only FILE, and says so.
+A lesson the grader could not grade, or whose stored result was refused, is blank and named, never a silent 0;
+a lesson never handed in is MISSING, 0 or blank as the rule says, and named.
 
 Canvas's gradebook import is canvas.py's (gradebook_import).
 """
-import csv
-import json
-import math
-import re
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
 from pathlib import Path
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from autograder.results import NEEDS_GRADING, STORE, UNANSWERED, UsageError, csv_text, read_timestamp, write_atomic
-from autograder.report import write_feedback
-from autograder.adapters.gradebook import Review
+from autograder.config import RunConfig
+from autograder.counting import (MISSING, RuleError, final_scores, grouped, stale_warning, totals_columns, totals_rows,
+                                 write_final)
+from autograder.results import csv_text, write_atomic
 from autograder.adapters import canvas
 from autograder.adapters.roster import remember_roster
 
-TOTALS, PENALTIES = "totals.csv", "late-penalties.csv"
-COUNTING = "counting.json"   # in RESULTS/.results: how the last export counted (Counting)
-EXEMPT = "exempt"   # an extension's deadline that takes none
-MISSING = "never handed in"   # a roster student's lesson with no result
-POLICY = re.compile(r"(?P<rate>\d+(?:\.\d+)?)%/(?P<unit>day|hour)(?:,\s*max=(?P<cap>\d+(?:\.\d+)?)%)?")
 
-
-class ExportError(UsageError):
+class ExportError(RuleError):
     """Bad input to export: one line, exit status 2."""
 
 
-# ---------------------------------------------------------------------------------------------
-# Scores
-# ---------------------------------------------------------------------------------------------
-
-@dataclass
-class Score:
-    points: float | None       # None: some test must be graded again, so no score yet
-    max_points: float
-    regrade: list              # tests the grader could not run
-    submitted: bool            # any test other than `missing`
-    raw: float | None = None   # before a late penalty
-    late: int = 0              # started days (or hours) after the deadline
-    penalty: float = 0.0       # share of the points taken, 0..1
-    refused: str = ""          # why the stored result was refused (then points is None)
-    flag: str = ""             # manual scores, why its late penalty was not taken (no submission time, exempt)
-    stale: list = field(default_factory=list)   # tests whose manual score predates their autograded result
-    pending: list = field(default_factory=list)  # written questions counted but not graded yet (then points is None)
-    late_note: str = ""        # the late penalty taken, in a sentence for the student's feedback page
-
-
-def score(result, review=None, drop_stale=False, written=False):
-    """A Result's Score; with a gradebook Review, a test's manual score replaces its autograded points
-    (a stale one only unless drop_stale; a test the grader could not run is decided by one) and extra
-    credit adds to the lesson's points, not to its maximum, as nbgrader counts them. written: its written
-    questions count (their points in the maximum, their scores the Review's manual ones): one not graded yet
-    leaves the lesson without a score (pending), one whose notebook was missing or refused counts 0, as its
-    tests do. Without written they count nowhere."""
-    review = review or Review()
-    manual = {t: p for t, p in review.manual.items() if not (drop_stale and t in review.stale)}
-    regrade = [t.test for t in result.tests if t.needs_regrade and t.test not in manual]
-    questions = result.written if written else ()
-    pending = [w.question for w in questions if w.status == NEEDS_GRADING and w.question not in manual]
-    tests = {t.test for t in result.tests} | {w.question for w in questions}
-    points = None if regrade or pending else sum(manual.get(t.test, t.points) for t in result.tests) \
-        + sum(manual.get(w.question, 0.0) for w in questions) + sum(p for t, p in review.extra.items() if t in tests)
-    flags = [f"manual: {', '.join(sorted(t for t in manual if t in tests))}"] if set(manual) & tests else []
-    flags += [f"stale override {'dropped' if drop_stale else 'kept'}: {t}" for t in sorted(review.stale) if t in tests]
-    flags += [f"extra credit: {t}" for t in sorted(review.extra) if t in tests]
-    flags += [f"{NEEDS_GRADING}: {', '.join(pending)}"] if pending else []
-    unanswered = [w.question for w in questions if w.status == UNANSWERED and w.question not in manual]
-    flags += [f"{UNANSWERED} (0): {', '.join(unanswered)}"] if unanswered else []
-    return Score(points, result.max_points + sum(w.max_points for w in questions), regrade, result.submitted,
-                 raw=points, flag="; ".join(flags), stale=sorted(t for t in review.stale if t in tests), pending=pending)
-
-
-def table(results, refused=None, roster=None, blank_missing=False, reviews=None, drop_stale=False, written=False):
-    """(students, lessons, {(student, lesson): Score}) of a list of Results and of the refused stored
-    results {(student, lesson): why}, which have no score. With a roster, every roster student has a
-    score in every lesson: one never handed in is MISSING, 0 of the lesson's points (blank_missing:
-    no score, out of the total). reviews: the gradebook's {(student, lesson): Review}; written: the
-    written questions count (see score)."""
-    reviews = reviews or {}
-    scores = {(r.student, r.lesson): score(r, reviews.get((r.student, r.lesson)), drop_stale, written)
-              for r in results}
-    for pair, why in (refused or {}).items():
-        scores.setdefault(pair, Score(None, 0.0, [], False, refused=why))
-    lessons = sorted({lsn for _, lsn in scores})
-    full = {lsn: max(s.max_points for (_, l2), s in scores.items() if l2 == lsn) for lsn in lessons}
-    for student in (r["student"] for r in (roster.rows if roster else ())):
-        for lsn in lessons:
-            scores.setdefault((student, lsn), Score(None, 0.0, [], False, flag=MISSING) if blank_missing else
-                              Score(0.0, full[lsn], [], False, raw=0.0, flag=MISSING))
-    return sorted({s for s, _ in scores}), lessons, scores
-
-
-def totals_rows(students, lessons, scores, detail=False, pending=""):
-    """One dict per student: a column per lesson, total, max_points, percentage, regrade; with detail,
-    also `<lesson> raw` and `<lesson> penalty %` (the late penalty taken). A lesson whose written questions
-    are not graded yet says `pending` (totals.csv: NEEDS_GRADING; an export: blank, flagged) and is out of
-    the total and its maximum."""
-    rows = []
-    for student in students:
-        row, got, full, regrade, flags = {"student": student}, 0.0, 0.0, [], []
-        for lesson in lessons:
-            s = scores.get((student, lesson))
-            if s is None:
-                regrade.append(f"{lesson}: not graded")
-                continue
-            if s.flag:
-                flags.append(f"{lesson}: {s.flag}")
-            if s.points is None and s.flag == MISSING:
-                continue
-            if s.points is None and s.pending and not s.regrade and not s.refused:
-                row[lesson] = pending
-                continue
-            if s.points is None:
-                regrade.append(f"{lesson}: refused: {s.refused}" if s.refused else f"{lesson}: {', '.join(s.regrade)}")
-                continue
-            row[lesson] = round(s.points, 2)
-            if detail:
-                row[f"{lesson} raw"], row[f"{lesson} penalty %"] = round(s.raw, 2), round(100 * s.penalty, 2)
-            got, full = got + s.points, full + s.max_points
-        row.update(total=round(got, 2), max_points=round(full, 2),
-                   percentage=round(100 * got / full, 2) if full else "", regrade="; ".join(regrade))
-        if detail or flagged(scores):
-            row["flags"] = "; ".join(flags)
-        rows.append(row)
-    return rows
-
-
-def flagged(scores):
-    return any(s.flag for s in scores.values())
-
-
-def totals_columns(lessons, scores, detail=False):
-    per = [[lsn, f"{lsn} raw", f"{lsn} penalty %"] if detail else [lsn] for lsn in lessons]
-    return ["student"] + [c for cols in per for c in cols] + ["total", "max_points", "percentage", "regrade"] \
-        + (["flags"] if detail or flagged(scores) else [])
-
-
-def stale_warning(stale, drop_stale=False):
-    """[the warning line] naming the stale manual scores ("student lesson test" each), or [] when there are none."""
-    if not stale:
-        return []
-    return [f"stale manual scores (the autograded result or the written answer changed since they were made; review "
-            f"them in formgrader), {'dropped: the new result counts' if drop_stale else 'kept: they still win (export --stale-overrides drop to use the new result)'}: "
-            f"{', '.join(stale)}"]
-
-
-@dataclass
-class Late:
-    """A late policy, parsed: {lesson: aware deadline}, its text (N%/day[,max=M%]), extensions {(student, lesson):
-    aware deadline or EXEMPT}, grace (timedelta), SUBMISSIONS where collect wrote timestamp.txt (or None)."""
-    deadlines: dict
-    policy: str
-    extensions: dict = field(default_factory=dict)
-    grace: timedelta = timedelta(0)
-    submissions: str | None = None
-
-    def said(self):
-        """One line for people: the policy, each deadline, how many extensions, the grace (as --grace takes it)."""
-        minutes = self.grace.total_seconds() / 60
-        grace = f"{minutes / 1440:g}d" if minutes % 1440 == 0 else f"{minutes / 60:g}h" if minutes % 60 == 0 \
-            else f"{minutes:g}m"
-        deadlines = ", ".join(f"{lsn} {d.isoformat()}" for lsn, d in sorted(self.deadlines.items()))
-        return (f"{self.policy} after {deadlines}" + (f", {len(self.extensions)} extension(s)" if self.extensions else "")
-                + (f", grace {grace}" if self.grace else ""))
-
-
-@dataclass
-class Counting:
-    """How scores are counted beyond the results and the gradebook: a roster student's lesson never handed in
-    blank (else 0), stale manual scores dropped (else kept), late penalties (a Late, or None), the written
-    questions counted (--written)."""
-    blank_missing: bool = False
-    drop_stale: bool = False
-    late: Late | None = None
-    written: bool = False
-
-    def to_json(self):
-        late = self.late and dict(
-            deadlines={lsn: d.isoformat() for lsn, d in sorted(self.late.deadlines.items())}, policy=self.late.policy,
-            extensions=[[s, lsn, d if d == EXEMPT else d.isoformat()]
-                        for (s, lsn), d in sorted(self.late.extensions.items())],
-            grace_seconds=self.late.grace.total_seconds(), submissions=self.late.submissions)
-        return dict(blank_missing=self.blank_missing, drop_stale=self.drop_stale, late=late, written=self.written)
-
-    @classmethod
-    def from_json(cls, data):
-        late = data["late"]
-        return cls(bool(data["blank_missing"]), bool(data["drop_stale"]), late and Late(
-            {lsn: datetime.fromisoformat(d) for lsn, d in late["deadlines"].items()}, late["policy"],
-            {(s, lsn): d if d == EXEMPT else datetime.fromisoformat(d) for s, lsn, d in late["extensions"]},
-            timedelta(seconds=late["grace_seconds"]), late["submissions"]), bool(data["written"]))
-
-    def parts(self):
-        """What this counting does beyond the results and the gradebook, in words: late penalties, a lesson never
-        handed in, stale manual scores, written questions."""
-        return [f"late penalties: {self.late.said()}" if self.late else "no late penalties",
-                "a lesson never handed in blank" if self.blank_missing else "a lesson never handed in 0",
-                f"stale manual scores {'dropped' if self.drop_stale else 'kept'}",
-                f"written questions {'counted' if self.written else 'not counted'}"]
-
-    def said(self):
-        return "; ".join(self.parts())
-
-
-def counting_of(out):
-    """The Counting RESULTS (out) was last written with (remember_counting: by an export, or the written questions
-    by grade and merge), or the default one (no late penalties, a lesson never handed in 0, stale manual scores
-    kept, written questions not counted) when none was; UsageError when it is damaged."""
-    path = Path(out) / STORE / COUNTING
-    if not path.is_file():
-        return Counting()
-    try:
-        counting = Counting.from_json(json.loads(path.read_text(encoding="utf-8")))
-        if counting.late:
-            parse_policy(counting.late.policy)
-        return counting
-    except (ValueError, KeyError, TypeError, AttributeError, OSError) as e:
-        raise UsageError(f"{path} is damaged ({type(e).__name__}: {e}): run the export again, or delete it "
-                         "to count without late penalties") from None
-
-
-def remember_counting(out, counting):
-    """Record in RESULTS (out) how it is counted now; a warning line when it was counted otherwise before."""
-    path = Path(out) / STORE / COUNTING
-    before = counting_of(out) if path.is_file() else None
-    write_atomic(path, json.dumps(counting.to_json(), indent=1) + "\n")
-    changed = [f"{now} (before: {then})" for now, then in zip(counting.parts(), before.parts()) if now != then] \
-        if before else []
-    return [f"counted otherwise than before in {out}: {'; '.join(changed)}; totals.csv, the class report and later "
-            "runs now count so"] if changed else []
-
-
-def final_scores(results, refused=None, roster=None, reviews=None, counting=None):
-    """The final score of every student on every lesson, as an instructor exports it: (students, lessons,
-    {(student, lesson): Score}, the late-penalties.csv rows, warning lines). table's scores (the gradebook's
-    manual scores and extra credit, the roster's students who never handed a lesson in) counted as counting (a
-    Counting; default: Counting()) says: written questions, stale manual scores, late penalties. The export,
-    totals.csv and the class report all count with this."""
-    counting = counting or Counting()
-    students, lessons, scores = table(results, refused, roster, counting.blank_missing, reviews, counting.drop_stale,
-                                      counting.written)
-    rows, warnings = apply_penalties(results, scores, counting.late) if counting.late else ([], [])
-    return students, lessons, scores, rows, warnings
-
-
-def write_final(out, results, refused=None, roster=None, reviews=None, counting=None):
-    """What the final scores (final_scores) make in RESULTS (out): the feedback pages (report.write_feedback: the
-    gradebook's reviews, the written questions as counting counts them, the late penalty taken) and totals.csv,
-    one row per student (every roster student, with a roster), a column per lesson (its
-    final score: final_scores, as the export counts, late penalties too), total, max_points, percentage, regrade
-    (what must be graded again, never counted; refused {(student, lesson): why} too) and, where a score is
-    flagged (a lesson never handed in, a manual score from the gradebook's reviews, written questions still to
-    grade: NEEDS_GRADING in the lesson's column, a submission without a time), flags. counting: default, how
-    RESULTS was last counted (counting_of). With late penalties, RESULTS/late-penalties.csv beside it (else
-    none). Returns totals.csv's path."""
-    counting = counting_of(out) if counting is None else counting
-    students, lessons, scores, penalties, _ = final_scores(results, refused, roster, reviews, counting)
-    write_feedback(out, results, reviews, counting.written,
-                   {pair: s.late_note for pair, s in scores.items() if s.late_note}, counting.drop_stale)
-    path = Path(out) / TOTALS
-    write_atomic(path, csv_text(totals_rows(students, lessons, scores, pending=NEEDS_GRADING),
-                                totals_columns(lessons, scores)))
-    if penalties:
-        write_atomic(Path(out) / PENALTIES, csv_text(penalties, list(penalties[0])))
-    else:   # one left by an earlier export would contradict totals.csv
-        (Path(out) / PENALTIES).unlink(missing_ok=True)
-    return path
-
-
-# ---------------------------------------------------------------------------------------------
-# Late penalties
-# ---------------------------------------------------------------------------------------------
-
-def parse_zone(name):
-    try:
-        return ZoneInfo(name)
-    except (ValueError, ZoneInfoNotFoundError):
-        raise ExportError(f"unknown time zone {name!r} (use a name like UTC or Europe/Berlin)") from None
-
-
-def parse_moment(when, shown, zone):
-    """An aware datetime from an ISO 8601 time (`zone` when it names none); shown names it in errors."""
-    try:
-        moment = datetime.fromisoformat(when.strip())
-    except ValueError:
-        raise ExportError(f"{shown}: {when!r} is not an ISO 8601 time (e.g. 2026-10-01T23:59:00+02:00)") from None
-    if "T" not in when.strip().upper().replace(" ", "T"):  # a date alone would mean its first second
-        raise ExportError(f"{shown}: give the time too (e.g. {when.strip()}T23:59:00), "
-                          "a date alone would mean midnight at its start")
-    return moment if moment.tzinfo else moment.replace(tzinfo=zone)
-
-
-def parse_deadlines(specs, lessons, zone):
-    """{lesson: aware datetime} from LESSON=ISO8601 strings; a time without a zone is in `zone`."""
-    deadlines = {}
-    for spec in specs:
-        lesson, sep, when = spec.partition("=")
-        if not sep or lesson not in lessons:
-            raise ExportError(f"--deadline takes LESSON=ISO8601 with a lesson of these results "
-                              f"({', '.join(lessons)}); got {spec!r}")
-        if lesson in deadlines:
-            raise ExportError(f"--deadline given twice for {lesson}")
-        deadlines[lesson] = parse_moment(when, f"--deadline {spec!r}", zone)
-    return deadlines
-
-
-def parse_extensions(path, deadlines, zone):
-    """{(student, lesson): aware datetime, or EXEMPT} from a CSV student,lesson,deadline where deadline
-    is an ISO 8601 time or `exempt`; each of its lessons must have a --deadline."""
-    try:
-        with open(path, newline="", encoding="utf-8-sig") as f:   # a spreadsheet's CSV may start with a BOM
-            reader = csv.DictReader(f)
-            rows = [{k.strip().casefold(): (v or "") for k, v in row.items() if k} for row in reader]
-            header = {k.strip().casefold() for k in reader.fieldnames or ()}
-    except (OSError, UnicodeDecodeError, csv.Error) as e:
-        raise ExportError(f"cannot read the extensions {path}: {e}") from None
-    if not {"student", "lesson", "deadline"} <= header:
-        raise ExportError(f"the extensions {path} need the columns student, lesson, deadline (a time or 'exempt')")
-    found = {}
-    for number, row in enumerate(rows, 2):
-        student, lesson, when = (row[c].strip() for c in ("student", "lesson", "deadline"))
-        shown = f"the extensions {path}, line {number}"
-        if lesson not in deadlines:
-            raise ExportError(f"{shown}: {lesson!r} has no --deadline (lessons with one: {', '.join(deadlines)})")
-        if (student, lesson) in found:
-            raise ExportError(f"{shown}: a second extension for {student} {lesson}")
-        found[student, lesson] = EXEMPT if when.casefold() == EXEMPT else parse_moment(when, shown, zone)
-    return found
-
-
-def parse_grace(text):
-    """A timedelta from '15m', '2h' or '1d' (minutes, hours, days)."""
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(m|min|h|d)", (text or "").strip())
-    if not m:
-        raise ExportError(f"--grace takes a duration like 15m, 2h or 1d; got {text!r}")
-    unit = {"m": "minutes", "min": "minutes", "h": "hours", "d": "days"}[m[2]]
-    return timedelta(**{unit: float(m[1])})
-
-
-def parse_policy(text):
-    """(share per unit, timedelta unit, cap share) from '10%/day' or '5%/hour,max=50%'."""
-    m = POLICY.fullmatch(text.replace(" ", ""))
-    if not m or float(m["rate"]) > 100 or (m["cap"] and float(m["cap"]) > 100):
-        raise ExportError(f"--late-policy takes N%/day or N%/hour, optionally ',max=M%' (e.g. 10%/day,max=50%); "
-                          f"got {text!r}")
-    return float(m["rate"]) / 100, timedelta(days=1) if m["unit"] == "day" else timedelta(hours=1), \
-        float(m["cap"]) / 100 if m["cap"] else 1.0
-
-
-def submission_time(result, submissions):
-    """The stored submission time of a Result (aware datetime) or None."""
-    text = result.submitted_at
-    if not text and submissions:
-        text, _ = read_timestamp(Path(submissions) / result.student / result.lesson)
-    if not text:
-        return None
-    moment = datetime.fromisoformat(text)
-    return moment if moment.tzinfo else moment.replace(tzinfo=ZoneInfo("UTC"))
-
-
-def apply_penalties(results, scores, late):
-    """Penalise scores in place by a Late; returns (the late-penalties.csv rows, warning lines). A submitted
-    result of a lesson with a deadline and no submission time, or an exempt one, is not penalised and is flagged
-    (Score.flag); work within the grace of its deadline is on time; extensions replace a lesson's deadline for
-    a student."""
-    rate, unit, cap = parse_policy(late.policy)
-    rows, untimed = [], {}
-    for r in results:
-        pair = (r.student, r.lesson)
-        s, deadline = scores[pair], late.extensions.get(pair, late.deadlines.get(r.lesson))
-        if deadline is None or not s.submitted:
-            continue
-        moment = None if deadline == EXEMPT else submission_time(r, late.submissions)
-        if moment is None:
-            s.flag = "; ".join(filter(None, [s.flag, "exempt from the deadline" if deadline == EXEMPT
-                                             else "no submission time: not penalised"]))
-            if deadline != EXEMPT:
-                untimed.setdefault(r.lesson, []).append(r.student)
-        else:
-            behind = moment - deadline
-            s.late = math.ceil(behind / unit) if behind > late.grace else 0
-            s.penalty = min(cap, rate * s.late)
-            if s.points is not None:
-                s.points = round(s.raw * (1 - s.penalty), 4)
-            if s.penalty:   # said where the score is: totals.csv's flags, the student's page
-                late_units = f"{s.late} {'day' if unit == timedelta(days=1) else 'hour'}{'s' if s.late > 1 else ''}"
-                s.flag = "; ".join(filter(None, [s.flag, f"late {late_units}: -{100 * s.penalty:g}%"]))
-                s.late_note = "" if s.points is None else (
-                    f"Handed in {late_units} after your deadline ({deadline.isoformat()}): {100 * s.penalty:g}% off "
-                    f"the points earned, so {s.points:g} of {s.raw:g} count.")
-        rows.append(dict(student=r.student, lesson=r.lesson, submitted_at=moment.isoformat() if moment else "",
-                         deadline=deadline if deadline == EXEMPT else deadline.isoformat(), late_units=s.late,
-                         penalty_percent=round(100 * s.penalty, 2), raw=s.raw if s.raw is not None else "",
-                         penalised=s.points if s.points is not None else "", flag=s.flag))
-    hint = "collect with --times or a Moodle worksheet that lists them" + (
-        "" if late.submissions else ", or give --submissions where collect wrote timestamp.txt")
-    warnings = [f"no submission time for {len(who)} submission(s) of {lesson}: {', '.join(who)}: exported "
-                f"unpenalised and flagged; {hint}" for lesson, who in sorted(untimed.items())]
-    return rows, warnings
-
-
-# ---------------------------------------------------------------------------------------------
-# The command
-# ---------------------------------------------------------------------------------------------
-
-def export(out, results, fmt, dest, roster=None, gradebook=None, deadlines=(), policy=None, zone="UTC",
-           submissions=None, assignments=(), refused=None, extensions=None, grace=None, blank_missing=False,
-           reviews=None, stale_overrides="keep", written=False):
-    """Write the export to dest, RESULTS/totals.csv and the feedback pages (the same scores: write_final) and,
-    when penalised, RESULTS/late-penalties.csv, and remember how it counted (remember_counting); returns
-    warning lines.
+def export(config: RunConfig, results: list, fmt: str, dest, trial: bool = False, gradebook=None, assignments=(),
+           refused: dict | None = None, reviews=None) -> list:
+    """Write the export of results (RESULTS is config.results), counted by config.rule, with config.roster's class,
+    to dest; unless trial (a rule other than RESULTS's), also
+    RESULTS/totals.csv and the feedback pages (the same scores: write_final) and, when penalised,
+    RESULTS/late-penalties.csv. Returns warning lines, one per cause (grouped).
     refused: {(student, lesson): why} of stored results the store refused: marked in the rows, left blank in
-    Canvas, each named in a warning.
-    reviews: nbgrader's gradebook {(student, lesson): Review} (gradebook.read_reviews), whose manual
-    scores and extra credit count; stale_overrides keep|drop: whether a stale manual score still wins; written:
-    the written questions count (their scores the gradebook's; a lesson with one not graded yet is left blank).
+    Canvas (the command names them). reviews: nbgrader's gradebook {(student, lesson): Review} (gradebook.read_reviews),
+    whose manual scores and extra credit count. gradebook: a gradebook exported from Canvas, whose columns are
+    filled (canvas.gradebook_import; a maximum that differs stops it unless config.allow_mismatch).
     ExportError on bad input, before anything is written."""
-    if stale_overrides not in ("keep", "drop"):
-        raise ExportError(f"--stale-overrides takes keep or drop; got {stale_overrides!r}")
-    drop_stale = stale_overrides == "drop"
+    out, rule, roster = config.results, config.rule, config.roster
     if fmt not in ("canvas", "csv"):
         raise ExportError(f"unknown format {fmt!r}: use canvas or csv")
     if not results and not refused:
@@ -457,48 +42,32 @@ def export(out, results, fmt, dest, roster=None, gradebook=None, deadlines=(), p
     if dest.is_dir():
         raise ExportError(f"--out {dest} is a folder; name the CSV file to write")
     lessons = sorted({r.lesson for r in results} | {lsn for _, lsn in refused or {}})
-    if bool(deadlines) != bool(policy):
-        raise ExportError("late penalties need both --deadline LESSON=ISO8601 and --late-policy")
     pairs = dict(a.partition("=")[::2] for a in assignments)
     if any(lsn not in lessons or not name for lsn, name in pairs.items()):
         raise ExportError(f"--assignment takes LESSON=NAME with a lesson of these results ({', '.join(lessons)})")
-    if (extensions or grace) and not deadlines:
-        raise ExportError("--extensions and --grace change late penalties: give --deadline and --late-policy too")
-    late = None
-    if deadlines:
-        by_lesson = parse_deadlines(deadlines, lessons, parse_zone(zone))
-        parse_policy(policy)
-        late = Late(by_lesson, policy.replace(" ", ""),
-                    parse_extensions(extensions, by_lesson, parse_zone(zone)) if extensions else {},
-                    parse_grace(grace) if grace else timedelta(0),
-                    str(Path(submissions).resolve()) if submissions else None)
-    counting = Counting(blank_missing, drop_stale, late, written)
-    students, lessons, scores, penalties, warnings = final_scores(results, refused, roster, reviews, counting)
+    students, lessons, scores, penalties, warnings = final_scores(results, refused, roster, reviews, rule)
+    detail = bool(rule.late)
     if fmt == "csv":
-        text = csv_text(totals_rows(students, lessons, scores, detail=bool(deadlines)),
-                        totals_columns(lessons, scores, detail=bool(deadlines)))
+        text = csv_text(totals_rows(students, lessons, scores, detail=detail),
+                        totals_columns(lessons, scores, detail=detail))
     else:
-        text, more = canvas.gradebook_import(roster, results, lessons, scores, gradebook, pairs)
+        text, more = canvas.gradebook_import(roster, results, lessons, scores, gradebook, pairs, config.allow_mismatch)
         warnings += more
-    regrade = sorted(f"{s} {lsn}" for (s, lsn), sc in scores.items()   # not a lesson never handed in, left blank
-                     if sc.points is None and not sc.refused and sc.flag != MISSING and (sc.regrade or not sc.pending))
-    warnings += [f"{s} {lsn}: left blank, its stored result was refused ({sc.refused}): regrade it (grade --resume)"
-                 for (s, lsn), sc in sorted(scores.items()) if sc.refused]
-    if regrade:
-        warnings.append(f"left blank, to be graded again (the grader could not run a test): {', '.join(regrade)}")
-    pending = [f"{s} {lsn} ({', '.join(sc.pending)})" for (s, lsn), sc in sorted(scores.items())
-               if sc.pending and sc.points is None and not sc.regrade]
-    if pending:
-        warnings.append(f"left blank, written questions to grade in formgrader first: {', '.join(pending)}")
-    missing = sorted(f"{s} {lsn}" for (s, lsn), sc in scores.items() if sc.flag == MISSING)
-    if missing:
-        warnings.append(f"never handed in, {'left blank' if blank_missing else 'counted as 0'}: {', '.join(missing)}")
+    warnings += grouped("left blank, to be graded again (the grader could not run a test)",
+                        [(s, lsn) for (s, lsn), sc in scores.items() if sc.points is None and not sc.refused
+                         and not sc.missing and (sc.regrade or not sc.pending)])
+    warnings += grouped("left blank, written questions to grade in formgrader first",
+                        [(s, lsn, ", ".join(sc.pending)) for (s, lsn), sc in scores.items()
+                         if sc.pending and sc.points is None and not sc.regrade])
+    warnings += grouped(f"{MISSING}, {'left blank' if rule.blank_missing else 'counted as 0'}",
+                        [(s, lsn) for (s, lsn), sc in scores.items() if sc.missing])
     if roster and fmt == "csv" and (outside := sorted(set(students) - {r["student"] for r in roster.rows})):
         warnings.append(f"not in the roster, kept: {', '.join(outside)}")
-    warnings += stale_warning([f"{s} {lsn} {t}" for (s, lsn), sc in sorted(scores.items()) for t in sc.stale], drop_stale)
-    warnings += remember_counting(out, counting)
-    write_final(out, results, refused, roster, reviews, counting)
-    if roster:
-        remember_roster(out, roster)
+    warnings += stale_warning([f"{s} {lsn} {t}" for (s, lsn), sc in sorted(scores.items()) for t in sc.stale],
+                              rule.drop_stale)
+    if not trial:
+        write_final(out, results, refused, roster, reviews, rule)
+        if roster:
+            remember_roster(out, roster)
     write_atomic(dest, text)
     return warnings

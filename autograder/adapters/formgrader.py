@@ -12,6 +12,9 @@ The notebook is the lesson's student copy (the course's own markdown and provide
   code block), so nothing a student wrote is rendered as HTML in the instructor's browser.
 The points also go to each test cell's metadata, under "autograder" (nbgrader's own dict admits
 no extra key). Scores, comments and overrides live in the gradebook (gradebook.py), not here.
+
+COURSE_ROOT/nbgrader_config.py (write_config, when there is none): formgrader's course, its gradebook, and the
+course's lessons/ as nbgrader's source directory, so that formgrader lists every lesson as an assignment.
 """
 import hashlib
 import json
@@ -140,3 +143,20 @@ def write_autograded(course_root, results):
         write_atomic(path, json.dumps(autograded_notebook(r, sources[lesson]), indent=1, ensure_ascii=False) + "\n")
         written.append(path)
     return written
+
+
+CONFIG = "nbgrader_config.py"
+
+
+def write_config(course_root, gradebook) -> Path | None:
+    """COURSE_ROOT/nbgrader_config.py for formgrader, unless one is there (the instructor's stays as it is): the
+    course root, the gradebook, and this course's lessons/ as the source directory (where formgrader finds the
+    assignments it lists). Returns its path when written."""
+    path = Path(course_root) / CONFIG
+    if path.exists():
+        return None
+    write_atomic(path, "c = get_config()\n"
+                       f"c.CourseDirectory.root = {str(Path(course_root).resolve())!r}\n"
+                       f"c.CourseDirectory.db_url = {'sqlite:///' + str(Path(gradebook).resolve())!r}\n"
+                       f"c.CourseDirectory.source_directory = {str(nbk.LESSONS_DIR.resolve())!r}\n")
+    return path

@@ -22,10 +22,9 @@ from importlib.util import find_spec
 from pathlib import Path
 
 from autograder import notebook as nbk
-from autograder.results import STORE, UNANSWERED, UsageError, read_csv, write_atomic
+from autograder.config import read_settings, set_gradebook, settings_path
+from autograder.results import UNANSWERED, UsageError, read_csv
 
-# RESULTS/.results/gradebook.txt: the gradebook whose manual scores RESULTS's totals.csv and feedback pages hold
-GRADEBOOK_FILE = "gradebook.txt"
 
 
 def check_gradebook(gradebook):
@@ -45,11 +44,10 @@ def check_gradebook(gradebook):
 def check_same_gradebook(out, gradebook):
     """UsageError, before any work, when RESULTS (out) was last written with a gradebook and this run names
     none: rewriting totals.csv and the feedback pages without it would silently drop the TAs' manual scores."""
-    path = Path(out) / STORE / GRADEBOOK_FILE
     before = remembered_gradebook(out)
     if before and not gradebook:
         raise UsageError(f"{out} holds the manual scores of --gradebook {before}: pass --gradebook {before} again "
-                         f"(or delete {path} to rewrite it without them)")
+                         f"(or remove its gradebook from {settings_path(out)} to rewrite it without them)")
     totals = Path(out) / "totals.csv"   # written by an export --gradebook, or before RESULTS remembered its gradebook
     if not gradebook and totals.is_file() and any(
             "manual: " in row.get("flags", "") or "extra credit: " in row.get("flags", "") for row in read_csv(totals)):
@@ -58,14 +56,13 @@ def check_same_gradebook(out, gradebook):
 
 
 def remembered_gradebook(out):
-    """The gradebook RESULTS (out) was last written with (remember_gradebook), or None."""
-    path = Path(out) / STORE / GRADEBOOK_FILE
-    return (path.read_text(encoding="utf-8").strip() or None) if path.is_file() else None
+    """The gradebook RESULTS (out) was last written with (remember_gradebook: its settings), or None."""
+    return read_settings(out).gradebook
 
 
 def remember_gradebook(out, gradebook):
     """Record in RESULTS (out) the gradebook its totals.csv and feedback pages now hold (check_same_gradebook)."""
-    write_atomic(Path(out) / STORE / GRADEBOOK_FILE, f"{Path(gradebook).resolve()}\n")
+    set_gradebook(out, gradebook)
 
 
 @dataclass
@@ -107,17 +104,22 @@ def read_reviews(db_path):
     return reviews
 
 
-def update_gradebook(db_path, results, tests, course_root=None):
+def update_gradebook(db_path, results, tests, course_root=None, roster=None):
     """Create the lessons' structure (assignment, notebook, grade and solution cells), set every
-    auto_score, and write the autograded notebooks under course_root (default: the gradebook's folder)."""
+    auto_score, and write the autograded notebooks under course_root (default: the gradebook's folder), with
+    formgrader's nbgrader_config.py there (formgrader.write_config) when it has none. With a roster, every roster
+    student is in the gradebook with their name and email, as formgrader shows them."""
     from sqlalchemy.exc import SAWarning
 
-    from autograder.adapters.formgrader import changed_answers, write_autograded
+    from autograder.adapters.formgrader import changed_answers, write_autograded, write_config
 
     course_root = course_root or Path(db_path).resolve().parent
     with _open(db_path) as gb, warnings.catch_warnings():
         # nbgrader's add_submission trips SQLAlchemy's autoflush warnings; its rows are right
         warnings.simplefilter("ignore", SAWarning)
+        for row in roster.rows if roster else ():
+            first, last = split_name(row["name"])
+            gb.update_or_create_student(row["student"], first_name=first, last_name=last, email=row["email"] or None)
         for lesson, cells in tests.items():
             gb.update_or_create_assignment(lesson)
             gb.update_or_create_notebook(lesson, lesson)
@@ -156,6 +158,17 @@ def update_gradebook(db_path, results, tests, course_root=None):
                     grade.needs_manual_grade = bool(grade.needs_manual_grade) or w.question in changed
             gb.db.commit()
     write_autograded(course_root, results)
+    write_config(course_root, db_path)
+
+
+def split_name(name: str) -> tuple:
+    """(first, last) of a roster name, "Liddell, Alice" (Canvas's sortable form) or "Alice Liddell"; (None, None)
+    for none."""
+    if "," in name:
+        last, _, first = name.partition(",")
+        return first.strip() or None, last.strip() or None
+    words = name.split()
+    return (" ".join(words[:-1]) or None, words[-1]) if words else (None, None)
 
 
 def _submission_notebook(gb, r):

@@ -142,6 +142,7 @@ def run(root):
     """Grade ROOT/submission as ROOT/source's lesson; write ROOT/results/results.json. Returns the
     exit status: 1 (and no results.json, so Gradescope reports a failure to rerun rather than a
     zero) when the grader itself cannot run or cannot check a test (a missing Triton, a bug of ours)."""
+    from autograder.config import RunConfig
     from autograder.grade import grade
     from autograder.report import results_json
     from autograder.results import UsageError, write_atomic
@@ -154,7 +155,8 @@ def run(root):
         subs = Path(tmp) / "submissions"
         stage_submission(root / "submission", subs / STUDENT / lesson, lesson)
         try:
-            results = grade(subs, Path(tmp) / "results", [lesson], mode=choose_mode("auto"), progress=False)["results"]
+            results = grade(RunConfig(Path(tmp) / "results", subs, lessons=(lesson,), mode=choose_mode("auto"),
+                                      progress=False))["results"]
         except (UsageError, SandboxError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 1

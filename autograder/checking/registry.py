@@ -10,10 +10,13 @@ LESSONS = lessons.solutions_modules()  # {lesson: its solutions module and grade
 
 
 def checks_for(lesson):
-    """{graded name: Check} of a lesson."""
+    """{graded name: Check} of a lesson, each with what its manifest forbids it ([forbids], Check.forbid)."""
     if lesson not in LESSONS:
         raise ValueError(f"unknown lesson {lesson!r}; lessons are {', '.join(LESSONS)}")
-    return importlib.import_module(f"autograder.lessons.{LESSONS[lesson]}.checks").CHECKS
+    checks = importlib.import_module(f"autograder.lessons.{LESSONS[lesson]}.checks").CHECKS
+    for name, rule in lessons.forbids(lesson).items():
+        checks[name].forbid = rule
+    return checks
 
 
 class Check:
@@ -33,10 +36,13 @@ class Check:
         self.name, self.fn, self.isolate = name, fn, tuple(isolate)
         self.aspects = dict(aspects or {})
         self.memory_bound = memory_bound
+        self.forbid = None  # {"aspect", "paths", "instead"}: the lesson's manifest ([forbids], checks_for)
 
     def __call__(self, subject):
         """Run against a Subject; an exception from the student's code becomes a teaching AssertionError."""
-        record = subject._aspects = _Aspects(self.aspects) if self.aspects else None
+        if self.forbid and self.forbid["aspect"] not in self.aspects:  # a bug of ours: never grade it unenforced
+            raise RuntimeError(f"{self.name} forbids paths in an aspect it does not have: {self.forbid['aspect']}")
+        record = subject._aspects = _Aspects(self.aspects, self.name, self.forbid) if self.aspects else None
         try:
             if self.isolate:
                 subject.isolate(self.isolate)
@@ -66,14 +72,19 @@ class PartialCredit(AssertionError):
 class _Aspects:
     """What each declared aspect of one check run gave: None (not tested yet), or a failure message."""
 
-    def __init__(self, weights):
+    def __init__(self, weights, name="", forbid=None):
         self.weights, self.core = weights, next(iter(weights))
         self.tested, self.failed = set(), {}
+        self.name, self.forbid = name, forbid
+        self.forbidden_calls = 0  # calls made with the forbidden paths off
 
     def verdict(self, name):
         untested = [a for a in self.weights if a not in self.tested]
         if untested:  # a bug of ours: never give an aspect's share untested
             raise RuntimeError(f"the check of {name} never tested {', '.join(untested)}")
+        if self.forbid and not self.forbidden_calls and self.forbid["aspect"] not in self.failed:  # nor one whose
+            # forbidden paths were never off (unless that aspect failed first: a process over its memory bound)
+            raise RuntimeError(f"the check of {name} called nothing with {', '.join(self.forbid['paths'])} off")
         if self.failed:
             rows = [dict(aspect=a, weight=w, passed=a not in self.failed, message=self.failed.get(a, ""))
                     for a, w in self.weights.items()]

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from autograder.checking.memory import LocalBound
-from autograder.sandbox import wire
+from autograder.sandbox import tripwires, wire
 from autograder.sandbox.server import ObjectServer
 from autograder.sandbox.wire import Array, Handle
 
@@ -71,8 +71,10 @@ class Subject:
         self._aspects = None
         self._isolated = ()  # the names isolate() replaced, until restore()
         self.held_mb = 0  # see memory_bound()
+        self._calls = 0  # calls sent (forbidding() counts those of its block)
 
     def _request(self, request, callback=None):
+        self._calls += request.get("op") == "call"
         reply = self._transport(request, callback=callback) if callback else self._transport(request)
         if not isinstance(reply, dict):
             raise Unchecked("the sandbox sent a malformed reply")
@@ -186,13 +188,51 @@ class Subject:
         if name not in record.weights:
             raise RuntimeError(f"undeclared aspect {name!r}")
         record.tested.add(name)
+        rule = record.forbid if record.forbid and record.forbid["aspect"] == name else None
         try:
-            yield
+            with self.forbidding(rule["paths"]) if rule else contextlib.nullcontext():
+                yield
         except (AssertionError, StudentError) as e:
             message = str(e) if isinstance(e, AssertionError) else f"your code raised {e.type}: {e.message}"
+            if rule:
+                message = forbidden_message(record.name, rule, e, message)
             if name == record.core or str(e) == NOT_IMPLEMENTED:
                 raise AssertionError(message) from None
             record.failed.setdefault(name, message)
+
+    @contextlib.contextmanager
+    def forbidding(self, paths):
+        """A block whose calls run in a process that switched `paths` off before the notebook's cells ran
+        (sandbox/tripwires.py: PyTorch's attention kernels, its softmax, autograd): a forbidden operator raises
+        ForbiddenPath, autograd records nothing. In the sandbox the grader ends the serving process, runs the cells
+        again in a fresh one with the paths off, and ends that one after the block (Session._kind); in-process
+        (LocalSubject) they are off during each call only. Subject.aspect enters it for the aspect the lesson's
+        manifest names ([forbids]); a check whose blocks call nothing would enforce nothing (a bug of ours, which
+        _Aspects.verdict raises)."""
+        self._transport({"op": "forbid", "paths": list(paths)})
+        if self._isolated:  # the next process runs the notebook's own names again (as after memory_bound)
+            self.isolate(self._isolated)
+        calls = self._calls
+        try:
+            yield
+        finally:
+            if self._aspects:
+                self._aspects.forbidden_calls += self._calls - calls
+            self._transport({"op": "unforbid"})
+            if self._isolated:
+                self.isolate(self._isolated)
+
+    @contextlib.contextmanager
+    def elsewhere(self, cells):
+        """A block whose requests go to a fresh process that ran the grader's `cells` (source text) instead of the
+        notebook's: nothing the notebook's code did is there (in-process: a fresh namespace)."""
+        self._transport({"op": "elsewhere", "cells": list(cells)})
+        try:
+            yield
+        finally:
+            self._transport({"op": "here"})
+            if self._isolated:
+                self.isolate(self._isolated)
 
     def helper(self, name, *args, **kwargs):
         """Build one of autograder.sandbox.helpers next to the student's code; returns a Handle."""
@@ -241,10 +281,12 @@ class LocalSubject(Subject):
     replies still go through JSON, so a check sees exactly what it would see in the grader."""
 
     def __init__(self, namespace, seed_text=""):
-        server = ObjectServer(namespace)
+        servers = [ObjectServer(namespace)]  # the notebook's, and inside Subject.elsewhere the grader's cells'
         roundtrip = lambda msg: json.loads(wire.dumps(msg))  # noqa: E731
 
         bound = LocalBound()
+        off = []  # the paths switched off (Subject.forbidding) during each request, and only then: the check's own
+        #           work in this process uses them (here nothing is out of the student's reach anyway)
 
         def transport(request, callback=None):
             if request.get("op") == "bound":
@@ -254,12 +296,51 @@ class LocalSubject(Subject):
                 return bound.leave()
             if request.get("op") == "cpu":
                 return {"ok": time.process_time()}
+            if request.get("op") in ("forbid", "unforbid"):
+                off[:] = request.get("paths", ()) if request["op"] == "forbid" else ()
+                return {"ok": None}
+            if request.get("op") in ("elsewhere", "here"):
+                servers[1:] = [_elsewhere(request["cells"])] if request["op"] == "elsewhere" else []
+                return {"ok": None}
+            remove = tripwires.install(off, for_good=False) if off else None
+            try:
+                return handle(request, callback)
+            finally:
+                if remove:
+                    remove()
+
+        def handle(request, callback):
+            server = servers[-1]
             server.channel = (lambda payload: roundtrip(wire.encode_plain(callback(wire.decode(roundtrip(payload))))))\
                 if callback else None
             return roundtrip(server.handle(roundtrip(request)))
 
         sources = namespace.get("In") or namespace.get("__cell_sources__") or ()
         super().__init__(transport, seed_text, [c for c in sources if isinstance(c, str)])
+
+
+def _elsewhere(cells):
+    """An ObjectServer of a fresh namespace that ran cells (Subject.elsewhere, in-process)."""
+    import linecache
+
+    namespace = {"__name__": "__elsewhere__"}
+    for i, source in enumerate(cells):
+        filename = f"<grader cell {i}>"  # Triton reads a kernel's source with inspect
+        linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
+        try:
+            exec(compile(source, filename, "exec"), namespace)
+        except Exception:  # noqa: BLE001 - as a cell that raised: what it defined stays, calls say the rest
+            pass
+    return ObjectServer(namespace)
+
+
+def forbidden_message(name, rule, error, message):
+    """What a failure inside an aspect with forbidden paths says: the path reached, or the failure with the paths
+    that were off."""
+    if isinstance(error, StudentError) and error.type == "ForbiddenPath":
+        return tripwires.message(name, error.message, rule["instead"])
+    off = " and ".join(tripwires.PATHS[p] for p in rule["paths"])
+    return f"{message} (this part of the check runs with {off} switched off: {rule['instead']})"
 
 
 def tensor(array, dtype=None):

@@ -21,6 +21,11 @@ A manifest holds what the course knows about a lesson beyond its notebook and co
     names = ["triton_attention"]
     reason = "Triton is not installed where the grader runs (...)"
 
+    [forbids.flash_attention]  # what a graded function may not reach, switched off where that aspect is graded
+    aspect = "tiled"           # the check's aspect it costs (autograder.checking: Subject.aspect runs that aspect's
+    paths = ["attention kernels"]  # calls in a process with these paths off: autograder/sandbox/tripwires.py)
+    instead = "write the tiled loop yourself"   # what the message tells the student to do instead
+
 `LESSONS` (autograder.checking), Gradescope's extras, the book's lesson list, the tests' lesson list, the
 files a release and a grading run give the notebook, and each lesson's limits are derived from these files;
 title, summary and contract are the book's text, and editing them regrades nobody (grading_keys). Python 3.10 has no tomllib: there a small reader takes the subset above
@@ -33,11 +38,13 @@ import re
 from pathlib import Path
 
 from autograder import notebook as nbk
+from autograder.sandbox import tripwires
 from autograder.worker import DEFAULT_LIMITS, Limits, LimitsError
 
 MANIFEST = "lesson.toml"
 KEYS = {"title": str, "summary": str, "solutions": str, "extras": list, "data": list, "graded": dict, "needs": dict,
-        "limits": dict}
+        "limits": dict, "forbids": dict}
+FORBID_KEYS = {"aspect": str, "paths": list, "instead": str}
 REQUIRED = ("title", "summary", "solutions", "graded")
 
 
@@ -109,11 +116,24 @@ def validate(data, path):
             if isinstance(entry["names"], list) else ["(not a list)"]
         if unknown:
             bad(f"{key}.names", f"{unknown[0]} is not a graded name of this lesson")
+    for name, entry in data.get("forbids", {}).items():
+        key = f"forbids.{name}"
+        if name not in data["graded"]:
+            bad(key, f"{name} is not a graded name of this lesson")
+        if not isinstance(entry, dict) or set(entry) != set(FORBID_KEYS):
+            bad(key, f"should be a table with {', '.join(FORBID_KEYS)}")
+        for field, kind in FORBID_KEYS.items():
+            if not isinstance(entry[field], kind) or not entry[field]:
+                bad(f"{key}.{field}", f"should be a non-empty {kind.__name__}")
+        unknown = [p for p in entry["paths"] if p not in tripwires.PATHS]
+        if unknown:
+            bad(f"{key}.paths", f"{unknown[0]!r} is not a path autograder/sandbox/tripwires.py knows "
+                                f"({', '.join(tripwires.PATHS)})")
     try:
         DEFAULT_LIMITS.over(data.get("limits"))  # Limits' own reader names the field
     except LimitsError as e:
         raise LessonError(f"{path}: {e}") from None
-    return {"extras": [], "data": [], "needs": {}, "limits": {}, **data}
+    return {"extras": [], "data": [], "needs": {}, "limits": {}, "forbids": {}, **data}
 
 
 def solutions_modules():
@@ -131,6 +151,12 @@ def points(lesson, root=nbk.LESSONS_DIR):
     return {name: entry["points"] for name, entry in read(lesson, root)["graded"].items()}
 
 
+def forbids(lesson, root=nbk.LESSONS_DIR):
+    """{graded name: {"aspect", "paths", "instead"}}: what each graded function may not reach, and the aspect it
+    costs (autograder.checking enforces it)."""
+    return read(lesson, root)["forbids"]
+
+
 def catalogue():
     """The book's list: {lesson: {"title", "summary", "graded": {name: contract}}}."""
     return {lesson: {"title": read(lesson)["title"], "summary": read(lesson)["summary"],
@@ -146,11 +172,12 @@ def limits(lesson, root=nbk.LESSONS_DIR) -> Limits:
 
 def grading_keys(lesson, root=nbk.LESSONS_DIR):
     """What of the manifest a verdict depends on (grade's fingerprint hashes it): the solutions module, the
-    graded names and points, the data files' names, the optional packages' checks and the limits. Not the
+    graded names and points, the data files' names, the optional packages' checks, the limits and what is forbidden
+    (only where something is: a lesson without forbids keeps its fingerprint). Not the
     title, the summary, the contracts (the book's text) or the extras (what Gradescope installs)."""
     m = read(lesson, root)
     return {"solutions": m["solutions"], "points": points(lesson, root), "data": m["data"], "needs": m["needs"],
-            "limits": m["limits"]}
+            "limits": m["limits"], **({"forbids": m["forbids"]} if m["forbids"] else {})}
 
 
 def unavailable(lesson, installed=None):

@@ -111,17 +111,50 @@ def gradcheck(fn, q, k, v, *args):
     return torch.autograd.gradcheck(fn, (*(t.detach().requires_grad_() for t in (q, k, v)), *args))
 
 
-def give_grads(module):
-    """Give every other parameter of module (the 1st, 3rd, ...) a .grad of 0.5s and the rest none, as a caller
-    in the middle of its own backward would leave them."""
-    for i, p in enumerate(module.parameters()):
-        p.grad = torch.full_like(p, 0.5) if i % 2 == 0 else None
+# .grad and .requires_grad as torch's C type defines them: a cell may rebind torch.Tensor's, not these (an immutable type)
+_GRAD, _REQUIRES_GRAD = torch._C.TensorBase.grad, torch._C.TensorBase.requires_grad
 
 
-def grads_as_given(module):
-    """Whether module's parameters' .grad are still as give_grads left them (values included)."""
-    return all((p.grad is not None and bool((p.grad == 0.5).all())) if i % 2 == 0 else p.grad is None
-               for i, p in enumerate(module.parameters()))
+class ModelRecord:
+    """The parameters and submodules of a model the grader just built, found through each module's own __dict__ (as
+    nn.Module keeps them), not through its methods, which a subclass may override: what the grader reads of the model
+    after a call (its weights, .grad, requires_grad and mode) comes from these objects."""
+
+    def __init__(self, model):
+        self.modules, self.params, todo = [], {}, [("", model)]
+        while todo:
+            prefix, module = todo.pop(0)
+            own = object.__getattribute__(module, "__dict__")
+            self.modules.append(own)
+            for name, p in own.get("_parameters", {}).items():
+                if p is not None:
+                    self.params[prefix + name] = p
+            todo += [(f"{prefix}{name}.", m) for name, m in own.get("_modules", {}).items() if m is not None]
+
+    def give_grads(self):
+        """Every other parameter (the 1st, 3rd, ...) a .grad of 0.5s and the rest none, as a caller in the middle of
+        its own backward would leave them."""
+        for i, p in enumerate(self.params.values()):
+            _GRAD.__set__(p, torch.full_like(p.detach(), 0.5) if i % 2 == 0 else None)
+
+    def grads_as_given(self):
+        """Whether the .grad are still as give_grads left them (values included), and every parameter requires grad."""
+        grads = [_GRAD.__get__(p) for p in self.params.values()]
+        return all(_REQUIRES_GRAD.__get__(p) for p in self.params.values()) and all(
+            (g is not None and bool((g == 0.5).all())) if i % 2 == 0 else g is None for i, g in enumerate(grads))
+
+    def weights(self):
+        """{name: a copy of the parameter's values}."""
+        return {name: p.detach().clone() for name, p in self.params.items()}
+
+    def modes(self):
+        """[training] of the model and every submodule."""
+        return [bool(own.get("training")) for own in self.modules]
+
+    def set_mode(self, training):
+        """The model and its submodules in train (True) or eval mode, without their methods."""
+        for own in self.modules:
+            own["training"] = bool(training)
 
 
 def without_grad(fn, *args):
@@ -238,6 +271,33 @@ def form_latent_kv(mla, seed, specs, chunk=2048):
 host_callback = None
 
 
+def launches(run, fn, *args, **kwargs):
+    """(fn(*args, **kwargs), buffers, [(grid, args, kwargs)]): fn's result and each launch of the Triton kernel whose `run` is
+    given, as it was launched, a tensor argument as the key of `buffers` {key: its contents when first launched}
+    (the same storage, shape and strides: the same key). What the grader launches again on its own (Subject.elsewhere,
+    checks/triton_replay.py): evidence recorded here may be forged, and is worth only what its replay gives."""
+    kernel, buffers, seen = run.__self__, {}, []
+
+    def key(t):
+        k = f"{t.data_ptr()}:{tuple(t.shape)}:{t.stride()}:{t.dtype}"
+        buffers.setdefault(k, t.detach().clone())
+        return {"buffer": k}
+
+    def record(*a, grid, warmup, **kw):
+        plain = lambda v: key(v) if isinstance(v, torch.Tensor) else v  # noqa: E731
+        if callable(grid):
+            grid = grid(dict(zip(kernel.arg_names, a), **kw))
+        seen.append(([int(g) for g in grid], [plain(v) for v in a], {k: plain(v) for k, v in kw.items()}))
+        return run(*a, grid=grid, warmup=warmup, **kw)
+
+    kernel.run = record
+    try:
+        result = fn(*args, **kwargs)
+    finally:
+        del kernel.run
+    return result, buffers, seen
+
+
 def _ask_grader(payload):
     """The grader's answer to payload; its refusals ({"error": why}) become a ValueError here."""
     if host_callback is None:
@@ -257,12 +317,12 @@ HELPERS = {
     "len": len,
     "Graph": Graph,
     "gradcheck": gradcheck,
-    "give_grads": give_grads,
-    "grads_as_given": grads_as_given,
     "without_grad": without_grad,
     "keeps_argument": keeps_argument,
     "device_used": device_used,
     "tensor_bytes": tensor_bytes,
     "drawn_calls": drawn_calls,
     "form_latent_kv": form_latent_kv,
+    "launches": launches,
+    "ModelRecord": ModelRecord,
 }

@@ -218,7 +218,11 @@ def child(data, shell, start, scratch, opts):
     os.dup2(null, 2)
     sys.stdout, sys.stderr = Sink(), Sink()
 
-    cells = recv_frame(data)["cells"]
+    frame = recv_frame(data)
+    if frame.get("forbid"):  # before any cell: no student code may have looked up a kernel first
+        from .tripwires import install
+        install(frame["forbid"])
+    cells = frame["cells"]
     for i, src in enumerate(cells):
         send_frame(data, {"cell": i, "state": "start"})
         try:

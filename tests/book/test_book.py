@@ -557,10 +557,10 @@ def test_leak_check_finds_a_planted_leak():
 
 
 def test_files_release_adds_hold_no_secret():
-    """What release copies beside the notebooks (the source rules) is in every download of the book:
+    """What release copies beside the notebooks (the grader's tripwires) is in every download of the book:
     it holds no solution and no hidden-test line (a quick check of what the slow site scan finds)."""
-    from autograder.release import SOURCE_RULES
-    assert not leaks_in(SOURCE_RULES.read_text(encoding="utf-8"), secrets())
+    from autograder.release import TRIPWIRES
+    assert not leaks_in(TRIPWIRES.read_text(encoding="utf-8"), secrets())
 
 
 @pytest.mark.slow

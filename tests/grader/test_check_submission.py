@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from autograder import check_submission as cs
-from autograder import grade, source_rules
+from autograder import grade
 from autograder import notebook as nbk
-from autograder.release import release, script_facts
+from autograder.release import TRIPWIRES, release, script_facts
 from tests.harness.lessons import LESSONS, fill
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,13 +48,13 @@ def test_every_released_folder_has_the_check_for_its_lesson(released):
 def test_released_folders_hold_nothing_from_solutions_or_checks(released):
     """No line of solutions/ or autograder/checking/ (beyond short ones such as imports) is in a released
     file other than the notebook (whose stubs keep the functions' signatures and docstrings) and lesson 06's
-    source_rules.py (the grader's rules, released by design: the same file as autograder's)."""
+    tripwires.py (the grader's switch, released by design: the same file as autograder's)."""
     private = {line.strip() for f in [*(ROOT / "solutions").glob("*.py"), *(ROOT / "autograder" / "checks").glob("*.py")]
                for line in f.read_text().splitlines() if len(line.strip()) >= 40 and not line.strip().startswith("#")}
     assert private
     for f in released.rglob("*.py"):
-        if f.name == source_rules.__name__.split(".")[-1] + ".py":
-            assert f.read_bytes() == Path(source_rules.__file__).read_bytes()
+        if f.name == TRIPWIRES.name:
+            assert f.read_bytes() == TRIPWIRES.read_bytes()
             continue
         text = f.read_text()
         assert not {line.strip() for line in text.splitlines()} & private, f
@@ -147,33 +147,23 @@ def test_cells_the_grader_would_not_read(released, tmp_path):
     assert not any("def softmax(x): ..." in s or "return q" in s for s in grade.submission_cells(nb)[0])
 
 
-def test_source_rules_refusals_are_the_graders_own(released):
-    """Lesson 06's released notebook, unanswered: its source rules refuse it, and the check says so with
-    the words of source_rules.problems on the cells grade.submission_cells reads (its written question answered,
-    so that the rules' lines are all the check says)."""
-    nb = notebook(released, "06_gpu")
-    for cell in nb["cells"]:
-        if cs.is_written(cell):
-            nbk.set_source(cell, "The scores never leave the chip.")
-    path = released / "06_gpu" / "mine.ipynb"
-    nbk.write(nb, path)
-    found = [line for bad, line in cs.check(path, cs.lesson_facts(nb, "06_gpu"), run=False, folder=path.parent)
-             if bad]
-    expected = source_rules.problems(grade.submission_cells(nb)[0])
-    assert expected and found == [f"{name}: {why}" for name, why in expected.items()]
+@pytest.mark.slow
+def test_the_check_shows_the_graders_words_for_a_forbidden_path(released, tmp_path):
+    """Lesson 06 with flash_attention reaching PyTorch's attention kernel through a table filled later: the check runs
+    the visible test, which switches the kernels off as the grader does (tripwires.py beside the script, wherever
+    the notebook is), and prints the grader's own message."""
+    from autograder import lessons
+    from autograder.checking import mistakes
+    from autograder.sandbox import tripwires
 
-
-def test_the_check_reads_the_rules_beside_itself_when_the_notebook_is_elsewhere(released, tmp_path):
-    """A student who keeps their notebook in another folder (python ../06_gpu/check_submission.py mine.ipynb)
-    still gets lesson 06's source rules: the script reads source_rules.py beside itself, not beside the notebook."""
-    nb = notebook(released, "06_gpu")
-    nbk.write(nb, tmp_path / "mine.ipynb")
-    done = subprocess.run([sys.executable, str(released / "06_gpu" / "check_submission.py"), "mine.ipynb",
-                           "--no-run"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
-    expected = source_rules.problems(grade.submission_cells(nb)[0])
-    assert expected and done.returncode == 1, done.stdout + done.stderr
-    for name, why in expected.items():
-        assert f"PROBLEM {name}: {why}" in done.stdout
+    trick = next(m.code for m in mistakes.mutants("06_gpu")["flash_attention"] if m.what.startswith("a dispatch table"))
+    nbk.write(fill(notebook(released, "06_gpu"), "06_gpu", {"flash_attention": trick}), tmp_path / "mine.ipynb")
+    done = subprocess.run([sys.executable, str(released / "06_gpu" / "check_submission.py"), "mine.ipynb"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=1200)
+    rule = lessons.forbids("06_gpu")["flash_attention"]
+    words = tripwires.message("flash_attention", "reached PyTorch's attention kernel "
+                              "(aten::scaled_dot_product_attention)", rule["instead"])
+    assert f"test_flash_attention: FAILED: AssertionError: {words}" in done.stdout, done.stdout[-3000:]
 
 
 def written(nb, grade_id="why_scale", points=2, text="YOUR ANSWER HERE"):

@@ -9,7 +9,7 @@ import pytest
 
 from autograder import lessons
 from autograder import notebook as nbk
-from autograder.release import SOURCE_RULES, lesson_files, release
+from autograder.release import TRIPWIRES, lesson_files, release
 from autograder.sync import sync
 from tests.harness.lessons import LESSONS
 
@@ -45,7 +45,7 @@ def missing_pieces(lesson, root=nbk.LESSONS_DIR):
                     for n, p in graded.items() if tests.get(f"test_{n}") != p]
         missing += [f"the notebook grades {t}, which the manifest does not name" for t in tests
                     if t.removeprefix("test_") not in graded]
-        beside = set(lesson_files(lesson, root))  # the manifest's data, and source_rules.py where a cell imports it
+        beside = set(lesson_files(lesson, root))  # the manifest's data, and tripwires.py where a cell imports it
     except nbk.NotebookError:
         missing.append(f"no notebook lessons/{lesson}/{lesson}.ipynb")
         beside = set(manifest["data"])
@@ -239,9 +239,9 @@ def released(tmp_path_factory):
 def test_a_release_holds_exactly_what_the_manifest_declares(released, tmp_path):
     for lesson in LESSONS:
         want = {f"{lesson}.ipynb", "check_submission.py", *lessons.read(lesson)["data"]} | (
-            {SOURCE_RULES.name} if lesson == "06_gpu" else set())
+            {TRIPWIRES.name} if lessons.forbids(lesson) else set())  # its visible tests switch off what it forbids
         assert {p.name for p in (released / lesson).iterdir()} == want, lesson
-    assert (released / "06_gpu" / SOURCE_RULES.name).read_bytes() == SOURCE_RULES.read_bytes()
+    assert (released / "06_gpu" / TRIPWIRES.name).read_bytes() == TRIPWIRES.read_bytes()
     # A file the manifest does not declare stays in the course, and so does the manifest.
     root = copy_lessons(tmp_path / "lessons", "07_head_specialization")
     (root / "07_head_specialization" / "notes.txt").write_text("the instructor's notes")
@@ -255,26 +255,26 @@ def test_the_grader_gives_a_notebook_the_files_a_release_gives(tmp_path):
     from autograder.grade import stage_data
 
     staged = stage_data(["06_gpu", "07_head_specialization"], tmp_path)
-    assert staged == {"06_gpu": [SOURCE_RULES.name], "07_head_specialization": sorted(lessons.read(
+    assert staged == {"06_gpu": [TRIPWIRES.name], "07_head_specialization": sorted(lessons.read(
         "07_head_specialization")["data"])}
     assert sorted(p.name for p in (tmp_path / "07_head_specialization").iterdir()) == staged["07_head_specialization"]
 
 
-def test_sync_keeps_the_lessons_copy_of_source_rules_equal_to_the_graders(tmp_path):
+def test_sync_keeps_the_lessons_copy_of_tripwires_equal_to_the_graders(tmp_path):
     import os
 
     root = copy_lessons(tmp_path / "lessons", "06_gpu")
-    copy = root / "06_gpu" / SOURCE_RULES.name
-    assert not (nbk.LESSONS_DIR / "06_gpu" / SOURCE_RULES.name).is_symlink(), "a plain file, written by sync"
-    stale = [f"06_gpu: {SOURCE_RULES.name} differs from autograder/{SOURCE_RULES.name}"]
-    copy.write_text(SOURCE_RULES.read_text(encoding="utf-8") + "\n# an edit made to the copy\n", encoding="utf-8")
+    copy = root / "06_gpu" / TRIPWIRES.name
+    assert not (nbk.LESSONS_DIR / "06_gpu" / TRIPWIRES.name).is_symlink(), "a plain file, written by sync"
+    stale = [f"06_gpu: {TRIPWIRES.name} differs from autograder/sandbox/{TRIPWIRES.name}"]
+    copy.write_text(TRIPWIRES.read_text(encoding="utf-8") + "\n# an edit made to the copy\n", encoding="utf-8")
     assert sync(["06_gpu"], check=True, root=root) == stale
     assert sync(["06_gpu"], root=root) == stale
-    assert copy.read_bytes() == SOURCE_RULES.read_bytes() and sync(["06_gpu"], check=True, root=root) == []
+    assert copy.read_bytes() == TRIPWIRES.read_bytes() and sync(["06_gpu"], check=True, root=root) == []
     copy.unlink()
-    os.symlink(SOURCE_RULES, copy)  # a link breaks where a clone has no links: sync writes the file itself
+    os.symlink(TRIPWIRES, copy)  # a link breaks where a clone has no links: sync writes the file itself
     assert sync(["06_gpu"], root=root) == stale and not copy.is_symlink()
-    assert copy.read_bytes() == SOURCE_RULES.read_bytes() and SOURCE_RULES.is_file()
+    assert copy.read_bytes() == TRIPWIRES.read_bytes() and TRIPWIRES.is_file()
 
 
 def test_a_lessons_limits_come_from_its_manifest_and_the_flags_win(lessons_in):
@@ -354,7 +354,8 @@ def test_one_run_grades_each_lesson_under_its_own_limits(lessons_in, tmp_path, m
         return real(sandbox, student, lesson, *args)
 
     monkeypatch.setattr(grader, "grade_one", grade_one)
-    run = grader.grade(tmp_path / "subs", tmp_path / "results", mode=choose_mode("auto"), progress=False, jobs=1)
+    from autograder.config import RunConfig
+    run = grader.grade(RunConfig(tmp_path / "results", tmp_path / "subs", mode=choose_mode("auto"), progress=False))
     assert run["graded"] == 4
     want = {"01_attention": DEFAULT_LIMITS, "02_heads": replace(DEFAULT_LIMITS, cell_seconds=50, memory_mb=3000)}
     assert sorted((s, x) for s, x, _ in seen) == [(s, x) for s in ("ann", "ben") for x in want]

@@ -481,7 +481,8 @@ def test_a_results_folder_written_before_the_types_reads_unchanged_and_resume_re
     stored_grader = {r.grader for r in term.results}
     assert len(stored_grader) == 1
     monkeypatch.setattr(grading, "lesson_fingerprint", lambda *args: next(iter(stored_grader)))
-    run = grading.grade(folder / "SUBMISSIONS", out, ["01_attention"], resume=True, progress=False)
+    from autograder.config import RunConfig
+    run = grading.grade(RunConfig(out, folder / "SUBMISSIONS", lessons=("01_attention",), resume=True, progress=False))
     assert (run["graded"], run["reused"]) == (0, 3), run["reasons"]
     assert [r.to_json() for r in run["results"]] == [r.to_json() for r in term.results]
 

@@ -20,7 +20,7 @@ from tests.harness import each, watch
 from tests.harness.lessons import fill
 from tests.grader.test_adversarial import with_cells
 
-__all__ = ["graded", "test_honest_habits_keep_every_mark", "test_what_the_grader_cannot_read_is_the_students_failure"]
+__all__ = ["graded", "test_honest_habits_keep_every_mark", "test_cells_nothing_reads_cost_nothing"]
 GRADER_MEMORY_MIB = 600  # the grader's own memory per job (issue 19)
 
 MAGICS = {  # cells a student adds anywhere: each is its own honest student, in every lesson's run
@@ -149,7 +149,7 @@ def _lesson_06(answers):
         "modules_read_by_helpers": ([], {}, list(MODULE_READERS.values())),
         "environment_and_flags": (["os.environ['TRITON_PRINT_AUTOTUNING'] = '0'\n"
                                    "torch.backends.cudnn.allow_tf32 = False"], {}, []),
-        # beside the rules on code run unseen (test_source_rules has more that need a GPU or __main__)
+        # code run unseen by the checks
         "timing_with_timeit": ([], {}, [
             "import timeit\nx = torch.randn(1, 1, 8, 16)\n"
             "print(timeit.timeit(lambda: flash_attention(x, x, x), number=2))\n"
@@ -314,14 +314,12 @@ def test_honest_habits_keep_every_mark(lesson, graded):
 
 @pytest.mark.slow
 @each("lesson", _with_patterns)
-def test_what_the_grader_cannot_read_is_the_students_failure(lesson, graded):
+def test_cells_nothing_reads_cost_nothing(lesson, graded):
     lesson, proc, rows, peak = graded
     if lesson != "06_gpu":
         pytest.skip("the unreadable cells are graded in lesson 06's run")
     students = _by_student(rows)
-    for name in UNREADABLE:
-        got = {r["test"]: r for r in students[f"unreadable-{name}"]}
-        assert all(r["status"] in ("passed", "failed") for r in got.values()), got
-        for test in ("test_flash_attention", "test_triton_attention"):
-            assert got[test]["status"] == "failed" and "grader" in got[test]["message"], got[test]
+    for name in UNREADABLE:  # nothing reads the cells to judge how an answer works any more (issue 33): they cost
+        got = {r["test"]: r for r in students[f"unreadable-{name}"]}  # nothing, and the grader stays bounded
+        assert all(r["status"] == "passed" for r in got.values()), got
     assert peak < GRADER_MEMORY_MIB, f"the grader reached {peak} MiB"

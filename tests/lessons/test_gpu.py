@@ -20,7 +20,6 @@ from tests.harness.grading import *  # noqa: F403
 from tests.harness.honest import *  # noqa: F403
 from tests.harness.notebooks import *  # noqa: F403
 from tests.harness.visible import *  # noqa: F403
-from tests.lessons.gpu_source_rules import *  # noqa: F403
 
 # The slice of one lesson: its solution tests here, and the generic tests above (tests/harness/), which
 # tests/lessons/conftest.py parametrizes with this lesson's cases.
@@ -210,77 +209,7 @@ def test_lesson_runs_without_triton(tmp_path):
     assert run.stderr == ""
 
 
-TRITON_IMITATIONS = {  # what each must be refused for (a word of the reason)
-    "plain torch": ("def triton_attention(q, k, v, causal=False):\n    return flash_attention(q, k, v, causal)\n",
-                    "flash_attention"),
-    "torch patched": ("torch.empty_like = lambda q: flash_attention(q, q, q)\n", "changes"),
-    "a trusted name rebound": ("max = lambda *a: 0\n", "redefines"),
-    "exec": ("exec('x = 1')\n", "exec"),
-    "a function's globals": ("g = triton_attention.__globals__\n", "__globals__"),
-    "the kernel rebound": ("_attention_kernel = flash_attention\n", "top level"),
-    "a verify of one's own": ("def verify(lesson, name, g):\n    g['_attention_kernel'] = None\n", "globals"),
-    "a loop in the wrapper": ("def triton_attention(q, k, v, causal=False):\n    out = torch.empty_like(q)\n"
-                              "    for i in range(2):\n        _attention_kernel[(1,)](q, k, v, out)\n    return out\n", "loop"),
-    "another tensor returned": ("def triton_attention(q, k, v, causal=False):\n    out = torch.empty_like(q)\n"
-                                "    _attention_kernel[(1,)](q, k, v, out)\n    return q\n", "buffer"),
-    "torch in the kernel": ("@triton.jit\ndef _attention_kernel(Q):\n    x = torch.softmax(Q, -1)\n", "torch"),
-    # Each name the rules trust is bound once, at any nesting, by any means; the cells are read as IPython runs them.
-    "the wrapper redefined under if": ("if True:\n    def triton_attention(q, k, v, causal=False):\n"
-                                       "        return flash_attention(q, k, v, causal)\n", "condition"),
-    "the wrapper bound by import-as": ("from os import getcwd as triton_attention\n", "top level"),
-    "the wrapper deleted": ("del triton_attention\n", "deleted"),
-    "the kernel bound by a walrus": ("(_attention_kernel := None)\n", "top level"),
-    "tl bound by a for loop": ("for tl in []:\n    pass\n", "`tl`"),
-    "torch bound by with-as": ("with open('x') as torch:\n    pass\n", "`torch`"),
-    "triton bound to another module": ("import torch as triton\n", "`triton`"),
-    "a builtin bound by a function": ("def helper():\n    global max\n    max = 1\n", "`max`"),
-    "a stand-in outside the setup's except": ("triton = SimpleNamespace(jit=lambda fn: fn)\n", "`triton`"),
-    "a magic that runs a file": ("%run helper.py\n", "%run"),
-    "a cell magic hiding code": ("%%capture\ndef triton_attention(q, k, v, causal=False):\n    return q\n",
-                                 "condition"),
-    "a cell that does not parse": ("def f(:\n    pass\n", "does not parse"),
-    "a decorator on the wrapper": ("def _use_torch(fn):\n    return fn\n\n@_use_torch\n"
-                                   "def triton_attention(q, k, v, causal=False):\n    return q\n", "decorated"),
-    "a home-made jit": ("def jit(fn):\n    return fn\n\n@jit\ndef _attention_kernel(Q):\n    pass\n", "@triton.jit"),
-}
-
-
-
-def _lesson_cells():
-    from autograder import notebook as nbk
-    return [nbk.source(c) for c in nbk.code_cells(nbk.read(nbk.lesson_path("06_gpu")))]
-
-
-def _cells_with(code):
-    """The lesson's cells with `code` in place of the cell that defines what it defines at the top level
-    (as a student's answer replaces the lesson's), else after them."""
-    import ast
-    try:
-        names = {n.name for n in ast.parse(code).body if isinstance(n, ast.FunctionDef)}
-    except SyntaxError:
-        names = set()
-    cells = _lesson_cells()
-    at = [i for i, c in enumerate(cells) if any(f"\ndef {n}(" in "\n" + c for n in names)]
-    if at:
-        return cells[:at[0]] + [code] + cells[at[0] + 1:]
-    return cells + [code]
-
-
-def test_triton_evidence_accepts_the_lesson_notebook():
-    """Every cell as IPython's In holds them (hidden-test lines included) reads as a Triton kernel."""
-    from autograder.lessons.gpu import triton_evidence
-    assert triton_evidence.problem(_lesson_cells()) is None
-
-
-@pytest.mark.parametrize("what", TRITON_IMITATIONS)
-def test_triton_evidence_refuses_imitations(what):
-    from autograder.lessons.gpu import triton_evidence
-    code, word = TRITON_IMITATIONS[what]
-    found = triton_evidence.problem(_cells_with(code))
-    assert found and word in found, found
-
-
-FLASH_IMITATIONS = {  # flash_attention that reaches PyTorch's fused attention, and how
+FLASH_IMITATIONS = {  # flash_attention that reaches PyTorch's attention kernel, and how
     "directly": "def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):\n"
                 "    return F.scaled_dot_product_attention(q, k, v)\n",
     "through a helper": "def _fast(q, k, v):\n    return torch.nn.functional.scaled_dot_product_attention(q, k, v)\n\n"
@@ -288,31 +217,35 @@ FLASH_IMITATIONS = {  # flash_attention that reaches PyTorch's fused attention, 
     "through a decorator": "def _fast(fn):\n    return lambda q, k, v, **kw: F.scaled_dot_product_attention(q, k, v)\n\n"
                            "@_fast\ndef flash_attention(q, k, v, causal=False, block_q=64, block_k=64):\n    return q\n",
     "through torch.ops": "def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):\n"
-                         "    return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v)[0]\n",
+                         "    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v)[0]\n",
     "through getattr": "def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):\n"
                        "    return getattr(F, 'scaled_dot_product' + '_attention')(q, k, v)\n",
     "imported under another name": "from torch.nn.functional import scaled_dot_product_attention as sdpa\n\n"
                                    "def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):\n"
                                    "    return sdpa(q, k, v)\n",
+    "through nn.MultiheadAttention": "def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):\n"
+                                     "    mha = torch.nn.MultiheadAttention(q.size(-1), 1, batch_first=True).eval()\n"
+                                     "    return mha(q[0], k[0], v[0], need_weights=False)[0][None]\n",
+    "through the math backend": "def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):\n"
+                                "    return torch.ops.aten._scaled_dot_product_attention_math(q, k, v)[0]\n",
 }
 
 
-def test_flash_evidence_accepts_the_lesson_notebook():
-    from autograder.lessons.gpu import triton_evidence
-    assert triton_evidence.flash_problem(_lesson_cells()) is None
-
-
 @pytest.mark.parametrize("what", FLASH_IMITATIONS)
-def test_flash_evidence_refuses_fused_attention(what):
-    from autograder.lessons.gpu import triton_evidence
-    found = triton_evidence.flash_problem(_cells_with(FLASH_IMITATIONS[what]))
-    assert found and "flash_attention reaches" in found, found
+def test_every_route_to_fused_attention_reaches_the_tripwire(what):
+    """The visible test's switch (the grader's: sandbox/tripwires.py) catches each route by the kernel it reaches."""
+    import torch
+    import torch.nn.functional as F
 
+    from autograder.sandbox import tripwires
 
-def test_flash_evidence_refuses_magics_and_unreadable_cells():
-    from autograder.lessons.gpu import triton_evidence
-    assert "%%writefile" in triton_evidence.flash_problem(_lesson_cells() + ["%%writefile m.py\nx = 1\n"])
-    assert "does not parse" in triton_evidence.flash_problem(_lesson_cells() + ["def f(:\n"])
+    ns = {"torch": torch, "F": F}
+    exec(FLASH_IMITATIONS[what], ns)
+    q = torch.randn(1, 2, 8, 16)
+    with pytest.raises(AssertionError, match="flash_attention reached PyTorch's attention kernel"):
+        with tripwires.off("flash_attention", ["attention kernels"], "write the tiled loop yourself"):
+            ns["flash_attention"](q, q, q)
+    assert ns["flash_attention"](q, q, q).shape[-1] == 16  # and without the switch each runs
 
 
 def test_without_triton_the_check_is_the_instructors_to_run(monkeypatch):
@@ -332,16 +265,3 @@ def test_without_triton_the_check_is_the_instructors_to_run(monkeypatch):
         monkeypatch.undo()
         importlib.reload(checks)
     assert checks.UNAVAILABLE == {}
-
-
-def test_harmless_magics_keep_the_evidence_and_others_do_not():
-    from autograder import notebook as nbk
-    from autograder.lessons.gpu import triton_evidence
-
-    nb = nbk.read(nbk.lesson_path("06_gpu"))
-    cells = [nbk.source(c) for c in nbk.code_cells(nb) if not nbk.is_test(c) and not nbk.is_demo(c)]
-    for magic in ("%matplotlib inline", "%config InlineBackend.figure_format = 'retina'", "%timeit flash_attention",
-                  "_ = %env", "%%capture\nx = 1\n"):
-        assert triton_evidence.flash_problem(cells + [magic]) is None
-        assert triton_evidence.problem(cells + [magic]) is None
-    assert "%load_ext" in triton_evidence.flash_problem(cells + ["%load_ext my_module"])

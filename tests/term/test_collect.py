@@ -528,3 +528,36 @@ def test_the_file_name_a_student_chose_cannot_reshape_the_lms_name(tmp_path, ros
     out, _, rows = collect_of(tmp_path, dl, load_roster(roster))
     assert collected(out, "bob") == notebook("01_attention", 1)
     assert rows[name]["student"] == uploader and collected(out, uploader) == notebook("01_attention", 9)
+
+
+def test_a_time_for_a_student_or_lesson_nobody_knows_stops_collect(tmp_path, roster, capsys):
+    dl = tmp_path / "dl"
+    put(dl, "alice/01_attention.ipynb", notebook("01_attention", 0))
+    out = tmp_path / "SUBMISSIONS"
+    for line, named in (("ghopper,01_attention", "id 'ghopper'"), ("alice,01_atention", "lesson '01_atention'")):
+        times = put(tmp_path, "times.csv", f"student,lesson,submitted_at\n{line},2025-10-01T12:00:00Z\n".encode())
+        args = ["collect", str(dl), "--out", str(out), "--roster", str(roster), "--times", str(times)]
+        assert main(args) == 2
+        err = capsys.readouterr().err.strip()
+        assert f"the times file times.csv names {named}" in err and "\n" not in err and not out.exists()
+    assert main(args + ["--allow-mismatch"]) == 0
+
+
+def test_a_notebook_renamed_beyond_its_lessons_name_gets_a_rename_note(tmp_path, roster):
+    """`lesson1_final.ipynb` (named for no lesson, found by its cells) and Moodle's `my work.ipynb` are renamed too,
+    as `01_attention (1).ipynb` always was; a lesson 03 notebook in a download for 01 names lesson 03."""
+    dl = tmp_path / "dl"
+    put(dl, "alice/lesson1_final.ipynb", notebook("01_attention", 0))
+    put(dl, "Bob Stone_502_assignsubmission_file_/my work.ipynb", notebook("02_heads", 0))
+    out = tmp_path / "SUBMISSIONS"
+    assert main(["collect", str(dl), "--out", str(out), "--roster", str(roster)]) == 0
+    found = {f: (kinds, r["detail"]) for r in log_rows(out) for f, kinds in anomalies(out).items() if r["file"] == f}
+    assert "renamed" in found["alice/lesson1_final.ipynb"][0]
+    assert "named 'lesson1_final.ipynb', not 01_attention.ipynb" in found["alice/lesson1_final.ipynb"][1]
+    assert "named 'my work.ipynb', not 02_heads.ipynb" in found["Bob Stone_502_assignsubmission_file_/my work.ipynb"][1]
+    assert "renamed" not in str(anomalies(out).get("alice/01_attention.ipynb", ""))
+    put(tmp_path / "dl3", "alice/01_attention.ipynb", notebook("03_multi_head", 0))
+    assert main(["collect", str(tmp_path / "dl3"), "--out", str(tmp_path / "S3"), "--roster", str(roster),
+                 "--lesson", "01_attention"]) == 0
+    assert "a 03_multi_head notebook in a download collected for 01_attention" in \
+        log_rows(tmp_path / "S3")[0]["detail"]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from autograder.__main__ import main
-from autograder.adapters.export import score, write_final
+from autograder.counting import score, write_final
 from autograder.results import Result, load_results, result_path, save_result, write_timestamp
 
 # Canvas's documented gradebook import: these identity columns first, then one column per assignment
@@ -59,15 +59,17 @@ def read(path):
 def test_totals(term):
     path = write_final(term / "RESULTS", load_results(term / "RESULTS"))
     rows = {r["student"]: r for r in csv.DictReader(open(path, newline=""))}
-    assert read(path)[0] == ["student", "01_attention", "02_heads", "total", "max_points", "percentage", "regrade"]
+    assert read(path)[0] == ["student", "01_attention", "02_heads", "total", "max_points", "percentage", "regrade",
+                             "flags"]
     assert rows["alice"] == dict(student="alice", **{"01_attention": "6", "02_heads": "6"}, total="12",
-                                 max_points="14", percentage="85.71", regrade="")
+                                 max_points="14", percentage="85.71", regrade="", flags="")
     # The grader could not run one of bob's tests: lesson 01 is left out of his total, not counted as 0.
     assert rows["bob"]["01_attention"] == "" and rows["bob"]["02_heads"] == "6"
     assert rows["bob"]["total"] == "6" and rows["bob"]["max_points"] == "8"
     assert rows["bob"]["regrade"] == "01_attention: test_scaled_dot_product_attention"
-    # Not submitting is a 0.
+    # Not submitting is a 0, flagged as never handed in, as a roster student's lesson with no result is.
     assert rows["carol"]["02_heads"] == "0" and rows["carol"]["percentage"] == "14.29"
+    assert rows["carol"]["flags"] == "02_heads: never handed in"
 
 
 def test_every_roster_student_has_a_row(term, capsys):
@@ -78,7 +80,7 @@ def test_every_roster_student_has_a_row(term, capsys):
             "--roster", str(term / "roster.csv")]
     assert main(args) == 0
     err = capsys.readouterr().err
-    assert "never handed in, counted as 0: dave 01_attention, dave 02_heads" in err
+    assert "never handed in, counted as 0 (3): carol 02_heads; dave 01_attention, 02_heads" in err
     assert "not in the roster, kept: erin" in err
     for path in (term / "scores.csv", term / "RESULTS/totals.csv"):
         rows = {r["student"]: r for r in csv.DictReader(open(path, newline=""))}
@@ -88,11 +90,13 @@ def test_every_roster_student_has_a_row(term, capsys):
         assert rows["alice"]["flags"] == "" and rows["alice"]["total"] == "12"
     assert main(args + ["--missing-blank"]) == 0
     err = capsys.readouterr().err
-    assert "never handed in, left blank: dave 01_attention" in err
+    assert "never handed in, left blank (3): carol 02_heads; dave 01_attention, 02_heads" in err
+    assert "a trial, counted otherwise than" in err and "a lesson never handed in blank" in err
     assert [line.split(": ")[-1] for line in err.splitlines() if "to be graded again" in line] == ["bob 01_attention"]
     rows = {r["student"]: r for r in csv.DictReader(open(term / "scores.csv", newline=""))}
     assert (rows["dave"]["01_attention"], rows["dave"]["max_points"], rows["dave"]["percentage"]) == ("", "0", "")
     assert rows["dave"]["regrade"] == "" and "never handed in" in rows["dave"]["flags"]
+    assert (rows["carol"]["02_heads"], rows["carol"]["max_points"]) == ("", "6"), "one state: no result or all missing"
     assert main(["export", str(term / "RESULTS"), "--format", "canvas", "--out", str(term / "canvas.csv"),
                  "--roster", str(term / "roster.csv")]) == 0
     by_id = {r[1]: r for r in read(term / "canvas.csv")[2:]}
@@ -150,7 +154,7 @@ def test_the_gradebooks_manual_scores_reach_the_export_and_totals(term, capsys):
     for path in (term / "scores.csv", term / "RESULTS/totals.csv"):
         rows = {r["student"]: r for r in csv.DictReader(open(path, newline=""))}
         assert (rows["carol"]["01_attention"], rows["carol"]["total"]) == ("4", "4"), "1 + 1 + the manual 2"
-        assert rows["carol"]["flags"] == "01_attention: manual: test_scaled_dot_product_attention"
+        assert rows["carol"]["flags"] == "01_attention: manual: test_scaled_dot_product_attention; 02_heads: never handed in"
         # A manual score decides a test the grader could not run: no regrade left.
         assert (rows["bob"]["01_attention"], rows["bob"]["total"], rows["bob"]["regrade"]) == ("5", "11", "")
         assert (rows["alice"]["02_heads"], rows["alice"]["total"], rows["alice"]["max_points"]) == ("6.5", "12.5", "14")
@@ -171,7 +175,8 @@ def test_the_gradebooks_manual_scores_reach_the_export_and_totals(term, capsys):
     assert (term / "RESULTS/totals.csv").read_text() == before
     # A RESULTS that does not remember its gradebook (an export --gradebook wrote the hand scores into totals.csv, or
     # an older grade did): its totals.csv's flags say so, and grade without --gradebook is refused the same way.
-    (term / "RESULTS/.results/gradebook.txt").unlink()
+    from autograder.config import Settings, read_settings, write_settings
+    write_settings(term / "RESULTS", Settings(read_settings(term / "RESULTS").rule))   # no gradebook recorded
     assert main(["grade", str(term / "SUBMISSIONS"), "--written", "--resume", "--out", str(term / "RESULTS")]) == 2
     assert "totals.csv holds manual scores from a gradebook: pass --gradebook" in capsys.readouterr().err
 
@@ -193,8 +198,10 @@ def test_a_stale_override_is_named_and_the_flag_chooses_whether_it_wins(term, ca
     assert "scored by hand: 2 (the grader gave 3), before your work last changed: to be reviewed again (stale)" in page
     assert "stale" not in (term / "RESULTS/feedback/bob/01_attention.html").read_text()
     out = ["export", str(term / "RESULTS"), "--format", "csv", "--out", str(term / "scores.csv"), "--gradebook", str(db)]
+    rule = ["rule", str(term / "RESULTS"), "--gradebook", str(db), "--stale-overrides"]
     for extra, total, verb in (([], "4", "kept"), (["--stale-overrides", "drop"], "5", "dropped")):
-        assert main(out + extra) == 0
+        assert main(rule + [{"kept": "keep", "dropped": "drop"}[verb]]) == 0   # RESULTS's rule, which the export, totals.csv and the pages count by
+        assert main(out) == 0
         err = capsys.readouterr().err
         assert "stale manual scores" in err and "carol 01_attention test_scaled_dot_product_attention" in err
         rows = {r["student"]: r for r in csv.DictReader(open(term / "scores.csv", newline=""))}
@@ -214,10 +221,10 @@ def test_a_stale_override_is_named_and_the_flag_chooses_whether_it_wins(term, ca
     with _open(db) as gb:
         gb.find_grade("test_scaled_dot_product_attention", "01_attention", "01_attention", "carol").needs_manual_grade = False
         gb.db.commit()
+    assert main(rule + ["keep"]) == 0   # the one command that changes the rule says what changed
+    assert "changed: stale manual scores kept (before: stale manual scores dropped)" in capsys.readouterr().out
     assert main(out) == 0
-    err = capsys.readouterr().err   # no stale score now; kept (the default) after drop is said, totals.csv follows it
-    assert "stale manual scores (" not in err and f"counted otherwise than before in {term / 'RESULTS'}: stale manual " \
-        "scores kept (before: stale manual scores dropped); totals.csv, the class report and later runs now" in err
+    assert "stale manual scores (" not in capsys.readouterr().err   # no stale score now
     assert main(out[:-1] + [str(term / "nope.db")]) == 2
     assert "no such gradebook" in capsys.readouterr().err
 
@@ -278,9 +285,10 @@ def test_late_penalties(term, capsys):
     deadline = "2025-10-01T23:59:00+00:00"
     write_timestamp(subs / "alice/02_heads", datetime(2025, 10, 3, 12, 0, tzinfo=timezone.utc))   # 2 days late
     write_timestamp(subs / "bob/02_heads", datetime(2025, 10, 1, 20, 0, tzinfo=timezone.utc))     # on time
-    args = ["export", str(term / "RESULTS"), "--format", "csv", "--out", str(term / "scores.csv"),
-            "--deadline", f"02_heads={deadline}", "--late-policy", "10%/day,max=15%"]
-    assert main(args + ["--submissions", str(subs)]) == 0
+    rule = ["rule", str(term / "RESULTS"), "--deadline", f"02_heads={deadline}", "--late-policy", "10%/day,max=15%",
+            "--submissions", str(subs)]
+    args = ["export", str(term / "RESULTS"), "--format", "csv", "--out", str(term / "scores.csv")]
+    assert main(rule) == 0 and main(args) == 0
     rows = {r["student"]: r for r in csv.DictReader(open(term / "scores.csv", newline=""))}
     # 2 days at 10% a day, capped at 15%: 6 points become 5.1; the raw 6 is kept beside it.
     assert (rows["alice"]["02_heads"], rows["alice"]["02_heads raw"], rows["alice"]["02_heads penalty %"]) == \
@@ -294,14 +302,14 @@ def test_late_penalties(term, capsys):
         (term / "RESULTS/feedback/alice/02_heads.html").read_text()
     assert "Handed in" not in (term / "RESULTS/feedback/bob/02_heads.html").read_text()
     assert "late penalties: 10%/day,max=15% after 02_heads" in (term / "RESULTS/report.html").read_text(), \
-        "the export rewrites the class report, as totals.csv and the feedback pages, to count as it does"
+        "the class report counts by RESULTS's rule, as totals.csv and the feedback pages"
     assert penalties["alice"]["penalty_percent"] == "15" and penalties["alice"]["late_units"] == "2"
     # A submission without a time is exported unpenalised and flagged, named in a warning; bob, who has
     # one, is still penalised the same way, and the export goes on.
     (subs / "alice/02_heads/timestamp.txt").unlink()
     write_timestamp(subs / "bob/02_heads", datetime(2025, 10, 2, 20, 0, tzinfo=timezone.utc))     # 1 day late
     capsys.readouterr()
-    assert main(args + ["--submissions", str(subs)]) == 0
+    assert main(args) == 0
     err = capsys.readouterr().err
     assert "no submission time for 1 submission(s) of 02_heads: alice: exported unpenalised" in err
     assert "give --submissions" not in err, "the hint names only what was not done: --submissions was given"
@@ -386,7 +394,8 @@ def test_a_refused_or_deleted_result_is_named_and_marked_never_a_silent_blank(te
     result_path(results, "alice", "02_heads").unlink()
     assert main(["export", str(results), "--format", "csv", "--out", str(term / "scores.csv")]) == 1
     err = capsys.readouterr().err
-    assert "carol.json: refused: its verdict was changed after grading" in err and "alice.json: refused: it was deleted" in err
+    assert "stored result refused, left blank (regrade it: grade --resume): its verdict was changed after grading" in err
+    assert ": it was deleted (the folder's index records it) (1): alice 02_heads" in err
     rows = {r["student"]: r for r in csv.DictReader(open(term / "scores.csv", newline=""))}
     assert rows["carol"]["01_attention"] == "" and "01_attention: refused: its verdict was changed" in rows["carol"]["regrade"]
     assert rows["alice"]["02_heads"] == "" and "02_heads: refused: it was deleted" in rows["alice"]["regrade"]
@@ -395,8 +404,8 @@ def test_a_refused_or_deleted_result_is_named_and_marked_never_a_silent_blank(te
     assert main(["export", str(results), "--format", "canvas", "--roster", str(term / "roster.csv"),
                  "--out", str(out)]) == 1
     err = capsys.readouterr().err
-    assert "carol 01_attention: left blank, its stored result was refused (its verdict was changed" in err
-    assert "bob 02_heads: left blank, its stored result was refused (it was deleted" in err
+    assert "refused, left blank (regrade it: grade --resume): its verdict was changed" in err and "carol 01_attention" in err
+    assert "it was deleted (the folder's index records it) (2): alice 02_heads; bob 02_heads" in err
     by_id = {r[1]: r for r in read(out)[2:]}
     assert by_id["103"][5] == "" and by_id["102"][6] == ""
 
@@ -410,7 +419,7 @@ def test_written_questions_count_only_with_written_and_wait_for_a_manual_score()
     """Off, a written question counts nowhere (a manual score for it neither); on, its points join the maximum
     and its score is the gradebook's: until then the lesson has none ('needs grading' in totals.csv, blank in an
     export), never a 0; a notebook never handed in counts 0 for it, as for its tests. The feedback page agrees."""
-    from autograder.adapters.export import totals_rows
+    from autograder.counting import totals_rows
     from autograder.adapters.gradebook import Review
     from autograder.report import feedback_page
 
@@ -422,7 +431,7 @@ def test_written_questions_count_only_with_written_and_wait_for_a_manual_score()
         "on, graded": score(r, graded, written=True), "on, never handed in": score(absent, written=True)}.items()}
     assert got == {"off": (6, 6, [], ""), "off, graded": (6, 6, [], ""),
                    "on": (None, 8, ["why_scale"], "needs grading: why_scale"),
-                   "on, graded": (7.5, 8, [], "manual: why_scale"), "on, never handed in": (0, 8, [], "")}
+                   "on, graded": (7.5, 8, [], "manual: why_scale"), "on, never handed in": (0, 8, [], "never handed in")}
     scores = {("alice", "01_attention"): score(r, written=True), ("carol", "01_attention"): score(absent, written=True)}
     for pending, shown in (("needs grading", "needs grading"), ("", "")):
         rows = {row["student"]: row for row in totals_rows(["alice", "carol"], ["01_attention"], scores, pending=pending)}
@@ -550,3 +559,134 @@ def test_a_written_answer_changed_by_a_resubmission_makes_its_manual_score_stale
     assert (kept.points, kept.pending, dropped.points, dropped.pending) == (r.max_points + 1.5, [], None, [question])
     ta_saves(2.0)
     assert regrade("A different answer, written after the TA graded the first.")[1].stale == []
+
+
+# ---- the slips of a term (issue 37): each once exited 0 with a wrong number --------------------------------------
+
+def test_an_extension_for_a_student_nobody_knows_stops_the_rule(term, capsys):
+    """`ghoper` for alice's classmate: once ignored, so the student it was meant for lost 20%."""
+    (term / "ext.csv").write_text("student,lesson,deadline\nghoper,02_heads,2025-10-09T23:59:00+00:00\n")
+    rule = ["rule", str(term / "RESULTS"), "--roster", str(term / "roster.csv"), "--deadline",
+            "02_heads=2025-10-01T23:59:00+00:00", "--late-policy", "10%/day", "--extensions", str(term / "ext.csv")]
+    before = sorted(p.name for p in (term / "RESULTS/.results").iterdir())
+    assert main(rule) == 2
+    err = capsys.readouterr().err.strip()
+    assert "line 2: no student 'ghoper' in the roster or the results" in err and "\n" not in err
+    assert sorted(p.name for p in (term / "RESULTS/.results").iterdir()) == before, "no rule written"
+    assert main(rule + ["--allow-mismatch"]) == 0   # the instructor goes on knowingly
+    assert "1 extension(s)" in capsys.readouterr().out
+
+
+def test_a_canvas_column_worth_other_points_stops_the_export(term, capsys):
+    gradebook = term / "export.csv"
+    gradebook.write_text("Student,ID,SIS User ID,SIS Login ID,Section,01_attention (5501),02_heads (5502)\n"
+                         "    Points Possible,,,,,6,10\n" '"Liddell, Alice",101,alice,aliddell,A,,\n')
+    args = ["export", str(term / "RESULTS"), "--format", "canvas", "--roster", str(term / "roster.csv"),
+            "--canvas-gradebook", str(gradebook), "--out", str(term / "canvas.csv")]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert "02_heads (5502) has Points Possible 10, but 02_heads is out of 8 here" in err and "\n" not in err
+    assert not (term / "canvas.csv").exists()
+    assert main(args + ["--allow-mismatch"]) == 0 and (term / "canvas.csv").is_file()
+
+
+def test_a_lesson_skipped_is_never_handed_in_in_every_artifact_under_every_rule(term, capsys):
+    """carol's 02_heads result has every test missing (she handed in 01 only); dave, on the roster, has no result
+    at all. Both are one state: flagged, named in the warning, 0, or blank with --missing-blank, in totals.csv,
+    the export and report.html alike."""
+    (term / "roster.csv").write_text(ROSTER + "dave,Dave Bowman,dave@example.org,104,dbowman,B\n")
+    out, roster = term / "RESULTS", ["--roster", str(term / "roster.csv")]
+    for flag, cell, said in (("--no-missing-blank", "0", "counted as 0"), ("--missing-blank", "", "left blank")):
+        assert main(["rule", str(out), *roster, flag]) == 0
+        assert main(["export", str(out), "--format", "csv", "--out", str(term / "plain.csv"), *roster]) == 0
+        assert f"never handed in, {said} (3): carol 02_heads; dave 01_attention, 02_heads" in capsys.readouterr().err
+        for path in (term / "plain.csv", out / "totals.csv"):
+            rows = {r["student"]: r for r in csv.DictReader(open(path, newline=""))}
+            assert (rows["carol"]["02_heads"], rows["dave"]["02_heads"]) == (cell, cell)
+            assert "02_heads: never handed in" in rows["carol"]["flags"] and "never handed in" in rows["dave"]["flags"]
+        assert "Never handed in: 2 students: carol, dave" in (out / "report.html").read_text()
+        page = (out / "feedback" / "carol" / "02_heads.html").read_text()
+        assert ("left blank, out of your total" if cell == "" else "counts 0 of its 8 points") in page
+
+
+def test_a_trial_export_writes_only_its_file_and_grade_refuses_another_rule(term, capsys):
+    out = term / "RESULTS"
+    assert main(["rule", str(out), "--written", "--deadline", "02_heads=2025-10-01T23:59:00+00:00",
+                 "--late-policy", "10%/day", "--grace", "1h"]) == 0
+    kept = {p: p.read_bytes() for p in [out / "totals.csv", out / "report.html", *sorted((out / "feedback").rglob("*"))]
+            if p.is_file()}
+    capsys.readouterr()
+    assert main(["export", str(out), "--format", "csv", "--out", str(term / "scratch.csv"), "--no-written",
+                 "--late-policy", "none"]) == 0
+    err = capsys.readouterr().err
+    assert "a trial, counted otherwise than" in err and "written questions not counted" in err
+    assert (term / "scratch.csv").is_file()
+    assert {p: p.read_bytes() for p in kept} == kept, "RESULTS's totals.csv, pages and report unchanged"
+    for command in (["grade", str(term / "SUBMISSIONS"), "--out", str(out), "--no-written"],
+                    ["grade", str(term / "SUBMISSIONS"), "--out", str(out), "--resume", "--grace", "2h"],
+                    ["report", str(out), "--late-policy", "5%/day"]):
+        assert main(command) == 2, command
+        err = capsys.readouterr().err.strip()
+        assert "counts otherwise than these flags say" in err and "\n" not in err
+
+
+def test_a_wrong_key_writes_nothing(term, capsys, monkeypatch):
+    out = term / "RESULTS"
+    assert main(["export", str(out), "--format", "csv", "--out", str(term / "a.csv")]) == 0
+    kept = (out / "totals.csv").read_bytes()
+    (term / "other.key").write_text("ab" * 32 + "\n")
+    (term / "other.key").chmod(0o600)
+    monkeypatch.setenv("MHA_RESULTS_KEY", str(term / "other.key"))
+    capsys.readouterr()
+    for command in (["export", str(out), "--format", "canvas", "--roster", str(term / "roster.csv"), "--out",
+                     str(term / "b.csv")], ["report", str(out)], ["rule", str(out), "--written"]):
+        assert main(command) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"error: {out}: ") and "key" in err and "\n" not in err
+    assert not (term / "b.csv").exists() and (out / "totals.csv").read_bytes() == kept
+
+
+def test_the_stale_manual_score_is_told_one_way(term, capsys):
+    """RESULTS drops stale overrides: grade's warning says so, as totals.csv and the pages count it."""
+    from autograder.adapters import report_outputs
+    from autograder.adapters.gradebook import update_gradebook
+    from autograder.config import read_settings
+    db, _ = _gradebook_with_reviews(term)
+    assert main(["rule", str(term / "RESULTS"), "--gradebook", str(db), "--stale-overrides", "drop"]) == 0
+    regraded = save_result(term / "RESULTS", result("carol", "01_attention", [1, 1, 3]))
+    update_gradebook(db, [regraded], {"01_attention": TESTS["01_attention"]}, term / "course")
+    capsys.readouterr()
+    for write in report_outputs(gradebook=db, course_root=term / "course", rule=read_settings(term / "RESULTS").rule):
+        write(term / "RESULTS", load_results(term / "RESULTS"), [])
+    err = capsys.readouterr().err
+    assert "dropped: the new result counts" in err and "kept: they still win" not in err
+    rows = {r["student"]: r for r in csv.DictReader(open(term / "RESULTS/totals.csv", newline=""))}
+    assert "stale override dropped: test_scaled_dot_product_attention" in rows["carol"]["flags"]
+
+
+def test_600_results_with_one_cause_print_one_grouped_line(tmp_path, capsys):
+    out = tmp_path / "RESULTS"
+    for i in range(300):
+        for lesson in TESTS:
+            save_result(out, result(f"s{i:03d}", lesson, [0] * len(TESTS[lesson]), status="missing"))
+    assert main(["export", str(out), "--format", "csv", "--out", str(tmp_path / "x.csv")]) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if "never handed in" in line]
+    assert len(lines) == 1 and lines[0].count("s000") == 1 and "(600): s000 01_attention, 02_heads; s001" in lines[0]
+
+
+def test_a_manual_score_for_a_student_results_does_not_know_stops_the_export(term, capsys):
+    """The gradebook holds a TA's score for zed, whom neither the roster nor RESULTS knows (another class's
+    gradebook, or a student renamed): it would count nowhere, silently."""
+    from autograder.adapters.gradebook import _open, update_gradebook
+    db, _ = _gradebook_with_reviews(term)
+    zed = save_result(term / "OTHER", result("zed", "01_attention", [2, 1, 0]))
+    update_gradebook(db, [zed], TESTS, term / "course")
+    with _open(db) as gb:
+        g = gb.find_grade("test_scaled_dot_product_attention", "01_attention", "01_attention", "zed")
+        g.manual_score, g.needs_manual_grade = 3.0, False
+        gb.db.commit()
+    args = ["export", str(term / "RESULTS"), "--format", "csv", "--out", str(term / "scores.csv"), "--gradebook", str(db)]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert "has a manual score for student 'zed'" in err and "\n" not in err and not (term / "scores.csv").exists()
+    assert main(args + ["--allow-mismatch"]) == 0

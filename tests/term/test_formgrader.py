@@ -30,7 +30,7 @@ BIN = Path(sys.executable).parent
 def grade(course, subs, *extra):
     p = subprocess.run([sys.executable, "-m", "autograder", "grade", str(subs), "--out", str(course.parent / "results"),
                         "--lesson", LESSON, "--gradebook", str(course.parent / "db" / "gradebook.db"),
-                        "--course-root", str(course), "--quiet", *extra],
+                        "--course-root", str(course), "--roster", str(course.parent / "roster.csv"), "--quiet", *extra],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     with open(course.parent / "results" / "grades.csv", newline="") as f:
@@ -39,14 +39,14 @@ def grade(course, subs, *extra):
 
 @pytest.fixture(scope="module")
 def course(tmp_path_factory):
-    """A course root with nbgrader's config (its gradebook elsewhere) and a graded class: ann (solved), ben (a wrong softmax,
-    and a markdown cell that tries to run script in the instructor's browser), cat (broken JSON)."""
+    """A course root (its gradebook elsewhere) and a graded class: ann (solved), ben (a wrong softmax, and a markdown
+    cell that tries to run script in the instructor's browser), cat (broken JSON), and dan, on the roster, who handed
+    nothing in. grade writes the course's nbgrader_config.py, as the README says."""
     root = tmp_path_factory.mktemp("formgrader")
     course, subs = root / "course", root / "submissions"
     course.mkdir()
-    (course / "nbgrader_config.py").write_text(
-        f"c = get_config()\nc.CourseDirectory.root = {str(course)!r}\n"
-        f"c.CourseDirectory.db_url = {'sqlite:///' + str(root / 'db' / 'gradebook.db')!r}\n")
+    (root / "roster.csv").write_text("student,name,email,lms_id\nann,\"Lee, Ann\",ann@x.org,1\nben,Ben Okri,ben@x.org,2\n"
+                                     "cat,Cat Stevens,,3\ndan,Dan Brown,dan@x.org,4\n")
     (root / "db").mkdir()  # the gradebook outside the course root: --course-root says where autograded/ goes
     release(root / "release", [LESSON])
     rel = nbk.read(root / "release" / LESSON / f"{LESSON}.ipynb")
@@ -180,3 +180,20 @@ def test_an_override_survives_regrading_and_shows_in_the_export(course):
     ben = sum(float(r["points"]) for (s, t), r in grades.items() if s == "ben" and t != "test_softmax") + 1.5
     assert float(rows["ben"]["score"]) == pytest.approx(ben)
     assert float(rows["ann"]["score"]) == sum(p for _, p in nbk.lesson_tests(LESSON))
+
+
+def test_formgrader_lists_the_lessons_and_the_roster_from_the_config_grade_wrote(course, server):
+    """The README's steps: grade --gradebook writes COURSE/nbgrader_config.py; formgrader started there (as root with
+    --allow-root) lists the course's lessons as assignments (Manage Assignments, Manual Grading) and the roster's
+    students by name, dan too."""
+    root, _, _ = course
+    config = (root / "nbgrader_config.py").read_text()
+    assert "c.CourseDirectory.source_directory = " in config and "gradebook.db" in config
+    status, body = get(*server, "/formgrader/api/assignments")
+    assert status == 200 and LESSON in {a["name"] for a in json.loads(body)}, body[:2000]
+    status, body = get(*server, "/formgrader/api/students")
+    names = {s["id"]: (s["first_name"], s["last_name"], s["email"]) for s in json.loads(body)}
+    assert names == {"ann": ("Ann", "Lee", "ann@x.org"), "ben": ("Ben", "Okri", "ben@x.org"),
+                     "cat": ("Cat", "Stevens", None), "dan": ("Dan", "Brown", "dan@x.org")}
+    status, body = get(*server, f"/formgrader/api/submissions/{LESSON}")
+    assert status == 200 and {s["student"] for s in json.loads(body) if s["autograded"]} >= {"ann", "ben"}, body[:2000]

@@ -16,6 +16,7 @@ import pytest
 
 from autograder import grade as grader
 from autograder.__main__ import main
+from autograder.config import RunConfig
 from autograder import notebook as nbk
 from autograder import results as store
 from autograder.release import release
@@ -138,17 +139,17 @@ def test_resume_regrades_exactly_what_changed(term, tmp_path, monkeypatch):
     mode, out = choose_mode("auto"), tmp_path / "results"
 
     def again(**kw):
-        return grader.grade(subs, out, [L1], resume=True, mode=mode, progress=False, **kw)
+        return grader.grade(RunConfig(out, subs, lessons=(L1,), resume=True, mode=mode, progress=False, **kw))
 
     assert again()["reasons"] == {"not graded before": 2}
     first = (out / "grades.csv").read_text()
     assert (again()["graded"], again()["reused"]) == (0, 2)
-    with open(code / "autograder" / "checks" / "attention.py", "a") as f:
+    with open(code / "autograder" / "lessons" / "attention" / "checks.py", "a") as f:
         f.write("\n# a check fixed between two runs\n")
     put(subs, "carol", notebooks["solved"])
     changed = again()
     assert changed["reasons"] == {"checks, tests or grader changed": 1, "submission changed": 1}
-    assert again(force=True, students=["alice"])["reasons"] == {"forced (--force)": 1}
+    assert again(force=True, students=("alice",))["reasons"] == {"forced (--force)": 1}
     assert (out / "grades.csv").read_text() != first  # carol's new notebook scores 6
     assert {r["student"]: r["points"] for r in store.read_grades(out / "grades.csv")
             if r["test"] == "test_softmax"} == {"alice": "2", "carol": "2"}
@@ -220,10 +221,12 @@ def test_an_older_result_put_back_is_refused_by_export_and_report_and_regraded_b
     regraded = (out / "grades.csv").read_text()
     store.result_path(out, "carol", L1).write_bytes(older)
     code, err = cli("export", out, "--format", "csv", "--out", tmp_path / "scores.csv")
-    assert code == 1 and "carol.json: refused: it is not the result this folder recorded last" in err, err
+    refused = "stored result refused, left blank (regrade it: grade --resume): it is not the result this folder " \
+        "recorded last"
+    assert code == 1 and refused in err and "(1): carol 01_attention" in err, err
     assert "refused" in next(r for r in store.read_csv(tmp_path / "scores.csv") if r["student"] == "carol")["regrade"]
     code, err = cli("report", out)
-    assert code == 1 and "carol.json: refused" in err and "carol.json: refused" in (out / "report.html").read_text()
+    assert code == 1 and refused in err and refused in (out / "report.html").read_text()
     code, err = cli("grade", subs, "--out", out, "--resume", "--quiet")
     assert code == 0 and "(1 stored result damaged or refused)" in err and "submission changed" not in err, err
     line = next(line for line in err.splitlines() if "graded again" in line)
@@ -365,8 +368,8 @@ def test_a_term_adds_up_for_every_roster_student(term, tmp_path, cli):
     code, err = cli("export", out, "--format", "canvas", "--out", tmp_path / "before.csv", *roster, "--written",
                     "--gradebook", db)
     assert code == 0, err
-    assert "left blank, written questions to grade in formgrader first: alice 03_multi_head (written_heads), " \
-           "carol 03_multi_head (written_heads)" in err
+    assert "left blank, written questions to grade in formgrader first: written_heads (2): alice 03_multi_head; " \
+           "carol 03_multi_head" in err
     with open(tmp_path / "before.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert {r["ID"]: tuple(number(r[c]) for c in (L1, L2, L3)) for r in rows[1:]} == {
@@ -399,12 +402,14 @@ def test_a_term_adds_up_for_every_roster_student(term, tmp_path, cli):
     assert "<b>6 / 6</b>" in pages["alice", L1] and "<b>0 / 8</b>" in pages["carol", L2]
     assert "scored by hand" not in pages["alice", L1] + pages["alice", L2] + pages["carol", L2]
 
-    common = [out, *roster, "--submissions", subs, "--gradebook", db, "--written", "--extensions",
-              tmp_path / "extensions.csv", "--deadline", "01_attention=2026-10-01T23:59:00+00:00", "--late-policy", "10%/day"]
+    common = [out, *roster, "--submissions", subs, "--gradebook", db]
     (tmp_path / "extensions.csv").write_text("student,lesson,deadline\ncarol,01_attention,2026-10-02T23:59:00+00:00\n")
-    code, err = cli("export", "--format", "canvas", "--out", tmp_path / "canvas.csv", "--stale-overrides", "drop", *common)
+    code, err = cli("rule", *common, "--extensions", tmp_path / "extensions.csv", "--deadline",
+                    "01_attention=2026-10-01T23:59:00+00:00", "--late-policy", "10%/day", "--stale-overrides", "drop")
     assert code == 0, err
-    assert "never handed in, counted as 0: bob 01_attention, bob 02_heads, bob 03_multi_head" in err
+    code, err = cli("export", "--format", "canvas", "--out", tmp_path / "canvas.csv", *common)
+    assert code == 0, err
+    assert "never handed in, counted as 0 (3): bob 01_attention, 02_heads, 03_multi_head" in err
     assert "stale manual scores" in err and "dropped: the new result counts: carol 01_attention test_softmax" in err
     with open(tmp_path / "canvas.csv", newline="") as f:
         rows = list(csv.DictReader(f))
@@ -419,9 +424,10 @@ def test_a_term_adds_up_for_every_roster_student(term, tmp_path, cli):
     assert late in (out / "feedback" / "carol" / f"{L1}.html").read_text()   # her page, as the export counts
     assert [(r["student"], r["lesson"], r["late_units"], r["raw"], r["penalised"]) for r in
             store.read_csv(out / "late-penalties.csv")] == [("alice", L1, "0", "6", "6"), ("carol", L1, "1", "6", "5.4")]
-    code, err = cli("export", "--format", "csv", "--out", tmp_path / "plain.csv", *common)   # stale kept: 1.5 wins
+    code, err = cli("rule", *common, "--stale-overrides", "keep")   # stale kept: 1.5 wins
+    assert code == 0 and "changed: stale manual scores kept (before: stale manual scores dropped)" in cli.out, err
+    code, err = cli("export", "--format", "csv", "--out", tmp_path / "plain.csv", *common)
     assert code == 0, err
-    assert "stale manual scores kept (before: stale manual scores dropped); totals.csv, the class report" in err
     plain = {r["student"]: r for r in store.read_csv(tmp_path / "plain.csv")}
     assert {s: tuple(number(r[c]) for c in (f"{L1} raw", L1, L2, L3, "total", "max_points")) for s, r in plain.items()} \
         == {"alice": (6, 6, 8, 10, 24, 24), "bob": (0, 0, 0, 0, 0, 24), "carol": (5.5, 4.95, 0, 9, 13.95, 24)}
@@ -455,7 +461,7 @@ def test_a_term_adds_up_for_every_roster_student(term, tmp_path, cli):
     code, err = cli("report", out, "--submissions", subs, *roster)   # the gradebook RESULTS was graded with
     assert code == 0, err
     report = (out / "report.html").read_text()
-    assert report.count("Never submitted: 1 roster student: bob") == 3
+    assert report.count("Never handed in: 1 student: bob") == 3
     assert "Written question written_heads: 2/2 graded" in report
     assert "Scored by hand in the gradebook: 3 tests (alice written_heads, carol test_softmax, carol written_heads)" \
         not in report   # per lesson: 01's carol test_softmax, 03's two written answers
@@ -473,6 +479,150 @@ def test_a_term_adds_up_for_every_roster_student(term, tmp_path, cli):
     assert "late penalties: 10%/day after 01_attention 2026-10-01T23:59:00+00:00, 1 extension(s)" in report
     # An export given no roster, nor the SUBMISSIONS that keeps one, still has the class RESULTS was counted for.
     code, err = cli("export", out, "--format", "csv", "--out", tmp_path / "bare.csv", "--gradebook", db, "--written")
-    assert code == 0, err
+    assert code == 0 and "trial" not in err, err   # --written is RESULTS's rule already: no trial
     assert [(r["student"], r["total"], r["max_points"]) for r in store.read_csv(tmp_path / "bare.csv")] == [
-        ("alice", "24", "24"), ("bob", "0", "24"), ("carol", "14.5", "24")]   # no late penalty asked for: 5.5
+        ("alice", "24", "24"), ("bob", "0", "24"), ("carol", "13.95", "24")]   # RESULTS's rule: 4.95 + 0 + 9
+
+
+def test_a_notebook_of_another_lesson_says_which_lesson_it_looks_like(tmp_path, cli):
+    """A lesson 03 notebook handed in as lesson 01 (Gradescope's lesson 01 assignment stages it so): its tests fail
+    on names it never defines, and the page and the run name lesson 03, not only the NameErrors."""
+    L3 = "03_multi_head"
+    release(tmp_path / "release", [L3])
+    put(tmp_path / "subs", "alice", fill(nbk.read(tmp_path / "release" / L3 / f"{L3}.ipynb"), L3), name="work.ipynb")
+    code, err = cli("grade", tmp_path / "subs", "--out", tmp_path / "results", "--lesson", L1, "--quiet")
+    assert code == 0, err
+    assert "1 x notebook of another lesson: alice/01_attention" in err
+    page = (tmp_path / "results" / "feedback" / "alice" / f"{L1}.html").read_text()
+    assert f"this notebook looks like {L3} (its answer cells are {L3}&#x27;s), not {L1}" in page
+
+
+def test_a_term_of_eight_agrees_with_one_table_in_every_artifact_through_the_slips(term, tmp_path, cli):
+    """A roster of 8 over lessons 01-03, collected per lesson from plain downloads with times, graded with the
+    written question, scored by TAs in the gradebook, with late work, an extension and a grace period. On the way,
+    each slip an instructor made once exited 0 with a wrong number; now each stops (or stays a trial) and the
+    numbers hold. totals.csv, both Canvas files (the new import and a filled Canvas export), the feedback pages and
+    report.html are checked against one table.
+    ada all solved; bo skips 02; cy, on the roster, hands in nothing; di's softmax is wrong; ed is a day past his
+    extension on 01 and leaves 03 blank; fay is 11 minutes late on 01 (grace 15m); gus uploads his 03 notebook to
+    01 and nothing for 03; hal's 01 is named lesson1_final.ipynb."""
+    from autograder.adapters.gradebook import _open
+    L3 = "03_multi_head"
+    root, notebooks, _ = term
+    release(root / "release", [L3])
+    rel = {lsn: nbk.read(root / "release" / lsn / f"{lsn}.ipynb") for lsn in (L1, L2, L3)}
+    solved = {L1: notebooks["solved"], L2: fill(rel[L2], L2), L3: written(fill(rel[L3], L3), "Same weights; 8 patterns.")}
+    ids = dict(zip(["ada", "bo", "cy", "di", "ed", "fay", "gus", "hal"], range(201, 209)))
+    (tmp_path / "roster.csv").write_text("student,name,email,lms_id\n" + "".join(
+        f"{s},{s.title()} Doe,{s}@x.org,{i}\n" for s, i in ids.items()))
+    roster, subs, out, db = ["--roster", tmp_path / "roster.csv"], tmp_path / "subs", tmp_path / "results", \
+        tmp_path / "course/gradebook.db"
+    uploads = {L1: {"ada": solved[L1], "bo": solved[L1], "di": notebooks["wrong"], "ed": solved[L1], "fay": solved[L1],
+                    "gus": solved[L3], "hal": solved[L1]},
+               L2: {s: solved[L2] for s in ("ada", "di", "ed", "fay", "gus", "hal")},
+               L3: dict({s: solved[L3] for s in ("ada", "bo", "di", "fay", "hal")}, ed=rel[L3])}
+    names = {("hal", L1): "lesson1_final.ipynb", ("gus", L1): f"{L1}.ipynb"}
+    times = {"ed": "2026-10-04T12:00:00Z", "fay": "2026-10-02T00:10:00Z"}
+    (tmp_path / "times.csv").write_text("lms_id,lesson,submitted_at\n" + "".join(
+        f"{ids[s]},{L1},{times.get(s, '2026-10-01T20:00:00Z')}\n" for s in uploads[L1] if s != "gus"))
+    for lesson, who in uploads.items():
+        for student, nb in who.items():
+            nbk.write(nb, tmp_path / f"dl-{lesson}" / student / names.get((student, lesson), f"{lesson}.ipynb"))
+        code, err = cli("collect", tmp_path / f"dl-{lesson}", "--out", subs, *roster, "--lesson", lesson,
+                        *(["--times", tmp_path / "times.csv"] if lesson == L1 else []))
+        assert code == 0, err
+    log = {r["file"]: r for r in store.read_csv(subs / "collection.csv")}
+    assert "a 03_multi_head notebook in a download collected for 01_attention" in log[f"gus/{L1}.ipynb"]["detail"]
+    assert "named 'lesson1_final.ipynb', not 01_attention.ipynb" in log["hal/lesson1_final.ipynb"]["detail"]
+    db.parent.mkdir()
+    code, err = cli("grade", subs, "--out", out, "--gradebook", db, "--written", "--quiet", *roster)
+    assert code == 0, err
+    with _open(db) as gb:   # the TAs score the written answers in formgrader
+        for student, score in (("ada", 2.0), ("bo", 1.0), ("di", 2.0), ("fay", 1.5), ("hal", 2.0)):
+            g = gb.find_grade("written_heads", L3, L3, student)
+            g.manual_score, g.needs_manual_grade = score, False
+        gb.db.commit()
+    # The slips: an extension for a name nobody has stops the rule; then the right one is set.
+    rule = ["rule", out, *roster, "--submissions", subs, "--deadline", f"{L1}=2026-10-01T23:59:00+00:00",
+            "--late-policy", "10%/day", "--grace", "15m", "--extensions", tmp_path / "ext.csv"]
+    (tmp_path / "ext.csv").write_text(f"student,lesson,deadline\nedd,{L1},2026-10-03T23:59:00+00:00\n")
+    code, err = cli(*rule)
+    assert code == 2 and "no student 'edd' in the roster or the results" in err and err.count("\n") == 1, err
+    (tmp_path / "ext.csv").write_text(f"student,lesson,deadline\ned,{L1},2026-10-03T23:59:00+00:00\n")
+    code, err = cli(*rule)
+    assert code == 0 and "changed: late penalties: 10%/day after 01_attention" in cli.out, err
+    di = sum(float(r["points"]) for r in store.read_grades(out / "grades.csv") if (r["student"], r["lesson"]) == ("di", L1))
+    assert 4 <= di < 6
+    table = {"ada": (6, 8, 10), "bo": (6, 0, 9), "cy": (0, 0, 0), "di": (di, 8, 10), "ed": (5.4, 8, 0),
+             "fay": (6, 8, 9.5), "gus": (0, 8, 0), "hal": (6, 8, 10)}
+    never = {("bo", L2), ("cy", L1), ("cy", L2), ("cy", L3), ("gus", L1), ("gus", L3)}
+
+    def check_totals():
+        rows = {r["student"]: r for r in store.read_csv(out / "totals.csv")}
+        assert {s: tuple(number(r[c]) for c in (L1, L2, L3)) for s, r in rows.items()} == table
+        assert {s: number(r["total"]) for s, r in rows.items()} == {s: round(sum(v), 2) for s, v in table.items()}
+        assert {(s, lsn) for s, r in rows.items() for lsn in (L1, L2, L3) if f"{lsn}: never handed in" in r["flags"]} \
+            == never
+    check_totals()
+    # A trial export with another rule writes only its file; a grade that forgets --written, or says --no-written,
+    # changes nothing or is refused.
+    kept = (out / "totals.csv").read_bytes(), (out / "report.html").read_bytes()
+    code, err = cli("export", out, "--format", "csv", "--out", tmp_path / "scratch.csv", "--no-written", "--late-policy",
+                    "none")
+    assert code == 0 and "a trial, counted otherwise than" in err, err
+    assert ((out / "totals.csv").read_bytes(), (out / "report.html").read_bytes()) == kept
+    code, err = cli("grade", subs, "--out", out, "--gradebook", db, "--no-written", "--resume", "--quiet")
+    assert code == 2 and "counts otherwise than these flags say: written questions not counted" in err, err
+    code, err = cli("grade", subs, "--out", out, "--gradebook", db, "--resume", "--quiet")   # --written forgotten
+    assert code == 0, err
+    check_totals()
+    # The Canvas files: a new import, and Canvas's own export filled (first with a column worth 8 for lesson 03).
+    code, err = cli("export", out, "--format", "canvas", "--out", tmp_path / "canvas.csv", *roster)
+    assert code == 0, err
+    assert "never handed in, counted as 0 (6): bo 02_heads; cy 01_attention, 02_heads, 03_multi_head; gus " \
+           "01_attention, 03_multi_head" in err
+    canvas = list(csv.DictReader(open(tmp_path / "canvas.csv", newline="")))
+    assert tuple(number(canvas[0][c]) for c in (L1, L2, L3)) == (6, 8, 10)
+    by_id = {int(r["ID"]): r for r in canvas[1:]}
+    assert {s: tuple(number(by_id[i][c]) for c in (L1, L2, L3)) for s, i in ids.items()} == table
+    export = tmp_path / "Grades-export.csv"
+    header = "Student,ID,SIS User ID,SIS Login ID,Section,Lesson 1 (501),Lesson 2 (502),Lesson 3 (503)\n"
+    people = "".join(f"{s.title()} Doe,{i},{s},,A,,,\n" for s, i in ids.items())
+    export.write_text(header + "    Points Possible,,,,,6,8,8\n" + people)
+    args = ["export", out, "--format", "canvas", "--canvas-gradebook", export, "--out", tmp_path / "filled.csv", *roster]
+    code, err = cli(*args)
+    assert code == 2 and "Lesson 3 (503) has Points Possible 8, but 03_multi_head is out of 10" in err
+    assert not (tmp_path / "filled.csv").exists()
+    export.write_text(header + "    Points Possible,,,,,6,8,10\n" + people)
+    code, err = cli(*args)
+    assert code == 0, err
+    filled = {int(r["ID"]): r for r in csv.DictReader(open(tmp_path / "filled.csv", newline="")) if r["ID"]}
+    assert {s: tuple(number(filled[i][f"Lesson {n} (50{n})"]) for n in (1, 2, 3)) for s, i in ids.items()} == table
+    # The feedback pages: each lesson handed in shows its points (before a late penalty, which it states).
+    full = {L1: 6, L2: 8, L3: 10}
+    for (student, lesson), got in {(s, lsn): v for s, row in table.items() for lsn, v in zip((L1, L2, L3), row)}.items():
+        if (student, lesson) in never:
+            continue
+        page = (out / "feedback" / student / f"{lesson}.html").read_text()
+        if (student, lesson) == ("ed", L1):
+            assert "<b>6 / 6</b>" in page and "so 5.4 of 6 count" in page
+        else:
+            assert f"<b>{got:g} / {full[lesson]}</b>" in page, (student, lesson)
+    # report.html: each lesson's mean is the table's, and who never handed it in.
+    report = (out / "report.html").read_text()
+    for i, lesson in enumerate((L1, L2, L3)):
+        mean = round(100 * sum(row[i] for row in table.values()) / full[lesson] / len(table))
+        assert f"Mean score: {mean}% of 8 students" in report, lesson
+    assert "Never handed in: 3 students: bo, cy, gus" not in report   # per lesson, not summed
+    for lesson, who in ((L1, "cy, gus"), (L2, "bo, cy"), (L3, "cy, gus")):
+        assert f"Never handed in: 2 students: {who}</p>" in report[report.index(f"<h2 id='{lesson}'>"):]
+    # A wrong key: export refuses in one line and writes nothing.
+    (tmp_path / "other.key").write_text("cd" * 32 + "\n")
+    (tmp_path / "other.key").chmod(0o600)
+    os.environ["MHA_RESULTS_KEY"], before = str(tmp_path / "other.key"), os.environ.get("MHA_RESULTS_KEY")
+    try:
+        code, err = cli("export", out, "--format", "canvas", "--out", tmp_path / "keyless.csv", *roster)
+    finally:
+        os.environ.pop("MHA_RESULTS_KEY") if before is None else os.environ.__setitem__("MHA_RESULTS_KEY", before)
+    assert code == 2 and err.count("\n") == 1 and not (tmp_path / "keyless.csv").exists()
+    check_totals()

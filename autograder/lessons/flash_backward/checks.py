@@ -8,6 +8,9 @@ student's code cannot reach, a hard memory bound set from outside its process (S
 - flash_attention_forward and flash_attention_backward "tiled": calls with so many keys (or queries) that a
   (block_q, Tk) row of scores, a (Tq, block_k) column of them, the full matrix or a full causal mask does not
   fit the bound while block_q x block_k tiles do;
+- attention_backward "by hand": calls in a process where autograd's kernels are fallthroughs and PyTorch's attention
+  and softmax-backward kernels raise (lesson.toml's [forbids], sandbox/tripwires.py); the other functions' "tiled"
+  and FlashAttention's "never keeps P" run with PyTorch's attention kernels off the same way;
 - FlashAttention "never keeps P": a forward and a backward, both inside one bound, at a length where one
   float32 (Tq, Tk) tensor of probabilities is larger than the bound plus all the process held before it:
   keeping P (in ctx.save_for_backward, on ctx, in a global) cannot fit, whatever buffer was reserved first.
@@ -127,7 +130,7 @@ def _mistaken(fn_name, q, k, v, dout, causal, name, *extra, forward=False):
 
 # ---- attention_backward ------------------------------------------------------------------------
 
-@CHECKS.add("attention_backward", aspects={"values": 3, "causal": 2, "half precision": 1})
+@CHECKS.add("attention_backward", aspects={"values": 3, "causal": 2, "half precision": 1, "by hand": 2})
 def attention_backward(s):
     rng = s.rng
     # (aspect, dtype, (B, H, Tq, Tk, Dh), causal, scale of q and k)
@@ -144,6 +147,12 @@ def attention_backward(s):
             _expect_grads(got, _truth(q, k, v, dout, causal, name),
                           f"attention_backward(q, k, v, dout, causal={causal}) in {name}", name,
                           _mistaken("attention_backward", q, k, v, dout, causal, name))
+    with s.aspect("by hand"):  # with autograd and PyTorch's attention kernels off (lessons/09_flash_backward/lesson.toml)
+        for causal in (False, True):
+            q, k, v, dout = _inputs(rng, 2, 2, 6, 10, 8, "float64", 2.0)
+            got = s.call("attention_backward", *(_send(a, "float64") for a in (q, k, v, dout)), causal=causal)
+            _expect_grads(got, _truth(q, k, v, dout, causal, "float64"),
+                          f"attention_backward(q, k, v, dout, causal={causal}) in float64", "float64")
 
 
 # ---- flash_attention_forward -------------------------------------------------------------------

@@ -237,6 +237,45 @@ FLOAT64 = ("float64 inputs were computed in float32 (the result is as far from t
            "goes). Compute in float64 for float64 inputs: torch.promote_types(q.dtype, torch.float32) picks the dtype")
 ORDER = "the gradients are returned in the wrong order: return (dq, dk, dv), the order of the inputs q, k, v"
 
+# PyTorch's fused CPU flash attention, forward and backward, with the lesson's bottom-right causal mask (issue 33: a
+# lesson 09 answered with them got 10/10): its kernels are off where "tiled" and "by hand" are graded
+# (lessons/09_flash_backward/lesson.toml).
+_FUSED_MASK = '''
+def _mask(Tq, Tk, causal, work):
+    visible = torch.ones(Tq, Tk, dtype=torch.bool).tril(Tk - Tq)
+    return torch.zeros(Tq, Tk, dtype=work).masked_fill(~visible, float("-inf")) if causal else None
+'''
+_FUSED_FORWARD = _FUSED_MASK + '''
+
+def flash_attention_forward(q, k, v, causal=False, block_q=64, block_k=64):
+    work = torch.promote_types(q.dtype, torch.float32)
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q.to(work), k.to(work), v.to(work), attn_mask=_mask(q.size(2), k.size(2), causal, work))
+    return out.to(q.dtype), lse.to(work)
+'''
+_FUSED_BACKWARD = _FUSED_MASK + '''
+
+def flash_attention_backward(q, k, v, out, lse, dout, causal=False, block_q=64, block_k=64):
+    work = torch.promote_types(q.dtype, torch.float32)
+    dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        *(t.to(work) for t in (dout, q, k, v, out, lse)), 0.0, False,
+        attn_mask=_mask(q.size(2), k.size(2), causal, work))
+    return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype)
+'''
+_AUTOGRAD = '''
+def attention_backward(q, k, v, dout, causal=False):
+    Tq, Tk = q.size(2), k.size(2)
+    work = torch.promote_types(q.dtype, torch.float32)
+    q, k, v = (t.detach().to(work).requires_grad_() for t in (q, k, v))
+    with torch.enable_grad():
+        s = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+        if causal:
+            s = s.masked_fill(torch.ones(Tq, Tk, dtype=torch.bool).tril(Tk - Tq).logical_not(), float("-inf"))
+        out = torch.softmax(s, dim=-1) @ v
+        grads = torch.autograd.grad(out, (q, k, v), dout.to(work))
+    return tuple(g.to(dout.dtype) for g in grads)
+'''
+
 MUTANTS = {
     "attention_backward": [
         Mistake("dQ and dK not scaled", "scale", _naive(scale="1.0"), message=SCALE, aspect="values"),
@@ -253,6 +292,7 @@ def attention_backward(q, k, v, dout, causal=False):
     return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
 '''),
         Mistake("constant: raises ValueError", "ValueError", _RAISES.format(sig=_NAIVE_SIG)),
+        Mistake("autograd through the naive forward", "autograd", _AUTOGRAD, aspect="by hand", evidence=True),
     ],
     "flash_attention_forward": [
         Mistake("lse in log2", "natural", _forward(lse="(m + torch.log(l)) / math.log(2)"),
@@ -283,6 +323,8 @@ def flash_attention_forward(q, k, v, causal=False, block_q=64, block_k=64):
     return torch.zeros_like(q), torch.zeros(q.shape[:3], dtype=torch.promote_types(q.dtype, torch.float32))
 '''),
         Mistake("constant: raises ValueError", "ValueError", _RAISES.format(sig=_FORWARD_SIG)),
+        Mistake("PyTorch's fused CPU flash attention", "attention kernel", _FUSED_FORWARD, aspect="tiled",
+                evidence=True),
     ],
     "flash_attention_backward": [
         Mistake("dQ and dK not scaled", "scale", _backward(scale="1.0"), message=SCALE, aspect="values"),
@@ -339,6 +381,8 @@ def flash_attention_backward(q, k, v, out, lse, dout, causal=False, block_q=64, 
     return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
 '''),
         Mistake("constant: raises ValueError", "ValueError", _RAISES.format(sig=_BACKWARD_SIG)),
+        Mistake("PyTorch's fused CPU flash attention backward", "attention kernel", _FUSED_BACKWARD, aspect="tiled",
+                evidence=True),
     ],
     "FlashAttention": [
         Mistake("P kept with save_for_backward", "save_for_backward", _function(

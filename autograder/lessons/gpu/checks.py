@@ -8,14 +8,14 @@ the evidence is out of the student's reach:
 - flash_attention "tiled": two calls run under a hard memory bound (Subject.memory_bound, counted from a
   fresh process) with so many keys that a (block_q, Tk) row of scores cannot fit while tiles do, and,
   causal, so many queries and keys that a full (Tq, Tk) boolean mask cannot fit either;
-- triton_softmax and triton_attention "is a Triton kernel": the submission's source cells, parsed on the host
-  (triton_evidence.py), plus correct values at run time; flash_attention's "tiled" reads the same
-  cells (best effort) for a call to PyTorch's fused attention;
+  "tiled" runs with PyTorch's attention kernels off (lesson.toml's [forbids], sandbox/tripwires.py);
+- triton_softmax and triton_attention "is a Triton kernel": what the wrapper returned is what its kernel writes
+  when the grader launches it again, from the inputs alone, in a process that ran none of the notebook's other
+  code (triton_replay.py);
 - online_softmax "one pass" is NOT scored: a second pass over a row leaves no trace that the student's
   code could not erase or fake (a tracer runs next to it; memory and results are the same), so only
   its values earn points. The notebook's demo cell shows the student how their function ran. What the
-  exercise forbids by name, calling torch.softmax, the source cells show (source_rules.py), as they show
-  flash_attention calling fused attention.
+  exercise forbids, PyTorch's softmax, is off while its values are checked (lesson.toml's [forbids]).
 """
 import math
 import threading
@@ -28,7 +28,7 @@ from autograder import lessons
 from autograder.checking import mistakes
 from autograder.checking import (HEADROOM_MB, Checks, Unchecked, close, evidence_times, expect_array, expect_int, fail,
                                  kind_of, reference, tensor, within_memory)
-from autograder.lessons.gpu import triton_evidence
+from autograder.lessons.gpu.triton_replay import expect_kernel_did_the_work
 from autograder.sandbox import helpers
 from autograder.sandbox.wire import Array, Handle
 from solutions import gpu as ref
@@ -38,8 +38,8 @@ CHECKS = Checks()
 UNAVAILABLE = lessons.unavailable("06_gpu", {"triton": ref.HAS_TRITON})  # the reasons: lessons/06_gpu/lesson.toml
 LESSON = "06_gpu"
 # What the checks say of mistakes only evidence shows, defined with them (autograder/lessons/gpu/mistakes.py)
-NO_MAX, FLOAT32_STATE, SOFTMAX_CALL, FLOAT32_INSIDE = (getattr(mistakes.for_lesson(LESSON), n) for n in (
-    "NO_MAX", "FLOAT32_STATE", "SOFTMAX_CALL", "FLOAT32_INSIDE"))
+NO_MAX, FLOAT32_STATE, FLOAT32_INSIDE = (getattr(mistakes.for_lesson(LESSON), n) for n in (
+    "NO_MAX", "FLOAT32_STATE", "FLOAT32_INSIDE"))
 
 
 # ---- attention_flops --------------------------------------------------------------------------
@@ -150,14 +150,13 @@ def online_softmax(s):
         long_got = s.call("online_softmax", tensor(long_row), 64)
     except Exception as e:  # raised where it is judged, after the short rows, so their verdicts come first
         long_got = e
-    for x, block, kind in short:
+    # -inf entries first: "values" runs with PyTorch's softmax off (lessons/06_gpu/lesson.toml), in a process of its
+    # own, which the short rows' values then share
+    for x, block, kind in sorted(short, key=lambda case: case[2] != "masked"):
         with s.aspect("-inf entries" if kind == "masked" else "values"):
             _expect_online(s, x, block, kind)
     with s.aspect("values"):
         _expect_online(s, long_row, 64, "long", long_got)
-        called = triton_evidence.online_problem(s.sources) if s.sources else None
-        if called:
-            fail(f"{SOFTMAX_CALL}: {called}")
 
 
 def _expect_online(s, x, block, kind, answer=ASK):
@@ -452,10 +451,7 @@ def flash_attention(s):
                     f"in {np.dtype(dtype).name}")
             mistakes = lambda: attention_mistakes(q, k, v, causal, [bk], getattr(torch, np.dtype(dtype).name))
             expect_attention(got, want, what, mistakes, tq, [bq], cond)
-    with s.aspect("tiled"):
-        fused = triton_evidence.flash_problem(s.sources) if s.sources else None
-        if fused:
-            fail(f"flash_attention must do the tiling itself, not call PyTorch's fused attention: {fused}")
+    with s.aspect("tiled"):  # with PyTorch's attention kernels off (lessons/06_gpu/lesson.toml)
         _expect_tiled(s, rng)
     with s.aspect("float16"):  # after the others: their inputs stay as they were
         q, k, v = _dominant_key(rng)
@@ -598,18 +594,18 @@ def triton_softmax(s):
         raise Unchecked("triton_softmax needs the notebook's code cells, which the grader did not receive")
     rng = s.rng
     device = _triton_device()
+    replayed = False
     for aspect, dtype, shape, scale, with_inf in SOFTMAX_CASES:
         with s.aspect(aspect):
             x = softmax_input(rng, dtype, shape, scale, with_inf)
+            what = f"triton_softmax(x) in {np.dtype(dtype).name}"
             # Called first, so an unwritten answer is told it is not implemented yet.
             got = s.call("triton_softmax", _on(tensor(x), device))
-            if aspect == "float32":
-                problem = triton_evidence.softmax_problem(s.sources)
-                if problem:
-                    fail(f"triton_softmax must launch a @triton.jit kernel that does the work: {problem}")
-            what = f"triton_softmax(x) in {np.dtype(dtype).name}"
             want = _on(reference(torch.from_numpy(x).double().softmax(-1), dtype=np.dtype(dtype).name), device)
             _expect_softmax(got, want, x, what)
+            if not replayed:  # once, when right: the kernel, launched again by the grader, wrote what was returned
+                expect_kernel_did_the_work(s, "triton_softmax", "_softmax_kernel", [_on(tensor(x), device)], what)
+                replayed = True
 
 
 # Small sizes: on a CPU this runs in Triton's interpreter, whose cost grows with the programs launched
@@ -627,19 +623,20 @@ def triton_attention(s):
         raise Unchecked("triton_attention needs the notebook's code cells, which the grader did not receive")
     rng = s.rng
     device = _triton_device()
+    replayed = False
     for aspect, dtype, (b, h, tq, tk, dh), causal in TRITON_CASES:
         with s.aspect(aspect):
             q, k, v = qkv(rng, b, h, tq, tk, dh, dtype)
+            what = f"triton_attention(q, k, v, causal={causal}) in {np.dtype(dtype).name}"
             # Called first, so an unwritten answer is told it is not implemented yet.
             got = s.call("triton_attention", *(_on(tensor(a), device) for a in (q, k, v)), causal=causal)
-            if aspect == "float32":
-                problem = triton_evidence.problem(s.sources)
-                if problem:
-                    fail(f"triton_attention must launch a @triton.jit kernel that does the work: {problem}")
             want, cond = exact_attention(q, k, v, causal, dtype)
             want = _on(want, device)
-            what = f"triton_attention(q, k, v, causal={causal}) in {np.dtype(dtype).name}"
             blocks = [16, 32, 64, 128]
             mistakes = lambda: attention_mistakes(q, k, v, causal, blocks, getattr(torch, np.dtype(dtype).name),
                                                    triton=True)
             expect_attention(got, want, what, mistakes, tq, blocks, cond)
+            if not replayed:  # once, when right: the kernel, launched again by the grader, wrote what was returned
+                expect_kernel_did_the_work(s, "triton_attention", "_attention_kernel",
+                                           [_on(tensor(a), device) for a in (q, k, v)], what, causal=causal)
+                replayed = True

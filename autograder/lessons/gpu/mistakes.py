@@ -179,8 +179,6 @@ NO_MAX = ("exp(x) overflows on large entries (exp(89) is inf in float32): subtra
 FLOAT32_STATE = ("float64 input was computed in float32 (the result is only as close as float32 rounding goes; a "
                  "float32 running sum drops the many small terms of a long row): keep the running max and sum in "
                  "x's dtype")
-SOFTMAX_CALL = ("online_softmax must compute the softmax itself, block by block, not call torch.softmax (which reads "
-                "the whole row at once)")
 FLOAT32_INSIDE = ("float64 inputs were computed in float32 (the result is as far from the exact answer as float32 "
                   "rounding goes). Compute in float64 for float64 inputs: torch.promote_types(q.dtype, torch.float32) "
                   "picks the dtype")
@@ -272,7 +270,8 @@ def attention_flops(batch, n_heads, seq_q, seq_k, head_dim, causal=False):
             message="the running sum is rescaled the wrong way: multiply it by exp(m_old - m_new), which is <= 1"),
         Mistake("each block normalised on its own", "whole row", '''
 def online_softmax(x, block_size):
-    return torch.cat([b.softmax(dim=-1) for b in x.split(block_size, dim=-1)], dim=-1)
+    blocks = [torch.exp(b - b.amax(dim=-1, keepdim=True)) for b in x.split(block_size, dim=-1)]
+    return torch.cat([e / e.sum(dim=-1, keepdim=True) for e in blocks], dim=-1)
 ''',
             message="each block is normalised on its own: the sum must run over the whole row (keep one running sum)"),
         ("no finite shift: NaN after an all -inf block", "finite", _online(shift="m_new")),
@@ -292,10 +291,25 @@ def online_softmax(x, block_size):
         ("constant: raises ValueError", "ValueError", _RAISES.format(sig="online_softmax(x, block_size)")),
         # Two a student found passing every test (issue 20): the exercise forbids torch.softmax, and the dtype
         # is the input's. Only evidence shows them: the source cells, and float32's rounding in a float64 answer.
-        Mistake("torch.softmax, no blocks", "torch.softmax", '''
+        Mistake("torch.softmax, no blocks", "PyTorch's softmax", '''
 def online_softmax(x, block_size):
     return torch.softmax(x, dim=-1)
-''', message=SOFTMAX_CALL, evidence=True),
+''', aspect="values", evidence=True),
+        # Hidden softmaxes a student found passing every test (issue 33): the softmax is off where "values" is graded
+        # (lessons/06_gpu/lesson.toml), whatever route reaches it.
+        Mistake("a softmax swapped in through global", "PyTorch's softmax", _online() + '''
+
+def _faster():
+    global online_softmax
+    online_softmax = lambda x, block_size: torch.nn.functional.softmax(x, dim=-1)
+
+
+_faster()
+''', aspect="values", evidence=True),
+        Mistake("a distribution's probabilities", "PyTorch's softmax", '''
+def online_softmax(x, block_size):
+    return torch.distributions.Categorical(logits=x, validate_args=False).probs
+''', aspect="values", evidence=True),
         Mistake("running max and sum in float32 for float64 input", "float32", _online().replace(
             'm = torch.full((*x.shape[:-1], 1), float("-inf"), dtype=x.dtype)',
             'm = torch.full((*x.shape[:-1], 1), float("-inf"), dtype=torch.float32)').replace(
@@ -358,13 +372,55 @@ def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):
 def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):
     return torch.zeros_like(q)
 '''),
-        ("PyTorch's fused attention, no tiling of its own", "fused attention", '''
+        Mistake("PyTorch's fused attention, no tiling of its own", "attention kernel", '''
 def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):
     Tq, Tk = q.size(2), k.size(2)
     mask = torch.ones(Tq, Tk, dtype=torch.bool).tril(Tk - Tq) if causal else None
     work = torch.promote_types(q.dtype, torch.float32)
     return F.scaled_dot_product_attention(q.to(work), k.to(work), v.to(work), attn_mask=mask).to(q.dtype)
-'''),
+''', aspect="tiled", evidence=True),
+        # Routes to PyTorch's attention a student found passing every test (issue 33): its kernels are off where
+        # "tiled" is graded (lessons/06_gpu/lesson.toml), whatever route reaches them.
+        Mistake("rebound through global to a wrapper of the fused kernel", "attention kernel", _flash() + '''
+
+def _install():
+    global flash_attention
+
+    def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):
+        Tq, Tk = q.size(2), k.size(2)
+        mask = torch.ones(Tq, Tk, dtype=torch.bool).tril(Tk - Tq) if causal else None
+        work = torch.promote_types(q.dtype, torch.float32)
+        return F.scaled_dot_product_attention(q.to(work), k.to(work), v.to(work), attn_mask=mask).to(q.dtype)
+
+
+_install()
+''', aspect="tiled", evidence=True),
+        Mistake("F.multi_head_attention_forward with identity projections", "attention kernel", '''
+def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):
+    (B, H, Tq, Dh), Tk = q.shape, k.size(2)
+    work = torch.promote_types(q.dtype, torch.float32)
+    fold = lambda t: t.to(work).permute(2, 0, 1, 3).reshape(t.size(2), B * H, Dh)  # (T, B*H, Dh): heads as batch
+    eye = torch.eye(Dh, dtype=work)
+    mask = torch.ones(Tq, Tk, dtype=torch.bool).tril(Tk - Tq).logical_not() if causal else None
+    out, _ = F.multi_head_attention_forward(
+        fold(q), fold(k), fold(v), Dh, 1, None, None, None, None, False, 0.0, eye, None, training=False,
+        need_weights=False, attn_mask=mask, use_separate_proj_weight=True, q_proj_weight=eye, k_proj_weight=eye,
+        v_proj_weight=eye)
+    return out.reshape(Tq, B, H, Dh).permute(1, 2, 0, 3).to(q.dtype)
+''', aspect="tiled", evidence=True),
+        Mistake("a dispatch table filled in later", "attention kernel", '''
+_KERNELS = {}
+
+
+def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):
+    Tq, Tk = q.size(2), k.size(2)
+    mask = torch.ones(Tq, Tk, dtype=torch.bool).tril(Tk - Tq) if causal else None
+    work = torch.promote_types(q.dtype, torch.float32)
+    return _KERNELS["attend"](q.to(work), k.to(work), v.to(work), attn_mask=mask).to(q.dtype)
+
+
+_KERNELS["attend"] = getattr(torch.ops.aten, "scaled_dot_" + "product_attention")
+''', aspect="tiled", evidence=True),
         ("constant: raises ValueError", "ValueError",
          _RAISES.format(sig="flash_attention(q, k, v, causal=False, block_q=64, block_k=64)")),
         # Memory taken before the bound is part of it (issue 19): the full score matrix, written into a buffer
@@ -440,11 +496,24 @@ def fuse_qkv(attn):
 def triton_softmax(x):
     return torch.softmax(x, dim=-1)
 '''),
-        ("constant: returns zeros", "@triton.jit", '''
+        ("constant: returns zeros", "differs", '''
 def triton_softmax(x):
     return torch.zeros_like(x)
 '''),
         ("constant: raises ValueError", "ValueError", _RAISES.format(sig="triton_softmax(x)")),
+        # A kernel that does nothing while the wrapper computes, into the buffer it launches with (issue 33): the
+        # grader launches the kernel again on its own (checks/triton_replay.py).
+        Mistake("a kernel that only reads its program id, the wrapper computing", "launched it again", '''
+@triton.jit
+def _softmax_kernel(X, Y, n_cols, stride_x, stride_y, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+
+
+def triton_softmax(x):
+    out = torch.softmax(x.float(), dim=-1).to(x.dtype)
+    _softmax_kernel[(x.size(0),)](x, out, x.size(1), x.stride(0), out.stride(0), BLOCK=triton.next_power_of_2(x.size(1)))
+    return out
+''', aspect="float32", evidence=True),
     ],
     "triton_attention": [
         ("causal mask top-left", "top-left", _triton(kernel=[("last_key = rows + (seq_k - seq_q)", "last_key = rows")])),
@@ -462,8 +531,17 @@ def triton_attention(q, k, v, causal=False):
         scores = scores.masked_fill(torch.ones(Tq, Tk, dtype=torch.bool).tril(Tk - Tq).logical_not(), float("-inf"))
     return (scores.softmax(-1) @ v.float()).to(q.dtype)
 '''),
-        ("the kernel launched, then its output replaced", "@triton.jit", _triton(wrapper=[
-            ("    return out", "    return flash_attention(q, k, v, causal=causal)")])),
+        Mistake("a kernel that only reads its program id, the wrapper computing", "launched it again", '''
+@triton.jit
+def _attention_kernel(Q, K, V, O, seq_q, CAUSAL: tl.constexpr):
+    pid = tl.program_id(0)
+
+
+def triton_attention(q, k, v, causal=False):
+    out = naive_attention(q, k, v, causal=causal)
+    _attention_kernel[(1,)](q, k, v, out, q.size(2), CAUSAL=causal)
+    return out
+''', aspect="float32", evidence=True),
         # A dummy kernel launched while torch does the work. Its other disguises (a decorator on the wrapper, a
         # second definition under `if`) pass the visible test: tests/lessons/test_gpu.py's imitations test them.
         ("a home-made jit that launches torch", "@triton.jit", _SDPA + '''
@@ -483,7 +561,7 @@ def triton_attention(q, k, v, causal=False):
     _dummy_kernel[(1,)](q, k, v, out, causal)
     return out
 '''),
-        ("constant: returns zeros", "@triton.jit", '''
+        ("constant: returns zeros", "differs", '''
 def triton_attention(q, k, v, causal=False):
     return torch.zeros_like(q)
 '''),
@@ -494,8 +572,10 @@ def triton_attention(q, k, v, causal=False):
 # Only the hidden checks see these: the visible tests read what torch runs, the grader its memory and the source.
 HIDDEN_ONLY = {"the full score matrix in numpy, unseen by torch's tracer": "the visible test's tracer sees torch's "
                "operations only",
-               "PyTorch's fused attention, no tiling of its own": "torch's fused kernel is tiled itself: only the "
-               "grader's reading of the source cells sees who tiled"}
+               # the visible tests check the launch, not what the kernel wrote: only the grader launches it again,
+               # from the inputs alone, in a process that ran no other code of the notebook (checks/triton_replay.py)
+               **dict.fromkeys(["a kernel that only reads its program id, the wrapper computing"],
+                               "only the grader's own launch of the kernel shows that it wrote nothing")}
 
 VARIANTS = {
     "attention_flops": [

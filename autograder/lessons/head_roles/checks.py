@@ -163,21 +163,24 @@ def head_importance(s):
                      "inside `with torch.enable_grad():`")
             expect_array(got, want, "head_importance(model, ids, targets) under torch.no_grad()", axes=("layer", "head"),
                          hint="compute the loss inside `with torch.enable_grad():`")
-        with s.aspect("model as found"):
-            s.helper("give_grads", model)
+        with s.aspect("model as found"):  # read from the objects the model was built with, not its methods
+            record = s.helper("ModelRecord", model)
+            s.call((record, "give_grads"))
             s.call("head_importance", model, tensor(ids), tensor(targets))
-            if not s.helper("grads_as_given", model):
-                fail("head_importance changed the .grad of the model's parameters (filled, wiped or added to): take "
-                     "the gradient of the mask alone (torch.autograd.grad(loss, mask)) and leave the model as found")
-            after = s.state(model)
-            for k, v in state.items():
-                if not np.array_equal(after[k].data if isinstance(after[k], Array) else np.asarray(after[k]), v):
-                    fail("head_importance changed the model's weights: leave the model as found")
-            if s.get(model, "training"):
+            if not s.call((record, "grads_as_given")):
+                fail("head_importance changed the .grad of the model's parameters (filled, wiped or added to) or "
+                     "their requires_grad: take the gradient of the mask alone (torch.autograd.grad(loss, mask)) and "
+                     "leave the model as found")
+            after = s.call((record, "weights"))
+            if set(after) != set(state) or any(
+                    not np.array_equal(after[k].data if isinstance(after[k], Array) else np.asarray(after[k]), v)
+                    for k, v in state.items()):
+                fail("head_importance changed the model's weights: leave the model as found")
+            if any(s.call((record, "modes"))):
                 fail("head_importance changed the model's mode (it was in eval mode): leave the mode alone")
-            s.call((model, "train"))
+            s.call((record, "set_mode"), True)
             s.call("head_importance", model, tensor(ids), tensor(targets))
-            if not s.get(model, "training"):
+            if not all(s.call((record, "modes"))):
                 fail("head_importance changed the model's mode (it was in train mode): leave the mode alone")
 
 

@@ -229,6 +229,17 @@ def head_importance(model, ids, targets):
         Mistake("loss.backward() fills the parameters' .grad", ".grad", _importance(
             term="(loss.backward() or mask.grad).abs()"),
             message="head_importance changed the .grad of the model's parameters", aspect="model as found"),
+        # A model whose parameters() shows stand-ins while the real .grad fills (issue 33): the grader reads the
+        # parameters it built the model with (sandbox.helpers.ModelRecord), not the model's methods.
+        Mistake("a RoleModel whose parameters() shows stand-ins, loss.backward() filling the real .grad", ".grad",
+                '''
+class RoleModel(RoleModel):
+    def parameters(self, recurse=True):
+        if "_shown" not in self.__dict__:
+            self.__dict__["_shown"] = [torch.nn.Parameter(p.detach().clone()) for p in super().parameters(recurse)]
+        return iter(self.__dict__["_shown"])
+
+''' + _importance(term="(loss.backward() or mask.grad).abs()"), aspect="model as found", evidence=True),
         Mistake("loss.backward(), then model.zero_grad(): the caller's .grad wiped", ".grad", _importance(
             term="(loss.backward() or mask.grad).abs()\n            model.zero_grad()"),
             message="head_importance changed the .grad of the model's parameters", aspect="model as found"),
@@ -285,6 +296,9 @@ def prune_heads(importance, n_prune):
 '''),
     ],
 }
+
+HIDDEN_ONLY = {"a RoleModel whose parameters() shows stand-ins, loss.backward() filling the real .grad":
+               "the visible test reads the model through its methods; the grader reads the parameters it built"}
 
 VARIANTS = {
     "relation_accuracy": [

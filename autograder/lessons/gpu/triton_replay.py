@@ -1,0 +1,137 @@
+"""Whether a Triton answer's kernel did the work, from evidence its wrapper cannot forge.
+
+The wrapper is called once with the kernel's launches recorded (sandbox.helpers.launches). Then a fresh process that
+ran none of the notebook's code, only its @triton.jit functions and the constants they read (kernel_cells), launches
+the kernel again the same way: the same grid and scalars, the call's own inputs where the wrapper passed them, zeros
+where it passed zeros, NaN in every other buffer (one the wrapper filled could hold an answer computed outside the
+kernel). What the wrapper returned must be what that replay wrote into one of its buffers. A kernel that does
+nothing, or copies what the wrapper computed, writes NaN there or nothing at all.
+"""
+import ast
+
+import numpy as np
+
+from autograder.checking import StudentError, close, fail
+from autograder.sandbox.wire import Array
+
+# What the replay's process runs before the kernels: the imports a kernel uses, and the launcher.
+PREAMBLE = '''
+import math
+import torch
+import triton
+import triton.language as tl
+
+
+def _replay(name, buffers, launches):
+    """Launch the kernel `name` as recorded; returns the buffers after."""
+    kernel = globals()[name]
+    for grid, args, kwargs in launches:
+        pick = lambda v: buffers[v["buffer"]] if isinstance(v, dict) else v
+        kernel[tuple(grid)](*[pick(v) for v in args], **{k: pick(v) for k, v in kwargs.items()})
+    return buffers
+'''
+MAX_SCALARS = 32  # a kernel's launch takes a few sizes, strides and flags: not an answer spelled out in numbers
+MODULES = {"math", "triton", "triton.language", "torch", "numpy"}
+MAX_CELL = 100_000  # characters: a kernel's cell is a few hundred
+
+
+def _jit(node):
+    return any("jit" in ast.unparse(d) for d in node.decorator_list)
+
+
+def _constant(value):
+    try:
+        ast.literal_eval(value)
+        return True
+    except ValueError:
+        return isinstance(value, ast.Call) and ast.unparse(value.func) in ("tl.constexpr", "triton.language.constexpr") \
+            and all(_constant(a) for a in value.args)
+
+
+def kernel_cells(sources):
+    """The cells' imports of MODULES, the constants their @triton.jit functions read (names bound to literals or
+    tl.constexpr of them), and those functions, a cell each after the PREAMBLE. Magic lines are left out; a cell
+    longer than MAX_CELL, or that does not parse, gives nothing (a kernel there cannot be launched on its own)."""
+    kernels, imports, constants = [], [], []
+    for source in sources:
+        text = "\n".join(line for line in str(source)[:MAX_CELL + 1].splitlines()
+                         if not line.lstrip().startswith(("%", "!")))
+        if len(text) > MAX_CELL:
+            continue
+        try:
+            tree = ast.parse(text)
+        except (SyntaxError, RecursionError, MemoryError, ValueError):
+            continue
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and _jit(node):
+                kernels.append(node)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)) and all(
+                    (a.name if isinstance(node, ast.Import) else node.module or "") in MODULES for a in node.names):
+                imports.append(node)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None and _constant(node.value):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                if all(isinstance(t, ast.Name) for t in targets):
+                    constants.append((node, {t.id for t in targets}))
+    read = {n.id for k in kernels for n in ast.walk(k) if isinstance(n, ast.Name)}
+    return [PREAMBLE] + [ast.unparse(n) for n in imports] + [ast.unparse(n) for n, names in constants if names & read] \
+        + [ast.unparse(n) for n in kernels]
+
+
+def _replay_buffers(buffers, inputs):
+    """{key: array}: the call's own input where a buffer holds exactly one, zeros where it is all zeros, NaN (or, an
+    integer buffer, -1) everywhere else."""
+    out = {}
+    for key, buf in buffers.items():
+        if not isinstance(buf, Array):
+            fail("the kernel was launched with an argument that is not a tensor or a number")
+        same = next((a for a in inputs if a.shape == buf.shape and a.dtype == buf.dtype
+                     and np.array_equal(a.data, buf.data, equal_nan=True)), None)
+        if same is not None:
+            out[key] = same
+        elif not np.any(buf.data):
+            out[key] = buf
+        else:
+            fill = np.nan if np.issubdtype(np.asarray(buf.data).dtype, np.floating) or buf.dtype == "bfloat16" else -1
+            out[key] = Array(buf.kind, buf.dtype, np.full(buf.shape, fill, dtype=np.asarray(buf.data).dtype),
+                             device=buf.device)
+    return out
+
+
+def _scalars(launches):
+    """Refuse launches whose non-tensor arguments could carry an answer: only a few numbers, flags and short words."""
+    values = [v for _, args, kwargs in launches for v in [*args, *kwargs.values()] if not isinstance(v, dict)]
+    plain = all(v is None or isinstance(v, (bool, int, float)) or (isinstance(v, str) and len(v) <= 16)
+                for v in values)
+    if not plain or len(values) > MAX_SCALARS * len(launches):
+        fail("the kernel was launched with more than a few sizes, strides and flags besides its tensors: pass the "
+             "kernel tensors, and let it compute the result from them")
+
+
+def expect_kernel_did_the_work(s, wrapper, kernel, inputs, what, **kwargs):
+    """wrapper(*inputs, **kwargs) (Arrays) returns what `kernel` (a @triton.jit function the notebook defines) wrote,
+    launched again by the grader in a fresh process (see the module's docstring). Returns the wrapper's result."""
+    try:
+        run = s.get(kernel, "run")
+    except StudentError:
+        fail(f"{wrapper} must launch a @triton.jit kernel named {kernel}, which does the work; the notebook defines "
+             f"no such kernel")
+    got, buffers, launches = s.helper("launches", run, s.get(wrapper, "__call__"), *inputs, **kwargs)
+    if not launches:
+        fail(f"{wrapper} never launched {kernel}: the work must happen in your @triton.jit kernel")
+    _scalars(launches)
+    with s.elsewhere(kernel_cells(s.sources)):
+        try:
+            after = s.call("_replay", kernel, _replay_buffers(buffers, inputs), launches)
+        except AssertionError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a StudentError: the kernel could not run on its own
+            fail(f"{kernel} could not be launched on its own ({e}): the grader runs it again in a fresh process with "
+                 "only your @triton.jit functions, the imports of math, torch and triton, and constants you assign "
+                 "at the top level of a cell")
+    if not isinstance(got, Array) or not any(
+            isinstance(b, Array) and b.shape == got.shape and close(got, Array(b.kind, got.dtype, b.data.astype(
+                np.asarray(got.data).dtype), device=got.device)) for b in after.values()):
+        fail(f"{what}: what {wrapper} returned is not what {kernel} wrote when the grader launched it again the same "
+             f"way, from the inputs alone: the work must happen in your @triton.jit kernel, into the buffer you "
+             f"return (compute nothing in torch around the launch)")
+    return got

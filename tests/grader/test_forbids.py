@@ -1,0 +1,241 @@
+"""What an exercise forbids (lessons/NN/lesson.toml [forbids], autograder/sandbox/tripwires.py): every route to a
+forbidden path costs exactly its declared aspect, with a message naming the path, and nothing a student's code does
+in its own process afterwards turns the path back on."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from autograder import lessons
+from autograder.checking import PartialCredit, checks_for, mistakes, verify
+from autograder.sandbox import tripwires
+from tests.harness.lessons import LESSONS, fresh_namespace
+
+
+def tricks():
+    """pytest params (lesson, name, Mistake) of the mutants that cost a forbidden aspect."""
+    return [pytest.param(lesson, name, m, id=f"{lesson}-{name}-{m.what}")
+            for lesson in LESSONS for name, rule in lessons.forbids(lesson).items()
+            for m in mistakes.mutants(lesson).get(name, []) if m.aspect == rule["aspect"]]
+
+
+def test_every_forbidden_aspect_has_tricks_and_names_a_real_aspect():
+    found = {(p.values[0], p.values[1]) for p in tricks()}
+    for lesson in LESSONS:
+        for name, rule in lessons.forbids(lesson).items():
+            assert rule["aspect"] in checks_for(lesson)[name].aspects, (lesson, name, rule["aspect"])
+            if name != "FlashAttention":  # isolated: its forward and backward are the grader's own
+                assert (lesson, name) in found, f"{lesson}: no mutant shows {name} losing {rule['aspect']}"
+
+
+@pytest.mark.parametrize("lesson, name, mistake", tricks())
+def test_a_forbidden_path_costs_exactly_its_aspect(lesson, name, mistake):
+    rule = lessons.forbids(lesson)[name]
+    with pytest.raises(AssertionError) as caught:
+        verify(lesson, name, fresh_namespace(lesson, {name: mistake.code}))
+    error = caught.value
+    what = " and ".join(tripwires.PATHS[p] for p in rule["paths"])
+    assert "reached" in str(error) or what in str(error), str(error)
+    assert rule["instead"] in str(error)
+    core = next(iter(checks_for(lesson)[name].aspects))
+    if rule["aspect"] == core:  # the core lost: every aspect with it, as any core failure
+        assert not isinstance(error, PartialCredit)
+    else:
+        assert isinstance(error, PartialCredit), str(error)
+        assert {r["aspect"] for r in error.rows if not r["passed"]} == {rule["aspect"]}, error.rows
+
+
+def test_the_messages_name_the_operator_reached():
+    ns = fresh_namespace("06_gpu", {"flash_attention": next(
+        m.code for m in mistakes.mutants("06_gpu")["flash_attention"] if m.what.startswith("a dispatch table"))})
+    with pytest.raises(PartialCredit) as caught:
+        verify("06_gpu", "flash_attention", ns)
+    assert str(caught.value) == ("flash_attention reached PyTorch's attention kernel (aten::scaled_dot_product_attention)"
+                                 ": write the tiled loop yourself")
+
+
+def test_manifests_refuse_unknown_paths_and_aspects(tmp_path):
+    from tests.grader.test_lessons import toy_lesson
+
+    lesson = toy_lesson(tmp_path, extra='[forbids.toy_fn]\naspect = "tiled"\npaths = ["numpy"]\ninstead = "x"\n')
+    with pytest.raises(lessons.LessonError, match="'numpy' is not a path"):
+        lessons.read(lesson, tmp_path)
+    lessons.read.cache_clear()
+    lesson = toy_lesson(tmp_path, extra='[forbids.other]\naspect = "tiled"\npaths = ["softmax"]\ninstead = "x"\n')
+    with pytest.raises(lessons.LessonError, match="other is not a graded name"):
+        lessons.read(lesson, tmp_path)
+    lessons.read.cache_clear()
+
+
+# What a student who controls its own process tries once the paths are off (as in the sandbox's child, before
+# any cell): every attempt must still end in the tripwire, or give no gradient.
+ATTACKS = r'''
+import ctypes, gc, json, sys
+import torch
+import torch.nn.functional as F
+results = {}
+q = torch.randn(1, 2, 8, 4, dtype=torch.float64)
+
+def attempt(name, fn):
+    try:
+        fn()
+        results[name] = "reached"
+    except Exception as e:
+        results[name] = type(e).__name__
+
+# Undo: find the registration's handle through the garbage collector, or a library of our own
+handles = [o for o in gc.get_objects() if type(o).__name__ == "_DispatchModule"]
+results["handles found"] = len(handles)
+for h in handles + [o.m for o in gc.get_objects() if type(o).__name__ == "Library" and o.m is not None]:
+    h.reset()
+lib = torch._C._dispatch_library("IMPL", "aten", "")
+lib.reset()
+attempt("F.scaled_dot_product_attention", lambda: F.scaled_dot_product_attention(q, q, q))
+attempt("fused CPU op", lambda: torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, q, q))
+attempt("math op", lambda: torch.ops.aten._scaled_dot_product_attention_math(q, q, q))
+attempt("kernel looked up", lambda: torch._C._dispatch_get_computed_kernel_for_dispatch_key(
+    "aten::_scaled_dot_product_flash_attention_for_cpu", torch._C.DispatchKey.CPU).call_boxed(
+    torch._C._dispatch_keyset_full(), q, q, q))
+attempt("multi_head_attention_forward", lambda: torch.nn.MultiheadAttention(4, 1, dtype=torch.float64).eval()(q[0, 0], q[0, 0], q[0, 0],
+                                                                                    need_weights=False))
+attempt("vmap", lambda: torch.vmap(F.scaled_dot_product_attention)(q, q, q))
+attempt("softmax", lambda: q.softmax(-1))
+attempt("distribution", lambda: torch.distributions.Categorical(logits=q).probs)
+attempt("python dispatcher", lambda: (torch._C._EnablePythonDispatcher(), q.softmax(-1)))
+x = q.clone().requires_grad_()
+attempt("autograd.grad", lambda: torch.autograd.grad((x * x).sum(), x))
+attempt("backward", lambda: (x * x).sum().backward())
+attempt("softmax backward", lambda: torch.ops.aten._softmax_backward_data(q, q, -1, torch.float64))
+g = torch.func.grad(lambda t: (t * t).sum())(q)
+results["torch.func.grad is zero"] = bool((g == 0).all())
+print(json.dumps(results))
+'''
+
+
+def test_a_student_process_cannot_turn_the_paths_back_on():
+    script = ("from autograder.sandbox import tripwires\n"
+              "tripwires.install(['attention kernels', 'softmax', 'autograd'])\n" + ATTACKS)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    results = json.loads(out.stdout.strip().splitlines()[-1])
+    assert results.pop("handles found") == 0
+    assert results.pop("torch.func.grad is zero") is True
+    assert results.pop("autograd.grad") == results.pop("backward") == "RuntimeError"  # nothing was recorded
+    assert set(results.values()) == {"ForbiddenPath"}, results
+
+
+def test_without_the_paths_off_every_attack_reaches_its_path():
+    """The attacks are real: in a plain process each one reaches what it aims at (so the test above can fail)."""
+    out = subprocess.run([sys.executable, "-c", ATTACKS], capture_output=True, text=True, timeout=300)
+    results = json.loads(out.stdout.strip().splitlines()[-1])
+    assert results.pop("torch.func.grad is zero") is False
+    results.pop("handles found")
+    assert set(results.values()) == {"reached"}, results
+
+
+def test_removed_in_process_the_kernels_come_back():
+    """A hidden test in the student's own notebook switches them off for its calls only (LocalSubject)."""
+    import torch
+
+    remove = tripwires.install(["softmax"], for_good=False)
+    with pytest.raises(tripwires.ForbiddenPath, match=r"aten::softmax\.int"):
+        torch.ones(3).softmax(-1)
+    remove()
+    assert torch.ones(2).softmax(-1).tolist() == [0.5, 0.5]
+
+
+def test_paths_names_are_those_the_manifests_use():
+    used = {p for lesson in LESSONS for rule in lessons.forbids(lesson).values() for p in rule["paths"]}
+    assert used <= set(tripwires.PATHS)
+
+
+# Run by the real grader, in its sandbox: the paths are off before the cells run, so a kernel a cell looked up
+# first is the tripwire too (in-process, a hidden test in the notebook switches them off after the cells).
+LOOKED_UP_FIRST = '''
+_kernel = torch._C._dispatch_get_computed_kernel_for_dispatch_key(
+    "aten::_scaled_dot_product_flash_attention_for_cpu", torch._C.DispatchKey.CPU)
+
+
+def flash_attention_forward(q, k, v, causal=False, block_q=64, block_k=64):
+    work = torch.promote_types(q.dtype, torch.float32)
+    Tq, Tk = q.size(2), k.size(2)
+    mask = torch.zeros(Tq, Tk, dtype=work).masked_fill(~torch.ones(Tq, Tk, dtype=torch.bool).tril(Tk - Tq),
+                                                       float("-inf")) if causal else None
+    out, lse = _kernel.call_boxed(torch._C._dispatch_keyset_full(), q.to(work), k.to(work), v.to(work), 0.0, False,
+                                  attn_mask=mask)
+    return out.to(q.dtype), lse.to(work)
+'''
+
+
+REAL_GRADER = {  # lesson: {student: {graded name: the mutant's what, or code}}; "solved" answers all
+    "09_flash_backward": {"autograd": {"attention_backward": "autograd through the naive forward"},
+                          "fused": {"flash_attention_forward": "PyTorch's fused CPU flash attention",
+                                    "flash_attention_backward": "PyTorch's fused CPU flash attention backward"},
+                          "looked-up": {"flash_attention_forward": LOOKED_UP_FIRST}},
+    "06_gpu": {"tricks": {"online_softmax": "a distribution's probabilities",
+                          "flash_attention": "a dispatch table filled in later",
+                          "triton_softmax": "a kernel that only reads its program id, the wrapper computing"}},
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lesson", REAL_GRADER)
+def test_the_real_grader_costs_each_trick_its_aspect(lesson, tmp_path):
+    """In the sandbox: each trick loses exactly the aspect its manifest (or, Triton, its check) names, the rest of
+    its answer and every other answer keep their points."""
+    from autograder import notebook as nbk
+    from autograder.release import release
+    from tests.harness.grading import read_grades, run
+    from tests.harness.lessons import fill
+
+    release(tmp_path / "release", [lesson])
+    rel = nbk.read(tmp_path / "release" / lesson / f"{lesson}.ipynb")
+    known = {(name, m.what): m.code for name, ms in mistakes.mutants(lesson).items() for m in ms}
+    students = {"solved": {}, **{student: {name: known.get((name, what), what) for name, what in answers.items()}
+                                 for student, answers in REAL_GRADER[lesson].items()}}
+    for student, answers in students.items():
+        nbk.write(fill(rel, lesson, answers), tmp_path / "subs" / student / lesson / f"{lesson}.ipynb")
+    run("grade", str(tmp_path / "subs"), "--out", str(tmp_path / "results"), "--jobs", "1", "--quiet")
+    grades = read_grades(tmp_path / "results")
+    checks = checks_for(lesson)
+    for student, answers in students.items():
+        for name in checks:
+            row = grades[student, lesson, f"test_{name}"]
+            if name not in answers:
+                assert row["status"] == "passed", (student, name, row["message"])
+                continue
+            aspects = checks[name].aspects
+            lost = lessons.forbids(lesson)[name]["aspect"] if name in lessons.forbids(lesson) else next(iter(aspects))
+            share = 0.0 if lost == next(iter(aspects)) else \
+                float(row["max_points"]) * (1 - aspects[lost] / sum(aspects.values()))
+            assert float(row["points"]) == pytest.approx(share, abs=0.01), (student, name, row["message"])
+            assert any(w in row["message"] for w in ("switched off", "reached", "launched it again")), row["message"]
+
+
+def test_a_model_that_shows_stand_ins_loses_model_as_found_only():
+    """Lesson 10 reads the model from the objects it was built with (sandbox.helpers.ModelRecord): a RoleModel whose
+    parameters() shows stand-ins while loss.backward() fills the real .grad keeps its values and loses that aspect."""
+    lesson, name = "10_head_roles", "head_importance"
+    [trick] = [m for m in mistakes.mutants(lesson)[name] if "stand-ins" in m.what]
+    with pytest.raises(PartialCredit) as caught:
+        verify(lesson, name, fresh_namespace(lesson, {name: trick.code}))
+    assert {r["aspect"] for r in caught.value.rows if not r["passed"]} == {"model as found"}
+    assert ".grad" in str(caught.value)
+
+
+def test_the_visible_tests_switch_off_what_the_manifest_forbids_in_its_words():
+    """Each tripwires.off(name, paths, instead) in a notebook's visible tests is its manifest's [forbids] entry."""
+    import ast
+
+    from autograder import notebook as nbk
+
+    for lesson in LESSONS:
+        calls = [n for c in nbk.code_cells(nbk.read(nbk.lesson_path(lesson))) if nbk.is_test(c)
+                 for n in ast.walk(ast.parse(nbk.source(c))) if isinstance(n, ast.Call)
+                 and ast.unparse(n.func) == "tripwires.off"]
+        said = {ast.literal_eval(c.args[0]): (ast.literal_eval(c.args[1]), ast.literal_eval(c.args[2])) for c in calls}
+        forbids = lessons.forbids(lesson)
+        assert set(said) <= set(forbids), lesson
+        for name, (paths, instead) in said.items():
+            assert (paths, instead) == (forbids[name]["paths"], forbids[name]["instead"]), (lesson, name)
