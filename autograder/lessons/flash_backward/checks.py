@@ -350,30 +350,33 @@ def _as64(*arrays):
 
 
 # "tiled", as the forward's (gpu.TILED_MB): the grader's block sizes are smaller than both lengths, and the cases so
-# long that nothing spanning every key or every query fits, whatever chunk the code picks, in one bound:
-# - ROW, causal and not: 2 queries against 2**23 keys, where one query row of float64 scores (or probabilities, or dP)
-#   takes 64 MiB, more than BACKWARD_MB;
+# long that scores spanning every key or every query for any chunk of queries worth tiling do not fit, in one bound:
+# - ROW, causal: 64 queries against 2**19 keys, where the scores of 8 query rows against every key take 32 MiB, and a
+#   chunk computing dS holds at least two such tensors (P and dP), more than BACKWARD_MB;
 # - COLUMN: 2**16 queries against 165 keys, where a (Tq, block_k) column of scores (FlashAttention-2's outer loop over
 #   key tiles with every query inside) takes 64 MiB;
 # - MASK, causal: 8229 queries and keys, whose (Tq, Tk) boolean mask takes 64 MiB.
 # The inputs are float64 with Dh = 1, drawn in the student's process (helpers.drawn_calls); they and the gradients an
-# honest answer returns (dk and dv of the row case, 64 MiB each) count on top of BACKWARD_MB, which bounds the answer's
-# working memory alone: its tiles (1 x 2**16, 2**11 x 128, 256 x 512: 0.5 to 2 MiB), D and dq (0.5 MiB at most, dq
-# built per query tile and concatenated included), within the three quarters of the bound that tests/harness/checks.py
-# holds every correct answer to, with the 8 MiB an honest process holds before the block. Gradients of every key built
-# apart and concatenated (dk and dv held twice) are tensors spanning every key too, and do not fit. A notebook holding
-# more than an honest fresh one when the block begins gets what it holds on top, up to HEADROOM_MB: then each case's
-# short side grows until its full matrix is larger than all that (evidence_times).
+# honest answer returns (dk and dv of the row case, 4 MiB each) count on top of BACKWARD_MB, which bounds the answer's
+# working memory alone: its tiles (16 x 2**13, 2**11 x 128, 256 x 512: 0.5 to 2 MiB), D and dq, and the gradients built
+# per tile and concatenated (dk and dv held twice: 8 MiB more, any tensor up to B*H*Tk*Dh is the contract's), within the
+# three quarters of the bound that tests/harness/checks.py holds every correct answer to, with the 8 MiB an honest
+# process holds before the block. With Dh = 1 a single query row of scores is no larger than dk, so code that takes one
+# query row against all keys at a time cannot be told from an honest concatenation by memory: it is not caught here.
+# A notebook holding more than an honest fresh one when the block begins gets what it holds on top, up to HEADROOM_MB:
+# then each case's short side grows until its full matrix is larger than all that (evidence_times).
 BACKWARD_MB = 40
-BACKWARD_ROW = dict(tq=2, bq=1, tk=2**23 + 77, bk=2**16)
+BACKWARD_ROW = dict(tq=64, bq=16, tk=2**19 + 77, bk=2**13)
+BACKWARD_CHUNK = 8  # query rows against every key that the row case's message names
 BACKWARD_COLUMN = dict(tq=2**16 + 33, bq=2**11, tk=165, bk=128)
 BACKWARD_MASK = dict(tq=8229, bq=256, tk=8229, bk=512)
 BACKWARD_MESSAGE = ("flash_attention_backward{causal} ran out of memory with {tq} queries and {tk} keys in tiles of "
                     "{bq} x {bk}: it may never hold more than block_q x block_k scores or probabilities at once, "
                     "whatever chunk of queries (here {mb} MiB of {what}): not the full matrix, not a (block_q, Tk) row, "
-                    "not one query row at a time against all keys, not a (Tq, block_k) column, not a full causal mask, "
-                    "not the gradients of every key built apart and joined. Loop over key tiles of the block sizes you "
-                    "are given, and inside over query tiles, and recompute each tile's P = exp(s - lse)")
+                    "not a chunk of query rows against all keys, not a (Tq, block_k) column, not a full causal mask. "
+                    "Loop over key tiles of the block sizes you are given, and inside over query tiles, and recompute "
+                    "each tile's P = exp(s - lse)")
+ROW_WHAT = f"the scores of {BACKWARD_CHUNK} query rows against every key"
 
 
 def _drawn_specs(tq, tk, dtype="float64"):
@@ -393,13 +396,13 @@ def _backward_cases(s):
     """[(what it catches, its MiB, specs of q, k, v, dout, causals, (block_q, block_k), picks)] of the tiled evidence,
     each grown with what the process held when the block began (evidence_times)."""
     cases = []
-    for case, causals, what in ((BACKWARD_ROW, (False, True), "one query row of scores"),
+    for case, causals, what in ((BACKWARD_ROW, (True,), ROW_WHAT),
                                 (BACKWARD_COLUMN, (False,), "a column of scores"),
                                 (BACKWARD_MASK, (True,), "a causal mask")):
         tq, bq, tk, bk = (case[key] for key in ("tq", "bq", "tk", "bk"))
         times = evidence_times(s, BACKWARD_MB, tq * tk * 8 >> 20)
         tk, tq = (tk * times, tq) if tq > tk else (tk, tq * times)  # the short side grows
-        mb = tq * bk * 8 if tq > tk else tq * tk if tq == tk else tk * 8
+        mb = tq * bk * 8 if tq > tk else tq * tk if tq == tk else BACKWARD_CHUNK * tk * 8
         # the mask case in float32, which costs half: its inputs are small (a float64 answer's copies of them too)
         specs = _drawn_specs(tq, tk, "float32" if case is BACKWARD_MASK else "float64")
         cases.append((what, mb >> 20, specs, causals, (bq, bk), [_suffix(tq), _suffix(tk), _suffix(tk)]))
@@ -436,7 +439,7 @@ def _backward_plan(s, seed):
 
 
 def _expect_backward_tiled(s, rng):
-    first = BACKWARD_MESSAGE.format(causal="", what="one query row of scores", mb=BACKWARD_ROW["tk"] * 8 >> 20,
+    first = BACKWARD_MESSAGE.format(causal="", what=ROW_WHAT, mb=BACKWARD_CHUNK * BACKWARD_ROW["tk"] * 8 >> 20,
                                     **BACKWARD_ROW)
     seed = int(rng.integers(2**31))
     # Made before the bound, for a process that holds no more than an honest fresh one: in-process (the notebook's own

@@ -18,7 +18,6 @@ the evidence is out of the student's reach:
   exercise forbids, PyTorch's softmax, is off while its values are checked (lesson.toml's [forbids]).
 """
 import math
-import threading
 
 import numpy as np
 import torch
@@ -257,9 +256,10 @@ def qkv(rng, b, h, tq, tk, dh, dtype, scale=2.0):
 
 
 # "tiled" is judged by evidence no chunk the student's code picks can shrink (issue 33). The grader passes block sizes
-# smaller than both lengths, in one memory bound for three calls (one restart of the process):
-# - LONG, causal and not: 2 queries against 2**23 keys, where ANY tensor spanning every key (one query row of
-#   scores, whatever chunk of queries) takes 64 MiB, more than the working memory an answer may use (TILED_MB);
+# smaller than both lengths, in one memory bound for two calls (one restart of the process):
+# - LONG, causal: 2 queries against 2**23 keys, where ANY tensor spanning every key (one query row of scores,
+#   whatever chunk of queries) takes 64 MiB, more than the working memory an answer may use (TILED_MB); row 0 sees
+#   all keys but the last, so a call without causal would show nothing more (its values are the small cases');
 # - MASK, causal: 8229 queries and keys, whose (Tq, Tk) boolean mask takes 64 MiB.
 # The inputs are float64 (a float64 answer copies none of them) with Dh = 1, drawn in the student's process
 # (helpers.drawn_calls) and counted on top of TILED_MB (inputs_mb), so that TILED_MB bounds the answer's working
@@ -307,7 +307,7 @@ def tiled_cases(s):
     tq *= evidence_times(s, TILED_MB, tq * tk * 8 >> 20)
     t, mask_bq, mask_bk = (TILED_MASK[key] for key in ("t", "bq", "bk"))
     t = math.ceil(t * math.sqrt(evidence_times(s, TILED_MB, t * t >> 20)))
-    return [("one query row of scores", tk * 8 >> 20, long_specs(tq, tk), [(False, bq, bk), (True, bq, bk)]),
+    return [("one query row of scores", tk * 8 >> 20, long_specs(tq, tk), [(True, bq, bk)]),
             # float32: its inputs are small, and float32 tiles cost half (issue 19)
             ("a full causal mask", t * t >> 20, long_specs(t, t, "float32"), [(True, mask_bq, mask_bk)])]
 
@@ -315,24 +315,18 @@ def tiled_cases(s):
 def long_attention(q, k, v, causal, chunk=2**20):
     """The exact (float64) out (B, H, Tq, Dh) and lse (B, H, Tq) of q (B, H, Tq, Dh) against k, v (B, H, Tk, Dh), and a
     bound on the largest score: few queries, many keys, key chunk by key chunk (no (Tq, Tk) tensor). The keys every
-    row sees (bottom-right causal: all but the last Tq - 1) are summed once, without a mask, and remembered for the
-    same inputs: the causal and the plain answer share them."""
+    row sees (bottom-right causal: all but the last Tq - 1) are summed without a mask."""
     q = q.double() / math.sqrt(q.size(-1))
     tq, tk = q.size(2), k.size(2)
-    key = (id(k), id(v), tuple(q.flatten().tolist()))
-    shared = vars(_LONG_PREFIX)
-    if shared.get("key") != key:
-        m = torch.full(q.shape[:3], float("-inf"), dtype=q.dtype)
-        l, acc = torch.zeros_like(m), torch.zeros_like(q)
-        for ks in range(0, tk - tq + 1, chunk):
-            stop = min(ks + chunk, tk - tq + 1)
-            s = q @ k[:, :, ks:stop].double().transpose(-2, -1)
-            m_new = torch.maximum(m, s.amax(-1))
-            p = torch.exp(s - m_new[..., None])
-            alpha = torch.exp(m - m_new)
-            l, acc, m = l * alpha + p.sum(-1), acc * alpha[..., None] + p @ v[:, :, ks:stop].double(), m_new
-        shared.update(key=key, stats=(m, l, acc), keep=(k, v))  # k, v kept: their ids stay theirs
-    m, l, acc = shared["stats"]
+    m = torch.full(q.shape[:3], float("-inf"), dtype=q.dtype)
+    l, acc = torch.zeros_like(m), torch.zeros_like(q)
+    for ks in range(0, tk - tq + 1, chunk):
+        stop = min(ks + chunk, tk - tq + 1)
+        s = q @ k[:, :, ks:stop].double().transpose(-2, -1)
+        m_new = torch.maximum(m, s.amax(-1))
+        p = torch.exp(s - m_new[..., None])
+        alpha = torch.exp(m - m_new)
+        l, acc, m = l * alpha + p.sum(-1), acc * alpha[..., None] + p @ v[:, :, ks:stop].double(), m_new
     s = q @ k[:, :, tk - tq + 1:].double().transpose(-2, -1)  # the last Tq - 1 keys, which row i sees up to i - 1
     if causal:
         s = s.masked_fill(torch.arange(tq - 1) >= torch.arange(tq)[:, None], float("-inf"))
@@ -341,9 +335,6 @@ def long_attention(q, k, v, causal, chunk=2**20):
     alpha = torch.exp(m - m_new)
     l, acc = l * alpha + p.sum(-1), acc * alpha[..., None] + p @ v[:, :, tk - tq + 1:].double()
     return acc / l[..., None], m_new + torch.log(l), q.norm(dim=-1).amax().item() * k.norm(dim=-1).amax().item()
-
-
-_LONG_PREFIX = threading.local()  # long_attention's shared sums, per grading thread; tiled_reference's callers clear it
 
 
 TILED_MESSAGE = ("{name} ran out of memory with {tq} queries and {tk} keys in tiles of {bq} x {bk}: FlashAttention "
@@ -381,11 +372,8 @@ def tiled_calls(s, rng, name, lse=""):
 def tiled_judged(s, rng, name, lse=""):
     """[(causal, q, k, v, what the call returned, and tiled_reference's rows, out, lse and conditioning)] of
     tiled_calls."""
-    try:
-        return [(causal, q, k, v, answer, *tiled_reference(q, k, v, causal))
-                for causal, q, k, v, answer in tiled_calls(s, rng, name, lse)]
-    finally:
-        vars(_LONG_PREFIX).clear()  # the inputs it keeps would be memory a later bound counts, in-process
+    return [(causal, q, k, v, answer, *tiled_reference(q, k, v, causal))
+            for causal, q, k, v, answer in tiled_calls(s, rng, name, lse)]
 
 
 def tiled_reference(q, k, v, causal):
