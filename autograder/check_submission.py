@@ -30,7 +30,8 @@ import tempfile
 from pathlib import Path
 
 LESSON = None  # release writes: {"name": ..., "answers": [grade_id, ...], "tests": {grade_id: [points, sha256]},
-#                                 "written": {grade_id: points}}
+#                                 "written": {grade_id: points}, "limits": the limits in words, "call_seconds": the
+#                                 CPU limit on one graded call, "timed": {graded name: a case at the graded size}}
 
 # The grader's words (autograder/grade.py and notebook.py; tests/grader/test_check_submission.py holds them equal).
 LOST_METADATA = "the notebook has lost its nbgrader metadata; every code cell was run"
@@ -249,6 +250,7 @@ import json, sys
 from IPython.core.interactiveshell import InteractiveShell
 cells, out = json.load(open(sys.argv[1])), sys.argv[2]
 shell = InteractiveShell.instance()
+timed = cells.pop()  # {name: {"tensors": [[shape, scale], ...], "args": [...]}}: one graded case each
 for n, name, code, answers in cells:
     before = {a: shell.user_ns.get(a) for a in answers}
     r = shell.run_cell(code, store_history=True)
@@ -260,21 +262,38 @@ for n, name, code, answers in cells:
     lost = [a for a in answers if e and shell.user_ns.get(a) is before[a]]  # answers its error kept from being defined
     with open(out, "a") as f:
         f.write(json.dumps([n, name, line, lost]) + "\n")
+for name, case in timed.items():
+    if not callable(shell.user_ns.get(name)):
+        continue
+    import time, torch
+    g = torch.Generator().manual_seed(0)
+    tensors = [torch.empty(shape, dtype=getattr(torch, dtype[0]) if dtype else torch.float64)
+               .uniform_(-scale, scale, generator=g) for shape, scale, *dtype in case["tensors"]]
+    start, error = time.process_time(), ""
+    try:
+        shell.user_ns[name](*tensors, *case["args"])
+    except Exception as e:
+        error = f"{type(e).__name__}: {str(e).strip()[:200]}"
+    with open(out, "a") as f:
+        f.write(json.dumps(["timed", name, [time.process_time() - start, error]]) + "\n")
 """
 
 
-def run_tests(nb, folder, timeout, answers=()):
+def run_tests(nb, folder, timeout, lesson=None):
     """[(is_problem, line)]: each visible test's result, running the code cells (demos skipped) in order, as
-    the grader runs them. A NameError for a name only a demo cell defines says so. Another cell's error is a
-    problem only when it kept an answer (a graded name, of answers) from being defined: the grader, which
-    runs such a cell and goes on, costs nothing else."""
+    the grader runs them; then the CPU time of one case at the graded size of each name LESSON["timed"] holds,
+    against the limit on a call. A NameError for a name only a demo cell defines says so. Another cell's error
+    is a problem only when it kept an answer (a graded name) from being defined: the grader, which runs such a
+    cell and goes on, costs nothing else."""
+    lesson = lesson or LESSON or {}
+    answers = lesson.get("answers", ())
     define = re.compile(r"^(?:async\s+)?(?:def|class)\s+(\w+)", re.M)
     cells = [(n, meta(c).get("grade_id") if is_test(c) else None, source(c),
               sorted(set(define.findall(source(c))) & set(answers)))
              for n, c in enumerate(nb["cells"], 1) if c["cell_type"] == "code" and not is_demo(c)]
     with tempfile.TemporaryDirectory() as tmp:
         todo, done = Path(tmp, "cells.json"), Path(tmp, "done.jsonl")
-        todo.write_text(json.dumps(cells))
+        todo.write_text(json.dumps(cells + [lesson.get("timed", {})]))
         crash = ""
         try:
             child = subprocess.run([sys.executable, "-c", CHILD, str(todo), str(done)], cwd=folder, timeout=timeout,
@@ -289,6 +308,8 @@ def run_tests(nb, folder, timeout, answers=()):
             crash = f"did not finish within {timeout} s"
         ran = [json.loads(line) for line in done.read_text().splitlines()] if done.exists() else []
     out, demos = [], demo_only(nb)
+    timings = [(r[1], r[2]) for r in ran if r[0] == "timed"]
+    ran = [r for r in ran if r[0] != "timed"]
     for n, name, error, lost in ran:
         error += demo_hint(error, demos)
         if name:
@@ -302,6 +323,15 @@ def run_tests(nb, folder, timeout, answers=()):
     if len(ran) < len(cells):
         n, name, _, _ = cells[len(ran)]
         out.append((True, f"cell {n}{f' ({name})' if name else ''} {crash}; the tests after it did not run"))
+    limit = lesson.get("call_seconds")
+    for name, (seconds, error) in timings:
+        if error:
+            continue  # its visible test says what is wrong
+        slow = limit is not None and seconds > limit
+        out.append((slow, f"{name} at the size it is graded: {seconds:.1f} s of CPU time" + (
+            f", more than the {limit} s a graded call may use: correct but too slow for the graded sizes (keep the "
+            "block sizes you are given, and let torch work on whole tiles)" if slow else
+            f", within the {limit} s a graded call may use" if limit is not None else "")))
     return out
 
 
@@ -317,7 +347,7 @@ def check(path, lesson=None, timeout=DEFAULT_TIMEOUT, run=True, folder=HERE):
     if any("not lesson" in line or LOST_METADATA in line for _, line in found):
         return found
     found += kernels(nb, folder)
-    return found + (run_tests(nb, folder, timeout, lesson["answers"]) if run else [])
+    return found + (run_tests(nb, folder, timeout, lesson) if run else [])
 
 
 def main(argv=None):
@@ -330,6 +360,8 @@ def main(argv=None):
         p.error("this is the course's template: use the copy in a released lesson folder")
     if not Path(args.notebook).exists():
         p.error(f"no notebook at {args.notebook}")
+    if LESSON.get("limits"):
+        print(f"limits  when graded, {LESSON['limits']}")
     found = check(args.notebook, timeout=args.timeout, run=not args.no_run)
     for bad, line in found:
         print(("PROBLEM " if bad else "note    " if bad is None else "ok      ") + line)

@@ -380,7 +380,7 @@ def aspect_rows(weights: dict, max_points: float, passed: list | None = None, fa
 
 def run_check(check, subject, max_points: float, why_unavailable: str | None = None) -> dict:
     """One test's row: status, points and message (a bug of ours comes back in 'traceback')."""
-    from autograder.checking import OverBudget, PartialCredit, StudentError, Unchecked
+    from autograder.checking import OverBudget, PartialCredit, Regrade, StudentError, Unchecked
     row = dict(points=0.0, max_points=max_points, status="failed", message="")
     weights = getattr(check, "aspects", None) or {}
     if why_unavailable:
@@ -401,6 +401,8 @@ def run_check(check, subject, max_points: float, why_unavailable: str | None = N
         row["message"] = str(e)
         if weights:
             row["aspects"] = aspect_rows(weights, max_points, failed=str(e))
+    except Regrade as e:
+        row.update(status="error", grader_error=True, message=str(e))
     except Unchecked as e:
         row.update(status="error", message=str(e))
     except OverBudget as e:

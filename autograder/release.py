@@ -5,6 +5,7 @@ outputs are cleared, and the files the manifest declares come along (lesson_file
 the lesson's folder, not its lesson.toml). The result is checked: no solution marker, hidden test,
 or import of solutions/autograder may remain.
 """
+import importlib
 import re
 import shutil
 from pathlib import Path
@@ -67,7 +68,22 @@ def check_script(nb, lesson):
     """The text of check_submission.py for a released notebook dict: the template with its LESSON filled in."""
     text = CHECK_SCRIPT.read_text(encoding="utf-8")
     line = next(x for x in text.splitlines() if x.startswith("LESSON = None"))
-    return text.replace(line, f"LESSON = {check_submission.lesson_facts(nb, lesson)!r}", 1)
+    return text.replace(line, f"LESSON = {script_facts(nb, lesson)!r}", 1)
+
+
+def script_facts(nb, lesson):
+    """The LESSON of check_submission.py for a released notebook dict: its cells' facts (lesson_facts), the limits
+    a student can hit, and a case at the graded size of each name whose time it shows."""
+    limits = lessons.limits(lesson)
+    return {**check_submission.lesson_facts(nb, lesson), "limits": limits.statement(),
+            "call_seconds": limits.call_seconds, "timed": timed_cases(lesson)}
+
+
+def timed_cases(lesson):
+    """{graded name: one case at the size its hidden checks grade it} of the lesson (its checks module's TIMED), for
+    check_submission.py to time against the limit on a call."""
+    from autograder.checking import LESSONS  # the checks import torch: only when a script is written
+    return dict(getattr(importlib.import_module(f"autograder.lessons.{LESSONS[lesson]}.checks"), "TIMED", {}))
 
 
 def release(out_dir, names=None, root=nbk.LESSONS_DIR):

@@ -34,13 +34,14 @@ def call_within_memory(s, memory_mb, message, target, *args, **kwargs):
 
 
 @contextlib.contextmanager
-def within_memory(s, memory_mb, message, headroom_mb=0):
-    """A block of calls in s.memory_bound(memory_mb, headroom_mb); running out of memory there fails with `message`.
+def within_memory(s, memory_mb, message, headroom_mb=0, inputs_mb=0):
+    """A block of calls in s.memory_bound(memory_mb, headroom_mb, inputs_mb); running out of memory there fails with
+    `message`.
     It gives reword(message), which sets the message for what follows in the block (one bound, calls
     that must fit it for different reasons)."""
     said = [message]
     try:
-        with s.memory_bound(memory_mb, headroom_mb):
+        with s.memory_bound(memory_mb, headroom_mb, inputs_mb):
             yield lambda new: said.__setitem__(0, new)
     except OverBudget:
         fail(said[0] + held_note(s))

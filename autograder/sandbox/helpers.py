@@ -238,6 +238,55 @@ def compile_kernels(jobs_json, timeout):
     return json.dumps(module.compile_jobs(json.loads(jobs_json), timeout=timeout))
 
 
+def draw(seed, specs):
+    """Tensors, one per (shape, scale) or (shape, scale, dtype name) of specs, uniform in [-scale, scale] (float64
+    unless named), from a generator seeded with seed, in order. The grader draws the same on its side (same torch, same CPU generator), so that inputs too large
+    to send are made where they are used, and no wire buffer counts against a memory bound."""
+    generator = torch.Generator().manual_seed(int(seed))
+    return [torch.empty([int(n) for n in shape], dtype=getattr(torch, dtype[0]) if dtype else torch.float64)
+            .uniform_(-float(scale), float(scale), generator=generator) for shape, scale, *dtype in specs]
+
+
+def _picked(value, picks):
+    """Of each tensor of value (a tensor, or a tuple or list of them), the entries at picks[j] along dim 2 (None:
+    all of it); anything else as it is. -> (what is picked, each element's full shape or None)."""
+    items = list(value) if isinstance(value, (tuple, list)) else [value]
+    out, shapes = [], []
+    for item, pick in zip(items, list(picks) + [None] * (len(items) - len(picks))):
+        tensor = torch.is_tensor(item)
+        shapes.append(list(item.shape) if tensor else None)
+        if tensor and pick is not None and item.dim() >= 3 and item.size(2) > max(pick):
+            item = item.index_select(2, torch.tensor(pick, device=item.device))
+        out.append(item)
+    return (tuple(out) if isinstance(value, (tuple, list)) else out[0]), shapes
+
+
+def drawn_calls(fn, seed, specs, calls):
+    """fn(*call["args"]) for each of calls, where {"drawn": i} among the args is the i-th tensor draw(seed, specs) makes
+    here, every one alive until the last call; of each result, only the entries call["picks"] says (_picked), with
+    the full shapes. call["ballast_mb"] MiB stay mapped during the call: what another call's results may take, so
+    that one memory bound holds each call to the same working memory."""
+    drawn = draw(seed, specs)
+    results = []
+    for call in calls:
+        ballast = torch.empty(int(call.get("ballast_mb", 0)) << 20, dtype=torch.uint8)  # mapped, never touched
+        result = fn(*[drawn[a["drawn"]] if isinstance(a, dict) and "drawn" in a else a for a in call["args"]])
+        results.append(_picked(result, call.get("picks", [])))
+        del result, ballast
+    return results
+
+
+def form_latent_kv(mla, seed, specs, chunk=2048):
+    """What absorbed_attention must never do, done here to price it: apply mla.k_up and mla.v_up to every latent
+    (B, Tk, d_latent) of draw(seed, specs), chunk positions at a time, keeping nothing. The grader compares the CPU
+    time of a student's call with this one's, in the same process (checks/kv_compression.py)."""
+    latents = draw(seed, specs)[0]
+    with torch.no_grad():
+        for s in range(0, latents.size(1), chunk):
+            mla.k_up(latents[:, s:s + chunk])
+            mla.v_up(latents[:, s:s + chunk])
+
+
 # payload -> the grader's reply: installed by server.py, which imports this module (so this one
 # imports no other of the sandbox's, and the two form no circle).
 host_callback = None
@@ -294,6 +343,8 @@ HELPERS = {
     "device_used": device_used,
     "tensor_bytes": tensor_bytes,
     "compile_kernels": compile_kernels,
+    "drawn_calls": drawn_calls,
+    "form_latent_kv": form_latent_kv,
     "launches": launches,
     "ModelRecord": ModelRecord,
 }

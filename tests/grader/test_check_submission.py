@@ -11,7 +11,7 @@ import pytest
 from autograder import check_submission as cs
 from autograder import grade
 from autograder import notebook as nbk
-from autograder.release import TRIPWIRES, release
+from autograder.release import TRIPWIRES, release, script_facts
 from tests.harness.lessons import LESSONS, fill
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,7 +41,7 @@ def notebook(released, lesson=LESSON):
 def test_every_released_folder_has_the_check_for_its_lesson(released):
     for lesson in LESSONS:
         text = (released / lesson / "check_submission.py").read_text()
-        facts = cs.lesson_facts(notebook(released, lesson), lesson)
+        facts = script_facts(notebook(released, lesson), lesson)
         assert f"LESSON = {facts!r}" in text
         assert [t for t, _ in nbk.lesson_tests(lesson)] == list(facts["tests"])
 
@@ -235,3 +235,27 @@ def test_the_check_and_the_grader_agree_on_what_demonstrations_define(released, 
     assert float(rows["lost", "test_softmax"]["points"]) == 0 and said("x", demos["x"]) in rows["lost", "test_softmax"]["message"]
     assert all(r["status"] == "passed" for (student, _), r in rows.items() if student == "scratch"), rows
     assert float(rows["tested", "test_scaled_dot_product_attention"]["points"]) == 0
+
+
+def test_the_limits_are_stated_and_a_graded_case_is_timed_against_them(released, tmp_path):
+    """check_submission.py states the limits a student can hit, and times one case at the graded size against the
+    limit on a call (issue 33: a correct backward too slow for the graded sizes was told "an infinite loop?")."""
+    lesson = "09_flash_backward"
+    answered = fill(notebook(released, lesson), lesson)
+    rc, out = script(released, lesson, answered)
+    assert rc == 0 and f"limits  when graded, {grade.lesson_limits(lesson).statement()}" in out, out
+    assert "flash_attention_backward at the size it is graded:" in out and "within the 30 s" in out, out
+    folder = tmp_path / lesson  # the same check, with no CPU time to spare on a call
+    folder.mkdir()
+    text = (released / lesson / "check_submission.py").read_text()
+    (folder / "check_submission.py").write_text(text.replace("'call_seconds': 30,", "'call_seconds': 0,", 1))
+    nbk.write(answered, folder / "mine.ipynb")
+    done = subprocess.run([sys.executable, "check_submission.py", "mine.ipynb"], cwd=folder, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 1 and "too slow for the graded sizes" in done.stdout, done.stdout
+
+
+def test_every_lesson_states_the_limits_a_student_can_hit():
+    for lesson in LESSONS:
+        intro = " ".join(nbk.source(nbk.read(nbk.lesson_path(lesson))["cells"][0]).split())
+        assert grade.lesson_limits(lesson).statement() in intro, lesson

@@ -130,7 +130,8 @@ def tighter_bounds(monkeypatch):
     """Every in-process memory bound HONEST_SHARE of its size."""
     enter = memory.LocalBound.enter
     monkeypatch.setattr(memory.LocalBound, "enter",
-                        lambda self, namespace, mb, headroom=0: enter(self, namespace, int(mb * HONEST_SHARE), headroom))
+                        lambda self, namespace, mb, headroom=0, inputs=0:
+                        enter(self, namespace, int(mb * HONEST_SHARE), headroom, inputs))
 
 
 @each("lesson, name, variant", lambda lesson: cases("VARIANTS", lesson) + [

@@ -58,6 +58,41 @@ def _forward(**edits):
     return _FORWARD.format(**{**_FORWARD_OK, **edits})
 
 
+# Lesson 06's untiled code in chunks of queries of its own (issue 33), also returning lse.
+_OWN_CHUNKS = (_GPU.OWN_CHUNKS.replace("def flash_attention(", "def flash_attention_forward(")
+               .replace("    out = torch.empty_like(q)\n",
+                        "    out = torch.empty_like(q)\n    lse = torch.empty(q.shape[:3], dtype=work)\n")
+               .replace("        out[:, :, qs:qs + {chunk}] =",
+                        "        lse[:, :, qs:qs + {chunk}] = scores.logsumexp(-1)\n        out[:, :, qs:qs + {chunk}] =")
+               .replace("    return out\n", "    return out, lse\n"))
+assert _OWN_CHUNKS.count("lse") == 4, "lesson 06's chunked mistake changed: edit these replacements"
+
+# A backward cut into chunks of queries of its own, every chunk against all keys (issue 33).
+_BACKWARD_CHUNKS = '''
+def flash_attention_backward(q, k, v, out, lse, dout, causal=False, block_q=64, block_k=64):
+    Tq, Tk = q.size(2), k.size(2)
+    work = torch.promote_types(q.dtype, torch.float32)
+    scale = 1 / math.sqrt(q.size(-1))
+    k_, v_ = k.to(work), v.to(work)
+    dq = torch.zeros(q.shape, dtype=work)
+    dk = torch.zeros(k.shape, dtype=work)
+    dv = torch.zeros(v.shape, dtype=work)
+    for qs in range(0, Tq, {chunk}):
+        qb, dob = q[:, :, qs:qs + {chunk}].to(work), dout[:, :, qs:qs + {chunk}].to(work)
+        d = (dob * out[:, :, qs:qs + {chunk}].to(work)).sum(-1, keepdim=True)
+        s = qb @ k_.transpose(-2, -1) * scale
+        if causal:
+            rows = torch.arange(qs, qs + qb.size(2))[:, None] + Tk - Tq
+            s = s.masked_fill(torch.arange(Tk) > rows, float("-inf"))
+        p = torch.exp(s - lse[:, :, qs:qs + {chunk}, None].to(work))
+        ds = p * (dob @ v_.transpose(-2, -1) - d)
+        dq[:, :, qs:qs + {chunk}] = ds @ k_ * scale
+        dk += ds.transpose(-2, -1) @ qb * scale
+        dv += p.transpose(-2, -1) @ dob
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+'''
+
+
 _BACKWARD = '''
 def flash_attention_backward(q, k, v, out, lse, dout, causal=False, block_q=64, block_k=64):
     Tq, Tk = q.size(2), k.size(2)
@@ -315,6 +350,8 @@ def flash_attention_forward(q, k, v, causal=False, block_q=64, block_k=64):
         s = s.masked_fill(torch.ones(Tq, Tk, dtype=torch.bool).tril(Tk - Tq).logical_not(), float("-inf"))
     return (s.softmax(-1) @ v.to(work)).to(q.dtype), s.logsumexp(-1)
 '''),
+        *[Mistake(f"chunks of {n} query rows of its own against all keys", "one query row at a time",
+                  _OWN_CHUNKS.format(chunk=n), aspect="tiled") for n in (16, 1)],
         Mistake("constant: returns zeros", "differs", '''
 def flash_attention_forward(q, k, v, causal=False, block_q=64, block_k=64):
     return torch.zeros_like(q), torch.zeros(q.shape[:3], dtype=torch.promote_types(q.dtype, torch.float32))
@@ -385,6 +422,11 @@ def flash_attention_backward(q, k, v, out, lse, dout, causal=False, block_q=64, 
         # (132 MiB each, more than the long cases' 128), then up to HEADROOM_MB and just over it (over budget)
         *[Mistake(f"P and dP whole, in a {mb} MiB buffer reserved before the call", "tile",
                   _backward_in_buffer(mb)) for mb in (264, 300, 400)],
+        # One query row against all keys at a time (chunk=1) is not among them: with the row case's head width of 1,
+        # its rows are no larger than the dk and dv an honest answer may build per key tile and concatenate, so memory
+        # cannot tell them apart (checks.BACKWARD_ROW), and an honest answer keeps its marks.
+        *[Mistake(f"chunks of {n} query rows of its own against all keys", "chunk of query rows against all keys",
+                  _BACKWARD_CHUNKS.format(chunk=n), aspect="tiled") for n in (16, 8)],
         Mistake("constant: returns zeros", "differs", '''
 def flash_attention_backward(q, k, v, out, lse, dout, causal=False, block_q=64, block_k=64):
     return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
@@ -603,6 +645,43 @@ def flash_attention_backward(q, k, v, out, lse, dout, causal=False, block_q=64, 
             dv[:, :, ks:ks + block_k] += p.transpose(-2, -1) @ dob
         dq[:, :, qs:qs + block_q] = dqb.to(q.dtype)
     return dq, dk.to(k.dtype), dv.to(v.dtype)
+'''),
+        # issue 36: lost "tiled" in 2 of 5 gradings when the evidence was sized from the caller's block_q
+        ("dQ built per query tile and concatenated at the end", _backward().replace(
+            "    dq = torch.zeros(q.shape, dtype=work)\n",
+            "    dq_tiles = [torch.zeros(*q.shape[:2], min(block_q, Tq - qs), q.size(3), dtype=work)\n"
+            "                for qs in range(0, Tq, block_q)]\n").replace(
+            "            dq[:, :, qs:qs + n] += ds @ kb * scale\n",
+            "            dq_tiles[qs // block_q] += ds @ kb * scale\n").replace(
+            "    return dq.to(q.dtype),", "    dq = torch.cat(dq_tiles, dim=2)\n    return dq.to(q.dtype),")),
+        # FlashAttention-2's own order: each key tile's dK and dV finished in the inner loop, all joined at the end (a
+        # tensor of B*H*Tk*Dh, as the contract allows)
+        ("dK and dV built per key tile and concatenated at the end", '''
+def flash_attention_backward(q, k, v, out, lse, dout, causal=False, block_q=64, block_k=64):
+    Tq, Tk = q.size(2), k.size(2)
+    work = torch.promote_types(q.dtype, torch.float32)
+    scale = 1 / math.sqrt(q.size(-1))
+    d_all = (dout.to(work) * out.to(work)).sum(-1, keepdim=True)
+    dq = torch.zeros(q.shape, dtype=work)
+    dk_tiles, dv_tiles = [], []
+    for ks in range(0, Tk, block_k):
+        kb, vb = k[:, :, ks:ks + block_k].to(work), v[:, :, ks:ks + block_k].to(work)
+        dkb, dvb = torch.zeros_like(kb), torch.zeros_like(vb)
+        for qs in range(0, Tq, block_q):
+            qb, dob = q[:, :, qs:qs + block_q].to(work), dout[:, :, qs:qs + block_q].to(work)
+            s = qb @ kb.transpose(-2, -1) * scale
+            if causal:
+                i = torch.arange(qs, qs + qb.size(2))[:, None] + Tk - Tq
+                s = s.masked_fill(torch.arange(ks, ks + kb.size(2)) > i, -math.inf)
+            p = torch.exp(s - lse[:, :, qs:qs + block_q, None].to(work))
+            ds = p * (dob @ vb.transpose(-2, -1) - d_all[:, :, qs:qs + block_q])
+            dq[:, :, qs:qs + block_q] += ds @ kb * scale
+            dkb += ds.transpose(-2, -1) @ qb * scale
+            dvb += p.transpose(-2, -1) @ dob
+        dk_tiles.append(dkb)
+        dv_tiles.append(dvb)
+    dk, dv = torch.cat(dk_tiles, dim=2), torch.cat(dv_tiles, dim=2)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 '''),
         ("a loop over batch and heads, einsum, float64 inside", '''
 def flash_attention_backward(q, k, v, out, lse, dout, causal=False, block_q=64, block_k=64):

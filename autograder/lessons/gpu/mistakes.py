@@ -91,6 +91,24 @@ def _flash(**edits):
     return body
 
 
+# Untiled code cut into chunks of queries of its own size, every chunk against all keys (issue 33): whatever the size,
+# one chunk's scores span every key, which the tiled evidence sees however few queries a chunk holds.
+OWN_CHUNKS = '''
+def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):
+    Tq, Tk = q.size(2), k.size(2)
+    work = torch.promote_types(q.dtype, torch.float32)
+    out = torch.empty_like(q)
+    for qs in range(0, Tq, {chunk}):
+        qb = q[:, :, qs:qs + {chunk}].to(work)
+        scores = qb @ k.to(work).transpose(-2, -1) / math.sqrt(q.size(-1))
+        if causal:
+            rows = torch.arange(qs, qs + qb.size(2))[:, None] + Tk - Tq
+            scores = scores.masked_fill(torch.arange(Tk) > rows, float("-inf"))
+        out[:, :, qs:qs + {chunk}] = (scores.softmax(-1) @ v.to(work)).to(q.dtype)
+    return out
+'''
+
+
 def _flash_in_buffer(mb):
     """A flash_attention that is not tiled: it writes its full score matrix (out=) into an mb MiB float32
     buffer its cell reserves at top level, before any memory bound begins (issue 19)."""
@@ -418,6 +436,8 @@ _KERNELS["attend"] = getattr(torch.ops.aten, "scaled_dot_" + "product_attention"
             "    for qs in range(0, Tq, block_q):").replace(
             's.masked_fill(torch.arange(ks, ks + kb.size(2)) > rows, float("-inf"))',
             's.masked_fill(~visible[qs:qs + n, ks:ks + kb.size(2)], float("-inf"))')),
+        *[Mistake(f"chunks of {n} query rows of its own against all keys", "one query row at a time",
+                  OWN_CHUNKS.format(chunk=n), aspect="tiled") for n in (16, 1)],
         # A slip a student found passing every test (issue 20): the lesson says half precision accumulates in fp32.
         Mistake("float16 inputs computed in float16", "accumulate in float32", _flash().replace(
             "acc_dtype = torch.promote_types(q.dtype, torch.float32)", "acc_dtype = q.dtype"),
