@@ -504,3 +504,21 @@ def test_auto_never_takes_a_mode_that_hides_no_file(tmp_path, monkeypatch):
     for mode in ("unshare", "none"):
         assert all(word in weak_mode_warning(mode) for word in ("solutions/", "RESULTS", "gradebook")), mode
     assert weak_mode_warning("bwrap") is weak_mode_warning("uid") is None
+
+
+def test_a_reply_is_capped_by_its_data_not_by_what_it_says_its_size_is():
+    """An ndarray subclass whose nbytes says 0 still counts its data against the reply's cap."""
+    import numpy as np
+
+    from autograder.sandbox.server import MAX_REPLY_BYTES, ObjectServer
+
+    class Liar(np.ndarray):
+        @property
+        def nbytes(self):
+            return 0
+
+    big = np.zeros(MAX_REPLY_BYTES // 4 + 1, dtype=np.float32)
+    server = ObjectServer({"liar": lambda: big.view(Liar), "honest": lambda: big[:16]})
+    call = lambda name: server.handle({"op": "call", "target": {"name": name}, "args": [], "kwargs": {}})  # noqa: E731
+    assert call("liar")["error"]["type"] == "OutputTooLarge"
+    assert "ok" in call("honest")
