@@ -7,6 +7,8 @@ import types
 import torch
 from torch import nn
 
+from . import tripwires
+
 
 def torch_mha(d_model, n_heads, bias, state):
     """torch.nn.MultiheadAttention(d_model, n_heads, bias, batch_first=True) holding `state`."""
@@ -274,4 +276,5 @@ HELPERS = {
     "tensor_bytes": tensor_bytes,
     "launches": launches,
     "ModelRecord": ModelRecord,
+    "tripwires_probe": tripwires.probe,
 }
