@@ -525,6 +525,28 @@ def triton_softmax(x):
     _softmax_kernel[(x.size(0),)](x, out, x.size(1), x.stride(0), out.stride(0), BLOCK=triton.next_power_of_2(x.size(1)))
     return out
 ''', aspect="float32", evidence=True),
+        # The answer smuggled in scalars, 29 a launch, which the kernel only stores (triton_replay._scalars)
+        Mistake("a kernel that stores the scalars it is given, the wrapper computing", "a scale", '''
+@triton.jit
+def _softmax_kernel(Y, OFF, N, {params}):
+{stores}
+
+
+def triton_softmax(x):
+    out = torch.zeros_like(x)
+    flat = torch.softmax(x.double(), -1).to(x.dtype).reshape(-1).tolist()
+    for off in range(0, len(flat), 29):
+        chunk = flat[off:off + 29]
+        _softmax_kernel[(1,)](out, off, len(flat), *chunk, *[0.0] * (29 - len(chunk)))
+    return out
+'''.format(params=", ".join(f"A{i}" for i in range(29)),
+           stores="\n".join(f"    tl.store(Y + OFF + {i}, A{i}, mask=OFF + {i} < N)" for i in range(29))),
+                aspect="float32", evidence=True),
+        # Python inside the kernel's body, which the interpreter runs (triton_replay._kernel_is_triton)
+        Mistake("torch's softmax inside the kernel, through x.handle", "not Triton", _softmax(kernel=[(
+            "    e = tl.exp(x - tl.max(x, 0))",
+            "    x.handle.data[:] = torch.from_numpy(x.handle.data).double().softmax(0).numpy().astype("
+            "x.handle.data.dtype)\n    e = x"), ("(e / tl.sum(e, 0))", "e")]), aspect="float32", evidence=True),
     ],
     "triton_attention": [
         ("causal mask top-left", "top-left", _triton(kernel=[("last_key = rows + (seq_k - seq_q)", "last_key = rows")])),
