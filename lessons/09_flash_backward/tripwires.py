@@ -121,6 +121,9 @@ def _raising_code(free):
     return namespace["_outer"]().__code__
 
 
+_CUT = []  # the Python functions cut now (probe checks they still are); in the sandbox their code is gone for good
+
+
 def _cut(route, fn, what, path, undo):
     """Make the Python function fn, and those it wraps (functools.wraps' __wrapped__, its closure's functions of the
     path), raise ForbiddenPath wherever they are referenced: their code is replaced in place, so a reference kept
@@ -137,6 +140,7 @@ def _cut(route, fn, what, path, undo):
                                                   if _filled(c) and _matches(path, getattr(c.cell_contents,
                                                                                            "__name__", ""))]
         undo.append((f, f.__code__, f.__defaults__, f.__kwdefaults__))
+        _CUT.append(f)
         f.__code__ = _raising_code(len(f.__closure__ or ()))
         f.__defaults__, f.__kwdefaults__ = None, {"_forbidden_path_": (ForbiddenPath, f"reached {what} ({route})")}
 
@@ -198,6 +202,7 @@ def install(paths, for_good=True):
         libraries.clear()
         for f, code, defaults, kwdefaults in reversed(undo):
             f.__code__, f.__defaults__, f.__kwdefaults__ = code, defaults, kwdefaults
+            _CUT.remove(f)
         for mapping, key, fn in entries:
             mapping[key] = fn
         undo.clear()
@@ -216,15 +221,12 @@ def probe(paths):
     again before returning (registering kernels and code of its own that raise a ForbiddenPath of the same name), or
     replace this function. The probe only makes undoing the guard take that much more work; the Triton answers'
     replay and the lessons' evidence checks are the other layers."""
-    import types
-
     import torch
     lost = [op for path in paths for op in operators(path)
             if any(not line.split(": registered at ", 1)[1].startswith("/dev/null:0")
                    for line in torch._C._dispatch_dump(op).splitlines()
                    if (m := _KEY.match(line)) and "(inactive)" not in line and m.group(1) != "debug")]
-    lost += [route for path in paths for route, (mapping, key) in routes(path).items()
-             if isinstance(mapping[key], types.FunctionType) and mapping[key].__code__.co_name != "_tripwire"]
+    lost += [f"{f.__module__}.{f.__qualname__}" for f in _CUT if f.__code__.co_name != "_tripwire"]
     q = torch.ones(1, 1, 2, 2)
     calls = {"attention kernels": lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q),
              "softmax": lambda: q.softmax(-1),
