@@ -7,7 +7,14 @@ tensors, autocast, ...): it raises ForbiddenPath naming the operator. Autograd's
 fallthroughs for every operator: nothing is recorded, so autograd, .backward(), torch.func and forward-mode AD
 give no gradient (an error, or zeros). The original kernels stay registered underneath ours, reachable only
 through our registration's handle; in the sandbox (install(..., for_good=True)) that handle is a pybind object
-the garbage collector does not track, whose only reference is leaked, so no Python code can find it to undo it.
+the garbage collector does not track, whose only reference is leaked: the garbage collector cannot find it, but a
+scan of the heap (ctypes over /proc/self/maps) can, and reset() it. So the grader asks, after its calls, whether
+every path is still off (probe(); Subject.forbidding), and a path switched back on costs the aspect.
+
+Where torch computes the same in Python (torch._refs, torch._decomp's tables, F.multi_head_attention_forward,
+eager flex_attention's Python kernels: routes()), the functions' code is replaced in place by code that raises
+ForbiddenPath naming the route, so every reference to them, kept anywhere, reaches the tripwire; in the sandbox the
+original code is gone. A student can still copy such a function's source from torch's files: that is writing it.
 
 Installed in a fresh process before the student's cells run (runner.child), so no cell can have looked up a
 kernel first. Imports nothing of the course (torch only when it switches paths off): it runs next to the student's
