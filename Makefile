@@ -6,13 +6,14 @@ PIP    := $(PY) -m pip
 # The torch that CI tests (a small CPU wheel here). Any torch>=2.5 works: `make setup TORCH=torch`.
 TORCH  ?= torch==2.13.0
 
-.PHONY: setup system-packages lint test test-fast book release clean
+.PHONY: setup system-packages lint test test-fast gpu-check book release clean
 
 setup: system-packages
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet "$(TORCH)"
 	$(PIP) install --quiet -e ".[dev,book,gpu]"
+	$(PY) -m autograder sync  # beside the lessons that import them: the course's own modules, not in git
 
 # System tools: bubblewrap (the grader's sandbox), Chromium (the book's browser test), npm
 # (MathJax for the book), and Slurm with munge (a one-node cluster in tests/deploy/test_slurm.py).
@@ -47,6 +48,12 @@ test:
 # The quick loop while writing code: no notebooks, no grading runs, no book.
 test-fast:
 	$(PY) -m pytest -q $(XDIST) -m "not slow"
+
+# On a machine with an NVIDIA GPU: the GPU tests, lessons 06 and 09, the GPU benchmarks and the fit report, in
+# about 8 minutes (benchmarks/gpu_check.py). Needs only torch and Triton: the venv's Python if `make setup` made
+# one, else python3. Without a GPU it says so and exits 0.
+gpu-check:
+	$(if $(wildcard $(PY)),$(PY),$(PYTHON)) benchmarks/gpu_check.py
 
 book:
 	$(PY) book/build.py

@@ -64,6 +64,9 @@ def main(argv=None):
     g.add_argument("--gradebook", metavar="DB", help="also update this nbgrader gradebook (e.g. gradebook.db)")
     g.add_argument("--course-root", metavar="DIR", help="where --gradebook writes autograded/ (default: its folder)")
     g.add_argument("--quiet", action="store_true", help="no progress output")
+    g.add_argument("--kernels", action="store_true",
+                   help="also compile each submission's Triton kernels (lesson 06's) for a GPU, an A100, in its "
+                        "sandbox, and say in its feedback whether they compile and fit (not graded)")
     g.add_argument("--roster", metavar="CSV", help="the class: totals.csv gets a row for every student on it "
                    "(default: the roster collect kept in SUBMISSIONS)")
     for flag, key, unit in LIMIT_FLAGS:
@@ -313,7 +316,7 @@ def _grade(args):
                      students=args.student and tuple(args.student), shard=shard, manifest=args.manifest,
                      jobs=args.jobs, resume=args.resume, force=args.force, mode=choose_mode(args.sandbox, args.unsafe),
                      limits={k: getattr(args, k) for _, k, _ in LIMIT_FLAGS if getattr(args, k) is not None} or None,
-                     progress=not args.quiet)
+                     progress=not args.quiet, kernels=args.kernels)
     run = grade(config, _outputs(config))
     why = ", ".join(f"{n} {reason}" for reason, n in run["reasons"].most_common())
     print(f"graded {run['graded']} submission(s) of {', '.join(run['lessons'])}"

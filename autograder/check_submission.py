@@ -9,12 +9,17 @@ It says, in the grader's own words where the grader has them:
 - whether the notebook is this lesson, with its answer and test cells and their nbgrader metadata intact,
   and each written question (a markdown answer cell graded by hand) kept and answered;
 - what the grader would not read (code in a test cell or a demo cell);
+- for a lesson whose Triton kernels the grader can compile (triton_fit.py beside this script), whether they
+  compile for a GPU, an A100, and fit its shared memory, as the lesson launches them; the compiler's complaint
+  when not (the interpreter runs kernels a GPU refuses); without Triton, that it skipped them and why;
 - the result of each visible test, running the code cells in order (demos skipped, as the grader does) in a
   fresh Python with a timeout, in this script's folder (where release put the lesson's data files, which the
   grader stages beside the notebook).
 Exit status: 0 when nothing is wrong, 1 when something is (each a line starting 'PROBLEM'), 2 on bad usage.
+A line starting 'note' says what the grader would see but not penalise (a scratch cell that raised).
 """
 import argparse
+import ast
 import hashlib
 import json
 import os
@@ -25,7 +30,8 @@ import tempfile
 from pathlib import Path
 
 LESSON = None  # release writes: {"name": ..., "answers": [grade_id, ...], "tests": {grade_id: [points, sha256]},
-#                                 "written": {grade_id: points}}
+#                                 "written": {grade_id: points}, "limits": the limits in words, "call_seconds": the
+#                                 CPU limit on one graded call, "timed": {graded name: a case at the graded size}}
 
 # The grader's words (autograder/grade.py and notebook.py; tests/grader/test_check_submission.py holds them equal).
 LOST_METADATA = "the notebook has lost its nbgrader metadata; every code cell was run"
@@ -136,7 +142,107 @@ def structure(nb, lesson):
         if names and is_demo(c):
             out.append((True, f"cell {n} defines {', '.join(sorted(names))} but is a demo cell, which the grader "
                               "skips: define it in its answer cell"))
+    return out + test_only_reads(nb, graded)
+
+
+def test_only_reads(nb, answers):
+    """[(True, line)] for each name an answer cell reads that only a test cell binds. This check runs the test
+    cells, so the name is there when the answer is called; the grader runs its own tests instead, and there it
+    is not. (A name only a demo binds fails this check's run as it fails the grader: run_tests says so.)"""
+    def names(text, kind):
+        try:
+            return {n.id for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Name) and isinstance(n.ctx, kind)}
+        except SyntaxError:
+            return set()
+
+    code = [(n, c) for n, c in enumerate(nb["cells"], 1) if c.get("cell_type") == "code"]
+    graded = [source(c) for _, c in code if not is_test(c) and not is_demo(c)]
+    known = set().union(*(names(t, ast.Store) | bound(t) | _arguments(t) for t in graded), dir(__builtins__))
+    tests = {}
+    for n, c in code:
+        if is_test(c):
+            for name in bound(source(c)) - known:
+                tests.setdefault(name, n)
+    out = []
+    for n, c in code:
+        if meta(c).get("grade_id") in answers and not is_test(c):
+            for name in sorted(names(source(c), ast.Load) & set(tests)):
+                out.append((True, f"cell {n} ('{meta(c)['grade_id']}') uses '{name}', which only test cell "
+                                  f"{tests[name]} defines: the grader runs its own tests instead, so there '{name}' "
+                                  "is not defined; define it in the answer's own cell"))
     return out
+
+
+def _arguments(text):
+    """The parameter names of the functions a cell defines (they bind names too)."""
+    try:
+        return {a.arg for n in ast.walk(ast.parse(text)) if isinstance(n, ast.arguments)
+                for a in [*n.posonlyargs, *n.args, *n.kwonlyargs, n.vararg, n.kwarg] if a is not None}
+    except SyntaxError:
+        return set()
+
+
+def bound(text):
+    """The names a cell's top-level code binds (assignments, imports, defs, classes, loop targets; not
+    those inside its functions and classes), or none when it does not parse (an IPython magic)."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return set()
+    names, todo = set(), list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+            todo += node.decorator_list
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif not isinstance(node, ast.Lambda):
+            todo += ast.iter_child_nodes(node)
+    return names
+
+
+def demo_only(nb):
+    """{name: number of the demo cell that binds it} for the names that demo cells bind and no cell the grader
+    runs (every code cell but tests and demos) does: the grader, which skips demos, finds them undefined."""
+    code = [(n, c) for n, c in enumerate(nb["cells"], 1) if c.get("cell_type") == "code"]
+    others = set().union(*(bound(source(c)) for _, c in code if not is_test(c) and not is_demo(c)))
+    found = {}
+    for n, c in code:
+        if is_demo(c):
+            for name in bound(source(c)) - others:
+                found.setdefault(name, n)
+    return found
+
+
+def demo_hint(error, demos):
+    """What to add to an error line (a NameError) when the name is one only a demo cell defines, or ''."""
+    m = re.search(r"NameError: name '(\w+)' is not defined", error)
+    if not m or m.group(1) not in demos:
+        return ""
+    return (f" ('{m.group(1)}' is defined only in demonstration cell {demos[m.group(1)]}, which is not run when "
+            "grading: an answer must define what it uses itself)")
+
+
+def graded_sources(nb):
+    """The code the grader reads, as grade.submission_cells takes it: every code cell but tests and demos."""
+    return [source(c) for c in nb["cells"] if c["cell_type"] == "code" and not is_test(c) and not is_demo(c)
+            and not str(meta(c).get("grade_id") or "").startswith("test_")]
+
+
+def kernels(nb, folder):
+    """[(is_problem, line)] on the lesson's Triton kernels among the cells the grader reads, compiled for a GPU
+    (triton_fit.check_kernels, beside this script): none for a lesson without triton_fit.py."""
+    if not (folder / "triton_fit.py").is_file():
+        return []
+    sys.path.insert(0, str(folder))
+    try:
+        import triton_fit
+    finally:
+        sys.path.remove(str(folder))
+    return triton_fit.check_kernels(graded_sources(nb))
 
 
 CHILD = r"""
@@ -144,25 +250,50 @@ import json, sys
 from IPython.core.interactiveshell import InteractiveShell
 cells, out = json.load(open(sys.argv[1])), sys.argv[2]
 shell = InteractiveShell.instance()
-for n, name, code in cells:
+timed = cells.pop()  # {name: {"tensors": [[shape, scale], ...], "args": [...]}}: one graded case each
+for n, name, code, answers in cells:
+    before = {a: shell.user_ns.get(a) for a in answers}
     r = shell.run_cell(code, store_history=True)
     e = r.error_before_exec or r.error_in_exec
     text = str(e).strip().splitlines()[0] if e and str(e).strip() else ""
     line = f"{type(e).__name__}: {text}" if text else type(e).__name__ if e else ""
     if isinstance(e, NotImplementedError) and not text:
         line += " (an answer is still the released stub)"
+    lost = [a for a in answers if e and shell.user_ns.get(a) is before[a]]  # answers its error kept from being defined
     with open(out, "a") as f:
-        f.write(json.dumps([n, name, line]) + "\n")
+        f.write(json.dumps([n, name, line, lost]) + "\n")
+for name, case in timed.items():
+    if not callable(shell.user_ns.get(name)):
+        continue
+    import time, torch
+    g = torch.Generator().manual_seed(0)
+    tensors = [torch.empty(shape, dtype=getattr(torch, dtype[0]) if dtype else torch.float64)
+               .uniform_(-scale, scale, generator=g) for shape, scale, *dtype in case["tensors"]]
+    start, error = time.process_time(), ""
+    try:
+        shell.user_ns[name](*tensors, *case["args"])
+    except Exception as e:
+        error = f"{type(e).__name__}: {str(e).strip()[:200]}"
+    with open(out, "a") as f:
+        f.write(json.dumps(["timed", name, [time.process_time() - start, error]]) + "\n")
 """
 
 
-def run_tests(nb, folder, timeout):
-    """[(is_problem, line)]: each visible test's result, running the code cells (demos skipped) in order."""
-    cells = [(n, meta(c).get("grade_id") if is_test(c) else None, source(c))
+def run_tests(nb, folder, timeout, lesson=None):
+    """[(is_problem, line)]: each visible test's result, running the code cells (demos skipped) in order, as
+    the grader runs them; then the CPU time of one case at the graded size of each name LESSON["timed"] holds,
+    against the limit on a call. A NameError for a name only a demo cell defines says so. Another cell's error
+    is a problem only when it kept an answer (a graded name) from being defined: the grader, which runs such a
+    cell and goes on, costs nothing else."""
+    lesson = lesson or LESSON or {}
+    answers = lesson.get("answers", ())
+    define = re.compile(r"^(?:async\s+)?(?:def|class)\s+(\w+)", re.M)
+    cells = [(n, meta(c).get("grade_id") if is_test(c) else None, source(c),
+              sorted(set(define.findall(source(c))) & set(answers)))
              for n, c in enumerate(nb["cells"], 1) if c["cell_type"] == "code" and not is_demo(c)]
     with tempfile.TemporaryDirectory() as tmp:
         todo, done = Path(tmp, "cells.json"), Path(tmp, "done.jsonl")
-        todo.write_text(json.dumps(cells))
+        todo.write_text(json.dumps(cells + [lesson.get("timed", {})]))
         crash = ""
         try:
             child = subprocess.run([sys.executable, "-c", CHILD, str(todo), str(done)], cwd=folder, timeout=timeout,
@@ -176,20 +307,37 @@ def run_tests(nb, folder, timeout):
         except subprocess.TimeoutExpired:
             crash = f"did not finish within {timeout} s"
         ran = [json.loads(line) for line in done.read_text().splitlines()] if done.exists() else []
-    out = []
-    for n, name, error in ran:
+    out, demos = [], demo_only(nb)
+    timings = [(r[1], r[2]) for r in ran if r[0] == "timed"]
+    ran = [r for r in ran if r[0] != "timed"]
+    for n, name, error, lost in ran:
+        error += demo_hint(error, demos)
         if name:
             out.append((bool(error), f"{name}: {'FAILED: ' + error if error else 'passed'}"))
+        elif lost:
+            out.append((True, f"cell {n} raised {error}, so {', '.join(lost)} is not defined: the grader finds "
+                              "no answer there"))
         elif error:
-            out.append((True, f"cell {n} raised {error}"))
+            out.append((None, f"cell {n} raised {error}; the grader runs it too and goes on, so it costs no "
+                              "points by itself"))
     if len(ran) < len(cells):
-        n, name, _ = cells[len(ran)]
+        n, name, _, _ = cells[len(ran)]
         out.append((True, f"cell {n}{f' ({name})' if name else ''} {crash}; the tests after it did not run"))
+    limit = lesson.get("call_seconds")
+    for name, (seconds, error) in timings:
+        if error:
+            continue  # its visible test says what is wrong
+        slow = limit is not None and seconds > limit
+        out.append((slow, f"{name} at the size it is graded: {seconds:.1f} s of CPU time" + (
+            f", more than the {limit} s a graded call may use: correct but too slow for the graded sizes (keep the "
+            "block sizes you are given, and let torch work on whole tiles)" if slow else
+            f", within the {limit} s a graded call may use" if limit is not None else "")))
     return out
 
 
 def check(path, lesson=None, timeout=DEFAULT_TIMEOUT, run=True, folder=HERE):
-    """[(is_problem, line)] for the notebook at path, as main prints them; folder holds the lesson's released
+    """[(is_problem, line)] for the notebook at path, as main prints them (is_problem None: a note, which costs
+    nothing); folder holds the lesson's released
     files (this script's folder, not the notebook's: a student may keep the notebook anywhere)."""
     lesson = lesson or LESSON
     nb, why = read(path)
@@ -198,7 +346,8 @@ def check(path, lesson=None, timeout=DEFAULT_TIMEOUT, run=True, folder=HERE):
     found = structure(nb, lesson)
     if any("not lesson" in line or LOST_METADATA in line for _, line in found):
         return found
-    return found + (run_tests(nb, folder, timeout) if run else [])
+    found += kernels(nb, folder)
+    return found + (run_tests(nb, folder, timeout, lesson) if run else [])
 
 
 def main(argv=None):
@@ -211,10 +360,12 @@ def main(argv=None):
         p.error("this is the course's template: use the copy in a released lesson folder")
     if not Path(args.notebook).exists():
         p.error(f"no notebook at {args.notebook}")
+    if LESSON.get("limits"):
+        print(f"limits  when graded, {LESSON['limits']}")
     found = check(args.notebook, timeout=args.timeout, run=not args.no_run)
     for bad, line in found:
-        print(("PROBLEM " if bad else "ok      ") + line)
-    bad = sum(b for b, _ in found)
+        print(("PROBLEM " if bad else "note    " if bad is None else "ok      ") + line)
+    bad = sum(b is True for b, _ in found)
     print(f"{bad} problem(s): fix them before you submit" if bad else "nothing wrong found: ready to submit")
     return 1 if bad else 0
 

@@ -162,3 +162,4 @@ class RunConfig:
     limits: dict | None = None             # grade: {Limits field: value} over the lessons' own
     gradescope: bool = False               # grade, merge: also RESULTS/gradescope/<student>/results.json
     progress: bool = True                  # grade: a progress line per submission
+    kernels: bool = False                  # grade: also compile each submission's Triton kernels (a feedback note)

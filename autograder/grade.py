@@ -32,6 +32,7 @@ from collections import Counter, defaultdict
 from importlib import metadata
 from pathlib import Path
 
+from autograder import check_submission
 from autograder import lessons as manifests
 from autograder import notebook as nbk
 from autograder import results as store
@@ -276,13 +277,14 @@ def lesson_limits(lesson, given=None) -> Limits:
     return manifests.limits(lesson, nbk.lesson_path(lesson).parent.parent).over(given, "grade's limits")
 
 
-def lesson_fingerprint(lesson: str, tests: list, mode: str, limits: dict | None, cache: Cache | None = None) -> str:
+def lesson_fingerprint(lesson: str, tests: list, mode: str, limits: dict | None, cache: Cache | None = None,
+                       kernels: bool = False) -> str:
     """What a lesson's verdicts depend on besides the submission: its tests and points (and its written
     questions'), the code
     of its checks, of solutions/ they import, of the grader and the sandbox, what of its manifest
     grading reads (lessons.grading_keys: not the book's text), the files its notebook has beside it,
     the sandbox mode, the limits it is graded under (lesson_limits) and the package's version. cache: the files'
-    hashes and imports, read again only where a file's size or time changed."""
+    hashes and imports, read again only where a file's size or time changed. kernels: grade --kernels."""
     cache = cache or Cache()
     package = f"autograder.lessons.{LESSONS[lesson]}"  # its checks, and the mistakes they import by name
     files = _code_closure([f"{package}.checks", f"{package}.mistakes", "autograder.worker"], cache)
@@ -295,6 +297,7 @@ def lesson_fingerprint(lesson: str, tests: list, mode: str, limits: dict | None,
              repr(manifests.grading_keys(lesson, root))]
     written = nbk.lesson_written(lesson)
     parts += [repr(written)] if written else []  # a lesson without written questions keeps its fingerprint
+    parts += ["kernels"] if kernels else []  # and grading without --kernels keeps it too
     parts += [f"{name}:{cache.source(p)[0] if p.suffix == '.py' else hashlib.sha256(p.read_bytes()).hexdigest()}"
               for p, name in named.items()]
     return store.sha256_text(*parts)
@@ -377,7 +380,7 @@ def aspect_rows(weights: dict, max_points: float, passed: list | None = None, fa
 
 def run_check(check, subject, max_points: float, why_unavailable: str | None = None) -> dict:
     """One test's row: status, points and message (a bug of ours comes back in 'traceback')."""
-    from autograder.checking import OverBudget, PartialCredit, StudentError, Unchecked
+    from autograder.checking import OverBudget, PartialCredit, Regrade, StudentError, Unchecked
     row = dict(points=0.0, max_points=max_points, status="failed", message="")
     weights = getattr(check, "aspects", None) or {}
     if why_unavailable:
@@ -398,6 +401,8 @@ def run_check(check, subject, max_points: float, why_unavailable: str | None = N
         row["message"] = str(e)
         if weights:
             row["aspects"] = aspect_rows(weights, max_points, failed=str(e))
+    except Regrade as e:
+        row.update(status="error", grader_error=True, message=str(e))
     except Unchecked as e:
         row.update(status="error", message=str(e))
     except OverBudget as e:
@@ -451,10 +456,29 @@ def written_rows(lesson: str, nb: dict | None = None, status: str | None = None,
     return rows
 
 
+def kernel_notes(session: Session, cells: list) -> list:
+    """Feedback lines, not graded, on the lesson's Triton kernels among the submission's cells
+    (triton_fit.check_kernels): compiled for an A100 by the triton_fit.py staged beside the notebook, in the
+    submission's own sandbox (compiling runs the student's code: under its limits, like every other step)."""
+    import json
+
+    from autograder import triton_fit
+    from autograder.checking import OverBudget, StudentError, Subject, Unchecked
+    subject = Subject(session.transport, "kernels", sources=cells)
+
+    def compiler(jobs, timeout):
+        return json.loads(subject.helper("compile_kernels", json.dumps(jobs), timeout))
+    try:  # the compiler's own time limit comes first: the call's would end the child without a verdict
+        said = triton_fit.check_kernels(cells, max(5, session.sandbox.limits.call_seconds - 5), compiler)
+    except (StudentError, Unchecked, OverBudget, ValueError, TypeError) as e:  # the grades stand; the note says why
+        return [f"Triton kernels: not compiled for a GPU here ({type(e).__name__}: {str(e)[:200]})"]
+    return [f"Triton kernels (a note, not graded): {line}" for _, line in said]
+
+
 def grade_one(sandbox: Sandbox, student: str, lesson: str, sub: "Submission", tests: list, data_files: list,
-              grader: str) -> dict:
+              grader: str, kernels: bool = False) -> dict:
     """The result of one (student, lesson) in its stored JSON form: save_result reads it with Result.from_json,
-    which validates what the sandbox's replies put in it."""
+    which validates what the sandbox's replies put in it. kernels: add kernel_notes to its notes."""
     sha, key = sub.key()
     result = dict(student=student, lesson=lesson, notebook=str(sub.path) if sub.path else None, sha256=sha,
                   fingerprint=fingerprint(grader, key, sub.submitted_at), grader=grader,
@@ -493,7 +517,7 @@ def grade_one(sandbox: Sandbox, student: str, lesson: str, sub: "Submission", te
             return result
         from autograder.checking import Subject, checks_for
         checks, gone = checks_for(lesson), unavailable(lesson)
-        rows = []
+        rows, demos = [], check_submission.demo_only(nb)
         for test, max_points in tests:
             name = test.removeprefix("test_")
             row = run_check(checks[name], Subject(session.transport, f"{lesson}/{name}", sources=cells), max_points,
@@ -503,8 +527,12 @@ def grade_one(sandbox: Sandbox, student: str, lesson: str, sub: "Submission", te
             why = row["status"] != "passed" and cell_problem(name, cells, labels, session)
             if why:
                 row["message"] = f"{why}. {row['message']}"
+            if row["status"] != "passed":  # an answer that uses what only a demo (which grading skips) defines
+                row["message"] += check_submission.demo_hint(row["message"], demos)
             rows.append(dict(test=test, **row))
         result["tests"] = rows
+        if kernels:
+            result["notes"] += kernel_notes(session, cells)
         result["cells"] = {"skipped": {labels[i]: why for i, why in session.skipped.items() if i < len(labels)},
                            "errors": {labels[i]: store.cell_error(err) for i, err in session.cell_errors.items()
                                       if isinstance(i, int) and 0 <= i < len(labels)}}
@@ -620,7 +648,7 @@ def grade(config: RunConfig, outputs=()) -> dict:
         try:
             return _grade(c.submissions, out, lessons, c.jobs, c.resume, c.mode, c.limits, c.gradescope, outputs,
                           c.progress, c.force, c.rule.written, klass, selected, manifest_id, anomalies, shard_text,
-                          run_tmp, data_files, warm)
+                          run_tmp, data_files, warm, c.kernels)
         finally:
             warm.close()
     finally:
@@ -629,12 +657,12 @@ def grade(config: RunConfig, outputs=()) -> dict:
 
 
 def _grade(submissions, out, lessons, jobs, resume, mode, limits, gradescope, outputs, progress, force, written,
-           klass, selected, manifest_id, anomalies, shard_text, run_tmp, data_files, warm):
+           klass, selected, manifest_id, anomalies, shard_text, run_tmp, data_files, warm, kernels=False):
     """grade's work once its plan is made and a sandbox is starting (warm, in run_tmp with data_files)."""
     cache = Cache(out)
     check_references(lessons, cache)  # a reference changed by mistake would grade the whole class wrong
     tests = {lesson: nbk.lesson_tests(lesson) for lesson in lessons}
-    graders = {lesson: lesson_fingerprint(lesson, tests[lesson], mode, limits, cache) for lesson in lessons}
+    graders = {lesson: lesson_fingerprint(lesson, tests[lesson], mode, limits, cache, kernels) for lesson in lessons}
     cache.save()
     weak = [line for line in [weak_mode_warning(mode)] if line]  # a mode that hides no file: said once, here
     warnings_ = weak + [f"warning: {lesson} test_{name} cannot be checked here ({why}): it gets status error, "
@@ -673,7 +701,8 @@ def _grade(submissions, out, lessons, jobs, resume, mode, limits, gradescope, ou
                 reasons[why] += 1
             else:
                 reused += 1
-    kept = _run(todo, out, tests, graders, lessons, mode, limits, jobs, progress, anomalies, run_tmp, data_files, warm)
+    kept = _run(todo, out, tests, graders, lessons, mode, limits, jobs, progress, anomalies, run_tmp, data_files, warm,
+                kernels)
     store.write_run(out, shard_text, manifest_id, set(store.read_run(out).lessons) | set(lessons))
 
     from autograder import report
@@ -730,7 +759,8 @@ class Warm:
         self.thread.join()
 
 
-def _run(todo, out, tests, graders, lessons, mode, limits, jobs, progress, anomalies, run_tmp, data_files, warm):
+def _run(todo, out, tests, graders, lessons, mode, limits, jobs, progress, anomalies, run_tmp, data_files, warm,
+         kernels=False):
     """Grade todo in `jobs` threads, one sandbox each (the first may be warm's), started under the limits of the
     lesson it grades (lesson_limits; todo is taken lesson limits by lesson limits, so a thread rarely starts another),
     their folders in run_tmp (grade removes it); returns how many results were written.
@@ -781,7 +811,7 @@ def _run(todo, out, tests, graders, lessons, mode, limits, jobs, progress, anoma
                             with lock:
                                 live.add(sandbox)
                         result = grade_one(sandbox, student, lesson, sub, tests[lesson], data_files[lesson],
-                                           graders[lesson])
+                                           graders[lesson], kernels)
                         break
                     except SandboxError as e:
                         if sandbox:

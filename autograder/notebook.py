@@ -16,6 +16,8 @@ BEGIN_HIDDEN, END_HIDDEN = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
 CODE_STUB = "# YOUR CODE HERE\nraise NotImplementedError()"
 TEXT_STUB = "YOUR ANSWER HERE"
 DEMO_TAG = "demo"  # code cells that only demonstrate (plots, timings, training): grading skips them
+# The first line of every demo cell (sync writes it from the tag), so that students see which cells grading skips.
+DEMO_HEADER = "# Demonstration (not run when grading): no answer may use a name defined here"
 LESSONS_DIR = Path(__file__).resolve().parent.parent / "lessons"
 # A submitted notebook is read only up to these sizes, before JSON parsing: an honest notebook that
 # keeps its figures and outputs is a few MB; 20 MB of empty lists would cost the grader about 1 GiB.
@@ -169,6 +171,14 @@ def is_demo(cell):
     m = cell.get("metadata", {})
     tags = m.get("tags", []) if isinstance(m, dict) else []
     return isinstance(tags, list) and DEMO_TAG in tags
+
+
+def with_demo_header(text):
+    """A demo cell's source with DEMO_HEADER as its first line (once: an older header line is replaced)."""
+    lines = text.splitlines()
+    if lines and lines[0].startswith(DEMO_HEADER.split(":")[0]):
+        lines = lines[1:]
+    return "\n".join([DEMO_HEADER, *lines])
 
 
 def code_cells(nb):

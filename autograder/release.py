@@ -5,6 +5,7 @@ outputs are cleared, and the files the manifest declares come along (lesson_file
 the lesson's folder, not its lesson.toml). The result is checked: no solution marker, hidden test,
 or import of solutions/autograder may remain.
 """
+import importlib
 import re
 import shutil
 from pathlib import Path
@@ -12,27 +13,30 @@ from pathlib import Path
 from autograder import check_submission, lessons
 from autograder import notebook as nbk
 
-# The grader's switch for forbidden paths (sandbox/tripwires.py: no import of the course): a lesson whose visible
-# tests import it gets the module itself beside its notebook. In the course, `sync` keeps a copy in
-# lessons/<lesson>/ (for the source notebook's runs and the book), and `sync --check` fails when it differs.
+# The course's own modules that a notebook imports from its folder: the grader's switch for forbidden paths
+# (sandbox/tripwires.py: lesson 06's visible tests) and triton_fit (lessons 06 and 09 compile their kernels for real
+# GPUs with it). A lesson whose cells import one gets the module itself beside its notebook. In the course, `sync`
+# keeps a copy in lessons/<lesson>/ (for the source notebook's runs and the book), and `sync --check` fails when it
+# differs.
 TRIPWIRES = Path(__file__).resolve().parent / "sandbox" / "tripwires.py"
-USES_TRIPWIRES = re.compile(r"^\s*(import|from)\s+tripwires\b", re.M)
+TRITON_FIT = Path(__file__).resolve().parent / "triton_fit.py"
+OWN_MODULES = (TRIPWIRES, TRITON_FIT)
 CHECK_SCRIPT = Path(check_submission.__file__)
 LEAK = re.compile(r"BEGIN SOLUTION|END SOLUTION|HIDDEN TESTS|^\s*(from|import)\s+(solutions|autograder)\b", re.M)
 
 
-def uses_tripwires(nb):
-    """Whether a code cell of the notebook dict imports tripwires (lesson 06's visible tests do)."""
-    return any(USES_TRIPWIRES.search(nbk.source(c)) for c in nbk.code_cells(nb))
+def own_modules(nb):
+    """[path] of the course's own modules (OWN_MODULES) that a code cell of the notebook dict imports."""
+    code = "\n".join(nbk.source(c) for c in nbk.code_cells(nb))
+    return [m for m in OWN_MODULES if re.search(rf"^\s*(import|from)\s+{m.stem}\b", code, re.M)]
 
 
 def lesson_files(lesson, root=nbk.LESSONS_DIR):
     """{name: file} of what a lesson's notebook has beside it, for students (release) and for its code when
-    it is graded (grade.stage_data): the manifest's data files, and tripwires.py where a cell imports it."""
+    it is graded (grade.stage_data): the manifest's data files, and the course's own modules its cells import."""
     folder = nbk.lesson_path(lesson, root).parent
     files = {name: folder / name for name in lessons.read(lesson, root)["data"]}
-    if uses_tripwires(nbk.read(nbk.lesson_path(lesson, root))):
-        files[TRIPWIRES.name] = TRIPWIRES
+    files.update((m.name, m) for m in own_modules(nbk.read(nbk.lesson_path(lesson, root))))
     return files
 
 
@@ -64,7 +68,22 @@ def check_script(nb, lesson):
     """The text of check_submission.py for a released notebook dict: the template with its LESSON filled in."""
     text = CHECK_SCRIPT.read_text(encoding="utf-8")
     line = next(x for x in text.splitlines() if x.startswith("LESSON = None"))
-    return text.replace(line, f"LESSON = {check_submission.lesson_facts(nb, lesson)!r}", 1)
+    return text.replace(line, f"LESSON = {script_facts(nb, lesson)!r}", 1)
+
+
+def script_facts(nb, lesson):
+    """The LESSON of check_submission.py for a released notebook dict: its cells' facts (lesson_facts), the limits
+    a student can hit, and a case at the graded size of each name whose time it shows."""
+    limits = lessons.limits(lesson)
+    return {**check_submission.lesson_facts(nb, lesson), "limits": limits.statement(),
+            "call_seconds": limits.call_seconds, "timed": timed_cases(lesson)}
+
+
+def timed_cases(lesson):
+    """{graded name: one case at the size its hidden checks grade it} of the lesson (its checks module's TIMED), for
+    check_submission.py to time against the limit on a call."""
+    from autograder.checking import LESSONS  # the checks import torch: only when a script is written
+    return dict(getattr(importlib.import_module(f"autograder.lessons.{LESSONS[lesson]}.checks"), "TIMED", {}))
 
 
 def release(out_dir, names=None, root=nbk.LESSONS_DIR):

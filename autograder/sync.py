@@ -3,10 +3,12 @@
 For every code cell of a lesson notebook, each top-level def or class whose name solutions/
 defines (the lesson's own module first) is rewritten from solutions/. In answer cells the
 bodies are wrapped in solution markers, after the docstring (and a leading
-super().__init__()), so students see signatures and docstrings. Hidden-test blocks are
-rewritten to the canonical verify() call. A lesson whose notebook imports tripwires gets a copy
-of autograder/sandbox/tripwires.py beside it (lessons/<lesson>/tripwires.py, so that the source
-notebook runs in place), byte for byte.
+super().__init__()), so students see signatures and docstrings. A demo cell starts with
+notebook.DEMO_HEADER, so students see that grading skips it. Hidden-test blocks are
+rewritten to the canonical verify() call. A lesson whose notebook imports one of the course's own
+modules (autograder/sandbox/tripwires.py, autograder/triton_fit.py) gets a copy of it beside it
+(lessons/<lesson>/tripwires.py, so that the source notebook runs in place), byte for byte; git ignores
+these copies.
 
     python -m autograder sync          # rewrite the notebooks
     python -m autograder sync --check  # fail if anything would change (CI)
@@ -15,10 +17,13 @@ import ast
 import importlib
 import inspect
 import textwrap
+from pathlib import Path
 
 from autograder import notebook as nbk
 from autograder.checking import LESSONS
-from autograder.release import TRIPWIRES, uses_tripwires
+from autograder.release import own_modules
+
+ROOT = Path(__file__).resolve().parent.parent  # the course: what the messages name paths from
 
 
 def solution_source(lesson, name):
@@ -73,6 +78,8 @@ def _is_super_init(stmt):
 def synced_cell_source(lesson, cell):
     """The cell's source as it should be."""
     text = nbk.source(cell)
+    if nbk.is_demo(cell):
+        text = nbk.with_demo_header(text)
     if nbk.is_test(cell):
         name = nbk.grade_id(cell).removeprefix("test_")
         return nbk.with_hidden_block(text, lesson, name)
@@ -96,8 +103,8 @@ def synced_cell_source(lesson, cell):
 
 
 def sync(names=None, check=False, root=nbk.LESSONS_DIR):
-    """Rewrite (or, with check, only list) the cells that differ from solutions/, and the copies of
-    tripwires.py that differ from autograder's. Returns them."""
+    """Rewrite (or, with check, only list) the cells that differ from solutions/, and the copies of the
+    course's own modules (release.OWN_MODULES) that differ from autograder's. Returns them."""
     changed = []
     for lesson in names or nbk.lesson_names(root):
         path = nbk.lesson_path(lesson, root)
@@ -111,11 +118,20 @@ def sync(names=None, check=False, root=nbk.LESSONS_DIR):
                 dirty = True
         if dirty and not check:
             nbk.write(nb, path)
-        copy = path.parent / TRIPWIRES.name
-        if uses_tripwires(nb) and (copy.is_symlink() or not copy.is_file()
-                                   or copy.read_bytes() != TRIPWIRES.read_bytes()):
-            changed.append(f"{lesson}: {copy.name} differs from autograder/sandbox/{TRIPWIRES.name}")
+        changed += copy_own_modules(lesson, nb, check, root)
+    return changed
+
+
+def copy_own_modules(lesson, nb, check=False, root=nbk.LESSONS_DIR):
+    """Write (or, with check, only list) the lesson folder's copies of the course's own modules its notebook
+    imports (release.OWN_MODULES), so the source notebook runs in place. The copies are not in git (one copy
+    of each module is): `make setup`, `sync` and the test session write them."""
+    changed = []
+    for module in own_modules(nb):
+        copy = nbk.lesson_path(lesson, root).parent / module.name
+        if copy.is_symlink() or not copy.is_file() or copy.read_bytes() != module.read_bytes():
+            changed.append(f"{lesson}: {copy.name} differs from {module.relative_to(ROOT)}")
             if not check:
                 copy.unlink(missing_ok=True)  # a link, or a stale copy: written anew, never through a link
-                copy.write_bytes(TRIPWIRES.read_bytes())
+                copy.write_bytes(module.read_bytes())
     return changed

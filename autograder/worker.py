@@ -26,6 +26,7 @@ import itertools
 import json
 import os
 import random
+import select
 import shutil
 import signal
 import socket
@@ -51,7 +52,10 @@ class LimitsError(ValueError):
 @dataclass(frozen=True)
 class Limits:
     """What one submission may use: memory (MB), CPU time (s), file size (MB) and processes (the child's
-    rlimits and cgroup), and the wall clock per cell, per checked call and per notebook (s).
+    rlimits and cgroup), the CPU time per cell and per checked call (s: what the student's process used, read from
+    outside it, so that a busy grader does not change a verdict) and the wall clock per notebook (s). A cell or call
+    also has a wall-clock backstop, WALL_FACTOR times its CPU limit, for code that sleeps or blocks: its expiry is
+    the grader's to regrade, never a fail.
     DEFAULT_LIMITS is the grader's; a lesson's manifest ([limits] in lesson.toml, autograder/lessons/__init__.py)
     raises or lowers any of them, and grade's flags (--memory, --cell-timeout, ...) override both
     (grade.lesson_limits), each through over(), the one reader, which validates."""
@@ -74,6 +78,13 @@ class Limits:
                 raise LimitsError(f"{where}.{key}: should be a positive whole number, not {value!r}")
         return replace(self, **(overrides or {}))
 
+    def statement(self) -> str:
+        """The limits a student can hit, in the words each lesson's introduction and check_submission.py use (tests
+        hold the lessons to them)."""
+        return (f"each code cell may use {self.cell_seconds} s and each graded call {self.call_seconds} s of CPU time "
+                f"(time your code computes, not time it waits), the whole notebook {self.cpu_seconds} s, and "
+                f"{self.memory_mb} MB of memory")
+
     def to_json(self) -> dict:
         """{field: value}: what grade's fingerprint hashes."""
         return asdict(self)
@@ -85,6 +96,14 @@ class Limits:
 
 
 DEFAULT_LIMITS = Limits()
+WALL_FACTOR = 4  # a cell's or call's wall-clock backstop, in times its CPU limit
+POLL_SECONDS = 0.5  # how often the CPU time of a cell or call that has not answered is read
+TOO_SLOW = ("your code used more than {s} s of CPU time on one call, the limit for each (the lesson states it), "
+            "and was stopped: correct but too slow for the graded sizes (check_submission.py times one case at them). "
+            "Loop over tiles with torch operations, not over single entries in Python, and keep the block sizes "
+            "you are given")
+STALLED = ("your code neither finished nor used the CPU for {s} s (it waited: sleep, input(), a lock, a busy "
+           "grader?): not graded; your instructor will grade it again")
 
 # Debuggers are masked inside bubblewrap (the seccomp filter stops them anyway).
 DEBUGGERS = ("gdb", "gdbserver", "gdb-multiarch", "gcore", "strace", "ltrace", "lldb", "lldb-server", "perf",
@@ -100,6 +119,14 @@ class SandboxError(RuntimeError):
 
 class Timeout(Exception):
     pass
+
+
+class OverCpu(Exception):
+    """A cell or call used more CPU time than its limit (the student's process, read from outside it)."""
+
+
+class Stalled(Exception):
+    """A cell or call passed its wall-clock backstop without using up its CPU limit."""
 
 
 class Died(Exception):
@@ -333,6 +360,7 @@ class Sandbox:
     def __init__(self, mode, limits: Limits = DEFAULT_LIMITS, data_dir=None) -> None:
         self.mode, self.limits = mode, limits
         self.uid = None  # the uid mode's children's
+        self._exited = None  # an "exited" that came in answer to cpu(), for stop_child
         self.protect = mode != "none" and os.environ.get(UNPROTECTED_ENV) != "1"
         # The uid mode's child must be able to enter this folder: not one inside a private one.
         self._tmp = tempfile.mkdtemp(prefix="mha-sandbox-", dir="/tmp" if mode == "uid" else None)
@@ -426,16 +454,17 @@ class Sandbox:
             theirs.close()
         return ours
 
-    def bound(self, mb, headroom=0):
+    def bound(self, mb, headroom=0, inputs=0):
         """Before a bounded block of calls: the worker kills every process of the sandbox but itself
         and the serving child, then lowers the child's address-space limit (soft and hard, from
         outside the child: nothing in the student's process takes part) to what a fresh worker maps
-        plus mb MiB (plus what it holds, up to headroom MiB: runner.bound), and its process limit to
+        plus mb MiB (plus what it holds, up to headroom MiB, and the grader's own inputs: runner.bound), and its process limit to
         none. Returns {"held_mb": what the child mapped beyond a fresh worker}, with "refused": why
         when refused (a student's process that already holds the whole bound, see runner.bound();
         held_mb is absent when it ended first)."""
         try:
-            self.ctl.send(json.dumps({"op": "bound", "mb": int(mb), "headroom": int(headroom)}).encode())
+            self.ctl.send(json.dumps({"op": "bound", "mb": int(mb), "headroom": int(headroom),
+                                      "inputs": int(inputs)}).encode())
         except OSError as e:
             raise SandboxError(f"the sandbox stopped answering: {e}") from None
         reply = self._recv(30)
@@ -446,6 +475,23 @@ class Sandbox:
         held = {"held_mb": held} if isinstance(held, int) and 0 <= held < 2**40 else {}
         return {"refused": str(reply.get("why"))[:500], **held} if reply["op"] == "refused" else held
 
+    def cpu(self):
+        """The CPU seconds the serving child (and every process of the sandbox) used so far (runner.cpu_seconds), or
+        None when it has ended (its "exited" is kept for stop_child)."""
+        try:
+            self.ctl.send(json.dumps({"op": "cpu"}).encode())
+        except OSError as e:
+            raise SandboxError(f"the sandbox stopped answering: {e}") from None
+        reply = self._recv(30)
+        if reply is not None and reply["op"] == "exited":
+            self._exited = reply
+            return None
+        seconds = reply.get("seconds") if reply is not None and reply["op"] == "cpu" else None
+        if not isinstance(seconds, (int, float)) or isinstance(seconds, bool):
+            self.close()
+            raise SandboxError("the sandbox stopped answering")
+        return float(seconds)
+
     def stop_child(self, data):
         """Make sure the current child is gone and the worker is clean again."""
         data.close()  # a child waiting for a request now ends by itself
@@ -455,7 +501,7 @@ class Sandbox:
             pass
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            reply = self._recv(max(deadline - time.monotonic(), 0.01))
+            reply, self._exited = self._exited or self._recv(max(deadline - time.monotonic(), 0.01)), None
             if reply is None:
                 break
             if reply["op"] == "exited":
@@ -528,6 +574,29 @@ class Session:
             raise Malformed("a message that is not a JSON object")
         return msg
 
+    def _await(self, cpu_limit):
+        """The next frame, waited for while the child uses less than cpu_limit CPU seconds and the wall clock stays
+        within WALL_FACTOR times that; past them OverCpu or Stalled (Timeout("notebook") past the notebook's limit).
+        The CPU time is read only when no frame came within POLL_SECONDS (from there: a call that answers sooner
+        costs no reading, and the student is never charged for more than it used)."""
+        begun = time.monotonic()
+        backstop, start = begun + cpu_limit * WALL_FACTOR, None
+        while True:
+            now = time.monotonic()
+            wait = min(POLL_SECONDS, backstop - now, self.deadline - now)
+            if wait > 0 and select.select([self.data], [], [], wait)[0]:
+                return self._recv(max(backstop - time.monotonic(), 30))  # a frame is coming: read it whole
+            if time.monotonic() >= self.deadline:
+                raise Timeout("notebook")
+            used = self.sandbox.cpu()
+            if used is None:  # the child ended: its socket says so
+                return self._recv(5)
+            start = used if start is None else start
+            if used - start > cpu_limit:
+                raise OverCpu(f"{cpu_limit} s of CPU time")
+            if time.monotonic() >= backstop:
+                raise Stalled(f"{cpu_limit * WALL_FACTOR} s")
+
     def _progress(self, msg, n):
         """A cell progress frame, validated: ("done",), ("start", i) or ("end", i, error or None)."""
         if msg.get("cells") == "done":
@@ -555,8 +624,11 @@ class Session:
             self.serving = (self.forbid, self.elsewhere)
             if self.elsewhere is not None:  # the grader's own cells: nothing of the notebook's runs, none skipped
                 wire.send_frame(self.data, {"cells": self.elsewhere})
-                while self._progress(self._recv(self.sandbox.limits.cell_seconds), len(self.elsewhere))[0] != "done":
-                    pass
+                try:  # timed by CPU as the notebook's cells are; the grader's cells are never skipped
+                    while self._progress(self._await(self.sandbox.limits.cell_seconds), len(self.elsewhere))[0] != "done":
+                        pass
+                except (Timeout, OverCpu, Stalled):
+                    raise SandboxError("the grader's cells ran past their time limit") from None
                 return
             run = [i for i in range(len(self.cells)) if i not in self.skipped]
             # The cells' errors a student is shown are those of a plain run: a child with paths off may fail a scratch
@@ -567,7 +639,7 @@ class Session:
                 wire.send_frame(self.data, {"cells": [self.cells[i] for i in run],
                                             **({"forbid": list(self.forbid)} if self.forbid else {})})
                 while True:
-                    frame = self._progress(self._recv(self.sandbox.limits.cell_seconds), len(run))
+                    frame = self._progress(self._await(self.sandbox.limits.cell_seconds), len(run))
                     if frame[0] == "done":
                         break
                     current = run[frame[1]]
@@ -575,10 +647,14 @@ class Session:
                         if frame[2]:
                             self.cell_errors[current] = frame[2]
                         current = None
-            except Timeout as e:
-                if str(e) == "notebook" or current is None:
+            except Timeout:
+                raise SandboxError("the notebook ran past its time limit") from None
+            except (OverCpu, Stalled) as e:
+                if current is None:
                     raise SandboxError("the notebook ran past its time limit") from None
-                self.skipped[current] = f"did not finish within {self.sandbox.limits.cell_seconds} s"
+                self.skipped[current] = (f"used more than {self.sandbox.limits.cell_seconds} s of CPU time, the limit "
+                                         "for each cell" if isinstance(e, OverCpu) else
+                                         f"neither finished nor used the CPU within {e} (it waited: sleep, input()?)")
             except (Died, OSError) as e:
                 if current is None:
                     raise SandboxError(f"the notebook's process ended: {e}") from None
@@ -603,13 +679,16 @@ class Session:
             return self._bound(request)
         if request.get("op") in ("forbid", "unforbid", "elsewhere", "here"):
             return self._kind(request)
+        if request.get("op") == "cpu":  # Subject.cpu_seconds: the worker reads it, never the child
+            self._serve()  # the child that serves the next call: the one to read
+            return {"ok": self.sandbox.cpu()}
         if self.data is None and self.bounded:  # the child ended inside a bounded block: its calls stay unchecked
             return {"over_budget": "the process ended inside the memory bound"}
         self._serve()
         try:
             wire.send_frame(self.data, request)
             for _ in range(MAX_CALLBACKS + 1):
-                reply = self._recv(self.sandbox.limits.call_seconds)
+                reply = self._await(self.sandbox.limits.call_seconds)
                 if "callback" not in reply:
                     return self._reply(reply)
                 if callback is None:
@@ -623,12 +702,17 @@ class Session:
                     raise
                 wire.send_frame(self.data, {"callback_reply": answer})
             raise Malformed(f"more than {MAX_CALLBACKS} callbacks in one call")
-        except Timeout as e:
+        except Timeout:
             self.close()
-            if str(e) == "notebook":
-                return {"unchecked": "the notebook's total time limit ran out"}
-            return {"unchecked": f"your code did not finish within {self.sandbox.limits.call_seconds} s "
-                                 "(an infinite loop?)"}
+            # the notebook's wall clock is a backstop too: past it, the grader's to regrade
+            return {"stalled": f"the notebook's total time ({self.sandbox.limits.notebook_seconds} s) ran out: not "
+                               "graded; your instructor will grade it again"}
+        except OverCpu:
+            self.close()
+            return {"too_slow": TOO_SLOW.format(s=self.sandbox.limits.call_seconds)}
+        except Stalled:
+            self.close()
+            return {"stalled": STALLED.format(s=self.sandbox.limits.call_seconds * WALL_FACTOR)}
         except Malformed as e:
             self.close()
             return {"unchecked": f"your code could not be checked: its process sent {str(e)[:200]}"}
@@ -650,7 +734,7 @@ class Session:
             self.bounded = False
             return {"ok": None}
         self._serve()
-        reply = self.sandbox.bound(request["mb"], request.get("headroom", 0))
+        reply = self.sandbox.bound(request["mb"], request.get("headroom", 0), request.get("inputs", 0))
         self.bounded = True  # refused too: that child may start no thread or process any more (runner.bound)
         return reply if "refused" in reply else {"ok": None, **reply}
 
@@ -679,7 +763,7 @@ class Session:
         """A reply frame, validated: exactly one known key, and an error that is plain data."""
         if not self.sandbox.protect:
             return reply
-        if len(reply) != 1 or not {"ok", "error", "over_budget"} & reply.keys():
+        if len(reply) != 1 or not {"ok", "error", "over_budget"} & reply.keys():  # too_slow, stalled: ours alone
             raise Malformed("a malformed reply")
         if "error" in reply:
             error = _student_error(reply["error"])

@@ -2,6 +2,7 @@
 attention against the tiled forward and backward of solutions.flash_backward, as T grows.
 
     python benchmarks/flash_backward.py [--lengths 256 512 ... 8192] [--budget 240] [--json benchmarks/results/flash_backward_cpu.json]
+    python benchmarks/flash_backward.py --cuda [--json ...]   # on a GPU: the step of each method there (see gpu_step)
 
 For each T and method, in a fresh process (Linux only): the peak extra memory of one step, the peak resident set
 size (VmHWM, reset through /proc/self/clear_refs) above the resident size just before the step, then the median
@@ -12,9 +13,11 @@ memory grows as T^2; the tiled step holds the gradients, out, lse and D, and a f
 --budget (seconds) skips the lengths left when it runs out, and says so.
 """
 import argparse
+import contextlib
 import datetime
 import json
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -65,6 +68,80 @@ def measure(method, T, heads, block, threads, repeats):
     return json.loads(done.stdout)
 
 
+def gpu_step(method, T, heads, dtype, repeats):
+    """On the GPU, one training step of causal attention (B=1, Dh=64): peak memory above what was allocated
+    before it (torch.cuda.max_memory_allocated) and the median time of `repeats` more steps (CUDA events).
+    Methods: naive (autograd through naive attention), tiled (FlashAttention, the torch forward and backward),
+    triton (TritonFlashAttention: the Triton forward, the torch backward), sdpa (PyTorch's flash backend)."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    sys.path.insert(0, str(REPO))
+    from solutions.flash_backward import FlashAttention, TritonFlashAttention
+    from solutions.gpu import naive_attention
+    fns = {"naive": lambda q, k, v: naive_attention(q, k, v, True), "tiled": lambda q, k, v: FlashAttention.apply(q, k, v, True),
+           "triton": lambda q, k, v: TritonFlashAttention.apply(q, k, v, True),
+           "sdpa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)}
+
+    def step():
+        q, k, v = (t.requires_grad_() for t in (torch.randn(1, heads, T, 64, device="cuda", dtype=dtype) for _ in range(3)))
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]) if method == "sdpa" else contextlib.nullcontext():
+            fns[method](q, k, v).backward(torch.ones_like(q))
+
+    step()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    step()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        step()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return {"peak_bytes": peak, "seconds": statistics.median(times)}
+
+
+def main_cuda(args):
+    """The GPU version of the table: every method at every length, in float16 (the torch passes in their
+    default tiles of 64; the Triton forward in solutions.gpu.attention_tiles' for this card)."""
+    name = torch.cuda.get_device_name()
+    print(f"torch {torch.__version__} on {name}; causal attention, B=1, H={args.heads}, Dh=64, float16; one forward + "
+          f"backward step (inputs included in the time, not in the memory)\n")
+    methods = ("naive", "tiled", "triton", "sdpa")
+    print(f"{'T':>6} " + " ".join(f"{m + ' MiB':>11} {m + ' ms':>10}" for m in methods))
+    start, rows, skipped = time.perf_counter(), [], []
+    for T in args.lengths:
+        if time.perf_counter() - start > args.budget:
+            skipped.append(T)
+            continue
+        row = {"T": T}
+        for m in methods:
+            try:
+                got = gpu_step(m, T, args.heads, torch.float16, args.repeats)
+                row[m + "_mib"], row[m + "_ms"] = got["peak_bytes"] / 2**20, got["seconds"] * 1e3
+            except (RuntimeError, ValueError) as e:  # out of memory, or a backend this card lacks
+                row[m + "_note"] = str(e).splitlines()[0][:120]
+                torch.cuda.empty_cache()
+        rows.append(row)
+        print(f"{T:6d} " + " ".join(f"{row.get(m + '_mib', float('nan')):11.1f} {row.get(m + '_ms', float('nan')):10.2f}"
+                                     for m in methods), flush=True)
+    if skipped:
+        print(f"skipped (over the {args.budget:.0f} s budget): T = {', '.join(map(str, skipped))}")
+    if args.json:
+        args.json.write_text(json.dumps({
+            "machine": name, "torch": torch.__version__, "cuda": torch.version.cuda,
+            "date": datetime.date.today().isoformat(),
+            "setup": {"B": 1, "H": args.heads, "Dh": 64, "dtype": "float16", "causal": True, "repeats": args.repeats},
+            "rows": [{k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()} for row in rows],
+            "skipped": skipped,
+        }, indent=1) + "\n")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--lengths", type=int, nargs="+", default=[256, 512, 1024, 2048, 4096, 8192])
@@ -74,7 +151,12 @@ def main():
     p.add_argument("--repeats", type=int, default=3, help="timed steps per method and length (the median is kept)")
     p.add_argument("--budget", type=float, default=240, help="seconds; lengths left when it runs out are skipped")
     p.add_argument("--json", type=Path, help="also write the figures to this JSON file")
+    p.add_argument("--cuda", action="store_true", help="measure on the GPU (naive, tiled, triton and sdpa)")
     args = p.parse_args()
+    if args.cuda:
+        if not torch.cuda.is_available():
+            sys.exit("--cuda: no CUDA GPU here")
+        return main_cuda(args)
     if not Path("/proc/self/clear_refs").exists():
         sys.exit("this benchmark reads the peak resident set size from /proc (Linux only)")
     print(f"torch {torch.__version__}, {args.threads} threads; causal attention, B=1, H={args.heads}, Dh=64, "

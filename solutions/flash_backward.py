@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from solutions.gpu import HAS_TRITON, check_attention_inputs, tl, triton
+from solutions.gpu import HAS_TRITON, check_attention_inputs, launch_tiles, tl, triton
 
 
 def _compute_dtype(dtype):
@@ -224,14 +224,12 @@ def triton_flash_forward(q, k, v, causal=False):
     B, H, Tq, Dh = q.shape
     out = torch.empty_like(q)
     lse = torch.empty((B, H, Tq), dtype=torch.float32, device=q.device)
-    block_q, block_k = (128, 64) if on_gpu else (16, 16)
-    grid = (triton.cdiv(Tq, block_q), B * H)
+    tiles = launch_tiles(q)
+    grid = (triton.cdiv(Tq, tiles["BLOCK_Q"]), B * H)
     _flash_forward_kernel[grid](q, k, v, out, lse, q.stride(0), q.stride(1), q.stride(2),
                                 k.stride(0), k.stride(1), k.stride(2), H, Tq, k.size(2), Dh,
                                 math.log2(math.e) / math.sqrt(Dh), CAUSAL=causal,
-                                BLOCK_Q=block_q, BLOCK_K=block_k, BLOCK_D=max(16, triton.next_power_of_2(Dh)),
-                                PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-                                **({"num_warps": 8 if Dh > 64 else 4, "num_stages": 2} if on_gpu else {}))
+                                PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **tiles)
     return out, lse
 
 

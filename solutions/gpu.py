@@ -6,7 +6,8 @@ Layout (B, H, T, Dh); the causal mask is bottom-right aligned (query i sees key 
 j <= i + Tk - Tq).
 
 Besides the graded names, the lesson provides (and benchmarks/gpu_attention.py uses) a naive
-attention, a timer and a peak-memory meter.
+attention, a timer and a peak-memory meter, and the launch configuration of the attention kernels
+on a GPU, chosen from its shared memory (attention_tiles; launch_tiles for a tensor's device).
 """
 import contextlib
 import math
@@ -218,6 +219,65 @@ def _attention_kernel(Q, K, V, O, stride_b, stride_h, stride_t, stride_kb, strid
              mask=(rows[:, None] < seq_q) & d_ok[None, :])
 
 
+def attention_tiles(capability, max_shared_bytes, dtype, head_dim):
+    """The launch configuration of the attention kernels on one GPU: capability (major, minor), the
+    shared memory one block may use (bytes), a torch dtype and the head dimension -> dict of BLOCK_Q,
+    BLOCK_K, BLOCK_D, num_warps, num_stages. ValueError for bfloat16 below (8, 0), which has no
+    bfloat16 arithmetic, and for a dtype other than float16, bfloat16, float32.
+
+    FlashAttention sizes its tiles from on-chip memory M: key tiles of B_c = ceil(M / 4d) rows, so that
+    the tiles of K and V (B_c x d each) and those of Q and O fit in M together. Here M is shared memory
+    in bytes, and what one program keeps there is the Q tile, num_stages copies of the K and V tiles
+    (from Ampere, sm_80, on, the next tiles load while this one computes; before it, one stage) and, on
+    some cards, the block of float32 scores on its way between layouts. Tiles shrink, queries first,
+    until that fits; benchmarks/triton_fit.py compiles each choice for each card and measures it
+    (shared memory, registers and spills).
+    """
+    capability = tuple(capability)
+    if dtype == torch.bfloat16 and capability < (8, 0):
+        raise ValueError(f"bfloat16 needs compute capability 8.0 (Ampere) or newer; this GPU has "
+                         f"{capability[0]}.{capability[1]}: use float16 or float32")
+    if dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"the attention kernels take float16, bfloat16 or float32, got {dtype}")
+    size = dtype.itemsize
+    block_d = max(16, 1 << (head_dim - 1).bit_length())  # tl.dot needs blocks of at least 16
+    stages = 2 if capability >= (8, 0) else 1
+
+    def shared(block_q, block_k):
+        return size * block_d * (block_q + 2 * stages * block_k) + 4 * block_q * block_k
+
+    block_k = 16
+    while block_k < 64 and 2 * block_k <= max_shared_bytes // (4 * block_d * size):  # B_c = M / 4d, at most 64
+        block_k *= 2
+    block_q = 2 * block_k
+    if size == 4 and block_d >= 64:
+        # float32 products ("ieee") run on the CUDA cores, not the tensor cores, with the operands in registers
+        # too: larger tiles spill them to memory (ptxas -v: benchmarks/results/triton_fit.json)
+        block_q, block_k = min(block_q, 64), min(block_k, 4096 // block_d)
+    while shared(block_q, block_k) > max_shared_bytes and block_q > 16:
+        if block_q > block_k:
+            block_q //= 2
+        elif block_k > 16:
+            block_k //= 2
+        else:
+            break
+    return {"BLOCK_Q": block_q, "BLOCK_K": block_k, "BLOCK_D": block_d,
+            # more warps share the registers of larger tiles (fewer spilled: triton_fit.json's ptxas figures)
+            "num_warps": 8 if block_q >= 128 or block_q * block_d >= 8192 or (size == 4 and block_q >= 64 and block_d >= 64)
+            else 4,
+            "num_stages": stages}
+
+
+def launch_tiles(q):
+    """The tiles a launcher uses for q (B, H, T, Dh): attention_tiles of q's GPU; on the CPU, in
+    Triton's interpreter, small tiles (it runs every program one after another, in numpy)."""
+    if not q.is_cuda:
+        return {"BLOCK_Q": 16, "BLOCK_K": 16, "BLOCK_D": max(16, 1 << (q.size(-1) - 1).bit_length())}
+    # What Triton checks a launch against: the most shared memory a block may opt in to, from the driver
+    shared = triton.runtime.driver.active.utils.get_device_properties(q.device.index)["max_shared_mem"]
+    return attention_tiles(torch.cuda.get_device_capability(q.device), shared, q.dtype, q.size(-1))
+
+
 def triton_attention(q, k, v, causal=False):
     """The FlashAttention forward as a Triton kernel: q (B, H, Tq, Dh), k and v (B, H, Tk, Dh),
     float32 or float16 (bfloat16 too, on a GPU) -> (B, H, Tq, Dh). Runs on a GPU, or on the CPU
@@ -232,16 +292,13 @@ def triton_attention(q, k, v, causal=False):
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     B, H, Tq, Dh = q.shape
     out = torch.empty_like(q)
-    block_q, block_k = (128, 64) if on_gpu else (16, 16)
-    block_d = max(16, triton.next_power_of_2(Dh))
-    grid = (triton.cdiv(Tq, block_q), B * H)
+    tiles = launch_tiles(q)
+    grid = (triton.cdiv(Tq, tiles["BLOCK_Q"]), B * H)
     _attention_kernel[grid](q, k, v, out, q.stride(0), q.stride(1), q.stride(2),
                             k.stride(0), k.stride(1), k.stride(2), H, Tq, k.size(2), Dh,
                             math.log2(math.e) / math.sqrt(Dh), CAUSAL=causal,
-                            BLOCK_Q=block_q, BLOCK_K=block_k, BLOCK_D=block_d,
                             # fp32 inputs: exact products, not TF32, so the result matches SDPA.
-                            PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-                            **({"num_warps": 8 if Dh > 64 else 4, "num_stages": 2} if on_gpu else {}))
+                            PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **tiles)
     return out
 
 

@@ -18,11 +18,11 @@ from autograder.checking.comparators import (TOLERANCE, as_torch, call_named, ca
 from autograder.checking.memory import GLIBC_SLACK_MB, HEADROOM_MB, HELD_NOTE_MB, evidence_times
 from autograder.checking.registry import LESSONS, Check, Checks, PartialCredit, checks_for, verify
 from autograder.checking.subject import (MAX_STUDENT_MESSAGE, NOT_IMPLEMENTED, STAND_INS, LocalSubject, OverBudget,
-                                         StudentError, Subject, Unchecked, student_message, tensor)
+                                         Regrade, StudentError, Subject, Unchecked, student_message, tensor)
 
 __all__ = ["TOLERANCE", "as_torch", "call_named", "call_within_memory", "close", "dtype_ok", "expect_array",
            "expect_error", "expect_int", "expect_int_attributes", "expect_pair", "fail", "kind_of", "reference",
            "where_it_differs", "within_memory", "GLIBC_SLACK_MB", "HEADROOM_MB", "HELD_NOTE_MB", "evidence_times",
            "LESSONS", "Check", "Checks", "PartialCredit", "checks_for", "verify", "MAX_STUDENT_MESSAGE",
-           "NOT_IMPLEMENTED", "STAND_INS", "LocalSubject", "OverBudget", "StudentError", "Subject", "Unchecked",
+           "NOT_IMPLEMENTED", "STAND_INS", "LocalSubject", "OverBudget", "Regrade", "StudentError", "Subject", "Unchecked",
            "student_message", "tensor"]

@@ -34,13 +34,14 @@ def call_within_memory(s, memory_mb, message, target, *args, **kwargs):
 
 
 @contextlib.contextmanager
-def within_memory(s, memory_mb, message, headroom_mb=0):
-    """A block of calls in s.memory_bound(memory_mb, headroom_mb); running out of memory there fails with `message`.
+def within_memory(s, memory_mb, message, headroom_mb=0, inputs_mb=0):
+    """A block of calls in s.memory_bound(memory_mb, headroom_mb, inputs_mb); running out of memory there fails with
+    `message`.
     It gives reword(message), which sets the message for what follows in the block (one bound, calls
     that must fit it for different reasons)."""
     said = [message]
     try:
-        with s.memory_bound(memory_mb, headroom_mb):
+        with s.memory_bound(memory_mb, headroom_mb, inputs_mb):
             yield lambda new: said.__setitem__(0, new)
     except OverBudget:
         fail(said[0] + held_note(s))
@@ -126,14 +127,16 @@ def where_it_differs(bad, axes=None, regions=None):
         if hit.all():
             continue
         first, last = int(np.argmax(hit)), size - 1 - int(np.argmax(hit[::-1]))
+        sequence = name.startswith("T")  # positions in a sequence have a tail; heads, layers, widths do not
+        where = "positions" if sequence else "indices"
         if hit.sum() == 1 and name in ("H", "Hkv"):
             parts.append(f"in one head only ({name})")
         elif hit[first:last + 1].all() and last == size - 1:
-            parts.append(f"only in the last positions along {name} (the tail)")
+            parts.append(f"only in the last {where} along {name}" + (" (the tail)" if sequence else ""))
         elif hit[first:last + 1].all() and first == 0:
-            parts.append(f"only in the first positions along {name}")
+            parts.append(f"only in the first {where} along {name}")
         else:
-            parts.append(f"in some positions along {name}")
+            parts.append(f"in some {where} along {name}")
     return "; ".join(parts) or "in scattered entries"
 
 

@@ -107,8 +107,9 @@ class LocalBound:
     def __init__(self):
         self._saved = None  # (soft limit, soaked chunks) while bounded
 
-    def enter(self, namespace, mb, headroom=0):
-        """As runner.bound: what the cells keep is part of mb, unless headroom allows it on top."""
+    def enter(self, namespace, mb, headroom=0, inputs=0):
+        """As runner.bound: what the cells keep is part of mb, unless headroom allows it on top; the grader's inputs
+        (inputs MiB) are on top."""
         if self._saved is not None:
             raise RuntimeError("memory bounds do not nest")
         kept = namespace.get(KEPT, 0)
@@ -121,7 +122,7 @@ class LocalBound:
         held = _soak()
         soft, hard = resource.getrlimit(resource.RLIMIT_AS)
         self._saved = (soft, held)
-        limit = vm_size() + mb * 2**20 - (kept - allowance)
+        limit = vm_size() + (mb + inputs) * 2**20 - (kept - allowance)
         resource.setrlimit(resource.RLIMIT_AS, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))
         return {"ok": None, "held_mb": kept >> 20}
 

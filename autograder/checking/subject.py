@@ -3,6 +3,7 @@ this process in a notebook's hidden test), and the errors its replies become."""
 import contextlib
 import json
 import re
+import time
 import zlib
 from pathlib import Path
 
@@ -17,6 +18,11 @@ from autograder.sandbox.wire import Array, Handle
 class Unchecked(Exception):
     """The student's code could not be checked: it hung or ended its process (grader only).
     Only the transport says so (an "unchecked" reply), never the name of a student's exception."""
+
+
+class Regrade(Unchecked):
+    """The grader could not judge the call for a reason of its own or of the machine's (its wall-clock backstop ran
+    out while the code used little CPU: it waited): status error, flagged for regrading, never a fail."""
 
 
 class OverBudget(Exception):
@@ -74,6 +80,10 @@ class Subject:
             raise Unchecked("the sandbox sent a malformed reply")
         if "unchecked" in reply:
             raise Unchecked(str(reply["unchecked"]))
+        if "stalled" in reply:
+            raise Regrade(str(reply["stalled"]))
+        if "too_slow" in reply:  # the call's CPU limit: the cases it did not finish are lost, as a wrong answer's
+            raise AssertionError(str(reply["too_slow"]))
         if "over_budget" in reply:
             raise OverBudget(str(reply["over_budget"]))
         if "error" in reply:
@@ -112,7 +122,7 @@ class Subject:
         return reply
 
     @contextlib.contextmanager
-    def memory_bound(self, memory_mb, headroom_mb=0):
+    def memory_bound(self, memory_mb, headroom_mb=0, inputs_mb=0):
         """A block in which the student's process may map at most memory_mb MiB more than a fresh one
         (in the sandbox: the pristine worker it is forked from), and (in the sandbox) start no process:
         a hard limit set from outside that process by the sandbox's worker (runner.bound()), after it
@@ -130,8 +140,11 @@ class Subject:
         headroom_mb: a process holding more than an honest fresh one (runner.HONEST_HELD_MB: %matplotlib
         inline, a scratch tensor) gets what it holds on top of memory_mb, up to headroom_mb (over budget
         above it): a check that allows it sizes its forbidden layout from self.held_mb, well above
-        self.held_mb + memory_mb + 64 MiB (a buffer kept before the block is then too small to hold it)."""
-        reply = self._transport({"op": "bound", "mb": int(memory_mb), "headroom": int(headroom_mb)})
+        self.held_mb + memory_mb + 64 MiB (a buffer kept before the block is then too small to hold it).
+        inputs_mb: what the check's own inputs take, made inside the block (helpers.drawn_calls), on top of
+        memory_mb, which is then the answer's working memory alone."""
+        reply = self._transport({"op": "bound", "mb": int(memory_mb), "headroom": int(headroom_mb),
+                                 "inputs": int(inputs_mb)})
         held = reply.get("held_mb") if isinstance(reply, dict) else None
         self.held_mb = held if isinstance(held, int) else 0
         if isinstance(reply, dict) and "refused" in reply:
@@ -145,6 +158,14 @@ class Subject:
             self._transport({"op": "unbound"})
             if self._isolated:  # the fresh process runs the notebook's own names again
                 self.isolate(self._isolated)
+
+    def cpu_seconds(self):
+        """The CPU seconds the student's process has used so far: in the sandbox read by its worker from outside the
+        process (runner.cpu_seconds), which its code cannot change; in-process (LocalSubject), this process's own."""
+        used = self._request({"op": "cpu"})
+        if not isinstance(used, float):
+            raise Unchecked("your notebook's process ended before its CPU time could be read")
+        return used
 
     def call_bounded(self, memory_mb, target, *args, **kwargs):
         """call() alone in a memory_bound(memory_mb) block."""
@@ -285,9 +306,12 @@ class LocalSubject(Subject):
 
         def transport(request, callback=None):
             if request.get("op") == "bound":
-                return bound.enter(namespace, int(request["mb"]), int(request.get("headroom", 0)))
+                return bound.enter(namespace, int(request["mb"]), int(request.get("headroom", 0)),
+                                   int(request.get("inputs", 0)))
             if request.get("op") == "unbound":
                 return bound.leave()
+            if request.get("op") == "cpu":
+                return {"ok": time.process_time()}
             if request.get("op") in ("forbid", "unforbid"):
                 off[:] = request.get("paths", ()) if request["op"] == "forbid" else ()
                 return {"ok": None}

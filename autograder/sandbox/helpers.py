@@ -107,6 +107,13 @@ class Graph:
         torch.autograd.backward(self.out, dout)
         return tuple(t.grad for t in self.leaves)
 
+    def saved(self):
+        """Before backward: the shapes of what fn's ctx.save_for_backward saved, and the names of the tensors kept
+        as attributes of ctx (what the student's process reports: it catches the honest slip, not a forgery)."""
+        ctx = self.out.grad_fn
+        return ([list(t.shape) for t in getattr(ctx, "saved_tensors", ())],
+                sorted(n for n, x in vars(ctx).items() if isinstance(x, torch.Tensor)))
+
 
 def gradcheck(fn, q, k, v, *args):
     """torch.autograd.gradcheck of fn(q, k, v, *args) in q's dtype (float64): True, or it raises why not."""
@@ -219,6 +226,69 @@ def tensor_bytes(obj, limit=10_000):
     return sum(storages.values())
 
 
+def compile_kernels(jobs_json, timeout):
+    """The Triton compiler's verdicts (JSON) on jobs (JSON, as autograder/triton_fit.py makes them), from the
+    triton_fit.py that grading stages beside the notebook of a lesson whose cells import it: the compiling
+    runs in a child of this sandboxed process, under its limits, and `timeout` seconds at most."""
+    import importlib.util
+    import json
+    import os
+
+    spec = importlib.util.spec_from_file_location("_triton_fit", os.path.abspath("triton_fit.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return json.dumps(module.compile_jobs(json.loads(jobs_json), timeout=timeout))
+
+
+def draw(seed, specs):
+    """Tensors, one per (shape, scale) or (shape, scale, dtype name) of specs, uniform in [-scale, scale] (float64
+    unless named), from a generator seeded with seed, in order. The grader draws the same on its side (same torch, same CPU generator), so that inputs too large
+    to send are made where they are used, and no wire buffer counts against a memory bound."""
+    generator = torch.Generator().manual_seed(int(seed))
+    return [torch.empty([int(n) for n in shape], dtype=getattr(torch, dtype[0]) if dtype else torch.float64)
+            .uniform_(-float(scale), float(scale), generator=generator) for shape, scale, *dtype in specs]
+
+
+def _picked(value, picks):
+    """Of each tensor of value (a tensor, or a tuple or list of them), the entries at picks[j] along dim 2 (None:
+    all of it); anything else as it is. -> (what is picked, each element's full shape or None)."""
+    items = list(value) if isinstance(value, (tuple, list)) else [value]
+    out, shapes = [], []
+    for item, pick in zip(items, list(picks) + [None] * (len(items) - len(picks))):
+        tensor = torch.is_tensor(item)
+        shapes.append(list(item.shape) if tensor else None)
+        if tensor and pick is not None and item.dim() >= 3 and item.size(2) > max(pick):
+            item = item.index_select(2, torch.tensor(pick, device=item.device))
+        out.append(item)
+    return (tuple(out) if isinstance(value, (tuple, list)) else out[0]), shapes
+
+
+def drawn_calls(fn, seed, specs, calls):
+    """fn(*call["args"]) for each of calls, where {"drawn": i} among the args is the i-th tensor draw(seed, specs) makes
+    here, every one alive until the last call; of each result, only the entries call["picks"] says (_picked), with
+    the full shapes. call["ballast_mb"] MiB stay mapped during the call: what another call's results may take, so
+    that one memory bound holds each call to the same working memory."""
+    drawn = draw(seed, specs)
+    results = []
+    for call in calls:
+        ballast = torch.empty(int(call.get("ballast_mb", 0)) << 20, dtype=torch.uint8)  # mapped, never touched
+        result = fn(*[drawn[a["drawn"]] if isinstance(a, dict) and "drawn" in a else a for a in call["args"]])
+        results.append(_picked(result, call.get("picks", [])))
+        del result, ballast
+    return results
+
+
+def form_latent_kv(mla, seed, specs, chunk=2048):
+    """What absorbed_attention must never do, done here to price it: apply mla.k_up and mla.v_up to every latent
+    (B, Tk, d_latent) of draw(seed, specs), chunk positions at a time, keeping nothing. The grader compares the CPU
+    time of a student's call with this one's, in the same process (checks/kv_compression.py)."""
+    latents = draw(seed, specs)[0]
+    with torch.no_grad():
+        for s in range(0, latents.size(1), chunk):
+            mla.k_up(latents[:, s:s + chunk])
+            mla.v_up(latents[:, s:s + chunk])
+
+
 # payload -> the grader's reply: installed by server.py, which imports this module (so this one
 # imports no other of the sandbox's, and the two form no circle).
 host_callback = None
@@ -274,6 +344,9 @@ HELPERS = {
     "keeps_argument": keeps_argument,
     "device_used": device_used,
     "tensor_bytes": tensor_bytes,
+    "compile_kernels": compile_kernels,
+    "drawn_calls": drawn_calls,
+    "form_latent_kv": form_latent_kv,
     "launches": launches,
     "ModelRecord": ModelRecord,
     "tripwires_probe": tripwires.probe,

@@ -18,8 +18,8 @@ with its own size-limited /dev/shm where the kernel allows one (see isolate()).
 --unprotected (tests only) leaves all that out, to show that the attacks it stops are real.
 
 Control messages (JSON over a SOCK_SEQPACKET socket) from the grader: start (with the data
-socket attached), bound (see bound()) and kill; the worker answers ready, bounded or refused,
-and exited after each child.
+socket attached), bound (see bound()), cpu (cpu_seconds()) and kill; the worker answers ready,
+bounded or refused, cpu, and exited after each child.
 """
 import ctypes
 import hashlib
@@ -388,7 +388,7 @@ def _stopped(pid):
     return True
 
 
-def bound(pid, mb, opts, headroom=0):
+def bound(pid, mb, opts, headroom=0, inputs=0):
     """Before a bounded block of calls: kill every other process of the sandbox (daemons would work
     outside the bound), then, from here, outside the child's reach, lower its address-space limit
     (soft and hard: it has no CAP_SYS_RESOURCE to raise it again) to what the pristine worker maps
@@ -404,7 +404,8 @@ def bound(pid, mb, opts, headroom=0):
     the block. Refused when the child already maps mb MiB beyond the pristine worker.
     headroom (MiB, for a check that sizes its evidence from held_mb, Subject.memory_bound): a child
     holding HONEST_HELD_MB or more beyond the pristine worker (%matplotlib inline, a scratch tensor)
-    gets what it holds on top of mb, up to headroom MiB, and is refused above it. Returns the reply
+    gets what it holds on top of mb, up to headroom MiB, and is refused above it. inputs (MiB): what the grader's
+    own inputs, made inside the block (helpers.drawn_calls), take on top of mb. Returns the reply
     for the grader, with what the child held beyond the pristine worker (MiB) when bounded."""
     try:
         # No process of its own from here, then none left of those it had: none may continue it while it is
@@ -425,7 +426,7 @@ def bound(pid, mb, opts, headroom=0):
             return {"op": "refused", "held_mb": held >> 20,
                     "why": f"your notebook's process already holds {held >> 20} MiB more than a fresh one, and this "
                            f"check {over}"}
-        limit = opts["pristine_vm"] + min(held, 0) + allowance + mb * 2**20
+        limit = opts["pristine_vm"] + min(held, 0) + allowance + (mb + inputs) * 2**20
         resource.prlimit(pid, resource.RLIMIT_AS, (limit, limit))
     except (OSError, StopIteration, ValueError):
         return {"op": "refused", "why": "your notebook's process ended before its memory could be bounded"}
@@ -437,9 +438,27 @@ def bound(pid, mb, opts, headroom=0):
     return {"op": "bounded", "held_mb": max(held, 0) >> 20}
 
 
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid, opts):
+    """The CPU time (user + system, seconds) the child and every live process of the sandbox have used, with what
+    the child's reaped children used: read from the kernel, outside the child's reach. The grader's time limits count
+    it (worker.Session), not the wall clock, so a busy grader does not change a verdict."""
+    total = 0
+    for p in _pids(opts) | {pid}:
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        total += sum(int(n) for n in fields[11:13] + (fields[13:15] if p == pid else []))
+    return total / TICKS
+
+
 def supervise(ctl, pid, opts):
-    """Wait for the child, killing it when the grader says so, and bounding its memory (bound());
-    returns its wait status."""
+    """Wait for the child, killing it when the grader says so, bounding its memory (bound()) and telling the CPU
+    time it used (cpu_seconds()); returns its wait status."""
     while True:
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
@@ -449,8 +468,11 @@ def supervise(ctl, pid, opts):
             msg = ctl.recv(65536)
             request = json.loads(msg) if msg else {}
             op = request.get("op")
-            if op == "bound":
-                ctl.send(json.dumps(bound(pid, int(request["mb"]), opts, int(request.get("headroom", 0)))).encode())
+            if op == "cpu":
+                ctl.send(json.dumps({"op": "cpu", "seconds": cpu_seconds(pid, opts)}).encode())
+            elif op == "bound":
+                ctl.send(json.dumps(bound(pid, int(request["mb"]), opts, int(request.get("headroom", 0)),
+                                           int(request.get("inputs", 0)))).encode())
             elif op == "kill" or not msg:
                 os.killpg(pid, signal.SIGKILL)
                 if not msg:

@@ -99,3 +99,35 @@ def test_cpu_smoke_without_out_writes_nothing_in_the_repository(bench, monkeypat
     result = bench.main(["--cpu-smoke"])
     assert "pass --out" in capsys.readouterr().out and result["mode"] == "cpu-smoke"
     assert (sorted(p.name for p in results.iterdir()) if results.is_dir() else []) == before
+
+
+GPU_CHECK = SCRIPT.parent / "gpu_check.py"
+
+
+def test_gpu_check_without_a_gpu_says_so_in_one_line_and_exits_0():
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, str(GPU_CHECK)], capture_output=True, text=True, timeout=120,
+                          env={"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": ""})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "gpu-check: no CUDA GPU here (torch.cuda.is_available() is False): nothing to check"
+
+
+def test_gpu_check_runs_a_notebook_as_a_kernel_would_without_its_hidden_tests(tmp_path):
+    """Its notebook runner: code cells in order, IPython's In kept, hidden tests left out, magics skipped, and a
+    failing cell fails the run."""
+    import subprocess
+    import sys
+    spec = importlib.util.spec_from_file_location("gpu_check", GPU_CHECK)
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+
+    def run(*cells):
+        nb = {"cells": [{"cell_type": "code", "source": c, "metadata": {}} for c in cells]}
+        (tmp_path / "nb.ipynb").write_text(json.dumps(nb))
+        return subprocess.run([sys.executable, "-c", check.NOTEBOOK_RUNNER, "nb.ipynb"], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120)
+    done = run("x = 1", "%timeit x", "assert len(In) == 3 and 'x = 1' in In[1]\n### BEGIN HIDDEN TESTS\n"
+               "from autograder.checks import verify\n### END HIDDEN TESTS")
+    assert done.returncode == 0 and "cell 1: skipped" in done.stdout, done.stderr
+    assert run("x = 1", "assert x == 2").returncode == 1

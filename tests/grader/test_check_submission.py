@@ -1,6 +1,7 @@
 """check_submission.py, the check students run before submitting: release puts it in every lesson folder,
 it holds nothing of solutions/ or checks/, and it says what the grader would say, in the grader's words."""
 import copy
+import csv
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,7 @@ import pytest
 from autograder import check_submission as cs
 from autograder import grade
 from autograder import notebook as nbk
-from autograder.release import TRIPWIRES, release
+from autograder.release import TRIPWIRES, release, script_facts
 from tests.harness.lessons import LESSONS, fill
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,7 +41,7 @@ def notebook(released, lesson=LESSON):
 def test_every_released_folder_has_the_check_for_its_lesson(released):
     for lesson in LESSONS:
         text = (released / lesson / "check_submission.py").read_text()
-        facts = cs.lesson_facts(notebook(released, lesson), lesson)
+        facts = script_facts(notebook(released, lesson), lesson)
         assert f"LESSON = {facts!r}" in text
         assert [t for t, _ in nbk.lesson_tests(lesson)] == list(facts["tests"])
 
@@ -202,3 +203,59 @@ def test_release_keeps_a_written_question_and_tells_the_check(tmp_path):
     cell_ = copy_["cells"][1]
     assert nbk.TEXT_STUB in nbk.source(cell_) and "sqrt" not in nbk.source(cell_) and cs.is_written(cell_)
     assert "'written': {'why_scale': 2.0}" in check_script(copy_, LESSON)
+
+
+def test_the_check_and_the_grader_agree_on_what_demonstrations_define(released, tmp_path):
+    """Demo cells are not run when grading. An answer whose cell reads a name only a demo defines is lost: the
+    check says so, naming that demo cell, and so does the grader, which gives it nothing. A scratch cell that
+    reads one only raises: the grader runs it and goes on (full marks), and the check notes it without failing. An
+    answer reading a name only a test cell binds passes this check's run but not the grader: the check says so."""
+    demos = cs.demo_only(notebook(released))  # x: the first demo binds it (a later test cell too); dots: a plot's
+    code = {nbk.grade_id(c): nbk.source(c) for c in nbk.code_cells(fill(notebook(released), LESSON)) if nbk.is_answer(c)}
+    lost = fill(notebook(released), LESSON, {"softmax": "BIG = x.max()\n" + code["softmax"]})
+    scratch = fill(notebook(released), LESSON)
+    scratch["cells"].append({"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
+                             "source": "print(softmax(dots))\n"})
+    said = "'{}' is defined only in demonstration cell {}, which is not run when grading".format
+    rc, out = script(released, LESSON, lost)
+    assert rc == 1 and said("x", demos["x"]) in out and "so softmax is not defined: the grader finds no answer" in out
+    rc, out = script(released, LESSON, scratch)
+    assert rc == 0 and f"note    cell {len(scratch['cells'])} raised NameError" in out, out
+    assert said("dots", demos["dots"]) in out, out
+    # a name only a test cell binds: this check's run defines it (it runs the test cells), the grader's does not
+    tested = fill(notebook(released), LESSON, {"scaled_dot_product_attention": code["scaled_dot_product_attention"]
+                  .replace('"""\n', '"""\n    lower.shape\n', 1)})
+    [line] = problems(tested, notebook(released), tmp_path)
+    assert "uses 'lower', which only test cell" in line and "grader runs its own tests instead" in line, line
+    for student, nb in (("lost", lost), ("scratch", scratch), ("tested", tested)):
+        nbk.write(nb, tmp_path / "subs" / student / LESSON / f"{LESSON}.ipynb")
+    subprocess.run([sys.executable, "-m", "autograder", "grade", str(tmp_path / "subs"), "--out",
+                    str(tmp_path / "results"), "--quiet"], check=True, timeout=600)
+    rows = {(r["student"], r["test"]): r for r in csv.DictReader(open(tmp_path / "results" / "grades.csv"))}
+    assert float(rows["lost", "test_softmax"]["points"]) == 0 and said("x", demos["x"]) in rows["lost", "test_softmax"]["message"]
+    assert all(r["status"] == "passed" for (student, _), r in rows.items() if student == "scratch"), rows
+    assert float(rows["tested", "test_scaled_dot_product_attention"]["points"]) == 0
+
+
+def test_the_limits_are_stated_and_a_graded_case_is_timed_against_them(released, tmp_path):
+    """check_submission.py states the limits a student can hit, and times one case at the graded size against the
+    limit on a call (issue 33: a correct backward too slow for the graded sizes was told "an infinite loop?")."""
+    lesson = "09_flash_backward"
+    answered = fill(notebook(released, lesson), lesson)
+    rc, out = script(released, lesson, answered)
+    assert rc == 0 and f"limits  when graded, {grade.lesson_limits(lesson).statement()}" in out, out
+    assert "flash_attention_backward at the size it is graded:" in out and "within the 30 s" in out, out
+    folder = tmp_path / lesson  # the same check, with no CPU time to spare on a call
+    folder.mkdir()
+    text = (released / lesson / "check_submission.py").read_text()
+    (folder / "check_submission.py").write_text(text.replace("'call_seconds': 30,", "'call_seconds': 0,", 1))
+    nbk.write(answered, folder / "mine.ipynb")
+    done = subprocess.run([sys.executable, "check_submission.py", "mine.ipynb"], cwd=folder, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 1 and "too slow for the graded sizes" in done.stdout, done.stdout
+
+
+def test_every_lesson_states_the_limits_a_student_can_hit():
+    for lesson in LESSONS:
+        intro = " ".join(nbk.source(nbk.read(nbk.lesson_path(lesson))["cells"][0]).split())
+        assert grade.lesson_limits(lesson).statement() in intro, lesson

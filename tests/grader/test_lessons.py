@@ -9,13 +9,24 @@ import pytest
 
 from autograder import lessons
 from autograder import notebook as nbk
-from autograder.release import TRIPWIRES, lesson_files, release
+from autograder.release import TRIPWIRES, TRITON_FIT, lesson_files, release
 from autograder.sync import sync
 from tests.harness.lessons import LESSONS
 
 
 def test_notebooks_are_in_sync_with_solutions():
     assert sync(check=True) == [], "run `python -m autograder sync` and commit"
+
+
+@pytest.mark.parametrize("lesson", LESSONS)
+def test_students_can_tell_a_demonstration(lesson):
+    """Grading skips demo cells: each starts with DEMO_HEADER (sync writes it from the tag), and the lesson's
+    "how to work" paragraph says what that means for answers."""
+    nb = nbk.read(nbk.lesson_path(lesson))
+    assert all(nbk.source(c).startswith(nbk.DEMO_HEADER + "\n") for c in nbk.code_cells(nb) if nbk.is_demo(c))
+    how = next(nbk.source(c) for c in nb["cells"] if "**How to work:**" in nbk.source(c))
+    assert "`" + nbk.DEMO_HEADER.split(":")[0] + "`" in how and "no answer may use a name they define" in how
+    assert nbk.with_demo_header(nbk.with_demo_header("y = 2")) == nbk.DEMO_HEADER + "\ny = 2"  # once
 
 
 # ---- a lesson is described once (lessons/NN_name/lesson.toml) ------------------------------------
@@ -45,7 +56,7 @@ def missing_pieces(lesson, root=nbk.LESSONS_DIR):
                     for n, p in graded.items() if tests.get(f"test_{n}") != p]
         missing += [f"the notebook grades {t}, which the manifest does not name" for t in tests
                     if t.removeprefix("test_") not in graded]
-        beside = set(lesson_files(lesson, root))  # the manifest's data, and tripwires.py where a cell imports it
+        beside = set(lesson_files(lesson, root))  # the manifest's data, and the course's modules its cells import
     except nbk.NotebookError:
         missing.append(f"no notebook lessons/{lesson}/{lesson}.ipynb")
         beside = set(manifest["data"])
@@ -239,9 +250,11 @@ def released(tmp_path_factory):
 def test_a_release_holds_exactly_what_the_manifest_declares(released, tmp_path):
     for lesson in LESSONS:
         want = {f"{lesson}.ipynb", "check_submission.py", *lessons.read(lesson)["data"]} | (
-            {TRIPWIRES.name} if lessons.forbids(lesson) else set())  # its visible tests switch off what it forbids
+            {TRIPWIRES.name} if lessons.forbids(lesson) else set()) | (  # its visible tests switch off what it forbids
+            {TRITON_FIT.name} if lesson in ("06_gpu", "09_flash_backward") else set())
         assert {p.name for p in (released / lesson).iterdir()} == want, lesson
-    assert (released / "06_gpu" / TRIPWIRES.name).read_bytes() == TRIPWIRES.read_bytes()
+    for module in (TRIPWIRES, TRITON_FIT):
+        assert (released / "06_gpu" / module.name).read_bytes() == module.read_bytes()
     # A file the manifest does not declare stays in the course, and so does the manifest.
     root = copy_lessons(tmp_path / "lessons", "07_head_specialization")
     (root / "07_head_specialization" / "notes.txt").write_text("the instructor's notes")
@@ -255,7 +268,7 @@ def test_the_grader_gives_a_notebook_the_files_a_release_gives(tmp_path):
     from autograder.grade import stage_data
 
     staged = stage_data(["06_gpu", "07_head_specialization"], tmp_path)
-    assert staged == {"06_gpu": [TRIPWIRES.name], "07_head_specialization": sorted(lessons.read(
+    assert staged == {"06_gpu": sorted([TRIPWIRES.name, TRITON_FIT.name]), "07_head_specialization": sorted(lessons.read(
         "07_head_specialization")["data"])}
     assert sorted(p.name for p in (tmp_path / "07_head_specialization").iterdir()) == staged["07_head_specialization"]
 

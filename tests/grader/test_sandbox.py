@@ -522,3 +522,44 @@ def test_a_reply_is_capped_by_its_data_not_by_what_it_says_its_size_is():
     call = lambda name: server.handle({"op": "call", "target": {"name": name}, "args": [], "kwargs": {}})  # noqa: E731
     assert call("liar")["error"]["type"] == "OutputTooLarge"
     assert "ok" in call("honest")
+
+
+@pytest.mark.slow
+def test_time_limits_count_cpu_time_and_a_wait_is_regraded():
+    """A call's limit counts the CPU time of the student's process (issue 33): code that computes past it is too slow
+    for the graded sizes (its case is lost, with that message), code that sleeps passes the wall-clock backstop and
+    is the grader's to regrade; neither is "an infinite loop?", and the child is restarted for the next call."""
+    try:
+        sandbox = Sandbox(choose_mode("auto"), replace(DEFAULT_LIMITS, memory_mb=512, call_seconds=1))
+    except SandboxError as e:
+        pytest.skip(f"no sandbox here: {e}")
+    cell = ("import time\n\ndef spin():\n    while True:\n        pass\n\n"
+            "def nap():\n    time.sleep(60)\n\ndef quick():\n    return 7\n")
+    s = Session(sandbox, "01_attention", [cell])
+    try:
+        s.open()
+        slow = s.transport(call("spin"))  # stopped by its CPU time, before the backstop
+        assert list(slow) == ["too_slow"] and "CPU time" in slow["too_slow"] and "too slow" in slow["too_slow"], slow
+        waited = s.transport(call("nap"))
+        assert list(waited) == ["stalled"] and "grade it again" in waited["stalled"], waited
+        assert s.transport(call("quick")) == {"ok": 7}
+        used = s.transport({"op": "cpu"})  # Subject.cpu_seconds: the worker's reading, never the child's word
+        assert isinstance(used["ok"], float) and used["ok"] >= 0, used
+    finally:
+        s.close()
+        sandbox.close()
+
+
+def test_a_stalled_call_is_flagged_for_regrading_and_a_slow_one_loses_its_case():
+    """What grade stores for each: a wait is an error to regrade (never a fail); CPU past the limit fails the check."""
+    from autograder.checking import Check, Subject
+    from autograder.grade import run_check
+
+    def replying(reply):
+        return Subject(lambda request: reply)
+
+    check = Check("f", lambda s: s.call("f"))
+    stalled = run_check(check, replying({"stalled": "waited"}), 2)
+    assert stalled["status"] == "error" and stalled.get("grader_error") is True, stalled
+    slow = run_check(check, replying({"too_slow": "too slow for the graded sizes"}), 2)
+    assert slow["status"] == "failed" and "too slow" in slow["message"] and not slow.get("grader_error"), slow

@@ -15,7 +15,7 @@ from autograder.checking import memory, verify
 from tests.harness import each, mutants, one_lesson
 from tests.harness.lessons import fresh_namespace, graded_names
 
-REPO = Path(__file__).resolve().parents[2].parent
+REPO = Path(__file__).resolve().parents[2]
 __all__ = ["test_every_graded_name_has_a_check_and_the_solutions_pass", "test_every_graded_name_has_at_least_three_mutants",
            "pristine", "test_mutant_fails_its_check_only", "tighter_bounds", "test_correct_variant_passes",
            "test_the_released_stub_scores_nothing", "test_constant_stubs_score_nothing",
@@ -130,7 +130,8 @@ def tighter_bounds(monkeypatch):
     """Every in-process memory bound HONEST_SHARE of its size."""
     enter = memory.LocalBound.enter
     monkeypatch.setattr(memory.LocalBound, "enter",
-                        lambda self, namespace, mb, headroom=0: enter(self, namespace, int(mb * HONEST_SHARE), headroom))
+                        lambda self, namespace, mb, headroom=0, inputs=0:
+                        enter(self, namespace, int(mb * HONEST_SHARE), headroom, inputs))
 
 
 @each("lesson, name, variant", lambda lesson: cases("VARIANTS", lesson) + [

@@ -127,7 +127,7 @@ def _lesson_06(answers):
                                           + wrapper.replace("torch.empty_like", "T.empty_like")
                                           .replace("math.sqrt(Dh)", "sqrt(Dh)")}, []),
         "wrapper_with_typed_helper": ([], {"triton_attention": WRAPPER_HELPERS + wrapper.replace(
-            "grid = (triton.cdiv(Tq, block_q), B * H)", "grid = _grid(Tq, B * H, block_q)")}, []),
+            'grid = (triton.cdiv(Tq, tiles["BLOCK_Q"]), B * H)', 'grid = _grid(Tq, B * H, tiles["BLOCK_Q"])')}, []),
         "wrapper_type_hints_and_print": ([], {"triton_attention": typed.replace(
             "    return out\n", "    print(end='')\n    return out\n")}, []),
         "kernel_with_jit_helper": ([], {"_attention_kernel": JIT_HELPER + kernel.replace(

@@ -217,3 +217,20 @@ def test_on_cuda_the_function_equals_autograd_through_sdpa(dtype):
     for name, t, w in zip(("dq", "dk", "dv"), (q, k, v), want):
         assert t.grad.device.type == "cuda"
         assert_near(t.grad.cpu(), w, dtype, name)
+
+
+def test_d_per_pair_is_read_from_the_cells_values_only():
+    """Lesson 09's "D once": out's values read for every pair of tiles fail it; the reference, out's dtype read in
+    the inner loop and out's values read once per query tile (query tiles outside) do not."""
+    import inspect
+
+    from autograder.checking import mistakes
+    from autograder.lessons.flash_backward.checks import d_per_pair
+    from solutions import flash_backward as ref
+    source = inspect.getsource(ref.flash_attention_backward)
+    per_pair = [m.code for m in mistakes.mutants("09_flash_backward")["flash_attention_backward"]
+                if m.what == "D computed for every pair of tiles"]
+    assert per_pair and d_per_pair(per_pair) and not d_per_pair([source])
+    assert not d_per_pair([source.replace("dq[:, :, qs:qe] += ds @ kb * scale",
+                                          "dq[:, :, qs:qe] += (ds @ kb * scale).to(out.dtype)")])
+    assert not any(d_per_pair([code]) for _, code in mistakes.variants("09_flash_backward")["flash_attention_backward"])

@@ -19,7 +19,9 @@ The large cases compare values too, with tolerances derived from the length of t
 FlashAttention runs with correct flash_attention_forward and flash_attention_backward (isolate), so a
 mistake in those costs points on their own tests only.
 """
+import ast
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -27,8 +29,9 @@ import torch
 from autograder.checking import mistakes
 from autograder.checking import (HEADROOM_MB, Checks, StudentError, close, evidence_times, expect_array, fail,
                                kind_of, reference, tensor, within_memory)
-from autograder.lessons.gpu.checks import (TILED_MB, TILED_ROW, TILED_ROWS, attention_mistakes, exact_attention,
-                                   expect_attention, qkv, rows_of, tiled_cases)
+from autograder.lessons.gpu.checks import (TILED_ROWS, TIMED_LONG, attention_mistakes, drawn_mb, exact_attention,
+                                           expect_attention, long_specs, qkv, rows_of, tiled_judged)
+from autograder.sandbox import helpers
 from autograder.sandbox.wire import Array
 from solutions import flash_backward as ref
 
@@ -40,8 +43,8 @@ TOL = {"float64": 1e-10, "float32": 1e-4, "float16": 2e-3, "bfloat16": 1.6e-2}
 UNIT = {"float64": 2.0 ** -53, "float32": 2.0 ** -24}  # unit roundoff of the arithmetic
 GRADS = ("dq", "dk", "dv")
 AXES = {"dq": ("B", "H", "Tq", "Dh"), "dk": ("B", "H", "Tk", "Dh"), "dv": ("B", "H", "Tk", "Dh")}
-FLOAT64 = mistakes.for_lesson(LESSON).FLOAT64
-ORDER = mistakes.for_lesson(LESSON).ORDER
+FLOAT64, ORDER, IN_PLACE, DQ_KEPT, D_PER_PAIR, SAVED = (getattr(mistakes.for_lesson(LESSON), n) for n in (
+    "FLOAT64", "ORDER", "IN_PLACE", "DQ_KEPT", "D_PER_PAIR", "SAVED"))
 
 
 def _torch_dtype(name):
@@ -92,9 +95,8 @@ def _expect_grads(got, want, what, name, mistaken=lambda: [], atols=None):
     shapes = [getattr(g, "shape", None) for g in got]
     if shapes != [w.shape for w in want] and sorted(map(str, shapes)) == sorted(str(w.shape) for w in want):
         fail(f"{what}: {ORDER}")
-    if len({w.shape for w in want}) == 1 and any(
-            all(close(g, want[j], rtol=1e-300, atol=atols[j]) for g, j in zip(got, perm))
-            for perm in [(1, 0, 2), (0, 2, 1), (2, 1, 0), (1, 2, 0), (2, 0, 1)]):
+    if any(all(close(g, want[j], rtol=1e-300, atol=atols[j]) for g, j in zip(got, perm))  # dk and dv share a shape
+           for perm in [(1, 0, 2), (0, 2, 1), (2, 1, 0), (1, 2, 0), (2, 0, 1)]):
         fail(f"{what}: {ORDER}")
     if name == "float64" and all(isinstance(g, Array) and g.dtype == "float64" for g in got) and all(
             close(_as(g, "float32"), _as(w, "float32"), rtol=1e-300, atol=_atol(w, "float32"))
@@ -173,9 +175,15 @@ def _lse_atol(lse, largest, name, tk, dh):
     return unit * (tk + 8 + (dh + 4) * largest + float(lse.abs().max()))
 
 
-def _expect_lse(got, want, largest, what, name, tk, dh, mistaken):
-    """lse: float32 for half inputs, else the inputs' dtype; shape exactly (B, H, Tq)."""
+def _expect_lse(got, want, largest, what, name, tk, dh, mistaken, slips=None):
+    """lse: float32 for half inputs, else the inputs' dtype; shape exactly (B, H, Tq). slips: a list that gets
+    another float dtype of lse (float64 for float32 inputs), which is then judged by its values: a dtype slip
+    costs the aspect "lse dtype" alone."""
     lse_name = "float64" if name == "float64" else "float32"
+    if slips is not None and isinstance(got, Array) and got.dtype in ("float32", "float64") and got.dtype != lse_name:
+        slips.append(f"lse is {got.dtype} for {name} inputs: it is in the inputs' dtype, {lse_name} here (and float32 "
+                     "for float16 or bfloat16 inputs)")
+        got = Array(got.kind, lse_name, got.data.astype(lse_name), device=got.device)
     if isinstance(got, Array) and name == "float16" and got.dtype == "float16":
         fail(f"{what}: lse is float16 for float16 inputs: keep it in float32 (the dtype you compute in): "
              "float16 has 3 decimal digits, and P = exp(s - lse) needs more")
@@ -186,12 +194,12 @@ def _expect_lse(got, want, largest, what, name, tk, dh, mistaken):
                  hint="lse[b, h, i] = m + log(l), the natural log of the sum of exp(s) over the keys row i may see")
 
 
-def _forward_mistakes(q, k, v, causal, blocks, name):
-    """[(message, lse)] of the defined mistakes of flash_attention_forward on these inputs."""
+def _forward_mistakes(q, k, v, causal, blocks, name, part=1):
+    """[(message, lse)] (part 0: out) of the defined mistakes of flash_attention_forward on these inputs."""
     def run():
         args = [torch.from_numpy(a) for a in (q, k, v)]
-        return [(m.message, reference(got[1])) for m, got in mistakes.on(LESSON, "flash_attention_forward", *args,
-                                                                          causal, *blocks)
+        return [(m.message, reference(got[part])) for m, got in mistakes.on(LESSON, "flash_attention_forward", *args,
+                                                                          causal, *blocks, fresh=True)
                 if isinstance(got, tuple) and len(got) == 2]
     return run
 
@@ -203,40 +211,33 @@ def _expect_pair(got, what):
     return got
 
 
-FORWARD_TILED = ("flash_attention_forward{causal} ran out of memory with {tq} queries and {tk} keys in tiles of "
-                 "{bq} x {bk}: it never materialises anything of (Tq, Tk) size (here {mb} MiB of {what}): not the "
-                 "full score matrix, not a (block_q, Tk) row of it, not a full mask. Loop over block_q x block_k tiles "
-                 "(queries AND keys), and take lse = m + log(l) from the running max and sum, not torch.logsumexp "
-                 "of a whole row")
-
-
 def _expect_forward_tiled(s, rng):
-    """flash_attention_forward within lesson 06's bound: tiles fit, a row of scores or a full mask does not."""
-    calls = []
-    first = FORWARD_TILED.format(causal="", tq=TILED_ROW["tq"], tk=TILED_ROW["tk"], bq=TILED_ROW["tq"],
-                                 bk=TILED_ROW["bk"], mb=TILED_ROW["tq"] * TILED_ROW["tk"] * 4 >> 20, what="scores")
-    with within_memory(s, TILED_MB, first, HEADROOM_MB) as reword:
-        for causal, tq, tk, bq, bk, mb, what in tiled_cases(s):
-            q, k, v = qkv(rng, 1, 1, tq, tk, 4, np.float32)
-            rows = np.sort(rng.choice(tq, min(tq, TILED_ROWS), replace=False))
-            reword(FORWARD_TILED.format(causal=" (causal)" if causal else "", tq=tq, tk=tk, bq=bq, bk=bk, mb=mb,
-                                        what=what))
-            got = s.call("flash_attention_forward", tensor(q), tensor(k), tensor(v), causal, bq, bk)
-            calls.append((causal, q, k, v, rows, got))
-    for causal, q, k, v, rows, answer in calls:
-        what = f"flash_attention_forward(causal={causal}) with {k.shape[2]} keys"
+    """flash_attention_forward within lesson 06's bound: its tiles fit, nothing spanning every key does."""
+    lse_hint = ", and take lse = m + log(l) from the running max and sum, not torch.logsumexp of a whole row"
+    for causal, q, k, v, answer, rows, want, want_lse, cond in tiled_judged(s, rng, "flash_attention_forward", lse_hint):
+        what = f"flash_attention_forward(causal={causal}) with {k.size(2)} keys"
         out, lse = _expect_pair(answer, what)
-        want, cond = exact_attention(q, k, v, causal, np.float32, rows)
-        expect_attention(rows_of(out, rows), want, what, lambda: [], len(rows), [], cond)
-        want_lse, largest = _exact_lse(q, k, causal, rows)
-        if isinstance(lse, Array) and lse.data.ndim == 3 and lse.shape[2] == q.shape[2]:
-            lse = Array(lse.kind, lse.dtype, lse.data[:, :, rows], device=lse.device)
-        _expect_lse(lse, want_lse, largest, what, "float32", k.shape[2], q.shape[3], [])
+        name = str(q.dtype).split(".")[-1]
+        expect_attention(rows_of(out, rows), reference(want, dtype=name), what, lambda: [], len(rows), [], cond)
+        if isinstance(lse, Array) and lse.data.ndim == 3 and lse.shape[2] == q.size(2):
+            lse = Array(lse.kind, lse.dtype, lse.data[:, :, rows.numpy()], device=lse.device)
+        _expect_lse(lse, want_lse, cond * 16, what, name, k.size(2), q.size(3), [])
 
 
-@CHECKS.add("flash_attention_forward", aspects={"values": 3, "causal": 1, "float16": 1, "tiled": 2}, memory_bound=True)
+def _large_scores(rng, b, h, tq, tk, dh):
+    """float32 q, k, v whose even query rows score in the hundreds and odd ones near 1: exp of a score overflows
+    (exp(89) is inf in float32), and one shift for rows of both kinds underflows the small ones to 0."""
+    q, k, v = qkv(rng, b, h, tq, tk, dh, np.float32, 1.0)
+    q[:, :, ::2] *= 100
+    return q, k, v
+
+
+@CHECKS.add("flash_attention_forward", aspects={"values": 3, "causal": 1, "large scores": 1, "inputs kept": 1,
+                                                "float16": 1, "lse dtype": 1, "tiled": 2},
+            memory_bound=True)
 def flash_attention_forward(s):
     rng = s.rng
+    slips = []  # lse in another float dtype: judged by its values, costing "lse dtype" only
     # (aspect, dtype, (B, H, Tq, Tk, Dh), causal, block_q, block_k (None: the defaults), scale, blocks by position)
     cases = [("values", np.float64, (2, 3, 37, 53, 8), False, 16, 16, 3.0, False),
              ("values", np.float32, (2, 2, 45, 20, 8), False, 16, 8, 10.0, True),
@@ -244,12 +245,17 @@ def flash_attention_forward(s):
              ("causal", np.float64, (2, 2, 29, 45, 16), True, 8, 12, 2.0, True),
              ("causal", np.float32, (2, 3, 150, 150, 8), True, None, None, 2.0, False),
              ("causal", np.float32, (2, 2, 1, 77, 16), True, 16, 32, 2.0, False),
+             # a query tile's last visible key is the first of a key tile: key 31 for queries 16..31, and key 64
+             # for query 64 with the default blocks
+             ("causal", np.float32, (1, 2, 100, 100, 8), True, 16, 31, 2.0, False),
+             ("causal", np.float32, (1, 2, 65, 65, 8), True, None, None, 2.0, False),
+             ("large scores", np.float32, (2, 2, 33, 40, 8), False, 16, 16, None, False),
              ("float16", np.float16, (2, 2, 40, 70, 16), True, 16, 32, 1.5, False),
              ("float16", np.float16, (2, 3, 64, 64, 32), False, 32, 32, 1.0, True)]
     for aspect, dtype, (b, h, tq, tk, dh), causal, bq, bk, scale, positional in cases:
         with s.aspect(aspect):
             name = np.dtype(dtype).name
-            q, k, v = qkv(rng, b, h, tq, tk, dh, dtype, scale)
+            q, k, v = qkv(rng, b, h, tq, tk, dh, dtype, scale) if scale else _large_scores(rng, b, h, tq, tk, dh)
             blocks = () if bq is None else (bq, bk)
             args, kwargs = ((causal, *blocks), {}) if positional else ((), dict(causal=causal, **(
                 dict(block_q=bq, block_k=bk) if blocks else {})))
@@ -259,20 +265,39 @@ def flash_attention_forward(s):
                                     what)
             bq, bk = bq or 64, bk or 64
             want, cond = exact_attention(q, k, v, causal, dtype)
-            mistaken = lambda: attention_mistakes(q, k, v, causal, [bk], getattr(torch, name))
-            expect_attention(out, want, what, mistaken, tq, [bq], cond)
+            mistaken = lambda: (attention_mistakes(q, k, v, causal, [bk], getattr(torch, name))
+                                + _forward_mistakes(q, k, v, causal, (bq, bk), name, part=0)())
             want_lse, largest = _exact_lse(q, k, causal)
-            _expect_lse(lse, want_lse, largest, what, name, tk, dh, _forward_mistakes(q, k, v, causal, (bq, bk), name))
+            lse_mistaken = _forward_mistakes(q, k, v, causal, (bq, bk), name)
+            if aspect == "large scores":  # lse first: it names the slip (an overflow, one shift) that out's NaN hides
+                _expect_lse(lse, want_lse, largest, what, name, tk, dh, lse_mistaken, slips)
+            expect_attention(out, want, what, mistaken, tq, [bq], cond)
+            _expect_lse(lse, want_lse, largest, what, name, tk, dh, lse_mistaken, slips)
+    with s.aspect("inputs kept"):
+        q, k, v = qkv(rng, 2, 2, 20, 30, 8, np.float32)
+        _, kept = s.helper("keeps_argument", s.get("flash_attention_forward", "__call__"), tensor(q), tensor(k),
+                           tensor(v), True, 8, 8)
+        if not kept:
+            fail(f"flash_attention_forward(q, k, v) in float32: {IN_PLACE}")
+    with s.aspect("lse dtype"):
+        if slips:
+            fail(slips[0])
     with s.aspect("tiled"):
         _expect_forward_tiled(s, rng)
 
 
 # ---- flash_attention_backward ------------------------------------------------------------------
 
-BIG_BLOCK = 512  # the tiles of the grader's own float64 passes over the large cases
+BIG_TILE = 2**18  # the entries of a tile in the grader's own float64 passes over the large cases
 
 
-def _grad_atol(q64, k64, v64, out64, lse64, do64, causal, forward_length=0):
+def _big_blocks(tq, tk):
+    """(block_q, block_k) of the grader's own passes: tiles of about BIG_TILE entries, whatever the lengths' shape."""
+    bk = min(tk, BIG_TILE)
+    return max(1, BIG_TILE // bk), bk
+
+
+def _grad_atol(q64, k64, v64, out64, lse64, do64, causal, forward_length=0, name="float32"):
     """How far a float32 (dq, dk, dv) may be from the exact one, per gradient: a first-order bound on the rounding
     of every product and sum. Each dS_ij carries the rounding of its score (Dh products), of exp(s - lse), of dP_ij
     and D_i (Dh products each); dQ sums Tk terms dS_ij k_j, dK and dV sum Tq terms, each sum adding its length in
@@ -280,19 +305,20 @@ def _grad_atol(q64, k64, v64, out64, lse64, do64, causal, forward_length=0):
     forward_length: out and lse are the exact ones, but the student's own float32 forward gave its backward theirs,
     sums over that many keys: lse is then off by up to that many units of roundoff, and out by that many times
     the largest value."""
-    u, scale = UNIT["float32"], 1 / math.sqrt(q64.size(-1))
+    u, scale = UNIT[name], 1 / math.sqrt(q64.size(-1))
     tq, tk, dh = q64.size(2), k64.size(2), q64.size(3)
     forward = (forward_length + 8) * u if forward_length else 0.0
     d = (do64 * out64).sum(-1, keepdim=True)
+    big_q, big_k = _big_blocks(tq, tk)
     # D's error: its Dh products and sum, and out's own error (up to forward times the largest value)
     e_d = u * (dh + 2) * (do64 * out64).abs().sum(-1, keepdim=True) + \
         forward * do64.abs().sum(-1, keepdim=True) * float(v64.abs().max())
     sizes = [torch.zeros_like(t) for t in (q64, k64, k64, q64, k64, k64)]  # |terms| and their errors, per gradient
-    for ks in range(0, tk, BIG_BLOCK):
-        cols = slice(ks, ks + BIG_BLOCK)
+    for ks in range(0, tk, big_k):
+        cols = slice(ks, ks + big_k)
         kb, vb = k64[:, :, cols], v64[:, :, cols]
-        for qs in range(0, tq, BIG_BLOCK):
-            rows = slice(qs, qs + BIG_BLOCK)
+        for qs in range(0, tq, big_q):
+            rows = slice(qs, qs + big_q)
             qb, dob, lb, db = q64[:, :, rows], do64[:, :, rows], lse64[:, :, rows, None], d[:, :, rows]
             sc = qb @ kb.transpose(-2, -1) * scale
             if causal:
@@ -317,27 +343,36 @@ def _grad_atol(q64, k64, v64, out64, lse64, do64, causal, forward_length=0):
 SUFFIX = 64  # the last queries (for dq) and keys (for dk, dv) whose gradients a long case compares
 
 
-def _expect_long_grads(got, arrays, causal, what, forward_length=0):
+def _expect_long_grads(got, arrays, causal, what, forward_length=0, shapes=None, compare_dq=True):
     """A long case's gradients, compared for its last SUFFIX queries (dq) and keys (dk, dv) only, with tolerances
     derived from the length of their sums (_grad_atol). Given lse and out, query i's dq depends on row i alone
     and key j's dk and dv on column j alone; a suffix keeps the bottom-right causal alignment (Tk - Tq is that
-    of the suffix problem), so the reference answers the suffix problems themselves."""
+    of the suffix problem), so the reference answers the suffix problems themselves. shapes: got is already cut to
+    the suffixes (helpers.drawn_calls), and these are the full gradients' shapes. compare_dq=False: dq is left to
+    other cases (a few queries against millions of keys: its reference and bound would cost a pass over them all)."""
+    name = "float64" if str(arrays[0].dtype).endswith("float64") else "float32"
     q64, k64, v64, out64, lse64, do64 = _as64(*arrays)  # exactly what the student was given
     tq, tk = q64.size(2), k64.size(2)
     rows, cols = slice(tq - min(SUFFIX, tq), tq), slice(tk - min(SUFFIX, tk), tk)
     if isinstance(got, (tuple, list)) and len(got) == 3:
-        for g, full, grad in zip(got, (q64, k64, v64), GRADS):
-            if isinstance(g, Array) and g.shape != tuple(full.shape):
-                fail(f"{grad} of {what} has shape {g.shape}, but should have shape {tuple(full.shape)}")
-        got = [Array(g.kind, g.dtype, g.data[:, :, part], device=g.device) if isinstance(g, Array) else g
-               for g, part in zip(got, (rows, cols, cols))]
+        for g, full, grad, shape in zip(got, (q64, k64, v64), GRADS, shapes or [None] * 3):
+            shape = tuple(shape) if shape else g.shape if isinstance(g, Array) else None
+            if shape is not None and shape != tuple(full.shape):
+                fail(f"{grad} of {what} has shape {shape}, but should have shape {tuple(full.shape)}")
+        if shapes is None:
+            got = [Array(g.kind, g.dtype, g.data[:, :, part], device=g.device) if isinstance(g, Array) else g
+                   for g, part in zip(got, (rows, cols, cols))]
     queries = (q64[:, :, rows], k64, v64, out64[:, :, rows], lse64[:, :, rows], do64[:, :, rows])
     keys = (q64, k64[:, :, cols], v64[:, :, cols], out64, lse64, do64)
-    want = [ref.flash_attention_backward(*queries, causal, BIG_BLOCK, BIG_BLOCK)[0],
-            *ref.flash_attention_backward(*keys, causal, BIG_BLOCK, BIG_BLOCK)[1:]]
-    atols = [_grad_atol(*queries, causal, forward_length)[0], *_grad_atol(*keys, causal, forward_length)[1:]]
-    _expect_grads(got, [reference(g, dtype="float32") for g in want], what + " (its last queries and keys)",
-                  "float32", atols=atols)
+    if compare_dq:
+        want = [ref.flash_attention_backward(*queries, causal, *_big_blocks(rows.stop - rows.start, tk))[0]]
+        atols = [_grad_atol(*queries, causal, forward_length, name)[0]]
+    else:
+        want, atols = [torch.as_tensor(got[0].data) if isinstance(got[0], Array) else q64[:, :, rows]], [0.0]
+    want += ref.flash_attention_backward(*keys, causal, *_big_blocks(tq, cols.stop - cols.start))[1:]
+    atols += _grad_atol(*keys, causal, forward_length, name)[1:]
+    _expect_grads(got, [reference(g, dtype=name) for g in want], what + " (its last queries and keys)", name,
+                  atols=atols)
 
 
 def _big_inputs(rng, tq, tk, dh):
@@ -346,66 +381,173 @@ def _big_inputs(rng, tq, tk, dh):
 
 
 def _as64(*arrays):
-    return [torch.from_numpy(a).double() for a in arrays]
+    return [torch.as_tensor(a).double() for a in arrays]
 
 
-# The bounded block counts from a fresh process (Subject.memory_bound), and in-process (the notebook's own hidden
-# test) the grader's side of the calls counts too: it makes the inputs inside the block, so they stay small. Forbidden,
-# each one float32 allocation well above BACKWARD_MB and above glibc's unseen 64 MiB arena (the full (Tq, Tk) matrix
-# too): a (block_q, Tk) row of scores, one query tile of 1024 against 32768 keys, and a (Tq, block_k) column, 32768
-# queries against one key tile of 1024 (FlashAttention-2's outer loop over key tiles with every query inside), both
-# 128 MiB, and, causal, a (Tq, Tk) boolean mask of 12288 queries and keys, 144 MiB. An honest backward's inputs and
-# outputs take at most 512 KiB each, its tiles (1024 x 128) 0.5 MiB in float32, 1 MiB in float64: one computed in
-# float64 inside maps up to 22 MiB in all in-process, within the three quarters of the bound that tests/harness/checks.py
-# holds every correct answer to. A notebook holding more than an honest fresh one when the block begins gets what it
-# holds on top of BACKWARD_MB, up to HEADROOM_MB: then each case grows until its forbidden layout takes more than
-# that (evidence_times), the long side's tile shrinking as the short side grows.
+# "tiled", as the forward's (gpu.TILED_MB): the grader's block sizes are smaller than both lengths, and the cases so
+# long that scores spanning every key or every query for any chunk of queries worth tiling do not fit, in one bound:
+# - ROW, causal: 64 queries against 2**19 keys, where the scores of 8 query rows against every key take 32 MiB, and a
+#   chunk computing dS holds at least two such tensors (P and dP), more than BACKWARD_MB;
+# - COLUMN: 2**16 queries against 165 keys, where a (Tq, block_k) column of scores (FlashAttention-2's outer loop over
+#   key tiles with every query inside) takes 64 MiB;
+# - MASK, causal: 8229 queries and keys, whose (Tq, Tk) boolean mask takes 64 MiB.
+# The inputs are float64 with Dh = 1, drawn in the student's process (helpers.drawn_calls); they and the gradients an
+# honest answer returns (dk and dv of the row case, 4 MiB each) count on top of BACKWARD_MB, which bounds the answer's
+# working memory alone: its tiles (16 x 2**13, 2**11 x 128, 256 x 512: 0.5 to 2 MiB), D and dq, and the gradients built
+# per tile and concatenated (dk and dv held twice: 8 MiB more, any tensor up to B*H*Tk*Dh is the contract's), within the
+# three quarters of the bound that tests/harness/checks.py holds every correct answer to, with the 8 MiB an honest
+# process holds before the block. With Dh = 1 a single query row of scores is no larger than dk, so code that takes one
+# query row against all keys at a time cannot be told from an honest concatenation by memory: it is not caught here.
+# A notebook holding more than an honest fresh one when the block begins gets what it holds on top, up to HEADROOM_MB:
+# then each case's short side grows until its full matrix is larger than all that (evidence_times).
 BACKWARD_MB = 40
-BACKWARD_LONG, BACKWARD_SHORT, BACKWARD_TILE = 32768, 1024, 128
-BACKWARD_MASK = dict(t=12288, bq=256, bk=512)
-BACKWARD_DH = 4
+BACKWARD_ROW = dict(tq=64, bq=16, tk=2**19 + 77, bk=2**13)
+BACKWARD_CHUNK = 8  # query rows against every key that the row case's message names
+BACKWARD_COLUMN = dict(tq=2**16 + 33, bq=2**11, tk=165, bk=128)
+BACKWARD_MASK = dict(tq=8229, bq=256, tk=8229, bk=512)
 BACKWARD_MESSAGE = ("flash_attention_backward{causal} ran out of memory with {tq} queries and {tk} keys in tiles of "
-                    "{bq} x {bk}: it may never hold more than block_q x block_k scores or probabilities at once (here "
-                    "{mb} MiB of {what}): not the full matrix, not a (block_q, Tk) row, not a (Tq, block_k) column, "
-                    "not a full causal mask. Loop over key tiles, and inside over query tiles, and recompute each "
-                    "tile's P = exp(s - lse)")
+                    "{bq} x {bk}: it may never hold more than block_q x block_k scores or probabilities at once, "
+                    "whatever chunk of queries (here {mb} MiB of {what}): not the full matrix, not a (block_q, Tk) row, "
+                    "not a chunk of query rows against all keys, not a (Tq, block_k) column, not a full causal mask. "
+                    "Loop over key tiles of the block sizes you are given, and inside over query tiles, and recompute "
+                    "each tile's P = exp(s - lse)")
+ROW_WHAT = f"the scores of {BACKWARD_CHUNK} query rows against every key"
+
+
+def _drawn_specs(tq, tk, dtype="float64"):
+    """helpers.draw specs of q, k, v (gpu.long_specs) and dout (1, 1, tq, 1)."""
+    return [*long_specs(tq, tk, dtype), ((1, 1, tq, 1), 1.0, dtype)]
+
+
+def _suffix(n):
+    return list(range(n - min(SUFFIX, n), n))
+
+
+# q, k, v, dout and the gradients (twice the inputs' keys) of the row case, on top of BACKWARD_MB
+BACKWARD_INPUTS_MB = 2 * drawn_mb(_drawn_specs(0, BACKWARD_ROW["tk"]))
 
 
 def _backward_cases(s):
-    """[(causal, Tq, Tk, block_q, block_k, MiB of the forbidden layout, what it is)] inside the bound."""
-    times = evidence_times(s, BACKWARD_MB, BACKWARD_LONG * BACKWARD_SHORT * 4 >> 20)
-    short, tile = BACKWARD_SHORT * times, max(BACKWARD_TILE // times, 16)
-    mb = BACKWARD_LONG * short * 4 >> 20
-    t, bq, bk = (BACKWARD_MASK[key] for key in ("t", "bq", "bk"))
-    t = math.ceil(t * math.sqrt(evidence_times(s, BACKWARD_MB, t * t >> 20)) / bk) * bk
-    return [(False, short, BACKWARD_LONG, short, tile, mb, "a row of scores"),
-            (False, BACKWARD_LONG, short, tile, short, mb, "a column of scores"),
-            (True, t, t, bq, bk, t * t >> 20, "a causal mask")]
+    """[(what it catches, its MiB, specs of q, k, v, dout, causals, (block_q, block_k), picks)] of the tiled evidence,
+    each grown with what the process held when the block began (evidence_times)."""
+    cases = []
+    for case, causals, what in ((BACKWARD_ROW, (True,), ROW_WHAT),
+                                (BACKWARD_COLUMN, (False,), "a column of scores"),
+                                (BACKWARD_MASK, (True,), "a causal mask")):
+        tq, bq, tk, bk = (case[key] for key in ("tq", "bq", "tk", "bk"))
+        times = evidence_times(s, BACKWARD_MB, tq * tk * 8 >> 20)
+        tk, tq = (tk * times, tq) if tq > tk else (tk, tq * times)  # the short side grows
+        mb = tq * bk * 8 if tq > tk else tq * tk if tq == tk else BACKWARD_CHUNK * tk * 8
+        # the mask case in float32, which costs half: its inputs are small (a float64 answer's copies of them too)
+        specs = _drawn_specs(tq, tk, "float32" if case is BACKWARD_MASK else "float64")
+        cases.append((what, mb >> 20, specs, causals, (bq, bk), [_suffix(tq), _suffix(tk), _suffix(tk)]))
+    return cases
+
+
+# One case at each size "tiled" grades, for check_submission.py to time against the limit on a call: the row case
+# (out and lse arbitrary: the time does not depend on them)
+TIMED = {"flash_attention_forward": TIMED_LONG,
+         "flash_attention_backward": {
+             "tensors": [*long_specs(BACKWARD_ROW["tq"], BACKWARD_ROW["tk"]), ((1, 1, BACKWARD_ROW["tq"], 1), 1.0),
+                         ((1, 1, BACKWARD_ROW["tq"]), 0.0), ((1, 1, BACKWARD_ROW["tq"], 1), 1.0)],
+             "args": [True, BACKWARD_ROW["bq"], BACKWARD_ROW["bk"]]}}
+
+
+def _backward_plan(s, seed):
+    """(cases, specs, the drawn calls, [(causal, the arrays each call is given)]) of the tiled evidence, the grader's
+    side of them (the drawn inputs, and out and lse from them) made here."""
+    cases = _backward_cases(s)
+    specs = [spec for *_, case_specs, _, _, _ in cases for spec in case_specs]
+    drawn = helpers.draw(seed, specs)
+    calls, judged = [], []
+    for i, (_, _, _, causals, (bq, bk), picks) in enumerate(cases):
+        q, k, v, dout = drawn[4 * i:4 * i + 4]
+        for causal in causals:
+            # the forward's out and lse, as a student's forward gives them: sent, small (the long side is drawn)
+            out, lse = ref.flash_attention_forward(q, k, v, causal, *_big_blocks(q.size(2), k.size(2)))
+            # the row case's gradients take what its inputs do: the other calls have that much mapped
+            calls.append({"args": [{"drawn": 4 * i}, {"drawn": 4 * i + 1}, {"drawn": 4 * i + 2}, tensor(out.numpy()),
+                                   tensor(lse.numpy()), {"drawn": 4 * i + 3}, causal, bq, bk],
+                          "picks": picks, "ballast_mb": 0 if i == 0 else BACKWARD_INPUTS_MB // 2})
+            judged.append((causal, (q, k, v, out, lse, dout)))
+    return cases, specs, calls, judged
 
 
 def _expect_backward_tiled(s, rng):
-    calls = []
-    first = BACKWARD_MESSAGE.format(causal="", tq=BACKWARD_SHORT, tk=BACKWARD_LONG, bq=BACKWARD_SHORT,
-                                    bk=BACKWARD_TILE, mb=BACKWARD_LONG * BACKWARD_SHORT * 4 >> 20,
-                                    what="a row of scores")
-    with within_memory(s, BACKWARD_MB, first, HEADROOM_MB) as reword:
-        for causal, tq, tk, bq, bk, mb, what in _backward_cases(s):
-            q, k, v, dout = _big_inputs(rng, tq, tk, BACKWARD_DH)
-            # the float32 forward's out and lse, as the student's forward gives them, in tiles of a few MiB: in-process
-            # the grader's work counts against the bound, and smaller tiles only cost time (4x at 128)
-            out, lse = (t.numpy() for t in ref.flash_attention_forward(
-                *(torch.from_numpy(a) for a in (q, k, v)), causal, BIG_BLOCK, BIG_BLOCK))
-            reword(BACKWARD_MESSAGE.format(causal=" (causal)" if causal else "", tq=tq, tk=tk, bq=bq, bk=bk, mb=mb,
-                                           what=what))
-            got = s.call("flash_attention_backward", *(tensor(a) for a in (q, k, v, out, lse, dout)), causal, bq, bk)
-            calls.append((causal, (q, k, v, out, lse, dout), got))
-    for causal, arrays, got in calls:
-        _expect_long_grads(got, arrays, causal,
-                           f"flash_attention_backward(causal={causal}) with {arrays[0].shape[2]} queries and "
-                           f"{arrays[1].shape[2]} keys")
+    first = BACKWARD_MESSAGE.format(causal="", what=ROW_WHAT, mb=BACKWARD_CHUNK * BACKWARD_ROW["tk"] * 8 >> 20,
+                                    **BACKWARD_ROW)
+    seed = int(rng.integers(2**31))
+    # Made before the bound, for a process that holds no more than an honest fresh one: in-process (the notebook's own
+    # hidden test) the grader's side counts against the bound too. One that holds more grows the cases: made again.
+    plan = _backward_plan(SimpleNamespace(held_mb=0), seed)
+    with within_memory(s, BACKWARD_MB, first, HEADROOM_MB, BACKWARD_INPUTS_MB) as reword:
+        if _backward_cases(s) != plan[0]:
+            plan = None
+            plan = _backward_plan(s, seed)
+        cases, specs, calls, judged = plan
+        reword(BACKWARD_MESSAGE.format(causal="", what=" or ".join(case[0] for case in cases),
+                                       mb=min(case[1] for case in cases), **BACKWARD_ROW))
+        got = s.helper("drawn_calls", s.get("flash_attention_backward", "__call__"), seed, specs, calls)
+    for (causal, arrays), (answer, shapes) in zip(judged, got):
+        tq, tk = arrays[0].size(2), arrays[1].size(2)
+        _expect_long_grads(answer, arrays, causal, f"flash_attention_backward(causal={causal}) with {tq} queries and "
+                           f"{tk} keys", shapes=shapes, compare_dq=tk <= BIG_TILE)
 
 
-@CHECKS.add("flash_attention_backward", aspects={"values": 3, "causal": 1, "half precision": 1, "tiled": 3},
+_METADATA = {"dtype", "device", "shape", "size", "ndim", "dim", "is_cuda"}  # reading these reads no values
+
+
+def _reads(node, name, loops=(), guarded=False):
+    """(enclosing loops, under an if within the innermost) of every read of `name`'s values in node (out.dtype
+    aside), nested functions aside."""
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.Attribute) and child.attr in _METADATA and isinstance(child.value, ast.Name):
+            continue
+        if isinstance(child, ast.Name) and child.id == name and isinstance(child.ctx, ast.Load):
+            yield loops, guarded
+        elif isinstance(child, (ast.For, ast.AsyncFor, ast.While)):
+            yield from _reads(child, name, (*loops, child), False)
+        elif not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            yield from _reads(child, name, loops, guarded or isinstance(child, ast.If))
+
+
+def d_per_pair(sources):
+    """Whether flash_attention_backward, as the cells define it, reads `out` (its fourth parameter) for every pair
+    of tiles: in a loop nested in another, with no loop inside it and no `if` around the read (a cache filled once
+    per query tile). D = rowsum(dout * out) is what it reads out for, and the contract computes it up front or once
+    per query tile. The cells are parsed here, in the grader's process: evidence the student's code cannot reach."""
+    loop = (ast.For, ast.AsyncFor, ast.While)
+    for source in sources:
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            continue
+        for fn in tree.body:
+            if isinstance(fn, ast.FunctionDef) and fn.name == "flash_attention_backward" and len(fn.args.args) > 3:
+                for name in _aliases(fn, fn.args.args[3].arg):
+                    for loops, guarded in _reads(fn, name):
+                        if len(loops) >= 2 and not guarded and not any(
+                                isinstance(n, loop) for n in ast.walk(loops[-1]) if n is not loops[-1]):
+                            return True
+    return False
+
+
+def _aliases(fn, name):
+    """name and the names fn binds to it through method calls alone (o = out.to(work), out.float()): the same
+    tensor, or a copy of it, under another name."""
+    found = {name}
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            value = node.value
+            while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute):
+                value = value.func.value
+            if isinstance(value, ast.Name) and value.id == name:
+                found.add(node.targets[0].id)
+    return found
+
+
+@CHECKS.add("flash_attention_backward", aspects={"values": 3, "causal": 1, "half precision": 1, "D once": 1,
+                                                 "tiled": 3},
             memory_bound=True)
 def flash_attention_backward(s):
     rng = s.rng
@@ -430,11 +572,19 @@ def flash_attention_backward(s):
             args, kwargs = ((causal, *blocks), {}) if positional else ((), dict(causal=causal, **(
                 dict(block_q=bq, block_k=bk) if blocks else {})))
             got = s.call("flash_attention_backward", *sent, *args, **kwargs)
-            _expect_grads(got, _truth(q, k, v, dout, causal, name),
-                          f"flash_attention_backward(q, k, v, out, lse, dout, causal={causal}"
-                          f"{', block_q, block_k' if blocks else ''}) in {name}", name,
+            what = (f"flash_attention_backward(q, k, v, out, lse, dout, causal={causal}"
+                    f"{', block_q, block_k' if blocks else ''}) in {name}")
+            _expect_grads(got, _truth(q, k, v, dout, causal, name), what, name,
                           _mistaken("flash_attention_backward", q, k, v, dout, causal, name, bq or 64, bk or 64,
                                     forward=True))
+            if (aspect, name) == ("values", "float64"):  # the same call again gives the same gradients
+                again = s.call("flash_attention_backward", *sent, *args, **kwargs)
+                if not (isinstance(again, (tuple, list)) and len(again) == 3
+                        and all(close(a, g, rtol=1e-300, atol=0) for a, g in zip(again, got))):
+                    fail(f"{what}: {DQ_KEPT}")
+    with s.aspect("D once"):
+        if s.sources and d_per_pair(s.sources):
+            fail(D_PER_PAIR)
     with s.aspect("tiled"):
         _expect_backward_tiled(s, rng)
 
@@ -518,13 +668,25 @@ def _expect_never_keeps_p(s, rng):
     what = f"FlashAttention.apply(q, k, v) with {t} queries and keys"
     expect_attention(rows_of(out, rows), want, what, lambda: [], len(rows), [], cond)
     q64, k64, v64 = _as64(q, k, v)
-    out64, lse64 = ref.flash_attention_forward(q64, k64, v64, False, BIG_BLOCK, BIG_BLOCK)
+    out64, lse64 = ref.flash_attention_forward(q64, k64, v64, False, *_big_blocks(t, t))
     # the gradients of the exact forward: a float32 forward's out and lse are within float32 rounding of it
     _expect_long_grads(grads, [q, k, v, out64.numpy(), lse64.numpy(), dout], False, f"the gradients of {what}", t)
 
 
+def _expect_saved(s, rng):
+    """What the forward saved, as the student's process reports it (helpers.Graph.saved): exactly q, k, v, out, lse."""
+    q, k, v, _ = _inputs(rng, 1, 2, 5, 7, 4, "float64")
+    graph = s.helper("Graph", s.get("FlashAttention", "apply"), tensor(q), tensor(k), tensor(v), True)
+    shapes, on_ctx = s.call((graph, "saved"))
+    want = [list(q.shape), list(k.shape), list(v.shape), list(q.shape), list(q.shape[:3])]
+    if [list(x) for x in shapes] != want or on_ctx:
+        fail(f"{SAVED}; it saved shapes {[tuple(x) for x in shapes]}"
+             + (f" and kept {', '.join(map(str, on_ctx))} on ctx" if on_ctx else ""))
+
+
 @CHECKS.add("FlashAttention", isolate=["flash_attention_forward", "flash_attention_backward"],
-            aspects={"values": 3, "causal": 1, "gradcheck": 1, "never keeps P": 3}, memory_bound=True)
+            aspects={"values": 3, "causal": 1, "gradcheck": 1, "saves q, k, v, out, lse": 1, "never keeps P": 3},
+            memory_bound=True)
 def FlashAttention(s):
     rng = s.rng
     with s.aspect("values"):
@@ -539,7 +701,10 @@ def FlashAttention(s):
             try:
                 s.helper("gradcheck", s.get("FlashAttention", "apply"), tensor(q), tensor(k), tensor(v), causal)
             except StudentError as e:
+                first = e.message.strip().splitlines()[0] if e.message.strip() else ""  # not its tensors
                 fail(f"torch.autograd.gradcheck(FlashAttention.apply, (q, k, v, {causal})) in float64 failed "
-                     f"({e.type}: {e.message}): the backward's gradients must be those of the forward")
+                     f"({e.type}: {first}): the backward's gradients must be those of the forward")
+    with s.aspect("saves q, k, v, out, lse"):
+        _expect_saved(s, rng)
     with s.aspect("never keeps P"):
         _expect_never_keeps_p(s, rng)

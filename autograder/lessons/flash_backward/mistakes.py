@@ -58,6 +58,41 @@ def _forward(**edits):
     return _FORWARD.format(**{**_FORWARD_OK, **edits})
 
 
+# Lesson 06's untiled code in chunks of queries of its own (issue 33), also returning lse.
+_OWN_CHUNKS = (_GPU.OWN_CHUNKS.replace("def flash_attention(", "def flash_attention_forward(")
+               .replace("    out = torch.empty_like(q)\n",
+                        "    out = torch.empty_like(q)\n    lse = torch.empty(q.shape[:3], dtype=work)\n")
+               .replace("        out[:, :, qs:qs + {chunk}] =",
+                        "        lse[:, :, qs:qs + {chunk}] = scores.logsumexp(-1)\n        out[:, :, qs:qs + {chunk}] =")
+               .replace("    return out\n", "    return out, lse\n"))
+assert _OWN_CHUNKS.count("lse") == 4, "lesson 06's chunked mistake changed: edit these replacements"
+
+# A backward cut into chunks of queries of its own, every chunk against all keys (issue 33).
+_BACKWARD_CHUNKS = '''
+def flash_attention_backward(q, k, v, out, lse, dout, causal=False, block_q=64, block_k=64):
+    Tq, Tk = q.size(2), k.size(2)
+    work = torch.promote_types(q.dtype, torch.float32)
+    scale = 1 / math.sqrt(q.size(-1))
+    k_, v_ = k.to(work), v.to(work)
+    dq = torch.zeros(q.shape, dtype=work)
+    dk = torch.zeros(k.shape, dtype=work)
+    dv = torch.zeros(v.shape, dtype=work)
+    for qs in range(0, Tq, {chunk}):
+        qb, dob = q[:, :, qs:qs + {chunk}].to(work), dout[:, :, qs:qs + {chunk}].to(work)
+        d = (dob * out[:, :, qs:qs + {chunk}].to(work)).sum(-1, keepdim=True)
+        s = qb @ k_.transpose(-2, -1) * scale
+        if causal:
+            rows = torch.arange(qs, qs + qb.size(2))[:, None] + Tk - Tq
+            s = s.masked_fill(torch.arange(Tk) > rows, float("-inf"))
+        p = torch.exp(s - lse[:, :, qs:qs + {chunk}, None].to(work))
+        ds = p * (dob @ v_.transpose(-2, -1) - d)
+        dq[:, :, qs:qs + {chunk}] = ds @ k_ * scale
+        dk += ds.transpose(-2, -1) @ qb * scale
+        dv += p.transpose(-2, -1) @ dob
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+'''
+
+
 _BACKWARD = '''
 def flash_attention_backward(q, k, v, out, lse, dout, causal=False, block_q=64, block_k=64):
     Tq, Tk = q.size(2), k.size(2)
@@ -198,9 +233,32 @@ NO_D = ("dS = P * dP is missing the softmax's correction: subtract D = rowsum(do
         "row, dS = P * (dP - D) (the Jacobian of a softmax has a term for the row's sum)")
 TOP_LEFT = ("the causal mask is aligned top-left. With Tk > Tq the queries are the last Tq positions, so query i "
             "sees key j iff j <= i + (Tk - Tq) (bottom-right)")
+NO_DIAGONAL = ("with causal=True the tiles the diagonal crosses are not masked inside: skipping the fully masked tiles "
+               "is not enough, mask each crossed tile's scores bottom-right (query i sees key j iff j <= i + Tk - Tq)")
 FLOAT64 = ("float64 inputs were computed in float32 (the result is as far from the exact answer as float32 rounding "
            "goes). Compute in float64 for float64 inputs: torch.promote_types(q.dtype, torch.float32) picks the dtype")
 ORDER = "the gradients are returned in the wrong order: return (dq, dk, dv), the order of the inputs q, k, v"
+LSE_OVERFLOW = ("lse overflows for large scores: exp(m) is inf past 88 in float32, so log(l * exp(m)) or log(sum(exp(s))) "
+                "is inf; add the max back after the log, lse = m + log(l)")
+ONE_SHIFT = ("the scores are shifted by one max for the whole tile, not by each row's own max: a row whose scores are "
+             "far below another row's underflows to exp(-inf) = 0 and gives NaN; keep m per row, s.amax(dim=-1, "
+             "keepdim=True)")
+KEY_END = ("with causal=True the last key tile a query tile sees is skipped when its last visible key is the first of "
+           "a key tile (the key loop's end is one short): loop over keys up to min(Tk, qe + Tk - Tq), qe the query "
+           "tile's end")
+IN_PLACE = ("q was changed in place: .to(dtype) returns q itself when it already has that dtype, so qb *= scale or "
+            "qb.mul_(scale) scales the caller's q (a second call is then wrong); scale a new tensor, qb = q[...] * scale")
+SAVED = ("FlashAttention must save exactly q, k, v, out, lse with ctx.save_for_backward, in that order, and keep no "
+         "other tensor on ctx (causal as a plain attribute, ctx.causal = causal): the backward needs out and lse, "
+         "and rerunning the forward there costs a second forward")
+DQ_KEPT = ("a second call with the same inputs gave other gradients: dq must start from zeros at every call (a "
+           "buffer made inside the function, torch.zeros(...)), not one kept from the call before")
+D_PER_PAIR = ("D = rowsum(dout * out) is computed for every pair of tiles (out is read inside the inner loop): it depends "
+              "only on the query rows, so compute it once, before the loops (or once per query tile, outside the key "
+              "loop)")
+# what the check says of lse's dtype, here for float32 inputs (it judges such an lse by its values)
+LSE_FLOAT64 = ("lse is float64 for float32 inputs: it is in the inputs' dtype, float32 here (and float32 for float16 or "
+               "bfloat16 inputs)")
 
 # PyTorch's fused CPU flash attention, forward and backward, with the lesson's bottom-right causal mask (issue 33: a
 # lesson 09 answered with them got 10/10): its kernels are off where "tiled" and "by hand" are graded
@@ -270,6 +328,17 @@ def attention_backward(q, k, v, dout, causal=False):
         Mistake("lse without the max", "max", _forward(lse="torch.log(l)"),
                 message="lse is missing the running max: l sums exp(s - m), so lse = m + log(l)", aspect="values"),
         Mistake("lse of shape (B, H, Tq, 1)", "shape", _forward(lse_out="lse[..., None]")),
+        Mistake("lse as log(l * exp(m)): the max multiplied back in before the log", "overflow",
+                _forward(lse="torch.log(l * torch.exp(m))"), message=LSE_OVERFLOW, aspect="large scores"),
+        Mistake("one max shift for the whole tile, not per row", "row", _forward().replace(
+            "m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))", "m_new = torch.maximum(m, s.amax())"),
+                message=ONE_SHIFT, aspect="large scores"),
+        Mistake("the causal key loop stops one key short", "last key tile", _forward(
+            k_stop="(min(Tk, qs + n + Tk - Tq - 1) if causal else Tk)"), message=KEY_END, aspect="causal"),
+        Mistake("queries scaled in place: .to() returns q itself", "in place", _forward().replace(
+            ".to(acc_dtype) * scale", ".to(acc_dtype).mul_(scale)"), message=IN_PLACE, aspect="inputs kept"),
+        Mistake("lse in float64 for float32 inputs", "float32", _forward(lse_dtype="torch.float64"),
+                message=LSE_FLOAT64, aspect="lse dtype", evidence=True),
         Mistake("lse in float16 for float16 inputs", "float32", _forward(lse_dtype="q.dtype")),
         Mistake("tail tile of keys dropped", "tail", _forward(k_stop="Tk - block_k + 1")),
         Mistake("tail tile of queries dropped", "tail", _forward(q_stop="Tq - block_q + 1")),
@@ -285,6 +354,8 @@ def flash_attention_forward(q, k, v, causal=False, block_q=64, block_k=64):
         s = s.masked_fill(torch.ones(Tq, Tk, dtype=torch.bool).tril(Tk - Tq).logical_not(), float("-inf"))
     return (s.softmax(-1) @ v.to(work)).to(q.dtype), s.logsumexp(-1)
 '''),
+        *[Mistake(f"chunks of {n} query rows of its own against all keys", "one query row at a time",
+                  _OWN_CHUNKS.format(chunk=n), aspect="tiled") for n in (16, 1)],
         Mistake("constant: returns zeros", "differs", '''
 def flash_attention_forward(q, k, v, causal=False, block_q=64, block_k=64):
     return torch.zeros_like(q), torch.zeros(q.shape[:3], dtype=torch.promote_types(q.dtype, torch.float32))
@@ -300,6 +371,13 @@ def flash_attention_forward(q, k, v, causal=False, block_q=64, block_k=64):
                         "no tile holds; compute D = rowsum(dout * out) once, before the loops", aspect="values"),
         Mistake("dS without subtracting D", "P * (dP - D)", _backward(ds="p * dp"), message=NO_D, aspect="values"),
         Mistake("causal mask top-left", "top-left", _backward(offset="0"), message=TOP_LEFT, aspect="causal"),
+        Mistake("causal: fully masked tiles skipped, the diagonal's tiles not masked inside", "diagonal",
+                _backward().replace("""            if causal:
+                rows = torch.arange(qs, qs + n)[:, None] + {offset}
+                s = s.masked_fill(torch.arange(ks, ks + kb.size(2)) > rows, float("-inf"))
+""".format(offset=_BACKWARD_OK["offset"]), """            if causal and ks > qs + n - 1 + Tk - Tq:
+                continue
+"""), message=NO_DIAGONAL, aspect="causal"),
         Mistake("tail tile of keys dropped", "last", _backward(k_stop="Tk - block_k + 1"),
                 message="the last, partial tile of keys is dropped: when Tk is not a multiple of block_k, the tail "
                         "tile still counts (range(0, Tk, block_k), and slices past the end are cut short)",
@@ -312,6 +390,13 @@ def flash_attention_forward(q, k, v, causal=False, block_q=64, block_k=64):
                         "accumulate it (dq[...] += dS K / sqrt(Dh)), do not assign", aspect="values"),
         Mistake("gradients in the wrong order", "order",
                 _backward(result="dk.to(k.dtype), dq.to(q.dtype), dv.to(v.dtype)")),
+        Mistake("dQ's buffer kept across calls (a second call adds to the first)", "second call",
+                "_DQ = {}\n" + _backward().replace("    dq = torch.zeros(q.shape, dtype=work)",
+                                                   "    dq = _DQ.setdefault((q.shape, work), torch.zeros(q.shape, dtype=work))"),
+                message=DQ_KEPT, aspect="values", evidence=True),
+        Mistake("D computed for every pair of tiles", "every pair",
+                _backward(d="(dob * out[:, :, qs:qs + n].to(work)).sum(dim=-1, keepdim=True)"),
+                message=D_PER_PAIR, aspect="D once", evidence=True),
         Mistake("float64 inputs computed in float32", "float64", _backward(work="torch.float32")),
         Mistake("the full probability matrix from lse, not tiled", "tile", '''
 def flash_attention_backward(q, k, v, out, lse, dout, causal=False, block_q=64, block_k=64):
@@ -341,6 +426,11 @@ def flash_attention_backward(q, k, v, out, lse, dout, causal=False, block_q=64, 
         # (132 MiB each, more than the long cases' 128), then up to HEADROOM_MB and just over it (over budget)
         *[Mistake(f"P and dP whole, in a {mb} MiB buffer reserved before the call", "tile",
                   _backward_in_buffer(mb)) for mb in (264, 300, 400)],
+        # One query row against all keys at a time (chunk=1) is not among them: with the row case's head width of 1,
+        # its rows are no larger than the dk and dv an honest answer may build per key tile and concatenate, so memory
+        # cannot tell them apart (checks.BACKWARD_ROW), and an honest answer keeps its marks.
+        *[Mistake(f"chunks of {n} query rows of its own against all keys", "chunk of query rows against all keys",
+                  _BACKWARD_CHUNKS.format(chunk=n), aspect="tiled") for n in (16, 8)],
         Mistake("constant: returns zeros", "differs", '''
 def flash_attention_backward(q, k, v, out, lse, dout, causal=False, block_q=64, block_k=64):
     return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
@@ -359,8 +449,27 @@ def flash_attention_backward(q, k, v, out, lse, dout, causal=False, block_q=64, 
         *[Mistake(f"P kept in a {mb} MiB buffer reserved before the call", "save_for_backward",
                   _function_in_buffer(mb))
           for mb in (68, 256, 400)],
+        Mistake("causal saved as a tensor with save_for_backward", "exactly", _function(
+            keep="        ctx.save_for_backward(q, k, v, out, lse, torch.tensor(causal))",
+            backward_causal="bool(ctx.saved_tensors[5])"), message=SAVED, aspect="saves q, k, v, out, lse"),
+        Mistake("only q, k, v saved, the forward rerun in the backward", "exactly", _function(
+            keep="        ctx.save_for_backward(q, k, v)").replace(
+            "        q, k, v, out, lse = ctx.saved_tensors[:5]\n",
+            "        q, k, v = ctx.saved_tensors\n        out, lse = flash_attention_forward(q, k, v, ctx.causal)\n"),
+                message=SAVED, aspect="saves q, k, v, out, lse"),
+        Mistake("the backward rebuilds the full P from lse", "tile by tile", _function().replace(
+            "        dq, dk, dv = flash_attention_backward(q, k, v, out, lse, dout, ctx.causal)\n",
+            "        c = 1 / math.sqrt(q.size(-1))\n"
+            "        s = q @ k.transpose(-2, -1) * c\n"
+            "        if ctx.causal:\n"
+            "            s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).tril(k.size(2) - q.size(2))"
+            ".logical_not(), float(\"-inf\"))\n"
+            "        p = torch.exp(s - lse[..., None])\n"
+            "        ds = p * (dout @ v.transpose(-2, -1) - (dout * out).sum(-1, keepdim=True))\n"
+            "        dq, dk, dv = ds @ k * c, ds.transpose(-2, -1) @ q * c, p.transpose(-2, -1) @ dout\n")),
         Mistake("gradients in the wrong order", "order", _function(grads="dk, dq, dv, None"),
                 message=ORDER, aspect="values"),
+        Mistake("dk and dv swapped", "order", _function(grads="dq, dv, dk, None"), message=ORDER, aspect="values"),
         Mistake("no gradient (None) for causal", "None", _function(grads="dq, dk, dv")),
         Mistake("causal dropped in the backward", "causal", _function(backward_causal="False"),
                 message="the backward ignores causal: keep it on ctx in the forward (ctx.causal = causal) and pass "
@@ -541,6 +650,43 @@ def flash_attention_backward(q, k, v, out, lse, dout, causal=False, block_q=64, 
         dq[:, :, qs:qs + block_q] = dqb.to(q.dtype)
     return dq, dk.to(k.dtype), dv.to(v.dtype)
 '''),
+        # issue 36: lost "tiled" in 2 of 5 gradings when the evidence was sized from the caller's block_q
+        ("dQ built per query tile and concatenated at the end", _backward().replace(
+            "    dq = torch.zeros(q.shape, dtype=work)\n",
+            "    dq_tiles = [torch.zeros(*q.shape[:2], min(block_q, Tq - qs), q.size(3), dtype=work)\n"
+            "                for qs in range(0, Tq, block_q)]\n").replace(
+            "            dq[:, :, qs:qs + n] += ds @ kb * scale\n",
+            "            dq_tiles[qs // block_q] += ds @ kb * scale\n").replace(
+            "    return dq.to(q.dtype),", "    dq = torch.cat(dq_tiles, dim=2)\n    return dq.to(q.dtype),")),
+        # FlashAttention-2's own order: each key tile's dK and dV finished in the inner loop, all joined at the end (a
+        # tensor of B*H*Tk*Dh, as the contract allows)
+        ("dK and dV built per key tile and concatenated at the end", '''
+def flash_attention_backward(q, k, v, out, lse, dout, causal=False, block_q=64, block_k=64):
+    Tq, Tk = q.size(2), k.size(2)
+    work = torch.promote_types(q.dtype, torch.float32)
+    scale = 1 / math.sqrt(q.size(-1))
+    d_all = (dout.to(work) * out.to(work)).sum(-1, keepdim=True)
+    dq = torch.zeros(q.shape, dtype=work)
+    dk_tiles, dv_tiles = [], []
+    for ks in range(0, Tk, block_k):
+        kb, vb = k[:, :, ks:ks + block_k].to(work), v[:, :, ks:ks + block_k].to(work)
+        dkb, dvb = torch.zeros_like(kb), torch.zeros_like(vb)
+        for qs in range(0, Tq, block_q):
+            qb, dob = q[:, :, qs:qs + block_q].to(work), dout[:, :, qs:qs + block_q].to(work)
+            s = qb @ kb.transpose(-2, -1) * scale
+            if causal:
+                i = torch.arange(qs, qs + qb.size(2))[:, None] + Tk - Tq
+                s = s.masked_fill(torch.arange(ks, ks + kb.size(2)) > i, -math.inf)
+            p = torch.exp(s - lse[:, :, qs:qs + block_q, None].to(work))
+            ds = p * (dob @ vb.transpose(-2, -1) - d_all[:, :, qs:qs + block_q])
+            dq[:, :, qs:qs + block_q] += ds @ kb * scale
+            dkb += ds.transpose(-2, -1) @ qb * scale
+            dvb += p.transpose(-2, -1) @ dob
+        dk_tiles.append(dkb)
+        dv_tiles.append(dvb)
+    dk, dv = torch.cat(dk_tiles, dim=2), torch.cat(dv_tiles, dim=2)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+'''),
         ("a loop over batch and heads, einsum, float64 inside", '''
 def flash_attention_backward(q, k, v, out, lse, dout, causal=False, block_q=64, block_k=64):
     B, H, Tq, Dh = q.shape
@@ -585,8 +731,6 @@ class FlashAttention(torch.autograd.Function):
     ],
 }
 
-# Only the hidden check sees it: the visible test reads what ctx holds, the grader the process's memory.
-HIDDEN_ONLY = {"P kept in a global": "a global is out of the visible test's sight: only the memory bound sees it"}
 
 # A buffer of more than HEADROOM_MB kept at top level leaves no memory-bound check of the lesson its headroom.
 _OVER = "the 400 MiB its cell keeps is more than any memory-bound check allows before it, as for any notebook"

@@ -91,6 +91,24 @@ def _flash(**edits):
     return body
 
 
+# Untiled code cut into chunks of queries of its own size, every chunk against all keys (issue 33): whatever the size,
+# one chunk's scores span every key, which the tiled evidence sees however few queries a chunk holds.
+OWN_CHUNKS = '''
+def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):
+    Tq, Tk = q.size(2), k.size(2)
+    work = torch.promote_types(q.dtype, torch.float32)
+    out = torch.empty_like(q)
+    for qs in range(0, Tq, {chunk}):
+        qb = q[:, :, qs:qs + {chunk}].to(work)
+        scores = qb @ k.to(work).transpose(-2, -1) / math.sqrt(q.size(-1))
+        if causal:
+            rows = torch.arange(qs, qs + qb.size(2))[:, None] + Tk - Tq
+            scores = scores.masked_fill(torch.arange(Tk) > rows, float("-inf"))
+        out[:, :, qs:qs + {chunk}] = (scores.softmax(-1) @ v.to(work)).to(q.dtype)
+    return out
+'''
+
+
 def _flash_in_buffer(mb):
     """A flash_attention that is not tiled: it writes its full score matrix (out=) into an mb MiB float32
     buffer its cell reserves at top level, before any memory bound begins (issue 19)."""
@@ -449,6 +467,8 @@ _KERNELS["attend"] = getattr(torch.ops.aten, "scaled_dot_" + "product_attention"
             "    for qs in range(0, Tq, block_q):").replace(
             's.masked_fill(torch.arange(ks, ks + kb.size(2)) > rows, float("-inf"))',
             's.masked_fill(~visible[qs:qs + n, ks:ks + kb.size(2)], float("-inf"))')),
+        *[Mistake(f"chunks of {n} query rows of its own against all keys", "one query row at a time",
+                  OWN_CHUNKS.format(chunk=n), aspect="tiled") for n in (16, 1)],
         # A slip a student found passing every test (issue 20): the lesson says half precision accumulates in fp32.
         Mistake("float16 inputs computed in float16", "accumulate in float32", _flash().replace(
             "acc_dtype = torch.promote_types(q.dtype, torch.float32)", "acc_dtype = q.dtype"),
@@ -554,7 +574,7 @@ def triton_softmax(x):
         ("exp2 without log2(e)", "log2(e)", _triton(wrapper=[("math.log2(math.e) / math.sqrt(Dh)", "1 / math.sqrt(Dh)")])),
         ("accumulator not rescaled", "accumulator",
          _triton(kernel=[("acc = acc * alpha[:, None] + tl.dot", "acc = acc + tl.dot")])),
-        ("query tail tile dropped", "tail", _triton(wrapper=[("grid = (triton.cdiv(Tq, block_q), B * H)", "grid = (Tq // block_q, B * H)")])),
+        ("query tail tile dropped", "tail", _triton(wrapper=[('grid = (triton.cdiv(Tq, tiles["BLOCK_Q"]), B * H)', 'grid = (Tq // tiles["BLOCK_Q"], B * H)')])),
         ("output always float32", "dtype", _triton(wrapper=[("out = torch.empty_like(q)", "out = torch.empty_like(q, dtype=torch.float32)")])),
         ("plain torch, no Triton", "@triton.jit", '''
 def triton_attention(q, k, v, causal=False):
@@ -620,7 +640,14 @@ def attention_flops(batch, n_heads, seq_q, seq_k, head_dim, causal=False):
 '''),
     ],
     "online_softmax": [
-        ("running log-sum-exp in float64", '''
+        ("running log-sum-exp in the input's dtype", '''
+def online_softmax(x, block_size):
+    lse = torch.full((*x.shape[:-1], 1), float("-inf"), dtype=x.dtype)
+    for start in range(0, x.size(-1), block_size):
+        lse = torch.logaddexp(lse, torch.logsumexp(x[..., start:start + block_size], dim=-1, keepdim=True))
+    return torch.exp(x - lse)
+'''),
+        ("running log-sum-exp in float64", '''''
 def online_softmax(x, block_size):
     x64 = x.double()
     lse = torch.full((*x.shape[:-1], 1), float("-inf"), dtype=torch.float64)
@@ -808,6 +835,7 @@ def triton_softmax(x):
             kernel=[("p = tl.math.exp2(s - shift[:, None])", "p = tl.exp(s - shift[:, None])"),
                     ("alpha = tl.math.exp2(m_i - shift)", "alpha = tl.exp(m_i - shift)")],
             wrapper=[("math.log2(math.e) / math.sqrt(Dh)", "1 / math.sqrt(Dh)")])),
-        ("32 x 32 tiles on the CPU", _triton(wrapper=[("(128, 64) if on_gpu else (16, 16)", "(128, 64) if on_gpu else (32, 32)")])),
+        ("32 x 32 tiles on the CPU", _triton(wrapper=[("tiles = launch_tiles(q)", "tiles = launch_tiles(q) if on_gpu else "
+                                                       "dict(BLOCK_Q=32, BLOCK_K=32, BLOCK_D=max(16, triton.next_power_of_2(Dh)))")])),
     ],
 }

@@ -88,7 +88,8 @@ def offset_baseline(s):
                         and abs(got - want) > 1e-6:
                     fail(f"offset_baseline(pairs): {m.message}")
             if not isinstance(got, float):
-                fail(f"offset_baseline(pairs) should return a Python float (use .item()), not {type(got).__name__}")
+                fail("offset_baseline(pairs) should return a Python float (use .item()), not "
+                     + ("a tensor" if isinstance(got, Array) else type(got).__name__))
             if abs(got - want) > 1e-6:  # a share computed in float32 is right too
                 fail("offset_baseline(pairs) differs from the share of pairs with the most common offset from - to")
     with s.aspect("errors"):

@@ -60,6 +60,9 @@ def _prune(order="torch.argsort(importance.flatten(), stable=True)", dtype="dtyp
     return _PRUNE.format(order=order, dtype=dtype)
 
 
+IGNORE_INDEX = ("every target counts: the loss is F.cross_entropy(logits[b], targets[b]), without ignore_index (the "
+                "lesson's training skips padding, but head_importance is given its targets aligned, every one counted)")
+
 MUTANTS = {
     "relation_accuracy": [
         Mistake("the weight on `to`, not whether it is the largest", "argmax", '''
@@ -145,6 +148,15 @@ def offset_baseline(pairs):
     return (torch.bincount(pairs[:, 1]).max() / len(pairs)).item()
 ''',
             message='the rule is "attend k back": count the offsets from - to, not the positions `to`'),
+        Mistake("the share of the mean offset (rounded), not of the most common", "most common", '''
+def offset_baseline(pairs):
+    if len(pairs) == 0:
+        raise ValueError("no pairs")
+    offsets = pairs[:, 0] - pairs[:, 1]
+    return (offsets == offsets.double().mean().round()).double().mean().item()
+''',
+            message="the most common offset (the mode), not the mean offset: count each offset with torch.bincount "
+                    "and take the largest count"),
         ("no ValueError for no pairs", "ValueError", '''
 def offset_baseline(pairs):
     offsets = pairs[:, 0] - pairs[:, 1]
@@ -188,6 +200,17 @@ def offset_baseline(pairs):
             message="the query itself counts among the keys 0..i (j <= i, the diagonal included)"),
         Mistake("position 0 included in the mean", "i = 1..T-1", _rare(mean="hit.to(pattern.dtype).mean(dim=-1)"),
                 message="average over the queries i = 1..T-1 (T-1 of them), position 0 left out"),
+        Mistake("one token id as the rarest, though another has the same count", "count", '''
+def rare_word_score(pattern, tokens, counts):
+    T = pattern.shape[-1]
+    count = counts[tokens]
+    rarest = torch.stack([tokens[count[:i + 1].argmin()] for i in range(T)])  # the first id with the lowest count
+    past = torch.ones(T, T, dtype=torch.bool).tril()
+    top = pattern.masked_fill(~past, float("-inf")).argmax(dim=-1)
+    hit = tokens[top] == rarest
+    return hit[:, 1:].to(pattern.dtype).mean(dim=-1)
+''', message="two different tokens may share the lowest count: a key qualifies when its token's count equals the "
+             "lowest count among tokens[0..i], whatever its token id (compare counts, not token ids)"),
         ("averaged over the heads", "per head", _rare(mean="hit[:, 1:].to(pattern.dtype).mean(dim=0)")),
         ("float32 always", "dtype", _rare(mean="hit[:, 1:].float().mean(dim=-1)")),
         ("constant: returns zeros", "differs", '''
@@ -254,6 +277,12 @@ def head_importance(model, ids, targets):
     return total / ids.shape[0]
 ''', message="head_importance fails when called under torch.no_grad()", aspect="values"),
         ("model.eval() inside, the mode not restored", "mode", _importance(prelude="model.eval()\n    ")),
+        # the check's message on the model's .grad names requires_grad too (ModelRecord.grads_as_given reads both)
+        Mistake("requires_grad turned off on the parameters and left off", "requires_grad", _importance(
+            prelude="for p in model.parameters():\n        p.requires_grad_(False)\n    "),
+                aspect="model as found"),
+        Mistake("padding targets ignored (ignore_index), as in training", "ignore_index", _importance().replace(
+            "targets[b])", "targets[b], ignore_index=0)"), message=IGNORE_INDEX, aspect="values"),
         ("float32 always", "dtype", _importance(result="(total / ids.shape[0]).float()")),
         ("constant: returns zeros", "differs", '''
 def head_importance(model, ids, targets):
@@ -390,6 +419,22 @@ def head_importance(model, ids, targets):
             p.grad = g
         model.train(training)
     return torch.stack(out).mean(dim=0)
+'''),
+        ("a deep copy of the model, its parameters frozen", '''
+import copy
+
+
+def head_importance(model, ids, targets):
+    copy_ = copy.deepcopy(model)
+    copy_.requires_grad_(False)
+    weight = next(copy_.parameters())
+    total = torch.zeros(copy_.n_layers, copy_.n_heads, dtype=weight.dtype, device=weight.device)
+    with torch.enable_grad():
+        for b in range(ids.shape[0]):
+            mask = torch.ones_like(total, requires_grad=True)
+            loss = F.cross_entropy(copy_(ids[b:b + 1], head_mask=mask)[0], targets[b])
+            total += torch.autograd.grad(loss, mask)[0].abs()
+    return total / ids.shape[0]
 '''),
     ],
     "prune_heads": [

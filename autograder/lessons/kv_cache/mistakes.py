@@ -508,6 +508,28 @@ class KVCache:
         self.n = 0
         self.kv.zero_()
 '''),
+        ("preallocated buffers written in place, copies of them returned", '''
+class KVCache:
+    def __init__(self, batch_size, max_seq_len, n_kv_heads, head_dim, dtype=torch.float32, device="cpu"):
+        self.k = torch.zeros(batch_size, n_kv_heads, max_seq_len, head_dim, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+        self.length = 0
+
+    def update(self, k, v):
+        end = self.length + k.size(2)
+        if end > self.k.size(2):
+            raise ValueError("KV cache is full")
+        self.k[:, :, self.length:end] = k
+        self.v[:, :, self.length:end] = v
+        self.length = end
+        return self.k[:, :, :end].clone(), self.v[:, :, :end].clone()
+
+    def __len__(self):
+        return self.length
+
+    def reset(self):
+        self.length = 0
+'''),
     ],
     "attend_with_cache": [
         ("float32 by hand: repeat_kv, an additive float mask, exp and sum", '''

@@ -16,6 +16,7 @@ import torch
 from autograder.checking import mistakes
 from autograder.checking import (HEADROOM_MB, Checks, StudentError, evidence_times, expect_array, expect_error,
                                expect_int, expect_int_attributes, fail, kind_of, reference, tensor, within_memory)
+from autograder.sandbox import helpers
 from autograder.sandbox.wire import Array, DType
 from solutions import kv_compression as ref
 
@@ -493,6 +494,48 @@ def _expect_never_forms_keys(s, rng):
                  atol=1e-5 + atol / SHORT_COND)
 
 
+# Keys or values formed a few positions at a time never hold every position at once: no memory bound sees them, and
+# the absorbed form itself holds H x T scores for every cached position. What forming them cannot hide is its work:
+# Tk x d_latent x D multiply-adds for the keys and as many for the values, where the absorbed form's scores and
+# weighted sum take Tk x d_latent x H x T each, D / (H T) = 256 times less here. So the grader reads the CPU time of
+# one call from outside the student's process (Subject.cpu_seconds): an honest call takes some 10 ms, forming the keys
+# and values more than a second; one that takes more than COST_FLOOR_S is compared with forming them in the same
+# process (helpers.form_latent_kv, so that a slow machine is no excuse and costs no honest answer its marks), and a
+# call costing COST_SHARE of that or more formed them, whatever chunk of positions it took.
+COST = dict(B=1, T=2, Tk=2**18 + 17)
+COST_FLOOR_S, COST_SHARE = 0.2, 0.3
+COST_SAMPLE = 8  # forming keys is priced on 1 / COST_SAMPLE of the latents (its cost is linear in them)
+FORMS_KEYS_IN_CHUNKS = mistakes.for_lesson(LESSON).FORMS_KEYS_IN_CHUNKS
+
+
+def _expect_never_forms_keys_in_chunks(s, rng):
+    """absorbed_attention on many cached latents (drawn in the student's process), whose CPU time is an honest call's,
+    never that of forming its keys and values."""
+    B, D, H, L = (BOUND[k] for k in ("B", "D", "H", "L"))
+    T, Tk = COST["T"], COST["Tk"]
+    params = _params(rng, D, L, False, "float32")
+    shell = _shell(s, params, D, H, L)
+    x = rng.standard_normal((B, T, D)).astype(np.float32)
+    seed = int(rng.integers(2**31))
+    function = s.get("absorbed_attention", "__call__")
+    before = s.cpu_seconds()
+    specs = [((B, Tk, L), 1.5, "float32")]
+    [(got, _)] = s.helper("drawn_calls", function, seed, specs, [{"args": [shell, tensor(x), {"drawn": 0}]}])
+    used = s.cpu_seconds() - before
+    if used > COST_FLOOR_S:
+        before = s.cpu_seconds()
+        s.helper("form_latent_kv", shell, seed, [((B, Tk // COST_SAMPLE, L), 1.5, "float32")])
+        if used >= COST_SHARE * COST_SAMPLE * (s.cpu_seconds() - before):
+            fail(FORMS_KEYS_IN_CHUNKS.format(Tk=Tk))
+    mla64 = _mla64(params, D, H, L, False)
+    c = helpers.draw(seed, specs)[0].double()
+    with torch.no_grad():
+        want = reference(ref.absorbed_attention(mla64, torch.from_numpy(x).double(), c), dtype="float32")
+        atol = _length_bound(mla64, torch.from_numpy(x).double(), c)
+    expect_array(got, want, f"absorbed_attention with {Tk} cached latents", axes=("B", "T", "D"), cond=SHORT_COND,
+                 atol=1e-5 + atol / SHORT_COND)
+
+
 # "never forms keys or values" is the exercise's point: half of its points (a notebook that forms them keeps the rest).
 @CHECKS.add("absorbed_attention", aspects={"values": 3, "bias": 1, "never forms keys or values": 4}, memory_bound=True)
 def absorbed_attention(s):
@@ -506,4 +549,5 @@ def absorbed_attention(s):
         for case in (("float64", 2, 24, 4, 5, 2, 7, True), ("float32", 1, 6, 1, 6, 3, 8, True)):
             _expect_absorbed(s, rng, *case)
     with s.aspect("never forms keys or values"):
-        _expect_never_forms_keys(s, rng)
+        _expect_never_forms_keys(s, rng)  # what forms them all at once runs out of memory, with its own message
+        _expect_never_forms_keys_in_chunks(s, rng)  # in a fresh process: the memory bound ended the last one

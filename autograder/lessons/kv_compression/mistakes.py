@@ -226,6 +226,29 @@ SQUARE_MASK = ("absorbed_attention ran out of memory because its causal mask is 
                "torch.ones(T, Tk, dtype=torch.bool).tril(Tk - T)")
 
 
+# ... and when the CPU time of a call shows them formed, a few positions at a time (issue 33: no tensor spans every
+# position then, only the work does)
+FORMS_KEYS_IN_CHUNKS = ("absorbed_attention took as much CPU time with {Tk} cached latents as applying k_up and v_up to "
+                        "every one of them: it forms keys or values, if only a few positions at a time. Fold k_up "
+                        "into the queries and v_up into the output projection: only (B, H, T, Tk) scores and the "
+                        "latents themselves ever involve every cached position")
+_IN_CHUNKS = "\n@torch.no_grad()  # no graph keeping every chunk's keys alive: only the chunks are ever held" + _ABS_HEAD + '''
+    scores = torch.empty(B, H, T, Tk, dtype=x.dtype)
+    for s in range(0, Tk, {chunk}):
+        k = mla.k_up(latents[:, s:s + {chunk}]).view(B, -1, H, Dh).transpose(1, 2)
+        scores[..., s:s + {chunk}] = q @ k.transpose(-2, -1) / math.sqrt(Dh)
+    weights = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
+    o = torch.zeros(B, H, T, Dh, dtype=x.dtype)
+    for s in range(0, Tk, {chunk}):
+        v = mla.v_up(latents[:, s:s + {chunk}]).view(B, -1, H, Dh).transpose(1, 2)
+        o = o + weights[..., s:s + {chunk}] @ v
+    out = o.transpose(1, 2).reshape(B, T, D) @ mla.out_proj.weight.T
+    if mla.out_proj.bias is not None:
+        out = out + mla.out_proj.bias
+    return out
+'''
+
+
 def _forms_keys(what, code, message=FORMS_KEYS, keyword="memory"):
     """An absorbed_attention that forms keys or values (or a (Tk, Tk) mask): only the memory bound sees it."""
     return Mistake(what, keyword, code, message=message, aspect="never forms keys or values", evidence=True)
@@ -544,6 +567,8 @@ def absorbed_attention(mla, x, latents):
         out = out + mla.out_proj.bias
     return out
 '''),
+        *[_forms_keys(f"keys and values formed {n} positions at a time", _IN_CHUNKS.format(chunk=n),
+                      message=FORMS_KEYS_IN_CHUNKS, keyword="few positions at a time") for n in (2048, 16)],
         _forms_keys("absorbs the keys but materialises the values", _ABS_HEAD + '''
     scores = (q @ w_uk) @ latents.transpose(1, 2)[:, None] / math.sqrt(Dh)
     weights = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)

@@ -1,0 +1,316 @@
+"""Will a Triton kernel compile for a GPU, and fit it? Answered on any machine, with or without a GPU.
+
+Triton compiles ahead of time for a named target: `triton.compile` of an `ASTSource` with
+`GPUTarget("cuda", arch, 32)` runs the whole pipeline (TTIR, TTGIR, LLVM IR, PTX, and a cubin from
+the bundled ptxas) on a plain CPU, and says how much shared memory one program needs. A kernel that
+Triton's interpreter runs happily may still be refused here (`tl.dot` on blocks smaller than 16, a
+Python `if` on a block-shaped tensor) or need more shared memory than the card has (it would fail to
+launch with OutOfResources).
+
+The compiling runs in a child Python without TRITON_INTERPRET: a process that imported Triton under
+the interpreter has interpreter versions of Triton's own helpers (tl.max, tl.sum), which the compiler
+cannot use. The child gets the kernel's source (and that of any @triton.jit helper or constant it
+names), writes it to a file and compiles it, under a time limit.
+
+Standard library only at import (Triton only in the child), so that anything may import it.
+"""
+import inspect
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+# The cards students use, by compute capability: a name and the most shared memory one block may use
+# (the opt-in maximum, cudaDevAttrMaxSharedMemoryPerBlockOptin, which Triton launches with).
+ARCHES = {
+    75: ("T4", 64 * 1024),
+    80: ("A100", 163 * 1024),
+    86: ("A10", 99 * 1024),
+    89: ("L4", 99 * 1024),
+    90: ("H100", 227 * 1024),
+}
+# A fresh compile takes 1-2 s (float16 on sm_80+) to 15 s (float32 on sm_75); the limit is for one batch.
+TIMEOUT_S = 300
+TRITON_TYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
+
+
+def kernel_source(kernel):
+    """The source of a @triton.jit kernel (a JITFunction, or the interpreter's InterpretedFunction),
+    decorators dropped, followed by that of the @triton.jit helpers and plain constants it names.
+    -> (name, [source, ...]) with the kernel's own source last."""
+    fn = getattr(kernel, "fn", kernel)
+    sources, seen = [], set()
+
+    def add(f):
+        if f.__name__ in seen:
+            return
+        seen.add(f.__name__)
+        for name in f.__code__.co_names:
+            value = f.__globals__.get(name)
+            if hasattr(value, "fn") and callable(getattr(value, "fn")) and name not in seen:
+                add(value.fn)  # a helper kernel
+            elif isinstance(value, (int, float)) and not isinstance(value, bool) and name not in seen:
+                seen.add(name)
+                sources.append(f"{name} = {value!r}")
+            elif type(value).__name__ == "constexpr" and name not in seen:
+                seen.add(name)
+                sources.append(f"{name} = tl.constexpr({getattr(value, 'value', value)!r})")
+        src = textwrap.dedent(inspect.getsource(f))
+        src = src[re.search(r"^def ", src, re.M).start():]  # drop the decorators
+        sources.append("@triton.jit\n" + src.rstrip())
+
+    add(fn)
+    return fn.__name__, sources
+
+
+def notebook_kernels(cells):
+    """{name: (name, [source])} of the @triton.jit kernels that a notebook's code cells (a list of
+    sources) define, at any depth (a demo defines its kernel under `if HAS_TRITON:`), decorators dropped."""
+    import ast
+    found = {}
+    for cell in cells:
+        try:
+            tree = ast.parse(cell)
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and any("jit" in ast.unparse(d) for d in node.decorator_list):
+                src = textwrap.dedent("\n".join(cell.splitlines()[node.lineno - 1:node.end_lineno]))
+                found[node.name] = (node.name, ["@triton.jit\n" + src])
+    return found
+
+
+def job(kernel, signature, constexprs, arch, num_warps=4, num_stages=2, label="", card=None):
+    """One compilation, as the child takes it. `kernel` is a @triton.jit function or (name, [source]) as
+    kernel_source gives; `signature` maps each runtime argument to a Triton type ("*fp16" a pointer,
+    "i32", "fp32"), `constexprs` each constexpr argument to its value; card (name, shared memory per
+    block) defaults to ARCHES[arch]."""
+    name, sources = kernel if isinstance(kernel, tuple) else kernel_source(kernel)
+    sig = dict(signature)
+    sig.update({k: "constexpr" for k in constexprs})
+    card, limit = card or ARCHES[arch]
+    return {"name": name, "sources": sources, "signature": sig, "constexprs": constexprs, "arch": arch,
+            "num_warps": num_warps, "num_stages": num_stages, "label": label, "card": card, "limit": limit}
+
+
+def parameters(kernel):
+    """The argument names of a kernel (a @triton.jit function or (name, [source]))."""
+    if isinstance(kernel, tuple):
+        import ast
+        fn = ast.parse(kernel[1][-1]).body[0]
+        return [a.arg for a in fn.args.args]
+    return list(inspect.signature(getattr(kernel, "fn", kernel)).parameters)
+
+
+def attention_job(kernel, arch, dtype, head_dim, tiles, causal=True, label="", card=None):
+    """A job for lesson 06's _attention_kernel (or lesson 09's _flash_forward_kernel, which adds LSE), as
+    their launchers call it: Q, K, V, O point at `dtype` ("float16", "bfloat16", "float32"), LSE at
+    float32, qk_scale is a float, the other runtime arguments integers; `tiles` as attention_tiles gives."""
+    constexprs = {"CAUSAL": causal, "BLOCK_Q": tiles["BLOCK_Q"], "BLOCK_K": tiles["BLOCK_K"],
+                  "BLOCK_D": tiles["BLOCK_D"], "PRECISION": "ieee" if dtype == "float32" else "tf32"}
+    pointer = "*" + TRITON_TYPES[dtype]
+    signature = {a: (pointer if a in "QKVO" else "*fp32" if a == "LSE" else "fp32" if a == "qk_scale" else "i32")
+                 for a in parameters(kernel) if a not in constexprs}
+    return job(kernel, signature, constexprs, arch, tiles["num_warps"], tiles["num_stages"],
+               label or f"{dtype} head_dim {head_dim}", card)
+
+
+def softmax_job(kernel, arch, dtype, block, label="", card=None):
+    """A job for lesson 06's _softmax_kernel(X, Y, n_cols, stride_x, stride_y, BLOCK) at one BLOCK."""
+    pointer = "*" + TRITON_TYPES[dtype]
+    signature = {"X": pointer, "Y": pointer, "n_cols": "i32", "stride_x": "i32", "stride_y": "i32"}
+    # launched without num_warps or num_stages: Triton's defaults, 4 and 3
+    return job(kernel, signature, {"BLOCK": block}, arch, 4, 3, label or f"{dtype} BLOCK {block}", card)
+
+
+# The kernels a lesson fixes, with their parameters, compiled for one named target: an A100 (sm_80), float16,
+# head_dim 64, at the tiles solutions.gpu.attention_tiles picks there (tests/test_triton_fit.py holds them equal),
+# the softmax kernel at BLOCK=1024.
+TARGET = 80
+A100_TILES = {"BLOCK_Q": 128, "BLOCK_K": 64, "BLOCK_D": 64, "num_warps": 8, "num_stages": 2}
+ATTENTION_ARGS = ["Q", "K", "V", "O", "stride_b", "stride_h", "stride_t", "stride_kb", "stride_kh", "stride_kt",
+                  "n_heads", "seq_q", "seq_k", "head_dim", "qk_scale", "CAUSAL", "BLOCK_Q", "BLOCK_K", "BLOCK_D",
+                  "PRECISION"]
+LESSON_KERNELS = {
+    "_softmax_kernel": (["X", "Y", "n_cols", "stride_x", "stride_y", "BLOCK"],
+                        lambda k: softmax_job(k, TARGET, "float16", 1024)),
+    "_attention_kernel": (ATTENTION_ARGS, lambda k: attention_job(k, TARGET, "float16", 64, A100_TILES)),
+    "_flash_forward_kernel": (ATTENTION_ARGS[:4] + ["LSE"] + ATTENTION_ARGS[4:],
+                              lambda k: attention_job(k, TARGET, "float16", 64, A100_TILES)),
+}
+
+
+def lesson_kernel_jobs(cells):
+    """(jobs, problems) for the lesson kernels (LESSON_KERNELS) that cells (a list of sources) define: a job
+    each, or a problem line when its parameters are not the lesson's (it is compiled as the lesson launches it)."""
+    jobs, problems = [], []
+    for name, kernel in notebook_kernels(cells).items():
+        if name not in LESSON_KERNELS or _stub(kernel):
+            continue
+        args, make = LESSON_KERNELS[name]
+        if parameters(kernel) != args:
+            problems.append(f"{name}: its parameters are not the lesson's ({', '.join(args)}), so it cannot be "
+                            "compiled as the lesson launches it")
+        else:
+            jobs.append(make(kernel))
+    return jobs, problems
+
+
+def _stub(kernel):
+    """Whether a kernel is still the released stub: its body only raises NotImplementedError (the visible
+    tests say so; the compiler would only refuse the raise)."""
+    import ast
+    body = ast.parse(kernel[1][-1]).body[0].body
+    body = body[1:] if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) else body
+    return len(body) == 1 and isinstance(body[0], ast.Raise) and "NotImplementedError" in ast.unparse(body[0])
+
+
+def check_kernels(cells, timeout=120, compiler=None):
+    """[(is_problem, line)]: the lesson's kernels among cells, compiled for an A100 (TARGET) as their launchers
+    launch them there, by compiler(jobs, timeout) (compile_jobs here; the grader's runs in its sandbox); a line
+    that says it skipped, and why, when Triton is not installed."""
+    import importlib.util
+    jobs, problems = lesson_kernel_jobs(cells)
+    out = [(True, p) for p in problems]
+    if not jobs:
+        return out
+    if compiler is None and importlib.util.find_spec("triton") is None:
+        return out + [(False, "Triton kernels: not compiled for a GPU, since Triton is not installed here "
+                              "(pip install triton; Linux only)")]
+    for j, r in zip(jobs, (compiler or compile_jobs)(jobs, timeout)):
+        what = f"{j['name']} ({j['label']}, {tiles_text(j)})"
+        if r.get("skipped"):
+            out.append((False, f"{what}: not compiled for a GPU here ({r['error']})"))
+        else:
+            out.append((not r["fits"], f"{what} {describe(r)}"))
+    return out
+
+
+def tiles_text(j):
+    c = j["constexprs"]
+    if "BLOCK_Q" in c:
+        return f"{c['BLOCK_Q']} x {c['BLOCK_K']} tiles, {j['num_stages']} stages, {j['num_warps']} warps"
+    return f"{j['num_warps']} warps"
+
+
+def compile_jobs(jobs, ptxas=False, timeout=TIMEOUT_S, python=sys.executable):
+    """Compile each job (see job()) for its target in one child Python. -> one dict per job:
+    compiles (bool), error (the compiler's complaint, or None), skipped (True when the child could not give
+    the compiler's verdict: a time limit, a Triton without this API, a crash), shared (bytes one program
+    needs), limit (the card's, ARCHES), fits, and registers (per thread), spill_stores and spill_loads
+    (bytes) from Triton's own `ptxas -v`, which runs only on a fresh compile: ptxas=True compiles afresh
+    (Triton's cache aside, so slower), else they are known only for kernels the cache did not hold."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    with tempfile.TemporaryDirectory() as fresh:
+        if ptxas:
+            env["TRITON_CACHE_DIR"] = fresh
+        return _run_child(jobs, timeout, python, env)
+
+
+def _run_child(jobs, timeout, python, env):
+    try:
+        out = subprocess.run([python, __file__, "--child"],
+                             input=json.dumps(jobs), capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return [dict(_blank(j), error=f"compiling took more than {timeout} s", skipped=True) for j in jobs]
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+    if out.returncode or len(lines) != len(jobs):  # not the compiler's verdict: this Triton, or this machine
+        why = (out.stderr.strip().splitlines() or ["the compiler's process failed"])[-1]
+        return [dict(_blank(j), error=why[:300], skipped=True) for j in jobs]
+    return [json.loads(ln) for ln in lines]
+
+
+def _blank(j):
+    return {"kernel": j["name"], "label": j["label"], "arch": j["arch"], "card": j["card"],
+            "num_warps": j["num_warps"], "num_stages": j["num_stages"], "compiles": False, "error": None,
+            "shared": None, "limit": j["limit"], "fits": None, "registers": None, "spill_stores": None,
+            "spill_loads": None}
+
+
+def describe(r):
+    """One line on a result of compile_jobs: fits / needs more shared memory than the card has / the
+    compiler's complaint."""
+    card = f"{r['card']} (sm_{r['arch']}, {r['limit'] // 1024} KiB per block)"
+    if not r["compiles"]:
+        return f"does not compile for {card}: {r['error']}"
+    regs = f", {r['registers']} registers" if r.get("registers") else ""
+    if r.get("spill_stores"):
+        regs += f", spills {r['spill_stores']} bytes"
+    if r["fits"]:
+        return f"fits {card}: needs {r['shared']:,} bytes of shared memory{regs}"
+    return f"does not fit {card}: needs {r['shared']:,} bytes of shared memory, {r['shared'] - r['limit']:,} too many"
+
+
+def _child():
+    """The child: compile each job of stdin's JSON list, print one JSON line per job."""
+    import contextlib
+    import importlib.util
+    import io
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    if hasattr(triton, "knobs"):  # Triton 3.4 on: ptxas -v's log, printed on a fresh compile (registers, spills)
+        triton.knobs.nvidia.dump_ptxas_log = True
+    jobs = json.load(sys.stdin)
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, j in enumerate(jobs):
+            r = _blank(j)
+            path = os.path.join(tmp, f"kernel_{i}.py")
+            with open(path, "w") as f:
+                f.write("import math\nimport triton\nimport triton.language as tl\n\n" + "\n\n".join(j["sources"]))
+            log = io.StringIO()
+            try:
+                spec = importlib.util.spec_from_file_location(f"kernel_{i}", path)
+                module = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(module)
+                src = ASTSource(fn=getattr(module, j["name"]), signature=j["signature"], constexprs=j["constexprs"])
+                with contextlib.redirect_stdout(log):
+                    compiled = triton.compile(src, target=GPUTarget("cuda", j["arch"], 32),
+                                              options={"num_warps": j["num_warps"], "num_stages": j["num_stages"]})
+            except Exception as e:  # the compiler's complaint, for the student
+                r["error"] = _complaint(e)
+            else:
+                r.update(compiles=True, shared=compiled.metadata.shared)
+                r["fits"] = r["shared"] <= r["limit"]
+                text = log.getvalue()
+                m = re.search(r"Used (\d+) registers", text)
+                r["registers"] = int(m[1]) if m else None
+                m = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)
+                r["spill_stores"], r["spill_loads"] = (int(m[1]), int(m[2])) if m else (None, None)
+            print(json.dumps(r), flush=True)
+
+
+# What the compiler's words usually mean, for the two slips Triton's interpreter accepts.
+HINTS = [
+    ("K >= 16", "tl.dot needs blocks of at least 16 x 16 (the interpreter multiplies smaller ones, a GPU's "
+                "tensor cores do not)"),
+    ("Boolean value of Tensor", "a Python `if` on a block-shaped tensor (the interpreter takes it as true): "
+                                "use tl.where, or reduce the block to one value first"),
+]
+
+
+def _complaint(e):
+    """The line of a compile error that says what is wrong, where it is in the kernel, and what it usually means
+    (HINTS). Triton's CompilationError holds the source around the line, then the cause; an error inside a
+    helper the kernel calls is chained under the call's (e.__cause__): the innermost cause is the one."""
+    where, said = None, None
+    while e is not None:
+        lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
+        at = re.match(r"at (\d+):(\d+):", lines[0]) if lines else None
+        where = where or at  # the kernel's own line, the outermost
+        cause = [ln.strip() for ln in lines if re.match(r"^\w*(Error|Exception)\b|^\w+Error\(", ln.strip())]
+        last = lines[-1].strip() if lines else type(e).__name__
+        said = cause[-1] if cause else last if last.strip("^ ") else said  # a bare ^ only marks the column
+        e = e.__cause__
+    said = (said or "the compiler gave no reason")[:300]
+    hint = next((f": {h}" for words, h in HINTS if words in said), "")
+    return (f"line {where[1]} of the kernel: " if where else "") + said + hint
+
+
+if __name__ == "__main__" and "--child" in sys.argv:
+    _child()
