@@ -215,12 +215,28 @@ class Subject:
         calls = self._calls
         try:
             yield
+            if self._calls > calls:
+                self._still_forbidding(paths)
         finally:
             if self._aspects:
                 self._aspects.forbidden_calls += self._calls - calls
             self._transport({"op": "unforbid"})
             if self._isolated:
                 self.isolate(self._isolated)
+
+    def _still_forbidding(self, paths):
+        """Fail unless the paths are still off where the block's calls ran: a cell can find our registration's handle
+        and reset() it (tripwires.probe says what a determined attacker can still do). The probe is not counted as a
+        call of the block."""
+        calls = self._calls
+        try:
+            lost = self.helper("tripwires_probe", list(paths))
+        except StudentError as e:
+            lost = [f"the grader's probe (it raised {e.type})"]
+        self._calls = calls
+        if lost:
+            raise AssertionError(f"the guard against PyTorch's kernels was switched off ({lost[0]} no longer raises): "
+                                 "leave the process as the grader set it up")
 
     @contextlib.contextmanager
     def elsewhere(self, cells):

@@ -7,6 +7,8 @@ import types
 import torch
 from torch import nn
 
+from . import tripwires
+
 
 def torch_mha(d_model, n_heads, bias, state):
     """torch.nn.MultiheadAttention(d_model, n_heads, bias, batch_first=True) holding `state`."""
@@ -347,4 +349,5 @@ HELPERS = {
     "form_latent_kv": form_latent_kv,
     "launches": launches,
     "ModelRecord": ModelRecord,
+    "tripwires_probe": tripwires.probe,
 }

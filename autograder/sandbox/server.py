@@ -167,7 +167,7 @@ class ObjectServer:
 
     @staticmethod
     def _spend(budget, arr):
-        budget[0] += arr.nbytes
+        budget[0] += np.asarray(arr).nbytes  # the data's own size: a subclass's nbytes may say anything
         if budget[0] > MAX_REPLY_BYTES:
             raise TooLarge()
 

@@ -7,7 +7,14 @@ tensors, autocast, ...): it raises ForbiddenPath naming the operator. Autograd's
 fallthroughs for every operator: nothing is recorded, so autograd, .backward(), torch.func and forward-mode AD
 give no gradient (an error, or zeros). The original kernels stay registered underneath ours, reachable only
 through our registration's handle; in the sandbox (install(..., for_good=True)) that handle is a pybind object
-the garbage collector does not track, whose only reference is leaked, so no Python code can find it to undo it.
+the garbage collector does not track, whose only reference is leaked: the garbage collector cannot find it, but a
+scan of the heap (ctypes over /proc/self/maps) can, and reset() it. So the grader asks, after its calls, whether
+every path is still off (probe(); Subject.forbidding), and a path switched back on costs the aspect.
+
+Where torch computes the same in Python (torch._refs, torch._decomp's tables, F.multi_head_attention_forward,
+eager flex_attention's Python kernels: routes()), the functions' code is replaced in place by code that raises
+ForbiddenPath naming the route, so every reference to them, kept anywhere, reaches the tripwire; in the sandbox the
+original code is gone. A student can still copy such a function's source from torch's files: that is writing it.
 
 Installed in a fresh process before the student's cells run (runner.child), so no cell can have looked up a
 kernel first. Imports nothing of the course (torch only when it switches paths off): it runs next to the student's
@@ -32,19 +39,68 @@ class ForbiddenPath(RuntimeError):
     """Raised by a forbidden operator; its message is `reached <what> (<operator>)`."""
 
 
+def _matches(path, name):
+    """Whether an operator or function called `name` belongs to the path."""
+    if path == "attention kernels":
+        return "attention" in name
+    if path == "softmax":  # softmax's own operators, not their backward (autograd's business)
+        return "softmax" in name and "backward" not in name
+    if path == "autograd":
+        return "backward" in name and "softmax" in name
+    raise ValueError(f"unknown forbidden path {path!r}; paths are {', '.join(PATHS)}")
+
+
 def operators(path):
     """The operators whose kernels raise when a path is off (for "autograd", softmax's backward operators:
     _softmax_backward_data is dS = P * (dP - rowsum(dP * P)); attention's are attention kernels; every operator's
     autograd kernel goes too)."""
     import torch
-    names = [n for n in torch._C._dispatch_get_all_op_names() if n.startswith("aten::")]
-    if path == "attention kernels":
-        return sorted(n for n in names if "attention" in n)
-    if path == "softmax":  # softmax's own operators, not their backward (autograd's business)
-        return sorted(n for n in names if "softmax" in n and "backward" not in n)
-    if path == "autograd":
-        return sorted(n for n in names if "backward" in n and "softmax" in n)
-    raise ValueError(f"unknown forbidden path {path!r}; paths are {', '.join(PATHS)}")
+    return sorted(n for n in torch._C._dispatch_get_all_op_names() if n.startswith("aten::") and _matches(path, n))
+
+
+# Where torch computes the same in Python, never reaching the dispatcher (or reaching it only through operators that
+# are not the path's): its reference implementations, decompositions, higher-order operators' Python kernels (eager
+# flex_attention), Python compositions (F.multi_head_attention_forward, need_weights=True: bmm and softmax).
+_MODULES = ("torch._refs", "torch._decomp", "torch._higher_order_ops", "torch.nn.functional", "torch.nn.attention")
+
+
+def routes(path):
+    """{name: (mapping, key)}: the Python routes to the path, mapping[key] each, found by name (see _matches) in
+    _MODULES' functions, in torch._decomp's tables (by operator), and in the Python kernels of higher-order operators
+    and aten operators."""
+    import importlib
+    import sys
+    import types
+
+    import torch
+    for name in ("torch._refs.nn.functional", "torch._refs.special", "torch._decomp.decompositions",
+                 "torch._higher_order_ops.flex_attention", "torch.nn.attention.flex_attention"):
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - a torch without it has no such route
+            pass
+    found = {}
+    for module_name, module in list(sys.modules.items()):
+        if module is None or not module_name.startswith(_MODULES):
+            continue
+        for name, value in list(vars(module).items()):
+            if isinstance(value, types.FunctionType) and _matches(path, name) and \
+                    getattr(value, "__module__", "").startswith("torch"):
+                found.setdefault(f"{module_name}.{name}", (vars(module), name))
+    tables = getattr(torch._decomp, "global_decomposition_table", {})
+    for kind, table in [("", torch._decomp.decomposition_table), *tables.items()]:
+        for op in list(table):
+            if _matches(path, str(op)):
+                found.setdefault(f"{op} {kind or 'post_autograd'} decomposition", (table, op))
+    operators_ = [getattr(torch.ops.higher_order, n, None) for n in getattr(torch._ops, "_higher_order_ops", {})
+                  if _matches(path, n)]
+    for name in operators(path):
+        packet = getattr(torch.ops.aten, name.split("::", 1)[1].split(".")[0], None)
+        operators_ += [getattr(packet, o, None) for o in (packet.overloads() if packet is not None else ())]
+    for op in operators_:
+        for key in list(getattr(op, "py_kernels", {})):
+            found.setdefault(f"{op} Python kernel at {key}", (op.py_kernels, key))
+    return found
 
 
 def _keys(op):
@@ -60,13 +116,60 @@ def _tripwire(op, what):
     return tripwire
 
 
+def _raising_code(free):
+    """The code of a function that raises its keyword-only default _forbidden_path_ = (class, message), with `free`
+    free variables: it can replace the code of any function whose closure has that many cells."""
+    names = [f"_cell{i}" for i in range(free)]
+    cells = "".join(f"    {n} = None\n" for n in names)
+    use = f"        ({', '.join(names)},)\n" if names else ""
+    namespace = {}
+    exec(f"def _outer():\n{cells}    def _tripwire(*args, _forbidden_path_, **kwargs):\n{use}"
+         f"        raise _forbidden_path_[0](_forbidden_path_[1])\n    return _tripwire\n", namespace)
+    return namespace["_outer"]().__code__
+
+
+_CUT = []  # the Python functions cut now (probe checks they still are); in the sandbox their code is gone for good
+
+
+def _cut(route, fn, what, path, undo):
+    """Make the Python function fn, and those it wraps (functools.wraps' __wrapped__, its closure's functions of the
+    path), raise ForbiddenPath wherever they are referenced: their code is replaced in place, so a reference kept
+    anywhere (a table, a closure, the garbage collector's list) reaches the tripwire too. undo: [(fn, code,
+    defaults, kwdefaults)] to put back."""
+    import types
+    todo, seen = [fn], set()
+    while todo:
+        f = todo.pop()
+        if not isinstance(f, types.FunctionType) or id(f) in seen or f.__code__.co_name == "_tripwire":
+            continue
+        seen.add(id(f))
+        todo += [f.__dict__.get("__wrapped__")] + [c.cell_contents for c in f.__closure__ or ()
+                                                  if _filled(c) and _matches(path, getattr(c.cell_contents,
+                                                                                           "__name__", ""))]
+        undo.append((f, f.__code__, f.__defaults__, f.__kwdefaults__))
+        _CUT.append(f)
+        f.__code__ = _raising_code(len(f.__closure__ or ()))
+        f.__defaults__, f.__kwdefaults__ = None, {"_forbidden_path_": (ForbiddenPath, f"reached {what} ({route})")}
+
+
+def _filled(cell):
+    try:
+        cell.cell_contents
+        return True
+    except ValueError:
+        return False
+
+
 def install(paths, for_good=True):
     """Switch the paths off in this process. for_good: for the rest of the process, out of reach (the sandbox);
     otherwise returns remove(), which puts the original kernels back (a hidden test in the student's own
     notebook, where nothing is out of the student's reach anyway)."""
+    import types
+
     import torch
     import torch.library
     libraries = {}
+    undo, entries = [], []  # Python routes cut (_cut), and table entries that are not Python functions replaced
 
     def library(namespace):
         if namespace not in libraries:
@@ -87,6 +190,14 @@ def install(paths, for_good=True):
                 namespace, name = op.split("::", 1)
                 for key in _keys(op):
                     library(namespace).impl(name, key, _tripwire(op, PATHS[path]), False)
+            for route, (mapping, key) in routes(path).items():
+                if isinstance(mapping[key], types.FunctionType):
+                    _cut(route, mapping[key], PATHS[path], path, undo)
+                else:  # a decomposition table's or a Python kernel's entry that is some other callable
+                    entries.append((mapping, key, mapping[key]))
+                    mapping[key] = _tripwire(route, PATHS[path])
+        for op in torch._ops._higher_order_ops.values() if hasattr(torch._ops, "_higher_order_ops") else ():
+            getattr(op, "_dispatch_cache", {}).clear()  # kernels it looked up before
     if for_good:
         for handle in libraries.values():  # kept alive by a reference nobody holds (see the module's docstring)
             ctypes.pythonapi.Py_IncRef(ctypes.py_object(handle))
@@ -96,7 +207,48 @@ def install(paths, for_good=True):
         for handle in libraries.values():
             handle.reset()
         libraries.clear()
+        for f, code, defaults, kwdefaults in reversed(undo):
+            f.__code__, f.__defaults__, f.__kwdefaults__ = code, defaults, kwdefaults
+            _CUT.remove(f)
+        for mapping, key, fn in entries:
+            mapping[key] = fn
+        undo.clear()
+        entries.clear()
     return remove
+
+
+def probe(paths):
+    """The parts of the paths switched back on since install(paths) (empty while every route still ends in a
+    tripwire): an operator with an active kernel that is not ours, a Python route whose code is not the tripwire, or
+    a fresh call per path that does not raise ForbiddenPath (autograd: a product that records a grad_fn). The grader
+    asks after each call with the paths off (Subject.forbidding), so a cell that found our registration's handle
+    (the heap holds it: ctypes over /proc/self/maps) and reset() it loses the aspect.
+
+    What a determined attacker can still do, in a process it owns: switch the paths back on for the call and off
+    again before returning (registering kernels and code of its own that raise a ForbiddenPath of the same name), or
+    replace this function. The probe only makes undoing the guard take that much more work; the Triton answers'
+    replay and the lessons' evidence checks are the other layers."""
+    import torch
+    lost = [op for path in paths for op in operators(path)
+            if any(not line.split(": registered at ", 1)[1].startswith("/dev/null:0")
+                   for line in torch._C._dispatch_dump(op).splitlines()
+                   if (m := _KEY.match(line)) and "(inactive)" not in line and m.group(1) != "debug")]
+    lost += [f"{f.__module__}.{f.__qualname__}" for f in _CUT if f.__code__.co_name != "_tripwire"]
+    q = torch.ones(1, 1, 2, 2)
+    calls = {"attention kernels": lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q),
+             "softmax": lambda: q.softmax(-1),
+             "autograd": lambda: torch.ops.aten._softmax_backward_data(q, q, -1, q.dtype)}
+    for path in paths:
+        try:
+            calls[path]()
+            lost.append(f"a call of {PATHS[path]}")
+        except ForbiddenPath:
+            pass
+        except Exception:  # noqa: BLE001 - anything else is not our tripwire either
+            lost.append(f"a call of {PATHS[path]}")
+    if "autograd" in paths and (torch.ones(1, requires_grad=True) * 2).grad_fn is not None:
+        lost.append("autograd's recording")
+    return lost
 
 
 def message(name, reached, instead):

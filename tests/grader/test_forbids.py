@@ -84,6 +84,22 @@ def attempt(name, fn):
     except Exception as e:
         results[name] = type(e).__name__
 
+# Python routes that never reach the path's operators (tripwires.routes)
+import torch._refs
+from torch._decomp import decomposition_table
+from torch.nn.attention.flex_attention import flex_attention
+attempt("torch._refs", lambda: torch._refs.softmax(q, -1))
+attempt("decomposition", lambda: decomposition_table[torch.ops.aten._softmax.default](q, -1, False))
+attempt("backward decomposition", lambda: decomposition_table[torch.ops.aten._softmax_backward_data.default](
+    q, q, -1, q.dtype))
+attempt("the decomposition found by gc", lambda: [f for f in gc.get_objects() if type(f).__name__ == "function"
+                                                 and f.__name__ == "_softmax_backward_data"][0](q, q, -1, q.dtype))
+eye = torch.eye(4, dtype=torch.float64)
+attempt("need_weights=True", lambda: F.multi_head_attention_forward(
+    q[0, 0, :, None], q[0, 0, :, None], q[0, 0, :, None], 4, 1, None, None, None, None, False, 0.0, eye, None,
+    training=False, need_weights=True, use_separate_proj_weight=True, q_proj_weight=eye, k_proj_weight=eye,
+    v_proj_weight=eye))
+attempt("flex_attention", lambda: flex_attention(q, q, q))
 # Undo: find the registration's handle through the garbage collector, or a library of our own
 handles = [o for o in gc.get_objects() if type(o).__name__ == "_DispatchModule"]
 results["handles found"] = len(handles)
@@ -131,7 +147,49 @@ def test_without_the_paths_off_every_attack_reaches_its_path():
     results = json.loads(out.stdout.strip().splitlines()[-1])
     assert results.pop("torch.func.grad is zero") is False
     results.pop("handles found")
-    assert set(results.values()) == {"reached"}, results
+    assert {name: r for name, r in results.items() if r != "reached"} == {}
+
+
+def test_a_tripwire_reset_through_the_heap_is_seen():
+    """A cell that finds the leaked registration's handle by scanning the heap and resets it: the probe the grader
+    runs after its calls (Subject.forbidding) names what came back."""
+    script = f"""
+from autograder.sandbox import tripwires
+tripwires.install(['attention kernels', 'softmax'])
+print(tripwires.probe(['attention kernels', 'softmax']))
+{RESET_THROUGH_THE_HEAP}
+print(_reset() > 0, tripwires.probe(['attention kernels', 'softmax'])[:1])
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    before, after = out.stdout.splitlines()[-2:]
+    assert before == "[]" and after.startswith("True ['aten::"), out.stderr[-2000:]
+
+
+RESET_THROUGH_THE_HEAP = """
+import ctypes, gc
+import numpy as np
+import torch
+
+
+def _reset():
+    kind = type(torch._C._dispatch_library("FRAGMENT", "heap_probe", ""))
+    held = {id(r) for o in gc.get_objects() for r in gc.get_referents(o) if type(r) is kind}
+    found = []
+    for line in open("/proc/self/maps"):
+        parts = line.split()
+        if not parts[1].startswith("rw") or (len(parts) > 5 and parts[5] != "[heap]"):
+            continue
+        a, b = (int(x, 16) for x in parts[0].split("-"))
+        try:
+            words = np.frombuffer((ctypes.c_char * (b - a)).from_address(a), dtype=np.uint64)
+        except Exception:
+            continue
+        found += [a + (int(i) - 1) * 8 for i in np.nonzero(words == np.uint64(id(kind)))[0] if i and words[i - 1] == 1]
+    handles = [ctypes.cast(addr, ctypes.py_object).value for addr in found if addr not in held]
+    for h in handles:
+        h.reset()
+    return len(handles)
+"""
 
 
 def test_removed_in_process_the_kernels_come_back():

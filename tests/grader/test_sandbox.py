@@ -506,6 +506,24 @@ def test_auto_never_takes_a_mode_that_hides_no_file(tmp_path, monkeypatch):
     assert weak_mode_warning("bwrap") is weak_mode_warning("uid") is None
 
 
+def test_a_reply_is_capped_by_its_data_not_by_what_it_says_its_size_is():
+    """An ndarray subclass whose nbytes says 0 still counts its data against the reply's cap."""
+    import numpy as np
+
+    from autograder.sandbox.server import MAX_REPLY_BYTES, ObjectServer
+
+    class Liar(np.ndarray):
+        @property
+        def nbytes(self):
+            return 0
+
+    big = np.zeros(MAX_REPLY_BYTES // 4 + 1, dtype=np.float32)
+    server = ObjectServer({"liar": lambda: big.view(Liar), "honest": lambda: big[:16]})
+    call = lambda name: server.handle({"op": "call", "target": {"name": name}, "args": [], "kwargs": {}})  # noqa: E731
+    assert call("liar")["error"]["type"] == "OutputTooLarge"
+    assert "ok" in call("honest")
+
+
 @pytest.mark.slow
 def test_time_limits_count_cpu_time_and_a_wait_is_regraded():
     """A call's limit counts the CPU time of the student's process (issue 33): code that computes past it is too slow

@@ -316,6 +316,10 @@ def attention_backward(q, k, v, dout, causal=False):
 '''),
         Mistake("constant: raises ValueError", "ValueError", _RAISES.format(sig=_NAIVE_SIG)),
         Mistake("autograd through the naive forward", "autograd", _AUTOGRAD, aspect="by hand", evidence=True),
+        # dS from torch's own Python decomposition of softmax's backward (tripwires.routes cuts Python routes too)
+        Mistake("dS from torch's decomposition table", "autograd", "from torch._decomp import decomposition_table\n"
+                + _naive(ds="decomposition_table[torch.ops.aten._softmax_backward_data.default](dp, p, -1, work)"),
+                aspect="by hand", evidence=True),
     ],
     "flash_attention_forward": [
         Mistake("lse in log2", "natural", _forward(lse="(m + torch.log(l)) / math.log(2)"),

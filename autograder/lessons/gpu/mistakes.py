@@ -310,6 +310,17 @@ _faster()
 def online_softmax(x, block_size):
     return torch.distributions.Categorical(logits=x, validate_args=False).probs
 ''', aspect="values", evidence=True),
+        # Python routes that never reach softmax's operators: torch's reference implementation, its decomposition
+        Mistake("torch's reference softmax (torch._refs)", "PyTorch's softmax", '''
+online_softmax = lambda x, block_size: torch._refs.softmax(x, -1)
+''', aspect="values", evidence=True),
+        Mistake("softmax's decomposition, from torch._decomp's table", "PyTorch's softmax", '''
+from torch._decomp import decomposition_table
+
+
+def online_softmax(x, block_size):
+    return decomposition_table[torch.ops.aten._softmax.default](x, -1, False)
+''', aspect="values", evidence=True),
         Mistake("running max and sum in float32 for float64 input", "float32", _online().replace(
             'm = torch.full((*x.shape[:-1], 1), float("-inf"), dtype=x.dtype)',
             'm = torch.full((*x.shape[:-1], 1), float("-inf"), dtype=torch.float32)').replace(
@@ -407,6 +418,26 @@ def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):
         need_weights=False, attn_mask=mask, use_separate_proj_weight=True, q_proj_weight=eye, k_proj_weight=eye,
         v_proj_weight=eye)
     return out.reshape(Tq, B, H, Dh).permute(1, 2, 0, 3).to(q.dtype)
+''', aspect="tiled", evidence=True),
+        # Python compositions of attention, a tile of 16 queries at a time so that no bound sees the full scores
+        Mistake("F.multi_head_attention_forward's weights path (need_weights=True), 16 queries at a time",
+                "attention kernel", '''
+def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):
+    (B, H, Tq, Dh), Tk = q.shape, k.size(2)
+    work = torch.promote_types(q.dtype, torch.float32)
+    eye = torch.eye(Dh, dtype=work)
+    out = torch.empty_like(q)
+    for b in range(B):
+        for h in range(H):
+            for s in range(0, Tq, 16):
+                qb = q[b, h, s:s + 16].to(work)
+                mask = torch.arange(Tk) > torch.arange(s, s + qb.size(0))[:, None] + (Tk - Tq) if causal else None
+                o, _ = F.multi_head_attention_forward(
+                    qb[:, None], k[b, h, :, None].to(work), v[b, h, :, None].to(work), Dh, 1, None, None, None, None,
+                    False, 0.0, eye, None, training=False, need_weights=True, attn_mask=mask,
+                    use_separate_proj_weight=True, q_proj_weight=eye, k_proj_weight=eye, v_proj_weight=eye)
+                out[b, h, s:s + 16] = o[:, 0].to(q.dtype)
+    return out
 ''', aspect="tiled", evidence=True),
         Mistake("a dispatch table filled in later", "attention kernel", '''
 _KERNELS = {}
@@ -514,6 +545,28 @@ def triton_softmax(x):
     _softmax_kernel[(x.size(0),)](x, out, x.size(1), x.stride(0), out.stride(0), BLOCK=triton.next_power_of_2(x.size(1)))
     return out
 ''', aspect="float32", evidence=True),
+        # The answer smuggled in scalars, 29 a launch, which the kernel only stores (triton_replay._scalars)
+        Mistake("a kernel that stores the scalars it is given, the wrapper computing", "a scale", '''
+@triton.jit
+def _softmax_kernel(Y, OFF, N, {params}):
+{stores}
+
+
+def triton_softmax(x):
+    out = torch.zeros_like(x)
+    flat = torch.softmax(x.double(), -1).to(x.dtype).reshape(-1).tolist()
+    for off in range(0, len(flat), 29):
+        chunk = flat[off:off + 29]
+        _softmax_kernel[(1,)](out, off, len(flat), *chunk, *[0.0] * (29 - len(chunk)))
+    return out
+'''.format(params=", ".join(f"A{i}" for i in range(29)),
+           stores="\n".join(f"    tl.store(Y + OFF + {i}, A{i}, mask=OFF + {i} < N)" for i in range(29))),
+                aspect="float32", evidence=True),
+        # Python inside the kernel's body, which the interpreter runs (triton_replay._kernel_is_triton)
+        Mistake("torch's softmax inside the kernel, through x.handle", "not Triton", _softmax(kernel=[(
+            "    e = tl.exp(x - tl.max(x, 0))",
+            "    x.handle.data[:] = torch.from_numpy(x.handle.data).double().softmax(0).numpy().astype("
+            "x.handle.data.dtype)\n    e = x"), ("(e / tl.sum(e, 0))", "e")]), aspect="float32", evidence=True),
     ],
     "triton_attention": [
         ("causal mask top-left", "top-left", _triton(kernel=[("last_key = rows + (seq_k - seq_q)", "last_key = rows")])),

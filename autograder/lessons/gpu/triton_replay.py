@@ -31,6 +31,10 @@ def _replay(name, buffers, launches):
     return buffers
 '''
 MAX_SCALARS = 32  # a kernel's launch takes a few sizes, strides and flags: not an answer spelled out in numbers
+MAX_FLOATS = 2  # a launch's floats: the scale (and perhaps one more constant)
+MAX_INT = 4096  # an integer argument may exceed the largest buffer's size only up to this (a block size)
+MAX_WORDS = 64  # characters of string arguments in all of a call's launches
+MAX_LAUNCHES, ELEMENTS_PER_LAUNCH = 4, 256  # launches a call may make: a few, or one per 256 outputs
 MODULES = {"math", "triton", "triton.language", "torch", "numpy"}
 MAX_CELL = 100_000  # characters: a kernel's cell is a few hundred
 
@@ -48,10 +52,10 @@ def _constant(value):
             and all(_constant(a) for a in value.args)
 
 
-def kernel_cells(sources):
-    """The cells' imports of MODULES, the constants their @triton.jit functions read (names bound to literals or
-    tl.constexpr of them), and those functions, a cell each after the PREAMBLE. Magic lines are left out; a cell
-    longer than MAX_CELL, or that does not parse, gives nothing (a kernel there cannot be launched on its own)."""
+def _parsed(sources):
+    """([@triton.jit FunctionDef], [import of MODULES], [(constant assignment, names)]) at the top level of the cells.
+    Magic lines are left out; a cell longer than MAX_CELL, or that does not parse, gives nothing (a kernel there
+    cannot be launched on its own)."""
     kernels, imports, constants = [], [], []
     for source in sources:
         text = "\n".join(line for line in str(source)[:MAX_CELL + 1].splitlines()
@@ -72,9 +76,66 @@ def kernel_cells(sources):
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                 if all(isinstance(t, ast.Name) for t in targets):
                     constants.append((node, {t.id for t in targets}))
+    return kernels, imports, constants
+
+
+def kernel_cells(sources):
+    """The cells' imports of MODULES, the constants their @triton.jit functions read (names bound to literals or
+    tl.constexpr of them), and those functions, a cell each after the PREAMBLE (see _parsed)."""
+    kernels, imports, constants = _parsed(sources)
     read = {n.id for k in kernels for n in ast.walk(k) if isinstance(n, ast.Name)}
     return [PREAMBLE] + [ast.unparse(n) for n in imports] + [ast.unparse(n) for n, names in constants if names & read] \
         + [ast.unparse(n) for n in kernels]
+
+
+# What a kernel's body may name besides its parameters, its locals, Triton and math (the replay's names for them,
+# or the cells' own), other @triton.jit functions and constants: the builtins Triton's compiler understands. Under TRITON_INTERPRET a kernel is plain Python, so a body
+# that reached numpy or torch (x.handle.data, a module) could compute the answer outside Triton; the AST says so
+# before the replay. (A determined attacker may still find a public chain of attributes from tl to a module; the
+# ahead-of-time GPU compile check is the deeper guard.)
+KERNEL_BUILTINS = {"range", "float", "int", "bool", "min", "max", "abs", "len", "print", "isinstance", "True",
+                   "False", "None"}
+TRITON_MODULES = {"math", "triton", "triton.language"}
+
+
+def _foreign_name(kernel, kernels, imports, constants):
+    """The first name or attribute in a @triton.jit function's body that is none of those allowed (see
+    KERNEL_BUILTINS), or None."""
+    modules = {"math", "triton", "tl"} | {a.asname or a.name.split(".")[0] for node in imports if isinstance(node, ast.Import)
+               for a in node.names if a.name in TRITON_MODULES}
+    modules |= {a.asname or a.name for node in imports if isinstance(node, ast.ImportFrom)
+                for a in node.names if f"{node.module}.{a.name}" in TRITON_MODULES or node.module in TRITON_MODULES}
+    args = kernel.args
+    allowed = modules | KERNEL_BUILTINS | {k.name for k in kernels} | {n for _, names in constants for n in names} \
+        | {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg] if a} \
+        | {n.id for n in ast.walk(kernel) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    for node in ast.walk(kernel):
+        if isinstance(node, ast.Attribute) and (node.attr == "handle" or node.attr.startswith("_")):
+            return f".{node.attr}"
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id not in allowed:
+            return node.id
+        if isinstance(node, (ast.Import, ast.ImportFrom, ast.Global, ast.Nonlocal, ast.Lambda)):
+            return type(node).__name__.lower()
+    return None
+
+
+def _kernel_is_triton(sources, kernel):
+    """Refuse a kernel (or a @triton.jit function it calls) whose body names anything but Triton, math, its own
+    parameters and locals, other @triton.jit functions and constants (_foreign_name)."""
+    kernels, imports, constants = _parsed(sources)
+    by_name = {k.name: k for k in kernels}
+    todo, seen = [kernel], set()
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in by_name:
+            continue
+        seen.add(name)
+        node = by_name[name]
+        foreign = _foreign_name(node, kernels, imports, constants)
+        if foreign:
+            fail(f"{name} uses {foreign}, which is not Triton: a @triton.jit body may use only tl (triton.language), "
+                 "triton, math, its parameters and locals, other @triton.jit functions and constants")
+        todo += [n.id for n in ast.walk(node) if isinstance(n, ast.Name) and n.id in by_name]
 
 
 def _replay_buffers(buffers, inputs):
@@ -97,14 +158,29 @@ def _replay_buffers(buffers, inputs):
     return out
 
 
-def _scalars(launches):
-    """Refuse launches whose non-tensor arguments could carry an answer: only a few numbers, flags and short words."""
-    values = [v for _, args, kwargs in launches for v in [*args, *kwargs.values()] if not isinstance(v, dict)]
-    plain = all(v is None or isinstance(v, (bool, int, float)) or (isinstance(v, str) and len(v) <= 16)
-                for v in values)
-    if not plain or len(values) > MAX_SCALARS * len(launches):
+def _scalars(launches, buffers, got):
+    """Refuse launches whose non-tensor arguments could carry an answer. A launch takes a few sizes, strides, block
+    sizes and flags, and a float or two (the scale): so at most MAX_SCALARS per launch, MAX_FLOATS floats, integers
+    no larger than twice the largest buffer (sizes, strides and offsets are; a float's bits are not), short words,
+    and no more launches than the output's size allows (many launches of a few numbers each could spell it out)."""
+    values = [[v for v in [*args, *kwargs.values()] if not isinstance(v, dict)] for _, args, kwargs in launches]
+    flat = [v for launch in values for v in launch]
+    plain = all(v is None or isinstance(v, (bool, int, float)) or (isinstance(v, str) and len(v) <= 16) for v in flat)
+    if not plain or any(len(launch) > MAX_SCALARS for launch in values):
         fail("the kernel was launched with more than a few sizes, strides and flags besides its tensors: pass the "
              "kernel tensors, and let it compute the result from them")
+    largest = max([int(np.prod(b.shape)) for b in buffers.values() if isinstance(b, Array)] + [1])
+    floats = [v for v in flat if isinstance(v, float)]
+    ints = [v for v in flat if isinstance(v, int) and not isinstance(v, bool)]
+    words = sum(len(v) for v in flat if isinstance(v, str))
+    if len(floats) > MAX_FLOATS * len(launches) or any(abs(v) > max(MAX_INT, 2 * largest) for v in ints) \
+            or words > MAX_WORDS:
+        fail("the kernel was launched with numbers that are not sizes, strides, flags or a scale (more than "
+             f"{MAX_FLOATS} floats a launch, or integers larger than any size): data must reach the kernel in tensors")
+    size = int(np.prod(got.shape)) if isinstance(got, Array) else 0
+    if len(launches) > max(MAX_LAUNCHES, size // ELEMENTS_PER_LAUNCH):
+        fail(f"the kernel was launched {len(launches)} times for {size} outputs: launch it once, with a grid of "
+             "programs, rather than passing it the work a few numbers at a time")
 
 
 def expect_kernel_did_the_work(s, wrapper, kernel, inputs, what, **kwargs):
@@ -118,7 +194,8 @@ def expect_kernel_did_the_work(s, wrapper, kernel, inputs, what, **kwargs):
     got, buffers, launches = s.helper("launches", run, s.get(wrapper, "__call__"), *inputs, **kwargs)
     if not launches:
         fail(f"{wrapper} never launched {kernel}: the work must happen in your @triton.jit kernel")
-    _scalars(launches)
+    _scalars(launches, buffers, got)
+    _kernel_is_triton(s.sources, kernel)
     with s.elsewhere(kernel_cells(s.sources)):
         try:
             after = s.call("_replay", kernel, _replay_buffers(buffers, inputs), launches)
