@@ -47,7 +47,9 @@ def _constant(value):
     try:
         ast.literal_eval(value)
         return True
-    except ValueError:
+    except RecursionError:  # an expression nested deeper than the interpreter's stack: no kernel constant
+        return False
+    except (ValueError, TypeError, SyntaxError, MemoryError):
         return isinstance(value, ast.Call) and ast.unparse(value.func) in ("tl.constexpr", "triton.language.constexpr") \
             and all(_constant(a) for a in value.args)
 
