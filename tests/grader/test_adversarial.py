@@ -287,9 +287,15 @@ def test_crashes_and_hangs_in_top_level_code_do_not_cost_other_answers(attack):
 
 
 def test_crash_inside_a_function_is_an_error_for_that_test_only(attack):
+    """A process that exits is the grader's error (regraded); a loop that computes past the CPU limit on a call is
+    the answer's own failure, too slow for the graded sizes (issue 33: CPU time, not the wall clock). Either way
+    the other tests keep their marks."""
     for name in CRASH_IN_FUNCTION:
         s = statuses(attack, f"crash-{name}")
-        assert s["test_causal_mask"][0] == "error", s
+        if name == "loop_inside_function":
+            assert s["test_causal_mask"][0] == "failed" and "CPU time" in s["test_causal_mask"][1], s
+        else:
+            assert s["test_causal_mask"][0] == "error", s
         assert s["test_softmax"][0] == s["test_scaled_dot_product_attention"][0] == "passed", s
 
 
