@@ -152,7 +152,7 @@ def test_only_reads(nb, answers):
     def names(text, kind):
         try:
             return {n.id for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Name) and isinstance(n.ctx, kind)}
-        except SyntaxError:
+        except (SyntaxError, RecursionError, MemoryError, ValueError):  # unparseable, or nested past the stack
             return set()
 
     code = [(n, c) for n, c in enumerate(nb["cells"], 1) if c.get("cell_type") == "code"]
@@ -178,7 +178,7 @@ def _arguments(text):
     try:
         return {a.arg for n in ast.walk(ast.parse(text)) if isinstance(n, ast.arguments)
                 for a in [*n.posonlyargs, *n.args, *n.kwonlyargs, n.vararg, n.kwarg] if a is not None}
-    except SyntaxError:
+    except (SyntaxError, RecursionError, MemoryError, ValueError):  # unparseable, or nested past the stack
         return set()
 
 
@@ -187,7 +187,7 @@ def bound(text):
     those inside its functions and classes), or none when it does not parse (an IPython magic)."""
     try:
         tree = ast.parse(text)
-    except SyntaxError:
+    except (SyntaxError, RecursionError, MemoryError, ValueError):  # unparseable, or nested past the stack
         return set()
     names, todo = set(), list(tree.body)
     while todo:

@@ -74,7 +74,7 @@ def notebook_kernels(cells):
     for cell in cells:
         try:
             tree = ast.parse(cell)
-        except SyntaxError:
+        except (SyntaxError, RecursionError, MemoryError, ValueError):  # unparseable, or nested past the stack
             continue
         for node in ast.walk(tree):
             if isinstance(node, ast.FunctionDef) and any("jit" in ast.unparse(d) for d in node.decorator_list):

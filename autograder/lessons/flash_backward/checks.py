@@ -520,15 +520,24 @@ def d_per_pair(sources):
     for source in sources:
         try:
             tree = ast.parse(source)
-        except SyntaxError:
+        except (SyntaxError, RecursionError, MemoryError, ValueError):  # unparseable, or nested past the stack
             continue
-        for fn in tree.body:
-            if isinstance(fn, ast.FunctionDef) and fn.name == "flash_attention_backward" and len(fn.args.args) > 3:
-                for name in _aliases(fn, fn.args.args[3].arg):
-                    for loops, guarded in _reads(fn, name):
-                        if len(loops) >= 2 and not guarded and not any(
-                                isinstance(n, loop) for n in ast.walk(loops[-1]) if n is not loops[-1]):
-                            return True
+        try:
+            if any(_reads_out_per_pair(fn, loop) for fn in tree.body):
+                return True
+        except RecursionError:  # a body nested past the stack: not read, never held against the answer
+            continue
+    return False
+
+
+def _reads_out_per_pair(fn, loop):
+    """d_per_pair for one top-level statement of a cell."""
+    if isinstance(fn, ast.FunctionDef) and fn.name == "flash_attention_backward" and len(fn.args.args) > 3:
+        for name in _aliases(fn, fn.args.args[3].arg):
+            for loops, guarded in _reads(fn, name):
+                if len(loops) >= 2 and not guarded and not any(
+                        isinstance(n, loop) for n in ast.walk(loops[-1]) if n is not loops[-1]):
+                    return True
     return False
 
 
