@@ -354,8 +354,9 @@ def flash_attention_forward(q, k, v, causal=False, block_q=64, block_k=64):
         s = s.masked_fill(torch.ones(Tq, Tk, dtype=torch.bool).tril(Tk - Tq).logical_not(), float("-inf"))
     return (s.softmax(-1) @ v.to(work)).to(q.dtype), s.logsumexp(-1)
 '''),
-        *[Mistake(f"chunks of {n} query rows of its own against all keys", "one query row at a time",
-                  _OWN_CHUNKS.format(chunk=n), aspect="tiled") for n in (16, 1)],
+        *[Mistake(f"chunks of {n} query rows of its own against all keys", keyword,
+                  _OWN_CHUNKS.format(chunk=n), aspect="tiled")
+          for n, keyword in ((16, "block_q x block_k"), (1, "one query row at a time"))],
         Mistake("constant: returns zeros", "differs", '''
 def flash_attention_forward(q, k, v, causal=False, block_q=64, block_k=64):
     return torch.zeros_like(q), torch.zeros(q.shape[:3], dtype=torch.promote_types(q.dtype, torch.float32))
@@ -429,8 +430,9 @@ def flash_attention_backward(q, k, v, out, lse, dout, causal=False, block_q=64, 
         # One query row against all keys at a time (chunk=1) is not among them: with the row case's head width of 1,
         # its rows are no larger than the dk and dv an honest answer may build per key tile and concatenate, so memory
         # cannot tell them apart (checks.BACKWARD_ROW), and an honest answer keeps its marks.
-        *[Mistake(f"chunks of {n} query rows of its own against all keys", "chunk of query rows against all keys",
-                  _BACKWARD_CHUNKS.format(chunk=n), aspect="tiled") for n in (16, 8)],
+        *[Mistake(f"chunks of {n} query rows of its own against all keys", keyword,
+                  _BACKWARD_CHUNKS.format(chunk=n), aspect="tiled")
+          for n, keyword in ((16, "block_q x block_k"), (8, "chunk of query rows against all keys"))],
         Mistake("constant: returns zeros", "differs", '''
 def flash_attention_backward(q, k, v, out, lse, dout, causal=False, block_q=64, block_k=64):
     return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
@@ -742,3 +744,9 @@ ALSO_LOSES = {"P and dP whole, in a 300 MiB buffer reserved before the call": {"
                   "flash_attention_forward": _OVER, "FlashAttention": _OVER},
               "P kept in a 400 MiB buffer reserved before the call": {
                   "flash_attention_forward": _OVER, "flash_attention_backward": _OVER}}
+
+# Only the grader's memory bound sees these: the visible tests' op log bounds a tensor by one tile of scores or the
+# inputs, and a chunk this small is no larger than the inputs at the visible sizes.
+HIDDEN_ONLY = dict.fromkeys(["chunks of 1 query rows of its own against all keys",
+                             "chunks of 8 query rows of its own against all keys"],
+                            "a chunk no larger than the visible inputs: only the grader's memory bound sees it")

@@ -627,8 +627,11 @@ HIDDEN_ONLY = {"the full score matrix in numpy, unseen by torch's tracer": "the 
                "operations only",
                # the visible tests check the launch, not what the kernel wrote: only the grader launches it again,
                # from the inputs alone, in a process that ran no other code of the notebook (checks/triton_replay.py)
-               **dict.fromkeys(["a kernel that only reads its program id, the wrapper computing"],
-                               "only the grader's own launch of the kernel shows that it wrote nothing")}
+               **dict.fromkeys(["a kernel that only reads its program id, the wrapper computing",
+                                "a kernel that stores the scalars it is given, the wrapper computing"],
+                               "only the grader's own launch of the kernel shows that it wrote nothing"),
+               "torch's softmax inside the kernel, through x.handle": "the interpreter runs it; only the grader "
+               "reads the kernel's body before launching it again"}
 
 VARIANTS = {
     "attention_flops": [

@@ -568,7 +568,8 @@ def absorbed_attention(mla, x, latents):
     return out
 '''),
         *[_forms_keys(f"keys and values formed {n} positions at a time", _IN_CHUNKS.format(chunk=n),
-                      message=FORMS_KEYS_IN_CHUNKS, keyword="few positions at a time") for n in (2048, 16)],
+                      message=FORMS_KEYS_IN_CHUNKS, keyword=keyword)
+          for n, keyword in ((2048, "keys or values"), (16, "few positions at a time"))],
         _forms_keys("absorbs the keys but materialises the values", _ABS_HEAD + '''
     scores = (q @ w_uk) @ latents.transpose(1, 2)[:, None] / math.sqrt(Dh)
     weights = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
@@ -787,3 +788,7 @@ def absorbed_attention(mla, x, latents):
 '''),
     ],
 }
+
+# Only the grader's CPU-time evidence sees this: no tensor it forms is larger than a visible test can bound.
+HIDDEN_ONLY = {"keys and values formed 16 positions at a time": "16 positions of keys are smaller than anything a "
+               "visible test can tell from honest work; the grader prices the CPU time of forming them"}
