@@ -182,9 +182,15 @@ def _arguments(text):
         return set()
 
 
+MAX_READ = 20_000  # characters: an answer cell is far shorter; a longer cell binds nothing an answer may rely on
+
+
 def bound(text):
     """The names a cell's top-level code binds (assignments, imports, defs, classes, loop targets; not
-    those inside its functions and classes), or none when it does not parse (an IPython magic)."""
+    those inside its functions and classes), or none when it does not parse (an IPython magic) or is longer than
+    MAX_READ characters (the grader reads every cell with it, and its own memory is bounded)."""
+    if len(text) > MAX_READ:
+        return set()
     try:
         tree = ast.parse(text)
     except (SyntaxError, RecursionError, MemoryError, ValueError):  # unparseable, or nested past the stack
