@@ -784,11 +784,15 @@ def _run(todo, out, tests, graders, lessons, mode, limits, jobs, progress, anoma
                 except OSError:
                     pass
 
+    received = []
+
     def on_signal(signum, frame):
+        # Returns, never raises: an exception raised inside Thread.join marks a live thread stopped
+        # (CPython 3.11), and the run would exit under a worker still writing a result and its index.
         if not stop.is_set():
+            received.append(signum)
             stop.set()
             kill_sandboxes()
-            raise Interrupted(signum, written[0])
 
     def worker():
         sandbox = None
@@ -852,22 +856,21 @@ def _run(todo, out, tests, graders, lessons, mode, limits, jobs, progress, anoma
     handlers = {}
     if threading.current_thread() is threading.main_thread():
         handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-    threads = []
     try:
         threads = [threading.Thread(target=worker, daemon=True) for _ in range(max(1, min(jobs, len(todo))))]
         for t in threads:
             t.start()
         for t in threads:
-            while t.is_alive():
+            while t.is_alive() and not received:
                 t.join(0.5)
+        if received:
+            deadline = time.monotonic() + 20  # the workers see their sandboxes die and stop
+            for t in threads:
+                t.join(max(0.0, deadline - time.monotonic()))
+            kill_sandboxes()
+            raise Interrupted(received[0], written[0])
         if failures:
             raise failures[0]
-    except Interrupted:
-        deadline = time.monotonic() + 20  # the workers see their sandboxes die and stop
-        for t in threads:
-            t.join(max(0.0, deadline - time.monotonic()))
-        kill_sandboxes()
-        raise
     finally:
         for s, h in handlers.items():
             signal.signal(s, h)
