@@ -31,10 +31,10 @@ system-packages:
 	    fi; \
 	else echo "not root with apt-get: install bubblewrap, chromium, slurm-wlm and munge yourself for the sandbox, browser and Slurm tests"; fi
 
-# Ruff's checks (pyproject.toml's [tool.ruff]) and the notebooks in sync with solutions/. Not `ruff format --check`
-# yet: the tree has not been formatted (135 files would change).
+# Ruff's checks and format (pyproject.toml's [tool.ruff]) and the notebooks in sync with solutions/.
 lint:
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 	$(PY) -m autograder sync --check
 
 # Two test processes or more (each test file stays in one, so its shared fixtures are built once; a lesson's tests

@@ -4,6 +4,7 @@
 as usual. Plain nbgrader runs the hidden tests inside the student's kernel, so it is not
 tamper-proof: `python -m autograder grade` is the hardened path (see README).
 """
+
 c = get_config()  # noqa: F821 (nbgrader provides it)
 
 c.CourseDirectory.course_id = "mha-course"

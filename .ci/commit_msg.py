@@ -3,6 +3,7 @@ characters, or a merge's default ("Merge branch 'x'"), which says where a merge 
 
     .venv/bin/python .ci/commit_msg.py MESSAGE_FILE   # exit 1 with the reason on stderr, 0 when the subject is fine
 """
+
 import re
 import sys
 
@@ -19,11 +20,15 @@ def problem(message):
     if not subject:
         return "the subject is empty: say what changed"
     if len(subject) > MAX_SUBJECT:
-        return (f"the subject has {len(subject)} characters, more than {MAX_SUBJECT}: say what changed in the subject, "
-                "and why in the body (after a blank line)")
+        return (
+            f"the subject has {len(subject)} characters, more than {MAX_SUBJECT}: say what changed in the subject, "
+            "and why in the body (after a blank line)"
+        )
     if BARE_MERGE.fullmatch(subject):
-        return (f"'{subject}' names a branch, not what it brings: say what it brings, e.g. "
-                "\"Merge move: one package per lesson\"")
+        return (
+            f"'{subject}' names a branch, not what it brings: say what it brings, e.g. "
+            '"Merge move: one package per lesson"'
+        )
     return None
 
 

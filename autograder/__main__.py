@@ -1,17 +1,25 @@
 """python -m autograder COMMAND: a thin face over the stages (`--help` lists the commands)."""
+
 import argparse
 import sys
-
 from pathlib import Path
 
 from autograder.lessons import solutions_modules
 
-LESSONS = solutions_modules()   # {lesson: its module}, from the manifests: no torch to load for a command that needs none
+LESSONS = (
+    solutions_modules()
+)  # {lesson: its module}, from the manifests: no torch to load for a command that needs none
 
-WRITTEN_HELP = ("the written questions count (off: shown to students, not counted); their scores are the "
-                "--gradebook's manual ones, and a lesson with one not graded yet is 'needs grading' (left blank)")
-LIMIT_FLAGS = (("--cell-timeout", "cell_seconds", "s"), ("--call-timeout", "call_seconds", "s"),
-               ("--notebook-timeout", "notebook_seconds", "s"), ("--memory", "memory_mb", "MB"))
+WRITTEN_HELP = (
+    "the written questions count (off: shown to students, not counted); their scores are the "
+    "--gradebook's manual ones, and a lesson with one not graded yet is 'needs grading' (left blank)"
+)
+LIMIT_FLAGS = (
+    ("--cell-timeout", "cell_seconds", "s"),
+    ("--call-timeout", "call_seconds", "s"),
+    ("--notebook-timeout", "notebook_seconds", "s"),
+    ("--memory", "memory_mb", "MB"),
+)
 
 
 def rule_flags():
@@ -21,17 +29,29 @@ def rule_flags():
     f = argparse.ArgumentParser(add_help=False)
     g = f.add_argument_group("the counting rule (RESULTS keeps it: `rule` sets it, other commands must agree)")
     g.add_argument("--written", action=argparse.BooleanOptionalAction, default=None, help=WRITTEN_HELP)
-    g.add_argument("--missing-blank", action=argparse.BooleanOptionalAction, default=None,
-                   help="leave a lesson never handed in blank (and flagged), not 0")
-    g.add_argument("--stale-overrides", choices=["keep", "drop"], default=None,
-                   help="a manual score made before its test's autograded result changed: keep it or drop it")
+    g.add_argument(
+        "--missing-blank",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="leave a lesson never handed in blank (and flagged), not 0",
+    )
+    g.add_argument(
+        "--stale-overrides",
+        choices=["keep", "drop"],
+        default=None,
+        help="a manual score made before its test's autograded result changed: keep it or drop it",
+    )
     g.add_argument("--deadline", action="append", default=[], metavar="LESSON=ISO8601", help="repeatable")
     g.add_argument("--late-policy", metavar="POLICY", help="e.g. 10%%/day,max=50%% (of the points earned), or none")
     g.add_argument("--timezone", default="UTC", help="the zone of deadlines that name none (default: UTC)")
     g.add_argument("--extensions", metavar="CSV", help="student,lesson,deadline (an ISO 8601 time or 'exempt')")
     g.add_argument("--grace", metavar="DURATION", help="e.g. 15m, 2h or 1d: work this late counts as on time")
-    g.add_argument("--allow-mismatch", action="store_true", help="go on although a file names a student or lesson "
-                   "RESULTS and the roster do not know, or a Canvas maximum differs (each is an error otherwise)")
+    g.add_argument(
+        "--allow-mismatch",
+        action="store_true",
+        help="go on although a file names a student or lesson "
+        "RESULTS and the roster do not know, or a Canvas maximum differs (each is an error otherwise)",
+    )
     return f
 
 
@@ -44,31 +64,51 @@ def main(argv=None):
     r.add_argument("out", metavar="OUT")
     r.add_argument("--lesson", action="append", choices=list(LESSONS), help="only this lesson (repeatable)")
 
-    g = sub.add_parser("grade", help="grade SUBMISSIONS/<student>/<lesson>/<lesson>.ipynb into RESULTS", parents=[rules])
+    g = sub.add_parser(
+        "grade", help="grade SUBMISSIONS/<student>/<lesson>/<lesson>.ipynb into RESULTS", parents=[rules]
+    )
     g.add_argument("submissions", metavar="SUBMISSIONS")
     g.add_argument("--out", required=True, metavar="RESULTS", help="where grades.csv and feedback/ go")
-    g.add_argument("--lesson", action="append", choices=list(LESSONS),
-                   help="only this lesson (repeatable); graded even when nobody submitted it")
+    g.add_argument(
+        "--lesson",
+        action="append",
+        choices=list(LESSONS),
+        help="only this lesson (repeatable); graded even when nobody submitted it",
+    )
     g.add_argument("--all-lessons", action="store_true", help="every lesson, even those nobody submitted")
     g.add_argument("--student", action="append", metavar="S", help="only this student (repeatable)")
     g.add_argument("--jobs", type=int, default=1, metavar="N", help="grade N submissions at once")
-    g.add_argument("--resume", action="store_true",
-                   help="reuse each stored result whose fingerprint (submission, tests, checks, grader) still matches")
+    g.add_argument(
+        "--resume",
+        action="store_true",
+        help="reuse each stored result whose fingerprint (submission, tests, checks, grader) still matches",
+    )
     g.add_argument("--force", action="store_true", help="with --resume: regrade even results that still match")
     g.add_argument("--shard", metavar="i/N", help="grade only the i-th of N slices of the students (0-based)")
     g.add_argument("--manifest", metavar="CLASS_JSON", help="the class list (from `manifest`) that every shard splits")
-    g.add_argument("--sandbox", choices=["auto", "bwrap", "uid", "unshare", "none"], default="auto",
-                   help="how student code is isolated (default: the strongest that works)")
+    g.add_argument(
+        "--sandbox",
+        choices=["auto", "bwrap", "uid", "unshare", "none"],
+        default="auto",
+        help="how student code is isolated (default: the strongest that works)",
+    )
     g.add_argument("--unsafe", action="store_true", help="allow grading without any sandbox")
     g.add_argument("--gradescope", action="store_true", help="also write gradescope/<student>/results.json")
     g.add_argument("--gradebook", metavar="DB", help="also update this nbgrader gradebook (e.g. gradebook.db)")
     g.add_argument("--course-root", metavar="DIR", help="where --gradebook writes autograded/ (default: its folder)")
     g.add_argument("--quiet", action="store_true", help="no progress output")
-    g.add_argument("--kernels", action="store_true",
-                   help="also compile each submission's Triton kernels (lesson 06's) for a GPU, an A100, in its "
-                        "sandbox, and say in its feedback whether they compile and fit (not graded)")
-    g.add_argument("--roster", metavar="CSV", help="the class: totals.csv gets a row for every student on it "
-                   "(default: the roster collect kept in SUBMISSIONS)")
+    g.add_argument(
+        "--kernels",
+        action="store_true",
+        help="also compile each submission's Triton kernels (lesson 06's) for a GPU, an A100, in its "
+        "sandbox, and say in its feedback whether they compile and fit (not graded)",
+    )
+    g.add_argument(
+        "--roster",
+        metavar="CSV",
+        help="the class: totals.csv gets a row for every student on it "
+        "(default: the roster collect kept in SUBMISSIONS)",
+    )
     for flag, key, unit in LIMIT_FLAGS:
         g.add_argument(flag, type=int, dest=key, metavar=unit.upper(), help=f"limit per {key.split('_')[0]} ({unit})")
 
@@ -90,76 +130,121 @@ def main(argv=None):
     b = sub.add_parser("gradescope-bundle", help="write a Gradescope autograder zip for one lesson")
     b.add_argument("--lesson", required=True, choices=list(LESSONS), help="the lesson (one per assignment)")
     b.add_argument("--out", required=True, metavar="ZIP")
-    for flag, default, what in (("--visibility", "visible", "the submission's score and results"),
-                                ("--test-visibility", "visible", "each test's score and message"),
-                                ("--stdout-visibility", "hidden", "the grader's log")):
-        b.add_argument(flag, default=default, choices=["visible", "hidden", "after_due_date", "after_published"],
-                       help=f"when students see {what} (default: {default})")
+    for flag, default, what in (
+        ("--visibility", "visible", "the submission's score and results"),
+        ("--test-visibility", "visible", "each test's score and message"),
+        ("--stdout-visibility", "hidden", "the grader's log"),
+    ):
+        b.add_argument(
+            flag,
+            default=default,
+            choices=["visible", "hidden", "after_due_date", "after_published"],
+            help=f"when students see {what} (default: {default})",
+        )
 
     co = sub.add_parser("collect", help="turn an LMS download (a folder or zip) into SUBMISSIONS/<student>/<lesson>/")
     co.add_argument("download", metavar="DOWNLOAD")
     co.add_argument("--out", required=True, metavar="SUBMISSIONS")
     co.add_argument("--roster", metavar="CSV", help="student, name, email, lms_id: who is who in the download")
     co.add_argument("--lesson", choices=list(LESSONS), help="the download is this lesson's")
-    co.add_argument("--times", action="append", default=[], metavar="CSV",
-                    help="submission times: student, lesson, submitted_at; or a Moodle grading worksheet (repeatable)")
+    co.add_argument(
+        "--times",
+        action="append",
+        default=[],
+        metavar="CSV",
+        help="submission times: student, lesson, submitted_at; or a Moodle grading worksheet (repeatable)",
+    )
     co.add_argument("--timezone", default="UTC", help="the zone of times that name none (default: UTC)")
-    co.add_argument("--allow-mismatch", action="store_true",
-                    help="collect although a --times line names a student or lesson the roster and course lack")
+    co.add_argument(
+        "--allow-mismatch",
+        action="store_true",
+        help="collect although a --times line names a student or lesson the roster and course lack",
+    )
 
-    ru = sub.add_parser("rule", parents=[rules], help="set or change how RESULTS counts (written questions, deadlines, "
-                        "late policy, grace, extensions, a lesson never handed in, stale overrides); says what changed")
+    ru = sub.add_parser(
+        "rule",
+        parents=[rules],
+        help="set or change how RESULTS counts (written questions, deadlines, "
+        "late policy, grace, extensions, a lesson never handed in, stale overrides); says what changed",
+    )
     ru.add_argument("results", metavar="RESULTS")
     ru.add_argument("--roster", metavar="CSV", help="the class (default: the roster RESULTS or SUBMISSIONS keeps)")
     ru.add_argument("--submissions", metavar="SUBMISSIONS", help="where collect wrote the submission times")
     ru.add_argument("--gradebook", metavar="DB", help="nbgrader's gradebook (default: the one RESULTS was graded with)")
 
-    x = sub.add_parser("export", parents=[rules], help="write RESULTS' scores as a Canvas gradebook import or a plain "
-                       "CSV; flags of another rule than RESULTS's make a trial that writes only --out")
+    x = sub.add_parser(
+        "export",
+        parents=[rules],
+        help="write RESULTS' scores as a Canvas gradebook import or a plain "
+        "CSV; flags of another rule than RESULTS's make a trial that writes only --out",
+    )
     x.add_argument("results", metavar="RESULTS")
     x.add_argument("--format", required=True, help="canvas or csv")
     x.add_argument("--out", required=True, metavar="FILE")
     x.add_argument("--roster", metavar="CSV", help="student, name, email, lms_id (needed for canvas)")
-    x.add_argument("--canvas-gradebook", metavar="CSV", help="a gradebook exported from Canvas: fill its lesson columns")
-    x.add_argument("--assignment", action="append", default=[], metavar="LESSON=NAME",
-                   help="the Canvas assignment of a lesson, where its name does not say (repeatable)")
+    x.add_argument(
+        "--canvas-gradebook", metavar="CSV", help="a gradebook exported from Canvas: fill its lesson columns"
+    )
+    x.add_argument(
+        "--assignment",
+        action="append",
+        default=[],
+        metavar="LESSON=NAME",
+        help="the Canvas assignment of a lesson, where its name does not say (repeatable)",
+    )
     x.add_argument("--submissions", metavar="SUBMISSIONS", help="where collect wrote the submission times")
-    x.add_argument("--gradebook", metavar="DB", help="nbgrader's gradebook: its manual scores and extra credit count "
-                   "(default: the one RESULTS was graded with, if any)")
+    x.add_argument(
+        "--gradebook",
+        metavar="DB",
+        help="nbgrader's gradebook: its manual scores and extra credit count "
+        "(default: the one RESULTS was graded with, if any)",
+    )
 
-    fu = sub.add_parser("feedback-upload", help="write the zip Canvas or Moodle takes to attach each student's "
-                        "feedback page to their submission, one per lesson")
+    fu = sub.add_parser(
+        "feedback-upload",
+        help="write the zip Canvas or Moodle takes to attach each student's "
+        "feedback page to their submission, one per lesson",
+    )
     fu.add_argument("results", metavar="RESULTS")
     fu.add_argument("--submissions", required=True, metavar="SUBMISSIONS", help="where collect wrote collection.csv")
     fu.add_argument("--format", required=True, choices=["canvas", "moodle"], help="the LMS the download came from")
     fu.add_argument("--out", required=True, metavar="FOLDER", help="where <lesson>_feedback_<format>.zip go")
     fu.add_argument("--lesson", action="append", choices=list(LESSONS), help="only this lesson (repeatable)")
 
-    rp = sub.add_parser("report", parents=[rules],
-                        help="write RESULTS/report.html: pass rates, mistakes, histograms, identical answers")
+    rp = sub.add_parser(
+        "report", parents=[rules], help="write RESULTS/report.html: pass rates, mistakes, histograms, identical answers"
+    )
     rp.add_argument("results", metavar="RESULTS")
     rp.add_argument("--submissions", metavar="SUBMISSIONS", help="the graded notebooks, to find identical answers")
     rp.add_argument("--no-names", action="store_true", help="leave students' names out (for a projector)")
     rp.add_argument("--roster", metavar="CSV", help="student, section: adds each lesson's scores per section")
-    rp.add_argument("--gradebook", metavar="DB", help="nbgrader's gradebook: its manual scores count, stale ones "
-                    "named (default: the one RESULTS was graded with, if any)")
+    rp.add_argument(
+        "--gradebook",
+        metavar="DB",
+        help="nbgrader's gradebook: its manual scores count, stale ones "
+        "named (default: the one RESULTS was graded with, if any)",
+    )
 
     s = sub.add_parser("sync", help="rewrite the notebooks' solution and hidden-test cells from solutions/")
     s.add_argument("--lesson", action="append", choices=list(LESSONS))
     s.add_argument("--check", action="store_true", help="change nothing; exit 1 if anything is out of date")
 
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["audit"]:   # audit loads the checks (torch): only for its own help, never for grade's start
+    if argv[:1] == ["audit"]:  # audit loads the checks (torch): only for its own help, never for grade's start
         from autograder.audit import EXIT_STATUS
-    au = sub.add_parser("audit", help="run every known mistake and variant against a lesson's visible and hidden tests",
-                        epilog=EXIT_STATUS if argv[:1] == ["audit"] else None,
-                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    au = sub.add_parser(
+        "audit",
+        help="run every known mistake and variant against a lesson's visible and hidden tests",
+        epilog=EXIT_STATUS if argv[:1] == ["audit"] else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     au.add_argument("lesson", choices=list(LESSONS), metavar="LESSON")
     au.add_argument("--notebook", metavar="NB", help="an edited source notebook of the lesson (default: the lesson's)")
 
     args = p.parse_args(argv)
     if args.command == "release":
         from autograder.release import release
+
         try:
             for path in release(args.out, args.lesson):
                 print(path)
@@ -173,6 +258,7 @@ def main(argv=None):
     elif args.command == "feedback-upload":
         from autograder.adapters.feedback_upload import feedback_upload
         from autograder.results import UsageError
+
         try:
             zips, lines = feedback_upload(args.results, args.submissions, args.format, args.out, args.lesson)
         except UsageError as e:
@@ -185,6 +271,7 @@ def main(argv=None):
     elif args.command == "gradescope-bundle":
         from autograder.adapters.gradescope import bundle
         from autograder.results import UsageError
+
         try:
             print(bundle(args.lesson, args.out, args.visibility, args.test_visibility, args.stdout_visibility))
         except UsageError as e:
@@ -192,11 +279,14 @@ def main(argv=None):
             return 2
     elif args.command == "audit":
         from autograder.audit import audit
+
         if args.notebook and not Path(args.notebook).is_file():
             print(f"error: --notebook {args.notebook}: no such file", file=sys.stderr)
             return 2
         if args.notebook:  # another lesson's notebook, or one without an answer cell, is named, not a traceback
-            from autograder import lessons, notebook as nbk
+            from autograder import lessons
+            from autograder import notebook as nbk
+
             try:
                 ids = {nbk.grade_id(c) for c in nbk.code_cells(nbk.read(args.notebook)) if nbk.is_answer(c)}
             except (nbk.NotebookError, OSError, ValueError) as e:
@@ -204,12 +294,16 @@ def main(argv=None):
                 return 2
             missing = [name for name in lessons.points(args.lesson) if name not in ids]
             if missing:
-                print(f"error: --notebook {args.notebook} has no answer cell for {', '.join(missing)} of "
-                      f"{args.lesson} (another lesson's notebook?)", file=sys.stderr)
+                print(
+                    f"error: --notebook {args.notebook} has no answer cell for {', '.join(missing)} of "
+                    f"{args.lesson} (another lesson's notebook?)",
+                    file=sys.stderr,
+                )
                 return 2
         return audit(args.lesson, args.notebook)
     elif args.command == "sync":
         from autograder.sync import sync
+
         changed = sync(args.lesson, check=args.check)
         for line in changed:
             print(("out of date: " if args.check else "synced: ") + line)
@@ -231,8 +325,7 @@ def _grade_or_merge(args):
         print(e, file=sys.stderr)
         return e.status
     except KeyboardInterrupt:  # before or after the grading itself: nothing half-written
-        print("interrupted by SIGINT: finished results are kept; run the same command with --resume",
-              file=sys.stderr)
+        print("interrupted by SIGINT: finished results are kept; run the same command with --resume", file=sys.stderr)
         return 130
 
 
@@ -252,20 +345,30 @@ def _manifest(args):
 def _flags(args):
     """The counting rule's flags a command was given (config.RuleFlags)."""
     from autograder.config import RuleFlags
-    return RuleFlags(args.written, args.missing_blank, None if args.stale_overrides is None else
-                     args.stale_overrides == "drop", tuple(args.deadline), args.late_policy, args.extensions,
-                     args.grace, args.timezone, getattr(args, "submissions", None))
+
+    return RuleFlags(
+        args.written,
+        args.missing_blank,
+        None if args.stale_overrides is None else args.stale_overrides == "drop",
+        tuple(args.deadline),
+        args.late_policy,
+        args.extensions,
+        args.grace,
+        args.timezone,
+        getattr(args, "submissions", None),
+    )
 
 
 def _stored_rule(args, out, students=None):
     """RESULTS's (out) counting rule, which this command counts by; UsageError, one line, when the command's flags
     disagree with it. A folder that records none yet takes the flags' (its first grade or merge records it)."""
     from autograder.config import read_settings, settings_path
+
     flags, stored = _flags(args), read_settings(out).rule
     if not settings_path(out).is_file():
         return flags.rule_over(stored, list(LESSONS), students, args.allow_mismatch)
     flags.refuse(out, stored, list(LESSONS), students, args.allow_mismatch)
-    return flags.rule_over(stored, list(LESSONS), students, args.allow_mismatch)   # its submissions, if given
+    return flags.rule_over(stored, list(LESSONS), students, args.allow_mismatch)  # its submissions, if given
 
 
 def _config(args, **grading):
@@ -280,12 +383,22 @@ def _config(args, **grading):
     check_same_gradebook(args.out, args.gradebook)
     submissions = getattr(args, "submissions", None)
     roster = load_roster(args.roster) if args.roster else stored_roster(submissions) or kept_roster(args.out)
-    return RunConfig(Path(args.out), submissions and Path(submissions), roster, args.gradebook, args.course_root,
-                     _stored_rule(args, args.out), args.allow_mismatch, gradescope=args.gradescope, **grading)
+    return RunConfig(
+        Path(args.out),
+        submissions and Path(submissions),
+        roster,
+        args.gradebook,
+        args.course_root,
+        _stored_rule(args, args.out),
+        args.allow_mismatch,
+        gradescope=args.gradescope,
+        **grading,
+    )
 
 
 def _outputs(config):
     from autograder.adapters import report_outputs
+
     return report_outputs(config.gradebook, config.course_root, config.roster, config.rule)
 
 
@@ -293,8 +406,15 @@ def _merge(args):
     from autograder.merge import merge
 
     config = _config(args, manifest=args.manifest)
-    results = merge(args.results, args.out, args.gradescope, _outputs(config), args.manifest, args.allow_partial,
-                    config.rule.written)
+    results = merge(
+        args.results,
+        args.out,
+        args.gradescope,
+        _outputs(config),
+        args.manifest,
+        args.allow_partial,
+        config.rule.written,
+    )
     _summary(args.out, results)
     return 0
 
@@ -310,18 +430,33 @@ def _grade(args):
         raise GradeError(f"{bad} must be a positive number")
     shard = parse_shard(args.shard) if args.shard else None
     if args.force and not args.resume:
-        print("note: --force matters only with --resume; without it every selected submission is regraded",
-              file=sys.stderr)
-    config = _config(args, lessons=args.lesson and tuple(args.lesson), all_lessons=args.all_lessons,
-                     students=args.student and tuple(args.student), shard=shard, manifest=args.manifest,
-                     jobs=args.jobs, resume=args.resume, force=args.force, mode=choose_mode(args.sandbox, args.unsafe),
-                     limits={k: getattr(args, k) for _, k, _ in LIMIT_FLAGS if getattr(args, k) is not None} or None,
-                     progress=not args.quiet, kernels=args.kernels)
+        print(
+            "note: --force matters only with --resume; without it every selected submission is regraded",
+            file=sys.stderr,
+        )
+    config = _config(
+        args,
+        lessons=args.lesson and tuple(args.lesson),
+        all_lessons=args.all_lessons,
+        students=args.student and tuple(args.student),
+        shard=shard,
+        manifest=args.manifest,
+        jobs=args.jobs,
+        resume=args.resume,
+        force=args.force,
+        mode=choose_mode(args.sandbox, args.unsafe),
+        limits={k: getattr(args, k) for _, k, _ in LIMIT_FLAGS if getattr(args, k) is not None} or None,
+        progress=not args.quiet,
+        kernels=args.kernels,
+    )
     run = grade(config, _outputs(config))
     why = ", ".join(f"{n} {reason}" for reason, n in run["reasons"].most_common())
-    print(f"graded {run['graded']} submission(s) of {', '.join(run['lessons'])}"
-          + (f" ({why})" if args.resume and why else "") + (f"; reused {run['reused']} unchanged" if args.resume else ""),
-          file=sys.stderr)
+    print(
+        f"graded {run['graded']} submission(s) of {', '.join(run['lessons'])}"
+        + (f" ({why})" if args.resume and why else "")
+        + (f"; reused {run['reused']} unchanged" if args.resume else ""),
+        file=sys.stderr,
+    )
     if run["anomalies"]:
         print(f"anomalies ({sum(int(line.split(' x ')[0]) for line in run['anomalies'])}):", file=sys.stderr)
         for line in run["anomalies"]:
@@ -332,15 +467,16 @@ def _grade(args):
 
 def _term(args):
     """collect, export, report and rule (collect.py, export.py, classreport.py, config.py)."""
-    from autograder.results import UsageError
     from autograder.adapters.roster import kept_roster, load_roster, stored_roster
+    from autograder.results import UsageError
 
     try:
         roster = load_roster(args.roster) if getattr(args, "roster", None) else None
-        if roster is None and args.command != "collect":   # the roster collect kept, else the one RESULTS kept
+        if roster is None and args.command != "collect":  # the roster collect kept, else the one RESULTS kept
             roster = stored_roster(getattr(args, "submissions", None)) or kept_roster(args.results)
         if args.command == "collect":
             from autograder.adapters.collect import collect
+
             collect(args.download, args.out, roster, args.lesson, args.times, args.timezone, args.allow_mismatch)
             return 0
         return {"export": _export, "report": _report, "rule": _rule}[args.command](args, roster)
@@ -357,18 +493,24 @@ def _load(args, roster):
     from autograder import results as store
     from autograder.counting import grouped
     from autograder.results import UsageError
+
     out = args.results
     if store.stored_pairs(out) and (why := store.folder_problem(out)):
         raise UsageError(f"{out}: {why}")
     term = store.load_term(out)
     if not term.results and not term.refused:
         raise UsageError(f"{out} holds no grading results (grade into it first)")
-    term.lines = grouped("stored result refused, left blank (regrade it: grade --resume)",
-                         [(s, lsn, why) for (s, lsn), why in term.refused.items()])
+    term.lines = grouped(
+        "stored result refused, left blank (regrade it: grade --resume)",
+        [(s, lsn, why) for (s, lsn), why in term.refused.items()],
+    )
     for line in term.lines:
         print(f"error: {line}", file=sys.stderr)
-    students = {r.student for r in term.results} | {s for s, _ in term.refused} | \
-        {r["student"] for r in (roster.rows if roster else ())}
+    students = (
+        {r.student for r in term.results}
+        | {s for s, _ in term.refused}
+        | {r["student"] for r in (roster.rows if roster else ())}
+    )
     reviews = _reviews(args.gradebook, out, term.results, students, args.allow_mismatch)
     return term, students, reviews
 
@@ -376,20 +518,39 @@ def _load(args, roster):
 def _export(args, roster):
     from autograder.adapters.export import export
     from autograder.config import RunConfig, read_settings
+
     term, students, reviews = _load(args, roster)
     stored = read_settings(args.results).rule
     rule = _flags(args).rule_over(stored, list(LESSONS), students, args.allow_mismatch)
     trial = rule.changes(stored, f"{args.results}: ")
-    config = RunConfig(Path(args.results), args.submissions and Path(args.submissions), roster, args.gradebook,
-                       rule=rule, allow_mismatch=args.allow_mismatch)
-    warnings = export(config, term.results, args.format, args.out, bool(trial), args.canvas_gradebook,
-                      args.assignment, term.refused, reviews)
+    config = RunConfig(
+        Path(args.results),
+        args.submissions and Path(args.submissions),
+        roster,
+        args.gradebook,
+        rule=rule,
+        allow_mismatch=args.allow_mismatch,
+    )
+    warnings = export(
+        config,
+        term.results,
+        args.format,
+        args.out,
+        bool(trial),
+        args.canvas_gradebook,
+        args.assignment,
+        term.refused,
+        reviews,
+    )
     for line in warnings:
         print(f"warning: {line}", file=sys.stderr)
     if trial:
-        print(f"note: a trial, counted otherwise than {args.results}'s rule ({'; '.join(trial)}): wrote only "
-              f"{args.out}; {args.results}'s totals.csv, feedback pages and report are unchanged (`python -m "
-              f"autograder rule {args.results} ...` makes a rule RESULTS's)", file=sys.stderr)
+        print(
+            f"note: a trial, counted otherwise than {args.results}'s rule ({'; '.join(trial)}): wrote only "
+            f"{args.out}; {args.results}'s totals.csv, feedback pages and report are unchanged (`python -m "
+            f"autograder rule {args.results} ...` makes a rule RESULTS's)",
+            file=sys.stderr,
+        )
         return 1 if term.refused else 0
     report_path = _class_report(args, term.results, term.refused, roster, term.lines, reviews, rule)
     print(f"wrote {args.out} and {report_path}")
@@ -398,6 +559,7 @@ def _export(args, roster):
 
 def _report(args, roster):
     from autograder.adapters.classreport import submission_mismatches
+
     term, students, reviews = _load(args, roster)
     rule = _stored_rule(args, args.results, students)
     stale = submission_mismatches(term.results, args.submissions)
@@ -413,6 +575,7 @@ def _rule(args, roster):
     and report by it."""
     from autograder.config import read_settings, set_rule
     from autograder.counting import write_final
+
     term, students, reviews = _load(args, roster)
     rule = _flags(args).rule_over(read_settings(args.results).rule, list(LESSONS), students, args.allow_mismatch)
     changed = set_rule(args.results, rule)
@@ -430,11 +593,24 @@ def _class_report(args, results, refused, roster, warnings, reviews, counting, n
     a placeholder naming why, the roster's students and sections. Returns its path."""
     from autograder import report
     from autograder.adapters.classreport import write_report
-    results = results + [report.placeholder(s, lsn, "not graded: " + report.refused_message(why))
-                         for (s, lsn), why in sorted(refused.items()) if lsn in LESSONS]
+
+    results = results + [
+        report.placeholder(s, lsn, "not graded: " + report.refused_message(why))
+        for (s, lsn), why in sorted(refused.items())
+        if lsn in LESSONS
+    ]
     sections = {r["student"]: r["section"] for r in roster.rows} if roster and "section" in roster.columns else None
-    return write_report(args.results, results, args.submissions, warnings, names, sections,
-                        [r["student"] for r in roster.rows] if roster else None, reviews, counting)
+    return write_report(
+        args.results,
+        results,
+        args.submissions,
+        warnings,
+        names,
+        sections,
+        [r["student"] for r in roster.rows] if roster else None,
+        reviews,
+        counting,
+    )
 
 
 def _reviews(gradebook, out, results=(), students=(), allow_mismatch=False):
@@ -443,6 +619,7 @@ def _reviews(gradebook, out, results=(), students=(), allow_mismatch=False):
     when one names a student, lesson or test RESULTS does not know (unless allow_mismatch): it would count nowhere."""
     from autograder.adapters.gradebook import check_gradebook, read_reviews, remembered_gradebook
     from autograder.results import UsageError
+
     gradebook = gradebook or remembered_gradebook(out)
     if not gradebook:
         return None
@@ -451,12 +628,20 @@ def _reviews(gradebook, out, results=(), students=(), allow_mismatch=False):
     known = {(r.student, r.lesson): {t.test for t in r.tests} | {w.question for w in r.written} for r in results}
     for (student, lesson), review in sorted(reviews.items()):
         tests = set(review.manual) | set(review.extra)
-        unknown = (f"student {student!r}" if student not in students else f"lesson {lesson!r}" if lesson not in LESSONS
-                   else f"{lesson} {', '.join(sorted(tests - known[student, lesson]))}"
-                   if (student, lesson) in known and tests - known[student, lesson] else None)
+        unknown = (
+            f"student {student!r}"
+            if student not in students
+            else f"lesson {lesson!r}"
+            if lesson not in LESSONS
+            else f"{lesson} {', '.join(sorted(tests - known[student, lesson]))}"
+            if (student, lesson) in known and tests - known[student, lesson]
+            else None
+        )
         if unknown and tests and not allow_mismatch:
-            raise UsageError(f"the gradebook {gradebook} has a manual score for {unknown}, which {out} does not know "
-                             f"({student} {lesson}): fix it in formgrader, or pass --allow-mismatch to go on without it")
+            raise UsageError(
+                f"the gradebook {gradebook} has a manual score for {unknown}, which {out} does not know "
+                f"({student} {lesson}): fix it in formgrader, or pass --allow-mismatch to go on without it"
+            )
     return reviews
 
 
@@ -467,14 +652,20 @@ def _summary(out, results):
 
     rows = read_csv(Path(out) / "totals.csv")
     got, full = (sum(float(r[c] or 0) for r in rows) for c in ("total", "max_points"))
-    waiting = sum(v in ("needs grading", "") for r in rows for k, v in r.items()
-                  if k not in ("student", "total", "max_points", "percentage", "regrade", "flags"))
+    waiting = sum(
+        v in ("needs grading", "")
+        for r in rows
+        for k, v in r.items()
+        if k not in ("student", "total", "max_points", "percentage", "regrade", "flags")
+    )
     students = len({r.student for r in results})
-    print(f"{out} holds {len(results)} results ({students} students"
-          + (f"; {len(rows)} in totals.csv with the roster" if len(rows) != students else "")
-          + f"), {got:g}/{full:g} points in totals.csv"
-          + (f" ({waiting} lesson scores left out: still to grade, or to grade again)" if waiting else "")
-          + f"; wrote {out}/grades.csv, totals.csv, report.html and feedback/")
+    print(
+        f"{out} holds {len(results)} results ({students} students"
+        + (f"; {len(rows)} in totals.csv with the roster" if len(rows) != students else "")
+        + f"), {got:g}/{full:g} points in totals.csv"
+        + (f" ({waiting} lesson scores left out: still to grade, or to grade again)" if waiting else "")
+        + f"; wrote {out}/grades.csv, totals.csv, report.html and feedback/"
+    )
     if any(r.grader_errors for r in results):
         print(f"the grader itself failed on some tests (status error): see {out}/grader-errors.log", file=sys.stderr)
 

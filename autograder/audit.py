@@ -14,6 +14,7 @@ notebook can no longer differ from the solutions' run, and tests/grader/test_aud
 verdicts. With --notebook, the lesson is read from an edited source notebook (its answer cells the
 solutions), as an instructor checks an exercise before releasing it.
 """
+
 import ast
 import contextlib
 import functools
@@ -31,8 +32,8 @@ import sys
 import types
 import warnings
 
-from autograder.checking import mistakes
 from autograder import notebook as nbk
+from autograder.checking import mistakes
 from autograder.release import student_copy
 
 CHILD_SECONDS = 120
@@ -45,7 +46,9 @@ def fill(release_nb, source_nb, replace=None):
     import copy
 
     replace = replace or {}
-    solved = {nbk.grade_id(c): nbk.without_markers(nbk.source(c)) for c in nbk.code_cells(source_nb) if nbk.is_answer(c)}
+    solved = {
+        nbk.grade_id(c): nbk.without_markers(nbk.source(c)) for c in nbk.code_cells(source_nb) if nbk.is_answer(c)
+    }
     nb = copy.deepcopy(release_nb)
     for cell in nbk.code_cells(nb):
         gid = nbk.grade_id(cell)
@@ -108,7 +111,9 @@ def _child(cells, ns, code, gid, hidden, plan=None):
             loads, stores = plan["names"][k]
             if "*" in loads or loads & tainted:
                 tainted |= stores
-            needs_hidden = hidden and (hidden[1] is None or hidden[1].lower() not in failures.get(f"test_{gid}", "").lower())
+            needs_hidden = hidden and (
+                hidden[1] is None or hidden[1].lower() not in failures.get(f"test_{gid}", "").lower()
+            )
             if not needs_hidden and _stops(plan, k, ns, tainted, rulings):
                 failures.update(plan["after"][k])
                 break
@@ -131,16 +136,22 @@ def _stops(plan, k, ns, tainted, rulings):
     is, and the attributes of the modules the cells hold). What this cannot see, a change inside a value
     that no tainted name reaches (a hook the answer left on an object), the exact run (fast=False, what
     tests/harness/visible.py runs) makes no bet on; tests/grader/test_audit.py holds the two equal."""
-    if any("*" in loads or loads & tainted - {"In"} for loads, _ in plan["names"][k + 1:]):
+    if any("*" in loads or loads & tainted - {"In"} for loads, _ in plan["names"][k + 1 :]):
         return False
     if not set(sys.modules) <= plan["modules"]:
         return False
     rng, glob, names, env = _state(ns)
     want_rng, want_glob, want_names, want_env = plan["states"][k]
-    same_names = ({n: h for n, h in names.items() if n not in tainted}
-                  == {n: h for n, h in want_names.items() if n not in tainted})
-    return glob == want_glob and env == want_env and same_names and (rng == want_rng or _reseeded(plan, k)) \
+    same_names = {n: h for n, h in names.items() if n not in tainted} == {
+        n: h for n, h in want_names.items() if n not in tainted
+    }
+    return (
+        glob == want_glob
+        and env == want_env
+        and same_names
+        and (rng == want_rng or _reseeded(plan, k))
         and _same_rulings(plan, k, ns, rulings)
+    )
 
 
 def _reseeded(plan, k):
@@ -161,9 +172,12 @@ def _seeds_first(code):
     except SyntaxError:
         return False
     seed = lambda stmt: isinstance(stmt, ast.Expr) and re.fullmatch(r"torch\.manual_seed\(\d+\)", ast.unparse(stmt))
-    prints = lambda stmt: isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and \
-        ast.unparse(stmt.value.func) == "print" and not any(isinstance(n, ast.Call)
-                                                            for a in stmt.value.args for n in ast.walk(a))
+    prints = lambda stmt: (
+        isinstance(stmt, ast.Expr)
+        and isinstance(stmt.value, ast.Call)
+        and ast.unparse(stmt.value.func) == "print"
+        and not any(isinstance(n, ast.Call) for a in stmt.value.args for n in ast.walk(a))
+    )
     first = body[0] if body else None
     if isinstance(first, ast.If) and isinstance(first.test, ast.Name):
         return bool(first.body) and bool(seed(first.body[0])) and all(prints(stmt) for stmt in first.orelse)
@@ -180,7 +194,7 @@ def _same_rulings(plan, k, ns, rulings):
     key = _hash(sorted(sys.modules))
     todo = [j for j in later if (j, key) not in rulings]
     if todo:
-        sources = [*ns["In"], *(code for _, _, code in plan["cells"][k + 1:])]
+        sources = [*ns["In"], *(code for _, _, code in plan["cells"][k + 1 :])]
         found = _collect(*_start(lambda: _rulings(plan, todo, sources, len(ns["In"]) - k)))
         for j in todo:
             rulings[j, key] = found.get(str(j)) == plan["rulings"][j] is not None
@@ -204,7 +218,7 @@ def _rulings(plan, cells, sources, start):
         if set(sys.modules) != set(plan["loaded"][j]):
             out[j] = None
             break
-        out[j] = [_ruling(m, f, sources[:start + j]) for m, f in plan["in_reads"][j]]
+        out[j] = [_ruling(m, f, sources[: start + j]) for m, f in plan["in_reads"][j]]
     return out
 
 
@@ -227,11 +241,19 @@ def _in_reads(code, folder):
     nodes = list(ast.walk(tree))
     imported = {a.name for n in nodes if isinstance(n, ast.Import) for a in n.names if a.asname is None}
     rebound = {n.id for n in nodes if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)} | {
-        a.asname or a.name for n in nodes if isinstance(n, ast.ImportFrom) for a in n.names}
+        a.asname or a.name for n in nodes if isinstance(n, ast.ImportFrom) for a in n.names
+    }
     calls, fine = [], set()
     for n in nodes:
-        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name) \
-                and len(n.args) == 1 and not n.keywords and isinstance(n.args[0], ast.Name) and n.args[0].id == "In":
+        if (
+            isinstance(n, ast.Call)
+            and isinstance(n.func, ast.Attribute)
+            and isinstance(n.func.value, ast.Name)
+            and len(n.args) == 1
+            and not n.keywords
+            and isinstance(n.args[0], ast.Name)
+            and n.args[0].id == "In"
+        ):
             module = n.func.value.id
             if module in imported and module not in rebound and (folder / f"{module}.py").is_file():
                 calls.append((module, n.func.attr))
@@ -355,9 +377,18 @@ def _state(ns):
     import numpy as np
     import torch
 
-    glob = [torch.get_rng_state().numpy().tobytes(), np.random.get_state()[1].tobytes(),
-            torch.get_default_dtype(), torch.is_grad_enabled(), torch.get_num_threads(),
-            torch.are_deterministic_algorithms_enabled(), os.getcwd(), sys.path, warnings.filters, np.geterr()]
+    glob = [
+        torch.get_rng_state().numpy().tobytes(),
+        np.random.get_state()[1].tobytes(),
+        torch.get_default_dtype(),
+        torch.is_grad_enabled(),
+        torch.get_num_threads(),
+        torch.are_deterministic_algorithms_enabled(),
+        os.getcwd(),
+        sys.path,
+        warnings.filters,
+        np.geterr(),
+    ]
     names = {n: _hash(_describe(v)) for n, v in ns.items() if n != "__builtins__"}
     return _hash(glob[0]), _hash(glob[1:]), names, dict(os.environ)
 
@@ -369,9 +400,13 @@ def _describe(value):
         except Exception:  # noqa: BLE001 - an attribute that raises when read
             own = []
         return type(x).__module__, type(x).__qualname__, *(a for a in own if isinstance(a, str))
+
     if isinstance(value, types.ModuleType):
-        return value.__name__, sorted((a, kind(x)) for a, x in list(vars(value).items())
-                                      if x is not sys.modules.get(f"{value.__name__}.{a}", value))
+        return value.__name__, sorted(
+            (a, kind(x))
+            for a, x in list(vars(value).items())
+            if x is not sys.modules.get(f"{value.__name__}.{a}", value)
+        )
     return kind(value)
 
 
@@ -396,8 +431,14 @@ def _scout(cells, ns):
         after.append(dict(failures))
         loaded.append([m for m in sys.modules if m not in known])
         known |= set(loaded[-1])
-    return {"failures": failures, "states": states, "after": after, "modules": list(sys.modules), "first": first,
-            "loaded": loaded}
+    return {
+        "failures": failures,
+        "states": states,
+        "after": after,
+        "modules": list(sys.modules),
+        "first": first,
+        "loaded": loaded,
+    }
 
 
 def _plan(cells, scout, start, analysed, in_reads, warmed, ns):
@@ -421,16 +462,23 @@ def _plan(cells, scout, start, analysed, in_reads, warmed, ns):
             was = calls.get(name, (set(), set()))
             calls[name] = (was[0] | reads, was[1] | binds)
     final = scout["failures"]
-    plan = {"names": [_called(reads, binds, calls) for reads, binds, _ in analysed[start:]], "states": states[start:],
-            "after": [{t: m for t, m in final.items() if t not in seen} for seen in scout["after"][start:]],
-            "modules": set(scout["modules"]), "cells": cells[start:], "in_reads": in_reads[start:],
-            "seeds": [_seeds_first(code) for _, _, code in cells[start:]],
-            "loaded": loaded[start:], "replaced": analysed[start - 1][1]}
+    plan = {
+        "names": [_called(reads, binds, calls) for reads, binds, _ in analysed[start:]],
+        "states": states[start:],
+        "after": [{t: m for t, m in final.items() if t not in seen} for seen in scout["after"][start:]],
+        "modules": set(scout["modules"]),
+        "cells": cells[start:],
+        "in_reads": in_reads[start:],
+        "seeds": [_seeds_first(code) for _, _, code in cells[start:]],
+        "loaded": loaded[start:],
+        "replaced": analysed[start - 1][1],
+    }
     later = [j for j, reads in enumerate(plan["in_reads"]) if reads and j > 0]  # the first runs in every child
-    sources = [*ns.get("In", [""]), *(code for _, _, code in cells[start - 1:])]
+    sources = [*ns.get("In", [""]), *(code for _, _, code in cells[start - 1 :])]
     found = _collect(*_start(lambda: _rulings(plan, later, sources, len(sources) - len(plan["cells"]) + 1)))
     plan["rulings"] = {j: None for j in range(len(plan["cells"]))} | {
-        int(j): r for j, r in found.items() if j != "<harness>"}
+        int(j): r for j, r in found.items() if j != "<harness>"
+    }
     return plan
 
 
@@ -497,7 +545,7 @@ def _start(fn, whole=False):
             payload = json.dumps({"<harness>": "too long"}).encode()
         view = memoryview(payload)
         while view:
-            view = view[os.write(w, view):]
+            view = view[os.write(w, view) :]
         os._exit(0)
     os.close(w)
     return pid, r
@@ -520,6 +568,7 @@ def run_lesson(lesson, notebook=None, hidden=False, jobs=None, fast=False):
     for it. A child that will run the hidden check runs the whole notebook, as the hidden check sees it."""
     import numpy.random  # noqa: F401 - seeded when first loaded: here, so the fast run's children share one state
     import torch
+
     torch.set_num_threads(1)
     answers = {n: [("mutant", m.what, m.code, m.keyword) for m in ms] for n, ms in mistakes.mutants(lesson).items()}
     for n, vs in mistakes.variants(lesson).items():
@@ -549,7 +598,10 @@ def run_lesson(lesson, notebook=None, hidden=False, jobs=None, fast=False):
                     while len(running) >= jobs:
                         _finish_one(running, results)
                     check = (lesson, keyword) if hidden else None
-                    running[_start(lambda: _child(cells[i + 1:], ns, answer, gid, check, plan if scout else None))] = (gid, what)
+                    running[_start(lambda: _child(cells[i + 1 :], ns, answer, gid, check, plan if scout else None))] = (
+                        gid,
+                        what,
+                    )
                 _run([(kind, gid, code)], ns, baseline)
             while running:
                 _finish_one(running, results)
@@ -595,16 +647,26 @@ def judge(lesson, results):
             hidden = results[name, m.what].get(HIDDEN + name)
             named = hidden is not None and hidden != "" and m.keyword.lower() in hidden.lower()
             said = (f"its visible test says {own[:120]!r}" if own else "its visible test passes") + (
-                "" if hidden is None else "; the hidden check passes it too" if hidden == ""
-                else "; the hidden check catches it" + ("" if named else f" without naming {m.keyword!r}"))
+                ""
+                if hidden is None
+                else "; the hidden check passes it too"
+                if hidden == ""
+                else "; the hidden check catches it" + ("" if named else f" without naming {m.keyword!r}")
+            )
             if caught:
                 status, detail = "caught", ""
             elif m.what in declared:
-                status, detail = ("hidden-only" if named else "HIDDEN-ONLY, HIDDEN MISSES"), f"{said} (declared: {declared[m.what]})"
+                status, detail = (
+                    ("hidden-only" if named else "HIDDEN-ONLY, HIDDEN MISSES"),
+                    f"{said} (declared: {declared[m.what]})",
+                )
             else:
                 status, detail = ("UNNAMED" if own else "NOT CAUGHT"), f"{said}; the feedback must name {m.keyword!r}"
             if blamed:
-                status, detail = f"{status}, MISBLAMES", f"{detail}; " * bool(detail) + f"it also fails {', '.join(blamed)}"
+                status, detail = (
+                    f"{status}, MISBLAMES",
+                    f"{detail}; " * bool(detail) + f"it also fails {', '.join(blamed)}",
+                )
             rows.append((status, m.what, detail))
             if status not in ("caught", "hidden-only"):
                 problems.append(f"{name}: '{m.what}' {status}: {detail}")
@@ -619,8 +681,10 @@ def judge(lesson, results):
     if set(declared) - known:
         problems.append(f"HIDDEN_ONLY names unknown mistakes: {', '.join(sorted(set(declared) - known))}")
     if len(declared) > MAX_HIDDEN_ONLY * total:
-        problems.append(f"HIDDEN_ONLY declares {len(declared)} of {total} mistakes: at most {MAX_HIDDEN_ONLY:.0%} "
-                        f"({int(MAX_HIDDEN_ONLY * total)}) may be left to the hidden checks")
+        problems.append(
+            f"HIDDEN_ONLY declares {len(declared)} of {total} mistakes: at most {MAX_HIDDEN_ONLY:.0%} "
+            f"({int(MAX_HIDDEN_ONLY * total)}) may be left to the hidden checks"
+        )
     if results["<solutions>", ""]:
         problems.append(f"the solutions fail visible tests: {', '.join(results['<solutions>', ''])}")
     return out, problems
@@ -639,8 +703,12 @@ def table(lesson, results):
         c = dict.fromkeys(COLUMNS, 0)
         mistake_rows = [s for s, _, _ in rows if not s.startswith("variant")]
         c["mistakes"] = len(mistake_rows)
-        for col, test in (("caught", "caught"), ("hidden-only", "hidden-only"), ("unnamed", "UNNAMED"),
-                          ("not caught", "NOT CAUGHT")):
+        for col, test in (
+            ("caught", "caught"),
+            ("hidden-only", "hidden-only"),
+            ("unnamed", "UNNAMED"),
+            ("not caught", "NOT CAUGHT"),
+        ):
             c[col] = sum(s.split(",")[0] == test for s in mistake_rows)
         c["misblames"] = sum(s.endswith("MISBLAMES") for s in mistake_rows)
         variants = [s for s, _, _ in rows if s.startswith("variant")]
@@ -650,10 +718,16 @@ def table(lesson, results):
     losing = [tuple(map(int, c["variants losing"].split("/"))) for c in counts.values()]
     total["variants losing"] = f"{sum(a for a, _ in losing)}/{sum(b for _, b in losing)}"
     width = max(28, *(len(n) for n in counts))
-    fmt = lambda first, cells: f"{first:<{width}} " + " ".join(f"{str(v):>{len(col)}}" for col, v in zip(COLUMNS, cells))
-    lines = [f"{lesson}: {total['mistakes']} known mistakes and {total['variants losing'].split('/')[1]} correct variants "
-             "against the visible tests of the released notebook (and the hidden check, where the visible test "
-             "misses and on every variant)", "", fmt("function", COLUMNS)]
+    fmt = lambda first, cells: (
+        f"{first:<{width}} " + " ".join(f"{str(v):>{len(col)}}" for col, v in zip(COLUMNS, cells))
+    )
+    lines = [
+        f"{lesson}: {total['mistakes']} known mistakes and {total['variants losing'].split('/')[1]} correct variants "
+        "against the visible tests of the released notebook (and the hidden check, where the visible test "
+        "misses and on every variant)",
+        "",
+        fmt("function", COLUMNS),
+    ]
     lines += [fmt(name, c.values()) for name, c in counts.items()] + [fmt("all", total.values())]
     for name, rows in judged.items():
         lines += ["", f"{name}:"]
@@ -662,11 +736,14 @@ def table(lesson, results):
     if problems:
         lines += ["", f"to fix ({len(problems)}):"] + [f"  {p}" for p in problems]
     declared = len(mistakes.hidden_only(lesson))
-    lines += ["", f"{lesson}: {total['caught']} of {total['mistakes']} mistakes caught by the visible tests, "
-                  f"{declared} declared hidden-only (at most {int(MAX_HIDDEN_ONLY * total['mistakes'])}), "
-                  f"{total['unnamed']} unnamed, {total['not caught']} not caught, {total['misblames']} misblaming, "
-                  f"{total['variants losing']} variants losing: "
-                  + (f"{len(problems)} to fix (exit 1)" if problems else "nothing to fix (exit 0)")]
+    lines += [
+        "",
+        f"{lesson}: {total['caught']} of {total['mistakes']} mistakes caught by the visible tests, "
+        f"{declared} declared hidden-only (at most {int(MAX_HIDDEN_ONLY * total['mistakes'])}), "
+        f"{total['unnamed']} unnamed, {total['not caught']} not caught, {total['misblames']} misblaming, "
+        f"{total['variants losing']} variants losing: "
+        + (f"{len(problems)} to fix (exit 1)" if problems else "nothing to fix (exit 0)"),
+    ]
     return lines
 
 

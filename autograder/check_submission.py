@@ -18,6 +18,7 @@ It says, in the grader's own words where the grader has them:
 Exit status: 0 when nothing is wrong, 1 when something is (each a line starting 'PROBLEM'), 2 on bad usage.
 A line starting 'note' says what the grader would see but not penalise (a scratch cell that raised).
 """
+
 import argparse
 import ast
 import hashlib
@@ -78,10 +79,14 @@ def visible_sha(text):
 def lesson_facts(nb, name):
     """The LESSON a released notebook dict (release.student_copy's) gives this script."""
     code = [c for c in nb["cells"] if c.get("cell_type") == "code"]
-    return {"name": name, "answers": [meta(c)["grade_id"] for c in code if meta(c).get("solution")],
-            "tests": {meta(c)["grade_id"]: [float(meta(c).get("points", 0)), visible_sha(source(c))]
-                      for c in code if is_test(c)},
-            "written": {meta(c)["grade_id"]: float(meta(c).get("points", 0)) for c in nb["cells"] if is_written(c)}}
+    return {
+        "name": name,
+        "answers": [meta(c)["grade_id"] for c in code if meta(c).get("solution")],
+        "tests": {
+            meta(c)["grade_id"]: [float(meta(c).get("points", 0)), visible_sha(source(c))] for c in code if is_test(c)
+        },
+        "written": {meta(c)["grade_id"]: float(meta(c).get("points", 0)) for c in nb["cells"] if is_written(c)},
+    }
 
 
 def read(path):
@@ -111,28 +116,58 @@ def structure(nb, lesson):
     ids = {meta(c).get("grade_id"): (n, c) for n, c in code if meta(c).get("grade_id")}
     answers, tests = lesson["answers"], lesson["tests"]
     if not any(meta(c) for c in nb["cells"]):
-        return [(True, f"{LOST_METADATA} (was it copied into a new notebook? start again from the released "
-                       f"{lesson['name']}.ipynb and paste your answers into it)")]
+        return [
+            (
+                True,
+                f"{LOST_METADATA} (was it copied into a new notebook? start again from the released "
+                f"{lesson['name']}.ipynb and paste your answers into it)",
+            )
+        ]
     if not set(ids) & (set(answers) | set(tests)):
-        return [(True, f"this is not lesson {lesson['name']}: it has none of its cells "
-                       f"({', '.join(answers[:3])}, ...); check that you are submitting the right notebook")]
+        return [
+            (
+                True,
+                f"this is not lesson {lesson['name']}: it has none of its cells "
+                f"({', '.join(answers[:3])}, ...); check that you are submitting the right notebook",
+            )
+        ]
     for name in answers:
         if name not in ids:
-            out.append((True, f"the answer cell '{name}' has lost its nbgrader metadata or was deleted: "
-                              "copy your code into the lesson's released notebook"))
+            out.append(
+                (
+                    True,
+                    f"the answer cell '{name}' has lost its nbgrader metadata or was deleted: "
+                    "copy your code into the lesson's released notebook",
+                )
+            )
     for name, (points, sha) in tests.items():
         if name not in ids:
-            out.append((True, f"the test cell '{name}' ({points:g} points) has lost its metadata or was deleted: "
-                              "the grader would run it as your code"))
+            out.append(
+                (
+                    True,
+                    f"the test cell '{name}' ({points:g} points) has lost its metadata or was deleted: "
+                    "the grader would run it as your code",
+                )
+            )
         elif visible_sha(source(ids[name][1])) != sha:
-            out.append((True, f"cell {ids[name][0]} ('{name}') was edited: the grader does not read test cells "
-                              "(it runs its own tests), so code you put there is not graded"))
+            out.append(
+                (
+                    True,
+                    f"cell {ids[name][0]} ('{name}') was edited: the grader does not read test cells "
+                    "(it runs its own tests), so code you put there is not graded",
+                )
+            )
     texts = {meta(c).get("grade_id"): source(c) for c in nb["cells"] if is_written(c)}
     for name, points in lesson.get("written", {}).items():
         said = f"the written question '{name}' ({points:g} points)"
         if name not in texts:
-            out.append((True, f"{said} has lost its nbgrader metadata or was deleted: paste your answer into "
-                              "its cell in the lesson's released notebook, or it is not graded"))
+            out.append(
+                (
+                    True,
+                    f"{said} has lost its nbgrader metadata or was deleted: paste your answer into "
+                    "its cell in the lesson's released notebook, or it is not graded",
+                )
+            )
         elif TEXT_STUB in texts[name]:
             out.append((True, f"{said} still holds {TEXT_STUB}: write your answer in its place"))
     graded = set(answers)
@@ -140,8 +175,13 @@ def structure(nb, lesson):
     for n, c in code:
         names = set(define.findall(source(c))) & graded
         if names and is_demo(c):
-            out.append((True, f"cell {n} defines {', '.join(sorted(names))} but is a demo cell, which the grader "
-                              "skips: define it in its answer cell"))
+            out.append(
+                (
+                    True,
+                    f"cell {n} defines {', '.join(sorted(names))} but is a demo cell, which the grader "
+                    "skips: define it in its answer cell",
+                )
+            )
     return out + test_only_reads(nb, graded)
 
 
@@ -149,6 +189,7 @@ def test_only_reads(nb, answers):
     """[(True, line)] for each name an answer cell reads that only a test cell binds. This check runs the test
     cells, so the name is there when the answer is called; the grader runs its own tests instead, and there it
     is not. (A name only a demo binds fails this check's run as it fails the grader: run_tests says so.)"""
+
     def names(text, kind):
         try:
             return {n.id for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Name) and isinstance(n.ctx, kind)}
@@ -167,17 +208,27 @@ def test_only_reads(nb, answers):
     for n, c in code:
         if meta(c).get("grade_id") in answers and not is_test(c):
             for name in sorted(names(source(c), ast.Load) & set(tests)):
-                out.append((True, f"cell {n} ('{meta(c)['grade_id']}') uses '{name}', which only test cell "
-                                  f"{tests[name]} defines: the grader runs its own tests instead, so there '{name}' "
-                                  "is not defined; define it in the answer's own cell"))
+                out.append(
+                    (
+                        True,
+                        f"cell {n} ('{meta(c)['grade_id']}') uses '{name}', which only test cell "
+                        f"{tests[name]} defines: the grader runs its own tests instead, so there '{name}' "
+                        "is not defined; define it in the answer's own cell",
+                    )
+                )
     return out
 
 
 def _arguments(text):
     """The parameter names of the functions a cell defines (they bind names too)."""
     try:
-        return {a.arg for n in ast.walk(ast.parse(text)) if isinstance(n, ast.arguments)
-                for a in [*n.posonlyargs, *n.args, *n.kwonlyargs, n.vararg, n.kwarg] if a is not None}
+        return {
+            a.arg
+            for n in ast.walk(ast.parse(text))
+            if isinstance(n, ast.arguments)
+            for a in [*n.posonlyargs, *n.args, *n.kwonlyargs, n.vararg, n.kwarg]
+            if a is not None
+        }
     except (SyntaxError, RecursionError, MemoryError, ValueError):  # unparseable, or nested past the stack
         return set()
 
@@ -228,14 +279,22 @@ def demo_hint(error, demos):
     m = re.search(r"NameError: name '(\w+)' is not defined", error)
     if not m or m.group(1) not in demos:
         return ""
-    return (f" ('{m.group(1)}' is defined only in demonstration cell {demos[m.group(1)]}, which is not run when "
-            "grading: an answer must define what it uses itself)")
+    return (
+        f" ('{m.group(1)}' is defined only in demonstration cell {demos[m.group(1)]}, which is not run when "
+        "grading: an answer must define what it uses itself)"
+    )
 
 
 def graded_sources(nb):
     """The code the grader reads, as grade.submission_cells takes it: every code cell but tests and demos."""
-    return [source(c) for c in nb["cells"] if c["cell_type"] == "code" and not is_test(c) and not is_demo(c)
-            and not str(meta(c).get("grade_id") or "").startswith("test_")]
+    return [
+        source(c)
+        for c in nb["cells"]
+        if c["cell_type"] == "code"
+        and not is_test(c)
+        and not is_demo(c)
+        and not str(meta(c).get("grade_id") or "").startswith("test_")
+    ]
 
 
 def kernels(nb, folder):
@@ -294,22 +353,37 @@ def run_tests(nb, folder, timeout, lesson=None):
     lesson = lesson or LESSON or {}
     answers = lesson.get("answers", ())
     define = re.compile(r"^(?:async\s+)?(?:def|class)\s+(\w+)", re.M)
-    cells = [(n, meta(c).get("grade_id") if is_test(c) else None, source(c),
-              sorted(set(define.findall(source(c))) & set(answers)))
-             for n, c in enumerate(nb["cells"], 1) if c["cell_type"] == "code" and not is_demo(c)]
+    cells = [
+        (
+            n,
+            meta(c).get("grade_id") if is_test(c) else None,
+            source(c),
+            sorted(set(define.findall(source(c))) & set(answers)),
+        )
+        for n, c in enumerate(nb["cells"], 1)
+        if c["cell_type"] == "code" and not is_demo(c)
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         todo, done = Path(tmp, "cells.json"), Path(tmp, "done.jsonl")
         todo.write_text(json.dumps(cells + [lesson.get("timed", {})]))
         crash = ""
         try:
-            child = subprocess.run([sys.executable, "-c", CHILD, str(todo), str(done)], cwd=folder, timeout=timeout,
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                   env=dict(os.environ, MPLBACKEND="Agg"))
+            child = subprocess.run(
+                [sys.executable, "-c", CHILD, str(todo), str(done)],
+                cwd=folder,
+                timeout=timeout,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=dict(os.environ, MPLBACKEND="Agg"),
+            )
             last = child.stderr.strip().splitlines()[-1:] if child.returncode else []
             crash = f"stopped the notebook (exit status {child.returncode}{': ' + last[0][:200] if last else ''})"
             if child.returncode < 0:  # killed by a signal: memory corrupted or read outside the process's own
-                crash += (": the Python process crashed, which Python code alone does not do; the usual cause is a "
-                          "Triton kernel that loads or stores outside its tensors (a tl.load or tl.store without mask=)")
+                crash += (
+                    ": the Python process crashed, which Python code alone does not do; the usual cause is a "
+                    "Triton kernel that loads or stores outside its tensors (a tl.load or tl.store without mask=)"
+                )
         except subprocess.TimeoutExpired:
             crash = f"did not finish within {timeout} s"
         ran = [json.loads(line) for line in done.read_text().splitlines()] if done.exists() else []
@@ -321,11 +395,16 @@ def run_tests(nb, folder, timeout, lesson=None):
         if name:
             out.append((bool(error), f"{name}: {'FAILED: ' + error if error else 'passed'}"))
         elif lost:
-            out.append((True, f"cell {n} raised {error}, so {', '.join(lost)} is not defined: the grader finds "
-                              "no answer there"))
+            out.append(
+                (
+                    True,
+                    f"cell {n} raised {error}, so {', '.join(lost)} is not defined: the grader finds no answer there",
+                )
+            )
         elif error:
-            out.append((None, f"cell {n} raised {error}; the grader runs it too and goes on, so it costs no "
-                              "points by itself"))
+            out.append(
+                (None, f"cell {n} raised {error}; the grader runs it too and goes on, so it costs no points by itself")
+            )
     if len(ran) < len(cells):
         n, name, _, _ = cells[len(ran)]
         out.append((True, f"cell {n}{f' ({name})' if name else ''} {crash}; the tests after it did not run"))
@@ -334,10 +413,20 @@ def run_tests(nb, folder, timeout, lesson=None):
         if error:
             continue  # its visible test says what is wrong
         slow = limit is not None and seconds > limit
-        out.append((slow, f"{name} at the size it is graded: {seconds:.1f} s of CPU time" + (
-            f", more than the {limit} s a graded call may use: correct but too slow for the graded sizes (keep the "
-            "block sizes you are given, and let torch work on whole tiles)" if slow else
-            f", within the {limit} s a graded call may use" if limit is not None else "")))
+        out.append(
+            (
+                slow,
+                f"{name} at the size it is graded: {seconds:.1f} s of CPU time"
+                + (
+                    f", more than the {limit} s a graded call may use: correct but too slow for the graded sizes (keep the "
+                    "block sizes you are given, and let torch work on whole tiles)"
+                    if slow
+                    else f", within the {limit} s a graded call may use"
+                    if limit is not None
+                    else ""
+                ),
+            )
+        )
     return out
 
 

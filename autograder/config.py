@@ -12,23 +12,33 @@ command that does. grade, merge and report read it, and refuse flags that disagr
 (RuleFlags.rule_over). A folder without settings counts by the default rule (Counting()); its first grade or merge
 records it, with --written when given.
 """
+
 import json
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
-from autograder.counting import (Counting, Late, RuleError, parse_deadlines, parse_extensions, parse_grace,
-                                 parse_policy, parse_zone)
+from autograder.counting import (
+    Counting,
+    Late,
+    RuleError,
+    parse_deadlines,
+    parse_extensions,
+    parse_grace,
+    parse_policy,
+    parse_zone,
+)
 from autograder.results import STORE, UsageError, clean, write_atomic
 
 SETTINGS = "settings.json"
 FORMAT = "mha-course-results-settings/1"
-NO_LATE = "none"   # --late-policy none: no late penalties
+NO_LATE = "none"  # --late-policy none: no late penalties
 
 
 @dataclass(frozen=True)
 class Settings:
     """What RESULTS keeps between runs: its counting rule and the gradebook of its manual scores (a path or None)."""
+
     rule: Counting = field(default_factory=Counting)
     gradebook: str | None = None
 
@@ -60,8 +70,10 @@ def read_settings(out) -> Settings:
     try:
         return Settings.from_json(json.loads(path.read_text(encoding="utf-8")))
     except (ValueError, KeyError, TypeError, AttributeError, OSError) as e:
-        raise UsageError(f"{path} is damaged ({type(e).__name__}: {clean(str(e), 200, newlines=False)}): set the "
-                         "rule again with `python -m autograder rule`, or delete it to count by the default rule") from None
+        raise UsageError(
+            f"{path} is damaged ({type(e).__name__}: {clean(str(e), 200, newlines=False)}): set the "
+            "rule again with `python -m autograder rule`, or delete it to count by the default rule"
+        ) from None
 
 
 def write_settings(out, settings: Settings) -> None:
@@ -88,6 +100,7 @@ class RuleFlags:
     deadlines are LESSON=ISO8601 texts (one per lesson, replacing that lesson's), policy N%/day[,max=M%] or
     NO_LATE, extensions a CSV's path (replacing them all), grace 15m, 2h or 1d, zone the zone of times that name
     none, submissions where collect wrote timestamp.txt."""
+
     written: bool | None = None
     blank_missing: bool | None = None
     drop_stale: bool | None = None
@@ -120,22 +133,37 @@ class RuleFlags:
                 raise RuleError("late penalties need both --deadline LESSON=ISO8601 and --late-policy")
             if not deadlines and (self.extensions or self.grace):
                 raise RuleError("--extensions and --grace change late penalties: give --deadline and --late-policy too")
-            late = deadlines and Late(
-                deadlines, policy,
-                parse_extensions(self.extensions, deadlines, zone, None if allow_mismatch else students)
-                if self.extensions else late.extensions if late else {},
-                parse_grace(self.grace) if self.grace else late.grace if late else timedelta(0),
-                str(Path(self.submissions).resolve()) if self.submissions else late and late.submissions) or None
-        pick = lambda given, kept: kept if given is None else given   # noqa: E731
-        return Counting(pick(self.blank_missing, stored.blank_missing), pick(self.drop_stale, stored.drop_stale),
-                        late, pick(self.written, stored.written))
+            late = (
+                deadlines
+                and Late(
+                    deadlines,
+                    policy,
+                    parse_extensions(self.extensions, deadlines, zone, None if allow_mismatch else students)
+                    if self.extensions
+                    else late.extensions
+                    if late
+                    else {},
+                    parse_grace(self.grace) if self.grace else late.grace if late else timedelta(0),
+                    str(Path(self.submissions).resolve()) if self.submissions else late and late.submissions,
+                )
+                or None
+            )
+        pick = lambda given, kept: kept if given is None else given  # noqa: E731
+        return Counting(
+            pick(self.blank_missing, stored.blank_missing),
+            pick(self.drop_stale, stored.drop_stale),
+            late,
+            pick(self.written, stored.written),
+        )
 
     def refuse(self, out, stored: Counting, lessons, students=None, allow_mismatch: bool = False) -> None:
         """UsageError, one line, when these flags make another rule than RESULTS's (out) `stored` one."""
         changes = self.rule_over(stored, lessons, students, allow_mismatch).changes(stored, f"{out}: ")
         if changes:
-            raise UsageError(f"{out} counts otherwise than these flags say: {'; '.join(changes)}; change its rule "
-                             f"with `python -m autograder rule {out} ...` (it says what changes), or drop the flags")
+            raise UsageError(
+                f"{out} counts otherwise than these flags say: {'; '.join(changes)}; change its rule "
+                f"with `python -m autograder rule {out} ...` (it says what changes), or drop the flags"
+            )
 
 
 @dataclass(frozen=True)
@@ -143,23 +171,24 @@ class RunConfig:
     """One run of grade, merge, export or report, every setting declared once with its default (in the spirit of
     Otter's AutograderConfig); `python -m autograder` fills it from its flags. The counting rule is RESULTS's
     (read_settings), here as the run agrees with it."""
-    results: Path                          # RESULTS: graded into, merged into, exported or reported from
-    submissions: Path | None = None        # SUBMISSIONS/<student>/<lesson>/<lesson>.ipynb, with collect's times
-    roster: object = None                  # the class (roster.Roster): a row in totals.csv for each of its students
-    gradebook: str | None = None           # nbgrader's gradebook: filled by grade, its manual scores counted
-    course_root: str | None = None         # where the gradebook's autograded/ go (default: the gradebook's folder)
-    rule: Counting = field(default_factory=Counting)   # how scores count (RESULTS's rule)
-    allow_mismatch: bool = False           # go on past a file naming a student or lesson nobody knows
-    lessons: tuple | None = None           # grade: these lessons (default: those someone handed in)
-    all_lessons: bool = False              # grade: every lesson, handed in or not
-    students: tuple | None = None          # grade: these students only
-    shard: tuple | None = None             # grade: (i, N), the i-th of N slices of the students
-    manifest: str | None = None            # grade: the class list every shard splits
-    jobs: int = 1                          # grade: submissions graded at once
-    resume: bool = False                   # grade: reuse each stored result whose fingerprint still matches
-    force: bool = False                    # grade: with resume, regrade those too
-    mode: str = "bwrap"                    # grade: the sandbox (worker.choose_mode)
-    limits: dict | None = None             # grade: {Limits field: value} over the lessons' own
-    gradescope: bool = False               # grade, merge: also RESULTS/gradescope/<student>/results.json
-    progress: bool = True                  # grade: a progress line per submission
-    kernels: bool = False                  # grade: also compile each submission's Triton kernels (a feedback note)
+
+    results: Path  # RESULTS: graded into, merged into, exported or reported from
+    submissions: Path | None = None  # SUBMISSIONS/<student>/<lesson>/<lesson>.ipynb, with collect's times
+    roster: object = None  # the class (roster.Roster): a row in totals.csv for each of its students
+    gradebook: str | None = None  # nbgrader's gradebook: filled by grade, its manual scores counted
+    course_root: str | None = None  # where the gradebook's autograded/ go (default: the gradebook's folder)
+    rule: Counting = field(default_factory=Counting)  # how scores count (RESULTS's rule)
+    allow_mismatch: bool = False  # go on past a file naming a student or lesson nobody knows
+    lessons: tuple | None = None  # grade: these lessons (default: those someone handed in)
+    all_lessons: bool = False  # grade: every lesson, handed in or not
+    students: tuple | None = None  # grade: these students only
+    shard: tuple | None = None  # grade: (i, N), the i-th of N slices of the students
+    manifest: str | None = None  # grade: the class list every shard splits
+    jobs: int = 1  # grade: submissions graded at once
+    resume: bool = False  # grade: reuse each stored result whose fingerprint still matches
+    force: bool = False  # grade: with resume, regrade those too
+    mode: str = "bwrap"  # grade: the sandbox (worker.choose_mode)
+    limits: dict | None = None  # grade: {Limits field: value} over the lessons' own
+    gradescope: bool = False  # grade, merge: also RESULTS/gradescope/<student>/results.json
+    progress: bool = True  # grade: a progress line per submission
+    kernels: bool = False  # grade: also compile each submission's Triton kernels (a feedback note)

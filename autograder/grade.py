@@ -13,6 +13,7 @@ Everything in SUBMISSIONS is hostile: only regular files with one name are read 
 O_NOFOLLOW), notebooks are size-capped and validated before use, and whatever one submission does
 ends as that submission's status `error`, never the run.
 """
+
 import ast
 import hashlib
 import importlib
@@ -43,9 +44,9 @@ from autograder.sandbox.wire import WireError
 from autograder.worker import Limits, Sandbox, SandboxError, Session, weak_mode_warning
 
 ROOT = Path(__file__).resolve().parent.parent
-LESSONS = manifests.solutions_modules()   # {lesson: its solutions and checks module}; the checks (torch) load lazily
+LESSONS = manifests.solutions_modules()  # {lesson: its solutions and checks module}; the checks (torch) load lazily
 IGNORED = ("__MACOSX", ".ipynb_checkpoints")
-CACHE = "cache.json"   # in RESULTS/.results: Cache
+CACHE = "cache.json"  # in RESULTS/.results: Cache
 
 
 class GradeError(store.UsageError):
@@ -56,12 +57,15 @@ class Interrupted(Exception):
     """SIGTERM or SIGINT: the run stopped cleanly; exit status 128 + the signal's number."""
 
     def __init__(self, signum, kept):
-        super().__init__(f"interrupted by {signal.Signals(signum).name}: {kept} results kept; "
-                         "run the same command with --resume to finish")
+        super().__init__(
+            f"interrupted by {signal.Signals(signum).name}: {kept} results kept; "
+            "run the same command with --resume to finish"
+        )
         self.status = 128 + signum
 
 
 # ---- the class: students, lessons and where their notebooks are ------------------------------
+
 
 class Anomalies:
     """What in SUBMISSIONS was odd, by kind, listed with counts at the end of a run."""
@@ -117,12 +121,15 @@ def find_students(submissions: str | Path, anomalies: Anomalies) -> dict:
             continue
         students[name] = "refused: your student folder is a symbolic link" if link else None
     if not students:
-        raise GradeError(f"no student folders in {submissions} "
-                         f"(expected {submissions}/<student>/<lesson>/<lesson>.ipynb)")
+        raise GradeError(
+            f"no student folders in {submissions} (expected {submissions}/<student>/<lesson>/<lesson>.ipynb)"
+        )
     lessons = sorted(set(students) & set(LESSONS))
     if lessons:  # one student's folder, or a release: grading it would add "students" named after lessons
-        raise GradeError(f"{submissions} holds lesson folders ({', '.join(lessons)}), not student folders: "
-                         f"give the folder above them, SUBMISSIONS/<student>/<lesson>/<lesson>.ipynb")
+        raise GradeError(
+            f"{submissions} holds lesson folders ({', '.join(lessons)}), not student folders: "
+            f"give the folder above them, SUBMISSIONS/<student>/<lesson>/<lesson>.ipynb"
+        )
     return students
 
 
@@ -162,15 +169,21 @@ def locate(submissions: str | Path, student: str, lesson: str, student_refused: 
         loose = next((e for n, e in entries.items() if n.lower() == f"{lesson}.ipynb"), None)
         if loose is None:
             return Submission(notes=[f"no {lesson}.ipynb submitted"], anomalies=["missing lesson"])
-        return Submission(home / loose.name, notes=[f"graded {loose.name} from your folder: it belongs in {lesson}/"],
-                          anomalies=["notebook outside its lesson folder"])
+        return Submission(
+            home / loose.name,
+            notes=[f"graded {loose.name} from your folder: it belongs in {lesson}/"],
+            anomalies=["notebook outside its lesson folder"],
+        )
     notes, kinds = [], []
     if folder.name != lesson:
         notes.append(f"graded your folder {folder.name}/: it should be named {lesson}/")
         kinds.append("lesson folder named differently")
     if folder.is_symlink():
-        return Submission(refused="refused: your lesson folder is a symbolic link", notes=notes,
-                          anomalies=kinds + ["refused file or folder"])
+        return Submission(
+            refused="refused: your lesson folder is a symbolic link",
+            notes=notes,
+            anomalies=kinds + ["refused file or folder"],
+        )
     if not _is_dir(folder):
         return Submission(notes=[f"{folder.name} is a file, not a folder"], anomalies=["missing lesson"])
     path = Path(folder.path)
@@ -185,8 +198,11 @@ def locate(submissions: str | Path, student: str, lesson: str, student_refused: 
         notes.append(f"graded {others[0]}: the notebook should be named {lesson}.ipynb")
         return Submission(path / others[0], notes=notes, anomalies=kinds + ["renamed notebook"], submitted_at=when)
     if others:
-        return Submission(notes=notes + [f"{len(others)} notebooks in {folder.name}/ and none named {lesson}.ipynb: "
-                                         "which one to grade?"], anomalies=kinds + ["several notebooks, none by name"])
+        return Submission(
+            notes=notes
+            + [f"{len(others)} notebooks in {folder.name}/ and none named {lesson}.ipynb: which one to grade?"],
+            anomalies=kinds + ["several notebooks, none by name"],
+        )
     return Submission(notes=notes + [f"no {lesson}.ipynb submitted"], anomalies=kinds + ["missing lesson"])
 
 
@@ -200,6 +216,7 @@ def parse_shard(text: str) -> tuple:
 
 
 # ---- fingerprints --------------------------------------------------------------------------
+
 
 def _module_file(name):
     base = ROOT / name.replace(".", "/")
@@ -277,8 +294,9 @@ def lesson_limits(lesson, given=None) -> Limits:
     return manifests.limits(lesson, nbk.lesson_path(lesson).parent.parent).over(given, "grade's limits")
 
 
-def lesson_fingerprint(lesson: str, tests: list, mode: str, limits: dict | None, cache: Cache | None = None,
-                       kernels: bool = False) -> str:
+def lesson_fingerprint(
+    lesson: str, tests: list, mode: str, limits: dict | None, cache: Cache | None = None, kernels: bool = False
+) -> str:
     """What a lesson's verdicts depend on besides the submission: its tests and points (and its written
     questions'), the code
     of its checks, of solutions/ they import, of the grader and the sandbox, what of its manifest
@@ -293,30 +311,49 @@ def lesson_fingerprint(lesson: str, tests: list, mode: str, limits: dict | None,
     named = {p: p.relative_to(ROOT) for p in files}
     root = nbk.lesson_path(lesson).parent.parent
     named.update((f, f"{lesson}/{name}") for name, f in lesson_files(lesson, root).items())  # named within the lesson
-    parts = [_version(), lesson, repr(tests), mode, repr(sorted(lesson_limits(lesson, limits).to_json().items())),
-             repr(manifests.grading_keys(lesson, root))]
+    parts = [
+        _version(),
+        lesson,
+        repr(tests),
+        mode,
+        repr(sorted(lesson_limits(lesson, limits).to_json().items())),
+        repr(manifests.grading_keys(lesson, root)),
+    ]
     written = nbk.lesson_written(lesson)
     parts += [repr(written)] if written else []  # a lesson without written questions keeps its fingerprint
     parts += ["kernels"] if kernels else []  # and grading without --kernels keeps it too
-    parts += [f"{name}:{cache.source(p)[0] if p.suffix == '.py' else hashlib.sha256(p.read_bytes()).hexdigest()}"
-              for p, name in named.items()]
+    parts += [
+        f"{name}:{cache.source(p)[0] if p.suffix == '.py' else hashlib.sha256(p.read_bytes()).hexdigest()}"
+        for p, name in named.items()
+    ]
     return store.sha256_text(*parts)
 
 
 def check_references(lessons: list, cache: Cache) -> None:
     """selfcheck.check_reference of each lesson whose reference code (its solutions module, its checks and the
     probes, with what they import, and the versions of torch and numpy) changed since it last passed here."""
-    from autograder.selfcheck import check_reference
     import numpy
     import torch
+
+    from autograder.selfcheck import check_reference
+
     for lesson in lessons:
-        package = f"autograder.lessons.{LESSONS[lesson]}"   # its probes load by name, not by an import statement
-        files = _code_closure(["autograder.selfcheck", f"solutions.{LESSONS[lesson]}", f"{package}.probes",
-                               f"{package}.checks", f"{package}.mistakes"], cache)
-        key = store.sha256_text(torch.__version__, numpy.__version__,
-                                *(f"{p.relative_to(ROOT)}:{cache.source(p)[0]}" for p in files))
+        package = f"autograder.lessons.{LESSONS[lesson]}"  # its probes load by name, not by an import statement
+        files = _code_closure(
+            [
+                "autograder.selfcheck",
+                f"solutions.{LESSONS[lesson]}",
+                f"{package}.probes",
+                f"{package}.checks",
+                f"{package}.mistakes",
+            ],
+            cache,
+        )
+        key = store.sha256_text(
+            torch.__version__, numpy.__version__, *(f"{p.relative_to(ROOT)}:{cache.source(p)[0]}" for p in files)
+        )
         if cache.data["references"].get(lesson) != key:
-            check_reference([lesson])   # ReferenceBroken: nothing graded, nothing cached
+            check_reference([lesson])  # ReferenceBroken: nothing graded, nothing cached
             cache.data["references"][lesson] = key
             cache.changed = True
 
@@ -335,6 +372,7 @@ def unavailable(lesson: str) -> dict:
 
 # ---- one (student, lesson) -----------------------------------------------------------------
 
+
 def submission_cells(nb: dict) -> tuple:
     """The code the grader runs, every code cell but tests and demos, in order: (sources, labels,
     notes). A label names a cell for feedback: its number in the notebook and its first line.
@@ -342,8 +380,10 @@ def submission_cells(nb: dict) -> tuple:
     cells, labels, notes = [], [], []
     language = (nb.get("metadata", {}).get("kernelspec") or {}).get("language", "python")
     if str(language).lower() != "python":
-        notes.append(f"the notebook's kernel is for {store.clean(str(language), 40, newlines=False)!r}, "
-                     "not Python; it was run as Python")
+        notes.append(
+            f"the notebook's kernel is for {store.clean(str(language), 40, newlines=False)!r}, "
+            "not Python; it was run as Python"
+        )
     if not any(nbk.meta(c) for c in nb["cells"]):
         notes.append("the notebook has lost its nbgrader metadata; every code cell was run")
     for number, cell in enumerate(nb["cells"], 1):
@@ -372,31 +412,56 @@ def aspect_rows(weights: dict, max_points: float, passed: list | None = None, fa
     scale = lambda w: round(max_points * w / total, 2)  # noqa: E731
     if failed is not None:
         core = next(iter(weights))
-        return [dict(aspect=a, points=0.0, max_points=scale(w), passed=False,
-                     message=failed if a == core else f"earned only when {core} passes") for a, w in weights.items()]
-    return [dict(aspect=r["aspect"], points=scale(r["weight"]) if r["passed"] else 0.0, max_points=scale(r["weight"]),
-                 passed=bool(r["passed"]), message=str(r.get("message", ""))) for r in passed]
+        return [
+            dict(
+                aspect=a,
+                points=0.0,
+                max_points=scale(w),
+                passed=False,
+                message=failed if a == core else f"earned only when {core} passes",
+            )
+            for a, w in weights.items()
+        ]
+    return [
+        dict(
+            aspect=r["aspect"],
+            points=scale(r["weight"]) if r["passed"] else 0.0,
+            max_points=scale(r["weight"]),
+            passed=bool(r["passed"]),
+            message=str(r.get("message", "")),
+        )
+        for r in passed
+    ]
 
 
 def run_check(check, subject, max_points: float, why_unavailable: str | None = None) -> dict:
     """One test's row: status, points and message (a bug of ours comes back in 'traceback')."""
     from autograder.checking import OverBudget, PartialCredit, Regrade, StudentError, Unchecked
+
     row = dict(points=0.0, max_points=max_points, status="failed", message="")
     weights = getattr(check, "aspects", None) or {}
     if why_unavailable:
-        return dict(row, status="error", grader_error=True,
-                    message=f"not graded yet: {why_unavailable}. Your instructor will grade it where it can run.")
+        return dict(
+            row,
+            status="error",
+            grader_error=True,
+            message=f"not graded yet: {why_unavailable}. Your instructor will grade it where it can run.",
+        )
     try:
         with warnings.catch_warnings():  # the references' own numpy warnings (e.g. -inf rows)
             warnings.simplefilter("ignore")
             check(subject)
         row.update(points=max_points, status="passed")
         if weights:
-            row["aspects"] = aspect_rows(weights, max_points, [dict(aspect=a, weight=w, passed=True)
-                                                               for a, w in weights.items()])
+            row["aspects"] = aspect_rows(
+                weights, max_points, [dict(aspect=a, weight=w, passed=True) for a, w in weights.items()]
+            )
     except PartialCredit as e:
-        row.update(points=round(max_points * e.earned / e.total, 2), message=str(e),
-                   aspects=aspect_rows(weights, max_points, e.rows))
+        row.update(
+            points=round(max_points * e.earned / e.total, 2),
+            message=str(e),
+            aspects=aspect_rows(weights, max_points, e.rows),
+        )
     except AssertionError as e:
         row["message"] = str(e)
         if weights:
@@ -412,8 +477,12 @@ def run_check(check, subject, max_points: float, why_unavailable: str | None = N
     except (SandboxError, WireError) as e:
         row.update(status="error", message=f"your code could not be checked: {e}")
     except Exception:  # a bug of ours: the student must not pay for it, the instructor must see it
-        row.update(status="error", grader_error=True, traceback=traceback.format_exc(),
-                   message="the grader failed on this test (the instructor has the details)")
+        row.update(
+            status="error",
+            grader_error=True,
+            traceback=traceback.format_exc(),
+            message="the grader failed on this test (the instructor has the details)",
+        )
     return row
 
 
@@ -445,11 +514,16 @@ def written_rows(lesson: str, nb: dict | None = None, status: str | None = None,
     for q, p in questions:
         text, status = answers.get(q), store.NEEDS_GRADING
         if text is None:
-            said = "its answer cell is not in your notebook (deleted, or its nbgrader metadata lost); graded by a person"
+            said = (
+                "its answer cell is not in your notebook (deleted, or its nbgrader metadata lost); graded by a person"
+            )
         elif not text.strip() or nbk.TEXT_STUB in text:
             status = store.UNANSWERED
-            said = (f"not answered: its cell still holds {nbk.TEXT_STUB}" if text.strip() else
-                    "not answered: its cell is empty") + "; 0 points unless your instructor scores it"
+            said = (
+                f"not answered: its cell still holds {nbk.TEXT_STUB}"
+                if text.strip()
+                else "not answered: its cell is empty"
+            ) + "; 0 points unless your instructor scores it"
         else:
             said = "answered; graded by a person"
         rows.append(dict(question=q, max_points=p, status=status, message=said))
@@ -464,10 +538,12 @@ def kernel_notes(session: Session, cells: list) -> list:
 
     from autograder import triton_fit
     from autograder.checking import OverBudget, StudentError, Subject, Unchecked
+
     subject = Subject(session.transport, "kernels", sources=cells)
 
     def compiler(jobs, timeout):
         return json.loads(subject.helper("compile_kernels", json.dumps(jobs), timeout))
+
     try:  # the compiler's own time limit comes first: the call's would end the child without a verdict
         said = triton_fit.check_kernels(cells, max(5, session.sandbox.limits.call_seconds - 5), compiler)
     except (StudentError, Unchecked, OverBudget, ValueError, TypeError) as e:  # the grades stand; the note says why
@@ -475,14 +551,30 @@ def kernel_notes(session: Session, cells: list) -> list:
     return [f"Triton kernels (a note, not graded): {line}" for _, line in said]
 
 
-def grade_one(sandbox: Sandbox, student: str, lesson: str, sub: "Submission", tests: list, data_files: list,
-              grader: str, kernels: bool = False) -> dict:
+def grade_one(
+    sandbox: Sandbox,
+    student: str,
+    lesson: str,
+    sub: "Submission",
+    tests: list,
+    data_files: list,
+    grader: str,
+    kernels: bool = False,
+) -> dict:
     """The result of one (student, lesson) in its stored JSON form: save_result reads it with Result.from_json,
     which validates what the sandbox's replies put in it. kernels: add kernel_notes to its notes."""
     sha, key = sub.key()
-    result = dict(student=student, lesson=lesson, notebook=str(sub.path) if sub.path else None, sha256=sha,
-                  fingerprint=fingerprint(grader, key, sub.submitted_at), grader=grader,
-                  submitted_at=sub.submitted_at, notes=list(sub.notes), cells={})
+    result = dict(
+        student=student,
+        lesson=lesson,
+        notebook=str(sub.path) if sub.path else None,
+        sha256=sha,
+        fingerprint=fingerprint(grader, key, sub.submitted_at),
+        grader=grader,
+        submitted_at=sub.submitted_at,
+        notes=list(sub.notes),
+        cells={},
+    )
     if sub.refused:
         result["tests"] = unanimous(tests, "error", f"your notebook was not graded: {sub.refused}")
         result["written"] = written_rows(lesson, None, "error", result["tests"][0]["message"])
@@ -502,9 +594,12 @@ def grade_one(sandbox: Sandbox, student: str, lesson: str, sub: "Submission", te
         return result
     result["written"] = written_rows(lesson, nb)
     other = nbk.content_lesson(nb, nbk.lesson_answers(tuple(LESSONS)))
-    if other and other != lesson:   # the wrong notebook handed in: its tests will fail on names it never defines
-        result["notes"].insert(0, f"this notebook looks like {other} (its answer cells are {other}'s), not {lesson}: "
-                                  f"was it handed in to the wrong assignment? Hand in {lesson}.ipynb")
+    if other and other != lesson:  # the wrong notebook handed in: its tests will fail on names it never defines
+        result["notes"].insert(
+            0,
+            f"this notebook looks like {other} (its answer cells are {other}'s), not {lesson}: "
+            f"was it handed in to the wrong assignment? Hand in {lesson}.ipynb",
+        )
         result["anomaly"] = "notebook of another lesson"
     cells, labels, notes = submission_cells(nb)
     result["notes"] += notes
@@ -516,12 +611,14 @@ def grade_one(sandbox: Sandbox, student: str, lesson: str, sub: "Submission", te
             result["tests"] = unanimous(tests, "error", f"your notebook could not be run: {e}")
             return result
         from autograder.checking import Subject, checks_for
+
         checks, gone = checks_for(lesson), unavailable(lesson)
         rows, demos = [], check_submission.demo_only(nb)
         for test, max_points in tests:
             name = test.removeprefix("test_")
-            row = run_check(checks[name], Subject(session.transport, f"{lesson}/{name}", sources=cells), max_points,
-                            gone.get(name))
+            row = run_check(
+                checks[name], Subject(session.transport, f"{lesson}/{name}", sources=cells), max_points, gone.get(name)
+            )
             if "traceback" in row:
                 result.setdefault("grader_errors", []).append(row.pop("traceback"))
             why = row["status"] != "passed" and cell_problem(name, cells, labels, session)
@@ -533,17 +630,24 @@ def grade_one(sandbox: Sandbox, student: str, lesson: str, sub: "Submission", te
         result["tests"] = rows
         if kernels:
             result["notes"] += kernel_notes(session, cells)
-        result["cells"] = {"skipped": {labels[i]: why for i, why in session.skipped.items() if i < len(labels)},
-                           "errors": {labels[i]: store.cell_error(err) for i, err in session.cell_errors.items()
-                                      if isinstance(i, int) and 0 <= i < len(labels)}}
+        result["cells"] = {
+            "skipped": {labels[i]: why for i, why in session.skipped.items() if i < len(labels)},
+            "errors": {
+                labels[i]: store.cell_error(err)
+                for i, err in session.cell_errors.items()
+                if isinstance(i, int) and 0 <= i < len(labels)
+            },
+        }
     finally:
         try:
             session.close()
         except SandboxError as e:  # what the notebook left killed or hung its sandbox after it was graded:
             if "tests" not in result:  # its verdict stands (the sandbox is replaced for the next one)
                 raise
-            result["notes"].append(f"after your notebook was graded, its sandbox could not be cleaned up ({e}): "
-                                   "your code left something behind that the grader had to remove by force")
+            result["notes"].append(
+                f"after your notebook was graded, its sandbox could not be cleaned up ({e}): "
+                "your code left something behind that the grader had to remove by force"
+            )
     return result
 
 
@@ -571,15 +675,25 @@ class Progress:
             full = sum(t.max_points for t in result.tests)
             bar = "#" * int(30 * self.done / max(self.total, 1))
             rate = (time.monotonic() - self.start) / self.done
-            self.stream.write(f"[{bar:<30}] {self.done}/{self.total}  {store.clean(student, 60, newlines=False)} "
-                              f"{lesson}: {got:g}/{full:g}  ({rate:.1f} s each)\n")
+            self.stream.write(
+                f"[{bar:<30}] {self.done}/{self.total}  {store.clean(student, 60, newlines=False)} "
+                f"{lesson}: {got:g}/{full:g}  ({rate:.1f} s each)\n"
+            )
             self.stream.flush()
 
 
 # ---- a run ---------------------------------------------------------------------------------
 
-def plan(submissions: str | Path, out: str | Path | None, lessons=None, all_lessons: bool = False, students=None,
-         shard: tuple | None = None, manifest: str | None = None) -> tuple:
+
+def plan(
+    submissions: str | Path,
+    out: str | Path | None,
+    lessons=None,
+    all_lessons: bool = False,
+    students=None,
+    shard: tuple | None = None,
+    manifest: str | None = None,
+) -> tuple:
     """Check the input and decide what to grade: (class {student: refusal or None}, lessons, selected
     students, manifest id, anomalies, RESULTS, shard as text). UsageError on bad input, before any
     work. out=None: only the class and its lessons (for the manifest)."""
@@ -605,29 +719,36 @@ def plan(submissions: str | Path, out: str | Path | None, lessons=None, all_less
     elif m:
         lessons = [x for x in LESSONS if x in m["lessons"]]
     else:  # only lessons someone handed in: a lesson not yet set is not written as zeros
-        lessons = [x for x in LESSONS if nbk.lesson_path(x).exists()
-                   and any(locate(submissions, s, x).present for s, why in klass.items() if not why)]
+        lessons = [
+            x
+            for x in LESSONS
+            if nbk.lesson_path(x).exists()
+            and any(locate(submissions, s, x).present for s, why in klass.items() if not why)
+        ]
         if not lessons:
-            raise GradeError(f"no notebook of any lesson in {submissions} (expected {submissions}/<student>/<lesson>/"
-                             "<lesson>.ipynb); name lessons with --lesson to grade them anyway")
+            raise GradeError(
+                f"no notebook of any lesson in {submissions} (expected {submissions}/<student>/<lesson>/"
+                "<lesson>.ipynb); name lessons with --lesson to grade them anyway"
+            )
     if out is None:  # the manifest command: the class and its lessons only
         return klass, lessons, sorted(klass), None, anomalies, None, None
     out = store.prepare_out(out, submissions)
     selected = sorted(klass)
     if shard:
-        selected = selected[shard[0]::shard[1]]
+        selected = selected[shard[0] :: shard[1]]
     if students:
         unknown = [s for s in students if s not in klass]
         if unknown:
-            raise GradeError(f"--student {unknown[0]!r}: no such student in "
-                             f"{'the manifest' if m else submissions}")
+            raise GradeError(f"--student {unknown[0]!r}: no such student in {'the manifest' if m else submissions}")
         selected = [s for s in selected if s in set(students)]
     run = store.read_run(out)
     want_shard = f"{shard[0]}/{shard[1]}" if shard else None
     if run.lessons and (run.shard, run.manifest) != (want_shard, m["id"] if m else None):
-        raise GradeError(f"{out} holds results of {run.shard and 'shard ' + run.shard or 'an unsharded run'}"
-                         f"{' from another manifest' if run.manifest != (m and m['id']) else ''}: grade into a "
-                         f"folder of its own (or delete {out}/{store.STORE}/{store.RUN_FILE} to start it afresh)")
+        raise GradeError(
+            f"{out} holds results of {run.shard and 'shard ' + run.shard or 'an unsharded run'}"
+            f"{' from another manifest' if run.manifest != (m and m['id']) else ''}: grade into a "
+            f"folder of its own (or delete {out}/{store.STORE}/{store.RUN_FILE} to start it afresh)"
+        )
     return klass, lessons, selected, (m["id"] if m else None), anomalies, out, want_shard
 
 
@@ -639,16 +760,37 @@ def grade(config: RunConfig, outputs=()) -> dict:
     (autograder.adapters.report_outputs)."""
     c = config
     klass, lessons, selected, manifest_id, anomalies, out, shard_text = plan(
-        c.submissions, c.results, c.lessons, c.all_lessons, c.students, c.shard, c.manifest)
+        c.submissions, c.results, c.lessons, c.all_lessons, c.students, c.shard, c.manifest
+    )
     run_tmp = Path(tempfile.mkdtemp(prefix="mha-grade-"))
     old_tempdir, tempfile.tempdir = tempfile.tempdir, str(run_tmp)  # every sandbox folder lands in run_tmp
     try:
         data_files = stage_data(lessons, run_tmp / "data")
         warm = Warm(c.mode, lesson_limits(lessons[0], c.limits), run_tmp / "data")
         try:
-            return _grade(c.submissions, out, lessons, c.jobs, c.resume, c.mode, c.limits, c.gradescope, outputs,
-                          c.progress, c.force, c.rule.written, klass, selected, manifest_id, anomalies, shard_text,
-                          run_tmp, data_files, warm, c.kernels)
+            return _grade(
+                c.submissions,
+                out,
+                lessons,
+                c.jobs,
+                c.resume,
+                c.mode,
+                c.limits,
+                c.gradescope,
+                outputs,
+                c.progress,
+                c.force,
+                c.rule.written,
+                klass,
+                selected,
+                manifest_id,
+                anomalies,
+                shard_text,
+                run_tmp,
+                data_files,
+                warm,
+                c.kernels,
+            )
         finally:
             warm.close()
     finally:
@@ -656,8 +798,29 @@ def grade(config: RunConfig, outputs=()) -> dict:
         remove_tree(run_tmp)  # whatever a submission left there, at any depth
 
 
-def _grade(submissions, out, lessons, jobs, resume, mode, limits, gradescope, outputs, progress, force, written,
-           klass, selected, manifest_id, anomalies, shard_text, run_tmp, data_files, warm, kernels=False):
+def _grade(
+    submissions,
+    out,
+    lessons,
+    jobs,
+    resume,
+    mode,
+    limits,
+    gradescope,
+    outputs,
+    progress,
+    force,
+    written,
+    klass,
+    selected,
+    manifest_id,
+    anomalies,
+    shard_text,
+    run_tmp,
+    data_files,
+    warm,
+    kernels=False,
+):
     """grade's work once its plan is made and a sandbox is starting (warm, in run_tmp with data_files)."""
     cache = Cache(out)
     check_references(lessons, cache)  # a reference changed by mistake would grade the whole class wrong
@@ -665,13 +828,18 @@ def _grade(submissions, out, lessons, jobs, resume, mode, limits, gradescope, ou
     graders = {lesson: lesson_fingerprint(lesson, tests[lesson], mode, limits, cache, kernels) for lesson in lessons}
     cache.save()
     weak = [line for line in [weak_mode_warning(mode)] if line]  # a mode that hides no file: said once, here
-    warnings_ = weak + [f"warning: {lesson} test_{name} cannot be checked here ({why}): it gets status error, "
-                        "flagged for regrading, never failed" for lesson in lessons for name, why in unavailable(lesson).items()]
+    warnings_ = weak + [
+        f"warning: {lesson} test_{name} cannot be checked here ({why}): it gets status error, "
+        "flagged for regrading, never failed"
+        for lesson in lessons
+        for name, why in unavailable(lesson).items()
+    ]
     for line in warnings_:
         print(line, file=sys.stderr)
     # The references are small tensors computed by many threads at once: one torch thread each
     # is faster than threads fighting for the cores.
     import torch
+
     torch.set_num_threads(1)
 
     todo, reasons, reused, problems = [], Counter(), 0, []
@@ -694,28 +862,43 @@ def _grade(submissions, out, lessons, jobs, resume, mode, limits, gradescope, ou
                 elif done.sha256 != sha:
                     why = "submission changed"
                 else:
-                    why = ("submission time changed" if done.submitted_at != sub.submitted_at
-                           else "checks, tests or grader changed")
+                    why = (
+                        "submission time changed"
+                        if done.submitted_at != sub.submitted_at
+                        else "checks, tests or grader changed"
+                    )
             if why:
                 todo.append((student, lesson, sub))
                 reasons[why] += 1
             else:
                 reused += 1
-    kept = _run(todo, out, tests, graders, lessons, mode, limits, jobs, progress, anomalies, run_tmp, data_files, warm,
-                kernels)
+    kept = _run(
+        todo, out, tests, graders, lessons, mode, limits, jobs, progress, anomalies, run_tmp, data_files, warm, kernels
+    )
     store.write_run(out, shard_text, manifest_id, set(store.read_run(out).lessons) | set(lessons))
 
     from autograder import report
-    results = report.write_all(out, {(s, x) for s in selected for x in lessons}, gradescope, outputs, problems,
-                               warnings=weak, written=written)
-    stale = [f"{r.student}/{r.lesson}" for r in results if r.lesson in graders and r.grader
-             and r.grader != graders[r.lesson]]
+
+    results = report.write_all(
+        out, {(s, x) for s in selected for x in lessons}, gradescope, outputs, problems, warnings=weak, written=written
+    )
+    stale = [
+        f"{r.student}/{r.lesson}" for r in results if r.lesson in graders and r.grader and r.grader != graders[r.lesson]
+    ]
     for where in stale:
         anomalies.add("result graded by another version of the checks (grade --resume updates it)", where)
     for why in problems:
         anomalies.add("damaged stored result (its tests are errors to regrade)", why)
-    return dict(results=results, graded=kept, reused=reused, reasons=reasons, anomalies=anomalies.lines(),
-                lessons=lessons, students=selected, warnings=warnings_)
+    return dict(
+        results=results,
+        graded=kept,
+        reused=reused,
+        reasons=reasons,
+        anomalies=anomalies.lines(),
+        lessons=lessons,
+        students=selected,
+        warnings=warnings_,
+    )
 
 
 class Warm:
@@ -759,8 +942,22 @@ class Warm:
         self.thread.join()
 
 
-def _run(todo, out, tests, graders, lessons, mode, limits, jobs, progress, anomalies, run_tmp, data_files, warm,
-         kernels=False):
+def _run(
+    todo,
+    out,
+    tests,
+    graders,
+    lessons,
+    mode,
+    limits,
+    jobs,
+    progress,
+    anomalies,
+    run_tmp,
+    data_files,
+    warm,
+    kernels=False,
+):
     """Grade todo in `jobs` threads, one sandbox each (the first may be warm's), started under the limits of the
     lesson it grades (lesson_limits; todo is taken lesson limits by lesson limits, so a thread rarely starts another),
     their folders in run_tmp (grade removes it); returns how many results were written.
@@ -814,8 +1011,9 @@ def _run(todo, out, tests, graders, lessons, mode, limits, jobs, progress, anoma
                             sandbox = warm.take(limits_of[lesson]) or Sandbox(mode, limits_of[lesson], run_tmp / "data")
                             with lock:
                                 live.add(sandbox)
-                        result = grade_one(sandbox, student, lesson, sub, tests[lesson], data_files[lesson],
-                                           graders[lesson], kernels)
+                        result = grade_one(
+                            sandbox, student, lesson, sub, tests[lesson], data_files[lesson], graders[lesson], kernels
+                        )
                         break
                     except SandboxError as e:
                         if sandbox:
@@ -823,12 +1021,19 @@ def _run(todo, out, tests, graders, lessons, mode, limits, jobs, progress, anoma
                                 live.discard(sandbox)
                             sandbox.close()
                         sandbox = None
-                        result = _failed(student, lesson, sub, tests[lesson], graders[lesson],
-                                         f"could not be graded: {e}")
+                        result = _failed(
+                            student, lesson, sub, tests[lesson], graders[lesson], f"could not be graded: {e}"
+                        )
                     except Exception:  # a bug of ours outside the checks: this submission only
-                        result = _failed(student, lesson, sub, tests[lesson], graders[lesson],
-                                         "the grader failed on this notebook (the instructor has the details)",
-                                         traceback.format_exc())
+                        result = _failed(
+                            student,
+                            lesson,
+                            sub,
+                            tests[lesson],
+                            graders[lesson],
+                            "the grader failed on this notebook (the instructor has the details)",
+                            traceback.format_exc(),
+                        )
                         break
                 if stop.is_set():  # its sandbox was killed under it: not a verdict
                     return
@@ -836,9 +1041,18 @@ def _run(todo, out, tests, graders, lessons, mode, limits, jobs, progress, anoma
                 try:
                     result = store.save_result(out, result)
                 except store.ResultError:
-                    result = store.save_result(out, _failed(
-                        student, lesson, sub, tests[lesson], graders[lesson], "the grader made a malformed result",
-                        traceback.format_exc()))
+                    result = store.save_result(
+                        out,
+                        _failed(
+                            student,
+                            lesson,
+                            sub,
+                            tests[lesson],
+                            graders[lesson],
+                            "the grader made a malformed result",
+                            traceback.format_exc(),
+                        ),
+                    )
                 if kind:
                     anomalies.add(kind, f"{student}/{lesson}")
                 with lock:
@@ -880,9 +1094,18 @@ def _run(todo, out, tests, graders, lessons, mode, limits, jobs, progress, anoma
 def _failed(student, lesson, sub, tests, grader, message, tb=None):
     """A result for a submission the grader itself could not grade: flagged for regrading."""
     sha, key = sub.key()
-    result = dict(student=student, lesson=lesson, notebook=str(sub.path) if sub.path else None, sha256=sha,
-                  fingerprint=fingerprint(grader, key, sub.submitted_at), grader=grader, submitted_at=sub.submitted_at,
-                  notes=list(sub.notes), cells={}, tests=unanimous(tests, "error", message, grader_error=True))
+    result = dict(
+        student=student,
+        lesson=lesson,
+        notebook=str(sub.path) if sub.path else None,
+        sha256=sha,
+        fingerprint=fingerprint(grader, key, sub.submitted_at),
+        grader=grader,
+        submitted_at=sub.submitted_at,
+        notes=list(sub.notes),
+        cells={},
+        tests=unanimous(tests, "error", message, grader_error=True),
+    )
     if tb:
         result["grader_errors"] = [tb]
     return result

@@ -2,6 +2,7 @@
 would have written them. A shard set that is incomplete or inconsistent (a missing or repeated
 index, different lessons, manifests or versions of the checks, a student in two shards) is
 refused, unless --allow-partial, which merges what there is and marks the gaps."""
+
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -38,12 +39,16 @@ def shard_set_problems(runs, stored, manifest) -> list:
         problems += [f"shard {i}/{n} given twice ({', '.join(ds)})" for i, ds in sorted(seen.items()) if len(ds) > 1]
     lessons = {d: tuple(sorted(run.lessons)) for d, run in runs.items()}
     if len(set(lessons.values())) > 1:
-        problems.append("different lessons graded: " + "; ".join(f"{d}: {', '.join(ls) or 'none'}"
-                                                                  for d, ls in lessons.items()))
+        problems.append(
+            "different lessons graded: " + "; ".join(f"{d}: {', '.join(ls) or 'none'}" for d, ls in lessons.items())
+        )
     ids = {run.manifest for run in runs.values()}
     if len(ids) > 1 or manifest and ids != {manifest["id"]}:
-        problems.append("graded from different class manifests" if len(ids) > 1 else
-                        "not graded from this manifest (grade each shard with the same --manifest)")
+        problems.append(
+            "graded from different class manifests"
+            if len(ids) > 1
+            else "not graded from this manifest (grade each shard with the same --manifest)"
+        )
     graders, owner = defaultdict(set), {}
     for d, results in stored.items():
         for r in results:
@@ -52,13 +57,19 @@ def shard_set_problems(runs, stored, manifest) -> list:
             if owner.setdefault(r.student, d) != d:
                 problems.append(f"student {r.student} is in two shards ({owner[r.student]} and {d})")
                 owner[r.student] = d  # report each pair once
-    problems += [f"{lesson} was graded by {len(g)} different versions of its checks, tests or limits: "
-                 "grade every shard with --resume again" for lesson, g in sorted(graders.items()) if len(g) > 1]
+    problems += [
+        f"{lesson} was graded by {len(g)} different versions of its checks, tests or limits: "
+        "grade every shard with --resume again"
+        for lesson, g in sorted(graders.items())
+        if len(g) > 1
+    ]
     if manifest:
         absent = sorted(set(manifest["students"]) - set(owner))
         if absent:
-            problems.append(f"{len(absent)} student(s) of the manifest in no shard: {', '.join(absent[:5])}"
-                            + (" ..." if len(absent) > 5 else ""))
+            problems.append(
+                f"{len(absent)} student(s) of the manifest in no shard: {', '.join(absent[:5])}"
+                + (" ..." if len(absent) > 5 else "")
+            )
     return list(dict.fromkeys(problems))
 
 
@@ -81,8 +92,11 @@ def merge(dirs, out, gradescope=False, outputs=(), manifest=None, allow_partial=
         damaged += term.lines
     problems = shard_set_problems(runs, stored, m) + damaged  # each names its file and why
     if problems and not allow_partial:
-        raise MergeError("refusing an incomplete or inconsistent shard set: " + "; ".join(problems)
-                         + " (--allow-partial merges what there is and marks the gaps)")
+        raise MergeError(
+            "refusing an incomplete or inconsistent shard set: "
+            + "; ".join(problems)
+            + " (--allow-partial merges what there is and marks the gaps)"
+        )
     for problem in problems:
         print(f"warning: {problem}", file=sys.stderr)
     lessons = set().union(*(run.lessons for run in runs.values())) & set(LESSONS)
@@ -96,16 +110,31 @@ def merge(dirs, out, gradescope=False, outputs=(), manifest=None, allow_partial=
         for (student, lesson), why in sorted(refused[Path(d)].items()):
             if (student, lesson) not in seen and lesson in LESSONS and not store.check_student(student):
                 seen.add((student, lesson))
-                store.save_result(out, report.placeholder(
-                    student, lesson, f"not graded: its stored result in {d} was refused ({why}); grade it with --resume"))
+                store.save_result(
+                    out,
+                    report.placeholder(
+                        student,
+                        lesson,
+                        f"not graded: its stored result in {d} was refused ({why}); grade it with --resume",
+                    ),
+                )
     n = next((int(run.shard.split("/")[1]) for run in runs.values() if run.shard), 1)
     for i, student in enumerate(m["students"] if m else []):  # the gaps, named, flagged for regrading
         for lesson in sorted(lessons):
             if (student, lesson) not in seen:
-                store.save_result(out, report.placeholder(
-                    student, lesson, f"not graded: shard {i % n}/{n}, which holds this student, was not merged"))
+                store.save_result(
+                    out,
+                    report.placeholder(
+                        student, lesson, f"not graded: shard {i % n}/{n}, which holds this student, was not merged"
+                    ),
+                )
     old = store.read_run(out)
-    store.write_run(out, None, m["id"] if m else next(iter({run.manifest for run in runs.values()})),
-                    set(old.lessons) | lessons, problems)
+    store.write_run(
+        out,
+        None,
+        m["id"] if m else next(iter({run.manifest for run in runs.values()})),
+        set(old.lessons) | lessons,
+        problems,
+    )
     expected = {(s, x) for s in (m["students"] if m else []) for x in lessons}
     return report.write_all(out, expected, gradescope, outputs, written=written)

@@ -3,6 +3,7 @@
 Plain JSON, no nbformat: submissions may be damaged, and this must fail with a clear
 NotebookError rather than a traceback.
 """
+
 import json
 import os
 import re
@@ -115,7 +116,9 @@ def parse_submission(data):
         if not (isinstance(src, str) or isinstance(src, list) and all(isinstance(x, str) for x in src)):
             raise NotebookError(f"cell {number}'s source is neither text nor a list of lines")
         m = cell.get("metadata", {})
-        if not (isinstance(m, dict) and isinstance(m.get("nbgrader", {}), dict) and isinstance(m.get("tags", []), list)):
+        if not (
+            isinstance(m, dict) and isinstance(m.get("nbgrader", {}), dict) and isinstance(m.get("tags", []), list)
+        ):
             raise NotebookError(f"cell {number}'s metadata is malformed")
     return nb
 
@@ -192,7 +195,9 @@ def graded_tests(nb):
 
 def written_questions(nb):
     """[(grade_id, points)] of the written questions (is_written), in notebook order."""
-    return [(grade_id(c), float(meta(c).get("points", 0))) for c in nb["cells"] if isinstance(c, dict) and is_written(c)]
+    return [
+        (grade_id(c), float(meta(c).get("points", 0))) for c in nb["cells"] if isinstance(c, dict) and is_written(c)
+    ]
 
 
 def replace_regions(text, begin, end, stub):
@@ -202,7 +207,7 @@ def replace_regions(text, begin, end, stub):
         if line.strip() == begin:
             inside = True
             if stub is not None:
-                indent = line[:len(line) - len(line.lstrip())]
+                indent = line[: len(line) - len(line.lstrip())]
                 out += [indent + s + "\n" for s in stub.splitlines()]
         elif line.strip() == end and inside:
             inside = False
@@ -223,14 +228,16 @@ def strip_hidden_tests(text):
 
 def without_markers(text):
     """The code with its solution markers removed (what solutions/ holds)."""
-    return "".join(line for line in text.splitlines(keepends=True)
-                   if line.strip() not in (BEGIN_SOLUTION, END_SOLUTION))
+    return "".join(
+        line for line in text.splitlines(keepends=True) if line.strip() not in (BEGIN_SOLUTION, END_SOLUTION)
+    )
 
 
 def hidden_block(lesson, name):
     """The one form a hidden test takes: a call of the lesson's check."""
-    return (f"{BEGIN_HIDDEN}\nfrom autograder.checking import verify\n"
-            f"verify({lesson!r}, {name!r}, globals())\n{END_HIDDEN}")
+    return (
+        f"{BEGIN_HIDDEN}\nfrom autograder.checking import verify\nverify({lesson!r}, {name!r}, globals())\n{END_HIDDEN}"
+    )
 
 
 def with_hidden_block(text, lesson, name):
@@ -251,14 +258,18 @@ def lesson_written(lesson, root=LESSONS_DIR):
 
 
 def lesson_names(root=LESSONS_DIR):
-    return sorted(p.name for p in Path(root).iterdir() if re.fullmatch(r"\d\d_\w+", p.name) and lesson_path(p.name, root).exists())
+    return sorted(
+        p.name for p in Path(root).iterdir() if re.fullmatch(r"\d\d_\w+", p.name) and lesson_path(p.name, root).exists()
+    )
 
 
 @lru_cache(maxsize=4)
 def lesson_answers(lessons: tuple) -> dict:
     """{lesson: frozenset of its answer cells' grade_ids}, from the source notebooks (read once per process)."""
-    return {lesson: frozenset(grade_id(c) for c in code_cells(read(lesson_path(lesson))) if is_answer(c))
-            for lesson in lessons}
+    return {
+        lesson: frozenset(grade_id(c) for c in code_cells(read(lesson_path(lesson))) if is_answer(c))
+        for lesson in lessons
+    }
 
 
 def content_lesson(nb, answers: dict):

@@ -5,6 +5,7 @@ outputs are cleared, and the files the manifest declares come along (lesson_file
 the lesson's folder, not its lesson.toml). The result is checked: no solution marker, hidden test,
 or import of solutions/autograder may remain.
 """
+
 import importlib
 import importlib.util
 import re
@@ -76,14 +77,19 @@ def script_facts(nb, lesson):
     """The LESSON of check_submission.py for a released notebook dict: its cells' facts (lesson_facts), the limits
     a student can hit, and a case at the graded size of each name whose time it shows."""
     limits = lessons.limits(lesson)
-    return {**check_submission.lesson_facts(nb, lesson), "limits": limits.statement(),
-            "call_seconds": limits.call_seconds, "timed": timed_cases(lesson)}
+    return {
+        **check_submission.lesson_facts(nb, lesson),
+        "limits": limits.statement(),
+        "call_seconds": limits.call_seconds,
+        "timed": timed_cases(lesson),
+    }
 
 
 def timed_cases(lesson):
     """{graded name: one case at the size its hidden checks grade it} of the lesson (its checks module's TIMED), for
     check_submission.py to time against the limit on a call."""
     from autograder.checking import LESSONS  # the checks import torch: only when a script is written
+
     module = f"autograder.lessons.{LESSONS[lesson]}.checks"
     if importlib.util.find_spec(f"autograder.lessons.{LESSONS[lesson]}") is None:
         return {}  # a lesson whose grader package is still to be written: nothing to time yet

@@ -82,6 +82,7 @@ The API, by use:
                     takes Results, never their dicts; only grade_one builds the JSON form, from the sandbox's
                     replies, for save_result to read.
 """
+
 import csv
 import fcntl
 import hashlib
@@ -105,9 +106,9 @@ INDEX_FILE = "index.json"
 INDEX_FORMAT = "mha-course-results-index/1"
 TIMESTAMP_FILE = "timestamp.txt"
 STATUSES = ("passed", "failed", "error", "missing")
-NEEDS_GRADING = "needs grading"   # a written question answered: a person grades it (nbgrader's gradebook)
-UNANSWERED = "unanswered"   # a written question left as released: 0 without waiting for a person (as nbgrader does)
-WRITTEN_STATUSES = (NEEDS_GRADING, UNANSWERED, "missing", "error")   # missing, error: no notebook to read the answer in
+NEEDS_GRADING = "needs grading"  # a written question answered: a person grades it (nbgrader's gradebook)
+UNANSWERED = "unanswered"  # a written question left as released: 0 without waiting for a person (as nbgrader does)
+WRITTEN_STATUSES = (NEEDS_GRADING, UNANSWERED, "missing", "error")  # missing, error: no notebook to read the answer in
 COLUMNS = ["student", "lesson", "test", "points", "max_points", "status", "message"]
 MESSAGE_CAP, NOTE_CAP, NAME_CAP = 4000, 1000, 200
 MAX_STORED_BYTES = 2 << 20  # a result is a few kB; anything bigger was not written by us
@@ -141,9 +142,9 @@ def clean(text: object, cap: int = MESSAGE_CAP, newlines: bool = True) -> str:
     named by its type, never str()-ed whole: a forged 50 MB structure costs nothing."""
     if not isinstance(text, str):
         text = "" if text is None else repr(text) if isinstance(text, (int, float)) else f"({type(text).__name__})"
-    text = _ANSI.sub("", text[:cap * 2]).replace("\r\n", "\n").replace("\r", "\n").replace("\t", " ")
+    text = _ANSI.sub("", text[: cap * 2]).replace("\r\n", "\n").replace("\r", "\n").replace("\t", " ")
     text = _CONTROL.sub("", text if newlines else text.replace("\n", " "))
-    return text if len(text) <= cap else text[:cap - 10] + " [... cut]"
+    return text if len(text) <= cap else text[: cap - 10] + " [... cut]"
 
 
 def check_student(name: str) -> str | None:
@@ -156,6 +157,7 @@ def check_student(name: str) -> str | None:
 
 
 # ---- files ---------------------------------------------------------------------------------
+
 
 def write_atomic(path: str | Path, text: str, durable: bool = True) -> None:
     """Write text to path so that a reader (or a crash) sees the old file or the new, never half.
@@ -184,8 +186,10 @@ def prepare_out(out: str | Path, submissions: str | Path | None = None) -> Path:
     if submissions is not None:
         o, s = out.resolve(), Path(submissions).resolve()
         if o == s or o.is_relative_to(s) or s.is_relative_to(o):
-            raise UsageError(f"the output folder {out} and the submissions folder {submissions} overlap: "
-                             "give --out a folder of its own")
+            raise UsageError(
+                f"the output folder {out} and the submissions folder {submissions} overlap: "
+                "give --out a folder of its own"
+            )
     try:
         (out / STORE).mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -228,6 +232,7 @@ def sha256_text(*parts: object) -> str:
 
 # ---- the results key and the digest --------------------------------------------------------
 
+
 def key_path() -> Path:
     """Where the results key is: $MHA_RESULTS_KEY, else $XDG_CONFIG_HOME (or ~/.config)/mha-course/results.key."""
     if os.environ.get(KEY_ENV):
@@ -269,18 +274,25 @@ def results_key(create: bool = False) -> bytes | None:
             finally:
                 os.unlink(tmp)
         except OSError as e:
-            raise UsageError(f"cannot make the results key {path}: {e.strerror} (set {KEY_ENV} to a file of yours)") from None
+            raise UsageError(
+                f"cannot make the results key {path}: {e.strerror} (set {KEY_ENV} to a file of yours)"
+            ) from None
         return results_key()
     except (OSError, ValueError) as e:
-        raise UsageError(f"cannot read the results key {path} ({clean(str(e), 100, newlines=False)}): "
-                         f"set {KEY_ENV} to the key the results were graded with") from None
+        raise UsageError(
+            f"cannot read the results key {path} ({clean(str(e), 100, newlines=False)}): "
+            f"set {KEY_ENV} to the key the results were graded with"
+        ) from None
     if not re.fullmatch(r"[0-9a-f]{64}", text.strip()):
         raise UsageError(f"{path} is not a results key (64 hex digits): restore it, or delete it and regrade")
     mode = path.stat().st_mode & 0o777
     if mode & 0o077 and path not in _warned_open_keys:
         _warned_open_keys.add(path)
-        print(f"warning: the results key {path} is readable by other users (mode {mode:o}): anyone who reads it "
-              f"can sign a verdict; chmod 600 {path}", file=sys.stderr)
+        print(
+            f"warning: the results key {path} is readable by other users (mode {mode:o}): anyone who reads it "
+            f"can sign a verdict; chmod 600 {path}",
+            file=sys.stderr,
+        )
     return bytes.fromhex(text.strip())
 
 
@@ -293,8 +305,8 @@ def digest(result: dict, key: bytes, nonce: str = "") -> str:
 
 # ---- the folder's index --------------------------------------------------------------------
 
-_index_lock = threading.Lock()   # save_result runs in grading threads: one index update at a time
-_index_cache = {}                # index path -> (stat, key, (index, why)): grade --resume reads it per result
+_index_lock = threading.Lock()  # save_result runs in grading threads: one index update at a time
+_index_cache = {}  # index path -> (stat, key, (index, why)): grade --resume reads it per result
 
 
 def index_path(out: str | Path) -> Path:
@@ -311,8 +323,10 @@ def folder_problem(out: str | Path) -> str | None:
     probably not the one it was graded with, there is none, the index is damaged or missing), or None."""
     index, why = _read_index(out, results_key())
     if why is None and index is None:
-        return (f"it has no index of its results ({index_path(out)}): they were written before results were "
-                "indexed, or the index was deleted")
+        return (
+            f"it has no index of its results ({index_path(out)}): they were written before results were "
+            "indexed, or the index was deleted"
+        )
     return why
 
 
@@ -331,18 +345,25 @@ def _read_index(out, key):
     where = f"the index {path}"
     try:
         raw = json.loads(_read_small(path, 64 << 20))
-        ok = (isinstance(raw, dict) and raw.get("format") == INDEX_FORMAT and isinstance(raw.get("nonce"), str)
-              and isinstance(raw.get("entries"), dict) and isinstance(raw.get("mac"), str)
-              and all(isinstance(v, str) for v in raw["entries"].values()))
+        ok = (
+            isinstance(raw, dict)
+            and raw.get("format") == INDEX_FORMAT
+            and isinstance(raw.get("nonce"), str)
+            and isinstance(raw.get("entries"), dict)
+            and isinstance(raw.get("mac"), str)
+            and all(isinstance(v, str) for v in raw["entries"].values())
+        )
         why = None if ok else f"{where} is damaged"
     except (OSError, ValueError, RecursionError) as e:
         why = f"{where} is unreadable ({clean(str(e), 100, newlines=False)})"
     if why is None and key is None:
         why = f"there is no results key at {key_path()} (from {key_source()}) to verify {where}"
     elif why is None and not hmac.compare_digest(raw["mac"], _index_mac(raw, key)):
-        why = (f"{where} is not signed by the results key {key_path()} (from {key_source()}): the key is probably "
-               f"not the one these results were graded with (set {KEY_ENV} to that key's file), or the index was "
-               f"edited; if the key is lost, delete {path} and regrade with --resume")
+        why = (
+            f"{where} is not signed by the results key {key_path()} (from {key_source()}): the key is probably "
+            f"not the one these results were graded with (set {KEY_ENV} to that key's file), or the index was "
+            f"edited; if the key is lost, delete {path} and regrade with --resume"
+        )
     found = ({"nonce": raw["nonce"], "entries": raw["entries"]}, None) if why is None else (None, why)
     _index_cache[path] = (stamp, key, found)
     return found
@@ -358,14 +379,20 @@ def _record(out, result, key):
         index, why = _read_index(out, key)
         if why:  # prepare_out refused this before grading; a folder damaged since starts afresh
             index = None
-        index = {"nonce": index["nonce"], "entries": dict(index["entries"])} if index else \
-            {"nonce": secrets.token_hex(16), "entries": {}}  # a copy: the cached one stays what the disk holds
+        index = (
+            {"nonce": index["nonce"], "entries": dict(index["entries"])}
+            if index
+            else {"nonce": secrets.token_hex(16), "entries": {}}
+        )  # a copy: the cached one stays what the disk holds
         signed = digest(result, key, index["nonce"])
-        write_atomic(result_path(out, result["student"], result["lesson"]),
-                     json.dumps(dict(result, digest=signed), indent=1) + "\n")
+        write_atomic(
+            result_path(out, result["student"], result["lesson"]),
+            json.dumps(dict(result, digest=signed), indent=1) + "\n",
+        )
         index["entries"][f"{result['lesson']}/{result['student']}"] = signed
-        write_atomic(path, json.dumps(dict(format=INDEX_FORMAT, mac=_index_mac(index, key), **index)) + "\n",
-                     durable=False)  # a crash before it lands leaves the result refused, so regraded: never trusted
+        write_atomic(
+            path, json.dumps(dict(format=INDEX_FORMAT, mac=_index_mac(index, key), **index)) + "\n", durable=False
+        )  # a crash before it lands leaves the result refused, so regraded: never trusted
         st = os.stat(path)
         _index_cache[path] = ((st.st_ino, st.st_size, st.st_mtime_ns), key, (index, None))  # not read back
     return signed
@@ -380,8 +407,10 @@ def _unsigned(raw, student, lesson, index):
     if recorded is None:
         return "this folder never recorded a result for it (copied from another RESULTS folder?)"
     if not hmac.compare_digest(raw["digest"], recorded):
-        return ("it is not the result this folder recorded last (an older result put back, or one copied from "
-                "another RESULTS folder)")
+        return (
+            "it is not the result this folder recorded last (an older result put back, or one copied from "
+            "another RESULTS folder)"
+        )
     if not hmac.compare_digest(raw["digest"], digest(raw, results_key(), index["nonce"])):
         return "its verdict was changed after grading (its digest does not match)"
     return None
@@ -400,6 +429,7 @@ def lesson_problem(result: "Result", tests: list) -> str | None:
 
 
 # ---- results -------------------------------------------------------------------------------
+
 
 def result_path(out: str | Path, student: str, lesson: str) -> Path:
     return Path(out) / STORE / lesson / f"{student}.json"
@@ -423,6 +453,7 @@ def _text(value, what, cap=MESSAGE_CAP, optional=False):
 class Aspect:
     """One aspect of a test (a part of its points): the typed form of {aspect, points, max_points, passed,
     message}. from_json is its one reader (validates and cleans), to_json its one writer."""
+
     aspect: str
     points: float
     max_points: float
@@ -434,19 +465,29 @@ class Aspect:
         """A cleaned Aspect from its stored dict; ResultError naming `where` and the field when it is not one."""
         if not isinstance(a, dict):
             raise ResultError(f"{where} is not a JSON object")
-        return cls(_text(a.get("aspect"), f"{where}.aspect", NAME_CAP), _number(a.get("points"), f"{where}.points"),
-                   _number(a.get("max_points"), f"{where}.max_points"), bool(a.get("passed")),
-                   _text(a.get("message", ""), f"{where}.message"))
+        return cls(
+            _text(a.get("aspect"), f"{where}.aspect", NAME_CAP),
+            _number(a.get("points"), f"{where}.points"),
+            _number(a.get("max_points"), f"{where}.max_points"),
+            bool(a.get("passed")),
+            _text(a.get("message", ""), f"{where}.message"),
+        )
 
     def to_json(self) -> dict:
-        return {"aspect": self.aspect, "points": self.points, "max_points": self.max_points, "passed": self.passed,
-                "message": self.message}
+        return {
+            "aspect": self.aspect,
+            "points": self.points,
+            "max_points": self.max_points,
+            "passed": self.passed,
+            "message": self.message,
+        }
 
 
 @dataclass(frozen=True)
 class TestRow:
     """One test of a result: {test, points, max_points, status (one of STATUSES), message, aspects?,
     grader_error?}. aspects is None when the test has none; grader_error is stored only when True."""
+
     __test__ = False  # not a pytest class
     test: str
     points: float
@@ -464,7 +505,10 @@ class TestRow:
         status = t.get("status")
         if status not in STATUSES:
             raise ResultError(f"{where}.status {clean(str(status), 40)!r} is not one of {', '.join(STATUSES)}")
-        points, max_points = _number(t.get("points"), f"{where}.points"), _number(t.get("max_points"), f"{where}.max_points")
+        points, max_points = (
+            _number(t.get("points"), f"{where}.points"),
+            _number(t.get("max_points"), f"{where}.max_points"),
+        )
         if points > max_points + 1e-9:
             raise ResultError(f"{where}.points above max_points")
         aspects = t.get("aspects")
@@ -472,12 +516,24 @@ class TestRow:
             if not isinstance(aspects, list):
                 raise ResultError(f"{where}.aspects is not a list")
             aspects = tuple(Aspect.from_json(a, f"{where}.aspects[{i}]") for i, a in enumerate(aspects[:50]))
-        return cls(_text(t.get("test"), f"{where}.test", NAME_CAP), points, max_points, status,
-                   _text(t.get("message"), f"{where}.message"), aspects, bool(t.get("grader_error")))
+        return cls(
+            _text(t.get("test"), f"{where}.test", NAME_CAP),
+            points,
+            max_points,
+            status,
+            _text(t.get("message"), f"{where}.message"),
+            aspects,
+            bool(t.get("grader_error")),
+        )
 
     def to_json(self) -> dict:
-        row = {"test": self.test, "points": self.points, "max_points": self.max_points, "status": self.status,
-               "message": self.message}
+        row = {
+            "test": self.test,
+            "points": self.points,
+            "max_points": self.max_points,
+            "status": self.status,
+            "message": self.message,
+        }
         if self.grader_error:
             row["grader_error"] = True
         if self.aspects is not None:
@@ -494,6 +550,7 @@ class TestRow:
 class WrittenRow:
     """One written question of a result (a markdown answer a person grades): {question, max_points, status (one
     of WRITTEN_STATUSES), message}. It has no points: its score is the gradebook's manual score, never the grader's."""
+
     question: str
     max_points: float
     status: str
@@ -504,15 +561,23 @@ class WrittenRow:
         if not isinstance(w, dict):
             raise ResultError(f"{where} is not a JSON object")
         if w.get("status") not in WRITTEN_STATUSES:
-            raise ResultError(f"{where}.status {clean(str(w.get('status')), 40)!r} is not one of "
-                              f"{', '.join(WRITTEN_STATUSES)}")
-        return cls(_text(w.get("question"), f"{where}.question", NAME_CAP),
-                   _number(w.get("max_points"), f"{where}.max_points"), w["status"],
-                   _text(w.get("message"), f"{where}.message"))
+            raise ResultError(
+                f"{where}.status {clean(str(w.get('status')), 40)!r} is not one of {', '.join(WRITTEN_STATUSES)}"
+            )
+        return cls(
+            _text(w.get("question"), f"{where}.question", NAME_CAP),
+            _number(w.get("max_points"), f"{where}.max_points"),
+            w["status"],
+            _text(w.get("message"), f"{where}.message"),
+        )
 
     def to_json(self) -> dict:
-        return {"question": self.question, "max_points": self.max_points, "status": self.status,
-                "message": self.message}
+        return {
+            "question": self.question,
+            "max_points": self.max_points,
+            "status": self.status,
+            "message": self.message,
+        }
 
 
 @dataclass(frozen=True)
@@ -520,6 +585,7 @@ class Result:
     """One stored result (the format in this module's docstring, digest aside): from_json is its one
     reader, which validates and cleans (ResultError naming the field), to_json its one writer, whose
     dict is what save_result signs and stores, so the stored bytes are those of before it was typed."""
+
     student: str
     lesson: str
     tests: tuple
@@ -529,10 +595,10 @@ class Result:
     grader: str = None
     submitted_at: str = None
     notes: tuple = ()
-    skipped: dict = field(default_factory=dict)   # cells.skipped {label: why}
-    errors: dict = field(default_factory=dict)    # cells.errors {label: {type, message}}
-    grader_errors: tuple = None                   # tracebacks of our own bugs, stored only when there are
-    written: tuple = ()                           # WrittenRow of each written question, stored only when there are
+    skipped: dict = field(default_factory=dict)  # cells.skipped {label: why}
+    errors: dict = field(default_factory=dict)  # cells.errors {label: {type, message}}
+    grader_errors: tuple = None  # tracebacks of our own bugs, stored only when there are
+    written: tuple = ()  # WrittenRow of each written question, stored only when there are
 
     @classmethod
     def from_json(cls, r, student=None, lesson=None) -> "Result":
@@ -543,8 +609,10 @@ class Result:
         who = {key: _text(r.get(key), key, NAME_CAP) for key in ("student", "lesson")}
         if student is not None and who["student"] != student or lesson is not None and who["lesson"] != lesson:
             raise MisplacedError("its student or lesson does not match its file name")
-        about = {key: _text(r.get(key), key, 1000, optional=True)
-                 for key in ("notebook", "sha256", "fingerprint", "grader", "submitted_at")}
+        about = {
+            key: _text(r.get(key), key, 1000, optional=True)
+            for key in ("notebook", "sha256", "fingerprint", "grader", "submitted_at")
+        }
         notes = r.get("notes", [])
         if not isinstance(notes, list):
             raise ResultError("notes is not a list")
@@ -558,14 +626,20 @@ class Result:
         tracebacks, written = r.get("grader_errors"), r.get("written", [])
         if not isinstance(written, list):
             raise ResultError("written is not a list of written questions")
-        return cls(**who, **about, notes=tuple(_text(n, f"notes[{i}]", NOTE_CAP) for i, n in enumerate(notes[:50])),
-                   skipped={clean(str(k), NOTE_CAP): _text(v, "cells.skipped", NOTE_CAP)
-                            for k, v in list(skipped.items())[:200]},
-                   errors={clean(str(k), NOTE_CAP): cell_error(v) for k, v in list(errors.items())[:200]},
-                   tests=tuple(TestRow.from_json(t, f"tests[{i}]") for i, t in enumerate(tests[:200])),
-                   grader_errors=tuple(clean(str(tb), 20_000) for tb in tracebacks[:20])
-                   if isinstance(tracebacks, list) else None,
-                   written=tuple(WrittenRow.from_json(w, f"written[{i}]") for i, w in enumerate(written[:50])))
+        return cls(
+            **who,
+            **about,
+            notes=tuple(_text(n, f"notes[{i}]", NOTE_CAP) for i, n in enumerate(notes[:50])),
+            skipped={
+                clean(str(k), NOTE_CAP): _text(v, "cells.skipped", NOTE_CAP) for k, v in list(skipped.items())[:200]
+            },
+            errors={clean(str(k), NOTE_CAP): cell_error(v) for k, v in list(errors.items())[:200]},
+            tests=tuple(TestRow.from_json(t, f"tests[{i}]") for i, t in enumerate(tests[:200])),
+            grader_errors=tuple(clean(str(tb), 20_000) for tb in tracebacks[:20])
+            if isinstance(tracebacks, list)
+            else None,
+            written=tuple(WrittenRow.from_json(w, f"written[{i}]") for i, w in enumerate(written[:50])),
+        )
 
     @property
     def points(self) -> float:
@@ -581,10 +655,18 @@ class Result:
         return any(t.status != "missing" for t in self.tests)
 
     def to_json(self) -> dict:
-        out = {"student": self.student, "lesson": self.lesson, "notebook": self.notebook, "sha256": self.sha256,
-               "fingerprint": self.fingerprint, "grader": self.grader, "submitted_at": self.submitted_at,
-               "notes": list(self.notes), "cells": {"skipped": dict(self.skipped), "errors": dict(self.errors)},
-               "tests": [t.to_json() for t in self.tests]}
+        out = {
+            "student": self.student,
+            "lesson": self.lesson,
+            "notebook": self.notebook,
+            "sha256": self.sha256,
+            "fingerprint": self.fingerprint,
+            "grader": self.grader,
+            "submitted_at": self.submitted_at,
+            "notes": list(self.notes),
+            "cells": {"skipped": dict(self.skipped), "errors": dict(self.errors)},
+            "tests": [t.to_json() for t in self.tests],
+        }
         if self.grader_errors is not None:
             out["grader_errors"] = list(self.grader_errors)
         if self.written:
@@ -595,8 +677,10 @@ class Result:
 def cell_error(value: object) -> dict:
     """A cell's error as {type, message}, whatever the sandbox sent (a forged string, a huge list)."""
     if isinstance(value, dict):
-        return {"type": clean(value.get("type"), 100, newlines=False) or "error",
-                "message": clean(value.get("message"), NOTE_CAP)}
+        return {
+            "type": clean(value.get("type"), 100, newlines=False) or "error",
+            "message": clean(value.get("message"), NOTE_CAP),
+        }
     return {"type": "error", "message": clean(value, NOTE_CAP)}
 
 
@@ -627,8 +711,11 @@ def load_result(out, student, lesson, tests=None) -> tuple:
         return None, f"{path}: unreadable stored result ({e})"
     except (OSError, ValueError, RecursionError) as e:  # ResultError, JSON and UTF-8 errors are ValueErrors
         return None, f"{path}: unreadable stored result ({clean(str(e), 200, newlines=False)})"
-    why = ((folder_problem(out) if index is None else None) or _unsigned(raw, student, lesson, index)
-           or (lesson_problem(result, tests) if tests is not None else None))
+    why = (
+        (folder_problem(out) if index is None else None)
+        or _unsigned(raw, student, lesson, index)
+        or (lesson_problem(result, tests) if tests is not None else None)
+    )
     if why:
         return None, f"{path}: refused: {why}{REGRADE}"
     return result, None
@@ -642,8 +729,11 @@ def stored_pairs(out: str | Path) -> set:
     if store.is_dir():
         for lesson_dir in store.iterdir():
             if lesson_dir.is_dir() and not lesson_dir.is_symlink():
-                pairs |= {(f.name[:-5], lesson_dir.name) for f in lesson_dir.iterdir()
-                          if f.name.endswith(".json") and not f.name.startswith(".")}
+                pairs |= {
+                    (f.name[:-5], lesson_dir.name)
+                    for f in lesson_dir.iterdir()
+                    if f.name.endswith(".json") and not f.name.startswith(".")
+                }
     index, _ = _read_index(out, results_key())
     for pair in (index or {"entries": {}})["entries"]:
         lesson, _, student = pair.partition("/")
@@ -657,6 +747,7 @@ class Term:
     """What a RESULTS folder holds: the valid results (Result, sorted by student, lesson), the refused ones
     {(student, lesson): why} (damaged, edited, copied, put back, deleted), and the lines to show: one
     per refused result, or one for the whole folder when its key or index is wrong."""
+
     results: list = field(default_factory=list)
     refused: dict = field(default_factory=dict)
     lines: list = field(default_factory=list)
@@ -671,12 +762,17 @@ def load_term(out, lesson_tests=None) -> Term:
     for student, lesson in sorted(stored_pairs(out)):
         result, why = load_result(out, student, lesson, lesson_tests(lesson) if lesson_tests else None)
         if not result and not why:  # the index records it, its file is gone
-            why = f"{result_path(out, student, lesson)}: refused: it was deleted (the folder's index records it){REGRADE}"
+            why = (
+                f"{result_path(out, student, lesson)}: refused: it was deleted (the folder's index records it){REGRADE}"
+            )
         if result:
             term.results.append(result)
         elif why:
-            term.refused[student, lesson] = (why.removeprefix(f"{result_path(out, student, lesson)}: ")
-                                             .removeprefix("refused: ").removesuffix(REGRADE))
+            term.refused[student, lesson] = (
+                why.removeprefix(f"{result_path(out, student, lesson)}: ")
+                .removeprefix("refused: ")
+                .removesuffix(REGRADE)
+            )
             if not folder_why:
                 term.lines.append(why)
     if folder_why and term.refused:
@@ -696,11 +792,13 @@ def load_results(out, problems=None, lesson_tests=None) -> list:
 
 # ---- the run record and the manifest -------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Run:
     """What a RESULTS folder holds (RESULTS/.results/run.json): shard ("i/N", or None unsharded), the class
     manifest's id (or None), the lessons graded into it, and what a partial merge left out (lines).
     from_json is its one reader (ResultError naming the field), to_json its one writer."""
+
     shard: str = None
     manifest: str = None
     lessons: tuple = ()
@@ -722,8 +820,12 @@ class Run:
         return cls(shard, manifest, tuple(lists["lessons"]), tuple(lists["partial"]))
 
     def to_json(self) -> dict:
-        return {"shard": self.shard, "manifest": self.manifest, "lessons": sorted(self.lessons),
-                "partial": list(self.partial)}
+        return {
+            "shard": self.shard,
+            "manifest": self.manifest,
+            "lessons": sorted(self.lessons),
+            "partial": list(self.partial),
+        }
 
 
 def read_run(out) -> Run:
@@ -740,8 +842,10 @@ def read_run(out) -> Run:
 
 
 def write_run(out: str | Path, shard: str | None, manifest: str | None, lessons, partial=()) -> None:
-    write_atomic(Path(out) / STORE / RUN_FILE,
-                 json.dumps(Run(shard, manifest, tuple(lessons), tuple(partial)).to_json(), indent=1) + "\n")
+    write_atomic(
+        Path(out) / STORE / RUN_FILE,
+        json.dumps(Run(shard, manifest, tuple(lessons), tuple(partial)).to_json(), indent=1) + "\n",
+    )
 
 
 def write_manifest(path: str | Path, students, lessons) -> str:
@@ -757,8 +861,13 @@ def read_manifest(path: str | Path) -> dict:
         m = json.loads(_read_small(path, 64 << 20))
     except (OSError, ValueError, RecursionError) as e:
         raise UsageError(f"cannot read the manifest {path}: {clean(str(e), 200, newlines=False)}") from None
-    if not (isinstance(m, dict) and m.get("format") == MANIFEST_FORMAT and isinstance(m.get("students"), list)
-            and isinstance(m.get("lessons"), list) and all(isinstance(s, str) for s in m["students"] + m["lessons"])):
+    if not (
+        isinstance(m, dict)
+        and m.get("format") == MANIFEST_FORMAT
+        and isinstance(m.get("students"), list)
+        and isinstance(m.get("lessons"), list)
+        and all(isinstance(s, str) for s in m["students"] + m["lessons"])
+    ):
         raise UsageError(f"{path} is not a class manifest (make one with `python -m autograder manifest`)")
     if len(set(m["students"])) != len(m["students"]):
         raise UsageError(f"the manifest {path} lists a student twice")
@@ -773,6 +882,7 @@ def manifest_id(m: dict) -> str:
 
 
 # ---- submission times ----------------------------------------------------------------------
+
 
 def write_timestamp(lesson_folder: str | Path, when: datetime) -> None:
     """nbgrader's timestamp.txt: the submission time, a timezone-aware datetime."""
@@ -835,9 +945,19 @@ def read_csv(path: str | Path) -> list:
 
 def write_grades(path: str | Path, results: list) -> None:
     """grades.csv from [Result]: one row per (student, lesson, test), COLUMNS, points summed over aspects."""
-    rows = [dict(student=r.student, lesson=r.lesson, test=t.test, points=t.points, max_points=t.max_points,
-                 status=t.status, message=" | ".join(t.message.splitlines()))
-            for r in results for t in r.tests]
+    rows = [
+        dict(
+            student=r.student,
+            lesson=r.lesson,
+            test=t.test,
+            points=t.points,
+            max_points=t.max_points,
+            status=t.status,
+            message=" | ".join(t.message.splitlines()),
+        )
+        for r in results
+        for t in r.tests
+    ]
     write_atomic(path, csv_text(rows, COLUMNS))
 
 

@@ -12,6 +12,7 @@ interpreter).
 
 check_reference(lessons) raises ReferenceBroken, one line naming the lesson and the function.
 """
+
 import importlib
 
 import torch
@@ -47,8 +48,10 @@ def check_reference(lessons):
                 why = f"it raised {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}".rstrip(": ")
             else:
                 continue
-            raise ReferenceBroken(f"lesson {lesson}: the reference {target} is wrong ({why}); nothing was graded: "
-                                  f"restore {module.replace('.', '/')}.py (git diff, git log) and run again")
+            raise ReferenceBroken(
+                f"lesson {lesson}: the reference {target} is wrong ({why}); nothing was graded: "
+                f"restore {module.replace('.', '/')}.py (git diff, git log) and run again"
+            )
 
 
 load_probes()

@@ -13,6 +13,7 @@ these copies.
     python -m autograder sync          # rewrite the notebooks
     python -m autograder sync --check  # fail if anything would change (CI)
 """
+
 import ast
 import importlib
 import inspect
@@ -31,7 +32,11 @@ def solution_source(lesson, name):
     modules = [LESSONS[lesson]] + [m for m in LESSONS.values() if m != LESSONS[lesson]]
     for mod in modules:
         obj = _python_function(getattr(importlib.import_module(f"solutions.{mod}"), name, None))
-        if obj is not None and (inspect.isfunction(obj) or inspect.isclass(obj)) and obj.__module__ == f"solutions.{mod}":
+        if (
+            obj is not None
+            and (inspect.isfunction(obj) or inspect.isclass(obj))
+            and obj.__module__ == f"solutions.{mod}"
+        ):
             return textwrap.dedent(inspect.getsource(obj)).rstrip("\n")
     return None
 
@@ -49,15 +54,22 @@ def with_markers(src):
     """Wrap each function body (each method's, for a class) in solution markers."""
     tree = ast.parse(src)
     node = tree.body[0]
-    functions = [node] if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else [
-        n for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    functions = (
+        [node]
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        else [n for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    )
     lines = src.splitlines()
     inserts = []  # (line index, marker, indent)
     for fn in functions:
         body = list(fn.body)
         keep = fn.body[0].lineno - 1  # students keep the lines before the first hidden one
-        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
-                and isinstance(body[0].value.value, str):
+        if (
+            body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
             keep = body.pop(0).end_lineno
         if body and _is_super_init(body[0]):
             keep = body.pop(0).end_lineno
@@ -71,8 +83,12 @@ def with_markers(src):
 
 
 def _is_super_init(stmt):
-    return (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
-            and isinstance(stmt.value.func, ast.Attribute) and stmt.value.func.attr == "__init__")
+    return (
+        isinstance(stmt, ast.Expr)
+        and isinstance(stmt.value, ast.Call)
+        and isinstance(stmt.value.func, ast.Attribute)
+        and stmt.value.func.attr == "__init__"
+    )
 
 
 def synced_cell_source(lesson, cell):
@@ -98,7 +114,7 @@ def synced_cell_source(lesson, cell):
         if nbk.is_answer(cell):
             src = with_markers(src)
         start = min([d.lineno for d in node.decorator_list] + [node.lineno]) - 1
-        lines[start:node.end_lineno] = src.splitlines()
+        lines[start : node.end_lineno] = src.splitlines()
     return "\n".join(lines).rstrip("\n")
 
 

@@ -14,6 +14,7 @@ names), writes it to a file and compiles it, under a time limit.
 
 Standard library only at import (Triton only in the child), so that anything may import it.
 """
+
 import inspect
 import json
 import os
@@ -59,7 +60,7 @@ def kernel_source(kernel):
                 seen.add(name)
                 sources.append(f"{name} = tl.constexpr({getattr(value, 'value', value)!r})")
         src = textwrap.dedent(inspect.getsource(f))
-        src = src[re.search(r"^def ", src, re.M).start():]  # drop the decorators
+        src = src[re.search(r"^def ", src, re.M).start() :]  # drop the decorators
         sources.append("@triton.jit\n" + src.rstrip())
 
     add(fn)
@@ -70,6 +71,7 @@ def notebook_kernels(cells):
     """{name: (name, [source])} of the @triton.jit kernels that a notebook's code cells (a list of
     sources) define, at any depth (a demo defines its kernel under `if HAS_TRITON:`), decorators dropped."""
     import ast
+
     found = {}
     for cell in cells:
         try:
@@ -78,7 +80,7 @@ def notebook_kernels(cells):
             continue
         for node in ast.walk(tree):
             if isinstance(node, ast.FunctionDef) and any("jit" in ast.unparse(d) for d in node.decorator_list):
-                src = textwrap.dedent("\n".join(cell.splitlines()[node.lineno - 1:node.end_lineno]))
+                src = textwrap.dedent("\n".join(cell.splitlines()[node.lineno - 1 : node.end_lineno]))
                 found[node.name] = (node.name, ["@triton.jit\n" + src])
     return found
 
@@ -92,14 +94,25 @@ def job(kernel, signature, constexprs, arch, num_warps=4, num_stages=2, label=""
     sig = dict(signature)
     sig.update({k: "constexpr" for k in constexprs})
     card, limit = card or ARCHES[arch]
-    return {"name": name, "sources": sources, "signature": sig, "constexprs": constexprs, "arch": arch,
-            "num_warps": num_warps, "num_stages": num_stages, "label": label, "card": card, "limit": limit}
+    return {
+        "name": name,
+        "sources": sources,
+        "signature": sig,
+        "constexprs": constexprs,
+        "arch": arch,
+        "num_warps": num_warps,
+        "num_stages": num_stages,
+        "label": label,
+        "card": card,
+        "limit": limit,
+    }
 
 
 def parameters(kernel):
     """The argument names of a kernel (a @triton.jit function or (name, [source]))."""
     if isinstance(kernel, tuple):
         import ast
+
         fn = ast.parse(kernel[1][-1]).body[0]
         return [a.arg for a in fn.args.args]
     return list(inspect.signature(getattr(kernel, "fn", kernel)).parameters)
@@ -109,13 +122,29 @@ def attention_job(kernel, arch, dtype, head_dim, tiles, causal=True, label="", c
     """A job for lesson 06's _attention_kernel (or lesson 09's _flash_forward_kernel, which adds LSE), as
     their launchers call it: Q, K, V, O point at `dtype` ("float16", "bfloat16", "float32"), LSE at
     float32, qk_scale is a float, the other runtime arguments integers; `tiles` as attention_tiles gives."""
-    constexprs = {"CAUSAL": causal, "BLOCK_Q": tiles["BLOCK_Q"], "BLOCK_K": tiles["BLOCK_K"],
-                  "BLOCK_D": tiles["BLOCK_D"], "PRECISION": "ieee" if dtype == "float32" else "tf32"}
+    constexprs = {
+        "CAUSAL": causal,
+        "BLOCK_Q": tiles["BLOCK_Q"],
+        "BLOCK_K": tiles["BLOCK_K"],
+        "BLOCK_D": tiles["BLOCK_D"],
+        "PRECISION": "ieee" if dtype == "float32" else "tf32",
+    }
     pointer = "*" + TRITON_TYPES[dtype]
-    signature = {a: (pointer if a in "QKVO" else "*fp32" if a == "LSE" else "fp32" if a == "qk_scale" else "i32")
-                 for a in parameters(kernel) if a not in constexprs}
-    return job(kernel, signature, constexprs, arch, tiles["num_warps"], tiles["num_stages"],
-               label or f"{dtype} head_dim {head_dim}", card)
+    signature = {
+        a: (pointer if a in "QKVO" else "*fp32" if a == "LSE" else "fp32" if a == "qk_scale" else "i32")
+        for a in parameters(kernel)
+        if a not in constexprs
+    }
+    return job(
+        kernel,
+        signature,
+        constexprs,
+        arch,
+        tiles["num_warps"],
+        tiles["num_stages"],
+        label or f"{dtype} head_dim {head_dim}",
+        card,
+    )
 
 
 def softmax_job(kernel, arch, dtype, block, label="", card=None):
@@ -131,15 +160,38 @@ def softmax_job(kernel, arch, dtype, block, label="", card=None):
 # the softmax kernel at BLOCK=1024.
 TARGET = 80
 A100_TILES = {"BLOCK_Q": 128, "BLOCK_K": 64, "BLOCK_D": 64, "num_warps": 8, "num_stages": 2}
-ATTENTION_ARGS = ["Q", "K", "V", "O", "stride_b", "stride_h", "stride_t", "stride_kb", "stride_kh", "stride_kt",
-                  "n_heads", "seq_q", "seq_k", "head_dim", "qk_scale", "CAUSAL", "BLOCK_Q", "BLOCK_K", "BLOCK_D",
-                  "PRECISION"]
+ATTENTION_ARGS = [
+    "Q",
+    "K",
+    "V",
+    "O",
+    "stride_b",
+    "stride_h",
+    "stride_t",
+    "stride_kb",
+    "stride_kh",
+    "stride_kt",
+    "n_heads",
+    "seq_q",
+    "seq_k",
+    "head_dim",
+    "qk_scale",
+    "CAUSAL",
+    "BLOCK_Q",
+    "BLOCK_K",
+    "BLOCK_D",
+    "PRECISION",
+]
 LESSON_KERNELS = {
-    "_softmax_kernel": (["X", "Y", "n_cols", "stride_x", "stride_y", "BLOCK"],
-                        lambda k: softmax_job(k, TARGET, "float16", 1024)),
+    "_softmax_kernel": (
+        ["X", "Y", "n_cols", "stride_x", "stride_y", "BLOCK"],
+        lambda k: softmax_job(k, TARGET, "float16", 1024),
+    ),
     "_attention_kernel": (ATTENTION_ARGS, lambda k: attention_job(k, TARGET, "float16", 64, A100_TILES)),
-    "_flash_forward_kernel": (ATTENTION_ARGS[:4] + ["LSE"] + ATTENTION_ARGS[4:],
-                              lambda k: attention_job(k, TARGET, "float16", 64, A100_TILES)),
+    "_flash_forward_kernel": (
+        ATTENTION_ARGS[:4] + ["LSE"] + ATTENTION_ARGS[4:],
+        lambda k: attention_job(k, TARGET, "float16", 64, A100_TILES),
+    ),
 }
 
 
@@ -152,8 +204,10 @@ def lesson_kernel_jobs(cells):
             continue
         args, make = LESSON_KERNELS[name]
         if parameters(kernel) != args:
-            problems.append(f"{name}: its parameters are not the lesson's ({', '.join(args)}), so it cannot be "
-                            "compiled as the lesson launches it")
+            problems.append(
+                f"{name}: its parameters are not the lesson's ({', '.join(args)}), so it cannot be "
+                "compiled as the lesson launches it"
+            )
         else:
             jobs.append(make(kernel))
     return jobs, problems
@@ -163,6 +217,7 @@ def _stub(kernel):
     """Whether a kernel is still the released stub: its body only raises NotImplementedError (the visible
     tests say so; the compiler would only refuse the raise)."""
     import ast
+
     body = ast.parse(kernel[1][-1]).body[0].body
     body = body[1:] if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) else body
     return len(body) == 1 and isinstance(body[0], ast.Raise) and "NotImplementedError" in ast.unparse(body[0])
@@ -173,13 +228,19 @@ def check_kernels(cells, timeout=120, compiler=None):
     launch them there, by compiler(jobs, timeout) (compile_jobs here; the grader's runs in its sandbox); a line
     that says it skipped, and why, when Triton is not installed."""
     import importlib.util
+
     jobs, problems = lesson_kernel_jobs(cells)
     out = [(True, p) for p in problems]
     if not jobs:
         return out
     if compiler is None and importlib.util.find_spec("triton") is None:
-        return out + [(False, "Triton kernels: not compiled for a GPU, since Triton is not installed here "
-                              "(pip install triton; Linux only)")]
+        return out + [
+            (
+                False,
+                "Triton kernels: not compiled for a GPU, since Triton is not installed here "
+                "(pip install triton; Linux only)",
+            )
+        ]
     for j, r in zip(jobs, (compiler or compile_jobs)(jobs, timeout)):
         what = f"{j['name']} ({j['label']}, {tiles_text(j)})"
         if r.get("skipped"):
@@ -212,8 +273,14 @@ def compile_jobs(jobs, ptxas=False, timeout=TIMEOUT_S, python=sys.executable):
 
 def _run_child(jobs, timeout, python, env):
     try:
-        out = subprocess.run([python, __file__, "--child"],
-                             input=json.dumps(jobs), capture_output=True, text=True, timeout=timeout, env=env)
+        out = subprocess.run(
+            [python, __file__, "--child"],
+            input=json.dumps(jobs),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+        )
     except subprocess.TimeoutExpired:
         return [dict(_blank(j), error=f"compiling took more than {timeout} s", skipped=True) for j in jobs]
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
@@ -224,10 +291,22 @@ def _run_child(jobs, timeout, python, env):
 
 
 def _blank(j):
-    return {"kernel": j["name"], "label": j["label"], "arch": j["arch"], "card": j["card"],
-            "num_warps": j["num_warps"], "num_stages": j["num_stages"], "compiles": False, "error": None,
-            "shared": None, "limit": j["limit"], "fits": None, "registers": None, "spill_stores": None,
-            "spill_loads": None}
+    return {
+        "kernel": j["name"],
+        "label": j["label"],
+        "arch": j["arch"],
+        "card": j["card"],
+        "num_warps": j["num_warps"],
+        "num_stages": j["num_stages"],
+        "compiles": False,
+        "error": None,
+        "shared": None,
+        "limit": j["limit"],
+        "fits": None,
+        "registers": None,
+        "spill_stores": None,
+        "spill_loads": None,
+    }
 
 
 def describe(r):
@@ -270,8 +349,11 @@ def _child():
                 spec.loader.exec_module(module)
                 src = ASTSource(fn=getattr(module, j["name"]), signature=j["signature"], constexprs=j["constexprs"])
                 with contextlib.redirect_stdout(log):
-                    compiled = triton.compile(src, target=GPUTarget("cuda", j["arch"], 32),
-                                              options={"num_warps": j["num_warps"], "num_stages": j["num_stages"]})
+                    compiled = triton.compile(
+                        src,
+                        target=GPUTarget("cuda", j["arch"], 32),
+                        options={"num_warps": j["num_warps"], "num_stages": j["num_stages"]},
+                    )
             except Exception as e:  # the compiler's complaint, for the student
                 r["error"] = _complaint(e)
             else:
@@ -287,10 +369,16 @@ def _child():
 
 # What the compiler's words usually mean, for the two slips Triton's interpreter accepts.
 HINTS = [
-    ("K >= 16", "tl.dot needs blocks of at least 16 x 16 (the interpreter multiplies smaller ones, a GPU's "
-                "tensor cores do not)"),
-    ("Boolean value of Tensor", "a Python `if` on a block-shaped tensor (the interpreter takes it as true): "
-                                "use tl.where, or reduce the block to one value first"),
+    (
+        "K >= 16",
+        "tl.dot needs blocks of at least 16 x 16 (the interpreter multiplies smaller ones, a GPU's "
+        "tensor cores do not)",
+    ),
+    (
+        "Boolean value of Tensor",
+        "a Python `if` on a block-shaped tensor (the interpreter takes it as true): "
+        "use tl.where, or reduce the block to one value first",
+    ),
 ]
 
 

@@ -21,6 +21,7 @@ Every mode: memory, CPU time, file size and process limits on the child, wall-cl
 per cell, per call and per notebook, enforced from here by killing. Every frame from the
 sandbox is validated, and capped in size and item count, before use.
 """
+
 import importlib.util
 import itertools
 import json
@@ -59,6 +60,7 @@ class Limits:
     DEFAULT_LIMITS is the grader's; a lesson's manifest ([limits] in lesson.toml, autograder/lessons/__init__.py)
     raises or lowers any of them, and grade's flags (--memory, --cell-timeout, ...) override both
     (grade.lesson_limits), each through over(), the one reader, which validates."""
+
     memory_mb: int = 3072
     cpu_seconds: int = 600
     file_mb: int = 64
@@ -81,9 +83,11 @@ class Limits:
     def statement(self) -> str:
         """The limits a student can hit, in the words each lesson's introduction and check_submission.py use (tests
         hold the lessons to them)."""
-        return (f"each code cell may use {self.cell_seconds} s and each graded call {self.call_seconds} s of CPU time "
-                f"(time your code computes, not time it waits), the whole notebook {self.cpu_seconds} s, and "
-                f"{self.memory_mb} MB of memory")
+        return (
+            f"each code cell may use {self.cell_seconds} s and each graded call {self.call_seconds} s of CPU time "
+            f"(time your code computes, not time it waits), the whole notebook {self.cpu_seconds} s, and "
+            f"{self.memory_mb} MB of memory"
+        )
 
     def to_json(self) -> dict:
         """{field: value}: what grade's fingerprint hashes."""
@@ -91,23 +95,42 @@ class Limits:
 
     def child(self) -> dict:
         """The four the sandbox's child sets on itself (sandbox/runner.set_limits), as its start message sends them."""
-        return {"memory_mb": self.memory_mb, "cpu_seconds": self.cpu_seconds, "file_mb": self.file_mb,
-                "processes": self.processes}
+        return {
+            "memory_mb": self.memory_mb,
+            "cpu_seconds": self.cpu_seconds,
+            "file_mb": self.file_mb,
+            "processes": self.processes,
+        }
 
 
 DEFAULT_LIMITS = Limits()
 WALL_FACTOR = 4  # a cell's or call's wall-clock backstop, in times its CPU limit
 POLL_SECONDS = 0.5  # how often the CPU time of a cell or call that has not answered is read
-TOO_SLOW = ("your code used more than {s} s of CPU time on one call, the limit for each (the lesson states it), "
-            "and was stopped: correct but too slow for the graded sizes (check_submission.py times one case at them). "
-            "Loop over tiles with torch operations, not over single entries in Python, and keep the block sizes "
-            "you are given")
-STALLED = ("your code neither finished nor used the CPU for {s} s (it waited: sleep, input(), a lock, a busy "
-           "grader?): not graded; your instructor will grade it again")
+TOO_SLOW = (
+    "your code used more than {s} s of CPU time on one call, the limit for each (the lesson states it), "
+    "and was stopped: correct but too slow for the graded sizes (check_submission.py times one case at them). "
+    "Loop over tiles with torch operations, not over single entries in Python, and keep the block sizes "
+    "you are given"
+)
+STALLED = (
+    "your code neither finished nor used the CPU for {s} s (it waited: sleep, input(), a lock, a busy "
+    "grader?): not graded; your instructor will grade it again"
+)
 
 # Debuggers are masked inside bubblewrap (the seccomp filter stops them anyway).
-DEBUGGERS = ("gdb", "gdbserver", "gdb-multiarch", "gcore", "strace", "ltrace", "lldb", "lldb-server", "perf",
-             "eu-stack", "pstack")
+DEBUGGERS = (
+    "gdb",
+    "gdbserver",
+    "gdb-multiarch",
+    "gcore",
+    "strace",
+    "ltrace",
+    "lldb",
+    "lldb-server",
+    "perf",
+    "eu-stack",
+    "pstack",
+)
 MAX_CALLBACKS = 100_000
 # Tests only: a run without the defences this module adds, to show that the attacks they stop are real.
 UNPROTECTED_ENV = "AUTOGRADER_TEST_UNPROTECTED"
@@ -139,8 +162,12 @@ class Malformed(Died):
 
 def _works(cmd):
     try:
-        return subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              timeout=30).returncode == 0
+        return (
+            subprocess.run(
+                cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30
+            ).returncode
+            == 0
+        )
     except (OSError, subprocess.TimeoutExpired):
         return False
 
@@ -150,8 +177,7 @@ def choose_mode(requested="auto", unsafe=False):
     a mode that hides the course, the gradebook and every other file from student code (bwrap,
     uid); unshare and none, which do not, are used only when asked for (see WEAK_MODES)."""
     py = sys.executable
-    probes = {"bwrap": _bwrap_base() + ["--", py, "-c", "pass"],
-              "unshare": _unshare_base() + [py, "-c", "pass"]}
+    probes = {"bwrap": _bwrap_base() + ["--", py, "-c", "pass"], "unshare": _unshare_base() + [py, "-c", "pass"]}
     candidates = ["bwrap", "uid"] if requested == "auto" else [requested]
     why = ""
     for mode in candidates:
@@ -166,66 +192,119 @@ def choose_mode(requested="auto", unsafe=False):
     if requested == "uid":
         raise SandboxError(f"no sandbox available for mode 'uid': {why}")
     if requested == "none":
-        raise SandboxError("--sandbox none runs student code with no sandbox at all: add --unsafe (only for code you trust)")
+        raise SandboxError(
+            "--sandbox none runs student code with no sandbox at all: add --unsafe (only for code you trust)"
+        )
     if requested == "unshare":
-        raise SandboxError("no sandbox available for mode 'unshare': util-linux's unshare cannot create its namespaces "
-                           "here; use --sandbox auto")
-    bwrap = ("bubblewrap cannot create its namespaces here (AppArmor's rule on unprivileged user namespaces, "
-             "a container): allow them" if shutil.which("bwrap") else "install bubblewrap (apt-get install bubblewrap)")
-    raise SandboxError(f"no sandbox that hides the file system from student code works here for mode {requested!r}: "
-                       f"{bwrap}, or run as root with the course unreadable to other users (the uid mode); "
-                       "--sandbox unshare (which hides no file) or --unsafe grade only code you trust")
+        raise SandboxError(
+            "no sandbox available for mode 'unshare': util-linux's unshare cannot create its namespaces "
+            "here; use --sandbox auto"
+        )
+    bwrap = (
+        "bubblewrap cannot create its namespaces here (AppArmor's rule on unprivileged user namespaces, "
+        "a container): allow them"
+        if shutil.which("bwrap")
+        else "install bubblewrap (apt-get install bubblewrap)"
+    )
+    raise SandboxError(
+        f"no sandbox that hides the file system from student code works here for mode {requested!r}: "
+        f"{bwrap}, or run as root with the course unreadable to other users (the uid mode); "
+        "--sandbox unshare (which hides no file) or --unsafe grade only code you trust"
+    )
 
 
 # Modes that do not hide the file system: taken only when asked for, and said once per run (grade.py).
 WEAK_MODES = {
     "unshare": "the unshare sandbox hides no file: student code can read and write whatever the grader's user "
-               "can (solutions/, the hidden checks, other submissions, RESULTS, the gradebook, other copies of "
-               "the course); only its network, processes and limits are contained",
+    "can (solutions/, the hidden checks, other submissions, RESULTS, the gradebook, other copies of "
+    "the course); only its network, processes and limits are contained",
     "none": "no sandbox (--unsafe): student code can read and write whatever the grader's user can (solutions/, "
-            "the hidden checks, other submissions, RESULTS, the gradebook), use the network and leave processes "
-            "behind",
+    "the hidden checks, other submissions, RESULTS, the gradebook), use the network and leave processes "
+    "behind",
 }
 
 
 def weak_mode_warning(mode):
     """One line saying what `mode` does not protect, or None for a mode that hides the file system."""
-    return f"warning: {WEAK_MODES[mode]}; grade with bubblewrap or the uid mode for anything that counts" \
-        if mode in WEAK_MODES else None
+    return (
+        f"warning: {WEAK_MODES[mode]}; grade with bubblewrap or the uid mode for anything that counts"
+        if mode in WEAK_MODES
+        else None
+    )
 
 
 def _system_binds():
     """Read-only binds: system libraries, the Python install and its packages, a few /etc files."""
-    paths = ["/usr", "/lib", "/lib32", "/lib64", "/bin", "/sbin", "/etc/ld.so.cache", "/etc/ld.so.conf",
-             "/etc/ld.so.conf.d", "/etc/alternatives", "/etc/localtime", "/etc/fonts",
-             sys.base_prefix, sys.prefix, os.path.realpath(sys.executable)]
+    paths = [
+        "/usr",
+        "/lib",
+        "/lib32",
+        "/lib64",
+        "/bin",
+        "/sbin",
+        "/etc/ld.so.cache",
+        "/etc/ld.so.conf",
+        "/etc/ld.so.conf.d",
+        "/etc/alternatives",
+        "/etc/localtime",
+        "/etc/fonts",
+        sys.base_prefix,
+        sys.prefix,
+        os.path.realpath(sys.executable),
+    ]
     return [p for p in dict.fromkeys(paths) if os.path.exists(p)]
 
 
 def _package_dirs():
-    return [str(Path(loc).resolve()) for name in ("solutions", "autograder")
-            for spec in [importlib.util.find_spec(name)] if spec
-            for loc in (spec.submodule_search_locations or [])]
+    return [
+        str(Path(loc).resolve())
+        for name in ("solutions", "autograder")
+        for spec in [importlib.util.find_spec(name)]
+        if spec
+        for loc in (spec.submodule_search_locations or [])
+    ]
 
 
 def _hidden_packages():
     """Folders of our own packages that the Python binds would expose (a non-editable install)."""
-    return [loc for loc in _package_dirs()
-            if any(Path(loc).is_relative_to(Path(b).resolve()) for b in _system_binds())]
+    return [loc for loc in _package_dirs() if any(Path(loc).is_relative_to(Path(b).resolve()) for b in _system_binds())]
 
 
 def _bwrap_base(shm_mb=64, protect=True):
-    cmd = ["bwrap", "--die-with-parent", "--new-session", "--unshare-all", "--cap-drop", "ALL",
-           "--uid", "65534", "--gid", "65534", "--proc", "/proc", "--dev", "/dev",
-           "--tmpfs", "/tmp", "--size", str(1 << 30), "--tmpfs", SCRATCH]
+    cmd = [
+        "bwrap",
+        "--die-with-parent",
+        "--new-session",
+        "--unshare-all",
+        "--cap-drop",
+        "ALL",
+        "--uid",
+        "65534",
+        "--gid",
+        "65534",
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--tmpfs",
+        "/tmp",
+        "--size",
+        str(1 << 30),
+        "--tmpfs",
+        SCRATCH,
+    ]
     cmd += (["--size", str(shm_mb << 20)] if protect else []) + ["--tmpfs", "/dev/shm"]
     for p in _system_binds():
         cmd += ["--ro-bind", p, p]
     for p in _hidden_packages():
         cmd += ["--tmpfs", p]
     if protect:
-        found = {os.path.realpath(os.path.join(d, name)) for d in ("/usr/bin", "/usr/sbin", "/usr/local/bin", "/bin")
-                 for name in DEBUGGERS if os.path.isfile(os.path.join(d, name))}
+        found = {
+            os.path.realpath(os.path.join(d, name))
+            for d in ("/usr/bin", "/usr/sbin", "/usr/local/bin", "/bin")
+            for name in DEBUGGERS
+            if os.path.isfile(os.path.join(d, name))
+        }
         for path in sorted(found):
             cmd += ["--ro-bind", "/dev/null", path]
     for dev in sorted(Path("/dev").glob("nvidia*")):  # a GPU, where there is one
@@ -261,9 +340,16 @@ def _uid_refusal(uid=None):
             os.setuid(uid)
             bad = [p for p in needed if not os.access(p, os.R_OK | os.X_OK)]
             seen = [p for p in dict.fromkeys(secret) if p and os.access(p, os.R_OK)]
-            os.write(w, (f"uid {uid} cannot read the Python install at {', '.join(bad)}" if bad else
-                         f"uid {uid} can read {', '.join(seen)}: make the course owned by root with mode 0700"
-                         if seen else "").encode()[:4000])
+            os.write(
+                w,
+                (
+                    f"uid {uid} cannot read the Python install at {', '.join(bad)}"
+                    if bad
+                    else f"uid {uid} can read {', '.join(seen)}: make the course owned by root with mode 0700"
+                    if seen
+                    else ""
+                ).encode()[:4000],
+            )
         finally:
             os._exit(0)
     os.close(w)
@@ -280,9 +366,18 @@ def _free_uid():
 
 
 def _env(scratch):
-    env = {"PATH": "/usr/bin:/bin", "HOME": scratch, "TMPDIR": scratch, "LANG": "C.UTF-8",
-           "PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "Agg", "MPLCONFIGDIR": f"{scratch}/.mpl",
-           "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TRITON_CACHE_DIR": f"{scratch}/.triton"}
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": scratch,
+        "TMPDIR": scratch,
+        "LANG": "C.UTF-8",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "MPLBACKEND": "Agg",
+        "MPLCONFIGDIR": f"{scratch}/.mpl",
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "TRITON_CACHE_DIR": f"{scratch}/.triton",
+    }
     if not any(Path("/dev").glob("nvidia[0-9]*")):
         env["TRITON_INTERPRET"] = "1"  # Triton kernels run in its interpreter on a CPU
     return env
@@ -332,7 +427,7 @@ class _Cgroups:
         v1 = os.path.exists(os.path.join(path, "memory.limit_in_bytes"))
         used = int(Path(path, "memory.usage_in_bytes" if v1 else "memory.current").read_text())
         limit = str(used + extra_mb * 2**20)
-        for f in (("memory.limit_in_bytes", "memory.memsw.limit_in_bytes") if v1 else ("memory.max", "memory.swap.max")):
+        for f in ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes") if v1 else ("memory.max", "memory.swap.max"):
             try:
                 Path(path, f).write_text(limit if "swap." not in f else "0")
             except OSError:
@@ -412,9 +507,17 @@ class Sandbox:
         self.cgroup = _Cgroups(self.limits.processes, memory=self.protect)
         if self.cgroup.path and mode != "bwrap":
             cmd.append(f"--cgroup={self.cgroup.path}")
-        self.proc = subprocess.Popen(cmd + flags, pass_fds=[fd], env=popen_env, cwd=self._tmp,
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     start_new_session=True, preexec_fn=self.cgroup.join)
+        self.proc = subprocess.Popen(
+            cmd + flags,
+            pass_fds=[fd],
+            env=popen_env,
+            cwd=self._tmp,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=self.cgroup.join,
+        )
         child_end.close()
         reply = self._recv(120)
         if reply is None or reply.get("op") != "ready":
@@ -444,8 +547,12 @@ class Sandbox:
     def start(self, lesson, data_files):
         """A fresh child for one submission; returns its data socket."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        start = {"op": "start", "limits": self.limits.child(), "data_files": data_files,
-                 "data_dir": f"{self.course_dir}/{lesson}" if self.course_dir else ""}
+        start = {
+            "op": "start",
+            "limits": self.limits.child(),
+            "data_files": data_files,
+            "data_dir": f"{self.course_dir}/{lesson}" if self.course_dir else "",
+        }
         try:
             socket.send_fds(self.ctl, [json.dumps(start).encode()], [theirs.fileno()])
         except OSError as e:
@@ -463,8 +570,9 @@ class Sandbox:
         when refused (a student's process that already holds the whole bound, see runner.bound();
         held_mb is absent when it ended first)."""
         try:
-            self.ctl.send(json.dumps({"op": "bound", "mb": int(mb), "headroom": int(headroom),
-                                      "inputs": int(inputs)}).encode())
+            self.ctl.send(
+                json.dumps({"op": "bound", "mb": int(mb), "headroom": int(headroom), "inputs": int(inputs)}).encode()
+            )
         except OSError as e:
             raise SandboxError(f"the sandbox stopped answering: {e}") from None
         reply = self._recv(30)
@@ -625,7 +733,9 @@ class Session:
             if self.elsewhere is not None:  # the grader's own cells: nothing of the notebook's runs, none skipped
                 wire.send_frame(self.data, {"cells": self.elsewhere})
                 try:  # timed by CPU as the notebook's cells are; the grader's cells are never skipped
-                    while self._progress(self._await(self.sandbox.limits.cell_seconds), len(self.elsewhere))[0] != "done":
+                    while (
+                        self._progress(self._await(self.sandbox.limits.cell_seconds), len(self.elsewhere))[0] != "done"
+                    ):
                         pass
                 except (Timeout, OverCpu, Stalled):
                     raise SandboxError("the grader's cells ran past their time limit") from None
@@ -636,8 +746,10 @@ class Session:
             kept, self.cell_errors = self.cell_errors, {}
             current = None
             try:
-                wire.send_frame(self.data, {"cells": [self.cells[i] for i in run],
-                                            **({"forbid": list(self.forbid)} if self.forbid else {})})
+                wire.send_frame(
+                    self.data,
+                    {"cells": [self.cells[i] for i in run], **({"forbid": list(self.forbid)} if self.forbid else {})},
+                )
                 while True:
                     frame = self._progress(self._await(self.sandbox.limits.cell_seconds), len(run))
                     if frame[0] == "done":
@@ -652,9 +764,11 @@ class Session:
             except (OverCpu, Stalled) as e:
                 if current is None:
                     raise SandboxError("the notebook ran past its time limit") from None
-                self.skipped[current] = (f"used more than {self.sandbox.limits.cell_seconds} s of CPU time, the limit "
-                                         "for each cell" if isinstance(e, OverCpu) else
-                                         f"neither finished nor used the CPU within {e} (it waited: sleep, input()?)")
+                self.skipped[current] = (
+                    f"used more than {self.sandbox.limits.cell_seconds} s of CPU time, the limit for each cell"
+                    if isinstance(e, OverCpu)
+                    else f"neither finished nor used the CPU within {e} (it waited: sleep, input()?)"
+                )
             except (Died, OSError) as e:
                 if current is None:
                     raise SandboxError(f"the notebook's process ended: {e}") from None
@@ -705,8 +819,10 @@ class Session:
         except Timeout:
             self.close()
             # the notebook's wall clock is a backstop too: past it, the grader's to regrade
-            return {"stalled": f"the notebook's total time ({self.sandbox.limits.notebook_seconds} s) ran out: not "
-                               "graded; your instructor will grade it again"}
+            return {
+                "stalled": f"the notebook's total time ({self.sandbox.limits.notebook_seconds} s) ran out: not "
+                "graded; your instructor will grade it again"
+            }
         except OverCpu:
             self.close()
             return {"too_slow": TOO_SLOW.format(s=self.sandbox.limits.call_seconds)}
@@ -720,8 +836,10 @@ class Session:
             self.close()
             if self.bounded:
                 return {"over_budget": "the call ran past its memory bound and its process ended"}
-            return {"unchecked": "your code ended the Python process (os._exit, sys.exit in a thread, a crash such "
-                                 "as a Triton kernel's tl.load or tl.store without mask=, or a memory or CPU limit)"}
+            return {
+                "unchecked": "your code ended the Python process (os._exit, sys.exit in a thread, a crash such "
+                "as a Triton kernel's tl.load or tl.store without mask=, or a memory or CPU limit)"
+            }
 
     def _bound(self, request):
         """The host's part of Subject.memory_bound: {"op": "bound", "mb": N} has the worker bound the
@@ -783,7 +901,12 @@ class Session:
 def _student_error(e):
     """A student's exception as sent by the sandbox ({type, mro, message}), as plain strings of
     bounded length; None for anything else."""
-    if not (isinstance(e, dict) and isinstance(e.get("type"), str) and isinstance(e.get("message"), str)
-            and isinstance(e.get("mro"), list) and all(isinstance(m, str) for m in e["mro"])):
+    if not (
+        isinstance(e, dict)
+        and isinstance(e.get("type"), str)
+        and isinstance(e.get("message"), str)
+        and isinstance(e.get("mro"), list)
+        and all(isinstance(m, str) for m in e["mro"])
+    ):
         return None
     return {"type": e["type"][:200], "mro": [m[:200] for m in e["mro"][:64]], "message": e["message"][:2000]}

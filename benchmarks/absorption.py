@@ -20,6 +20,7 @@ every latent and the memory of the keys and values. The reference's absorbed_att
 into the rows, (B, H * T, d_latent) @ (B, d_latent, Tk), so that with --batch above 1 too it makes no
 copy of the latents per head (a matmul against latents[:, None] would: lesson 08, section 3).
 """
+
 import argparse
 import datetime
 import json
@@ -34,8 +35,12 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from solutions.kv_compression import (LatentCache, MultiHeadLatentAttention, absorbed_attention,  # noqa: E402
-                                      absorption_flops)
+from solutions.kv_compression import (  # noqa: E402
+    LatentCache,
+    MultiHeadLatentAttention,
+    absorbed_attention,
+    absorption_flops,
+)
 
 D_MODEL, N_HEADS, D_LATENT = 256, 8, 128
 CASES = ("prefill", "decode")
@@ -54,7 +59,7 @@ def forms(case, prefill, cached, batch):
 
     @torch.no_grad()
     def plain():
-        cache.filled = Tk - T                      # forget the new latents of the last call
+        cache.filled = Tk - T  # forget the new latents of the last call
         return mla(x, cache=cache)
 
     @torch.no_grad()
@@ -73,7 +78,7 @@ def status(key):
 
 def peak(case, form, prefill, cached, batch):
     """Run in a fresh process (--peak): print the peak extra resident bytes of one call."""
-    forms(case, 16, 64, batch)[3][form]()          # load the kernels first, at a tiny size
+    forms(case, 16, 64, batch)[3][form]()  # load the kernels first, at a tiny size
     fn = forms(case, prefill, cached, batch)[3][form]
     with open("/proc/self/clear_refs", "w") as f:  # the peak RSS starts again from the current RSS
         f.write("5")
@@ -83,15 +88,26 @@ def peak(case, form, prefill, cached, batch):
 
 
 def peak_extra_bytes(case, form, prefill, cached, batch):
-    args = [sys.executable, __file__, "--peak", case, form, "--prefill", str(prefill), "--cached", str(cached),
-            "--batch", str(batch)]
+    args = [
+        sys.executable,
+        __file__,
+        "--peak",
+        case,
+        form,
+        "--prefill",
+        str(prefill),
+        "--cached",
+        str(cached),
+        "--batch",
+        str(batch),
+    ]
     return int(subprocess.run(args, capture_output=True, text=True, check=True).stdout)
 
 
 def measure(case, prefill, cached, batch, repeats, memory=True):
     """T, Tk, {form: {"flops", "seconds", "peak_bytes"}} and the largest difference of the two outputs."""
     mla, T, Tk, fns = forms(case, prefill, cached, batch)
-    flops = {form: batch * n for form, n in zip(fns, absorption_flops(mla, T, Tk))}   # it counts one sequence
+    flops = {form: batch * n for form, n in zip(fns, absorption_flops(mla, T, Tk))}  # it counts one sequence
     rows, outs = {}, {}
     for form, fn in fns.items():
         best = float("inf")
@@ -99,8 +115,11 @@ def measure(case, prefill, cached, batch, repeats, memory=True):
             start = time.perf_counter()
             outs[form] = fn()
             best = min(best, time.perf_counter() - start)
-        rows[form] = {"flops": flops[form], "seconds": best,
-                      "peak_bytes": peak_extra_bytes(case, form, prefill, cached, batch) if memory else None}
+        rows[form] = {
+            "flops": flops[form],
+            "seconds": best,
+            "peak_bytes": peak_extra_bytes(case, form, prefill, cached, batch) if memory else None,
+        }
     return T, Tk, rows, (outs["plain"] - outs["absorbed"]).abs().max().item()
 
 
@@ -117,8 +136,10 @@ def main(argv=None):
     if args.peak:
         return peak(*args.peak, args.prefill, args.cached, args.batch)
     memory = not args.no_memory and sys.platform == "linux"
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; MLA D={D_MODEL}, {N_HEADS} heads "
-          f"(Dh={D_MODEL // N_HEADS}), d_latent={D_LATENT}, float32, batch {args.batch}\n")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads; MLA D={D_MODEL}, {N_HEADS} heads "
+        f"(Dh={D_MODEL // N_HEADS}), d_latent={D_LATENT}, float32, batch {args.batch}\n"
+    )
     results = []
     for case in CASES:
         T, Tk, rows, diff = measure(case, args.prefill, args.cached, args.batch, args.repeats, memory)
@@ -130,20 +151,43 @@ def main(argv=None):
         ratio = {key: absorbed[key] / plain[key] for key in ("flops", "seconds")}
         if memory:
             ratio["peak_bytes"] = absorbed["peak_bytes"] / max(plain["peak_bytes"], 1)
-        print(f"  absorbed / plain: {ratio['flops']:.2f}x the FLOPs, {ratio['seconds']:.2f}x the time"
-              + (f", {ratio['peak_bytes']:.2f}x the peak memory" if memory else "") + "\n")
-        results.append({"case": case, "T": T, "Tk": Tk, "max difference": diff,
-                        **{form: {"GFLOP": round(r["flops"] / 1e9, 4), "ms": round(r["seconds"] * 1e3, 2),
-                                  "peak extra MiB": None if r["peak_bytes"] is None else round(r["peak_bytes"] / 2**20, 1)}
-                           for form, r in rows.items()},
-                        "absorbed / plain": {key: round(value, 3) for key, value in ratio.items()}})
+        print(
+            f"  absorbed / plain: {ratio['flops']:.2f}x the FLOPs, {ratio['seconds']:.2f}x the time"
+            + (f", {ratio['peak_bytes']:.2f}x the peak memory" if memory else "")
+            + "\n"
+        )
+        results.append(
+            {
+                "case": case,
+                "T": T,
+                "Tk": Tk,
+                "max difference": diff,
+                **{
+                    form: {
+                        "GFLOP": round(r["flops"] / 1e9, 4),
+                        "ms": round(r["seconds"] * 1e3, 2),
+                        "peak extra MiB": None if r["peak_bytes"] is None else round(r["peak_bytes"] / 2**20, 1),
+                    }
+                    for form, r in rows.items()
+                },
+                "absorbed / plain": {key: round(value, 3) for key, value in ratio.items()},
+            }
+        )
     if args.json:
-        args.json.write_text(json.dumps({
-            "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} CPU threads",
-            "torch": torch.__version__, "date": datetime.date.today().isoformat(),
-            "mla": {"d_model": D_MODEL, "n_heads": N_HEADS, "d_latent": D_LATENT, "dtype": "float32"},
-            "batch": args.batch,
-            "cases": results}, indent=1) + "\n")
+        args.json.write_text(
+            json.dumps(
+                {
+                    "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} CPU threads",
+                    "torch": torch.__version__,
+                    "date": datetime.date.today().isoformat(),
+                    "mla": {"d_model": D_MODEL, "n_heads": N_HEADS, "d_latent": D_LATENT, "dtype": "float32"},
+                    "batch": args.batch,
+                    "cases": results,
+                },
+                indent=1,
+            )
+            + "\n"
+        )
     return results
 
 

@@ -12,6 +12,7 @@ same run. Naive attention's step holds several (H, T, T) tensors (the mask, the 
 memory grows as T^2; the tiled step holds the gradients, out, lse and D, and a few tiles: it grows as T.
 --budget (seconds) skips the lengths left when it runs out, and says so.
 """
+
 import argparse
 import contextlib
 import datetime
@@ -79,12 +80,18 @@ def gpu_step(method, T, heads, dtype, repeats):
     sys.path.insert(0, str(REPO))
     from solutions.flash_backward import FlashAttention, TritonFlashAttention
     from solutions.gpu import naive_attention
-    fns = {"naive": lambda q, k, v: naive_attention(q, k, v, True), "tiled": lambda q, k, v: FlashAttention.apply(q, k, v, True),
-           "triton": lambda q, k, v: TritonFlashAttention.apply(q, k, v, True),
-           "sdpa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)}
+
+    fns = {
+        "naive": lambda q, k, v: naive_attention(q, k, v, True),
+        "tiled": lambda q, k, v: FlashAttention.apply(q, k, v, True),
+        "triton": lambda q, k, v: TritonFlashAttention.apply(q, k, v, True),
+        "sdpa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+    }
 
     def step():
-        q, k, v = (t.requires_grad_() for t in (torch.randn(1, heads, T, 64, device="cuda", dtype=dtype) for _ in range(3)))
+        q, k, v = (
+            t.requires_grad_() for t in (torch.randn(1, heads, T, 64, device="cuda", dtype=dtype) for _ in range(3))
+        )
         with sdpa_kernel([SDPBackend.FLASH_ATTENTION]) if method == "sdpa" else contextlib.nullcontext():
             fns[method](q, k, v).backward(torch.ones_like(q))
 
@@ -110,8 +117,10 @@ def main_cuda(args):
     """The GPU version of the table: every method at every length, in float16 (the torch passes in their
     default tiles of 64; the Triton forward in solutions.gpu.attention_tiles' for this card)."""
     name = torch.cuda.get_device_name()
-    print(f"torch {torch.__version__} on {name}; causal attention, B=1, H={args.heads}, Dh=64, float16; one forward + "
-          f"backward step (inputs included in the time, not in the memory)\n")
+    print(
+        f"torch {torch.__version__} on {name}; causal attention, B=1, H={args.heads}, Dh=64, float16; one forward + "
+        f"backward step (inputs included in the time, not in the memory)\n"
+    )
     methods = ("naive", "tiled", "triton", "sdpa")
     print(f"{'T':>6} " + " ".join(f"{m + ' MiB':>11} {m + ' ms':>10}" for m in methods))
     start, rows, skipped = time.perf_counter(), [], []
@@ -128,18 +137,38 @@ def main_cuda(args):
                 row[m + "_note"] = str(e).splitlines()[0][:120]
                 torch.cuda.empty_cache()
         rows.append(row)
-        print(f"{T:6d} " + " ".join(f"{row.get(m + '_mib', float('nan')):11.1f} {row.get(m + '_ms', float('nan')):10.2f}"
-                                     for m in methods), flush=True)
+        print(
+            f"{T:6d} "
+            + " ".join(
+                f"{row.get(m + '_mib', float('nan')):11.1f} {row.get(m + '_ms', float('nan')):10.2f}" for m in methods
+            ),
+            flush=True,
+        )
     if skipped:
         print(f"skipped (over the {args.budget:.0f} s budget): T = {', '.join(map(str, skipped))}")
     if args.json:
-        args.json.write_text(json.dumps({
-            "machine": name, "torch": torch.__version__, "cuda": torch.version.cuda,
-            "date": datetime.date.today().isoformat(),
-            "setup": {"B": 1, "H": args.heads, "Dh": 64, "dtype": "float16", "causal": True, "repeats": args.repeats},
-            "rows": [{k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()} for row in rows],
-            "skipped": skipped,
-        }, indent=1) + "\n")
+        args.json.write_text(
+            json.dumps(
+                {
+                    "machine": name,
+                    "torch": torch.__version__,
+                    "cuda": torch.version.cuda,
+                    "date": datetime.date.today().isoformat(),
+                    "setup": {
+                        "B": 1,
+                        "H": args.heads,
+                        "Dh": 64,
+                        "dtype": "float16",
+                        "causal": True,
+                        "repeats": args.repeats,
+                    },
+                    "rows": [{k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()} for row in rows],
+                    "skipped": skipped,
+                },
+                indent=1,
+            )
+            + "\n"
+        )
 
 
 def main():
@@ -159,33 +188,59 @@ def main():
         return main_cuda(args)
     if not Path("/proc/self/clear_refs").exists():
         sys.exit("this benchmark reads the peak resident set size from /proc (Linux only)")
-    print(f"torch {torch.__version__}, {args.threads} threads; causal attention, B=1, H={args.heads}, Dh=64, "
-          f"float32, tiles of {args.block}; one forward + backward step\n")
-    print(f"{'T':>6} {'naive MiB':>10} {'tiled MiB':>10} {'naive/tiled':>12} {'naive s':>9} {'tiled s':>9} {'tiled/naive':>12}")
+    print(
+        f"torch {torch.__version__}, {args.threads} threads; causal attention, B=1, H={args.heads}, Dh=64, "
+        f"float32, tiles of {args.block}; one forward + backward step\n"
+    )
+    print(
+        f"{'T':>6} {'naive MiB':>10} {'tiled MiB':>10} {'naive/tiled':>12} {'naive s':>9} {'tiled s':>9} {'tiled/naive':>12}"
+    )
     start, rows, skipped = time.perf_counter(), [], []
     for T in args.lengths:
         if time.perf_counter() - start > args.budget:
             skipped.append(T)
             continue
         naive, tiled = (measure(m, T, args.heads, args.block, args.threads, args.repeats) for m in ("naive", "tiled"))
-        row = {"T": T, "naive_mib": naive["peak_bytes"] / 2**20, "tiled_mib": tiled["peak_bytes"] / 2**20,
-               "naive_s": naive["seconds"], "tiled_s": tiled["seconds"]}
+        row = {
+            "T": T,
+            "naive_mib": naive["peak_bytes"] / 2**20,
+            "tiled_mib": tiled["peak_bytes"] / 2**20,
+            "naive_s": naive["seconds"],
+            "tiled_s": tiled["seconds"],
+        }
         row["memory_ratio"] = row["naive_mib"] / max(row["tiled_mib"], 1 / 2**20)
         row["time_ratio"] = row["tiled_s"] / row["naive_s"]
         rows.append(row)
-        print(f"{T:6d} {row['naive_mib']:10.1f} {row['tiled_mib']:10.1f} {row['memory_ratio']:11.1f}x "
-              f"{row['naive_s']:9.3f} {row['tiled_s']:9.3f} {row['time_ratio']:11.2f}x", flush=True)
+        print(
+            f"{T:6d} {row['naive_mib']:10.1f} {row['tiled_mib']:10.1f} {row['memory_ratio']:11.1f}x "
+            f"{row['naive_s']:9.3f} {row['tiled_s']:9.3f} {row['time_ratio']:11.2f}x",
+            flush=True,
+        )
     if skipped:
         print(f"skipped (over the {args.budget:.0f} s budget): T = {', '.join(map(str, skipped))}")
     if args.json:
-        args.json.write_text(json.dumps({
-            "machine": f"{platform.processor() or platform.machine()}, {args.threads} CPU threads",
-            "torch": torch.__version__, "date": datetime.date.today().isoformat(),
-            "setup": {"B": 1, "H": args.heads, "Dh": 64, "dtype": "float32", "causal": True, "block": args.block,
-                      "repeats": args.repeats},
-            "rows": [{k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()} for row in rows],
-            "skipped": skipped,
-        }, indent=1) + "\n")
+        args.json.write_text(
+            json.dumps(
+                {
+                    "machine": f"{platform.processor() or platform.machine()}, {args.threads} CPU threads",
+                    "torch": torch.__version__,
+                    "date": datetime.date.today().isoformat(),
+                    "setup": {
+                        "B": 1,
+                        "H": args.heads,
+                        "Dh": 64,
+                        "dtype": "float32",
+                        "causal": True,
+                        "block": args.block,
+                        "repeats": args.repeats,
+                    },
+                    "rows": [{k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()} for row in rows],
+                    "skipped": skipped,
+                },
+                indent=1,
+            )
+            + "\n"
+        )
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ flash_attention at long T), are skipped and listed with the reason.
 The results go to <out>/gpu_attention_<device>.json (default out: benchmarks/results on a GPU;
 the CPU smoke run writes only where --out says) and are printed as a table.
 """
+
 import argparse
 import datetime
 import json
@@ -38,8 +39,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from solutions import gpu  # noqa: E402  (sets TRITON_INTERPRET=1 itself when there is no GPU)
 
-BACKENDS = {"sdpa-flash": SDPBackend.FLASH_ATTENTION, "sdpa-efficient": SDPBackend.EFFICIENT_ATTENTION,
-            "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa-math": SDPBackend.MATH}
+BACKENDS = {
+    "sdpa-flash": SDPBackend.FLASH_ATTENTION,
+    "sdpa-efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION,
+    "sdpa-math": SDPBackend.MATH,
+}
 
 
 class _KernelLog(TorchDispatchMode):
@@ -63,10 +68,20 @@ def configs(smoke):
     if smoke:
         tokens, hidden, lengths, dims, dtypes = 64, 32, (32, 64), (16,), (torch.float32,)
     else:
-        tokens, hidden, lengths, dims, dtypes = 16384, 2048, (1024, 2048, 4096, 8192, 16384), (64, 128), \
-            (torch.float16, torch.bfloat16)
-    return [(t, tokens // t, hidden // d, d, dt, causal)
-            for dt in dtypes for d in dims for causal in (False, True) for t in lengths]
+        tokens, hidden, lengths, dims, dtypes = (
+            16384,
+            2048,
+            (1024, 2048, 4096, 8192, 16384),
+            (64, 128),
+            (torch.float16, torch.bfloat16),
+        )
+    return [
+        (t, tokens // t, hidden // d, d, dt, causal)
+        for dt in dtypes
+        for d in dims
+        for causal in (False, True)
+        for t in lengths
+    ]
 
 
 def bottom_right(q, k, v, causal):
@@ -82,9 +97,15 @@ def methods(smoke, device, free=None):
 
     def too_big(copies, element_bytes=None):
         """Skip when `copies` T x T matrices (of element_bytes each, default the inputs' dtype) would not fit."""
+
         def limit(b, h, t, d, dt):
             need = copies * b * h * t * t * (element_bytes or dt.itemsize)
-            return f"skipped: needs about {need / 2**30:.0f} GiB for {copies} T x T matrices" if need > 0.7 * free else None
+            return (
+                f"skipped: needs about {need / 2**30:.0f} GiB for {copies} T x T matrices"
+                if need > 0.7 * free
+                else None
+            )
+
         return limit
 
     def torch_flash_limit(b, h, t, d, dt):
@@ -105,8 +126,10 @@ def methods(smoke, device, free=None):
     for name, backend in BACKENDS.items():
         out[name] = (backend, too_big(3, 4) if backend == SDPBackend.MATH else None)  # math works in fp32
     out["triton (course kernel)"] = (lambda q, k, v, c: gpu.triton_attention(q, k, v, causal=c), triton_limit)
-    out["flash_attention (torch)"] = (lambda q, k, v, c: gpu.flash_attention(q, k, v, causal=c, block_q=block, block_k=block),
-                                      torch_flash_limit)
+    out["flash_attention (torch)"] = (
+        lambda q, k, v, c: gpu.flash_attention(q, k, v, causal=c, block_q=block, block_k=block),
+        torch_flash_limit,
+    )
     out["naive"] = (lambda q, k, v, c: gpu.naive_attention(q, k, v, causal=c), too_big(3))
     return out
 
@@ -124,8 +147,17 @@ def run(smoke, budget_s, min_run_time):
         reference = bottom_right(q, k, v, causal).float()
         default_ms = None
         for name, (fn, limit) in table.items():
-            row = dict(base, method=name, kernel=None, ms=None, tflops=None, vs_sdpa_default=None,
-                       max_abs_err=None, status="ok", note="")
+            row = dict(
+                base,
+                method=name,
+                kernel=None,
+                ms=None,
+                tflops=None,
+                vs_sdpa_default=None,
+                max_abs_err=None,
+                status="ok",
+                note="",
+            )
             reason = limit(b, h, t, d, dtype) if limit else None
             if reason is None and time.perf_counter() - start > budget_s:
                 reason = f"skipped: the run's time budget ({budget_s:.0f} s) is spent"
@@ -156,9 +188,12 @@ def run(smoke, budget_s, min_run_time):
                 continue
             if name == "sdpa":
                 default_ms = ms
-            row.update(kernel=log.kernel() if name.startswith("sdpa") else name.split(" ")[0], ms=_sig(ms),
-                       tflops=_sig(flops / (ms * 1e-3) / 1e12),
-                       max_abs_err=_sig(float((out.float() - reference).abs().max())))
+            row.update(
+                kernel=log.kernel() if name.startswith("sdpa") else name.split(" ")[0],
+                ms=_sig(ms),
+                tflops=_sig(flops / (ms * 1e-3) / 1e12),
+                max_abs_err=_sig(float((out.float() - reference).abs().max())),
+            )
             if default_ms:
                 row["vs_sdpa_default"] = _sig(default_ms / ms)
             rows.append(row)
@@ -186,15 +221,19 @@ def device_name(device):
 
 
 def print_table(rows):
-    print(f"{'T':>6} {'B':>3} {'H':>3} {'Dh':>4} {'dtype':>9} {'causal':>6}  {'method':24} {'kernel':44} "
-          f"{'ms':>9} {'TFLOP/s':>8} {'vs SDPA':>8}")
+    print(
+        f"{'T':>6} {'B':>3} {'H':>3} {'Dh':>4} {'dtype':>9} {'causal':>6}  {'method':24} {'kernel':44} "
+        f"{'ms':>9} {'TFLOP/s':>8} {'vs SDPA':>8}"
+    )
     for r in rows:
         if r["status"] == "ok":
             tail = f"{r['ms']:9.3f} {r['tflops']:8.3g} {r['vs_sdpa_default'] or 0:7.3g}x"
         else:
             tail = r["note"][:60]
-        print(f"{r['seq_len']:6d} {r['batch']:3d} {r['heads']:3d} {r['head_dim']:4d} {r['dtype']:>9} {r['causal']!s:>6}  "
-              f"{r['method']:24} {str(r['kernel'] or '-'):44} {tail}")
+        print(
+            f"{r['seq_len']:6d} {r['batch']:3d} {r['heads']:3d} {r['head_dim']:4d} {r['dtype']:>9} {r['causal']!s:>6}  "
+            f"{r['method']:24} {str(r['kernel'] or '-'):44} {tail}"
+        )
 
 
 def main(argv=None):
@@ -209,13 +248,18 @@ def main(argv=None):
     device, rows, seconds = run(smoke, args.budget, min_run_time=0.01 if smoke else 0.05)
     print_table(rows)
     result = {
-        "benchmark": "gpu_attention", "mode": "cpu-smoke" if smoke else "gpu", "device": device_name(device),
-        "torch": torch.__version__, "triton": getattr(gpu.triton, "__version__", None) if gpu.HAS_TRITON else None,
-        "cuda": torch.version.cuda, "python": platform.python_version(),
+        "benchmark": "gpu_attention",
+        "mode": "cpu-smoke" if smoke else "gpu",
+        "device": device_name(device),
+        "torch": torch.__version__,
+        "triton": getattr(gpu.triton, "__version__", None) if gpu.HAS_TRITON else None,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "tokens_per_batch": rows[0]["seq_len"] * rows[0]["batch"] if rows else None,
         "hidden": rows[0]["heads"] * rows[0]["head_dim"] if rows else None,
-        "flops": "attention_flops (4*B*H*T*T*Dh, halved when causal)", "seconds": round(seconds, 1),
+        "flops": "attention_flops (4*B*H*T*T*Dh, halved when causal)",
+        "seconds": round(seconds, 1),
         "results": rows,
     }
     out_dir = args.out or (None if smoke else ROOT / "benchmarks" / "results")

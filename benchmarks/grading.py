@@ -20,6 +20,7 @@ each): the start-up of the grader and its worker is left out. "without defences"
 AUTOGRADER_TEST_UNPROTECTED=1 (autograder/worker.py): no seccomp, per-child namespaces, cgroups,
 frame caps or integrity check.
 """
+
 import argparse
 import datetime
 import itertools
@@ -40,8 +41,8 @@ sys.path.insert(0, str(REPO))
 
 from autograder import notebook as nbk  # noqa: E402
 from autograder.release import release  # noqa: E402
-from tests.harness import mutants  # noqa: E402
 from autograder.worker import UNPROTECTED_ENV  # noqa: E402
+from tests.harness import mutants  # noqa: E402
 from tests.harness.lessons import fill  # noqa: E402
 
 
@@ -105,8 +106,22 @@ def cpu_per_extra_submission(root, lesson, n_students, envs, repeats=2):
         for name, env in envs.items():
             for n, subs in classes.items():
                 out = root / f"{lesson}-{n}" / f"results-{name}-{i}"
-                t = timed([sys.executable, "-m", "autograder", "grade", str(subs), "--quiet", "--lesson", lesson,
-                           "--out", str(out)], REPO, env)[1]
+                t = timed(
+                    [
+                        sys.executable,
+                        "-m",
+                        "autograder",
+                        "grade",
+                        str(subs),
+                        "--quiet",
+                        "--lesson",
+                        lesson,
+                        "--out",
+                        str(out),
+                    ],
+                    REPO,
+                    env,
+                )[1]
                 cpu[name, n] = min(cpu.get((name, n), t), t)
     return {name: (cpu[name, n_students] - cpu[name, 2]) / (n_students - 2) for name in envs}
 
@@ -117,7 +132,8 @@ def nbgrader_autograde(root, lessons):
         "c = get_config()\n"
         f"c.CourseDirectory.source_directory = {str(REPO / 'lessons')!r}\n"
         "c.CourseDirectory.db_url = 'sqlite:///gradebook.db'\n"
-        "c.Execute.timeout = 120\n")
+        "c.Execute.timeout = 120\n"
+    )
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     nbgrader = [str(Path(sys.executable).parent / "nbgrader")]
     for lesson in lessons:
@@ -135,8 +151,11 @@ def main():
     p.add_argument("--skip-child", action="store_true", help="no CPU figure of one sandbox child")
     p.add_argument("--regrade", action="store_true", help="the wall time of one regrade with --resume, and its parts")
     p.add_argument("--baseline", metavar="COMMIT", help="with --regrade: measure this commit too, in the same run")
-    p.add_argument("--json", type=Path, help="also write the figures to this JSON file (sections not measured "
-                                                 "in this run are kept)")
+    p.add_argument(
+        "--json",
+        type=Path,
+        help="also write the figures to this JSON file (sections not measured in this run are kept)",
+    )
     args = p.parse_args()
     root = Path(tempfile.mkdtemp(prefix="grading-bench-"))
     record = {}
@@ -148,17 +167,29 @@ def main():
         if args.regrade:
             record["regrade"] = regrade(root / "regrade", args.baseline)
         if not args.skip_nbgrader:
-            record["throughput_vs_nbgrader"] = throughput(root / "throughput", args.nbgrader_lessons,
-                                                          args.nbgrader_students)
+            record["throughput_vs_nbgrader"] = throughput(
+                root / "throughput", args.nbgrader_lessons, args.nbgrader_students
+            )
     finally:
         shutil.rmtree(root, ignore_errors=True)
     if args.json:
         old = json.loads(args.json.read_text()) if args.json.exists() else {}
-        old = {k: v for k, v in old.items()
-               if k in ("cpu_per_child", "cpu_per_extra_submission", "throughput_vs_nbgrader", "regrade")}
-        args.json.write_text(json.dumps({
-            "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs", **old, **record,
-        }, indent=1) + "\n")
+        old = {
+            k: v
+            for k, v in old.items()
+            if k in ("cpu_per_child", "cpu_per_extra_submission", "throughput_vs_nbgrader", "regrade")
+        }
+        args.json.write_text(
+            json.dumps(
+                {
+                    "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
+                    **old,
+                    **record,
+                },
+                indent=1,
+            )
+            + "\n"
+        )
 
 
 CHILDREN = """
@@ -187,8 +218,13 @@ def per_child(n=40):
                 cpu[name, count] = min(cpu.get((name, count), t), t)
     figures = {name: round((cpu[name, n] - cpu[name, 0]) / n, 4) for name in envs}
     print(f"CPU seconds per sandbox child: {figures['with']:.4f} with the defences, {figures['without']:.4f} without")
-    return {"date": datetime.date.today().isoformat(), "children": n, "with_defences": figures["with"],
-            "without_defences": figures["without"], "defences_cost": round(figures["with"] - figures["without"], 4)}
+    return {
+        "date": datetime.date.today().isoformat(),
+        "children": n,
+        "with_defences": figures["with"],
+        "without_defences": figures["without"],
+        "defences_cost": round(figures["with"] - figures["without"], 4),
+    }
 
 
 def per_lesson(root, lessons, students):
@@ -202,14 +238,23 @@ def per_lesson(root, lessons, students):
     print(f"{'lesson':26s} {'with defences':>14s} {'without':>8s} {'cost':>7s}")
     for lesson in lessons:
         cpu = cpu_per_extra_submission(root, lesson, students, {"with": protected, "without": unprotected})
-        figures[lesson] = {"with_defences": round(cpu["with"], 3), "without_defences": round(cpu["without"], 3),
-                           "defences_cost": round(cpu["with"] - cpu["without"], 3)}
-        print(f"{lesson:26s} {cpu['with']:14.2f} {cpu['without']:8.2f} {cpu['with'] - cpu['without']:+7.2f}",
-              flush=True)
-    return {"date": datetime.date.today().isoformat(), "students_per_lesson": students, "jobs": 1,
-            "counted": "the grader and every sandbox process, user + system (a cpuacct cgroup)"
-            if os.access(CPUACCT, os.W_OK) else "the grader and the processes it waited for (rusage)",
-            "seconds": figures}
+        figures[lesson] = {
+            "with_defences": round(cpu["with"], 3),
+            "without_defences": round(cpu["without"], 3),
+            "defences_cost": round(cpu["with"] - cpu["without"], 3),
+        }
+        print(
+            f"{lesson:26s} {cpu['with']:14.2f} {cpu['without']:8.2f} {cpu['with'] - cpu['without']:+7.2f}", flush=True
+        )
+    return {
+        "date": datetime.date.today().isoformat(),
+        "students_per_lesson": students,
+        "jobs": 1,
+        "counted": "the grader and every sandbox process, user + system (a cpuacct cgroup)"
+        if os.access(CPUACCT, os.W_OK)
+        else "the grader and the processes it waited for (rusage)",
+        "seconds": figures,
+    }
 
 
 def throughput(root, lessons, students):
@@ -218,18 +263,39 @@ def throughput(root, lessons, students):
     n = students * len(lessons)
     times = {"nbgrader autograde": nbgrader_autograde(root, lessons)}
     for jobs in (1, 2):
-        cmd = [sys.executable, "-m", "autograder", "grade", str(subs), "--quiet",
-               *sum((["--lesson", lesson] for lesson in lessons), []), "--out", str(root / f"results{jobs}"),
-               "--jobs", str(jobs)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "autograder",
+            "grade",
+            str(subs),
+            "--quiet",
+            *sum((["--lesson", lesson] for lesson in lessons), []),
+            "--out",
+            str(root / f"results{jobs}"),
+            "--jobs",
+            str(jobs),
+        ]
         times[f"autograder --jobs {jobs}"] = timed(cmd, REPO)[0]
     base = times["nbgrader autograde"]
     print(f"\n{n} submissions ({students} students x {', '.join(lessons)}), {os.cpu_count()} CPUs")
     print(f"{'':24s} {'total s':>8s} {'s/submission':>13s} {'throughput vs nbgrader':>23s}")
     for name, t in times.items():
         print(f"{name:24s} {t:8.1f} {t / n:13.2f} {base / t:22.2f}x")
-    return {"date": datetime.date.today().isoformat(), "submissions": n, "lessons": lessons,
-            "runs": [{"command": name, "seconds": round(t, 1), "seconds_per_submission": round(t / n, 2),
-                      "throughput_vs_nbgrader": round(base / t, 2)} for name, t in times.items()]}
+    return {
+        "date": datetime.date.today().isoformat(),
+        "submissions": n,
+        "lessons": lessons,
+        "runs": [
+            {
+                "command": name,
+                "seconds": round(t, 1),
+                "seconds_per_submission": round(t / n, 2),
+                "throughput_vs_nbgrader": round(base / t, 2),
+            }
+            for name, t in times.items()
+        ],
+    }
 
 
 REGRADE_LESSONS = ["01_attention", "02_heads", "03_multi_head", "04_gqa", "05_kv_cache"]
@@ -276,15 +342,19 @@ def regrade(root, baseline=None, runs=5):
         base.mkdir()
         archive = subprocess.run(["git", "-C", str(REPO), "archive", baseline], capture_output=True, check=True)
         subprocess.run(["tar", "-x", "-C", str(base)], input=archive.stdout, check=True)
-        checkouts[f"{baseline} ({subprocess.check_output(['git', '-C', str(REPO), 'rev-parse', '--short', baseline], text=True).strip()})"] = base
+        checkouts[
+            f"{baseline} ({subprocess.check_output(['git', '-C', str(REPO), 'rev-parse', '--short', baseline], text=True).strip()})"
+        ] = base
     outs = {name: root / f"results-{i}" for i, name in enumerate(checkouts)}
-    grades = {name: [sys.executable, "-m", "autograder", "grade", str(subs), "--out", str(outs[name]), "--quiet"]
-              for name in checkouts}
+    grades = {
+        name: [sys.executable, "-m", "autograder", "grade", str(subs), "--out", str(outs[name]), "--quiet"]
+        for name in checkouts
+    }
     envs = {name: dict(os.environ, PYTHONPATH=str(code)) for name, code in checkouts.items()}
     for name, code in checkouts.items():
-        timed(grades[name], code, envs[name])   # the class graded once
+        timed(grades[name], code, envs[name])  # the class graded once
     walls, cpus = defaultdict(list), defaultdict(list)
-    for i in range(runs):   # interleaved: a busy moment slows both checkouts, not one
+    for i in range(runs):  # interleaved: a busy moment slows both checkouts, not one
         changed.write_bytes(versions[(i + 1) % 2])
         for name, code in checkouts.items():
             wall, cpu = timed(grades[name] + ["--resume"], code, envs[name])
@@ -293,18 +363,43 @@ def regrade(root, baseline=None, runs=5):
     changed.write_bytes(versions[0])
     figures = {}
     for name, code in checkouts.items():
-        parts = [min(x) for x in zip(*(map(float, subprocess.run(
-            [sys.executable, "-c", PARTS.format(lessons=REGRADE_LESSONS, out=str(outs[name]))], cwd=code,
-            env=envs[name], capture_output=True, text=True, check=True).stdout.split()) for _ in range(3)))]
-        figures[name] = dict(wall=round(min(walls[name]), 2), cpu=round(min(cpus[name]), 2), **{
-            k: round(v, 2) for k, v in zip(("imports", "fingerprints", "self_check", "sandbox_start"), parts)})
-    print(f"\nOne regrade (grade --resume, 1 of 15 notebooks changed, lessons 01-05), least of {runs}, "
-          f"{os.cpu_count()} CPUs; parts measured alone, least of 3")
-    print(f"{'':28s} {'wall s':>7s} {'CPU s':>6s} {'imports':>8s} {'fingerprints':>13s} {'self-check':>11s} "
-          f"{'sandbox':>8s}")
+        parts = [
+            min(x)
+            for x in zip(
+                *(
+                    map(
+                        float,
+                        subprocess.run(
+                            [sys.executable, "-c", PARTS.format(lessons=REGRADE_LESSONS, out=str(outs[name]))],
+                            cwd=code,
+                            env=envs[name],
+                            capture_output=True,
+                            text=True,
+                            check=True,
+                        ).stdout.split(),
+                    )
+                    for _ in range(3)
+                )
+            )
+        ]
+        figures[name] = dict(
+            wall=round(min(walls[name]), 2),
+            cpu=round(min(cpus[name]), 2),
+            **{k: round(v, 2) for k, v in zip(("imports", "fingerprints", "self_check", "sandbox_start"), parts)},
+        )
+    print(
+        f"\nOne regrade (grade --resume, 1 of 15 notebooks changed, lessons 01-05), least of {runs}, "
+        f"{os.cpu_count()} CPUs; parts measured alone, least of 3"
+    )
+    print(
+        f"{'':28s} {'wall s':>7s} {'CPU s':>6s} {'imports':>8s} {'fingerprints':>13s} {'self-check':>11s} "
+        f"{'sandbox':>8s}"
+    )
     for name, f in figures.items():
-        print(f"{name:28s} {f['wall']:7.2f} {f['cpu']:6.2f} {f['imports']:8.2f} {f['fingerprints']:13.2f} "
-              f"{f['self_check']:11.2f} {f['sandbox_start']:8.2f}")
+        print(
+            f"{name:28s} {f['wall']:7.2f} {f['cpu']:6.2f} {f['imports']:8.2f} {f['fingerprints']:13.2f} "
+            f"{f['self_check']:11.2f} {f['sandbox_start']:8.2f}"
+        )
     return {"date": datetime.date.today().isoformat(), "runs": runs, "seconds": figures}
 
 

@@ -14,6 +14,7 @@
 Targets (not tests): MHA at most 0.6x torch's time; cache at least 10x the tokens/s; flash at
 most 1/20 of naive's extra memory.
 """
+
 import argparse
 import datetime
 import json
@@ -99,27 +100,57 @@ def main():
     print("1. MultiHeadAttention forward, B=8 T=256 D=512 H=8, need_weights=False")
     mha = mha_vs_torch(threads)
     for mode, ours, ref in mha:
-        print(f"   {mode:27s} ours {ours * 1e3:7.2f} ms   torch {ref * 1e3:7.2f} ms   ratio {ours / ref:.2f}x (target <= 0.6x)")
+        print(
+            f"   {mode:27s} ours {ours * 1e3:7.2f} ms   torch {ref * 1e3:7.2f} ms   ratio {ours / ref:.2f}x (target <= 0.6x)"
+        )
     print("\n2. generate(), 512 new tokens after a 16-token prompt (8 heads, 2 KV heads); tokens identical")
     gen = {name: generation(*size) for name, size in SIZES.items()}
     for name, (cached, uncached) in gen.items():
-        print(f"   {name:36s} with cache {cached:7.1f} tokens/s   without {uncached:6.1f}   "
-              f"speedup {cached / uncached:.1f}x (target >= 10x)")
+        print(
+            f"   {name:36s} with cache {cached:7.1f} tokens/s   without {uncached:6.1f}   "
+            f"speedup {cached / uncached:.1f}x (target >= 10x)"
+        )
     naive, flash = peak_extra_bytes("naive"), peak_extra_bytes("flash")
     print("\n3. Peak extra memory at T=4096 (B=1, H=4, Dh=64, float32)")
-    print(f"   naive {naive / 2**20:8.1f} MiB   flash_attention {flash / 2**20:8.1f} MiB   "
-          f"ratio 1/{naive / max(flash, 1):.0f} (target <= 1/20)")
+    print(
+        f"   naive {naive / 2**20:8.1f} MiB   flash_attention {flash / 2**20:8.1f} MiB   "
+        f"ratio 1/{naive / max(flash, 1):.0f} (target <= 1/20)"
+    )
     if args.json:
-        args.json.write_text(json.dumps({
-            "machine": f"{platform.processor() or platform.machine()}, {threads} CPU threads",
-            "torch": torch.__version__, "date": datetime.date.today().isoformat(),
-            "mha_forward_ms": [{"mode": m, "ours": round(o * 1e3, 2), "torch.nn.MultiheadAttention": round(r * 1e3, 2),
-                                "ratio": round(o / r, 2)} for m, o, r in mha],
-            "generate_512_tokens_per_s": [{"model": name, "with cache": round(c, 1), "without cache": round(u, 1),
-                                           "speedup": round(c / u, 1)} for name, (c, u) in gen.items()],
-            "peak_extra_memory_mib_T4096": {"naive": round(naive / 2**20, 1), "flash_attention": round(flash / 2**20, 1),
-                                            "ratio": f"1/{naive / max(flash, 1):.0f}"},
-        }, indent=1) + "\n")
+        args.json.write_text(
+            json.dumps(
+                {
+                    "machine": f"{platform.processor() or platform.machine()}, {threads} CPU threads",
+                    "torch": torch.__version__,
+                    "date": datetime.date.today().isoformat(),
+                    "mha_forward_ms": [
+                        {
+                            "mode": m,
+                            "ours": round(o * 1e3, 2),
+                            "torch.nn.MultiheadAttention": round(r * 1e3, 2),
+                            "ratio": round(o / r, 2),
+                        }
+                        for m, o, r in mha
+                    ],
+                    "generate_512_tokens_per_s": [
+                        {
+                            "model": name,
+                            "with cache": round(c, 1),
+                            "without cache": round(u, 1),
+                            "speedup": round(c / u, 1),
+                        }
+                        for name, (c, u) in gen.items()
+                    ],
+                    "peak_extra_memory_mib_T4096": {
+                        "naive": round(naive / 2**20, 1),
+                        "flash_attention": round(flash / 2**20, 1),
+                        "ratio": f"1/{naive / max(flash, 1):.0f}",
+                    },
+                },
+                indent=1,
+            )
+            + "\n"
+        )
 
 
 if __name__ == "__main__":

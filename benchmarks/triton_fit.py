@@ -17,6 +17,7 @@ Each row: compiles or the compiler's complaint, the shared memory one program ne
 card's limit per block, registers per thread and spilled bytes (ptxas -v). The rows go to
 benchmarks/results/triton_fit.json (with --device: triton_fit_<gpu name>.json) and a table.
 """
+
 import argparse
 import datetime
 import json
@@ -36,14 +37,19 @@ from solutions import flash_backward, gpu  # noqa: E402
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 HEAD_DIMS = (16, 32, 64, 128)  # BLOCK_D of every head_dim the lessons and benchmarks launch with (4 to 128)
 SOFTMAX_BLOCKS = (1024, 4096)
-NOTEBOOKS = {"06_gpu": "lessons/06_gpu/06_gpu.ipynb", "09_flash_backward": "lessons/09_flash_backward/09_flash_backward.ipynb"}
+NOTEBOOKS = {
+    "06_gpu": "lessons/06_gpu/06_gpu.ipynb",
+    "09_flash_backward": "lessons/09_flash_backward/09_flash_backward.ipynb",
+}
 
 
 def kernels():
     """[(kind, where, (name, [source]))]: each distinct kernel once, with every place that defines it."""
-    found = [("softmax", "solutions/gpu.py", fit.kernel_source(gpu._softmax_kernel)),
-             ("attention", "solutions/gpu.py", fit.kernel_source(gpu._attention_kernel)),
-             ("attention", "solutions/flash_backward.py", fit.kernel_source(flash_backward._flash_forward_kernel))]
+    found = [
+        ("softmax", "solutions/gpu.py", fit.kernel_source(gpu._softmax_kernel)),
+        ("attention", "solutions/gpu.py", fit.kernel_source(gpu._attention_kernel)),
+        ("attention", "solutions/flash_backward.py", fit.kernel_source(flash_backward._flash_forward_kernel)),
+    ]
     for lesson, path in NOTEBOOKS.items():
         cells = [nbk.without_markers(nbk.source(c)) for c in nbk.code_cells(nbk.read(ROOT / path))]
         for name, kernel in fit.notebook_kernels(cells).items():
@@ -52,7 +58,13 @@ def kernels():
                 kind, where, k = found[same[0]]
                 found[same[0]] = (kind, f"{where}, lesson {lesson}", k)
             else:
-                kind = "attention" if "BLOCK_Q" in fit.parameters(kernel) else "softmax" if name == "_softmax_kernel" else "demo"
+                kind = (
+                    "attention"
+                    if "BLOCK_Q" in fit.parameters(kernel)
+                    else "softmax"
+                    if name == "_softmax_kernel"
+                    else "demo"
+                )
                 found.append((kind, f"lesson {lesson}", kernel))
     return found
 
@@ -69,17 +81,39 @@ def plan(cards):
                         try:
                             tiles = gpu.attention_tiles((arch // 10, arch % 10), limit, DTYPES[dtype], head_dim)
                         except ValueError as e:
-                            refused.append(dict(kernel=kernel[0], where=where, label=f"{dtype} head_dim {head_dim}",
-                                                arch=arch, card=card, limit=limit, refused=str(e)))
+                            refused.append(
+                                dict(
+                                    kernel=kernel[0],
+                                    where=where,
+                                    label=f"{dtype} head_dim {head_dim}",
+                                    arch=arch,
+                                    card=card,
+                                    limit=limit,
+                                    refused=str(e),
+                                )
+                            )
                             continue
-                        jobs.append((where, fit.attention_job(kernel, arch, dtype, head_dim, tiles, card=(card, limit))))
+                        jobs.append(
+                            (where, fit.attention_job(kernel, arch, dtype, head_dim, tiles, card=(card, limit)))
+                        )
             elif kind == "softmax":
                 for dtype in ("float16", "float32"):
                     for block in SOFTMAX_BLOCKS:
                         jobs.append((where, fit.softmax_job(kernel, arch, dtype, block, card=(card, limit))))
             else:  # lesson 06's first kernel, as its demo launches it
-                jobs.append((where, fit.job(kernel, {"X": "*fp32", "Y": "*fp32", "n": "i32"}, {"BLOCK": 4}, arch,
-                                            label="float32 BLOCK 4", card=(card, limit))))
+                jobs.append(
+                    (
+                        where,
+                        fit.job(
+                            kernel,
+                            {"X": "*fp32", "Y": "*fp32", "n": "i32"},
+                            {"BLOCK": 4},
+                            arch,
+                            label="float32 BLOCK 4",
+                            card=(card, limit),
+                        ),
+                    )
+                )
     return jobs, refused
 
 
@@ -91,21 +125,28 @@ def tiles_of(r):
 def print_table(rows):
     for kernel in sorted({(r["kernel"], r["where"]) for r in rows}):
         print(f"{kernel[0]}: {kernel[1]}")
-    print(f"\n{'kernel':22} {'config':22} {'card':11} {'tiles':16} {'shared':>8} {'limit':>7} {'regs':>5} {'spills':>7}  verdict")
+    print(
+        f"\n{'kernel':22} {'config':22} {'card':11} {'tiles':16} {'shared':>8} {'limit':>7} {'regs':>5} {'spills':>7}  verdict"
+    )
     for r in rows:
         card = f"{r['card']} sm_{r['arch']}"
         if r.get("refused"):
-            print(f"{r['kernel']:22} {r['label']:22} {card:11} {'':16} {'':>8} {'':>7} {'':>5} {'':>7}  launcher refuses")
+            print(
+                f"{r['kernel']:22} {r['label']:22} {card:11} {'':16} {'':>8} {'':>7} {'':>5} {'':>7}  launcher refuses"
+            )
             continue
         verdict = "fits" if r["fits"] else ("DOES NOT FIT" if r["compiles"] else f"DOES NOT COMPILE: {r['error']}")
         shared = f"{r['shared'] / 1024:.1f}K" if r["shared"] is not None else "-"
-        print(f"{r['kernel']:22} {r['label']:22} {card:11} {tiles_of(r):16} {shared:>8} {r['limit'] // 1024:>6}K "
-              f"{r['registers'] or '-':>5} {r['spill_stores'] if r['spill_stores'] is not None else '-':>7}  {verdict}")
+        print(
+            f"{r['kernel']:22} {r['label']:22} {card:11} {tiles_of(r):16} {shared:>8} {r['limit'] // 1024:>6}K "
+            f"{r['registers'] or '-':>5} {r['spill_stores'] if r['spill_stores'] is not None else '-':>7}  {verdict}"
+        )
 
 
 def device_card():
     """{arch: (name, limit)} of this machine's GPU, from torch."""
     import triton
+
     major, minor = torch.cuda.get_device_capability(0)
     limit = triton.runtime.driver.active.utils.get_device_properties(0)["max_shared_mem"]  # as launch_tiles reads it
     return {major * 10 + minor: (torch.cuda.get_device_name(0), limit)}
@@ -135,12 +176,21 @@ def main(argv=None):
     print_table(rows)
     seconds = time.perf_counter() - start
     import triton
-    result = {"benchmark": "triton_fit", "triton": triton.__version__, "torch": torch.__version__,
-              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "how": ("compiled for this GPU" if args.device else
-                      "compiled ahead of time for each target on a CPU (triton.compile, GPUTarget)"),
-              "cards": {str(a): {"name": n, "shared_per_block": lim} for a, (n, lim) in cards.items()},
-              "seconds": round(seconds, 1), "rows": rows}
+
+    result = {
+        "benchmark": "triton_fit",
+        "triton": triton.__version__,
+        "torch": torch.__version__,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "how": (
+            "compiled for this GPU"
+            if args.device
+            else "compiled ahead of time for each target on a CPU (triton.compile, GPUTarget)"
+        ),
+        "cards": {str(a): {"name": n, "shared_per_block": lim} for a, (n, lim) in cards.items()},
+        "seconds": round(seconds, 1),
+        "rows": rows,
+    }
     name = "triton_fit.json"
     if args.device:
         name = "triton_fit_" + re.sub(r"[^a-z0-9]+", "-", next(iter(cards.values()))[0].lower()).strip("-") + ".json"

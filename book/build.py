@@ -17,6 +17,7 @@ Options: --fresh (run every notebook again and rebuild every page), --jobs N (no
 parallel; default: the number of CPUs), --results DIR (preview other benchmark results),
 --allow-warnings (draft builds only: CI uses the default).
 """
+
 import argparse
 import ast
 import base64
@@ -42,18 +43,18 @@ from pathlib import Path
 
 BOOK = Path(__file__).resolve().parent
 ROOT = BOOK.parent
-SRC = BOOK / "_generated"                # the assembled book sources (ignored)
-BUILD = BOOK / "_build"                  # Jupyter Book's output: BUILD/html is the site (ignored)
+SRC = BOOK / "_generated"  # the assembled book sources (ignored)
+BUILD = BOOK / "_build"  # Jupyter Book's output: BUILD/html is the site (ignored)
 HTML = BUILD / "html"
-NB_CACHE = BUILD / ".notebooks"          # student copies of executed lessons, by content hash
-MATHJAX_CACHE = BUILD / ".mathjax"       # the npm package, fetched once
+NB_CACHE = BUILD / ".notebooks"  # student copies of executed lessons, by content hash
+MATHJAX_CACHE = BUILD / ".mathjax"  # the npm package, fetched once
 MATHJAX_SPEC = "mathjax@3"
 # What the site needs of MathJax's es5 folder: the component Sphinx loads, what it loads on demand
 # (TeX extensions, the accessibility menu and its speech engine) and the CHTML fonts.
 MATHJAX_PARTS = ["tex-mml-chtml.js", "input", "output/chtml", "a11y", "ui", "sre"]
 RESULTS = ROOT / "benchmarks" / "results"
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".gif", ".svg"}
-CACHE_VERSION = "2"                      # bump when the way lessons are executed changes
+CACHE_VERSION = "2"  # bump when the way lessons are executed changes
 # Figures at twice their size in pixels (shown at their size: sharp on any screen).
 KERNEL_ARGS = ["--InlineBackend.figure_formats=retina"]
 
@@ -69,6 +70,7 @@ def log(msg):
 
 def load_yaml(path):
     import yaml
+
     return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
 
 
@@ -80,6 +82,7 @@ def module_of(lesson):
 # --------------------------------------------------------------------------------------------
 # Lessons: execute, strip, cache
 # --------------------------------------------------------------------------------------------
+
 
 def lesson_hash(lesson):
     """A hash of what a lesson's student copy with outputs depends on: the files of its folder (the
@@ -101,18 +104,33 @@ def execute_lesson(lesson, timeout=600):
 
     path = nbk.lesson_path(lesson)
     nb = nbformat.read(str(path), as_version=4)
-    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=False,
-                            extra_arguments=KERNEL_ARGS, resources={"metadata": {"path": str(path.parent)}})
+    client = NotebookClient(
+        nb,
+        timeout=timeout,
+        kernel_name="python3",
+        allow_errors=False,
+        extra_arguments=KERNEL_ARGS,
+        resources={"metadata": {"path": str(path.parent)}},
+    )
     try:
         client.execute()
     except CellExecutionError as e:
         # nbclient's message quotes the cell and the traceback, which may show solution code: name
         # the cell and the error only, so that a CI log (maybe public) never shows solutions.
-        where = next((f"cell {i}" + (f" ({nbk.grade_id(c)})" if nbk.grade_id(c) else "")
-                      for i, c in enumerate(nb.cells) if c.cell_type == "code"
-                      for o in c.get("outputs", []) if o.get("output_type") == "error"), "a cell")
-        raise RuntimeError(f"{lesson}: {where} failed when run with the reference solutions: "
-                           f"{e.ename}: {str(e.evalue)[:300]} (run the notebook to see the traceback)") from None
+        where = next(
+            (
+                f"cell {i}" + (f" ({nbk.grade_id(c)})" if nbk.grade_id(c) else "")
+                for i, c in enumerate(nb.cells)
+                if c.cell_type == "code"
+                for o in c.get("outputs", [])
+                if o.get("output_type") == "error"
+            ),
+            "a cell",
+        )
+        raise RuntimeError(
+            f"{lesson}: {where} failed when run with the reference solutions: "
+            f"{e.ename}: {str(e.evalue)[:300]} (run the notebook to see the traceback)"
+        ) from None
     log(f"  {lesson} ran in {time.perf_counter() - start:.1f} s")
     copy_ = student_copy(json.loads(nbformat.writes(nb)), keep_outputs=True)
     copy_["metadata"]["book"] = {"machine": build_machine(), "date": datetime.date.today().isoformat()}
@@ -123,13 +141,23 @@ def build_machine():
     """The machine the lessons ran on, in words (the book's timings come from it)."""
     cpu = None
     try:
-        cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                    if line.startswith("model name")), None)
+        cpu = next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")
+            ),
+            None,
+        )
     except OSError:
         pass
-    words = f"{' '.join((cpu or platform.processor() or platform.machine()).split())}, {os.cpu_count()} logical CPU cores"
+    words = (
+        f"{' '.join((cpu or platform.processor() or platform.machine()).split())}, {os.cpu_count()} logical CPU cores"
+    )
     if shutil.which("nvidia-smi"):
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True)
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True
+        )
         gpus = out.stdout.split("\n")[0].strip() if out.returncode == 0 else ""
         if gpus:
             words += f", {gpus}"
@@ -142,8 +170,10 @@ def lesson_copies(lessons, jobs, fresh):
     wanted = {lesson: NB_CACHE / f"{lesson}-{lesson_hash(lesson)}.ipynb" for lesson in lessons}
     todo = [lesson for lesson, f in wanted.items() if fresh or not f.exists()]
     if todo:
-        log(f"running {len(todo)} lesson(s) with the reference solutions ({min(jobs, len(todo))} at a time): "
-            + ", ".join(todo))
+        log(
+            f"running {len(todo)} lesson(s) with the reference solutions ({min(jobs, len(todo))} at a time): "
+            + ", ".join(todo)
+        )
         start = time.perf_counter()
         with concurrent.futures.ThreadPoolExecutor(max(1, min(jobs, len(todo)))) as pool:
             futures = {pool.submit(execute_lesson, lesson): lesson for lesson in todo}
@@ -157,7 +187,7 @@ def lesson_copies(lessons, jobs, fresh):
         if failed:
             raise SystemExit("[book] " + "\n[book] ".join(failed))
         log(f"lessons ran in {time.perf_counter() - start:.1f} s")
-    for f in NB_CACHE.glob("*.ipynb"):           # drop stale cache entries
+    for f in NB_CACHE.glob("*.ipynb"):  # drop stale cache entries
         if f not in wanted.values():
             f.unlink()
     return {lesson: nbk.read(f) for lesson, f in wanted.items()}
@@ -177,8 +207,11 @@ def lesson_title(nb, lesson):
 def lesson_assets(lesson):
     """Image files of the lesson's folder (markdown cells may show them), relative paths."""
     folder = nbk.lesson_path(lesson).parent
-    return [f.relative_to(folder) for f in sorted(folder.rglob("*"))
-            if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES and ".ipynb_checkpoints" not in f.parts]
+    return [
+        f.relative_to(folder)
+        for f in sorted(folder.rglob("*"))
+        if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES and ".ipynb_checkpoints" not in f.parts
+    ]
 
 
 # --------------------------------------------------------------------------------------------
@@ -190,7 +223,7 @@ VISIBLE_TESTS = re.compile(r"^\s*#\s*Visible tests:\s*(.+?)\s*$", re.I)
 TIMING = re.compile(r"perf_counter|benchmark_ms|timeit|\bTimed\b|time\.time\(|cuda\.Event")
 # An object's default repr (`<torch._C.Generator object at 0x7f...>`): a memory address says nothing.
 ADDRESS_REPR = re.compile(r"^<[\w.]+ (object )?at 0x[0-9a-fA-F]+>$")
-IMAGE_MIME = {"image/svg+xml": ".svg", "image/png": ".png", "image/jpeg": ".jpg"}   # in order of preference
+IMAGE_MIME = {"image/svg+xml": ".svg", "image/png": ".png", "image/jpeg": ".jpg"}  # in order of preference
 
 
 def lesson_number(lesson):
@@ -214,8 +247,11 @@ def figure_specs(cell):
 def is_noise(out):
     """An expression's value that is only an object's address (a cell ending in `torch.manual_seed(0)`)."""
     data = out.get("data", {})
-    return out.get("output_type") == "execute_result" and set(data) == {"text/plain"} \
+    return (
+        out.get("output_type") == "execute_result"
+        and set(data) == {"text/plain"}
         and bool(ADDRESS_REPR.match(nbk.source({"source": data["text/plain"]}).strip()))
+    )
 
 
 def one_line(text):
@@ -276,22 +312,29 @@ def visible_tests_for_readers(cell):
     summary = visible_tests_summary(cell) or f"what {nbk.grade_id(cell).removeprefix('test_')} must do"
     meta = copy.deepcopy(cell.get("metadata", {}))
     meta["tags"] = list(meta.get("tags", [])) + ["hide-input", "visible-tests"]
-    meta.setdefault("mystnb", {}).update(code_prompt_show=f"Visible tests: {summary}",
-                                         code_prompt_hide=f"Visible tests: {summary}")
+    meta.setdefault("mystnb", {}).update(
+        code_prompt_show=f"Visible tests: {summary}", code_prompt_hide=f"Visible tests: {summary}"
+    )
     return dict(cell, metadata=meta)
 
 
 def answer_label(cell):
     """The "Your answer" label put above an answer cell (a markdown cell of its own)."""
-    return {"cell_type": "markdown", "id": f"label-{cell.get('id') or nbk.grade_id(cell)}"[:64], "metadata": {},
-            "source": ["```{container} cell-label answer-label\n", "Your answer\n", "```\n"]}
+    return {
+        "cell_type": "markdown",
+        "id": f"label-{cell.get('id') or nbk.grade_id(cell)}"[:64],
+        "metadata": {},
+        "source": ["```{container} cell-label answer-label\n", "Your answer\n", "```\n"],
+    }
 
 
 def download_note(lesson):
-    return (f"\n:::{{admonition}} Run this lesson yourself\n:class: tip download-lesson\n"
-            f"{{download}}`Download {lesson}.zip <{lesson}.zip>`: the notebook as students get it (no "
-            f"solutions), with the data files it needs. Unzip it and open it in JupyterLab; "
-            f"{{ref}}`the front page <run-locally>` says how.\n:::\n")
+    return (
+        f"\n:::{{admonition}} Run this lesson yourself\n:class: tip download-lesson\n"
+        f"{{download}}`Download {lesson}.zip <{lesson}.zip>`: the notebook as students get it (no "
+        f"solutions), with the data files it needs. Unzip it and open it in JupyterLab; "
+        f"{{ref}}`the front page <run-locally>` says how.\n:::\n"
+    )
 
 
 def book_page(nb, lesson, glossary):
@@ -308,8 +351,12 @@ def book_page(nb, lesson, glossary):
         if cell.get("cell_type") == "markdown":
             text = glossary.link(nbk.source(cell), linked)
             if not titled:
-                text, titled = re.sub(r"^(#\s+.+)$", lambda m: m.group(1) + "\n" + download_note(lesson),
-                                      text, count=1, flags=re.M), True
+                text, titled = (
+                    re.sub(
+                        r"^(#\s+.+)$", lambda m: m.group(1) + "\n" + download_note(lesson), text, count=1, flags=re.M
+                    ),
+                    True,
+                )
             cell = dict(cell)
             nbk.set_source(cell, text)
         elif cell.get("cell_type") == "code":
@@ -342,7 +389,8 @@ def lesson_download(lesson):
 
 # Markdown that a glossary link must not enter: code, maths, links, HTML, headings, directive
 # lines and options, targets. The text between these is prose.
-PROTECTED = re.compile(r"""
+PROTECTED = re.compile(
+    r"""
     ^[ \t]*(`{3,}|~{3,})[^\n]*\n.*?^[ \t]*\1[^\n]*$     # fenced blocks (code and directives)
   | ^[ \t]*(?::{3,}|\#|\([^)\n]*\)=|:[\w-]+:)[^\n]*     # colon fences, headings, targets, options
   | \$\$.*?\$\$ | (?<![\\$])\$(?:\\.|[^$\\])+?\$          # maths
@@ -350,7 +398,9 @@ PROTECTED = re.compile(r"""
   | (`+).*?\3                                             # code spans and roles' content
   | \{[\w:-]+\}                                            # role names
   | !?\[[^\]\n]*\]\([^)\n]*\) | <[^>\n]+> | https?://\S+  # links, HTML, addresses
-""", re.M | re.S | re.X)
+""",
+    re.M | re.S | re.X,
+)
 
 
 class Glossary:
@@ -374,9 +424,12 @@ class Glossary:
                 pattern = re.escape(term).replace(r"\ ", r"[ \n]+")
                 scope = "(?:" if sum(c.isupper() for c in term) >= 2 else "(?i:"
                 alternatives.append((len(term), f"(?P<e{i}_{len(alternatives)}>{scope}{pattern}(?:e?s)?))"))
-        alternatives.sort(key=lambda a: -a[0])           # the longest term wins where several start
-        self.pattern = re.compile(r"(?<![\w-])(?:" + "|".join(a for _, a in alternatives) + r")(?![\w-])") \
-            if alternatives else None
+        alternatives.sort(key=lambda a: -a[0])  # the longest term wins where several start
+        self.pattern = (
+            re.compile(r"(?<![\w-])(?:" + "|".join(a for _, a in alternatives) + r")(?![\w-])")
+            if alternatives
+            else None
+        )
 
     def link(self, markdown, linked):
         """markdown with the first use of each entry not in `linked` (updated) linked to the glossary."""
@@ -390,11 +443,12 @@ class Glossary:
                     return m.group(0)
                 linked.add(entry)
                 return f"{{term}}`{' '.join(m.group(0).split())} <{self.entries[entry][0]}>`"
+
             return self.pattern.sub(sub, text)
 
         out, pos = [], 0
         for m in PROTECTED.finditer(markdown):
-            out += [prose(markdown[pos:m.start()]), m.group(0)]
+            out += [prose(markdown[pos : m.start()]), m.group(0)]
             pos = m.end()
         return "".join(out + [prose(markdown[pos:])])
 
@@ -403,6 +457,7 @@ class Glossary:
 # MathJax: a local copy from the npm registry
 # --------------------------------------------------------------------------------------------
 
+
 def mathjax_dir():
     """The es5 folder of the mathjax@3 npm package, fetched into MATHJAX_CACHE on first use."""
     es5 = MATHJAX_CACHE / "package" / "es5"
@@ -410,9 +465,11 @@ def mathjax_dir():
         return es5
     npm = shutil.which("npm")
     if npm is None:
-        raise SystemExit("[book] npm is needed once to fetch MathJax (the site serves it itself): "
-                         "install Node.js (apt-get install npm), or unpack the npm package "
-                         f"{MATHJAX_SPEC} into {MATHJAX_CACHE}/package")
+        raise SystemExit(
+            "[book] npm is needed once to fetch MathJax (the site serves it itself): "
+            "install Node.js (apt-get install npm), or unpack the npm package "
+            f"{MATHJAX_SPEC} into {MATHJAX_CACHE}/package"
+        )
     MATHJAX_CACHE.mkdir(parents=True, exist_ok=True)
     log(f"fetching {MATHJAX_SPEC} with npm into {MATHJAX_CACHE.relative_to(ROOT)}")
     for old in MATHJAX_CACHE.glob("mathjax-*.tgz"):
@@ -420,10 +477,11 @@ def mathjax_dir():
     out = subprocess.run([npm, "pack", MATHJAX_SPEC], capture_output=True, text=True, cwd=MATHJAX_CACHE)
     tgz = sorted(MATHJAX_CACHE.glob("mathjax-*.tgz"))
     if out.returncode != 0 or not tgz:
-        raise SystemExit(f"[book] `npm pack {MATHJAX_SPEC}` failed (is the npm registry reachable?):\n"
-                         f"{out.stderr[-2000:]}")
+        raise SystemExit(
+            f"[book] `npm pack {MATHJAX_SPEC}` failed (is the npm registry reachable?):\n{out.stderr[-2000:]}"
+        )
     with tarfile.open(tgz[-1]) as tar:
-        if hasattr(tarfile, "data_filter"):       # Python >= 3.11.4 / 3.10.12: refuse odd members
+        if hasattr(tarfile, "data_filter"):  # Python >= 3.11.4 / 3.10.12: refuse odd members
             tar.extractall(MATHJAX_CACHE, filter="data")
         else:
             tar.extractall(MATHJAX_CACHE)
@@ -438,7 +496,7 @@ def mathjax_files(es5):
     files = {"LICENSE": es5.parent / "LICENSE"}
     for part in MATHJAX_PARTS:
         p = es5 / part
-        for f in ([p] if p.is_file() else sorted(p.rglob("*")) if p.is_dir() else []):
+        for f in [p] if p.is_file() else sorted(p.rglob("*")) if p.is_dir() else []:
             if f.is_file():
                 files[f.relative_to(es5).as_posix()] = f
     return files
@@ -447,6 +505,7 @@ def mathjax_files(es5):
 # --------------------------------------------------------------------------------------------
 # Pages
 # --------------------------------------------------------------------------------------------
+
 
 def md_escape(text):
     """Text as literal MyST Markdown (no emphasis, maths, links or table cells)."""
@@ -461,8 +520,11 @@ def lessons_table(catalogue, lessons, titles):
         info = catalogue.get(lesson, {})
         title = info.get("title") or titles.get(lesson, lesson)
         number = lesson.split("_", 1)[0]
-        name = f"[{number}. {title}](lessons/{lesson}/{lesson}.ipynb)" if lesson in lessons \
+        name = (
+            f"[{number}. {title}](lessons/{lesson}/{lesson}.ipynb)"
+            if lesson in lessons
             else f"{number}. {title} *(coming soon)*"
+        )
         rows.append(f"| {name} | {info.get('summary', '')} |")
     return "\n".join(rows)
 
@@ -478,15 +540,19 @@ def signature_of(obj, name):
     except (TypeError, ValueError):
         return None
     try:
-        ast.parse(f"def {name}{sig}: pass")      # Sphinx must be able to parse it
+        ast.parse(f"def {name}{sig}: pass")  # Sphinx must be able to parse it
     except SyntaxError:
         return None
     return f"{name}{sig}"
 
 
 def doc_block(obj, ticks=3):
-    doc = inspect.getdoc(obj) if obj.__doc__ else None   # its own docstring, not torch.nn.Module's
-    return f"{fence(ticks)}{{code-block}} text\n:class: docstring\n\n{doc}\n{fence(ticks)}\n" if doc else "*(no docstring)*\n"
+    doc = inspect.getdoc(obj) if obj.__doc__ else None  # its own docstring, not torch.nn.Module's
+    return (
+        f"{fence(ticks)}{{code-block}} text\n:class: docstring\n\n{doc}\n{fence(ticks)}\n"
+        if doc
+        else "*(no docstring)*\n"
+    )
 
 
 def class_methods(cls):
@@ -518,32 +584,41 @@ def api_entry(lesson, module, name, contract):
     if kind == "class":
         for mname, member in class_methods(obj):
             if mname == "__init__":
-                continue          # its arguments are the class's signature
+                continue  # its arguments are the class's signature
             msig = signature_of(member, mname)
             if msig is None:
                 parts.append(f"`{mname}`\n\n{doc_block(member)}")
                 continue
             msig = msig.replace("(self, ", "(", 1).replace("(self)", "()", 1)
-            parts += [f"{fence(4)}{{py:method}} {msig}", ":no-index-entry:", "", doc_block(member) if member.__doc__ else "",
-                      fence(4), ""]
+            parts += [
+                f"{fence(4)}{{py:method}} {msig}",
+                ":no-index-entry:",
+                "",
+                doc_block(member) if member.__doc__ else "",
+                fence(4),
+                "",
+            ]
     parts.append(fence(5))
     return "\n".join(parts) + "\n"
 
 
 def api_page(catalogue, lessons, titles, graded):
     out = [
-        "# API reference: the graded functions", "",
+        "# API reference: the graded functions",
+        "",
         "Every exercise of the course is one function or class in a lesson notebook. This page lists them",
         "all, lesson by lesson: what the course's contract fixes (names, signatures, shapes), and the",
         "signature and docstring you find in the notebook's answer cell. The grader calls exactly these",
-        "names with these arguments, so keep them as they are.", "",
+        "names with these arguments, so keep them as they are.",
+        "",
         ":::{note}",
         "Conventions used everywhere: `B` batch, `T` sequence length (`Tq`, `Tk` for queries and keys),",
         "`D` model width, `H` query heads, `Hkv` key/value heads, `Dh = D // H` head width; multi-head",
-        "tensors are laid out `(B, H, T, Dh)`. Masks are boolean and **True means \"may attend\"**; causal",
+        'tensors are laid out `(B, H, T, Dh)`. Masks are boolean and **True means "may attend"**; causal',
         "masks are aligned bottom-right (query `i` may see key `j` iff `j <= i + (Tk - Tq)`). Lesson 01",
         "works in numpy, the later lessons in torch on whatever device the inputs are on.",
-        ":::", "",
+        ":::",
+        "",
     ]
     for lesson in sorted(set(catalogue) | set(lessons)):
         info = catalogue.get(lesson, {})
@@ -571,8 +646,12 @@ def measured_on_gpu(data):
     """Does this result say (under a device-like key) that it ran on a GPU?"""
     if isinstance(data, dict):
         for k, v in data.items():
-            if isinstance(v, str) and GPU_KEYS.search(str(k)) and GPU_VALUES.search(v) \
-                    and not re.search(r"\bno\b|unavailable|not available", v, re.I):
+            if (
+                isinstance(v, str)
+                and GPU_KEYS.search(str(k))
+                and GPU_VALUES.search(v)
+                and not re.search(r"\bno\b|unavailable|not available", v, re.I)
+            ):
                 return True
             if measured_on_gpu(v):
                 return True
@@ -614,8 +693,12 @@ def render_json(data, level=3, label=None):
         columns = list(dict.fromkeys(k for row in data for k in row))
         out.append(table(columns, [[row.get(c, "") for c in columns] for row in data]))
     elif isinstance(data, dict):
-        flat = {k: v for k, v in data.items() if not isinstance(v, (dict, list)) or
-                (isinstance(v, list) and not is_records(v) and not any(isinstance(x, (dict, list)) for x in v))}
+        flat = {
+            k: v
+            for k, v in data.items()
+            if not isinstance(v, (dict, list))
+            or (isinstance(v, list) and not is_records(v) and not any(isinstance(x, (dict, list)) for x in v))
+        }
         if flat:
             out.append(table(["key", "value"], list(flat.items())))
         for k, v in data.items():
@@ -647,12 +730,20 @@ def provenance(path, data):
     doc = ast.get_docstring(ast.parse(script.read_text(encoding="utf-8"))) if script else None
     what = one_line(doc.split("\n\n")[0]) if doc else "not said (no script in benchmarks/ wrote this file)"
     info = data if isinstance(data, dict) else {}
-    where = "; ".join(f"{k} {one_line(info[k])}" for k in ("machine", "device", "mode", "torch", "triton", "cuda")
-                      if info.get(k) not in (None, "")) or "not recorded"
+    where = (
+        "; ".join(
+            f"{k} {one_line(info[k])}"
+            for k in ("machine", "device", "mode", "torch", "triton", "cuda")
+            if info.get(k) not in (None, "")
+        )
+        or "not recorded"
+    )
     when = one_line(info.get("date") or "not recorded")
     by = f" by `benchmarks/{script.name}`" if script else ""
-    return (f"- **What:** {md_escape(what)}\n- **Where:** {md_escape(where)}\n- **When:** {md_escape(when)}\n"
-            f"- **File:** `benchmarks/results/{path.name}`, written{by}\n")
+    return (
+        f"- **What:** {md_escape(what)}\n- **Where:** {md_escape(where)}\n- **When:** {md_escape(when)}\n"
+        f"- **File:** `benchmarks/results/{path.name}`, written{by}\n"
+    )
 
 
 SEQ_KEYS, MEASURE_KEYS, PANEL_KEYS = ("seq_len", "T"), ("tflops", "ms"), ("dtype", "head_dim", "causal")
@@ -664,11 +755,16 @@ def plottable(data):
     found = []
 
     def walk(value, label):
-        if is_records(value) and any(k in value[0] for k in SEQ_KEYS) and any(k in r for r in value for k in MEASURE_KEYS):
+        if (
+            is_records(value)
+            and any(k in value[0] for k in SEQ_KEYS)
+            and any(k in r for r in value for k in MEASURE_KEYS)
+        ):
             found.append((label, value))
         elif isinstance(value, dict):
             for k, v in value.items():
                 walk(v, str(k))
+
     walk(data, "results")
     return found
 
@@ -676,6 +772,7 @@ def plottable(data):
 def plot_records(records):
     """A PNG (2x) of a measure against T, and its alt text; None when nothing was measured."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -688,13 +785,17 @@ def plot_records(records):
     configs = sorted({tuple(r.get(k) for k in panels) for r in rows}, key=str)
     ncols = 2 if len(configs) > 1 else 1
     nrows = -(-len(configs) // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(8, 3 * nrows + 0.8), squeeze=False, sharey=True,
-                             layout="constrained")
+    fig, axes = plt.subplots(
+        nrows, ncols, figsize=(8, 3 * nrows + 0.8), squeeze=False, sharey=True, layout="constrained"
+    )
     methods = sorted({str(r.get("method", y)) for r in rows})
     for ax, config in zip(axes.flat, configs):
         for method in methods:
-            pts = sorted((r[x], r[y]) for r in rows if str(r.get("method", y)) == method
-                         and tuple(r.get(k) for k in panels) == config)
+            pts = sorted(
+                (r[x], r[y])
+                for r in rows
+                if str(r.get("method", y)) == method and tuple(r.get(k) for k in panels) == config
+            )
             if pts:
                 ax.plot(*zip(*pts), marker="o", label=method)
         ax.set_xscale("log", base=2)
@@ -702,7 +803,7 @@ def plot_records(records):
         ax.set_xlabel(x)
         ax.set_ylabel({"tflops": "forward TFLOP/s", "ms": "time (ms)"}[y])
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(configs):]:
+    for ax in list(axes.flat)[len(configs) :]:
         ax.set_visible(False)
     handles, labels = axes.flat[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncol=3, fontsize=8)
@@ -710,21 +811,28 @@ def plot_records(records):
     fig.savefig(buf, format="png", dpi=200, metadata={"Software": None})
     plt.close(fig)
     measure = {"tflops": "forward TFLOP/s", "ms": "time in milliseconds"}[y]
-    alt = (f"Line plots of {measure} against {x} (log scale), one panel per configuration "
-           f"({', '.join(panels) or 'one'}), one line per method: {', '.join(methods)}.")
+    alt = (
+        f"Line plots of {measure} against {x} (log scale), one panel per configuration "
+        f"({', '.join(panels) or 'one'}), one line per method: {', '.join(methods)}."
+    )
     return buf.getvalue(), alt, measure, x
 
 
 def results_page(results_dir, figures_dir):
     """The results page, and {path under figures_dir: image (a source file or bytes)} of its figures."""
     files = sorted(results_dir.rglob("*.json")) if results_dir.is_dir() else []
-    images = sorted(f for f in results_dir.rglob("*") if f.suffix.lower() in IMAGE_SUFFIXES) \
-        if results_dir.is_dir() else []
-    out = ["# Benchmark results", "",
-           "Measured by the scripts in `benchmarks/`, which print ratios against baselines measured in the",
-           "same run, and recorded as JSON under `benchmarks/results/`. Every file there is shown below:",
-           "what it measured, where and when, its numbers as tables and, where they run over sequence",
-           "lengths, as a plot.", ""]
+    images = (
+        sorted(f for f in results_dir.rglob("*") if f.suffix.lower() in IMAGE_SUFFIXES) if results_dir.is_dir() else []
+    )
+    out = [
+        "# Benchmark results",
+        "",
+        "Measured by the scripts in `benchmarks/`, which print ratios against baselines measured in the",
+        "same run, and recorded as JSON under `benchmarks/results/`. Every file there is shown below:",
+        "what it measured, where and when, its numbers as tables and, where they run over sequence",
+        "lengths, as a plot.",
+        "",
+    ]
     parsed, broken = {}, []
     for f in files:
         try:
@@ -733,11 +841,21 @@ def results_page(results_dir, figures_dir):
             broken.append((f, e))
     gpu = [f for f, data in parsed.items() if measured_on_gpu(data)]
     if not files:
-        out += [":::{important}", "No benchmark results have been recorded yet: `benchmarks/results/` is empty.",
-                "No GPU results have been measured yet either.", ":::", ""]
+        out += [
+            ":::{important}",
+            "No benchmark results have been recorded yet: `benchmarks/results/` is empty.",
+            "No GPU results have been measured yet either.",
+            ":::",
+            "",
+        ]
     elif not gpu:
-        out += [":::{important}", "No GPU results have been measured yet: every result below was measured "
-                "without a GPU (or does not say on which device it ran).", ":::", ""]
+        out += [
+            ":::{important}",
+            "No GPU results have been measured yet: every result below was measured "
+            "without a GPU (or does not say on which device it ran).",
+            ":::",
+            "",
+        ]
     else:
         out += [f"GPU results: {', '.join('`' + f.relative_to(results_dir).as_posix() + '`' for f in gpu)}.", ""]
     figures, number = {}, 0
@@ -747,8 +865,15 @@ def results_page(results_dir, figures_dir):
             rel = img.relative_to(results_dir).as_posix()
             figures[rel] = img
             number += 1
-            out += [f"```{{figure}} {figures_dir}/{rel}", f":alt: The figure {md_escape(rel)} of the benchmark results",
-                    ":width: 100%", "", f"**Figure R.{number}.** `{rel}`, as recorded under `benchmarks/results/`.", "```", ""]
+            out += [
+                f"```{{figure}} {figures_dir}/{rel}",
+                f":alt: The figure {md_escape(rel)} of the benchmark results",
+                ":width: 100%",
+                "",
+                f"**Figure R.{number}.** `{rel}`, as recorded under `benchmarks/results/`.",
+                "```",
+                "",
+            ]
     for f in files:
         rel = f.relative_to(results_dir).as_posix()
         data = parsed.get(f)
@@ -770,9 +895,15 @@ def results_page(results_dir, figures_dir):
             number += 1
             name = f"{f.stem}-{re.sub(r'[^A-Za-z0-9]+', '-', label)}.png"
             figures[name] = png
-            out += [f"```{{figure}} {figures_dir}/{name}", f":alt: {alt}", "",
-                    f"**Figure R.{number}.** {md_escape(measure[0].upper() + measure[1:])} against {md_escape(x)}, from "
-                    f"`{rel}` ({md_escape(label)}); the tables below have every number.", "```", ""]
+            out += [
+                f"```{{figure}} {figures_dir}/{name}",
+                f":alt: {alt}",
+                "",
+                f"**Figure R.{number}.** {md_escape(measure[0].upper() + measure[1:])} against {md_escape(x)}, from "
+                f"`{rel}` ({md_escape(label)}); the tables below have every number.",
+                "```",
+                "",
+            ]
         out.append(render_json(data, 3))
     return "\n".join(out), figures
 
@@ -781,11 +912,18 @@ def results_page(results_dir, figures_dir):
 # Assembling and building
 # --------------------------------------------------------------------------------------------
 
+
 def toc(lessons):
     lines = ["format: jb-book", "root: index", "parts:", "  - caption: Lessons", "    chapters:"]
     lines += [f"      - file: lessons/{lesson}/{lesson}" for lesson in lessons] or ["      - file: no_lessons"]
-    lines += ["  - caption: Reference", "    chapters:", "      - file: glossary", "      - file: api",
-              "      - file: instructor", "      - file: results"]
+    lines += [
+        "  - caption: Reference",
+        "    chapters:",
+        "      - file: glossary",
+        "      - file: api",
+        "      - file: instructor",
+        "      - file: results",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -817,6 +955,7 @@ def site_config(path=BOOK / "_config.yml"):
     if url:
         options["repository_url"] = url
     import yaml
+
     return yaml.safe_dump(config, sort_keys=False, allow_unicode=True), url
 
 
@@ -841,7 +980,9 @@ def assemble(jobs, fresh, results=RESULTS):
     files["instructor.md"] = instructor_page().encode()
     intro = (BOOK / "intro.md").read_text(encoding="utf-8")
     intro = intro.replace("<!-- LESSONS -->", lessons_table(catalogue, lessons, titles))
-    files["index.md"] = intro.replace("<!-- REPOSITORY -->", f"The course's sources: <{repository}>." if repository else "").encode()
+    files["index.md"] = intro.replace(
+        "<!-- REPOSITORY -->", f"The course's sources: <{repository}>." if repository else ""
+    ).encode()
     files["_toc.yml"] = toc(lessons).encode()
     glossary_text = (BOOK / "glossary.md").read_text(encoding="utf-8")
     files["glossary.md"] = glossary_text.encode()
@@ -872,13 +1013,22 @@ def assemble(jobs, fresh, results=RESULTS):
 
 
 def build(strict=True, fresh=False):
-    cmd = [sys.executable, "-c", "import sys; from jupyter_book.cli.main import main; sys.exit(main())",
-           "build", str(SRC), "--path-output", str(BOOK), "--builder", "html"]
+    cmd = [
+        sys.executable,
+        "-c",
+        "import sys; from jupyter_book.cli.main import main; sys.exit(main())",
+        "build",
+        str(SRC),
+        "--path-output",
+        str(BOOK),
+        "--builder",
+        "html",
+    ]
     if strict:
         cmd += ["-W", "--keep-going"]
     if fresh:
         cmd.append("--all")
-    shutil.rmtree(HTML, ignore_errors=True)     # no stale page survives (the doctrees stay cached)
+    shutil.rmtree(HTML, ignore_errors=True)  # no stale page survives (the doctrees stay cached)
     log("building the site with Jupyter Book" + (" (warnings are errors)" if strict else ""))
     return subprocess.run(cmd, cwd=ROOT).returncode
 
@@ -887,12 +1037,13 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--fresh", action="store_true", help="run every notebook again and rebuild every page")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="notebooks run at once")
-    p.add_argument("--results", type=Path, default=RESULTS, help="the benchmark results to show "
-                   "(default: benchmarks/results)")
+    p.add_argument(
+        "--results", type=Path, default=RESULTS, help="the benchmark results to show (default: benchmarks/results)"
+    )
     p.add_argument("--allow-warnings", action="store_true", help="do not treat Sphinx warnings as errors")
     args = p.parse_args(argv)
     start = time.perf_counter()
-    if not os.path.exists("/dev/nvidia0"):        # lesson 06's Triton kernels run in the interpreter
+    if not os.path.exists("/dev/nvidia0"):  # lesson 06's Triton kernels run in the interpreter
         os.environ.setdefault("TRITON_INTERPRET", "1")
     lessons = assemble(args.jobs, args.fresh, args.results)
     rc = build(strict=not args.allow_warnings, fresh=args.fresh)
@@ -900,8 +1051,10 @@ def main(argv=None):
         log(f"the build failed (exit status {rc}); see the warnings above")
         return rc
     pages = [p for p in HTML.rglob("*.html") if p.relative_to(HTML).parts[0] != "_static"]
-    log(f"{len(pages)} pages ({len(lessons)} lesson(s)) in {HTML.relative_to(ROOT)} "
-        f"in {time.perf_counter() - start:.1f} s; open {HTML.relative_to(ROOT)}/index.html")
+    log(
+        f"{len(pages)} pages ({len(lessons)} lesson(s)) in {HTML.relative_to(ROOT)} "
+        f"in {time.perf_counter() - start:.1f} s; open {HTML.relative_to(ROOT)}/index.html"
+    )
     return 0
 
 

@@ -3,6 +3,7 @@
 Shapes: q (..., Tq, Dk), k (..., Tk, Dk), v (..., Tk, Dv). Boolean masks broadcast against
 the scores (..., Tq, Tk); True means "may attend".
 """
+
 import math
 
 import numpy as np
@@ -34,8 +35,9 @@ def scaled_dot_product_attention(q, k, v, mask=None):
     """
     q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
     if min(q.ndim, k.ndim, v.ndim) < 2 or q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
-        raise ValueError(f"expected q (..., Tq, Dk), k (..., Tk, Dk), v (..., Tk, Dv); "
-                         f"got q {q.shape}, k {k.shape}, v {v.shape}")
+        raise ValueError(
+            f"expected q (..., Tq, Dk), k (..., Tk, Dk), v (..., Tk, Dv); got q {q.shape}, k {k.shape}, v {v.shape}"
+        )
     scores = q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])  # a Python float keeps float32 float32
     if mask is not None:
         mask = np.asarray(mask)
@@ -57,7 +59,12 @@ def answered(*answers):
         fn = getattr(answer, "__wrapped__", answer)  # through @contextmanager and @torch.no_grad()
         methods = vars(fn).values() if isinstance(fn, type) else [fn]
         for code in (getattr(m, "__code__", None) for m in methods):
-            if code and "NotImplementedError" in code.co_names \
-                    and set(code.co_names) <= {"NotImplementedError", "super", "__init__"}:
-                raise NotImplementedError(f"{answer.__name__} is still the stub: write it in its cell above and "
-                                          "run that cell, then run this one again")
+            if (
+                code
+                and "NotImplementedError" in code.co_names
+                and set(code.co_names) <= {"NotImplementedError", "super", "__init__"}
+            ):
+                raise NotImplementedError(
+                    f"{answer.__name__} is still the stub: write it in its cell above and "
+                    "run that cell, then run this one again"
+                )

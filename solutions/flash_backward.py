@@ -8,6 +8,7 @@ Function whose backward is the tiled one (on a GPU, or on the CPU under Triton's
 Layout (B, H, T, Dh); the causal mask is bottom-right aligned (query i sees key j iff
 j <= i + Tk - Tq). Half precision is computed in float32 and returned in the inputs' dtype.
 """
+
 import math
 
 import torch
@@ -159,10 +160,29 @@ class FlashAttention(torch.autograd.Function):
 
 
 @triton.jit
-def _flash_forward_kernel(Q, K, V, O, LSE, stride_b, stride_h, stride_t, stride_kb, stride_kh, stride_kt,
-                          n_heads, seq_q, seq_k, head_dim, qk_scale,
-                          CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
-                          BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+def _flash_forward_kernel(
+    Q,
+    K,
+    V,
+    O,
+    LSE,
+    stride_b,
+    stride_h,
+    stride_t,
+    stride_kb,
+    stride_kh,
+    stride_kt,
+    n_heads,
+    seq_q,
+    seq_k,
+    head_dim,
+    qk_scale,
+    CAUSAL: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
     """Lesson 06's _attention_kernel, which also writes each row's logsumexp to LSE.
 
     One program computes BLOCK_Q rows of one (batch, head). Q, K, V, O as in lesson 06
@@ -175,8 +195,9 @@ def _flash_forward_kernel(Q, K, V, O, LSE, stride_b, stride_h, stride_t, stride_
     d_ok = cols_d < head_dim
     q_off = b * stride_b + h * stride_h
     kv_off = b * stride_kb + h * stride_kh
-    q = tl.load(Q + q_off + rows[:, None] * stride_t + cols_d[None, :],
-                mask=(rows[:, None] < seq_q) & d_ok[None, :], other=0.0)
+    q = tl.load(
+        Q + q_off + rows[:, None] * stride_t + cols_d[None, :], mask=(rows[:, None] < seq_q) & d_ok[None, :], other=0.0
+    )
     m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_Q], tl.float32)
     acc = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
@@ -187,8 +208,9 @@ def _flash_forward_kernel(Q, K, V, O, LSE, stride_b, stride_h, stride_t, stride_
     for start in range(0, hi, BLOCK_K):
         keys = start + tl.arange(0, BLOCK_K)
         k_ok = keys < seq_k
-        kt = tl.load(K + kv_off + keys[None, :] * stride_kt + cols_d[:, None],
-                     mask=k_ok[None, :] & d_ok[:, None], other=0.0)
+        kt = tl.load(
+            K + kv_off + keys[None, :] * stride_kt + cols_d[:, None], mask=k_ok[None, :] & d_ok[:, None], other=0.0
+        )
         s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
         ok = k_ok[None, :]
         if CAUSAL:
@@ -199,12 +221,16 @@ def _flash_forward_kernel(Q, K, V, O, LSE, stride_b, stride_h, stride_t, stride_
         p = tl.math.exp2(s - shift[:, None])
         alpha = tl.math.exp2(m_i - shift)
         l_i = l_i * alpha + tl.sum(p, 1)
-        vb = tl.load(V + kv_off + keys[:, None] * stride_kt + cols_d[None, :],
-                     mask=k_ok[:, None] & d_ok[None, :], other=0.0)
+        vb = tl.load(
+            V + kv_off + keys[:, None] * stride_kt + cols_d[None, :], mask=k_ok[:, None] & d_ok[None, :], other=0.0
+        )
         acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb, input_precision=PRECISION)
         m_i = m_new
-    tl.store(O + q_off + rows[:, None] * stride_t + cols_d[None, :], (acc / l_i[:, None]).to(O.dtype.element_ty),
-             mask=(rows[:, None] < seq_q) & d_ok[None, :])
+    tl.store(
+        O + q_off + rows[:, None] * stride_t + cols_d[None, :],
+        (acc / l_i[:, None]).to(O.dtype.element_ty),
+        mask=(rows[:, None] < seq_q) & d_ok[None, :],
+    )
     # m_i is in log2 units (the scores were scaled by log2(e)): the natural logsumexp is
     # m_i * ln(2) + ln(l_i), the max added back (a row that sees no key gets -inf, as in the torch forward).
     tl.store(LSE + bh * seq_q + rows, m_i * 0.6931471805599453 + tl.log(l_i), mask=rows < seq_q)
@@ -226,10 +252,27 @@ def triton_flash_forward(q, k, v, causal=False):
     lse = torch.empty((B, H, Tq), dtype=torch.float32, device=q.device)
     tiles = launch_tiles(q)
     grid = (triton.cdiv(Tq, tiles["BLOCK_Q"]), B * H)
-    _flash_forward_kernel[grid](q, k, v, out, lse, q.stride(0), q.stride(1), q.stride(2),
-                                k.stride(0), k.stride(1), k.stride(2), H, Tq, k.size(2), Dh,
-                                math.log2(math.e) / math.sqrt(Dh), CAUSAL=causal,
-                                PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **tiles)
+    _flash_forward_kernel[grid](
+        q,
+        k,
+        v,
+        out,
+        lse,
+        q.stride(0),
+        q.stride(1),
+        q.stride(2),
+        k.stride(0),
+        k.stride(1),
+        k.stride(2),
+        H,
+        Tq,
+        k.size(2),
+        Dh,
+        math.log2(math.e) / math.sqrt(Dh),
+        CAUSAL=causal,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        **tiles,
+    )
     return out, lse
 
 

@@ -9,6 +9,7 @@ Besides the graded names, the lesson provides (and benchmarks/gpu_attention.py u
 attention, a timer and a peak-memory meter, and the launch configuration of the attention kernels
 on a GPU, chosen from its shared memory (attention_tiles; launch_tiles for a tensor's device).
 """
+
 import contextlib
 import math
 import os
@@ -28,6 +29,7 @@ if not torch.cuda.is_available():
 try:  # Triton is optional (it installs on Linux only); the rest of the lesson works without it.
     import triton
     import triton.language as tl
+
     HAS_TRITON = True
 except ImportError:  # stand-ins, just enough to define (never to run) the kernel below
     HAS_TRITON = False
@@ -50,11 +52,14 @@ def naive_attention(q, k, v, causal=False):
 def check_attention_inputs(q, k, v):
     """ValueError unless q (B, H, Tq, Dh), k and v (B, H, Tk, Dh) share dtype and device."""
     if q.ndim != 4 or k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.size(3) != k.size(3):
-        raise ValueError(f"expected q (B, H, Tq, Dh), k and v (B, H, Tk, Dh); "
-                         f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+        raise ValueError(
+            f"expected q (B, H, Tq, Dh), k and v (B, H, Tk, Dh); "
+            f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
     if not (q.dtype == k.dtype == v.dtype and q.device == k.device == v.device):
-        raise ValueError(f"q, k, v must share dtype and device; got {q.dtype}/{q.device}, "
-                         f"{k.dtype}/{k.device}, {v.dtype}/{v.device}")
+        raise ValueError(
+            f"q, k, v must share dtype and device; got {q.dtype}/{q.device}, {k.dtype}/{k.device}, {v.dtype}/{v.device}"
+        )
 
 
 def attention_flops(batch, n_heads, seq_q, seq_k, head_dim, causal=False):
@@ -73,7 +78,7 @@ def online_softmax(x, block_size):
     m = torch.full((*x.shape[:-1], 1), float("-inf"), dtype=x.dtype, device=x.device)
     s = torch.zeros_like(m)
     for start in range(0, x.size(-1), block_size):
-        block = x[..., start:start + block_size]
+        block = x[..., start : start + block_size]
         m_new = torch.maximum(m, block.amax(dim=-1, keepdim=True))
         # A finite shift keeps exp() away from (-inf) - (-inf) while a row has seen only -inf.
         shift = m_new.clamp(min=torch.finfo(x.dtype).min)
@@ -96,7 +101,7 @@ def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):
     scale = 1 / math.sqrt(q.size(3))
     out = torch.empty_like(q)
     for qs in range(0, Tq, block_q):
-        qb = q[:, :, qs:qs + block_q].to(acc_dtype) * scale
+        qb = q[:, :, qs : qs + block_q].to(acc_dtype) * scale
         n = qb.size(2)
         m = torch.full((*qb.shape[:3], 1), float("-inf"), dtype=acc_dtype, device=q.device)
         l = torch.zeros_like(m)
@@ -105,8 +110,8 @@ def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):
         # With a causal mask, key tiles past this query tile's last visible key are skipped.
         k_end = min(Tk, qs + n + Tk - Tq) if causal else Tk
         for ks in range(0, k_end, block_k):
-            kb = k[:, :, ks:ks + block_k].to(acc_dtype)
-            vb = v[:, :, ks:ks + block_k].to(acc_dtype)
+            kb = k[:, :, ks : ks + block_k].to(acc_dtype)
+            vb = v[:, :, ks : ks + block_k].to(acc_dtype)
             s = qb @ kb.transpose(-2, -1)
             if causal:
                 cols = torch.arange(ks, ks + kb.size(2), device=q.device)
@@ -118,7 +123,7 @@ def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):
             l = l * alpha + p.sum(dim=-1, keepdim=True)
             acc = acc * alpha + p @ vb
             m = m_new
-        out[:, :, qs:qs + n] = (acc / l).to(q.dtype)
+        out[:, :, qs : qs + n] = (acc / l).to(q.dtype)
     return out
 
 
@@ -127,8 +132,13 @@ def fuse_qkv(attn):
     q, k, v = fused(x).split(D, dim=-1). Biases are stacked too, if attn has them."""
     projs = (attn.q_proj, attn.k_proj, attn.v_proj)
     w = attn.q_proj.weight
-    fused = nn.Linear(w.size(1), sum(p.weight.size(0) for p in projs), bias=attn.q_proj.bias is not None,
-                      dtype=w.dtype, device=w.device)
+    fused = nn.Linear(
+        w.size(1),
+        sum(p.weight.size(0) for p in projs),
+        bias=attn.q_proj.bias is not None,
+        dtype=w.dtype,
+        device=w.device,
+    )
     with torch.no_grad():
         fused.weight.copy_(torch.cat([p.weight for p in projs]))
         if fused.bias is not None:
@@ -159,8 +169,10 @@ def triton_softmax(x):
     if not HAS_TRITON:
         raise RuntimeError("triton_softmax needs Triton (pip install triton; Linux only)")
     if x.dim() != 2 or x.size(1) > 4096 or x.dtype not in (torch.float32, torch.float16):
-        raise ValueError(f"triton_softmax takes a 2-D float32 or float16 tensor of at most 4096 columns, "
-                         f"got {tuple(x.shape)} {x.dtype}")
+        raise ValueError(
+            f"triton_softmax takes a 2-D float32 or float16 tensor of at most 4096 columns, "
+            f"got {tuple(x.shape)} {x.dtype}"
+        )
     x = x.contiguous()
     rows, cols = x.shape
     out = torch.empty_like(x)
@@ -169,10 +181,28 @@ def triton_softmax(x):
 
 
 @triton.jit
-def _attention_kernel(Q, K, V, O, stride_b, stride_h, stride_t, stride_kb, stride_kh, stride_kt,
-                      n_heads, seq_q, seq_k, head_dim, qk_scale,
-                      CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
-                      BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+def _attention_kernel(
+    Q,
+    K,
+    V,
+    O,
+    stride_b,
+    stride_h,
+    stride_t,
+    stride_kb,
+    stride_kh,
+    stride_kt,
+    n_heads,
+    seq_q,
+    seq_k,
+    head_dim,
+    qk_scale,
+    CAUSAL: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
     """One program computes BLOCK_Q rows of the output of one (batch, head).
 
     Q, K, V, O point at contiguous (B, H, T, Dh) tensors (so the last stride is 1); q and o share
@@ -186,8 +216,9 @@ def _attention_kernel(Q, K, V, O, stride_b, stride_h, stride_t, stride_kb, strid
     d_ok = cols_d < head_dim
     q_off = b * stride_b + h * stride_h
     kv_off = b * stride_kb + h * stride_kh
-    q = tl.load(Q + q_off + rows[:, None] * stride_t + cols_d[None, :],
-                mask=(rows[:, None] < seq_q) & d_ok[None, :], other=0.0)
+    q = tl.load(
+        Q + q_off + rows[:, None] * stride_t + cols_d[None, :], mask=(rows[:, None] < seq_q) & d_ok[None, :], other=0.0
+    )
     m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_Q], tl.float32)
     acc = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
@@ -198,8 +229,9 @@ def _attention_kernel(Q, K, V, O, stride_b, stride_h, stride_t, stride_kb, strid
     for start in range(0, hi, BLOCK_K):
         keys = start + tl.arange(0, BLOCK_K)
         k_ok = keys < seq_k
-        kt = tl.load(K + kv_off + keys[None, :] * stride_kt + cols_d[:, None],
-                     mask=k_ok[None, :] & d_ok[:, None], other=0.0)  # (BLOCK_D, BLOCK_K)
+        kt = tl.load(
+            K + kv_off + keys[None, :] * stride_kt + cols_d[:, None], mask=k_ok[None, :] & d_ok[:, None], other=0.0
+        )  # (BLOCK_D, BLOCK_K)
         s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
         ok = k_ok[None, :]
         if CAUSAL:
@@ -210,13 +242,17 @@ def _attention_kernel(Q, K, V, O, stride_b, stride_h, stride_t, stride_kb, strid
         p = tl.math.exp2(s - shift[:, None])
         alpha = tl.math.exp2(m_i - shift)
         l_i = l_i * alpha + tl.sum(p, 1)
-        vb = tl.load(V + kv_off + keys[:, None] * stride_kt + cols_d[None, :],
-                     mask=k_ok[:, None] & d_ok[None, :], other=0.0)
+        vb = tl.load(
+            V + kv_off + keys[:, None] * stride_kt + cols_d[None, :], mask=k_ok[:, None] & d_ok[None, :], other=0.0
+        )
         acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb, input_precision=PRECISION)
         m_i = m_new
     acc = acc / l_i[:, None]
-    tl.store(O + q_off + rows[:, None] * stride_t + cols_d[None, :], acc.to(O.dtype.element_ty),
-             mask=(rows[:, None] < seq_q) & d_ok[None, :])
+    tl.store(
+        O + q_off + rows[:, None] * stride_t + cols_d[None, :],
+        acc.to(O.dtype.element_ty),
+        mask=(rows[:, None] < seq_q) & d_ok[None, :],
+    )
 
 
 def attention_tiles(capability, max_shared_bytes, dtype, head_dim):
@@ -235,8 +271,10 @@ def attention_tiles(capability, max_shared_bytes, dtype, head_dim):
     """
     capability = tuple(capability)
     if dtype == torch.bfloat16 and capability < (8, 0):
-        raise ValueError(f"bfloat16 needs compute capability 8.0 (Ampere) or newer; this GPU has "
-                         f"{capability[0]}.{capability[1]}: use float16 or float32")
+        raise ValueError(
+            f"bfloat16 needs compute capability 8.0 (Ampere) or newer; this GPU has "
+            f"{capability[0]}.{capability[1]}: use float16 or float32"
+        )
     if dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise ValueError(f"the attention kernels take float16, bfloat16 or float32, got {dtype}")
     size = dtype.itemsize
@@ -261,11 +299,16 @@ def attention_tiles(capability, max_shared_bytes, dtype, head_dim):
             block_k //= 2
         else:
             break
-    return {"BLOCK_Q": block_q, "BLOCK_K": block_k, "BLOCK_D": block_d,
-            # more warps share the registers of larger tiles (fewer spilled: triton_fit.json's ptxas figures)
-            "num_warps": 8 if block_q >= 128 or block_q * block_d >= 8192 or (size == 4 and block_q >= 64 and block_d >= 64)
-            else 4,
-            "num_stages": stages}
+    return {
+        "BLOCK_Q": block_q,
+        "BLOCK_K": block_k,
+        "BLOCK_D": block_d,
+        # more warps share the registers of larger tiles (fewer spilled: triton_fit.json's ptxas figures)
+        "num_warps": 8
+        if block_q >= 128 or block_q * block_d >= 8192 or (size == 4 and block_q >= 64 and block_d >= 64)
+        else 4,
+        "num_stages": stages,
+    }
 
 
 def launch_tiles(q):
@@ -287,18 +330,36 @@ def triton_attention(q, k, v, causal=False):
     check_attention_inputs(q, k, v)
     on_gpu = q.is_cuda
     if q.dtype not in (torch.float32, torch.float16) and not (on_gpu and q.dtype == torch.bfloat16):
-        raise ValueError(f"triton_attention takes float32 or float16 (bfloat16 on a GPU only: "
-                         f"the interpreter has no bfloat16), got {q.dtype}")
+        raise ValueError(
+            f"triton_attention takes float32 or float16 (bfloat16 on a GPU only: "
+            f"the interpreter has no bfloat16), got {q.dtype}"
+        )
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     B, H, Tq, Dh = q.shape
     out = torch.empty_like(q)
     tiles = launch_tiles(q)
     grid = (triton.cdiv(Tq, tiles["BLOCK_Q"]), B * H)
-    _attention_kernel[grid](q, k, v, out, q.stride(0), q.stride(1), q.stride(2),
-                            k.stride(0), k.stride(1), k.stride(2), H, Tq, k.size(2), Dh,
-                            math.log2(math.e) / math.sqrt(Dh), CAUSAL=causal,
-                            # fp32 inputs: exact products, not TF32, so the result matches SDPA.
-                            PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **tiles)
+    _attention_kernel[grid](
+        q,
+        k,
+        v,
+        out,
+        q.stride(0),
+        q.stride(1),
+        q.stride(2),
+        k.stride(0),
+        k.stride(1),
+        k.stride(2),
+        H,
+        Tq,
+        k.size(2),
+        Dh,
+        math.log2(math.e) / math.sqrt(Dh),
+        CAUSAL=causal,
+        # fp32 inputs: exact products, not TF32, so the result matches SDPA.
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        **tiles,
+    )
     return out
 
 
@@ -320,8 +381,7 @@ def benchmark_ms(fn, *args, min_run_time=0.1):
             total += times[-1]
         return statistics.median(times)
     fn(*args)
-    timer = benchmark.Timer(stmt="fn(*args)", globals={"fn": fn, "args": args},
-                            num_threads=torch.get_num_threads())
+    timer = benchmark.Timer(stmt="fn(*args)", globals={"fn": fn, "args": args}, num_threads=torch.get_num_threads())
     return timer.blocked_autorange(min_run_time=min_run_time).median * 1e3
 
 
@@ -353,8 +413,10 @@ def peak_memory_bytes(fn, *args):
         torch.cuda.synchronize()
         del out
         return torch.cuda.max_memory_allocated() - before
-    with _quiet_stderr(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
-                                                 profile_memory=True) as prof:
+    with (
+        _quiet_stderr(),
+        torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof,
+    ):
         out = fn(*args)
     del out
     events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]

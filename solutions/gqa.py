@@ -4,6 +4,7 @@ H query heads share Hkv key/value heads in groups of n_rep = H // Hkv: key/value
 serves query heads j*n_rep ... (j+1)*n_rep - 1. Hkv == H is multi-head attention, Hkv == 1
 multi-query attention. Layout (B, H, T, Dh); boolean masks, True means "may attend".
 """
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -39,8 +40,10 @@ class GroupedQueryAttention(nn.Module):
     def __init__(self, d_model, n_heads, n_kv_heads, bias=False):
         super().__init__()
         if d_model % n_heads or n_heads % n_kv_heads:
-            raise ValueError(f"need d_model % n_heads == 0 and n_heads % n_kv_heads == 0; got "
-                             f"d_model={d_model}, n_heads={n_heads}, n_kv_heads={n_kv_heads}")
+            raise ValueError(
+                f"need d_model % n_heads == 0 and n_heads % n_kv_heads == 0; got "
+                f"d_model={d_model}, n_heads={n_heads}, n_kv_heads={n_kv_heads}"
+            )
         self.d_model, self.n_heads, self.n_kv_heads = d_model, n_heads, n_kv_heads
         self.head_dim = d_model // n_heads
         self.q_proj = nn.Linear(d_model, d_model, bias=bias)
@@ -59,8 +62,9 @@ class GroupedQueryAttention(nn.Module):
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         n_rep = self.n_heads // self.n_kv_heads
         # Without a cache Tq == Tk, where PyTorch's top-left is_causal equals our bottom-right mask.
-        out = F.scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep),
-                                             attn_mask=mask, is_causal=mask is None)
+        out = F.scaled_dot_product_attention(
+            q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), attn_mask=mask, is_causal=mask is None
+        )
         return self.out_proj(out.transpose(1, 2).reshape(B, T, self.d_model))
 
 

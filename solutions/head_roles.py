@@ -9,6 +9,7 @@ Attention patterns are (H, T, T) per sentence, rows are queries.
 Make the lesson's checkpoint (deterministic; --steps N trains for N steps):
     python -m solutions.head_roles lessons/10_head_roles/role_model.npz
 """
+
 import json
 import math
 import sys
@@ -20,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-
 # ---- the graded scores ------------------------------------------------------------------------
+
 
 def rare_word_score(pattern, tokens, counts):
     """pattern (H, T, T), T >= 2; tokens (T,) long; counts (vocab,) the corpus count of every token id
@@ -65,7 +66,7 @@ def head_importance(model, ids, targets):
     with torch.enable_grad():  # works under torch.no_grad() too
         for b in range(ids.shape[0]):
             mask = torch.ones_like(total, requires_grad=True)  # a fresh mask: each sequence's own gradient
-            loss = F.cross_entropy(model(ids[b:b + 1], head_mask=mask)[0], targets[b])
+            loss = F.cross_entropy(model(ids[b : b + 1], head_mask=mask)[0], targets[b])
             # autograd.grad fills no parameter's .grad: the model's gradients stay as they were
             total += torch.autograd.grad(loss, mask)[0].abs()
     return total / ids.shape[0]
@@ -86,27 +87,70 @@ def prune_heads(importance, n_prune):
 
 # ---- the language -----------------------------------------------------------------------------
 
+
 class Language:
     """The lesson's words. Noun lemma r is drawn with probability proportional to 1 / (r + 1), a Zipf law,
     so most nouns are rare; the other words are few and frequent."""
+
     FEMALE = ["mary", "anna"]
     MALE = ["john", "tom"]
     ADJECTIVES = ["big", "small", "old", "red"]
     PAST_VERBS = ["saw", "met", "liked", "found"]
     VERB = ("runs", "run")  # singular, plural: it agrees in number with its subject
-    NOUNS = [("dog", "dogs"), ("cat", "cats"), ("bird", "birds"), ("man", "men"), ("child", "children"),
-             ("horse", "horses"), ("king", "kings"), ("tree", "trees"), ("boat", "boats"), ("house", "houses"),
-             ("girl", "girls"), ("boy", "boys"), ("fish", "fishes"), ("wolf", "wolves"), ("fox", "foxes"),
-             ("cow", "cows"), ("duck", "ducks"), ("frog", "frogs"), ("bear", "bears"), ("lion", "lions"),
-             ("mouse", "mice"), ("goat", "goats"), ("goose", "geese"), ("owl", "owls"), ("bee", "bees"),
-             ("ant", "ants"), ("crab", "crabs"), ("snake", "snakes"), ("tiger", "tigers"), ("whale", "whales"),
-             ("queen", "queens"), ("nurse", "nurses"), ("baker", "bakers"), ("pilot", "pilots"),
-             ("judge", "judges"), ("poet", "poets"), ("monk", "monks"), ("knight", "knights"),
-             ("witch", "witches"), ("giant", "giants")]
+    NOUNS = [
+        ("dog", "dogs"),
+        ("cat", "cats"),
+        ("bird", "birds"),
+        ("man", "men"),
+        ("child", "children"),
+        ("horse", "horses"),
+        ("king", "kings"),
+        ("tree", "trees"),
+        ("boat", "boats"),
+        ("house", "houses"),
+        ("girl", "girls"),
+        ("boy", "boys"),
+        ("fish", "fishes"),
+        ("wolf", "wolves"),
+        ("fox", "foxes"),
+        ("cow", "cows"),
+        ("duck", "ducks"),
+        ("frog", "frogs"),
+        ("bear", "bears"),
+        ("lion", "lions"),
+        ("mouse", "mice"),
+        ("goat", "goats"),
+        ("goose", "geese"),
+        ("owl", "owls"),
+        ("bee", "bees"),
+        ("ant", "ants"),
+        ("crab", "crabs"),
+        ("snake", "snakes"),
+        ("tiger", "tigers"),
+        ("whale", "whales"),
+        ("queen", "queens"),
+        ("nurse", "nurses"),
+        ("baker", "bakers"),
+        ("pilot", "pilots"),
+        ("judge", "judges"),
+        ("poet", "poets"),
+        ("monk", "monks"),
+        ("knight", "knights"),
+        ("witch", "witches"),
+        ("giant", "giants"),
+    ]
     PAD, BOS = "_", "<s>"
     DETERMINERS = ["the", "my"]
-    WORDS = ([PAD, BOS, ".", "near", "with", "he", "she"] + DETERMINERS + FEMALE + MALE + ADJECTIVES + PAST_VERBS
-             + list(VERB) + [w for pair in NOUNS for w in pair])
+    WORDS = (
+        [PAD, BOS, ".", "near", "with", "he", "she"]
+        + DETERMINERS
+        + FEMALE
+        + MALE
+        + ADJECTIVES
+        + PAST_VERBS
+        + list(VERB)
+        + [w for pair in NOUNS for w in pair]
+    )
     ID = {w: i for i, w in enumerate(WORDS)}
     NOUN_P = 1 / np.arange(1, len(NOUNS) + 1) / sum(1 / np.arange(1, len(NOUNS) + 1))
     MAX_LEN = 28  # the longest story; shorter ones are padded to it
@@ -120,6 +164,7 @@ class Corpus:
     ids (N, T) long; agreement and coreference (M, 3) long rows (story, from, to): `from` is the position
     whose next token is the verb (the pronoun), `to` its subject noun (the name it refers to); counts
     (vocab,) long: how often each token id occurs in ids; words: the word of every token id."""
+
     ids: torch.Tensor
     agreement: torch.Tensor
     coreference: torch.Tensor
@@ -200,7 +245,7 @@ def make_corpus(n_sentences, seed=0):
     agreement, coreference = [], []
     for n in range(n_sentences):
         tokens, subject, antecedent = story(rng)
-        ids[n, :len(tokens)] = torch.tensor(tokens)
+        ids[n, : len(tokens)] = torch.tensor(tokens)
         agreement.append((n, *subject))
         coreference.append((n, *antecedent))
     counts = torch.bincount(ids.flatten(), minlength=len(Language.WORDS))
@@ -208,6 +253,7 @@ def make_corpus(n_sentences, seed=0):
 
 
 # ---- the model --------------------------------------------------------------------------------
+
 
 class RoleAttention(nn.Module):
     """Causal self-attention whose heads can be scaled: x (B, T, D), head_mask (H,) -> (B, T, D), and
@@ -237,14 +283,17 @@ class RoleModel(nn.Module):
 
     def __init__(self, vocab_size, d_model=64, n_layers=3, n_heads=4, d_mlp=128, max_len=Language.MAX_LEN):
         super().__init__()
-        self.config = dict(vocab_size=vocab_size, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
-                           d_mlp=d_mlp, max_len=max_len)
+        self.config = dict(
+            vocab_size=vocab_size, d_model=d_model, n_layers=n_layers, n_heads=n_heads, d_mlp=d_mlp, max_len=max_len
+        )
         self.vocab_size, self.n_layers, self.n_heads = vocab_size, n_layers, n_heads
         self.tok_emb = nn.Embedding(vocab_size, d_model)
         self.pos_emb = nn.Embedding(max_len, d_model)
         self.attn = nn.ModuleList(RoleAttention(d_model, n_heads) for _ in range(n_layers))
-        self.mlp = nn.ModuleList(nn.Sequential(nn.LayerNorm(d_model), nn.Linear(d_model, d_mlp), nn.GELU(),
-                                               nn.Linear(d_mlp, d_model)) for _ in range(n_layers))
+        self.mlp = nn.ModuleList(
+            nn.Sequential(nn.LayerNorm(d_model), nn.Linear(d_model, d_mlp), nn.GELU(), nn.Linear(d_mlp, d_model))
+            for _ in range(n_layers)
+        )
         self.ln = nn.ModuleList(nn.LayerNorm(d_model) for _ in range(n_layers))
         self.ln_f = nn.LayerNorm(d_model)
         self.unembed = nn.Linear(d_model, vocab_size, bias=False)
@@ -271,6 +320,7 @@ def attention_patterns(model, ids):
 
 
 # ---- measuring the model ----------------------------------------------------------------------
+
 
 def choice_accuracy(model, corpus, pairs):
     """The share of pairs (M, 3) of (story, from, to) where the model, at `from`, gives the true next word
@@ -301,8 +351,12 @@ def head_rare_word_score(patterns, ids, counts):
     """patterns (n_layers, N, H, T, T), ids (N, T), counts (vocab,) -> (n_layers, H): rare_word_score
     averaged over the stories, each without its padding."""
     lengths = (ids != Language.ID[Language.PAD]).sum(dim=1).tolist()
-    return torch.stack([torch.stack([rare_word_score(p[n, :, :t, :t], ids[n, :t], counts)
-                                     for n, t in enumerate(lengths)]).mean(0) for p in patterns])
+    return torch.stack(
+        [
+            torch.stack([rare_word_score(p[n, :, :t, :t], ids[n, :t], counts) for n, t in enumerate(lengths)]).mean(0)
+            for p in patterns
+        ]
+    )
 
 
 def uniform_rare_word_score(ids, counts):
@@ -325,23 +379,40 @@ def evaluate(model, corpus):
     patterns = attention_patterns(model, corpus.ids)
     with torch.no_grad():
         logits = model(corpus.ids)
-    loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), corpus.ids[:, 1:].flatten(), ignore_index=Language.ID[Language.PAD])
-    out = dict(loss=loss.item(), agreement=choice_accuracy(model, corpus, corpus.agreement),
-               pronoun=choice_accuracy(model, corpus, corpus.coreference),
-               subject=head_relation_accuracy(patterns, corpus.agreement),
-               antecedent=head_relation_accuracy(patterns, corpus.coreference),
-               rare=head_rare_word_score(patterns, corpus.ids, corpus.counts),
-               subject_baseline=offset_baseline(corpus.agreement[:, 1:]),
-               antecedent_baseline=offset_baseline(corpus.coreference[:, 1:]),
-               rare_chance=uniform_rare_word_score(corpus.ids, corpus.counts))
+    loss = F.cross_entropy(
+        logits[:, :-1].flatten(0, 1), corpus.ids[:, 1:].flatten(), ignore_index=Language.ID[Language.PAD]
+    )
+    out = dict(
+        loss=loss.item(),
+        agreement=choice_accuracy(model, corpus, corpus.agreement),
+        pronoun=choice_accuracy(model, corpus, corpus.coreference),
+        subject=head_relation_accuracy(patterns, corpus.agreement),
+        antecedent=head_relation_accuracy(patterns, corpus.coreference),
+        rare=head_rare_word_score(patterns, corpus.ids, corpus.counts),
+        subject_baseline=offset_baseline(corpus.agreement[:, 1:]),
+        antecedent_baseline=offset_baseline(corpus.coreference[:, 1:]),
+        rare_chance=uniform_rare_word_score(corpus.ids, corpus.counts),
+    )
     model.train(was_training)
     return out
 
 
 # ---- training ---------------------------------------------------------------------------------
 
-def train(steps=1600, n_stories=20000, batch_size=64, d_model=64, n_layers=3, n_heads=4, d_mlp=128, lr=3e-3,
-          seed=0, log_every=100, progress=None):
+
+def train(
+    steps=1600,
+    n_stories=20000,
+    batch_size=64,
+    d_model=64,
+    n_layers=3,
+    n_heads=4,
+    d_mlp=128,
+    lr=3e-3,
+    seed=0,
+    log_every=100,
+    progress=None,
+):
     """Train a RoleModel on make_corpus(n_stories, seed) deterministically (one CPU thread, fixed seeds),
     measuring evaluate() on held-out stories, make_corpus(200, seed + 1), every log_every steps (progress: an
     optional callable(step, record)). Returns (model, history): the model as it was at the logged step where
@@ -361,9 +432,15 @@ def train(steps=1600, n_stories=20000, batch_size=64, d_model=64, n_layers=3, n_
         for step in range(steps + 1):
             if step % log_every == 0 or step == steps:
                 m = evaluate(model, probe)
-                record = dict(step=step, loss=m["loss"], agreement=m["agreement"], pronoun=m["pronoun"],
-                              best_subject=m["subject"].max().item(), best_antecedent=m["antecedent"].max().item(),
-                              best_rare=m["rare"].max().item())
+                record = dict(
+                    step=step,
+                    loss=m["loss"],
+                    agreement=m["agreement"],
+                    pronoun=m["pronoun"],
+                    best_subject=m["subject"].max().item(),
+                    best_antecedent=m["antecedent"].max().item(),
+                    best_rare=m["rare"].max().item(),
+                )
                 margin = min(record["best_subject"] - 0.8, record["best_antecedent"] - 0.8, record["best_rare"] - 0.5)
                 if margin > best[0]:
                     best = (margin, {k: v.clone() for k, v in model.state_dict().items()}, step)
@@ -397,8 +474,9 @@ def load_checkpoint(path):
     """(model in float32, eval mode; history) from save_checkpoint's file."""
     with np.load(path, allow_pickle=False) as data:
         model = RoleModel(**json.loads(str(data["__config__"])))
-        model.load_state_dict({k: torch.from_numpy(data[k].astype(np.float32)) for k in data.files
-                               if not k.startswith("__")})
+        model.load_state_dict(
+            {k: torch.from_numpy(data[k].astype(np.float32)) for k in data.files if not k.startswith("__")}
+        )
         history = json.loads(str(data["__history__"]))
     return model.eval(), history
 
@@ -409,14 +487,17 @@ if __name__ == "__main__":
     if "--steps" in args:
         i = args.index("--steps")
         steps = int(args[i + 1])
-        del args[i:i + 2]
+        del args[i : i + 2]
     out = args[0] if args else "role_model.npz"
     start = time.perf_counter()
 
     def report(step, r):
-        print(f"step {step:5d}  loss {r['loss']:.3f}  agreement {r['agreement']:.2f}  pronoun {r['pronoun']:.2f}  "
-              f"best heads: subject {r['best_subject']:.2f}  antecedent {r['best_antecedent']:.2f}  "
-              f"rare {r['best_rare']:.2f}  ({time.perf_counter() - start:.0f} s)", flush=True)
+        print(
+            f"step {step:5d}  loss {r['loss']:.3f}  agreement {r['agreement']:.2f}  pronoun {r['pronoun']:.2f}  "
+            f"best heads: subject {r['best_subject']:.2f}  antecedent {r['best_antecedent']:.2f}  "
+            f"rare {r['best_rare']:.2f}  ({time.perf_counter() - start:.0f} s)",
+            flush=True,
+        )
 
     model, history = train(steps, progress=report)
     save_checkpoint(model, history, out)

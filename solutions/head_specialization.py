@@ -8,6 +8,7 @@ Make the lesson's checkpoints (deterministic; about 35 s each on one CPU core; -
     python -m solutions.head_specialization lessons/07_head_specialization/induction_model.npz
     python -m solutions.head_specialization lessons/07_head_specialization/induction_model_mqa.npz --kv-heads 1
 """
+
 import contextlib
 import json
 import math
@@ -67,8 +68,9 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.qkv(x).split([D, kv_width, kv_width], dim=-1)
         q = q.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
         group = self.n_heads // self.n_kv_heads
-        k, v = (t.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2).repeat_interleave(group, dim=1)
-                for t in (k, v))
+        k, v = (
+            t.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2).repeat_interleave(group, dim=1) for t in (k, v)
+        )
         scores = torch.einsum("bhid,bhjd->bhij", q, k) / math.sqrt(self.head_dim)  # (B, H, T, T)
         causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
         self.pattern = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
@@ -86,8 +88,14 @@ class AttentionOnlyTransformer(nn.Module):
 
     def __init__(self, vocab_size, d_model=64, n_layers=2, n_heads=4, max_seq_len=64, n_kv_heads=None):
         super().__init__()
-        self.config = dict(vocab_size=vocab_size, d_model=d_model, n_layers=n_layers,
-                           n_heads=n_heads, max_seq_len=max_seq_len, n_kv_heads=n_kv_heads)
+        self.config = dict(
+            vocab_size=vocab_size,
+            d_model=d_model,
+            n_layers=n_layers,
+            n_heads=n_heads,
+            max_seq_len=max_seq_len,
+            n_kv_heads=n_kv_heads,
+        )
         self.tok_emb = nn.Embedding(vocab_size, d_model)
         self.pos_emb = nn.Embedding(max_seq_len, d_model)
         self.layers = nn.ModuleList(CausalSelfAttention(d_model, n_heads, n_kv_heads) for _ in range(n_layers))
@@ -144,7 +152,7 @@ def training_batch(batch_size, seq_len, vocab_size, min_repeat, max_repeat, gene
     at a random s, so that neither a fixed offset nor a position tells where the copy is."""
     lengths = torch.randint(min_repeat, max_repeat + 1, (batch_size, 1), generator=generator)
     starts = (torch.rand(batch_size, 1, generator=generator) * (seq_len - 2 * lengths + 1)).long()
-    starts[:batch_size // 2] = 0
+    starts[: batch_size // 2] = 0
     ids = torch.randint(vocab_size, (batch_size, seq_len), generator=generator)
     pos = torch.arange(seq_len)
     in_copy = (pos >= starts + lengths) & (pos < starts + 2 * lengths)
@@ -172,7 +180,7 @@ def half_losses(model, ids):
     with torch.no_grad():
         logits = model(ids[:, :-1])
     loss = F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none").mean(0)  # (T-1,): predicts 1..T-1
-    return loss[:half - 1].mean().item(), loss[half:].mean().item()
+    return loss[: half - 1].mean().item(), loss[half:].mean().item()
 
 
 class ProgressBar:
@@ -183,13 +191,29 @@ class ProgressBar:
 
     def __call__(self, step, record):
         done = round(self.width * step / self.total)
-        print(f"\r[{'#' * done}{'.' * (self.width - done)}] step {step:5d}/{self.total}  "
-              f"loss: first half {record['loss_first']:.2f}, repeated half {record['loss_repeat']:.2f}  "
-              f"({time.perf_counter() - self.start:.0f} s)", end="\n" if step == self.total else "", flush=True)
+        print(
+            f"\r[{'#' * done}{'.' * (self.width - done)}] step {step:5d}/{self.total}  "
+            f"loss: first half {record['loss_first']:.2f}, repeated half {record['loss_repeat']:.2f}  "
+            f"({time.perf_counter() - self.start:.0f} s)",
+            end="\n" if step == self.total else "",
+            flush=True,
+        )
 
 
-def train(steps=2000, vocab_size=64, half=16, batch_size=64, d_model=64, n_heads=4, n_kv_heads=None,
-          min_repeat=4, lr=3e-3, seed=0, log_every=25, progress=None):
+def train(
+    steps=2000,
+    vocab_size=64,
+    half=16,
+    batch_size=64,
+    d_model=64,
+    n_heads=4,
+    n_kv_heads=None,
+    min_repeat=4,
+    lr=3e-3,
+    seed=0,
+    log_every=25,
+    progress=None,
+):
     """Train a 2-layer AttentionOnlyTransformer on training_batch sequences (length 2*half, a
     block of 4..half tokens repeated), deterministically: one CPU thread, fixed seeds.
 
@@ -252,7 +276,7 @@ if __name__ == "__main__":
         if flag in args:
             i = args.index(flag)
             options[flag] = int(args[i + 1])
-            del args[i:i + 2]
+            del args[i : i + 2]
     out, steps = args[0] if args else "induction_model.npz", options["--steps"]
     start = time.perf_counter()
     model, history = train(steps, n_kv_heads=options["--kv-heads"], progress=ProgressBar(steps))

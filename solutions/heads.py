@@ -3,6 +3,7 @@
 Layout: (B, T, D) activations, (B, H, T, Dh) per-head tensors with Dh = D // H. Head h owns
 features h*Dh:(h+1)*Dh. Boolean masks: True means "may attend".
 """
+
 import math
 
 import torch
@@ -34,11 +35,14 @@ def attention(q, k, v, mask=None):
     -> out (..., Tq, Dv), weights (..., Tq, Tk).
     """
     if min(q.ndim, k.ndim, v.ndim) < 2 or q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
-        raise ValueError(f"expected q (..., Tq, Dk), k (..., Tk, Dk), v (..., Tk, Dv); "
-                         f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+        raise ValueError(
+            f"expected q (..., Tq, Dk), k (..., Tk, Dk), v (..., Tk, Dv); "
+            f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
     if not (q.dtype == k.dtype == v.dtype and q.device == k.device == v.device):
-        raise ValueError(f"q, k, v must share dtype and device; got {q.dtype}/{q.device}, "
-                         f"{k.dtype}/{k.device}, {v.dtype}/{v.device}")
+        raise ValueError(
+            f"q, k, v must share dtype and device; got {q.dtype}/{q.device}, {k.dtype}/{k.device}, {v.dtype}/{v.device}"
+        )
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
     if mask is not None:
         if mask.dtype != torch.bool:

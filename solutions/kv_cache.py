@@ -5,6 +5,7 @@ then projects only the new token and attends to everything cached. Cached keys a
 (B, Hkv, T, Dh). Queries are the last T of the Tk cached positions, so the causal mask is
 bottom-right aligned: query i sees key j iff j <= i + (Tk - T).
 """
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -27,8 +28,9 @@ class KVCache:
         ValueError when len + T_new > max_seq_len (the cache is then left unchanged)."""
         B, Hkv, max_len, Dh = self.k.shape
         if k.shape != v.shape or k.ndim != 4 or (k.size(0), k.size(1), k.size(3)) != (B, Hkv, Dh):
-            raise ValueError(f"expected k and v of shape ({B}, {Hkv}, T_new, {Dh}), "
-                             f"got {tuple(k.shape)} and {tuple(v.shape)}")
+            raise ValueError(
+                f"expected k and v of shape ({B}, {Hkv}, T_new, {Dh}), got {tuple(k.shape)} and {tuple(v.shape)}"
+            )
         if k.dtype != self.k.dtype or k.device != self.k.device:
             raise ValueError(f"cache holds {self.k.dtype} on {self.k.device}, got {k.dtype} on {k.device}")
         start, end = self.length, self.length + k.size(2)
@@ -104,8 +106,10 @@ class Decoder(nn.Module):
     def make_caches(self, batch_size):
         """One empty KVCache per layer, with the model's dtype and device."""
         attn, w = self.blocks[0].attn, self.lm_head.weight
-        return [KVCache(batch_size, self.max_seq_len, attn.n_kv_heads, attn.head_dim, w.dtype, w.device)
-                for _ in self.blocks]
+        return [
+            KVCache(batch_size, self.max_seq_len, attn.n_kv_heads, attn.head_dim, w.dtype, w.device)
+            for _ in self.blocks
+        ]
 
     def forward(self, ids, caches=None):
         start = len(caches[0]) if caches else 0

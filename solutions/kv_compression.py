@@ -8,6 +8,7 @@ absorption" the up-projections fold into the queries and the output, so keys and
 cached positions are never formed. Layout (B, H, T, Dh); boolean masks, True means "may attend";
 causal masks are bottom-right aligned.
 """
+
 import copy
 import math
 
@@ -44,8 +45,9 @@ class RollingKVCache:
         positions followed by the new ones, in time order. Then only the last `window` are kept."""
         B, Hkv, window, Dh = self.k.shape
         if k.shape != v.shape or k.ndim != 4 or (k.size(0), k.size(1), k.size(3)) != (B, Hkv, Dh):
-            raise ValueError(f"expected k and v of shape ({B}, {Hkv}, T_new, {Dh}), "
-                             f"got {tuple(k.shape)} and {tuple(v.shape)}")
+            raise ValueError(
+                f"expected k and v of shape ({B}, {Hkv}, T_new, {Dh}), got {tuple(k.shape)} and {tuple(v.shape)}"
+            )
         kept = min(self.length, window)
         k_ctx = torch.cat([self.k[:, :, :kept], k], dim=2)
         v_ctx = torch.cat([self.v[:, :, :kept], v], dim=2)
@@ -80,7 +82,7 @@ class LatentCache:
         end = self.filled + c.size(1)
         if end > max_len:
             raise ValueError(f"latent cache full: {self.filled} cached + {c.size(1)} new > max_seq_len={max_len}")
-        self.c[:, self.filled:end] = c
+        self.c[:, self.filled : end] = c
         self.filled = end
         return self.c[:, :end]
 
@@ -116,7 +118,7 @@ class MultiHeadLatentAttention(nn.Module):
         c = self.kv_down(x)
         c = c if cache is None else cache.update(c)  # with a cache: every cached latent, (B, Tk, d_latent)
         Tk = c.size(1)
-        q = self.q_proj(x).view(B, T, H, Dh).transpose(1, 2)                 # (B, H, T, Dh)
+        q = self.q_proj(x).view(B, T, H, Dh).transpose(1, 2)  # (B, H, T, Dh)
         k, v = (up(c).view(B, Tk, H, Dh).transpose(1, 2) for up in (self.k_up, self.v_up))  # (B, H, Tk, Dh)
         if mask is None:  # bottom-right: the new tokens are the last T of the Tk positions
             mask = torch.ones(T, Tk, dtype=torch.bool, device=x.device).tril(diagonal=Tk - T)
@@ -137,19 +139,19 @@ def absorbed_attention(mla, x, latents):
     """
     B, T, D = x.shape
     H, Dh, L = mla.n_heads, mla.head_dim, mla.d_latent
-    q = mla.q_proj(x).view(B, T, H, Dh).transpose(1, 2)             # (B, H, T, Dh)
-    w_uk = mla.k_up.weight.view(H, Dh, L)                           # k_h = c @ w_uk[h].T
+    q = mla.q_proj(x).view(B, T, H, Dh).transpose(1, 2)  # (B, H, T, Dh)
+    w_uk = mla.k_up.weight.view(H, Dh, L)  # k_h = c @ w_uk[h].T
     # Every head meets the same latents: with the heads in the rows, (B, H*T, L) @ (B, L, Tk), no head gets a
     # copy of them (matmul copies latents[:, None] once per head when B > 1).
-    q_latent = (q @ w_uk).reshape(B, H * T, L) / math.sqrt(Dh)      # (B, H*T, L), scaled here: it is small
+    q_latent = (q @ w_uk).reshape(B, H * T, L) / math.sqrt(Dh)  # (B, H*T, L), scaled here: it is small
     Tk = latents.size(1)
     scores = (q_latent @ latents.transpose(1, 2)).view(B, H, T, Tk)
     causal = torch.ones(T, Tk, dtype=torch.bool, device=x.device).tril(diagonal=Tk - T)
-    scores = scores.masked_fill(~causal, float("-inf"))             # rebound: at most two (B, H, T, Tk) at once
+    scores = scores.masked_fill(~causal, float("-inf"))  # rebound: at most two (B, H, T, Tk) at once
     o_latent = (scores.softmax(dim=-1).view(B, H * T, Tk) @ latents).view(B, H, T, L)
-    w_uv = mla.v_up.weight.view(H, Dh, L)                           # v_h = c @ w_uv[h].T
-    w_o = mla.out_proj.weight.view(D, H, Dh)                        # out = sum_h o_h @ w_o[:, h].T
-    folded = torch.einsum("hdl,ehd->hle", w_uv, w_o)                # (H, L, D)
+    w_uv = mla.v_up.weight.view(H, Dh, L)  # v_h = c @ w_uv[h].T
+    w_o = mla.out_proj.weight.view(D, H, Dh)  # out = sum_h o_h @ w_o[:, h].T
+    folded = torch.einsum("hdl,ehd->hle", w_uv, w_o)  # (H, L, D)
     out = torch.einsum("bhtl,hle->bte", o_latent, folded)
     if mla.v_up.bias is not None:
         out = out + mla.v_up.bias @ mla.out_proj.weight.T
@@ -160,6 +162,7 @@ def absorbed_attention(mla, x, latents):
 
 # ---- Provided by the lesson: the price of absorption (section 3; benchmarks/absorption.py) -------
 
+
 def absorption_flops(mla, T, Tk):
     """FLOPs (2 per multiply-add) of what differs between the two forms, T new queries against Tk latents.
 
@@ -167,12 +170,13 @@ def absorption_flops(mla, T, Tk):
     up-projects every latent to keys and values and takes Dh-wide dot products; the absorbed one takes
     d_latent-wide dot products with the latents, then applies each head's folded (d_latent, D) matrix."""
     D, H, Dh, L = mla.d_model, mla.n_heads, mla.head_dim, mla.d_latent
-    plain = 2 * 2 * Tk * L * D + 2 * 2 * H * T * Tk * Dh + 2 * T * D * D      # k_up, v_up; q k^T, a @ v; out_proj
+    plain = 2 * 2 * Tk * L * D + 2 * 2 * H * T * Tk * Dh + 2 * T * D * D  # k_up, v_up; q k^T, a @ v; out_proj
     absorbed = 2 * H * T * Dh * L + 2 * 2 * H * T * Tk * L + 2 * H * T * L * D  # q W_uk; q~ c^T, a @ c; folded out
     return plain, absorbed
 
 
 # ---- Provided by the lesson: a decoder with sliding-window attention (section 3) ----------------
+
 
 class SlidingWindowAttention(nn.Module):
     """Causal multi-head self-attention in which each query sees only the last `window` positions.
@@ -188,8 +192,10 @@ class SlidingWindowAttention(nn.Module):
 
     def forward(self, x, cache=None):
         B, T = x.shape[:2]
-        q, k, v = (p(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
-                   for p in (self.q_proj, self.k_proj, self.v_proj))
+        q, k, v = (
+            p(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+            for p in (self.q_proj, self.k_proj, self.v_proj)
+        )
         if cache is not None:
             k, v = cache.update(k, v)  # the kept positions and the new ones
         mask = sliding_window_mask(T, self.window, n_keys=k.size(2), device=x.device)
@@ -210,16 +216,21 @@ class SlidingWindowDecoder(nn.Module):
         self.tok_emb = nn.Embedding(vocab_size, d_model)
         self.pos_emb = nn.Embedding(max_seq_len, d_model)
         self.attn = nn.ModuleList(SlidingWindowAttention(d_model, n_heads, window) for _ in range(n_layers))
-        self.mlp = nn.ModuleList(nn.Sequential(nn.LayerNorm(d_model), nn.Linear(d_model, 4 * d_model), nn.GELU(),
-                                               nn.Linear(4 * d_model, d_model)) for _ in range(n_layers))
+        self.mlp = nn.ModuleList(
+            nn.Sequential(
+                nn.LayerNorm(d_model), nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model)
+            )
+            for _ in range(n_layers)
+        )
         self.ln = nn.ModuleList(nn.LayerNorm(d_model) for _ in range(n_layers + 1))
         self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
 
     def make_caches(self, batch_size):
         """One empty RollingKVCache per layer, with the model's dtype and device."""
         attn, w = self.attn[0], self.lm_head.weight
-        return [RollingKVCache(batch_size, attn.window, attn.n_heads, attn.head_dim, w.dtype, w.device)
-                for _ in self.attn]
+        return [
+            RollingKVCache(batch_size, attn.window, attn.n_heads, attn.head_dim, w.dtype, w.device) for _ in self.attn
+        ]
 
     def forward(self, ids, caches=None):
         start = len(caches[0]) if caches else 0
@@ -234,6 +245,7 @@ class SlidingWindowDecoder(nn.Module):
 # ---- Provided by the lesson: compressing a trained model's cache (section 6) ----------------------
 # The model is lesson 07's AttentionOnlyTransformer: each layer's qkv (D -> 3D) holds the query, key and
 # value projections stacked by rows, with biases; head h owns rows h*Dh:(h+1)*Dh of each.
+
 
 def latent_factors(layer, d_latent):
     """Truncated SVD of one layer's stacked key and value projections W = [W_k; W_v] (2D, D):
@@ -254,9 +266,13 @@ def mla_from_layer(layer, d_latent):
     down, k_up, v_up = latent_factors(layer, d_latent)
     w, b = layer.qkv.weight.detach(), layer.qkv.bias.detach()
     with torch.no_grad():
-        for linear, weight, bias in ((mla.q_proj, w[:D], b[:D]), (mla.kv_down, down, torch.zeros(d_latent)),
-                                     (mla.k_up, k_up, b[D:2 * D]), (mla.v_up, v_up, b[2 * D:]),
-                                     (mla.out_proj, layer.out_proj.weight, layer.out_proj.bias)):
+        for linear, weight, bias in (
+            (mla.q_proj, w[:D], b[:D]),
+            (mla.kv_down, down, torch.zeros(d_latent)),
+            (mla.k_up, k_up, b[D : 2 * D]),
+            (mla.v_up, v_up, b[2 * D :]),
+            (mla.out_proj, layer.out_proj.weight, layer.out_proj.bias),
+        ):
             linear.weight.copy_(weight)
             linear.bias.copy_(bias)
     return mla
@@ -285,9 +301,11 @@ def with_pooled_kv(model, n_kv_heads):
     for i in range(config["n_layers"]):
         for name in ("weight", "bias"):
             t = state[f"layers.{i}.qkv.{name}"]
-            q, k, v = t[:D], t[D:2 * D], t[2 * D:]
-            pool = [x.reshape(n_kv_heads, group, Dh, *x.shape[1:]).mean(1).reshape(n_kv_heads * Dh, *x.shape[1:])
-                    for x in (k, v)]
+            q, k, v = t[:D], t[D : 2 * D], t[2 * D :]
+            pool = [
+                x.reshape(n_kv_heads, group, Dh, *x.shape[1:]).mean(1).reshape(n_kv_heads * Dh, *x.shape[1:])
+                for x in (k, v)
+            ]
             state[f"layers.{i}.qkv.{name}"] = torch.cat([q, *pool])
     pooled = type(model)(**config)
     pooled.load_state_dict(state)

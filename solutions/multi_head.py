@@ -3,6 +3,7 @@
 query (B, Tq, D), key/value (B, Tk, D); per-head tensors (B, H, T, Dh) with Dh = D // H.
 Boolean masks broadcast against the scores (B, H, Tq, Tk); True means "may attend".
 """
+
 import math
 
 import torch
@@ -38,13 +39,17 @@ class MultiHeadAttention(nn.Module):
         key = query if key is None else key
         value = key if value is None else value
         if query.ndim != 3 or key.ndim != 3 or value.shape[:2] != key.shape[:2]:
-            raise ValueError(f"expected query (B, Tq, D), key and value (B, Tk, D); got "
-                             f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}")
+            raise ValueError(
+                f"expected query (B, Tq, D), key and value (B, Tk, D); got "
+                f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}"
+            )
         if mask is not None and mask.dtype != torch.bool:
             raise ValueError(f"mask must be boolean (True = may attend), got dtype {mask.dtype}")
         B, Tq, _ = query.shape
-        q, k, v = (proj(t).view(t.size(0), t.size(1), self.n_heads, self.head_dim).transpose(1, 2)
-                   for proj, t in ((self.q_proj, query), (self.k_proj, key), (self.v_proj, value)))
+        q, k, v = (
+            proj(t).view(t.size(0), t.size(1), self.n_heads, self.head_dim).transpose(1, 2)
+            for proj, t in ((self.q_proj, query), (self.k_proj, key), (self.v_proj, value))
+        )
         if need_weights:
             scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)
             if mask is not None:
@@ -65,8 +70,10 @@ def load_torch_mha(module, torch_mha):
     (and in_proj_bias (3D,)); both use nn.Linear's x @ W^T + b. Returns module.
     """
     if (torch_mha.embed_dim, torch_mha.num_heads) != (module.d_model, module.n_heads):
-        raise ValueError(f"torch_mha has embed_dim={torch_mha.embed_dim}, num_heads={torch_mha.num_heads}; "
-                         f"module has d_model={module.d_model}, n_heads={module.n_heads}")
+        raise ValueError(
+            f"torch_mha has embed_dim={torch_mha.embed_dim}, num_heads={torch_mha.num_heads}; "
+            f"module has d_model={module.d_model}, n_heads={module.n_heads}"
+        )
     if (torch_mha.in_proj_bias is None) != (module.q_proj.bias is None):
         raise ValueError("torch_mha and module disagree on bias")
     projs = (module.q_proj, module.k_proj, module.v_proj)

@@ -22,26 +22,29 @@ LMS's collect and export; canvas.py, moodle.py and exchange.py, read by collect,
 the gradebook's update). tests/grader/test_layout.py
 checks the imports.
 """
+
 import sys
 from dataclasses import dataclass, field
 from functools import partial
 
 from autograder import notebook as nbk
-from autograder.config import set_rule
-from autograder.counting import Counting, score, stale_warning, write_final
 from autograder.adapters.classreport import write_report
 from autograder.adapters.gradebook import read_reviews, remember_gradebook, update_gradebook
 from autograder.adapters.roster import remember_roster
+from autograder.config import set_rule
+from autograder.counting import Counting, score, stale_warning, write_final
 
-HOOKS = []   # [(writer, needs a gradebook)], in the order report.write_all calls them: registered by after_grading
+HOOKS = []  # [(writer, needs a gradebook)], in the order report.write_all calls them: registered by after_grading
 
 
 def after_grading(needs_gradebook: bool = False):
     """Register a writer write(writing, out, results, warnings) that report.write_all calls after the core's files,
     through report_outputs, in the order registered (needs_gradebook: only when the run has a gradebook)."""
+
     def register(writer):
         HOOKS.append((writer, needs_gradebook))
         return writer
+
     return register
 
 
@@ -49,6 +52,7 @@ def after_grading(needs_gradebook: bool = False):
 class Writing:
     """What the writers of one run share: its gradebook, course root, roster and rule (RESULTS's), and the
     gradebook's reviews, read once by the first writer that needs them."""
+
     gradebook: str | None = None
     course_root: str | None = None
     roster: object = None
@@ -62,11 +66,16 @@ def to_gradebook(w: Writing, out, results, warnings) -> None:
     the stale manual scores warned of as the rule counts them, as export and totals.csv tell them."""
     tests = {lesson: nbk.lesson_tests(lesson) for lesson in sorted({r.lesson for r in results})}
     update_gradebook(w.gradebook, results, tests, w.course_root, w.roster)
-    w.reviews.update(read_reviews(w.gradebook))   # after the update: stale overrides are marked (kept, as nbgrader does)
-    remember_gradebook(out, w.gradebook)   # a later run without --gradebook is refused (check_same_gradebook)
-    for line in stale_warning([f"{r.student} {r.lesson} {t}" for r in results
-                               for t in score(r, w.reviews.get((r.student, r.lesson)), w.rule.drop_stale,
-                                              w.rule.written).stale], w.rule.drop_stale):
+    w.reviews.update(read_reviews(w.gradebook))  # after the update: stale overrides are marked (kept, as nbgrader does)
+    remember_gradebook(out, w.gradebook)  # a later run without --gradebook is refused (check_same_gradebook)
+    for line in stale_warning(
+        [
+            f"{r.student} {r.lesson} {t}"
+            for r in results
+            for t in score(r, w.reviews.get((r.student, r.lesson)), w.rule.drop_stale, w.rule.written).stale
+        ],
+        w.rule.drop_stale,
+    ):
         print(f"warning: {line}", file=sys.stderr)
 
 
@@ -85,8 +94,15 @@ def to_report(w: Writing, out, results, warnings) -> None:
     """report.html, with the roster's students and sections and the gradebook's scores."""
     roster = w.roster
     sections = {r["student"]: r["section"] for r in roster.rows} if roster and "section" in roster.columns else None
-    write_report(out, results, warnings=warnings, sections=sections,
-                 roster=[r["student"] for r in roster.rows] if roster else None, reviews=w.reviews, counting=w.rule)
+    write_report(
+        out,
+        results,
+        warnings=warnings,
+        sections=sections,
+        roster=[r["student"] for r in roster.rows] if roster else None,
+        reviews=w.reviews,
+        counting=w.rule,
+    )
 
 
 def report_outputs(gradebook=None, course_root=None, roster=None, rule: Counting | None = None) -> list:

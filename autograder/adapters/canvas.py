@@ -10,6 +10,7 @@ exported from Canvas's gradebook) the lesson columns of that file ("Name (assign
 import updates the existing assignments; without it, Canvas's documented import layout: Student, ID, SIS User
 ID, SIS Login ID, Section, then one new column per lesson, with a "Points Possible" row.
 """
+
 import csv
 import os
 import re
@@ -20,8 +21,8 @@ from autograder.results import UsageError, csv_text
 NAME = re.compile(r"(?P<name>[A-Za-z0-9-]+?)(?P<late>_late)?_(?P<uid>\d+)_(?P<sid>\d{3,})_(?P<file>.+)", re.I)
 RESUBMISSION = re.compile(r"(?P<stem>.+)-(?P<n>\d+)")
 IDENTITY = ["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]
-POINTS_POSSIBLE = "    Points Possible"   # how Canvas's own export writes that row
-ASSIGNMENT = re.compile(r"(?P<name>.*\S)\s*\((?P<id>\d+)\)")   # a gradebook column: "Name (assignment id)"
+POINTS_POSSIBLE = "    Points Possible"  # how Canvas's own export writes that row
+ASSIGNMENT = re.compile(r"(?P<name>.*\S)\s*\((?P<id>\d+)\)")  # a gradebook column: "Name (assignment id)"
 
 
 class CanvasError(UsageError):
@@ -42,7 +43,6 @@ def read(m, clues, last):
         stem, clues.version = r["stem"], (int(r["n"]), "")
     if last:
         clues.file_name = stem + suffix
-
 
 
 def roster_for(roster, results):
@@ -68,8 +68,13 @@ def canvas_new(students_rows, lessons, scores):
     """Canvas's documented import layout: identity columns, a new assignment per lesson."""
     rows = [dict({"Student": POINTS_POSSIBLE}, **points_possible(scores, lessons))]
     for student, r in sorted(students_rows.items(), key=lambda kv: kv[1]["name"] or kv[0]):
-        row = {"Student": r["name"] or student, "ID": r["lms_id"], "SIS User ID": r["sis_user_id"] or student,
-               "SIS Login ID": r["sis_login_id"], "Section": r["section"]}
+        row = {
+            "Student": r["name"] or student,
+            "ID": r["lms_id"],
+            "SIS User ID": r["sis_user_id"] or student,
+            "SIS Login ID": r["sis_login_id"],
+            "Section": r["section"],
+        }
         row.update({lsn: canvas_value(scores.get((student, lsn))) for lsn in lessons})
         rows.append(row)
     return csv_text(rows, IDENTITY + lessons)
@@ -82,8 +87,10 @@ def read_gradebook(path):
     except (OSError, UnicodeDecodeError, csv.Error) as e:
         raise CanvasError(f"cannot read the Canvas gradebook {path}: {e}") from None
     if not lines or not {"Student", "ID", "Section"} <= {h.strip() for h in lines[0]}:
-        raise CanvasError(f"{path} is not a gradebook exported from Canvas (its first row must name Student, ID, "
-                          "SIS User ID, SIS Login ID, Section and the assignments)")
+        raise CanvasError(
+            f"{path} is not a gradebook exported from Canvas (its first row must name Student, ID, "
+            "SIS User ID, SIS Login ID, Section and the assignments)"
+        )
     return [h.strip() for h in lines[0]], lines[1:]
 
 
@@ -99,12 +106,17 @@ def match_columns(header, lessons, assignments):
         else:
             number = int(lesson[:2]) if lesson[:2].isdigit() else None
             keys = [squash(lesson)] + ([f"lesson{number}", f"lesson{number:02d}"] if number is not None else [])
-            found = [c for c in columns
-                     if any(re.search(re.escape(k) + r"(?!\d)", squash(ASSIGNMENT.fullmatch(c)["name"])) for k in keys)]
+            found = [
+                c
+                for c in columns
+                if any(re.search(re.escape(k) + r"(?!\d)", squash(ASSIGNMENT.fullmatch(c)["name"])) for k in keys)
+            ]
         if len(found) != 1:
-            raise CanvasError(f"{'no' if not found else 'several'} Canvas assignment column(s) for {lesson}"
-                              f"{': ' + ', '.join(found) if found else ''}; name it with --assignment "
-                              f"{lesson}=NAME (columns: {', '.join(columns) or 'none'})")
+            raise CanvasError(
+                f"{'no' if not found else 'several'} Canvas assignment column(s) for {lesson}"
+                f"{': ' + ', '.join(found) if found else ''}; name it with --assignment "
+                f"{lesson}=NAME (columns: {', '.join(columns) or 'none'})"
+            )
         out[lesson] = found[0]
     return out
 
@@ -125,12 +137,14 @@ def canvas_fill(path, students_rows, lessons, scores, assignments, allow_mismatc
             try:
                 theirs = float(row.get(column, "").strip())
             except ValueError:
-                continue   # Canvas left it empty: nothing to disagree with
+                continue  # Canvas left it empty: nothing to disagree with
             if abs(theirs - full[lesson]) > 1e-9 and not allow_mismatch:
-                raise CanvasError(f"the Canvas gradebook {path}: {column} has Points Possible {theirs:g}, but {lesson} "
-                                  f"is out of {full[lesson]:g} here: make them agree (in Canvas, or the rule's written "
-                                  "questions), or pass --allow-mismatch to fill it anyway")
-    keep = header[:header.index("Section") + 1] + list(columns.values())
+                raise CanvasError(
+                    f"the Canvas gradebook {path}: {column} has Points Possible {theirs:g}, but {lesson} "
+                    f"is out of {full[lesson]:g} here: make them agree (in Canvas, or the rule's written "
+                    "questions), or pass --allow-mismatch to fill it anyway"
+                )
+    keep = header[: header.index("Section") + 1] + list(columns.values())
     by_id = {}
     for student, r in students_rows.items():
         for key in ("lms_id", "sis_user_id", "sis_login_id"):
@@ -144,8 +158,11 @@ def canvas_fill(path, students_rows, lessons, scores, assignments, allow_mismatc
         if ident in ("Points Possible", "Student, Test"):
             out.append(row)
             continue
-        student = (by_id.get(("lms_id", row.get("ID", ""))) or by_id.get(("sis_user_id", row.get("SIS User ID", "")))
-                   or by_id.get(("sis_login_id", row.get("SIS Login ID", ""))))
+        student = (
+            by_id.get(("lms_id", row.get("ID", "")))
+            or by_id.get(("sis_user_id", row.get("SIS User ID", "")))
+            or by_id.get(("sis_login_id", row.get("SIS Login ID", "")))
+        )
         if student:
             seen.add(student)
             for lesson, column in columns.items():

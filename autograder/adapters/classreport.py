@@ -20,6 +20,7 @@ folder, a later submission not graded yet) is named at the top of the page (subm
 
 The page is one file: no scripts, no external requests.
 """
+
 import hashlib
 import html
 import math
@@ -28,14 +29,16 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from autograder import notebook as nbk
-from autograder.results import NEEDS_GRADING, UNANSWERED, write_atomic
-from autograder.counting import Counting, final_scores
 from autograder.adapters.roster import Roster
+from autograder.counting import Counting, final_scores
+from autograder.results import NEEDS_GRADING, UNANSWERED, write_atomic
 
 REPORT = "report.html"
-COUNTED = ("the final scores, as the export and totals.csv count them: the gradebook's manual scores and extra credit "
-           "count, a lesson still to grade (by a person or again) is left out")
-MIN_ANSWER_CHARS = 80      # of the student's own code, spaces aside: `return x.sum(-1)` says nothing
+COUNTED = (
+    "the final scores, as the export and totals.csv count them: the gradebook's manual scores and extra credit "
+    "count, a lesson still to grade (by a person or again) is left out"
+)
+MIN_ANSWER_CHARS = 80  # of the student's own code, spaces aside: `return x.sum(-1)` says nothing
 TOP_MISTAKES = 5
 STYLE = """body{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem;color:#222}
 table{border-collapse:collapse;width:100%;margin-bottom:1rem}td,th{border-bottom:1px solid #ddd;padding:.4rem;
@@ -62,8 +65,18 @@ def function_stats(results, reviews=None, drop_stale=False):
     """{(lesson, test): {passed, counted, missing, regrade, points, max_points, mistakes: Counter,
     who: {mistake: {students}}}} of [Result]; a test's points are its manual score where the gradebook's
     reviews ({(student, lesson): Review}) have one (a stale one too, unless drop_stale), as the export counts."""
-    stats = defaultdict(lambda: {"passed": 0, "counted": 0, "missing": 0, "regrade": 0, "points": 0.0,
-                                 "max_points": 0.0, "mistakes": Counter(), "who": defaultdict(set)})
+    stats = defaultdict(
+        lambda: {
+            "passed": 0,
+            "counted": 0,
+            "missing": 0,
+            "regrade": 0,
+            "points": 0.0,
+            "max_points": 0.0,
+            "mistakes": Counter(),
+            "who": defaultdict(set),
+        }
+    )
     for r in results:
         review = (reviews or {}).get((r.student, r.lesson))
         manual = {t: p for t, p in review.manual.items() if not (drop_stale and t in review.stale)} if review else {}
@@ -92,8 +105,11 @@ def pass_rate(s):
 
 def functions_across_lessons(stats):
     """[(lesson, function, pass rate text)] of every function with a counted test, lowest pass rate first."""
-    rows = [(s["passed"] / s["counted"], lesson, test.removeprefix("test_"), pass_rate(s))
-            for (lesson, test), s in stats.items() if s["counted"]]
+    rows = [
+        (s["passed"] / s["counted"], lesson, test.removeprefix("test_"), pass_rate(s))
+        for (lesson, test), s in stats.items()
+        if s["counted"]
+    ]
     return [(lesson, name, rate) for _, lesson, name, rate in sorted(rows)]
 
 
@@ -107,10 +123,11 @@ def by_section(results, sections, scores):
     rows = defaultdict(list)
     for (student, lesson), s in scores.items():
         if s.points is not None:
-            rows[(sections.get(student) or "(none)", lesson)].append(
-                (percent(s), passed.get((student, lesson), False)))
-    return [(section, lesson, len(v), sum(p for p, _ in v) / len(v), sum(ok for _, ok in v))
-            for (section, lesson), v in sorted(rows.items())]
+            rows[(sections.get(student) or "(none)", lesson)].append((percent(s), passed.get((student, lesson), False)))
+    return [
+        (section, lesson, len(v), sum(p for p, _ in v) / len(v), sum(ok for _, ok in v))
+        for (section, lesson), v in sorted(rows.items())
+    ]
 
 
 def percent(s):
@@ -135,23 +152,33 @@ def histogram(percentages, lesson):
     for p in percentages:
         counts[min(9, max(0, int(p // 10)))] += 1
     top = max(counts) or 1
-    left, bottom, width, height = 50, 200, 520, 160   # the plot area, in the 600 x 240 picture
-    bars = "".join(f"<rect x='{left + i * width / 10:.1f}' y='{bottom - height * n / top:.1f}' width='{width / 10:.1f}' "
-                   f"height='{height * n / top:.1f}' fill='#4c72b0' stroke='white'><title>{10 * i}-{10 * i + 10}%: {n}"
-                   "</title></rect>" for i, n in enumerate(counts) if n)
+    left, bottom, width, height = 50, 200, 520, 160  # the plot area, in the 600 x 240 picture
+    bars = "".join(
+        f"<rect x='{left + i * width / 10:.1f}' y='{bottom - height * n / top:.1f}' width='{width / 10:.1f}' "
+        f"height='{height * n / top:.1f}' fill='#4c72b0' stroke='white'><title>{10 * i}-{10 * i + 10}%: {n}"
+        "</title></rect>"
+        for i, n in enumerate(counts)
+        if n
+    )
     step = max(1, math.ceil(top / 5))
-    ticks = "".join(f"<text x='{left - 6}' y='{bottom - height * k / top + 4:.1f}' text-anchor='end'>{k}</text>"
-                    for k in range(0, top + 1, step))
-    ticks += "".join(f"<text x='{left + width * k / 100:.1f}' y='{bottom + 16}' text-anchor='middle'>{k}</text>"
-                     for k in range(0, 101, 20))
+    ticks = "".join(
+        f"<text x='{left - 6}' y='{bottom - height * k / top + 4:.1f}' text-anchor='end'>{k}</text>"
+        for k in range(0, top + 1, step)
+    )
+    ticks += "".join(
+        f"<text x='{left + width * k / 100:.1f}' y='{bottom + 16}' text-anchor='middle'>{k}</text>"
+        for k in range(0, 101, 20)
+    )
     title = html.escape(f"{lesson}: {plural(len(percentages), 'student')}")
-    return (f"<svg width='600' height='240' role='img' font-size='11' "
-            f"font-family='sans-serif' aria-label='histogram of the scores of {title}'>"
-            f"<text x='{left + width / 2}' y='20' text-anchor='middle' font-size='13'>{title}</text>{bars}"
-            f"<path d='M{left},{bottom - height}V{bottom}H{left + width}' fill='none' stroke='black'/>{ticks}"
-            f"<text x='{left + width / 2}' y='{bottom + 34}' text-anchor='middle'>score (% of the lesson's points)</text>"
-            f"<text x='14' y='{bottom - height / 2}' text-anchor='middle' transform='rotate(-90 14 "
-            f"{bottom - height / 2})'>students</text></svg>")
+    return (
+        f"<svg width='600' height='240' role='img' font-size='11' "
+        f"font-family='sans-serif' aria-label='histogram of the scores of {title}'>"
+        f"<text x='{left + width / 2}' y='20' text-anchor='middle' font-size='13'>{title}</text>{bars}"
+        f"<path d='M{left},{bottom - height}V{bottom}H{left + width}' fill='none' stroke='black'/>{ticks}"
+        f"<text x='{left + width / 2}' y='{bottom + 34}' text-anchor='middle'>score (% of the lesson's points)</text>"
+        f"<text x='14' y='{bottom - height / 2}' text-anchor='middle' transform='rotate(-90 14 "
+        f"{bottom - height / 2})'>students</text></svg>"
+    )
 
 
 def lesson_percentages(scores):
@@ -167,6 +194,7 @@ def lesson_percentages(scores):
 # ---------------------------------------------------------------------------------------------
 # Identical answers
 # ---------------------------------------------------------------------------------------------
+
 
 def normal_lines(text):
     return [" ".join(line.split()) for line in text.splitlines() if line.strip()]
@@ -195,14 +223,17 @@ def submission_mismatches(results, submissions):
     if not submissions:
         return []
     from autograder.grade import locate  # the core's own way to find a student's notebook
+
     lines = []
     for r in results:
         if r.sha256:
             now, _ = locate(submissions, r.student, r.lesson).key()
             if now != r.sha256:
-                lines.append(f"{r.student} {r.lesson}: its result was graded from another notebook than "
-                             f"{submissions} holds ({'none there now' if now is None else 'sha256 differs'}): "
-                             "regrade it (grade --resume)")
+                lines.append(
+                    f"{r.student} {r.lesson}: its result was graded from another notebook than "
+                    f"{submissions} holds ({'none there now' if now is None else 'sha256 differs'}): "
+                    "regrade it (grade --resume)"
+                )
     return lines
 
 
@@ -243,14 +274,18 @@ def identical_groups(results, submissions):
             key = (lesson, gid, hashlib.sha256(code.encode()).hexdigest())
             groups[key].append(r.student)
             reference[key] = code == ref
-    found = [(lesson, gid, sorted(set(students)), reference[(lesson, gid, h)])
-             for (lesson, gid, h), students in groups.items() if len(set(students)) > 1]
+    found = [
+        (lesson, gid, sorted(set(students)), reference[(lesson, gid, h)])
+        for (lesson, gid, h), students in groups.items()
+        if len(set(students)) > 1
+    ]
     return sorted(found, key=lambda g: (g[0], -len(g[2]), g[1]))
 
 
 # ---------------------------------------------------------------------------------------------
 # The page
 # ---------------------------------------------------------------------------------------------
+
 
 def plural(n, word):
     return f"{n} {word}{'' if n == 1 else 's'}"
@@ -263,9 +298,16 @@ def manual_lines(reviews, lesson, names):
     manual = [(s, t) for s, rv in mine.items() for t in sorted(rv.manual)]
     extra = [(s, t) for s, rv in mine.items() for t in sorted(rv.extra)]
     stale = [f"{s} {t}" if names else t for s, rv in mine.items() for t in rv.stale]
-    lines = [f"{what}: {plural(len(pairs), 'test')}" + (f" ({', '.join(f'{s} {t}' for s, t in pairs)})" if names else "")
-             for what, pairs in (("Scored by hand in the gradebook", manual), ("Extra credit", extra)) if pairs]
-    return lines + ([f"Stale manual scores (the autograded result or the written answer changed since): {', '.join(stale)}"] if stale else [])
+    lines = [
+        f"{what}: {plural(len(pairs), 'test')}" + (f" ({', '.join(f'{s} {t}' for s, t in pairs)})" if names else "")
+        for what, pairs in (("Scored by hand in the gradebook", manual), ("Extra credit", extra))
+        if pairs
+    ]
+    return lines + (
+        [f"Stale manual scores (the autograded result or the written answer changed since): {', '.join(stale)}"]
+        if stale
+        else []
+    )
 
 
 def written_lines(results, reviews, lesson, names):
@@ -277,11 +319,13 @@ def written_lines(results, reviews, lesson, names):
         answered = [s for s, w in rows if w.question == question and w.status == NEEDS_GRADING]
         waiting = [s for s in answered if question not in getattr(reviews.get((s, lesson)), "manual", {})]
         blank = [s for s, w in rows if w.question == question and w.status == UNANSWERED]
-        lines.append(f"Written question {question}: {len(answered) - len(waiting)}/{len(answered)} graded"
-                     + (f"; {NEEDS_GRADING}: {plural(len(waiting), 'answer')}" if waiting else "")
-                     + (f" ({', '.join(waiting)})" if waiting and names else "")
-                     + (f"; {UNANSWERED} (0): {plural(len(blank), 'student')}" if blank else "")
-                     + (f" ({', '.join(blank)})" if blank and names else ""))
+        lines.append(
+            f"Written question {question}: {len(answered) - len(waiting)}/{len(answered)} graded"
+            + (f"; {NEEDS_GRADING}: {plural(len(waiting), 'answer')}" if waiting else "")
+            + (f" ({', '.join(waiting)})" if waiting and names else "")
+            + (f"; {UNANSWERED} (0): {plural(len(blank), 'student')}" if blank else "")
+            + (f" ({', '.join(blank)})" if blank and names else "")
+        )
     return lines
 
 
@@ -293,14 +337,17 @@ def render(results, submissions=None, warnings=(), names=True, sections=None, ro
     questions, a lesson never handed in blank, stale manual scores dropped)."""
     e = html.escape
     everyone = sorted(set(roster or ()) | set(sections or ()))
-    students, lessons, scores, _, _ = final_scores(results, roster=Roster(rows=[{"student": s} for s in everyone]),
-                                                   reviews=reviews, counting=counting)
+    students, lessons, scores, _, _ = final_scores(
+        results, roster=Roster(rows=[{"student": s} for s in everyone]), reviews=reviews, counting=counting
+    )
     counting = counting or Counting()
     stats, percentages = function_stats(results, reviews, counting.drop_stale), lesson_percentages(scores)
-    parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>Class report</title>"
-             f"<style>{STYLE}</style></head><body><h1>Class report</h1>"
-             f"<p>{plural(len(students), 'student')}, {plural(len(lessons), 'lesson')}, "
-             f"{plural(len(results), 'graded submission')}.</p>"]
+    parts = [
+        f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>Class report</title>"
+        f"<style>{STYLE}</style></head><body><h1>Class report</h1>"
+        f"<p>{plural(len(students), 'student')}, {plural(len(lessons), 'lesson')}, "
+        f"{plural(len(results), 'graded submission')}.</p>"
+    ]
     parts += [f"<p class='warning'><b>{e(line)}</b></p>" for line in warnings]  # e.g. a sandbox that hides no file
     parts.append(f"<p class='muted' id='scores'>Scores: {e(COUNTED)}; {e(counting.said())}.</p>")
     missing = never_submitted(scores)
@@ -308,64 +355,101 @@ def render(results, submissions=None, warnings=(), names=True, sections=None, ro
         parts.append(f"<h2 id='{e(lesson)}'>{e(lesson)}</h2>")
         if missing.get(lesson):
             who = missing[lesson]
-            parts.append(f"<p class='warning'>Never handed in: {plural(len(who), 'student')}"
-                         + (f": {e(', '.join(who))}" if names else "") + "</p>")
-        parts += [f"<p class='muted'>{e(line)}</p>" for line in manual_lines(reviews or {}, lesson, names)
-                  + written_lines(results, reviews or {}, lesson, names)]
+            parts.append(
+                f"<p class='warning'>Never handed in: {plural(len(who), 'student')}"
+                + (f": {e(', '.join(who))}" if names else "")
+                + "</p>"
+            )
+        parts += [
+            f"<p class='muted'>{e(line)}</p>"
+            for line in manual_lines(reviews or {}, lesson, names)
+            + written_lines(results, reviews or {}, lesson, names)
+        ]
         if percentages.get(lesson):
             got = percentages[lesson]
-            parts.append(f"<p>Mean score: {sum(got) / len(got):.0f}% of {plural(len(got), 'student')} "
-                         "<span class='muted'>(see <a href='#scores'>Scores</a>)</span></p>")
+            parts.append(
+                f"<p>Mean score: {sum(got) / len(got):.0f}% of {plural(len(got), 'student')} "
+                "<span class='muted'>(see <a href='#scores'>Scores</a>)</span></p>"
+            )
             parts.append(histogram(got, lesson))
-        parts.append("<table><tr><th>function</th><th>passed</th><th>mean points</th><th>most common mistakes</th></tr>")
+        parts.append(
+            "<table><tr><th>function</th><th>passed</th><th>mean points</th><th>most common mistakes</th></tr>"
+        )
         for (lsn, test), s in stats.items():
             if lsn != lesson:
                 continue
             rate = pass_rate(s)
             mean = f"{s['points'] / s['counted']:.2f} / {s['max_points'] / s['counted']:g}" if s["counted"] else "-"
-            extra = [f"{n} not submitted" for n in [s["missing"]] if n] + [f"{n} to grade again" for n in [s["regrade"]] if n]
-            common = "".join(f"<li>{count} &times; {e(m)}"
-                             + (f"<br><span class='muted'>{e(', '.join(sorted(s['who'][m])))}</span>" if names else "")
-                             + "</li>" for m, count in s["mistakes"].most_common(TOP_MISTAKES))
-            parts.append(f"<tr><td><code>{e(test.removeprefix('test_'))}</code>"
-                         + (f"<br><span class='muted'>{e(', '.join(extra))}</span>" if extra else "")
-                         + f"</td><td class='n'>{rate}</td><td class='n'>{mean}</td>"
-                         f"<td>{f'<ul>{common}</ul>' if common else ''}</td></tr>")
+            extra = [f"{n} not submitted" for n in [s["missing"]] if n] + [
+                f"{n} to grade again" for n in [s["regrade"]] if n
+            ]
+            common = "".join(
+                f"<li>{count} &times; {e(m)}"
+                + (f"<br><span class='muted'>{e(', '.join(sorted(s['who'][m])))}</span>" if names else "")
+                + "</li>"
+                for m, count in s["mistakes"].most_common(TOP_MISTAKES)
+            )
+            parts.append(
+                f"<tr><td><code>{e(test.removeprefix('test_'))}</code>"
+                + (f"<br><span class='muted'>{e(', '.join(extra))}</span>" if extra else "")
+                + f"</td><td class='n'>{rate}</td><td class='n'>{mean}</td>"
+                f"<td>{f'<ul>{common}</ul>' if common else ''}</td></tr>"
+            )
         parts.append("</table>")
-    parts.append("<h2 id='functions'>Functions across lessons</h2><p class='muted'>Lowest pass rate first.</p>"
-                 "<table><tr><th>lesson</th><th>function</th><th>passed</th></tr>")
-    parts += [f"<tr><td>{e(lesson)}</td><td><code>{e(name)}</code></td><td class='n'>{rate}</td></tr>"
-              for lesson, name, rate in functions_across_lessons(stats)]
+    parts.append(
+        "<h2 id='functions'>Functions across lessons</h2><p class='muted'>Lowest pass rate first.</p>"
+        "<table><tr><th>lesson</th><th>function</th><th>passed</th></tr>"
+    )
+    parts += [
+        f"<tr><td>{e(lesson)}</td><td><code>{e(name)}</code></td><td class='n'>{rate}</td></tr>"
+        for lesson, name, rate in functions_across_lessons(stats)
+    ]
     parts.append("</table>")
     if sections:
-        parts.append("<h2 id='sections'>By section</h2><p class='muted'>Final scores (see "
-                     "<a href='#scores'>Scores</a>).</p><table><tr><th>section</th><th>lesson</th><th>students</th>"
-                     "<th>mean score</th><th>passed every test</th></tr>")
-        parts += [f"<tr><td>{e(section)}</td><td>{e(lesson)}</td><td class='n'>{n}</td><td class='n'>{mean:.0f}%</td>"
-                  f"<td class='n'>{ok}/{n}</td></tr>"
-                  for section, lesson, n, mean, ok in by_section(results, sections, scores)]
+        parts.append(
+            "<h2 id='sections'>By section</h2><p class='muted'>Final scores (see "
+            "<a href='#scores'>Scores</a>).</p><table><tr><th>section</th><th>lesson</th><th>students</th>"
+            "<th>mean score</th><th>passed every test</th></tr>"
+        )
+        parts += [
+            f"<tr><td>{e(section)}</td><td>{e(lesson)}</td><td class='n'>{n}</td><td class='n'>{mean:.0f}%</td>"
+            f"<td class='n'>{ok}/{n}</td></tr>"
+            for section, lesson, n, mean, ok in by_section(results, sections, scores)
+        ]
         parts.append("</table>")
     groups = identical_groups(results, submissions)
-    parts.append("<h2 id='identical'>Identical answers</h2><p class='muted'>Answer cells whose code is the same after "
-                 "normalising whitespace, without the lines the released stub gives; stubs and answers under "
-                 f"{MIN_ANSWER_CHARS} characters are left out. Short, canonical answers are often written the same "
-                 "way: this says they are identical, nothing more.</p>")
+    parts.append(
+        "<h2 id='identical'>Identical answers</h2><p class='muted'>Answer cells whose code is the same after "
+        "normalising whitespace, without the lines the released stub gives; stubs and answers under "
+        f"{MIN_ANSWER_CHARS} characters are left out. Short, canonical answers are often written the same "
+        "way: this says they are identical, nothing more.</p>"
+    )
     if groups:
         parts.append("<table><tr><th>lesson</th><th>answer</th><th>students</th></tr>")
         for lesson, gid, students, same_as_reference in groups:
             note = " <span class='muted'>(identical to the reference solution)</span>" if same_as_reference else ""
-            parts.append(f"<tr><td>{e(lesson)}</td><td><code>{e(gid)}</code>{note}</td>"
-                         f"<td>identical: {e(', '.join(students)) if names else plural(len(students), 'student')}</td></tr>")
+            parts.append(
+                f"<tr><td>{e(lesson)}</td><td><code>{e(gid)}</code>{note}</td>"
+                f"<td>identical: {e(', '.join(students)) if names else plural(len(students), 'student')}</td></tr>"
+            )
         parts.append("</table>")
     else:
-        parts.append("<p>No identical answers." + ("" if submissions or any(r.notebook for r in results)
-                                                    else " (No notebooks to compare: give --submissions.)") + "</p>")
+        parts.append(
+            "<p>No identical answers."
+            + (
+                ""
+                if submissions or any(r.notebook for r in results)
+                else " (No notebooks to compare: give --submissions.)"
+            )
+            + "</p>"
+        )
     parts.append("</body></html>\n")
     return "".join(parts)
 
 
-def write_report(out, results, submissions=None, warnings=(), names=True, sections=None, roster=None, reviews=None,
-                 counting=None):
+def write_report(
+    out, results, submissions=None, warnings=(), names=True, sections=None, roster=None, reviews=None, counting=None
+):
     """Write RESULTS/report.html (warnings: lines shown first; the rest as render; counting: RESULTS's rule,
     config.read_settings); returns its path."""
     path = Path(out) / REPORT

@@ -18,6 +18,7 @@ unless the new download brings a newer real one ("time kept" or "time replaced" 
 Archives are read in memory, never unpacked: a member whose path leaves the archive, a symbolic link
 or a size out of proportion (a zip bomb) refuses the download (or, inside a student's own zip, that zip).
 """
+
 import csv
 import hashlib
 import io
@@ -30,17 +31,17 @@ import zlib
 from collections import defaultdict
 from dataclasses import InitVar, dataclass, field
 from datetime import datetime, timezone
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from pathlib import Path
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from autograder import notebook as nbk
-from autograder.results import UsageError, csv_text, read_csv, read_timestamp, write_atomic, write_timestamp
 from autograder.adapters import canvas, exchange, moodle
 from autograder.adapters.roster import SAFE_ID, STORED
+from autograder.results import UsageError, csv_text, read_csv, read_timestamp, write_atomic, write_timestamp
 
-MAX_FILE_BYTES = 256 * 2**20       # one archive member: far above any notebook, far below a machine's memory
-MAX_ARCHIVE_BYTES = 4 * 2**30      # everything one archive says it unpacks to
-MAX_RATIO = 200                    # unpacked/packed size of a member above 1 MiB: notebooks pack ~5-10x
+MAX_FILE_BYTES = 256 * 2**20  # one archive member: far above any notebook, far below a machine's memory
+MAX_ARCHIVE_BYTES = 4 * 2**30  # everything one archive says it unpacks to
+MAX_RATIO = 200  # unpacked/packed size of a member above 1 MiB: notebooks pack ~5-10x
 LOG_FILE = "collection.csv"
 LOG_COLUMNS = ["download", "file", "student", "lesson", "action", "anomaly", "detail", "submitted_at", "time_source"]
 
@@ -74,10 +75,11 @@ def parse_time(text):
 # Walking a download: files with their logical path (archive names included), and anomalies
 # ---------------------------------------------------------------------------------------------
 
+
 @dataclass
 class File:
-    parts: tuple            # path from DOWNLOAD's root; an archive's name is a folder of its members
-    data: bytes | None      # read for notebooks, timestamp.txt and CSVs only
+    parts: tuple  # path from DOWNLOAD's root; an archive's name is a folder of its members
+    data: bytes | None  # read for notebooks, timestamp.txt and CSVs only
 
     @property
     def shown(self):
@@ -87,13 +89,14 @@ class File:
 @dataclass
 class Row:
     """One line of collection.csv: a file, what was done with it, and its anomalies."""
+
     file: str
-    action: str             # collected, ignored, not collected
+    action: str  # collected, ignored, not collected
     anomaly: InitVar[str] = ""
     detail: InitVar[str] = ""
     student: str = ""
     lesson: str = ""
-    notes: list = field(default_factory=list)   # (anomaly, detail)
+    notes: list = field(default_factory=list)  # (anomaly, detail)
     submitted_at: str = ""
     time_source: str = ""
 
@@ -105,10 +108,17 @@ class Row:
         self.notes.append((anomaly, detail))
 
     def csv(self, download):
-        return dict(download=str(download), file=self.file, student=self.student, lesson=self.lesson,
-                    action=self.action, anomaly="; ".join(a for a, _ in self.notes if a),
-                    detail="; ".join(d for _, d in self.notes if d), submitted_at=self.submitted_at,
-                    time_source=self.time_source)
+        return dict(
+            download=str(download),
+            file=self.file,
+            student=self.student,
+            lesson=self.lesson,
+            action=self.action,
+            anomaly="; ".join(a for a, _ in self.notes if a),
+            detail="; ".join(d for _, d in self.notes if d),
+            submitted_at=self.submitted_at,
+            time_source=self.time_source,
+        )
 
 
 def wanted(name):
@@ -172,7 +182,9 @@ def unsafe_member(info):
         return f"its entry {info.filename!r} escapes the output folder"
     if stat.S_ISLNK(info.external_attr >> 16):
         return f"its entry {info.filename!r} is a symbolic link"
-    if info.file_size > MAX_FILE_BYTES or (info.file_size > 2**20 and info.file_size > MAX_RATIO * max(info.compress_size, 1)):
+    if info.file_size > MAX_FILE_BYTES or (
+        info.file_size > 2**20 and info.file_size > MAX_RATIO * max(info.compress_size, 1)
+    ):
         return f"its entry {info.filename!r} unpacks to {info.file_size} bytes from {info.compress_size} (a zip bomb?)"
     return None
 
@@ -221,13 +233,18 @@ def walk_zip(source, parts, student, depth=0):
             elif depth == 0:
                 yield from walk_zip(data, inner, student=student or owned_by_student(inner), depth=1)
             else:
-                yield Row("/".join(inner), "not collected", "archive in archive", "an archive inside an archive "
-                          "inside the download: not opened")
+                yield Row(
+                    "/".join(inner),
+                    "not collected",
+                    "archive in archive",
+                    "an archive inside an archive inside the download: not opened",
+                )
 
 
 # ---------------------------------------------------------------------------------------------
 # Who and which lesson a file is
 # ---------------------------------------------------------------------------------------------
+
 
 def lms_entry(name):
     """(LMS module, match) when `name` is one an LMS gives a student's upload (a Canvas or a Moodle name, an
@@ -255,7 +272,7 @@ class Layout:
 
     def __init__(self, paths, lessons, known=lambda name: False):
         self.lessons, self.known = lessons, known
-        self.children = defaultdict(set)     # folder parts -> {(name, is a file)}
+        self.children = defaultdict(set)  # folder parts -> {(name, is a file)}
         for parts in paths:
             for i in range(len(parts)):
                 self.children[parts[:i]].add((parts[i], i == len(parts) - 1))
@@ -268,14 +285,17 @@ class Layout:
         return match_lesson(name, self.lessons, loose=False)[0] is not None
 
     def holds_work(self, folder):
-        return any(is_file and name.lower().endswith(".ipynb") or is_archive(name) or (not is_file and self.is_lesson(name))
-                   for name, is_file in self.children[folder])
+        return any(
+            is_file and name.lower().endswith(".ipynb") or is_archive(name) or (not is_file and self.is_lesson(name))
+            for name, is_file in self.children[folder]
+        )
 
     def holds_students(self, folder):
         if folder not in self.levels:
-            self.levels[folder] = any(not is_file and self.plain(name) and (self.holds_work(folder + (name,))
-                                                                            or self.known(name))
-                                      for name, is_file in self.children[folder])
+            self.levels[folder] = any(
+                not is_file and self.plain(name) and (self.holds_work(folder + (name,)) or self.known(name))
+                for name, is_file in self.children[folder]
+            )
         return self.levels[folder]
 
     def owner(self, parts):
@@ -296,14 +316,15 @@ class Layout:
 @dataclass
 class Clues:
     """What a file's path says: who (strongest first), which lesson, and its version."""
-    who: list = field(default_factory=list)     # (kind, value): lms_id, participant, id, name
+
+    who: list = field(default_factory=list)  # (kind, value): lms_id, participant, id, name
     folder_lesson: str | None = None
-    file_name: str = ""                          # the name the student gave the file
-    folder: tuple = ()                           # the upload's folder (where nbgrader's timestamp.txt lies)
-    version: tuple = (0, "")                     # (Canvas resubmission number, nbgrader timestamp)
+    file_name: str = ""  # the name the student gave the file
+    folder: tuple = ()  # the upload's folder (where nbgrader's timestamp.txt lies)
+    version: tuple = (0, "")  # (Canvas resubmission number, nbgrader timestamp)
     late: bool = False
     participant: str | None = None
-    owner: int | None = None                     # the index of the part that names the student (Layout.owner)
+    owner: int | None = None  # the index of the part that names the student (Layout.owner)
 
 
 def entry_who(name):
@@ -320,10 +341,10 @@ def flat_who(file_name, lessons):
     """(who, the file's own name) of a flat `<student>_<lesson>.ipynb`; ([], file_name) when it names no one."""
     stem = Path(file_name).stem
     lesson, _ = match_lesson(stem, lessons)
-    prefix = stem[:stem.casefold().find(lesson.casefold())].strip("_- .") if lesson else ""
+    prefix = stem[: stem.casefold().find(lesson.casefold())].strip("_- .") if lesson else ""
     if not prefix:
         return [], file_name
-    return [("id", prefix), ("name", prefix)], stem[len(prefix):].strip("_- .") + ".ipynb"
+    return [("id", prefix), ("name", prefix)], stem[len(prefix) :].strip("_- .") + ".ipynb"
 
 
 def read_clues(parts, lessons, layout=None):
@@ -338,7 +359,7 @@ def read_clues(parts, lessons, layout=None):
         c.who, c.file_name = flat_who(parts[-1], lessons)
         return c
     lms, c.who, m = entry_who(parts[i])
-    c.folder = parts[:i + 1]
+    c.folder = parts[: i + 1]
     if lms:
         lms.read(m, c, last=i == len(parts) - 1)
     return c
@@ -390,8 +411,12 @@ def slug(text):
 
 
 # The roster columns each kind of clue is matched against (Students.lookup).
-CLUE_COLUMNS = {"lms_id": ("lms_id",), "name": ("name",), "participant": ("email", "lms_id"),
-                "id": ("student", "lms_id", "email", "name")}
+CLUE_COLUMNS = {
+    "lms_id": ("lms_id",),
+    "name": ("name",),
+    "participant": ("email", "lms_id"),
+    "id": ("student", "lms_id", "email", "name"),
+}
 
 
 class Students:
@@ -409,15 +434,22 @@ class Students:
             value = kinds.get("id") or kinds.get("name")
             student = slug(value) if value else None
             if student is None:
-                return None, "unmatched", f"no usable student name in {value!r}" if value else "no student named by its path"
+                return (
+                    None,
+                    "unmatched",
+                    f"no usable student name in {value!r}" if value else "no student named by its path",
+                )
             return student, None, ""
         for kind, value in who:
             rows, anomaly = self.lookup(kind, value)
             if len(rows) == 1:
                 return rows[0]["student"], anomaly, f"{kind} {value!r} is {rows[0]['student']}" if anomaly else ""
             if len(rows) > 1:
-                return None, "ambiguous", (f"{kind} {value!r} matches several roster students: "
-                                           + ", ".join(r["student"] for r in rows))
+                return (
+                    None,
+                    "ambiguous",
+                    (f"{kind} {value!r} matches several roster students: " + ", ".join(r["student"] for r in rows)),
+                )
         said = ", ".join(f"{k} {v!r}" for k, v in who)
         return None, "unmatched", f"no roster student has {said}" if said else "no student named by its path"
 
@@ -444,6 +476,7 @@ class Students:
 # Submission times
 # ---------------------------------------------------------------------------------------------
 
+
 def read_csv_rows(data, shown):
     try:
         text = data.decode("utf-8-sig")
@@ -466,8 +499,9 @@ def read_times(rows, shown, default_lesson):
     who_col = next((c for c in ("student", "lms_id", "email", "name") if c in header), None)
     time_col = next((c for c in ("submitted_at", "submitted", "time") if c in header), None)
     if who_col is None or time_col is None:
-        raise CollectError(f"{shown}: expected columns student (or lms_id, email, name) and submitted_at; "
-                           f"found {', '.join(rows[0])}")
+        raise CollectError(
+            f"{shown}: expected columns student (or lms_id, email, name) and submitted_at; found {', '.join(rows[0])}"
+        )
     if "lesson" not in header and not default_lesson:
         raise CollectError(f"{shown} has no lesson column: add one, or give --lesson")
     out = []
@@ -477,10 +511,17 @@ def read_times(rows, shown, default_lesson):
             continue
         moment = parse_time(row.get(time_col, ""))
         if moment is None:
-            raise CollectError(f"{shown}, line {number}: {row.get(time_col)!r} is not a time (use ISO 8601, "
-                               "e.g. 2025-10-01T23:59:00+00:00)")
-        out.append(((who_col if who_col != "student" else "id", row.get(who_col, "")),
-                    row.get("lesson") or default_lesson, moment))
+            raise CollectError(
+                f"{shown}, line {number}: {row.get(time_col)!r} is not a time (use ISO 8601, "
+                "e.g. 2025-10-01T23:59:00+00:00)"
+            )
+        out.append(
+            (
+                (who_col if who_col != "student" else "id", row.get(who_col, "")),
+                row.get("lesson") or default_lesson,
+                moment,
+            )
+        )
     return out
 
 
@@ -488,13 +529,14 @@ def read_times(rows, shown, default_lesson):
 # Collecting
 # ---------------------------------------------------------------------------------------------
 
+
 @dataclass
 class Candidate:
     file: File
     clues: Clues
     student: str
     lesson: str
-    notes: list             # (anomaly, detail) that still let it be collected
+    notes: list  # (anomaly, detail) that still let it be collected
     submitted: datetime | None = None
 
 
@@ -519,7 +561,7 @@ def collect(download, out, roster=None, lesson=None, times=(), zone="UTC", allow
         raise CollectError(f"unknown lesson {lesson!r}; lessons are {', '.join(lessons)}")
     answers = nbk.lesson_answers(tuple(lessons))
 
-    items = list(walk(download))   # reads everything first: an unsafe archive stops us before any write
+    items = list(walk(download))  # reads everything first: an unsafe archive stops us before any write
     rows = [i for i in items if isinstance(i, Row)]
     files = [i for i in items if isinstance(i, File)]
     worksheet, given_times, stamps = {}, [], {}
@@ -536,26 +578,45 @@ def collect(download, out, roster=None, lesson=None, times=(), zone="UTC", allow
         else:
             given_times += [(who, lsn, t, Path(path).name) for who, lsn, t in read_times(sheet, path, lesson)]
     for (kind, value), lsn, _, source in given_times:
-        unknown = (f"lesson {lsn!r}" if lsn not in lessons else
-                   f"{kind} {value!r}" if roster and not Students(roster, {}).resolve([(kind, value)])[0] else None)
+        unknown = (
+            f"lesson {lsn!r}"
+            if lsn not in lessons
+            else f"{kind} {value!r}"
+            if roster and not Students(roster, {}).resolve([(kind, value)])[0]
+            else None
+        )
         if unknown and not allow_mismatch:
-            raise CollectError(f"the times file {source} names {unknown}, which "
-                               f"{'the course does not have' if lsn not in lessons else 'is not on the roster'} "
-                               "(a typo?): fix it, or pass --allow-mismatch to collect without that time")
+            raise CollectError(
+                f"the times file {source} names {unknown}, which "
+                f"{'the course does not have' if lsn not in lessons else 'is not on the roster'} "
+                "(a typo?): fix it, or pass --allow-mismatch to collect without that time"
+            )
     known = (lambda name: bool(Students(roster, {}).lookup("id", name)[0])) if roster else (lambda name: False)
     layout = Layout([f.parts for f in files], lessons, known)
     notebooks = []
     for f in files:
         name, owner = f.parts[-1].lower(), layout.owner(f.parts)
         if name == "timestamp.txt" and not nbgrader_stamp(f.parts, owner):
-            rows.append(Row(f.shown, "ignored", "timestamp in an upload",
-                            "a timestamp.txt inside a student's upload: not a submission time"))
+            rows.append(
+                Row(
+                    f.shown,
+                    "ignored",
+                    "timestamp in an upload",
+                    "a timestamp.txt inside a student's upload: not a submission time",
+                )
+            )
         elif name == "timestamp.txt":
             stamps[f.parts[:-1]] = parse_time(f.data.decode("utf-8", "replace"))
             rows.append(Row(f.shown, "ignored", "", "nbgrader's submission time"))
         elif name.endswith(".csv") and moodle.is_worksheet(first_line(f.data)) and owner is not None:
-            rows.append(Row(f.shown, "not collected", "worksheet in an upload", "a grading worksheet inside a "
-                            "student's upload: not a source of submission times or of who is who"))
+            rows.append(
+                Row(
+                    f.shown,
+                    "not collected",
+                    "worksheet in an upload",
+                    "a grading worksheet inside a student's upload: not a source of submission times or of who is who",
+                )
+            )
         elif name.endswith(".csv") and moodle.is_worksheet(first_line(f.data)):
             worksheet.update(moodle.read_worksheet(read_csv_rows(f.data, f.shown), parse_time))
             rows.append(Row(f.shown, "ignored", "", "Moodle grading worksheet: submission times"))
@@ -569,8 +630,10 @@ def collect(download, out, roster=None, lesson=None, times=(), zone="UTC", allow
     for f in notebooks:
         c = read_clues(f.parts, lessons, layout)
         if roster and c.who:
-            roster.require(sorted({col for kind, _ in c.who for col in CLUE_COLUMNS[kind]}),
-                           f"the download names its students by (as in {f.shown}): add the LMS's user ids")
+            roster.require(
+                sorted({col for kind, _ in c.who for col in CLUE_COLUMNS[kind]}),
+                f"the download names its students by (as in {f.shown}): add the LMS's user ids",
+            )
         row = Row(f.shown, "not collected")
         rows.append(row)
         if not f.data.strip():
@@ -590,12 +653,24 @@ def collect(download, out, roster=None, lesson=None, times=(), zone="UTC", allow
             row.add(anomaly, detail)
             continue
         row.student = student
-        others = sorted({(name, other) for name, who in names_inside(f.parts, c, lessons, roster)
-                         if (other := students.resolve(who)[0]) not in (None, student)})
+        others = sorted(
+            {
+                (name, other)
+                for name, who in names_inside(f.parts, c, lessons, roster)
+                if (other := students.resolve(who)[0]) not in (None, student)
+            }
+        )
         if others:
-            notes.append(("names another student", "; ".join(
-                f"inside {'/'.join(f.parts[:c.owner + 1])}, {name!r} looks like {other}'s" for name, other in others)
-                + f": the LMS says {student} uploaded it, so it is {student}'s"))
+            notes.append(
+                (
+                    "names another student",
+                    "; ".join(
+                        f"inside {'/'.join(f.parts[: c.owner + 1])}, {name!r} looks like {other}'s"
+                        for name, other in others
+                    )
+                    + f": the LMS says {student} uploaded it, so it is {student}'s",
+                )
+            )
         chosen, why = choose_lesson(c, nb, lesson, lessons, answers)
         if chosen is None:
             row.add(*why)
@@ -615,7 +690,7 @@ def collect(download, out, roster=None, lesson=None, times=(), zone="UTC", allow
             cand.submitted = moment if moment.tzinfo else moment.replace(tzinfo=zone)
             row.submitted_at, row.time_source = cand.submitted.isoformat(), source
     write(out, chosen, rows, download, have_times)
-    if roster:   # export and report read it from SUBMISSIONS when no --roster is given
+    if roster:  # export and report read it from SUBMISSIONS when no --roster is given
         write_atomic(out / STORED, Path(roster.path).read_text(encoding="utf-8-sig"))
     report(rows, chosen, stream or sys.stdout, out, roster)
     return rows
@@ -635,19 +710,30 @@ def choose_lesson(c, nb, lesson, lessons, answers):
     if inside:
         result = inside
         if said and said != {inside}:
-            notes.append(("wrong lesson", f"its name or folder says {', '.join(sorted(said))}, but its answer cells "
-                          f"are {inside}'s: collected as {inside}"))
+            notes.append(
+                (
+                    "wrong lesson",
+                    f"its name or folder says {', '.join(sorted(said))}, but its answer cells "
+                    f"are {inside}'s: collected as {inside}",
+                )
+            )
     elif len(said) == 1:
         result = said.pop()
     elif said:
-        return None, ("wrong lesson", f"its name and folder disagree ({', '.join(sorted(said))}) and its "
-                      "answer cells have lost their nbgrader metadata")
+        return None, (
+            "wrong lesson",
+            f"its name and folder disagree ({', '.join(sorted(said))}) and its "
+            "answer cells have lost their nbgrader metadata",
+        )
     else:
-        return None, ("unknown lesson", f"{c.file_name!r} names no lesson and its cells have lost their nbgrader "
-                      "metadata: rename it to <lesson>.ipynb or give --lesson")
+        return None, (
+            "unknown lesson",
+            f"{c.file_name!r} names no lesson and its cells have lost their nbgrader "
+            "metadata: rename it to <lesson>.ipynb or give --lesson",
+        )
     if lesson and result != lesson:
         return None, ("wrong lesson", f"a {result} notebook in a download collected for {lesson}")
-    if not naming and c.file_name and c.file_name != f"{result}.ipynb":   # lesson1_final.ipynb, Moodle's my work.ipynb
+    if not naming and c.file_name and c.file_name != f"{result}.ipynb":  # lesson1_final.ipynb, Moodle's my work.ipynb
         notes.append(("renamed", f"named {c.file_name!r}, not {result}.ipynb"))
     return result, notes
 
@@ -668,8 +754,12 @@ def pick(candidates):
             row.notes += cand.notes
         if len(distinct) > 1:
             for row, _ in group:
-                row.add("two candidates", f"{len(latest)} different notebooks for {key[1]}: "
-                    + ", ".join(c.file.shown for _, c in latest) + "; none collected, put the right one in place")
+                row.add(
+                    "two candidates",
+                    f"{len(latest)} different notebooks for {key[1]}: "
+                    + ", ".join(c.file.shown for _, c in latest)
+                    + "; none collected, put the right one in place",
+                )
             continue
         row, cand = latest[-1]
         row.action = "collected"
@@ -748,8 +838,11 @@ def keep_time(folder, new, row, changed, have_times):
         row.add("time replaced", f"the submission time {stored} stored before became {new.isoformat()}")
         return True
     if new or changed:
-        row.add("time kept", f"kept the submission time {stored} stored before: this download brings "
-                + (f"an older one ({new.isoformat()})" if new else "none"))
+        row.add(
+            "time kept",
+            f"kept the submission time {stored} stored before: this download brings "
+            + (f"an older one ({new.isoformat()})" if new else "none"),
+        )
     row.submitted_at, row.time_source = stored, "stored before"
     return False
 
@@ -768,11 +861,14 @@ def report(rows, chosen, stream, out, roster):
     print(f"collected {len(chosen)} notebooks of {len(students)} students into {out}", file=stream)
     if roster is None:
         print("no --roster: students are named as the download names them", file=stream)
-    for lesson in sorted({lesson for _, lesson in chosen}) if roster else ():   # who has not handed it in, by name
+    for lesson in sorted({lesson for _, lesson in chosen}) if roster else ():  # who has not handed it in, by name
         absent = [r["student"] for r in roster.rows if (r["student"], lesson) not in chosen]
         if absent:
-            print(f"nothing of {lesson} in this download from {len(absent)} roster student{'s' * (len(absent) > 1)}: "
-                  f"{', '.join(absent)}", file=stream)
+            print(
+                f"nothing of {lesson} in this download from {len(absent)} roster student{'s' * (len(absent) > 1)}: "
+                f"{', '.join(absent)}",
+                file=stream,
+            )
     for kind, found in sorted(kinds.items(), key=lambda kv: -len(kv[1])):
         print(f"{kind} ({len(found)}):", file=stream)
         for r, detail in found[:10]:

@@ -2,10 +2,11 @@
 (what students submitted) and a course's `submitted/<student>/<lesson>/`, each with nbgrader's
 timestamp.txt ("2024-10-01 12:00:00.123456 UTC"). The interface is canvas.py's (NAME, who, read).
 """
+
 import re
 
 NAME = re.compile(r"(?P<student>[^+]+)\+(?P<lesson>[^+]+)\+(?P<time>[^+]+)(?:\+[^+]*)?")
-FOLDERS = ("inbound", "submitted")   # exchange/<course>/inbound/<entry>, <course>/submitted/<student>
+FOLDERS = ("inbound", "submitted")  # exchange/<course>/inbound/<entry>, <course>/submitted/<student>
 SUBMITTED = "submitted"
 
 

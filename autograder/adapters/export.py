@@ -8,22 +8,40 @@ a lesson never handed in is MISSING, 0 or blank as the rule says, and named.
 
 Canvas's gradebook import is canvas.py's (gradebook_import).
 """
+
 from pathlib import Path
 
-from autograder.config import RunConfig
-from autograder.counting import (MISSING, RuleError, final_scores, grouped, stale_warning, totals_columns, totals_rows,
-                                 write_final)
-from autograder.results import csv_text, write_atomic
 from autograder.adapters import canvas
 from autograder.adapters.roster import remember_roster
+from autograder.config import RunConfig
+from autograder.counting import (
+    MISSING,
+    RuleError,
+    final_scores,
+    grouped,
+    stale_warning,
+    totals_columns,
+    totals_rows,
+    write_final,
+)
+from autograder.results import csv_text, write_atomic
 
 
 class ExportError(RuleError):
     """Bad input to export: one line, exit status 2."""
 
 
-def export(config: RunConfig, results: list, fmt: str, dest, trial: bool = False, gradebook=None, assignments=(),
-           refused: dict | None = None, reviews=None) -> list:
+def export(
+    config: RunConfig,
+    results: list,
+    fmt: str,
+    dest,
+    trial: bool = False,
+    gradebook=None,
+    assignments=(),
+    refused: dict | None = None,
+    reviews=None,
+) -> list:
     """Write the export of results (RESULTS is config.results), counted by config.rule, with config.roster's class,
     to dest; unless trial (a rule other than RESULTS's), also
     RESULTS/totals.csv and the feedback pages (the same scores: write_final) and, when penalised,
@@ -48,23 +66,37 @@ def export(config: RunConfig, results: list, fmt: str, dest, trial: bool = False
     students, lessons, scores, penalties, warnings = final_scores(results, refused, roster, reviews, rule)
     detail = bool(rule.late)
     if fmt == "csv":
-        text = csv_text(totals_rows(students, lessons, scores, detail=detail),
-                        totals_columns(lessons, scores, detail=detail))
+        text = csv_text(
+            totals_rows(students, lessons, scores, detail=detail), totals_columns(lessons, scores, detail=detail)
+        )
     else:
         text, more = canvas.gradebook_import(roster, results, lessons, scores, gradebook, pairs, config.allow_mismatch)
         warnings += more
-    warnings += grouped("left blank, to be graded again (the grader could not run a test)",
-                        [(s, lsn) for (s, lsn), sc in scores.items() if sc.points is None and not sc.refused
-                         and not sc.missing and (sc.regrade or not sc.pending)])
-    warnings += grouped("left blank, written questions to grade in formgrader first",
-                        [(s, lsn, ", ".join(sc.pending)) for (s, lsn), sc in scores.items()
-                         if sc.pending and sc.points is None and not sc.regrade])
-    warnings += grouped(f"{MISSING}, {'left blank' if rule.blank_missing else 'counted as 0'}",
-                        [(s, lsn) for (s, lsn), sc in scores.items() if sc.missing])
+    warnings += grouped(
+        "left blank, to be graded again (the grader could not run a test)",
+        [
+            (s, lsn)
+            for (s, lsn), sc in scores.items()
+            if sc.points is None and not sc.refused and not sc.missing and (sc.regrade or not sc.pending)
+        ],
+    )
+    warnings += grouped(
+        "left blank, written questions to grade in formgrader first",
+        [
+            (s, lsn, ", ".join(sc.pending))
+            for (s, lsn), sc in scores.items()
+            if sc.pending and sc.points is None and not sc.regrade
+        ],
+    )
+    warnings += grouped(
+        f"{MISSING}, {'left blank' if rule.blank_missing else 'counted as 0'}",
+        [(s, lsn) for (s, lsn), sc in scores.items() if sc.missing],
+    )
     if roster and fmt == "csv" and (outside := sorted(set(students) - {r["student"] for r in roster.rows})):
         warnings.append(f"not in the roster, kept: {', '.join(outside)}")
-    warnings += stale_warning([f"{s} {lsn} {t}" for (s, lsn), sc in sorted(scores.items()) for t in sc.stale],
-                              rule.drop_stale)
+    warnings += stale_warning(
+        [f"{s} {lsn} {t}" for (s, lsn), sc in sorted(scores.items()) for t in sc.stale], rule.drop_stale
+    )
     if not trial:
         write_final(out, results, refused, roster, reviews, rule)
         if roster:

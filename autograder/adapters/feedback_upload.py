@@ -11,6 +11,7 @@ multiple feedback files in a zip" takes, with each student's feedback page (RESU
   name) and imports each file that the submission does not hold as a feedback file:
   `Alice Liddell_501_assignsubmission_file_/01_attention_feedback.html`.
 """
+
 import zipfile
 from pathlib import Path
 
@@ -28,7 +29,7 @@ def upload_name(kind, file):
     None when no part of the path is named the way that LMS names an upload."""
     for part in reversed(file.split("/")):
         if m := FORMATS[kind].NAME.fullmatch(part):
-            return part + "/" if kind == "moodle" and not m["file"] else part[:m.start("file")]
+            return part + "/" if kind == "moodle" and not m["file"] else part[: m.start("file")]
     return None
 
 
@@ -50,8 +51,10 @@ def feedback_upload(results, submissions, kind, out, lessons=None):
     # A lesson none of whose uploads this LMS named came from another LMS: one line, not one per student.
     other = sorted({lsn for lsn, _ in latest} - {lsn for (lsn, _), f in latest.items() if upload_name(kind, f)})
     if other and len(other) < len({lsn for lsn, _ in latest}):
-        lines.append(f"{', '.join(other)}: collected from no {kind.capitalize()} download, so no zip (give their "
-                     "LMS's --format, with --lesson)")
+        lines.append(
+            f"{', '.join(other)}: collected from no {kind.capitalize()} download, so no zip (give their "
+            "LMS's --format, with --lesson)"
+        )
         latest = {k: f for k, f in latest.items() if k[0] not in other}
     for (lesson, student), file in sorted(latest.items()):
         page = Path(results) / "feedback" / student / f"{lesson}.html"
@@ -59,11 +62,12 @@ def feedback_upload(results, submissions, kind, out, lessons=None):
         if not page.is_file():
             lines.append(f"{student}: no feedback page for {lesson} in {results} (not graded?); left out")
         elif name is None:
-            lines.append(f"{student}: {lesson} was collected from {file}, which {kind.capitalize()} did not "
-                         "name; left out")
+            lines.append(
+                f"{student}: {lesson} was collected from {file}, which {kind.capitalize()} did not name; left out"
+            )
         else:
             pages.setdefault(lesson, []).append((f"{name}{lesson}_feedback.html", page))
-    if not pages:   # every student left out: one line naming why, never an exit 0 with nothing to upload
+    if not pages:  # every student left out: one line naming why, never an exit 0 with nothing to upload
         raise UsageError(_nothing_written(kind, latest, lines, lessons))
     roster = stored_roster(submissions)
     for lesson in sorted({lsn for lsn, _ in latest}):
@@ -83,12 +87,20 @@ def feedback_upload(results, submissions, kind, out, lessons=None):
 def _nothing_written(kind, latest, lines, lessons):
     """The one line that says why feedback_upload could write no page at all."""
     if not latest:
-        return f"no upload was collected{' for ' + ', '.join(lessons) if lessons else ''}: nothing to attach feedback to"
+        return (
+            f"no upload was collected{' for ' + ', '.join(lessons) if lessons else ''}: nothing to attach feedback to"
+        )
     unnamed = [file for (lesson, student), file in latest.items() if upload_name(kind, file) is None]
     if len(unnamed) == len(latest):
         other = [k for k in FORMATS if k != kind and all(upload_name(k, f) for f in unnamed)]
-        return (f"{'none of the ' + str(len(unnamed)) + ' uploads collected was' if len(unnamed) > 1 else 'the upload collected is not'}"
-                f" named the way {kind.capitalize()} names one"
-                + (f" (a {other[0].capitalize()} download: give --format {other[0]})" if other else
-                   " (collected from a plain folder?)") + ": nothing written")
+        return (
+            f"{'none of the ' + str(len(unnamed)) + ' uploads collected was' if len(unnamed) > 1 else 'the upload collected is not'}"
+            f" named the way {kind.capitalize()} names one"
+            + (
+                f" (a {other[0].capitalize()} download: give --format {other[0]})"
+                if other
+                else " (collected from a plain folder?)"
+            )
+            + ": nothing written"
+        )
     return f"no feedback page could be written ({lines[0]}; and {len(lines) - 1} more): nothing written"

@@ -16,6 +16,7 @@ no extra key). Scores, comments and overrides live in the gradebook (gradebook.p
 COURSE_ROOT/nbgrader_config.py (write_config, when there is none): formgrader's course, its gradebook, and the
 course's lessons/ as nbgrader's source directory, so that formgrader lists every lesson as an assignment.
 """
+
 import hashlib
 import json
 import re
@@ -23,9 +24,9 @@ import uuid
 from pathlib import Path
 
 from autograder import notebook as nbk
-from autograder.results import write_atomic
 from autograder.release import student_copy
 from autograder.report import feedback_text
+from autograder.results import write_atomic
 
 
 def autograded_path(course_root, student, lesson):
@@ -39,11 +40,23 @@ def verdict_outputs(t):
     if t.status == "passed":
         return [_stream(f"passed: {got}\n")]
     if t.points > 0:
-        return [_stream("\n".join([f"partial credit: {got}"] + lines) + "\n"),
-                {"output_type": "execute_result", "execution_count": None, "metadata": {},
-                 "data": {"text/plain": f"{t.points:g}"}}]
-    return [{"output_type": "error", "ename": t.status, "evalue": "\n".join(lines),
-             "traceback": [f"{t.status}: {got}"] + lines}]
+        return [
+            _stream("\n".join([f"partial credit: {got}"] + lines) + "\n"),
+            {
+                "output_type": "execute_result",
+                "execution_count": None,
+                "metadata": {},
+                "data": {"text/plain": f"{t.points:g}"},
+            },
+        ]
+    return [
+        {
+            "output_type": "error",
+            "ename": t.status,
+            "evalue": "\n".join(lines),
+            "traceback": [f"{t.status}: {got}"] + lines,
+        }
+    ]
 
 
 def _stream(text):
@@ -105,8 +118,12 @@ def autograded_notebook(result, source):
         nb["cells"].insert(0, _new_cell("markdown", "**Autograder:**\n\n" + _fenced(note)))
     if extra:
         nb["cells"].append(_new_cell("markdown", "**Cells the student added or changed** (not graded, shown as text):"))
-        nb["cells"] += [_new_cell("code", nbk.source(c)) if c["cell_type"] == "code"
-                        else _new_cell("markdown", _fenced(nbk.source(c))) for c in extra]
+        nb["cells"] += [
+            _new_cell("code", nbk.source(c))
+            if c["cell_type"] == "code"
+            else _new_cell("markdown", _fenced(nbk.source(c)))
+            for c in extra
+        ]
     return nb
 
 
@@ -155,8 +172,11 @@ def write_config(course_root, gradebook) -> Path | None:
     path = Path(course_root) / CONFIG
     if path.exists():
         return None
-    write_atomic(path, "c = get_config()\n"
-                       f"c.CourseDirectory.root = {str(Path(course_root).resolve())!r}\n"
-                       f"c.CourseDirectory.db_url = {'sqlite:///' + str(Path(gradebook).resolve())!r}\n"
-                       f"c.CourseDirectory.source_directory = {str(nbk.LESSONS_DIR.resolve())!r}\n")
+    write_atomic(
+        path,
+        "c = get_config()\n"
+        f"c.CourseDirectory.root = {str(Path(course_root).resolve())!r}\n"
+        f"c.CourseDirectory.db_url = {'sqlite:///' + str(Path(gradebook).resolve())!r}\n"
+        f"c.CourseDirectory.source_directory = {str(nbk.LESSONS_DIR.resolve())!r}\n",
+    )
     return path

@@ -12,6 +12,7 @@ question, a resubmission changes the answer its autograded notebook showed the T
 marks its grade needs_manual_grade (formgrader lists it to review again, and clears the mark when a
 TA saves a score), and read_reviews reports it, so export and totals.csv name it.
 """
+
 import os
 import shutil
 import sys
@@ -24,7 +25,6 @@ from pathlib import Path
 from autograder import notebook as nbk
 from autograder.config import read_settings, set_gradebook, settings_path
 from autograder.results import UNANSWERED, UsageError, read_csv
-
 
 
 def check_gradebook(gradebook):
@@ -46,13 +46,22 @@ def check_same_gradebook(out, gradebook):
     none: rewriting totals.csv and the feedback pages without it would silently drop the TAs' manual scores."""
     before = remembered_gradebook(out)
     if before and not gradebook:
-        raise UsageError(f"{out} holds the manual scores of --gradebook {before}: pass --gradebook {before} again "
-                         f"(or remove its gradebook from {settings_path(out)} to rewrite it without them)")
-    totals = Path(out) / "totals.csv"   # written by an export --gradebook, or before RESULTS remembered its gradebook
-    if not gradebook and totals.is_file() and any(
-            "manual: " in row.get("flags", "") or "extra credit: " in row.get("flags", "") for row in read_csv(totals)):
-        raise UsageError(f"{totals} holds manual scores from a gradebook: pass --gradebook with that gradebook "
-                         f"(or delete {totals} to rewrite it without them)")
+        raise UsageError(
+            f"{out} holds the manual scores of --gradebook {before}: pass --gradebook {before} again "
+            f"(or remove its gradebook from {settings_path(out)} to rewrite it without them)"
+        )
+    totals = Path(out) / "totals.csv"  # written by an export --gradebook, or before RESULTS remembered its gradebook
+    if (
+        not gradebook
+        and totals.is_file()
+        and any(
+            "manual: " in row.get("flags", "") or "extra credit: " in row.get("flags", "") for row in read_csv(totals)
+        )
+    ):
+        raise UsageError(
+            f"{totals} holds manual scores from a gradebook: pass --gradebook with that gradebook "
+            f"(or delete {totals} to rewrite it without them)"
+        )
 
 
 def remembered_gradebook(out):
@@ -69,6 +78,7 @@ def remember_gradebook(out, gradebook):
 class Review:
     """A submission's scores from the gradebook: {test: manual score}, {test: extra credit}, and the
     tests whose manual score is stale (made before the autograded result last changed)."""
+
     manual: dict = field(default_factory=dict)
     extra: dict = field(default_factory=dict)
     stale: list = field(default_factory=list)
@@ -97,7 +107,7 @@ def read_reviews(db_path):
             review = reviews.setdefault((g.student.id, g.assignment.name), Review())
             if g.manual_score is not None:
                 review.manual[g.name] = float(g.manual_score)
-                if g.needs_manual_grade:   # see update_gradebook: the autograded result changed under it
+                if g.needs_manual_grade:  # see update_gradebook: the autograded result changed under it
                     review.stale.append(g.name)
             if g.extra_credit:
                 review.extra[g.name] = float(g.extra_credit)
@@ -148,7 +158,7 @@ def update_gradebook(db_path, results, tests, course_root=None, roster=None):
                 grade.needs_manual_grade = (t.grader_error and grade.manual_score is None) or stale
             # Before write_autograded replaces the answers the TAs graded: which ones the resubmission changed.
             changed = changed_answers(course_root, r, nbk.read(nbk.lesson_path(r.lesson))) if r.written else set()
-            for w in r.written:   # formgrader lists it until a TA saves a score (which clears the mark)
+            for w in r.written:  # formgrader lists it until a TA saves a score (which clears the mark)
                 grade = next(g for g in notebook.grades if g.name == w.question)
                 # Unanswered: 0 without a TA, as nbgrader's autograde scores an unchanged answer; a TA may still score it.
                 grade.auto_score = 0.0 if w.status == UNANSWERED else None

@@ -11,6 +11,7 @@ and the zip's contents in /autograder/source); `run_autograder` writes
 `python -m autograder gradescope-bundle --lesson L --out autograder_L.zip` writes the zip;
 `run_autograder` calls `python -m autograder.adapters.gradescope ROOT` (this module).
 """
+
 import importlib.metadata
 import json
 import shutil
@@ -25,7 +26,7 @@ from autograder import lessons
 VISIBILITIES = ("visible", "hidden", "after_due_date", "after_published")
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = "gradescope.json"  # the bundle's settings, next to setup.sh in /autograder/source
-STUDENT = "submission"      # Gradescope grades one submission at a time: its folder's name
+STUDENT = "submission"  # Gradescope grades one submission at a time: its folder's name
 EXTRAS = lessons.extras()  # {lesson: pyproject extras its grading needs}, from its manifest (lesson 06: Triton)
 CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
 
@@ -35,8 +36,12 @@ def _course_files(lesson):
     solutions/, autograder/ and that lesson's folder; no other lesson, no tests, no caches."""
     files = [REPO / name for name in ("pyproject.toml", "README.md")]
     for folder in ("solutions", "autograder", f"lessons/{lesson}"):
-        files += [f for f in sorted((REPO / folder).rglob("*")) if f.is_file()
-                  and not any(part.startswith(".") or part == "__pycache__" for part in f.relative_to(REPO).parts)]
+        files += [
+            f
+            for f in sorted((REPO / folder).rglob("*"))
+            if f.is_file()
+            and not any(part.startswith(".") or part == "__pycache__" for part in f.relative_to(REPO).parts)
+        ]
     return [(f"course/{f.relative_to(REPO).as_posix()}", f) for f in files]
 
 
@@ -97,22 +102,34 @@ def bundle(lesson, out, visibility="visible", test_visibility="visible", stdout_
 
     if not nbk.lesson_path(lesson).exists():
         raise UsageError(f"unknown lesson {lesson!r}; lessons are {', '.join(nbk.lesson_names())}")
-    for name, value in (("visibility", visibility), ("test visibility", test_visibility),
-                        ("stdout visibility", stdout_visibility)):
+    for name, value in (
+        ("visibility", visibility),
+        ("test visibility", test_visibility),
+        ("stdout visibility", stdout_visibility),
+    ):
         if value not in VISIBILITIES:
             raise UsageError(f"{name} must be one of {', '.join(VISIBILITIES)}, got {value!r}")
     out = Path(out)
     if out.is_dir():
         raise UsageError(f"{out} is a folder: give the zip file's path")
     from autograder.selfcheck import check_reference
+
     check_reference([lesson])  # the bundle carries solutions/: never a reference changed by mistake
-    config = dict(lesson=lesson, visibility=visibility, test_visibility=test_visibility,
-                  stdout_visibility=stdout_visibility, max_score=sum(p for _, p in nbk.lesson_tests(lesson)))
+    config = dict(
+        lesson=lesson,
+        visibility=visibility,
+        test_visibility=test_visibility,
+        stdout_visibility=stdout_visibility,
+        max_score=sum(p for _, p in nbk.lesson_tests(lesson)),
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
     with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
-        for name, text, mode in (("setup.sh", setup_script(lesson), 0o755), ("run_autograder", RUN_SCRIPT, 0o755),
-                                 (CONFIG, json.dumps(config, indent=1) + "\n", 0o644)):
+        for name, text, mode in (
+            ("setup.sh", setup_script(lesson), 0o755),
+            ("run_autograder", RUN_SCRIPT, 0o755),
+            (CONFIG, json.dumps(config, indent=1) + "\n", 0o644),
+        ):
             info = zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0))
             info.external_attr = (0o100000 | mode) << 16
             info.compress_type = zipfile.ZIP_DEFLATED
@@ -128,9 +145,13 @@ def stage_submission(uploaded, dest, lesson):
     <lesson>.ipynb if there is one, else every notebook, for the grader to choose or refuse.
     Links are not followed: they could point at the course."""
     uploaded = Path(uploaded)
-    found = sorted(p for p in uploaded.rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts
-                   and p.is_file() and not any((uploaded / q).is_symlink() for q in [p.relative_to(uploaded),
-                                                                                    *p.relative_to(uploaded).parents]))
+    found = sorted(
+        p
+        for p in uploaded.rglob("*.ipynb")
+        if ".ipynb_checkpoints" not in p.parts
+        and p.is_file()
+        and not any((uploaded / q).is_symlink() for q in [p.relative_to(uploaded), *p.relative_to(uploaded).parents])
+    )
     named = [p for p in found if p.name == f"{lesson}.ipynb"]
     dest.mkdir(parents=True)
     for i, p in enumerate(named[:1] or found):
@@ -155,8 +176,9 @@ def run(root):
         subs = Path(tmp) / "submissions"
         stage_submission(root / "submission", subs / STUDENT / lesson, lesson)
         try:
-            results = grade(RunConfig(Path(tmp) / "results", subs, lessons=(lesson,), mode=choose_mode("auto"),
-                                      progress=False))["results"]
+            results = grade(
+                RunConfig(Path(tmp) / "results", subs, lessons=(lesson,), mode=choose_mode("auto"), progress=False)
+            )["results"]
         except (UsageError, SandboxError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 1

@@ -3,6 +3,7 @@ name) `John Smith_<participant>_assignsubmission_file_/<file>`, and the grading 
 with an Identifier column) gives each participant's email, name and submission time, in Moodle's
 own time format and without a zone. The interface is canvas.py's (NAME, who, read).
 """
+
 import re
 
 NAME = re.compile(r"(?P<name>.+?)_(?P<pid>\d+)_assign(?:submission|feedback)_[a-z]+_(?P<file>.*)")
@@ -30,13 +31,19 @@ def read_worksheet(rows, parse_time):
     """{participant id: {email, name, time}} from a grading worksheet's rows; parse_time(text) reads its
     times (a datetime without a zone, or None)."""
     header = [h.strip().casefold() for h in rows[0]]
-    col = {name: header.index(name) for name in ("identifier", "full name", "email address",
-                                                 "last modified (submission)") if name in header}
+    col = {
+        name: header.index(name)
+        for name in ("identifier", "full name", "email address", "last modified (submission)")
+        if name in header
+    }
     out = {}
     for values in rows[1:]:
         get = lambda name: values[col[name]].strip() if name in col and col[name] < len(values) else ""  # noqa: E731
         m = re.search(r"(\d+)", get("identifier"))
         if m:
-            out[m[1]] = {"email": get("email address"), "name": get("full name"),
-                         "time": parse_time(get("last modified (submission)"))}
+            out[m[1]] = {
+                "email": get("email address"),
+                "name": get("full name"),
+                "time": parse_time(get("last modified (submission)")),
+            }
     return out

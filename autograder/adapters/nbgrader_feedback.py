@@ -4,6 +4,7 @@ nbgrader_config.py adds it to GenerateFeedback.preprocessors. In every test cell
 hidden-test region from the source and shortens each error output to its last line (the check's
 teaching message): a traceback would print the hidden test's code.
 """
+
 from nbgrader.preprocessors import NbGraderPreprocessor
 
 from autograder import notebook as nbk

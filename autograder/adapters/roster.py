@@ -8,22 +8,30 @@ Columns (header names, any case; extra columns are ignored):
   lms_id        the LMS's user id (Canvas's "ID", the number in Canvas download names)
   sis_user_id, sis_login_id, section   optional, copied into Canvas's columns as they are
 """
+
 import csv
 import io
 import re
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from autograder.results import STORE, UsageError, write_atomic
 
 COLUMNS = ("student", "name", "email", "lms_id", "sis_user_id", "sis_login_id", "section")
-ALIASES = {"student_id": "student", "id": "student", "full name": "name", "email address": "email",
-           "canvas_id": "lms_id", "moodle_id": "lms_id", "user_id": "lms_id"}
+ALIASES = {
+    "student_id": "student",
+    "id": "student",
+    "full name": "name",
+    "email address": "email",
+    "canvas_id": "lms_id",
+    "moodle_id": "lms_id",
+    "user_id": "lms_id",
+}
 # A student id becomes a folder name: no separators, no leading dot, nothing a shell or a URL mangles.
 SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+-]{0,99}")
 
 
-STORED = "roster.csv"   # collect keeps the roster it used in SUBMISSIONS under this name
+STORED = "roster.csv"  # collect keeps the roster it used in SUBMISSIONS under this name
 
 
 def stored_roster(submissions):
@@ -73,14 +81,16 @@ def name_keys(name):
 @dataclass
 class Roster:
     rows: list = field(default_factory=list)  # dicts with every key of COLUMNS (missing ones are "")
-    columns: frozenset = frozenset(COLUMNS)   # the columns of COLUMNS its header has
+    columns: frozenset = frozenset(COLUMNS)  # the columns of COLUMNS its header has
     path: str = ""
 
     def require(self, columns, why):
         """RosterError (a one-line error, exit 2) when the roster has none of `columns`; why says who needs them."""
         if not self.columns & set(columns):
-            raise RosterError(f"the roster {self.path} has no {' or '.join(map(repr, columns))} column, which {why} "
-                              f"(its columns: {', '.join(c for c in COLUMNS if c in self.columns)})")
+            raise RosterError(
+                f"the roster {self.path} has no {' or '.join(map(repr, columns))} column, which {why} "
+                f"(its columns: {', '.join(c for c in COLUMNS if c in self.columns)})"
+            )
 
     def by(self, column, value):
         """Rows whose `column` equals value (ids compared exactly, names and emails loosely)."""
@@ -119,14 +129,17 @@ def load_roster(path):
         row = dict.fromkeys(COLUMNS, "")
         row.update({n: v.strip() for n, v in zip(names, values) if n in COLUMNS})
         if not SAFE_ID.fullmatch(row["student"]):
-            raise RosterError(f"the roster {path}, line {number}: student id {row['student']!r} cannot name a folder "
-                              "(letters, digits and . _ @ + - only)")
+            raise RosterError(
+                f"the roster {path}, line {number}: student id {row['student']!r} cannot name a folder "
+                "(letters, digits and . _ @ + - only)"
+            )
         for column, ids in seen.items():
             # Folders that differ only in case collide on some file systems: compare student ids without case.
             key = row[column] if column == "lms_id" else row[column].casefold()
             if key and key in ids:
-                raise RosterError(f"the roster {path}, line {number}: duplicate {column} {row[column]!r} "
-                                  f"(also on line {ids[key]})")
+                raise RosterError(
+                    f"the roster {path}, line {number}: duplicate {column} {row[column]!r} (also on line {ids[key]})"
+                )
             ids[key] = number
         roster.rows.append(row)
     if not roster.rows:

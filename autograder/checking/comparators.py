@@ -1,5 +1,6 @@
 """What a check compares a student's result with, and how it words a difference: the inputs it sends
 (reference, as_torch), and the expect_* verdicts that name the likely mistake, never a hidden value."""
+
 import contextlib
 
 import numpy as np
@@ -90,8 +91,9 @@ def dtype_ok(got, want, upcast_ok=False):
 
 def close(got, want, rtol=None, atol=None, upcast_ok=False, cond=1.0):
     """Same kind, dtype, shape, and values within the dtype's tolerance times cond (NaN equal to NaN)."""
-    if not (isinstance(got, Array) and got.kind == want.kind and dtype_ok(got, want, upcast_ok)
-            and got.shape == want.shape):
+    if not (
+        isinstance(got, Array) and got.kind == want.kind and dtype_ok(got, want, upcast_ok) and got.shape == want.shape
+    ):
         return False
     if want.data.dtype.kind in "biu":
         return bool(np.array_equal(got.data, want.data))
@@ -101,8 +103,13 @@ def close(got, want, rtol=None, atol=None, upcast_ok=False, cond=1.0):
 def _near(got, want, rtol, atol, cond):
     r, a = TOLERANCE.get(want.dtype, (1e-5, 1e-6))
     with np.errstate(invalid="ignore"):
-        return np.isclose(got.data.astype(np.float64), want.data.astype(np.float64),
-                          rtol=(rtol or r) * cond, atol=(atol or a) * cond, equal_nan=True)
+        return np.isclose(
+            got.data.astype(np.float64),
+            want.data.astype(np.float64),
+            rtol=(rtol or r) * cond,
+            atol=(atol or a) * cond,
+            equal_nan=True,
+        )
 
 
 def where_it_differs(bad, axes=None, regions=None):
@@ -131,17 +138,29 @@ def where_it_differs(bad, axes=None, regions=None):
         where = "positions" if sequence else "indices"
         if hit.sum() == 1 and name in ("H", "Hkv"):
             parts.append(f"in one head only ({name})")
-        elif hit[first:last + 1].all() and last == size - 1:
+        elif hit[first : last + 1].all() and last == size - 1:
             parts.append(f"only in the last {where} along {name}" + (" (the tail)" if sequence else ""))
-        elif hit[first:last + 1].all() and first == 0:
+        elif hit[first : last + 1].all() and first == 0:
             parts.append(f"only in the first {where} along {name}")
         else:
             parts.append(f"in some {where} along {name}")
     return "; ".join(parts) or "in scattered entries"
 
 
-def expect_array(got, want, what, mistakes=(), nan_hint="", hint="", rtol=None, atol=None, upcast_ok=False,
-                 cond=1.0, axes=None, regions=None):
+def expect_array(
+    got,
+    want,
+    what,
+    mistakes=(),
+    nan_hint="",
+    hint="",
+    rtol=None,
+    atol=None,
+    upcast_ok=False,
+    cond=1.0,
+    axes=None,
+    regions=None,
+):
     """Check a returned array against the reference `want` (an Array from reference()).
 
     mistakes: [(message, Array)] of what known mistakes would return on the same inputs, or a
@@ -168,11 +187,16 @@ def expect_array(got, want, what, mistakes=(), nan_hint="", hint="", rtol=None, 
     if want.data.dtype.kind == "f":
         bad = ~np.isfinite(got.data) & np.isfinite(want.data)
         if bad.any():
-            fail(f"{what} contains NaN or inf where the correct result is finite" + (f": {nan_hint}" if nan_hint else ""))
+            fail(
+                f"{what} contains NaN or inf where the correct result is finite" + (f": {nan_hint}" if nan_hint else "")
+            )
     if not close(got, want, **tol):
-        where = where_it_differs(~_near(got, want, rtol, atol, cond), axes, regions) \
-            if want.data.dtype.kind == "f" else ""
-        fail(f"{what} differs from the correct result" + (f" ({where})" if where else "") + (f": {hint}" if hint else ""))
+        where = (
+            where_it_differs(~_near(got, want, rtol, atol, cond), axes, regions) if want.data.dtype.kind == "f" else ""
+        )
+        fail(
+            f"{what} differs from the correct result" + (f" ({where})" if where else "") + (f": {hint}" if hint else "")
+        )
 
 
 def expect_int(got, want, what, mistakes=()):
@@ -206,8 +230,10 @@ def expect_int_attributes(s, handle, rules, what):
 def expect_pair(got, what):
     """A result that must be a pair (out, weights); returns it."""
     if not isinstance(got, (tuple, list)) or len(got) != 2:
-        fail(f"{what} should return a pair (out, weights), but returned {kind_of(got)}"
-             + (f" of length {len(got)}" if isinstance(got, (tuple, list)) else ""))
+        fail(
+            f"{what} should return a pair (out, weights), but returned {kind_of(got)}"
+            + (f" of length {len(got)}" if isinstance(got, (tuple, list)) else "")
+        )
     return got
 
 

@@ -21,6 +21,7 @@ by how earlier frees fell (issue 19: a correct flash_attention took 21 to 27 of 
 raising, for good): every block over it is mapped alone and unmapped when freed, so a bound counts what
 a call holds.
 """
+
 import ctypes
 import gc
 import math
@@ -35,8 +36,21 @@ PINNED_THRESHOLD = 128 * 1024  # glibc's default mmap threshold; the heap's top 
 
 
 class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
-                                                     "fsmblks", "uordblks", "fordblks", "keepcost")]
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
 
 
 def _glibc():
@@ -115,8 +129,10 @@ class LocalBound:
         kept = namespace.get(KEPT, 0)
         allowance, over = allowed(kept, mb, headroom)
         if over:
-            return {"refused": f"your notebook's cells keep {kept >> 20} MiB, and this check {over}",
-                    "held_mb": kept >> 20}
+            return {
+                "refused": f"your notebook's cells keep {kept >> 20} MiB, and this check {over}",
+                "held_mb": kept >> 20,
+            }
         _pin_allocator()
         gc.collect()  # garbage freed during the block would be headroom under the limit (in_use() says why)
         held = _soak()
@@ -155,6 +171,11 @@ HELD_NOTE_MB = 16  # an honest process holds less than 8 MiB beyond a fresh one 
 
 def held_note(s):
     """What a failure under a memory bound adds when the process already held much before it."""
-    return (f" (your notebook's process already held {s.held_mb} MiB more than a fresh one before the call: "
-            "memory your cells keep counts too: free large arrays they keep at top level)") \
-        if s.held_mb >= HELD_NOTE_MB else ""
+    return (
+        (
+            f" (your notebook's process already held {s.held_mb} MiB more than a fresh one before the call: "
+            "memory your cells keep counts too: free large arrays they keep at top level)"
+        )
+        if s.held_mb >= HELD_NOTE_MB
+        else ""
+    )

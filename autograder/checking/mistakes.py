@@ -20,6 +20,7 @@ check's own inputs (its module's MODEL_INPUTS).
 Grader-side only, like solutions/ and the checks: autograder/sandbox/ never imports it, and messages
 never name hidden inputs or expected values.
 """
+
 import copy
 import functools
 import importlib
@@ -72,8 +73,10 @@ def for_lesson(lesson):
 def mutants(lesson):
     """{graded name: [Mistake]} of the lesson (plain triples read as Mistakes without a message)."""
     module = for_lesson(lesson)
-    return {name: [m if isinstance(m, Mistake) else Mistake(*m) for m in items]
-            for name, items in (getattr(module, "MUTANTS", {}) if module else {}).items()}
+    return {
+        name: [m if isinstance(m, Mistake) else Mistake(*m) for m in items]
+        for name, items in (getattr(module, "MUTANTS", {}) if module else {}).items()
+    }
 
 
 def variants(lesson):
@@ -108,8 +111,7 @@ def defined(lesson, name):
     """[(Mistake, its function)] of the mistakes of `name` that carry a message, evidence aside: what a check
     runs on its own inputs to recognise them (its model, where it has one). Compiled once per process, against
     the reference's other names."""
-    return [(m, _compiled(lesson, name, m.what)) for m in mutants(lesson).get(name, [])
-            if m.message and not m.evidence]
+    return [(m, _compiled(lesson, name, m.what)) for m in mutants(lesson).get(name, []) if m.message and not m.evidence]
 
 
 class Shadows:
@@ -140,8 +142,10 @@ class Shadows:
         """[(message, (keys, values) as Arrays, len after)] of each mistake's update(k, v) (numpy inputs)."""
         import torch
 
-        return [(m.message, (reference(got[0]), reference(got[1])), len(cache)) for m, cache, got in
-                self._each(lambda c: c.update(torch.from_numpy(k.copy()), torch.from_numpy(v.copy())))]
+        return [
+            (m.message, (reference(got[0]), reference(got[1])), len(cache))
+            for m, cache, got in self._each(lambda c: c.update(torch.from_numpy(k.copy()), torch.from_numpy(v.copy())))
+        ]
 
     def lengths(self):
         return [(m.message, n) for m, _, n in self._each(len)]

@@ -2,6 +2,7 @@
 one, agree() compares a reference with what does not depend on it, and the tools below build the inputs
 and PyTorch's own answers. autograder/selfcheck.py runs them.
 """
+
 import math
 from collections import defaultdict
 
@@ -19,14 +20,17 @@ class Disagrees(Exception):
 
 def probe(lessons, *targets):
     """Register fn(obj) for each target ("solutions.attention.softmax") in each of lessons."""
+
     def register(fn):
         for lesson in lessons.split():
             PROBES[lesson] += [(target, fn) for target in targets]
         return fn
+
     return register
 
 
 # ---- tools ---------------------------------------------------------------------------------------
+
 
 def randn(*shape, seed=0):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed + sum(shape)), dtype=torch.float64)
@@ -36,22 +40,26 @@ def agree(got, want, against, tol=1e-9):
     """Disagrees unless got (array, tensor, number or bool) equals want in dtype, shape and value."""
     got, want = torch.as_tensor(got), torch.as_tensor(want)
     if got.shape != want.shape or got.dtype != want.dtype:
-        raise Disagrees(f"{got.dtype} of shape {tuple(got.shape)} where {against} gives {want.dtype} of "
-                         f"shape {tuple(want.shape)}")
+        raise Disagrees(
+            f"{got.dtype} of shape {tuple(got.shape)} where {against} gives {want.dtype} of shape {tuple(want.shape)}"
+        )
     if want.dtype == torch.bool or not want.is_floating_point():
         if not torch.equal(got, want):
             raise Disagrees(f"it differs from {against}")
         return
     got = got.double()
-    if not torch.equal(got.isnan(), want.isnan()) or not torch.allclose(got, want.double(), rtol=tol, atol=tol,
-                                                                             equal_nan=True):
+    if not torch.equal(got.isnan(), want.isnan()) or not torch.allclose(
+        got, want.double(), rtol=tol, atol=tol, equal_nan=True
+    ):
         raise Disagrees(f"it differs from {against}, by up to {(got - want).abs().nan_to_num(math.inf).max():.3g}")
 
 
 def shares_memory(a, b):
     """Whether any parameter of module a lies in the storage of a parameter of module b."""
-    return bool({p.untyped_storage().data_ptr() for p in a.parameters()}
-                & {p.untyped_storage().data_ptr() for p in b.parameters()})
+    return bool(
+        {p.untyped_storage().data_ptr() for p in a.parameters()}
+        & {p.untyped_storage().data_ptr() for p in b.parameters()}
+    )
 
 
 def python_int(value):
@@ -85,8 +93,12 @@ def shell_module(d_model, n_heads, n_kv_heads=None, bias=True, seed=0):
     n_kv_heads = n_kv_heads or n_heads
     head_dim = d_model // n_heads
     shell = nn.Module()
-    for name, layer in linears(d_model, {"q_proj": d_model, "k_proj": n_kv_heads * head_dim,
-                                          "v_proj": n_kv_heads * head_dim, "out_proj": d_model}, bias, seed).items():
+    for name, layer in linears(
+        d_model,
+        {"q_proj": d_model, "k_proj": n_kv_heads * head_dim, "v_proj": n_kv_heads * head_dim, "out_proj": d_model},
+        bias,
+        seed,
+    ).items():
         setattr(shell, name, layer)
     shell.d_model, shell.n_heads, shell.n_kv_heads, shell.head_dim = d_model, n_heads, n_kv_heads, head_dim
     return shell
@@ -101,7 +113,7 @@ def load(module, shell):
 def heads_of(t, n):
     """(B, T, n*Dh) -> (B, n, T, Dh) by slicing: head h is features h*Dh:(h+1)*Dh."""
     dh = t.size(-1) // n
-    return torch.stack([t[..., h * dh:(h + 1) * dh] for h in range(n)], dim=1)
+    return torch.stack([t[..., h * dh : (h + 1) * dh] for h in range(n)], dim=1)
 
 
 def merged(t):
@@ -111,8 +123,10 @@ def merged(t):
 def torch_attention(shell, x, mask=None, causal=False, keys=None):
     """PyTorch's attention with shell's projections; the queries are the last T of the keys' positions."""
     keys = x if keys is None else keys
-    q, k, v = heads_of(shell.q_proj(x), shell.n_heads), *(heads_of(p(keys), shell.n_kv_heads)
-                                                         for p in (shell.k_proj, shell.v_proj))
+    q, k, v = (
+        heads_of(shell.q_proj(x), shell.n_heads),
+        *(heads_of(p(keys), shell.n_kv_heads) for p in (shell.k_proj, shell.v_proj)),
+    )
     if causal:
         mask = lower_right(x.size(1), keys.size(1))
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=shell.n_kv_heads != shell.n_heads)
@@ -148,5 +162,3 @@ class ListCache:
 
     def __len__(self):
         return 0 if self.parts is None else self.parts[0].size(self.dim)
-
-

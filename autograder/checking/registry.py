@@ -1,5 +1,6 @@
 """The registry of hidden checks: each lesson's autograder/lessons/<module>/checks.py fills a Checks, and
 verify() runs one of them against a notebook's namespace (the hidden test's one line)."""
+
 import importlib
 import warnings
 
@@ -86,22 +87,25 @@ class _Aspects:
             # forbidden paths were never off (unless that aspect failed first: a process over its memory bound)
             raise RuntimeError(f"the check of {name} called nothing with {', '.join(self.forbid['paths'])} off")
         if self.failed:
-            rows = [dict(aspect=a, weight=w, passed=a not in self.failed, message=self.failed.get(a, ""))
-                    for a, w in self.weights.items()]
+            rows = [
+                dict(aspect=a, weight=w, passed=a not in self.failed, message=self.failed.get(a, ""))
+                for a, w in self.weights.items()
+            ]
             earned = sum(r["weight"] for r in rows if r["passed"])
             raise PartialCredit(earned, sum(self.weights.values()), rows)
 
 
 class Checks(dict):
     """A lesson's checks by graded name. In a checks module:
-        CHECKS = Checks()
-        @CHECKS.add("softmax")
-        def softmax(s): ..."""
+    CHECKS = Checks()
+    @CHECKS.add("softmax")
+    def softmax(s): ..."""
 
     def add(self, name, isolate=(), aspects=None, memory_bound=False):
         def register(fn):
             self[name] = Check(name, fn, isolate, aspects, memory_bound)
             return fn
+
         return register
 
 

@@ -4,6 +4,7 @@ They are lessons' answers, so they never sit in the sandbox before a check needs
 grader sends this file's text with an isolate request, after the function it stands in for has
 been graded, and the sandbox's server runs it there (server.ObjectServer, op "isolate").
 """
+
 import math
 
 import numpy as np
@@ -91,7 +92,7 @@ def flash_attention_forward(q, k, v, causal=False, block_q=64, block_k=64):
             s = _tile_scores(q, k, rows, slice(ks, ks + block_k), causal, work)
             new = torch.logaddexp(row_lse, s.logsumexp(-1, keepdim=True))
             finite = new.clamp(min=torch.finfo(work).min)  # rows that have seen no key yet
-            acc = acc * torch.exp(row_lse - finite) + torch.exp(s - finite) @ v[:, :, ks:ks + block_k].to(work)
+            acc = acc * torch.exp(row_lse - finite) + torch.exp(s - finite) @ v[:, :, ks : ks + block_k].to(work)
             row_lse = new
         out[:, :, rows], lse[:, :, rows] = acc.to(q.dtype), row_lse.squeeze(-1)
     return out, lse

@@ -1,5 +1,6 @@
 """The student's code as a check sees it: a Subject reached through a transport (the sandbox in the grader,
 this process in a notebook's hidden test), and the errors its replies become."""
+
 import contextlib
 import json
 import re
@@ -34,16 +35,18 @@ STAND_INS = (Path(__file__).parent / "stand_ins.py").read_text(encoding="utf-8")
 NOT_IMPLEMENTED = "not implemented yet: replace `raise NotImplementedError()` with your code"
 MAX_STUDENT_MESSAGE = 300
 # Numbers and array reprs in a student's exception message may be the hidden inputs.
-_NUMBERS = re.compile(r"(?:tensor|array)\((?:[^()]|\([^()]*\))*\)|\[[-+\d.,eEinfa\s\[\]]*\d[-+\d.,eEinfa\s\[\]]*\]"
-                      r"|-?\d+\.\d*(?:[eE][-+]?\d+)?|-?\d+[eE][-+]?\d+"
-                      r"|(?<![\w.])-?\d+(?![\w.])")  # an integer on its own (an index, a size), not float32's
+_NUMBERS = re.compile(
+    r"(?:tensor|array)\((?:[^()]|\([^()]*\))*\)|\[[-+\d.,eEinfa\s\[\]]*\d[-+\d.,eEinfa\s\[\]]*\]"
+    r"|-?\d+\.\d*(?:[eE][-+]?\d+)?|-?\d+[eE][-+]?\d+"
+    r"|(?<![\w.])-?\d+(?![\w.])"
+)  # an integer on its own (an index, a size), not float32's
 
 
 def student_message(text):
     """A student's exception message as feedback shows it: array data, decimals and integers masked,
     capped. Only the student's text comes here: the grader's own messages (shapes it reports) never do."""
     text = _NUMBERS.sub("\u2026", str(text))
-    return text if len(text) <= MAX_STUDENT_MESSAGE else text[:MAX_STUDENT_MESSAGE - 1] + "\u2026"
+    return text if len(text) <= MAX_STUDENT_MESSAGE else text[: MAX_STUDENT_MESSAGE - 1] + "\u2026"
 
 
 class StudentError(Exception):
@@ -96,12 +99,19 @@ class Subject:
         try:
             return wire.decode(reply.get("ok"))
         except wire.WireError as e:  # only code in the student's process could have sent it
-            raise AssertionError(f"the reply from your notebook's process was not plain data ({e}): "
-                                 "does your code change the grader's server?") from None
+            raise AssertionError(
+                f"the reply from your notebook's process was not plain data ({e}): "
+                "does your code change the grader's server?"
+            ) from None
 
     def _call_request(self, target, args, kwargs, **extra):
-        return {"op": "call", "target": _target(target), "args": [wire.encode_plain(a) for a in args],
-                "kwargs": {k: wire.encode_plain(v) for k, v in kwargs.items()}, **extra}
+        return {
+            "op": "call",
+            "target": _target(target),
+            "args": [wire.encode_plain(a) for a in args],
+            "kwargs": {k: wire.encode_plain(v) for k, v in kwargs.items()},
+            **extra,
+        }
 
     def call(self, target, *args, **kwargs):
         """target: a name the notebook defines, a Handle, or (Handle, method name)."""
@@ -117,8 +127,10 @@ class Subject:
         student's code, so it may be forged: use it to explain a mistake, never to award points."""
         reply = self._request(self._call_request(target, args, kwargs, trace=True))
         if not (isinstance(reply, tuple) and len(reply) == 2):
-            raise AssertionError("the reply from your notebook's process was not a traced result: "
-                                 "does your code change the grader's server?")
+            raise AssertionError(
+                "the reply from your notebook's process was not a traced result: "
+                "does your code change the grader's server?"
+            )
         return reply
 
     @contextlib.contextmanager
@@ -143,8 +155,9 @@ class Subject:
         self.held_mb + memory_mb + 64 MiB (a buffer kept before the block is then too small to hold it).
         inputs_mb: what the check's own inputs take, made inside the block (helpers.drawn_calls), on top of
         memory_mb, which is then the answer's working memory alone."""
-        reply = self._transport({"op": "bound", "mb": int(memory_mb), "headroom": int(headroom_mb),
-                                 "inputs": int(inputs_mb)})
+        reply = self._transport(
+            {"op": "bound", "mb": int(memory_mb), "headroom": int(headroom_mb), "inputs": int(inputs_mb)}
+        )
         held = reply.get("held_mb") if isinstance(reply, dict) else None
         self.held_mb = held if isinstance(held, int) else 0
         if isinstance(reply, dict) and "refused" in reply:
@@ -235,8 +248,10 @@ class Subject:
             lost = [f"the grader's probe (it raised {e.type})"]
         self._calls = calls
         if lost:
-            raise AssertionError(f"the guard against PyTorch's kernels was switched off ({lost[0]} no longer raises): "
-                                 "leave the process as the grader set it up")
+            raise AssertionError(
+                f"the guard against PyTorch's kernels was switched off ({lost[0]} no longer raises): "
+                "leave the process as the grader set it up"
+            )
 
     @contextlib.contextmanager
     def elsewhere(self, cells):
@@ -266,8 +281,9 @@ class Subject:
 
     def load(self, handle, state):
         """load_state_dict(strict=True) with {name: numpy array}, sent as tensors."""
-        return self._request({"op": "load", "handle": handle.id,
-                              "state": {k: wire.encode_plain(tensor(v)) for k, v in state.items()}})
+        return self._request(
+            {"op": "load", "handle": handle.id, "state": {k: wire.encode_plain(tensor(v)) for k, v in state.items()}}
+        )
 
     def has(self, name):
         return self._request({"op": "has", "name": name})
@@ -306,8 +322,9 @@ class LocalSubject(Subject):
 
         def transport(request, callback=None):
             if request.get("op") == "bound":
-                return bound.enter(namespace, int(request["mb"]), int(request.get("headroom", 0)),
-                                   int(request.get("inputs", 0)))
+                return bound.enter(
+                    namespace, int(request["mb"]), int(request.get("headroom", 0)), int(request.get("inputs", 0))
+                )
             if request.get("op") == "unbound":
                 return bound.leave()
             if request.get("op") == "cpu":
@@ -327,8 +344,11 @@ class LocalSubject(Subject):
 
         def handle(request, callback):
             server = servers[-1]
-            server.channel = (lambda payload: roundtrip(wire.encode_plain(callback(wire.decode(roundtrip(payload))))))\
-                if callback else None
+            server.channel = (
+                (lambda payload: roundtrip(wire.encode_plain(callback(wire.decode(roundtrip(payload))))))
+                if callback
+                else None
+            )
             return roundtrip(server.handle(roundtrip(request)))
 
         sources = namespace.get("In") or namespace.get("__cell_sources__") or ()

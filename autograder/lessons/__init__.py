@@ -31,6 +31,7 @@ files a release and a grading run give the notebook, and each lesson's limits ar
 title, summary and contract are the book's text, and editing them regrades nobody (grading_keys). Python 3.10 has no tomllib: there a small reader takes the subset above
 (tables, and strings, numbers and lists of strings on one line each).
 """
+
 import ast
 import functools
 import importlib.util
@@ -42,8 +43,17 @@ from autograder.sandbox import tripwires
 from autograder.worker import DEFAULT_LIMITS, Limits, LimitsError
 
 MANIFEST = "lesson.toml"
-KEYS = {"title": str, "summary": str, "solutions": str, "extras": list, "data": list, "graded": dict, "needs": dict,
-        "limits": dict, "forbids": dict}
+KEYS = {
+    "title": str,
+    "summary": str,
+    "solutions": str,
+    "extras": list,
+    "data": list,
+    "graded": dict,
+    "needs": dict,
+    "limits": dict,
+    "forbids": dict,
+}
 FORBID_KEYS = {"aspect": str, "paths": list, "instead": str}
 REQUIRED = ("title", "summary", "solutions", "graded")
 
@@ -112,8 +122,11 @@ def validate(data, path):
             bad(key, "should be a table with names and reason")
         if not isinstance(entry["reason"], str) or not entry["reason"]:
             bad(f"{key}.reason", "should be a non-empty string")
-        unknown = [n for n in entry["names"] if n not in data["graded"]] \
-            if isinstance(entry["names"], list) else ["(not a list)"]
+        unknown = (
+            [n for n in entry["names"] if n not in data["graded"]]
+            if isinstance(entry["names"], list)
+            else ["(not a list)"]
+        )
         if unknown:
             bad(f"{key}.names", f"{unknown[0]} is not a graded name of this lesson")
     for name, entry in data.get("forbids", {}).items():
@@ -127,8 +140,10 @@ def validate(data, path):
                 bad(f"{key}.{field}", f"should be a non-empty {kind.__name__}")
         unknown = [p for p in entry["paths"] if p not in tripwires.PATHS]
         if unknown:
-            bad(f"{key}.paths", f"{unknown[0]!r} is not a path autograder/sandbox/tripwires.py knows "
-                                f"({', '.join(tripwires.PATHS)})")
+            bad(
+                f"{key}.paths",
+                f"{unknown[0]!r} is not a path autograder/sandbox/tripwires.py knows ({', '.join(tripwires.PATHS)})",
+            )
     try:
         DEFAULT_LIMITS.over(data.get("limits"))  # Limits' own reader names the field
     except LimitsError as e:
@@ -159,9 +174,14 @@ def forbids(lesson, root=nbk.LESSONS_DIR):
 
 def catalogue():
     """The book's list: {lesson: {"title", "summary", "graded": {name: contract}}}."""
-    return {lesson: {"title": read(lesson)["title"], "summary": read(lesson)["summary"],
-                     "graded": {n: e["contract"] for n, e in read(lesson)["graded"].items()}}
-            for lesson in names()}
+    return {
+        lesson: {
+            "title": read(lesson)["title"],
+            "summary": read(lesson)["summary"],
+            "graded": {n: e["contract"] for n, e in read(lesson)["graded"].items()},
+        }
+        for lesson in names()
+    }
 
 
 def limits(lesson, root=nbk.LESSONS_DIR) -> Limits:
@@ -176,8 +196,14 @@ def grading_keys(lesson, root=nbk.LESSONS_DIR):
     (only where something is: a lesson without forbids keeps its fingerprint). Not the
     title, the summary, the contracts (the book's text) or the extras (what Gradescope installs)."""
     m = read(lesson, root)
-    return {"solutions": m["solutions"], "points": points(lesson, root), "data": m["data"], "needs": m["needs"],
-            "limits": m["limits"], **({"forbids": m["forbids"]} if m["forbids"] else {})}
+    return {
+        "solutions": m["solutions"],
+        "points": points(lesson, root),
+        "data": m["data"],
+        "needs": m["needs"],
+        "limits": m["limits"],
+        **({"forbids": m["forbids"]} if m["forbids"] else {}),
+    }
 
 
 def unavailable(lesson, installed=None):
@@ -192,6 +218,7 @@ def unavailable(lesson, installed=None):
 
 
 # ---- TOML ---------------------------------------------------------------------------------------
+
 
 def _toml(text):
     try:
@@ -221,8 +248,11 @@ def _toml_subset(text):
         if not sep or not key.strip().isidentifier():
             raise ValueError(f"line {number}: expected key = value")
         try:
-            parsed = ast.literal_eval(re.sub(r"\btrue\b", "True", re.sub(r"\bfalse\b", "False", value.strip()))
-                                      if not value.strip().startswith('"') else value.strip())
+            parsed = ast.literal_eval(
+                re.sub(r"\btrue\b", "True", re.sub(r"\bfalse\b", "False", value.strip()))
+                if not value.strip().startswith('"')
+                else value.strip()
+            )
         except (ValueError, SyntaxError):
             raise ValueError(f"line {number}: unreadable value") from None
         table[key.strip()] = parsed

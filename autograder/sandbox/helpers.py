@@ -2,6 +2,7 @@
 without depending on the student's other answers (a correct cache for attend_with_cache, a
 stand-in model for generate, ...). Nothing here is a lesson's answer.
 """
+
 import types
 
 import torch
@@ -111,8 +112,10 @@ class Graph:
         """Before backward: the shapes of what fn's ctx.save_for_backward saved, and the names of the tensors kept
         as attributes of ctx (what the student's process reports: it catches the honest slip, not a forgery)."""
         ctx = self.out.grad_fn
-        return ([list(t.shape) for t in getattr(ctx, "saved_tensors", ())],
-                sorted(n for n, x in vars(ctx).items() if isinstance(x, torch.Tensor)))
+        return (
+            [list(t.shape) for t in getattr(ctx, "saved_tensors", ())],
+            sorted(n for n, x in vars(ctx).items() if isinstance(x, torch.Tensor)),
+        )
 
 
 def gradcheck(fn, q, k, v, *args):
@@ -150,7 +153,8 @@ class ModelRecord:
         """Whether the .grad are still as give_grads left them (values included), and every parameter requires grad."""
         grads = [_GRAD.__get__(p) for p in self.params.values()]
         return all(_REQUIRES_GRAD.__get__(p) for p in self.params.values()) and all(
-            (g is not None and bool((g == 0.5).all())) if i % 2 == 0 else g is None for i, g in enumerate(grads))
+            (g is not None and bool((g == 0.5).all())) if i % 2 == 0 else g is None for i, g in enumerate(grads)
+        )
 
     def weights(self):
         """{name: a copy of the parameter's values}."""
@@ -219,8 +223,9 @@ def tensor_bytes(obj, limit=10_000):
             todo.extend(item.values())
         elif isinstance(item, (list, tuple, set, frozenset)):
             todo.extend(item)
-        elif hasattr(item, "__dict__") and not isinstance(item, (type, types.FunctionType, types.MethodType,
-                                                                  types.ModuleType)):
+        elif hasattr(item, "__dict__") and not isinstance(
+            item, (type, types.FunctionType, types.MethodType, types.ModuleType)
+        ):
             todo.extend(vars(item).values())
             todo.extend(v for k, v in vars(type(item)).items() if not k.startswith("__") and not callable(v))
     return sum(storages.values())
@@ -245,8 +250,12 @@ def draw(seed, specs):
     unless named), from a generator seeded with seed, in order. The grader draws the same on its side (same torch, same CPU generator), so that inputs too large
     to send are made where they are used, and no wire buffer counts against a memory bound."""
     generator = torch.Generator().manual_seed(int(seed))
-    return [torch.empty([int(n) for n in shape], dtype=getattr(torch, dtype[0]) if dtype else torch.float64)
-            .uniform_(-float(scale), float(scale), generator=generator) for shape, scale, *dtype in specs]
+    return [
+        torch.empty([int(n) for n in shape], dtype=getattr(torch, dtype[0]) if dtype else torch.float64).uniform_(
+            -float(scale), float(scale), generator=generator
+        )
+        for shape, scale, *dtype in specs
+    ]
 
 
 def _picked(value, picks):
@@ -285,8 +294,8 @@ def form_latent_kv(mla, seed, specs, chunk=2048):
     latents = draw(seed, specs)[0]
     with torch.no_grad():
         for s in range(0, latents.size(1), chunk):
-            mla.k_up(latents[:, s:s + chunk])
-            mla.v_up(latents[:, s:s + chunk])
+            mla.k_up(latents[:, s : s + chunk])
+            mla.v_up(latents[:, s : s + chunk])
 
 
 # payload -> the grader's reply: installed by server.py, which imports this module (so this one

@@ -21,6 +21,7 @@ Control messages (JSON over a SOCK_SEQPACKET socket) from the grader: start (wit
 socket attached), bound (see bound()), cpu (cpu_seconds()) and kill; the worker answers ready,
 bounded or refused, cpu, and exited after each child.
 """
+
 import ctypes
 import hashlib
 import itertools
@@ -80,8 +81,14 @@ def seccomp_program():
         prog.append((ret, 0, 0, eperm))
     for nr in denied:
         prog += [(jeq, 0, 1, nr), (ret, 0, 0, eperm)]
-    prog += [(jeq, 0, 5, socket_nr), (ld, 0, 0, 16),  # [16]: the first argument, the address family
-             (jeq, 2, 0, AF_INET), (jeq, 1, 0, AF_INET6), (jeq, 0, 1, AF_PACKET), (ret, 0, 0, eperm)]
+    prog += [
+        (jeq, 0, 5, socket_nr),
+        (ld, 0, 0, 16),  # [16]: the first argument, the address family
+        (jeq, 2, 0, AF_INET),
+        (jeq, 1, 0, AF_INET6),
+        (jeq, 0, 1, AF_PACKET),
+        (ret, 0, 0, eperm),
+    ]
     prog.append((ret, 0, 0, allow))
     return b"".join(struct.pack("HBBI", *ins) for ins in prog)
 
@@ -120,6 +127,7 @@ def isolate(shm_bytes):
 def preload():
     """Import what notebooks import, so no child pays for it; returns a pristine shell."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot  # noqa: F401
     import numpy  # noqa: F401
@@ -151,10 +159,16 @@ def fingerprint(shell):
                 if isinstance(fn, types.FunctionType):
                     h.update(marshal.dumps(fn.__code__) + repr((id(fn), fn.__defaults__)).encode())
     import builtins
+
     for space in (shell.user_ns, vars(builtins)):
         h.update(repr(sorted((k, id(v)) for k, v in space.items())).encode())
-    hooks = (shell.input_transformers_post, shell.input_transformer_manager.cleanup_transforms,
-             shell.input_transformer_manager.line_transforms, shell.ast_transformers, shell.custom_exceptions)
+    hooks = (
+        shell.input_transformers_post,
+        shell.input_transformer_manager.cleanup_transforms,
+        shell.input_transformer_manager.line_transforms,
+        shell.ast_transformers,
+        shell.custom_exceptions,
+    )
     h.update(repr([[id(x) for x in hook] for hook in hooks]).encode())
     return h.digest()
 
@@ -168,7 +182,7 @@ class Sink:
     def write(self, s):
         s = str(s)
         room = self.limit - sum(map(len, self.kept))
-        self.kept.append(s[:max(room, 0)])
+        self.kept.append(s[: max(room, 0)])
         self.dropped += max(len(s) - room, 0)
         return len(s)
 
@@ -183,11 +197,13 @@ def set_limits(limits):
     mb = 2**20
     vm = vm_size()
     # The address space already mapped (torch's libraries) plus the memory budget.
-    for rlimit, value in ((resource.RLIMIT_AS, vm + limits["memory_mb"] * mb),
-                          (resource.RLIMIT_CPU, limits["cpu_seconds"]),
-                          (resource.RLIMIT_FSIZE, limits["file_mb"] * mb),
-                          (resource.RLIMIT_NPROC, limits["processes"]),
-                          (resource.RLIMIT_CORE, 0)):
+    for rlimit, value in (
+        (resource.RLIMIT_AS, vm + limits["memory_mb"] * mb),
+        (resource.RLIMIT_CPU, limits["cpu_seconds"]),
+        (resource.RLIMIT_FSIZE, limits["file_mb"] * mb),
+        (resource.RLIMIT_NPROC, limits["processes"]),
+        (resource.RLIMIT_CORE, 0),
+    ):
         resource.setrlimit(rlimit, (value, value))
 
 
@@ -221,6 +237,7 @@ def child(data, shell, start, scratch, opts):
     frame = recv_frame(data)
     if frame.get("forbid"):  # before any cell: no student code may have looked up a kernel first
         from .tripwires import install
+
         install(frame["forbid"])
     cells = frame["cells"]
     for i, src in enumerate(cells):
@@ -416,16 +433,22 @@ def bound(pid, mb, opts, headroom=0, inputs=0):
         deadline = time.monotonic() + STOP_SECONDS
         while not _stopped(pid):
             if time.monotonic() > deadline:
-                return {"op": "refused", "why": f"your notebook's process did not stop within {STOP_SECONDS} s to have "
-                                                "its memory bounded: end the threads your cells started"}
+                return {
+                    "op": "refused",
+                    "why": f"your notebook's process did not stop within {STOP_SECONDS} s to have "
+                    "its memory bounded: end the threads your cells started",
+                }
             os.kill(pid, signal.SIGSTOP)  # again: a process it had may have continued it before it was killed
             time.sleep(0.001)
         held = vm_size(pid) - opts["pristine_vm"]
         allowance, over = allowed(held, mb, headroom)
         if over:
-            return {"op": "refused", "held_mb": held >> 20,
-                    "why": f"your notebook's process already holds {held >> 20} MiB more than a fresh one, and this "
-                           f"check {over}"}
+            return {
+                "op": "refused",
+                "held_mb": held >> 20,
+                "why": f"your notebook's process already holds {held >> 20} MiB more than a fresh one, and this "
+                f"check {over}",
+            }
         limit = opts["pristine_vm"] + min(held, 0) + allowance + (mb + inputs) * 2**20
         resource.prlimit(pid, resource.RLIMIT_AS, (limit, limit))
     except (OSError, StopIteration, ValueError):
@@ -471,8 +494,17 @@ def supervise(ctl, pid, opts):
             if op == "cpu":
                 ctl.send(json.dumps({"op": "cpu", "seconds": cpu_seconds(pid, opts)}).encode())
             elif op == "bound":
-                ctl.send(json.dumps(bound(pid, int(request["mb"]), opts, int(request.get("headroom", 0)),
-                                           int(request.get("inputs", 0)))).encode())
+                ctl.send(
+                    json.dumps(
+                        bound(
+                            pid,
+                            int(request["mb"]),
+                            opts,
+                            int(request.get("headroom", 0)),
+                            int(request.get("inputs", 0)),
+                        )
+                    ).encode()
+                )
             elif op == "kill" or not msg:
                 os.killpg(pid, signal.SIGKILL)
                 if not msg:
@@ -526,8 +558,11 @@ def reap(opts, keep=()):
 def remove_ipc(uid=None):
     """Remove the SysV shared memory, semaphores and message queues of `uid` (None: all of them,
     in an IPC namespace of our own), for where a child could not have one of its own."""
-    for kind, rmid in (("shm", lambda i: LIBC.shmctl(i, 0, None)), ("sem", lambda i: LIBC.semctl(i, 0, 0)),
-                       ("msg", lambda i: LIBC.msgctl(i, 0, None))):
+    for kind, rmid in (
+        ("shm", lambda i: LIBC.shmctl(i, 0, None)),
+        ("sem", lambda i: LIBC.semctl(i, 0, 0)),
+        ("msg", lambda i: LIBC.msgctl(i, 0, None)),
+    ):
         try:
             with open(f"/proc/sysvipc/{kind}") as f:
                 head, *rows = [line.split() for line in f]
@@ -543,8 +578,12 @@ def main():
     ctl = socket.socket(fileno=int(sys.argv[1]))
     scratch = sys.argv[2]
     opt = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in sys.argv if a.startswith("--") and "=" in a}
-    opts = {"pidns": "--pidns" in sys.argv, "cgroup": opt.get("--cgroup"), "uid": int(opt.get("--uid", 0)),
-            "protect": "--unprotected" not in sys.argv}
+    opts = {
+        "pidns": "--pidns" in sys.argv,
+        "cgroup": opt.get("--cgroup"),
+        "uid": int(opt.get("--uid", 0)),
+        "protect": "--unprotected" not in sys.argv,
+    }
     # Outside bubblewrap /dev/shm is shared with the machine: only our own scratch folder is wiped.
     places = (scratch,) + (PRIVATE if "--private-tmp" in sys.argv else ())
     modes = {top: os.stat(top).st_mode & 0o7777 for top in places}  # a child may chmod them: given back

@@ -5,6 +5,7 @@ run in the notebook itself, in-process (autograder.checking.LocalSubject).
 Requests and replies are plain data (wire.py). Whatever the student's code returns becomes
 plain data here, or a handle to an object that stays on this side.
 """
+
 import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -47,8 +48,13 @@ class ObjectServer:
         try:
             return {"ok": self._encode(self._dispatch(request), [0])}
         except TooLarge:
-            return {"error": {"type": "OutputTooLarge", "mro": ["OutputTooLarge"],
-                              "message": "the result is larger than 64 MB"}}
+            return {
+                "error": {
+                    "type": "OutputTooLarge",
+                    "mro": ["OutputTooLarge"],
+                    "message": "the result is larger than 64 MB",
+                }
+            }
         except BaseException as e:  # student code may raise anything, SystemExit included
             return {"error": describe(e)}
         finally:
@@ -149,8 +155,9 @@ class ObjectServer:
             dtype = _wire_dtype(x.dtype)
             data = (t.float() if dtype == "bfloat16" else t).numpy()
             self._spend(budget, data)
-            return wire.encode_array("tensor", dtype, data, device=str(x.device), subclass=sub,
-                                     requires_grad=bool(x.requires_grad))
+            return wire.encode_array(
+                "tensor", dtype, data, device=str(x.device), subclass=sub, requires_grad=bool(x.requires_grad)
+            )
         if isinstance(x, np.ndarray) and x.dtype.name in wire.DTYPES:
             self._spend(budget, x)
             sub = None if type(x) is np.ndarray else _qualname(type(x))
@@ -185,8 +192,13 @@ class OpLog(TorchDispatchMode):
         first = next((a for a in args if isinstance(a, torch.Tensor)), None)
         outs = out if isinstance(out, (tuple, list)) else [out]
         if len(self.ops) < wire.MAX_ITEMS:
-            self.ops.append([func.overloadpacket.__name__, None if first is None else list(first.shape),
-                             [list(t.shape) for t in outs if isinstance(t, torch.Tensor) and t.is_floating_point()]])
+            self.ops.append(
+                [
+                    func.overloadpacket.__name__,
+                    None if first is None else list(first.shape),
+                    [list(t.shape) for t in outs if isinstance(t, torch.Tensor) and t.is_floating_point()],
+                ]
+            )
         return out
 
 
@@ -196,7 +208,9 @@ def _wire_dtype(dtype):
 
 
 def _qualname(cls):
-    return f"{cls.__module__}.{cls.__qualname__}" if cls.__module__ not in ("builtins", "__main__") else cls.__qualname__
+    return (
+        f"{cls.__module__}.{cls.__qualname__}" if cls.__module__ not in ("builtins", "__main__") else cls.__qualname__
+    )
 
 
 def describe(e):

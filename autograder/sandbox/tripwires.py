@@ -20,6 +20,7 @@ Installed in a fresh process before the student's cells run (runner.child), so n
 kernel first. Imports nothing of the course (torch only when it switches paths off): it runs next to the student's
 code, and beside lesson 06's notebook, whose visible tests switch the same paths off (off()).
 """
+
 import contextlib
 import ctypes
 import re
@@ -55,6 +56,7 @@ def operators(path):
     _softmax_backward_data is dS = P * (dP - rowsum(dP * P)); attention's are attention kernels; every operator's
     autograd kernel goes too)."""
     import torch
+
     return sorted(n for n in torch._C._dispatch_get_all_op_names() if n.startswith("aten::") and _matches(path, n))
 
 
@@ -73,8 +75,14 @@ def routes(path):
     import types
 
     import torch
-    for name in ("torch._refs.nn.functional", "torch._refs.special", "torch._decomp.decompositions",
-                 "torch._higher_order_ops.flex_attention", "torch.nn.attention.flex_attention"):
+
+    for name in (
+        "torch._refs.nn.functional",
+        "torch._refs.special",
+        "torch._decomp.decompositions",
+        "torch._higher_order_ops.flex_attention",
+        "torch.nn.attention.flex_attention",
+    ):
         try:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - a torch without it has no such route
@@ -84,16 +92,22 @@ def routes(path):
         if module is None or not module_name.startswith(_MODULES):
             continue
         for name, value in list(vars(module).items()):
-            if isinstance(value, types.FunctionType) and _matches(path, name) and \
-                    getattr(value, "__module__", "").startswith("torch"):
+            if (
+                isinstance(value, types.FunctionType)
+                and _matches(path, name)
+                and getattr(value, "__module__", "").startswith("torch")
+            ):
                 found.setdefault(f"{module_name}.{name}", (vars(module), name))
     tables = getattr(torch._decomp, "global_decomposition_table", {})
     for kind, table in [("", torch._decomp.decomposition_table), *tables.items()]:
         for op in list(table):
             if _matches(path, str(op)):
                 found.setdefault(f"{op} {kind or 'post_autograd'} decomposition", (table, op))
-    operators_ = [getattr(torch.ops.higher_order, n, None) for n in getattr(torch._ops, "_higher_order_ops", {})
-                  if _matches(path, n)]
+    operators_ = [
+        getattr(torch.ops.higher_order, n, None)
+        for n in getattr(torch._ops, "_higher_order_ops", {})
+        if _matches(path, n)
+    ]
     for name in operators(path):
         packet = getattr(torch.ops.aten, name.split("::", 1)[1].split(".")[0], None)
         operators_ += [getattr(packet, o, None) for o in (packet.overloads() if packet is not None else ())]
@@ -106,13 +120,18 @@ def routes(path):
 def _keys(op):
     """The dispatch keys (alias keys included) at which op has a kernel of its own."""
     import torch
-    return [m.group(1) for line in torch._C._dispatch_dump(op).splitlines()
-            if (m := _KEY.match(line)) and "(inactive)" not in line and m.group(1) != "debug"]
+
+    return [
+        m.group(1)
+        for line in torch._C._dispatch_dump(op).splitlines()
+        if (m := _KEY.match(line)) and "(inactive)" not in line and m.group(1) != "debug"
+    ]
 
 
 def _tripwire(op, what):
     def tripwire(*args, **kwargs):
         raise ForbiddenPath(f"reached {what} ({op})")
+
     return tripwire
 
 
@@ -123,8 +142,11 @@ def _raising_code(free):
     cells = "".join(f"    {n} = None\n" for n in names)
     use = f"        ({', '.join(names)},)\n" if names else ""
     namespace = {}
-    exec(f"def _outer():\n{cells}    def _tripwire(*args, _forbidden_path_, **kwargs):\n{use}"
-         f"        raise _forbidden_path_[0](_forbidden_path_[1])\n    return _tripwire\n", namespace)
+    exec(
+        f"def _outer():\n{cells}    def _tripwire(*args, _forbidden_path_, **kwargs):\n{use}"
+        f"        raise _forbidden_path_[0](_forbidden_path_[1])\n    return _tripwire\n",
+        namespace,
+    )
     return namespace["_outer"]().__code__
 
 
@@ -137,15 +159,18 @@ def _cut(route, fn, what, path, undo):
     anywhere (a table, a closure, the garbage collector's list) reaches the tripwire too. undo: [(fn, code,
     defaults, kwdefaults)] to put back."""
     import types
+
     todo, seen = [fn], set()
     while todo:
         f = todo.pop()
         if not isinstance(f, types.FunctionType) or id(f) in seen or f.__code__.co_name == "_tripwire":
             continue
         seen.add(id(f))
-        todo += [f.__dict__.get("__wrapped__")] + [c.cell_contents for c in f.__closure__ or ()
-                                                  if _filled(c) and _matches(path, getattr(c.cell_contents,
-                                                                                           "__name__", ""))]
+        todo += [f.__dict__.get("__wrapped__")] + [
+            c.cell_contents
+            for c in f.__closure__ or ()
+            if _filled(c) and _matches(path, getattr(c.cell_contents, "__name__", ""))
+        ]
         undo.append((f, f.__code__, f.__defaults__, f.__kwdefaults__))
         _CUT.append(f)
         f.__code__ = _raising_code(len(f.__closure__ or ()))
@@ -168,6 +193,7 @@ def install(paths, for_good=True):
 
     import torch
     import torch.library
+
     libraries = {}
     undo, entries = [], []  # Python routes cut (_cut), and table entries that are not Python functions replaced
 
@@ -214,6 +240,7 @@ def install(paths, for_good=True):
             mapping[key] = fn
         undo.clear()
         entries.clear()
+
     return remove
 
 
@@ -229,15 +256,24 @@ def probe(paths):
     replace this function. The probe only makes undoing the guard take that much more work; the Triton answers'
     replay and the lessons' evidence checks are the other layers."""
     import torch
-    lost = [op for path in paths for op in operators(path)
-            if any(not line.split(": registered at ", 1)[1].startswith("/dev/null:0")
-                   for line in torch._C._dispatch_dump(op).splitlines()
-                   if (m := _KEY.match(line)) and "(inactive)" not in line and m.group(1) != "debug")]
+
+    lost = [
+        op
+        for path in paths
+        for op in operators(path)
+        if any(
+            not line.split(": registered at ", 1)[1].startswith("/dev/null:0")
+            for line in torch._C._dispatch_dump(op).splitlines()
+            if (m := _KEY.match(line)) and "(inactive)" not in line and m.group(1) != "debug"
+        )
+    ]
     lost += [f"{f.__module__}.{f.__qualname__}" for f in _CUT if f.__code__.co_name != "_tripwire"]
     q = torch.ones(1, 1, 2, 2)
-    calls = {"attention kernels": lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q),
-             "softmax": lambda: q.softmax(-1),
-             "autograd": lambda: torch.ops.aten._softmax_backward_data(q, q, -1, q.dtype)}
+    calls = {
+        "attention kernels": lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q),
+        "softmax": lambda: q.softmax(-1),
+        "autograd": lambda: torch.ops.aten._softmax_backward_data(q, q, -1, q.dtype),
+    }
     for path in paths:
         try:
             calls[path]()
@@ -268,7 +304,8 @@ def off(name, paths, instead):
         raise AssertionError(message(name, e, instead)) from None
     except Exception as e:  # autograd off raises no ForbiddenPath: nothing was recorded to differentiate
         off = " and ".join(PATHS[p] for p in paths)
-        raise AssertionError(f"{name} raised {type(e).__name__} with {off} switched off, as the grader checks it: "
-                             f"{instead}") from None
+        raise AssertionError(
+            f"{name} raised {type(e).__name__} with {off} switched off, as the grader checks it: {instead}"
+        ) from None
     finally:
         remove()

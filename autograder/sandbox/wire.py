@@ -4,6 +4,7 @@ Never pickle: decoding builds only None, bools, numbers, strings, lists, tuples,
 Array and Handle. The grader decodes everything the sandbox sends with decode(), which
 validates dtypes and sizes, so a hostile sandbox can send wrong answers but nothing else.
 """
+
 import base64
 import json
 import math
@@ -57,8 +58,13 @@ class DType:
 
 def encode_array(kind, dtype, arr, **extra):
     arr = np.asarray(arr, order="C")  # (ascontiguousarray would make 0-d arrays 1-d)
-    return {"$": kind, "dtype": dtype, "shape": list(arr.shape),
-            "data": base64.b64encode(arr.tobytes()).decode("ascii"), **extra}
+    return {
+        "$": kind,
+        "dtype": dtype,
+        "shape": list(arr.shape),
+        "data": base64.b64encode(arr.tobytes()).decode("ascii"),
+        **extra,
+    }
 
 
 def decode(obj, depth=0):
@@ -89,8 +95,12 @@ def decode(obj, depth=0):
         return {str(k): decode(v, depth + 1) for k, v in items.items()}
     if tag == "handle":
         mro = obj.get("mro", [])
-        if not (isinstance(obj.get("id"), int) and isinstance(obj.get("type"), str)
-                and isinstance(mro, list) and all(isinstance(m, str) for m in mro)):
+        if not (
+            isinstance(obj.get("id"), int)
+            and isinstance(obj.get("type"), str)
+            and isinstance(mro, list)
+            and all(isinstance(m, str) for m in mro)
+        ):
             raise WireError("bad handle")
         return Handle(obj["id"], obj["type"][:200], [m[:200] for m in mro[:50]], bool(obj.get("callable")))
     if tag == "float":  # nan and infinities, which JSON cannot spell
@@ -121,8 +131,14 @@ def _decode_array(obj):
         raise WireError("array data does not match its shape")
     arr = np.frombuffer(raw, dtype=wire_dtype).reshape(shape).copy()
     subclass = obj.get("subclass")
-    return Array(obj["$"], dtype, arr, device=str(obj.get("device", "cpu"))[:50],
-                 subclass=str(subclass)[:200] if subclass else None, requires_grad=bool(obj.get("requires_grad")))
+    return Array(
+        obj["$"],
+        dtype,
+        arr,
+        device=str(obj.get("device", "cpu"))[:50],
+        subclass=str(subclass)[:200] if subclass else None,
+        requires_grad=bool(obj.get("requires_grad")),
+    )
 
 
 def encode_plain(value, depth=0):

@@ -1,6 +1,7 @@
 """benchmarks/gpu_attention.py: its GPU sweep follows FlashAttention's convention, and its tiny CPU
 version runs (under Triton's interpreter when Triton is there) and writes the JSON it promises.
 Timings are never asserted."""
+
 import importlib.util
 import json
 import math
@@ -35,21 +36,26 @@ def test_gpu_sweep_has_16k_tokens_per_batch_and_hidden_2048(bench):
 
 def test_gpu_sweep_skips_what_would_not_fit_or_would_crawl(bench):
     """Which configurations each method skips, and why, on a GPU with 140 GiB free (an H200) and with 24 GiB."""
+
     def skip(free, name, t, d):
         limit = bench.methods(smoke=False, device="cuda", free=free * 2**30)[name][1]
         return limit and limit(16384 // t, 2048 // d, t, d, torch.float16)
+
     for name in ("sdpa", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn"):
         assert not skip(24, name, 16384, 64)
     assert not skip(140, "naive", 16384, 64) and not skip(140, "sdpa-math", 16384, 128)
     assert "GiB" in skip(24, "naive", 16384, 64) and not skip(24, "naive", 4096, 64)
     assert "GiB" in skip(24, "sdpa-math", 8192, 64) and not skip(24, "sdpa-math", 2048, 64)
-    assert "tiles" in skip(140, "flash_attention (torch)", 16384, 64) and not skip(140, "flash_attention (torch)", 8192, 128)
+    assert "tiles" in skip(140, "flash_attention (torch)", 16384, 64) and not skip(
+        140, "flash_attention (torch)", 8192, 128
+    )
     assert not skip(140, "triton (course kernel)", 16384, 128) or not HAS_TRITON
 
 
 def _no_nan(text):
     def refuse(constant):
         raise AssertionError(f"the JSON holds {constant}")
+
     return json.loads(text, parse_constant=refuse)
 
 
@@ -63,10 +69,20 @@ def test_cpu_smoke_run_writes_its_json(bench, tmp_path, capsys):
     rows = data["results"]
     configs = {(r["seq_len"], r["batch"], r["heads"], r["head_dim"], r["dtype"], r["causal"]) for r in rows}
     assert len(configs) == len(bench.configs(smoke=True))
-    names = ["sdpa", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "sdpa-math", "triton (course kernel)",
-             "flash_attention (torch)", "naive"]
+    names = [
+        "sdpa",
+        "sdpa-flash",
+        "sdpa-efficient",
+        "sdpa-cudnn",
+        "sdpa-math",
+        "triton (course kernel)",
+        "flash_attention (torch)",
+        "naive",
+    ]
     for config in configs:
-        got = [r for r in rows if (r["seq_len"], r["batch"], r["heads"], r["head_dim"], r["dtype"], r["causal"]) == config]
+        got = [
+            r for r in rows if (r["seq_len"], r["batch"], r["heads"], r["head_dim"], r["dtype"], r["causal"]) == config
+        ]
         assert [r["method"] for r in got] == names
     for r in rows:
         assert r["status"] in ("ok", "skipped", "unsupported")
@@ -80,11 +96,15 @@ def test_cpu_smoke_run_writes_its_json(bench, tmp_path, capsys):
         if r["method"] == "sdpa":
             assert r["vs_sdpa_default"] == 1.0 and r["kernel"]
     by_method = lambda name: [r for r in rows if r["method"] == name]
-    assert all(r["status"] == "ok" for r in by_method("naive") + by_method("sdpa-math") + by_method("flash_attention (torch)"))
+    assert all(
+        r["status"] == "ok" for r in by_method("naive") + by_method("sdpa-math") + by_method("flash_attention (torch)")
+    )
     assert all(r["status"] == "unsupported" for r in by_method("sdpa-cudnn")), "cuDNN attention is CUDA-only"
     triton = by_method("triton (course kernel)")
     if HAS_TRITON:
-        assert any(r["status"] == "ok" for r in triton), "the Triton kernel runs in the interpreter at the smallest size"
+        assert any(r["status"] == "ok" for r in triton), (
+            "the Triton kernel runs in the interpreter at the smallest size"
+        )
         assert all(r["status"] == "ok" or "interpreter" in r["note"] for r in triton)
     else:
         assert all(r["status"] == "skipped" and "Triton" in r["note"] for r in triton)
@@ -107,8 +127,14 @@ GPU_CHECK = SCRIPT.parent / "gpu_check.py"
 def test_gpu_check_without_a_gpu_says_so_in_one_line_and_exits_0():
     import subprocess
     import sys
-    done = subprocess.run([sys.executable, str(GPU_CHECK)], capture_output=True, text=True, timeout=120,
-                          env={"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": ""})
+
+    done = subprocess.run(
+        [sys.executable, str(GPU_CHECK)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": ""},
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "gpu-check: no CUDA GPU here (torch.cuda.is_available() is False): nothing to check"
 
@@ -118,6 +144,7 @@ def test_gpu_check_runs_a_notebook_as_a_kernel_would_without_its_hidden_tests(tm
     failing cell fails the run."""
     import subprocess
     import sys
+
     spec = importlib.util.spec_from_file_location("gpu_check", GPU_CHECK)
     check = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(check)
@@ -125,9 +152,19 @@ def test_gpu_check_runs_a_notebook_as_a_kernel_would_without_its_hidden_tests(tm
     def run(*cells):
         nb = {"cells": [{"cell_type": "code", "source": c, "metadata": {}} for c in cells]}
         (tmp_path / "nb.ipynb").write_text(json.dumps(nb))
-        return subprocess.run([sys.executable, "-c", check.NOTEBOOK_RUNNER, "nb.ipynb"], cwd=tmp_path,
-                              capture_output=True, text=True, timeout=120)
-    done = run("x = 1", "%timeit x", "assert len(In) == 3 and 'x = 1' in In[1]\n### BEGIN HIDDEN TESTS\n"
-               "from autograder.checks import verify\n### END HIDDEN TESTS")
+        return subprocess.run(
+            [sys.executable, "-c", check.NOTEBOOK_RUNNER, "nb.ipynb"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    done = run(
+        "x = 1",
+        "%timeit x",
+        "assert len(In) == 3 and 'x = 1' in In[1]\n### BEGIN HIDDEN TESTS\n"
+        "from autograder.checks import verify\n### END HIDDEN TESTS",
+    )
     assert done.returncode == 0 and "cell 1: skipped" in done.stdout, done.stderr
     assert run("x = 1", "assert x == 2").returncode == 1

@@ -8,6 +8,7 @@ headless Chromium through the DevTools protocol (tornado's websocket client) and
 /usr/bin/chromium (`make setup` installs it when it can); they are skipped, saying so, where Chromium
 is missing. They leave full-page screenshots of every page at each width in book/_build/screenshots/.
 """
+
 import ast
 import asyncio
 import base64
@@ -39,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BOOK = ROOT / "book"
 SITE = BOOK / "_build" / "html"
 SCREENSHOTS = BOOK / "_build" / "screenshots"
-MIN_SECRET = 16          # shorter lines (`return out`) are not distinctive
+MIN_SECRET = 16  # shorter lines (`return out`) are not distinctive
 
 
 @functools.lru_cache(maxsize=None)
@@ -54,8 +55,9 @@ def build_module():
 def site():
     """Build the book once (exactly what `make book` runs); the path of the site."""
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, str(BOOK / "build.py")], cwd=ROOT, capture_output=True, text=True,
-                          timeout=900)
+    proc = subprocess.run(
+        [sys.executable, str(BOOK / "build.py")], cwd=ROOT, capture_output=True, text=True, timeout=900
+    )
     out = proc.stdout + proc.stderr
     if proc.returncode != 0:
         pytest.fail(f"`make book` failed (exit status {proc.returncode}):\n{out[-8000:]}", pytrace=False)
@@ -87,6 +89,7 @@ def lesson_page(site, lesson):
 # Structure
 # ---------------------------------------------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_book_has_every_page(site):
     for name in ("index", "api", "instructor", "results", "search", "genindex"):
@@ -101,17 +104,31 @@ def test_book_has_every_page(site):
     assert install, "the intro page should say how to install what a lesson needs (pip install ...)"
     for package in ("numpy", "matplotlib", "jupyterlab", "torch", "download.pytorch.org/whl/cpu"):
         assert package in install, f"the intro's pip install should install {package}"
-    assert "solutions" not in install and "mha" not in install and "-e" not in install.split(), \
+    assert "solutions" not in install and "mha" not in install and "-e" not in install.split(), (
         "students never install the solution package"
+    )
     assert "jupyter lab" in intro
     for name in ("Release the lessons", "Collect submissions"):
         assert name in page_text(site / "instructor.html"), name
     guide_text = page_text(site / "instructor.html")
-    assert guide_text.index("Release the lessons") < guide_text.index("Collect submissions"), \
+    assert guide_text.index("Release the lessons") < guide_text.index("Collect submissions"), (
         "the instructor guide releases before it collects"
+    )
     guide = page_text(site / "instructor.html")
-    for needle in ("autograder release", "autograder grade", "autograder merge", "--shard", "--resume", "--jobs",
-                   "nbgrader autograde", "nbgrader_config.py", "bubblewrap", "unshare", "--unsafe", "grades.csv"):
+    for needle in (
+        "autograder release",
+        "autograder grade",
+        "autograder merge",
+        "--shard",
+        "--resume",
+        "--jobs",
+        "nbgrader autograde",
+        "nbgrader_config.py",
+        "bubblewrap",
+        "unshare",
+        "--unsafe",
+        "grades.csv",
+    ):
         assert needle in guide, f"the instructor guide should cover {needle!r}"
     assert not (site / "_sources").exists(), "page sources are not published (html_copy_source: false)"
 
@@ -129,13 +146,16 @@ def test_lesson_page_is_the_student_copy_with_the_reference_figures(site, lesson
             assert not cell.get("outputs"), "answer and test cells must have no outputs in the book"
     figures = sorted((BOOK / "_generated" / "lessons" / lesson / "figures").glob("figure-*"))
     executed = executed_copy(lesson)
-    made = sum(any(m.startswith("image/") for m in o.get("data", {}))
-               for c in nbk.code_cells(executed) for o in c.get("outputs", []))
+    made = sum(
+        any(m.startswith("image/") for m in o.get("data", {}))
+        for c in nbk.code_cells(executed)
+        for o in c.get("outputs", [])
+    )
     assert len(figures) == made, f"the lesson makes {made} figure(s); the book has {len(figures)}"
-    assert len(re.findall(r"<img [^>]*src=\"[^\"]*_images/figure-", page)) == made, \
+    assert len(re.findall(r"<img [^>]*src=\"[^\"]*_images/figure-", page)) == made, (
         f"the lesson's {made} reference figure(s) should be on its page"
-    assert not re.search(r"<[\w.]+ (object )?at 0x[0-9a-f]+>", text), \
-        "an object's address is shown as an output"
+    )
+    assert not re.search(r"<[\w.]+ (object )?at 0x[0-9a-f]+>", text), "an object's address is shown as an output"
     for name in [gid.removeprefix("test_") for gid, _ in nbk.graded_tests(copy)]:
         assert name in text, f"the exercise {name} is missing from the page"
 
@@ -144,45 +164,87 @@ def test_lesson_page_is_the_student_copy_with_the_reference_figures(site, lesson
 # Lesson pages for readers: labels, figures, downloads, glossary
 # ---------------------------------------------------------------------------------------------
 
+
 def test_visible_test_cells_say_what_they_check():
     """interfaces 11: a visible-test cell's first line is `# Visible tests: <summary>` (the book
     folds the cell under that summary)."""
     build = build_module()
-    missing = [f"{lesson}: {nbk.grade_id(c)}" for lesson in LESSONS
-               for c in nbk.code_cells(nbk.read(nbk.lesson_path(lesson)))
-               if nbk.is_test(c) and not build.visible_tests_summary(c)]
-    assert not missing, ("these test cells do not start with `# Visible tests: <what they check>` "
-                         "(the book's fold shows a generic summary):\n" + "\n".join(missing))
+    missing = [
+        f"{lesson}: {nbk.grade_id(c)}"
+        for lesson in LESSONS
+        for c in nbk.code_cells(nbk.read(nbk.lesson_path(lesson)))
+        if nbk.is_test(c) and not build.visible_tests_summary(c)
+    ]
+    assert not missing, (
+        "these test cells do not start with `# Visible tests: <what they check>` "
+        "(the book's fold shows a generic summary):\n" + "\n".join(missing)
+    )
 
 
 def _demo_notebook(figure_meta=None):
-    answer = {"cell_type": "code", "id": "a", "metadata": {"nbgrader": {"solution": True, "grade_id": "f"}},
-              "source": "def f(x):\n    raise NotImplementedError()\n", "outputs": [], "execution_count": None}
-    test = {"cell_type": "code", "id": "t", "metadata": {"nbgrader": {"grade": True, "grade_id": "test_f", "points": 1}},
-            "source": "# Visible tests: `f` doubles\nassert f(1) == 2\n", "outputs": [], "execution_count": None}
+    answer = {
+        "cell_type": "code",
+        "id": "a",
+        "metadata": {"nbgrader": {"solution": True, "grade_id": "f"}},
+        "source": "def f(x):\n    raise NotImplementedError()\n",
+        "outputs": [],
+        "execution_count": None,
+    }
+    test = {
+        "cell_type": "code",
+        "id": "t",
+        "metadata": {"nbgrader": {"grade": True, "grade_id": "test_f", "points": 1}},
+        "source": "# Visible tests: `f` doubles\nassert f(1) == 2\n",
+        "outputs": [],
+        "execution_count": None,
+    }
     png = base64.b64encode(b"\x89PNG fake").decode()
-    demo = {"cell_type": "code", "id": "d", "metadata": {"tags": ["demo"], **({"figure": figure_meta} if figure_meta else {})},
-            "source": "t = time.perf_counter()\ntorch.manual_seed(0)\nplt.show()\n", "execution_count": 1,
-            "outputs": [{"output_type": "execute_result", "execution_count": 1, "metadata": {},
-                         "data": {"text/plain": "<torch._C.Generator at 0x7f3a2c1b5d30>"}},
-                        {"output_type": "display_data", "data": {"image/png": png, "text/plain": "<Figure>"},
-                         "metadata": {"image/png": {"width": 672, "height": 274}}}]}
-    title = {"cell_type": "markdown", "id": "m", "metadata": {},
-             "source": "# Lesson 03 — Title\n\nA KV cache and a `KV cache` and $KV cache$; the KV caches.\n"}
-    return {"nbformat": 4, "nbformat_minor": 5, "metadata": {"book": {"machine": "CPU X, 2 logical CPU cores", "date": "2026-01-01"}},
-            "cells": [title, answer, test, demo]}
+    demo = {
+        "cell_type": "code",
+        "id": "d",
+        "metadata": {"tags": ["demo"], **({"figure": figure_meta} if figure_meta else {})},
+        "source": "t = time.perf_counter()\ntorch.manual_seed(0)\nplt.show()\n",
+        "execution_count": 1,
+        "outputs": [
+            {
+                "output_type": "execute_result",
+                "execution_count": 1,
+                "metadata": {},
+                "data": {"text/plain": "<torch._C.Generator at 0x7f3a2c1b5d30>"},
+            },
+            {
+                "output_type": "display_data",
+                "data": {"image/png": png, "text/plain": "<Figure>"},
+                "metadata": {"image/png": {"width": 672, "height": 274}},
+            },
+        ],
+    }
+    title = {
+        "cell_type": "markdown",
+        "id": "m",
+        "metadata": {},
+        "source": "# Lesson 03 — Title\n\nA KV cache and a `KV cache` and $KV cache$; the KV caches.\n",
+    }
+    return {
+        "nbformat": 4,
+        "nbformat_minor": 5,
+        "metadata": {"book": {"machine": "CPU X, 2 logical CPU cores", "date": "2026-01-01"}},
+        "cells": [title, answer, test, demo],
+    }
 
 
 def test_book_page_labels_folds_and_captions():
     build = build_module()
     glossary = build.Glossary("```{glossary}\nKV cache\nkey/value cache\n  Keys and values kept.\n```\n")
-    page, files = build.book_page(_demo_notebook({"caption": "What it shows.", "alt": "Two lines rise."}),
-                                  "03_multi_head", glossary)
+    page, files = build.book_page(
+        _demo_notebook({"caption": "What it shows.", "alt": "Two lines rise."}), "03_multi_head", glossary
+    )
     title, label, answer, test, demo = page["cells"]
     text = nbk.source(title)
     assert "{download}`Download 03_multi_head.zip <03_multi_head.zip>`" in text, "the download goes under the title"
-    assert text.count("{term}") == 1 and "A {term}`KV cache <KV cache>` and a `KV cache` and $KV cache$" in text, \
+    assert text.count("{term}") == 1 and "A {term}`KV cache <KV cache>` and a `KV cache` and $KV cache$" in text, (
         "only the first use in prose is linked, never in code or maths"
+    )
     assert "Your answer" in nbk.source(label) and answer["source"] == _demo_notebook()["cells"][1]["source"]
     assert "hide-input" in test["metadata"]["tags"]
     assert test["metadata"]["mystnb"]["code_prompt_show"] == "Visible tests: f doubles"
@@ -190,7 +252,10 @@ def test_book_page_labels_folds_and_captions():
     assert len(outputs) == 1, "the generator's address is dropped, the image becomes a figure"
     figure = outputs[0]["data"]["text/markdown"]
     assert figure.startswith("```{figure} figures/figure-3-1.png\n:alt: Two lines rise.\n:width: 672px\n")
-    assert "**Figure 3.1.** What it shows. Timed when this book was built, on CPU X, 2 logical CPU cores (2026-01-01)" in figure
+    assert (
+        "**Figure 3.1.** What it shows. Timed when this book was built, on CPU X, 2 logical CPU cores (2026-01-01)"
+        in figure
+    )
     assert files == {"figures/figure-3-1.png": b"\x89PNG fake"}
     assert demo["metadata"]["mystnb"]["markdown_format"] == "myst"
     # Without metadata (yet): a number, a placeholder that the figure test names, no crash.
@@ -202,17 +267,35 @@ def test_glossary_links_the_first_use_of_each_entry():
     build = build_module()
     glossary = build.Glossary((BOOK / "glossary.md").read_text(encoding="utf-8"))
     names = [terms[0] for terms in glossary.entries]
-    for needed in ("attention", "head", "KV cache", "GQA", "MQA", "MLA", "sliding window", "prefill", "decode",
-                   "FLOP", "roofline", "online softmax", "tile", "induction head"):
+    for needed in (
+        "attention",
+        "head",
+        "KV cache",
+        "GQA",
+        "MQA",
+        "MLA",
+        "sliding window",
+        "prefill",
+        "decode",
+        "FLOP",
+        "roofline",
+        "online softmax",
+        "tile",
+        "induction head",
+    ):
         assert any(needed in terms for terms in glossary.entries), f"the glossary has no entry {needed!r}"
     assert len(names) == len(set(names))
     linked = set()
-    md = ("## Multi-head attention\n\nMulti-head attention splits attention into heads; "
-          "see [multi-head attention](x.md), `heads` and:\n\n```python\nattention = 1\n```\n"
-          "A multi-headed view, then attention again and FLOPs.\n")
+    md = (
+        "## Multi-head attention\n\nMulti-head attention splits attention into heads; "
+        "see [multi-head attention](x.md), `heads` and:\n\n```python\nattention = 1\n```\n"
+        "A multi-headed view, then attention again and FLOPs.\n"
+    )
     out = glossary.link(md, linked)
-    assert out.startswith("## Multi-head attention\n\n{term}`Multi-head attention <multi-head attention>` splits "
-                          "{term}`attention <attention>` into {term}`heads <head>`;"), out
+    assert out.startswith(
+        "## Multi-head attention\n\n{term}`Multi-head attention <multi-head attention>` splits "
+        "{term}`attention <attention>` into {term}`heads <head>`;"
+    ), out
     assert "[multi-head attention](x.md)" in out and "```python\nattention = 1\n```" in out
     assert "multi-headed" in out and "attention again" in out and "{term}`FLOPs <FLOP>`" in out
     assert glossary.link("attention", linked) == "attention", "an entry is linked once per lesson"
@@ -222,7 +305,9 @@ def test_repository_link_is_one_setting(tmp_path):
     build = build_module()
     config, url = build.site_config()
     assert url == "" and "use_repository_button: false" in config, "empty by default, and then hidden"
-    (tmp_path / "_config.yml").write_text((BOOK / "_config.yml").read_text().replace('url: ""', 'url: "https://example.org/c"'))
+    (tmp_path / "_config.yml").write_text(
+        (BOOK / "_config.yml").read_text().replace('url: ""', 'url: "https://example.org/c"')
+    )
     config, url = build.site_config(tmp_path / "_config.yml")
     assert url == "https://example.org/c" and "use_repository_button: true" in config
     assert "repository_url: https://example.org/c" in config
@@ -230,14 +315,18 @@ def test_repository_link_is_one_setting(tmp_path):
 
 def test_results_plots_what_runs_over_sequence_lengths(tmp_path):
     build = build_module()
-    rows = [{"seq_len": t, "method": m, "dtype": "float16", "head_dim": 64, "causal": False, "ms": 1.0, "tflops": t / 100}
-            for t in (1024, 2048) for m in ("sdpa", "flash")]
-    (tmp_path / "gpu_attention_nvidia-h200.json").write_text(json.dumps(
-        {"benchmark": "gpu_attention", "device": "NVIDIA H200", "date": "2026-01-02", "results": rows}))
+    rows = [
+        {"seq_len": t, "method": m, "dtype": "float16", "head_dim": 64, "causal": False, "ms": 1.0, "tflops": t / 100}
+        for t in (1024, 2048)
+        for m in ("sdpa", "flash")
+    ]
+    (tmp_path / "gpu_attention_nvidia-h200.json").write_text(
+        json.dumps({"benchmark": "gpu_attention", "device": "NVIDIA H200", "date": "2026-01-02", "results": rows})
+    )
     page, figures = build.results_page(tmp_path, "figs")
     assert "**Where:** device NVIDIA H200" in page and "**When:** 2026\\-01\\-02" in page
     assert "**What:** Forward attention throughput on a GPU" in page
-    (name, png), = figures.items()
+    ((name, png),) = figures.items()
     assert png[:4] == b"\x89PNG" and f"figs/{name}" in page and ":alt: Line plots of forward TFLOP/s" in page
 
 
@@ -250,8 +339,11 @@ def test_exercises_are_labelled(site, lesson):
     tests = [c for c in nbk.code_cells(source) if nbk.is_test(c)]
     labels = re.findall(r'<div class="cell-label answer-label[^"]*">\s*<p>Your answer</p>', page)
     assert len(labels) == answers, f"{len(labels)} 'Your answer' labels for {answers} answer cells"
-    folds = re.findall(r'<details class="admonition hide above-input">\s*<summary[^>]*>\s*'
-                       r'<p class="collapsed admonition-title">Visible tests: ([^<]+)</p>', page)
+    folds = re.findall(
+        r'<details class="admonition hide above-input">\s*<summary[^>]*>\s*'
+        r'<p class="collapsed admonition-title">Visible tests: ([^<]+)</p>',
+        page,
+    )
     assert len(folds) == len(tests), f"{len(folds)} folded 'Visible tests' for {len(tests)} test cells"
 
 
@@ -272,8 +364,10 @@ def test_figures_have_numbers_captions_and_alt_text(site):
             if len(specs) < len(images) or not all(s.get("caption") and s.get("alt") for s in specs):
                 problems.append(f"{where}: {len(images)} figure(s), needs metadata 'figure' with caption and alt")
             for o in images:
-                width = max(o.get("metadata", {}).get(m, {}).get("width", 0) for m in o["data"] if m.startswith("image/"))
-                if width > 850:      # a tight bounding box may add a little to the figure's 8 inches
+                width = max(
+                    o.get("metadata", {}).get(m, {}).get("width", 0) for m in o["data"] if m.startswith("image/")
+                )
+                if width > 850:  # a tight bounding box may add a little to the figure's 8 inches
                     problems.append(f"{where}: drawn {width / 100:.1f} in wide (at most about 8)")
         for m in re.finditer(r"<img [^>]*>", page):
             alt = re.search(r'alt="([^"]*)"', m.group(0))
@@ -282,8 +376,11 @@ def test_figures_have_numbers_captions_and_alt_text(site):
         captions = re.findall(r"<figcaption>\s*<p>(.*?)</p>", page, re.S)
         if len(captions) != len(re.findall(r"<img [^>]*_images/figure-", page)):
             problems.append(f"{lesson}: {len(captions)} captions for its figures")
-        problems += [f"{lesson}: a caption with only a number: {html.unescape(re.sub('<[^>]+>', '', c)).strip()}"
-                     for c in captions if re.fullmatch(r"Figure [\d.]+\.", " ".join(html.unescape(re.sub("<[^>]+>", "", c)).split()))]
+        problems += [
+            f"{lesson}: a caption with only a number: {html.unescape(re.sub('<[^>]+>', '', c)).strip()}"
+            for c in captions
+            if re.fullmatch(r"Figure [\d.]+\.", " ".join(html.unescape(re.sub("<[^>]+>", "", c)).split()))
+        ]
     assert not problems, "figures the book cannot describe (interfaces 11):\n" + "\n".join(problems)
 
 
@@ -314,7 +411,9 @@ def test_lesson_download_is_the_release_and_runs(site, lesson, tmp_path):
     name, data = _download(site, lesson)
     assert name == f"{lesson}.zip"
     release(tmp_path / "release", [lesson])
-    expected = sorted(f.relative_to(tmp_path / "release").as_posix() for f in (tmp_path / "release").rglob("*") if f.is_file())
+    expected = sorted(
+        f.relative_to(tmp_path / "release").as_posix() for f in (tmp_path / "release").rglob("*") if f.is_file()
+    )
     with zipfile.ZipFile(io.BytesIO(data)) as zf:
         assert sorted(zf.namelist()) == expected, "the download should hold exactly the release folder"
         zf.extractall(tmp_path / "unpacked")
@@ -341,9 +440,11 @@ def test_glossary_is_linked_from_every_lesson(site):
 @pytest.mark.slow
 def test_api_reference_has_signatures_and_docstrings(site):
     import inspect
+
     page = page_text(site / "api.html")
-    assert "sig-prename" not in (site / "api.html").read_text(encoding="utf-8"), \
+    assert "sig-prename" not in (site / "api.html").read_text(encoding="utf-8"), (
         "names are shown as students call them, without a module they never import"
+    )
     for lesson in LESSONS:
         module = importlib.import_module(f"solutions.{lesson.split('_', 1)[1]}")
         for gid, _ in nbk.graded_tests(nbk.read(nbk.lesson_path(lesson))):
@@ -364,8 +465,9 @@ def test_results_page_renders_every_result(site):
         if _is_json(f):
             section = next((sec for sec in sections if f.name in sec.split("</h2>")[0]), "")
             assert "<table" in section, f"{f.name} should be shown as a table under its own heading"
-            assert "What:" in section and "Where:" in section and "When:" in section, \
+            assert "What:" in section and "Where:" in section and "When:" in section, (
                 f"{f.name}: say what was measured, where and when"
+            )
     build = build_module()
     if not any(build.measured_on_gpu(json.loads(f.read_text())) for f in files if _is_json(f)):
         assert "No GPU results have been measured yet" in page
@@ -382,6 +484,7 @@ def _is_json(f):
 # ---------------------------------------------------------------------------------------------
 # Rendering of benchmark results (fast: no build)
 # ---------------------------------------------------------------------------------------------
+
 
 def test_results_render_any_json_shape():
     build = build_module()
@@ -424,6 +527,7 @@ def test_results_page_says_when_nothing_was_measured(tmp_path):
 # Leaks: no solution code and no hidden test anywhere in the site
 # ---------------------------------------------------------------------------------------------
 
+
 def normalize(line):
     return " ".join(line.split())
 
@@ -455,7 +559,7 @@ def secrets():
                 found.setdefault(normalize(line), f"{lesson}: solution of {nbk.grade_id(cell)}")
             for line in regions(text, nbk.BEGIN_HIDDEN, nbk.END_HIDDEN):
                 found.setdefault(normalize(line), f"{lesson}: hidden test {nbk.grade_id(cell)}")
-        for cell in student_copy(nb)["cells"]:       # what students are meant to see
+        for cell in student_copy(nb)["cells"]:  # what students are meant to see
             visible.update(normalize(line) for line in nbk.source(cell).splitlines())
     for path in sorted((ROOT / "solutions").glob("*.py")):
         src = path.read_text(encoding="utf-8")
@@ -465,16 +569,19 @@ def secrets():
                 continue
             body = node.body
             doc = ast.get_docstring(node, clean=False)
-            if doc is not None:            # docstrings are public (notebooks, API reference)
+            if doc is not None:  # docstrings are public (notebooks, API reference)
                 visible.update(normalize(line) for line in doc.splitlines())
                 body = body[1:]
-            visible.update(normalize(line) for line in lines[node.lineno - 1:(body or node.body)[0].lineno - 1])
+            visible.update(normalize(line) for line in lines[node.lineno - 1 : (body or node.body)[0].lineno - 1])
             if body:
-                for line in lines[body[0].lineno - 1:node.end_lineno]:
+                for line in lines[body[0].lineno - 1 : node.end_lineno]:
                     found.setdefault(normalize(line), f"solutions/{path.name}: body of {node.name}")
-    visible = " ".join(visible)        # a hint may quote a line of the solution, even across lines
-    return {line: where for line, where in found.items()
-            if len(line) >= MIN_SECRET and re.search(r"[A-Za-z]", line) and line not in visible}
+    visible = " ".join(visible)  # a hint may quote a line of the solution, even across lines
+    return {
+        line: where
+        for line, where in found.items()
+        if len(line) >= MIN_SECRET and re.search(r"[A-Za-z]", line) and line not in visible
+    }
 
 
 ESCAPE = re.compile(r"\\(u[0-9a-fA-F]{4}|x[0-9a-fA-F]{2}|.)", re.S)
@@ -483,16 +590,21 @@ DATA_URI = re.compile(r"data:(?:text|application)/[\w.+-]+;base64,([A-Za-z0-9+/=
 
 def unescape_js(text):
     simple = {"n": "\n", "t": "\t", "r": "\r", "b": "", "f": ""}
-    return ESCAPE.sub(lambda m: chr(int(m.group(1)[1:], 16)) if m.group(1)[0] in "ux" and len(m.group(1)) > 1
-                      else simple.get(m.group(1), m.group(1)), text)
+    return ESCAPE.sub(
+        lambda m: (
+            chr(int(m.group(1)[1:], 16))
+            if m.group(1)[0] in "ux" and len(m.group(1)) > 1
+            else simple.get(m.group(1), m.group(1))
+        ),
+        text,
+    )
 
 
 def views(text):
     """The ways a line of code can appear in a file: as is, HTML-escaped, split into highlighting
     spans, JSON/JS string escaped, or base64 in a data: URI. All whitespace-normalized, each once."""
     decoded = [text, unescape_js(text)]
-    decoded += [base64.b64decode(m.group(1) + "==").decode("utf-8", "ignore")
-                for m in DATA_URI.finditer(text)]
+    decoded += [base64.b64decode(m.group(1) + "==").decode("utf-8", "ignore") for m in DATA_URI.finditer(text)]
     seen = set()
     for t in decoded:
         for view in (t, html.unescape(t), html.unescape(re.sub(r"<[^>]*>", "", t))):
@@ -516,7 +628,7 @@ def leaks_in(text, lines):
     """The lines (of `lines`) that occur in text, in any of its views."""
     found = set()
     for view in views(text):
-        words = set(WORD.findall(view))     # a quick filter: substring search only where it can match
+        words = set(WORD.findall(view))  # a quick filter: substring search only where it can match
         found.update(line for line in lines if line not in found and inner_words(line) <= words and line in view)
     return found
 
@@ -543,13 +655,15 @@ def test_leak_check_finds_a_planted_leak():
     from pygments import highlight
     from pygments.formatters import HtmlFormatter
     from pygments.lexers import PythonLexer
+
     line = max(lines, key=len)
     assert leaks_in(highlight(f"    {line}\n", PythonLexer(), HtmlFormatter()), lines)
     assert leaks_in(json.dumps({"text": f"<p>{html.escape(line)}</p>\n"}), lines)
     assert leaks_in(json.dumps({"source": [line.replace(" ", "  ", 1) + "\n"]}, ensure_ascii=True), lines)
     assert leaks_in("src='data:text/plain;base64," + base64.b64encode(line.encode()).decode() + "'", lines)
-    with tempfile.TemporaryDirectory() as tmp:           # a solution inside a download
+    with tempfile.TemporaryDirectory() as tmp:  # a solution inside a download
         import zipfile
+
         with zipfile.ZipFile(Path(tmp) / "lesson.zip", "w", zipfile.ZIP_DEFLATED) as zf:
             zf.writestr("lesson/lesson.ipynb", json.dumps({"source": [line + "\n"]}))
         assert any(leaks_in(text, lines) for _, text in readable(Path(tmp) / "lesson.zip"))
@@ -560,6 +674,7 @@ def test_files_release_adds_hold_no_secret():
     """What release copies beside the notebooks (the grader's tripwires) is in every download of the book:
     it holds no solution and no hidden-test line (a quick check of what the slow site scan finds)."""
     from autograder.release import TRIPWIRES
+
     assert not leaks_in(TRIPWIRES.read_text(encoding="utf-8"), secrets())
 
 
@@ -586,15 +701,25 @@ def test_site_references_no_other_host(site):
     """Static check: no script, style sheet, image or frame of the site comes from another host
     (links to papers are fine: a reader follows them, the page does not load them)."""
     bad = []
-    tag = re.compile(r"<(script|link|img|iframe|source|video|audio|embed)\b[^>]*?\b(src|href)=[\"']"
-                     r"((?:https?:)?//[^\"']+)", re.I)
+    tag = re.compile(
+        r"<(script|link|img|iframe|source|video|audio|embed)\b[^>]*?\b(src|href)=[\"']"
+        r"((?:https?:)?//[^\"']+)",
+        re.I,
+    )
     for path in site.rglob("*"):
         if path.suffix in (".html", ".css"):
             text = path.read_text(encoding="utf-8", errors="ignore")
-            bad += [f"{path.relative_to(site)}: {m.group(3)}" for m in tag.finditer(text)
-                    if not (m.group(1).lower() == "link" and re.search(r"rel=[\"'](canonical|alternate)", m.group(0)))]
-            bad += [f"{path.relative_to(site)}: {u}" for u in re.findall(r"url\(\s*[\"']?((?:https?:)?//[^)\"']+)", text)]
-            bad += [f"{path.relative_to(site)}: {u}" for u in re.findall(r"@import\s+[\"']((?:https?:)?//[^\"']+)", text)]
+            bad += [
+                f"{path.relative_to(site)}: {m.group(3)}"
+                for m in tag.finditer(text)
+                if not (m.group(1).lower() == "link" and re.search(r"rel=[\"'](canonical|alternate)", m.group(0)))
+            ]
+            bad += [
+                f"{path.relative_to(site)}: {u}" for u in re.findall(r"url\(\s*[\"']?((?:https?:)?//[^)\"']+)", text)
+            ]
+            bad += [
+                f"{path.relative_to(site)}: {u}" for u in re.findall(r"@import\s+[\"']((?:https?:)?//[^\"']+)", text)
+            ]
     assert not bad, "the site loads things from other hosts:\n" + "\n".join(sorted(bad)[:20])
     page = (site / "index.html").read_text(encoding="utf-8")
     assert "_static/mathjax/tex-mml-chtml.js" in page, "MathJax must be served by the site itself"
@@ -604,8 +729,14 @@ def test_site_references_no_other_host(site):
 # In a browser: pages load, maths is typeset, images load, search works, nothing goes elsewhere
 # ---------------------------------------------------------------------------------------------
 
-CHROMIUM = next((c for c in ("/usr/bin/chromium", shutil.which("chromium"), shutil.which("chromium-browser"))
-                 if c and os.path.exists(c)), None)
+CHROMIUM = next(
+    (
+        c
+        for c in ("/usr/bin/chromium", shutil.which("chromium"), shutil.which("chromium-browser"))
+        if c and os.path.exists(c)
+    ),
+    None,
+)
 
 PAGE_CHECK = r"""
 (async () => {
@@ -699,16 +830,32 @@ class Browser:
         self.profile = Path(tmp) / "profile"
         self.stderr = open(Path(tmp) / "chromium.log", "wb")
         self.proc = subprocess.Popen(
-            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-             "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
-             "--hide-scrollbars", f"--user-data-dir={self.profile}", "--remote-debugging-port=0", "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=self.stderr, start_new_session=True)
+            [
+                CHROMIUM,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+                "--disable-dev-shm-usage",
+                "--hide-scrollbars",
+                f"--user-data-dir={self.profile}",
+                "--remote-debugging-port=0",
+                "about:blank",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=self.stderr,
+            start_new_session=True,
+        )
 
     def log(self):
         return (Path(self.stderr.name).read_text(errors="replace"))[-3000:]
 
     async def connect(self):
         from tornado.websocket import websocket_connect
+
         port_file = self.profile / "DevToolsActivePort"
         for _ in range(600):
             if port_file.exists() and len(port_file.read_text().split()) >= 2:
@@ -726,12 +873,12 @@ class Browser:
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)   # our own process group only
+            os.killpg(self.proc.pid, signal.SIGKILL)  # our own process group only
             self.proc.wait(timeout=10)
         self.stderr.close()
 
 
-WIDTHS = (1280, 390)        # a laptop and a phone
+WIDTHS = (1280, 390)  # a laptop and a phone
 
 LAYOUT_CHECK = r"""
 (() => {
@@ -780,14 +927,26 @@ async def browse(site, base, screenshots):
                 await asyncio.wait_for(loaded, 30)
 
             async def evaluate(expression):
-                r = await cdp.send("Runtime.evaluate", session, expression=expression, awaitPromise=True,
-                                   returnByValue=True, timeout=60)
+                r = await cdp.send(
+                    "Runtime.evaluate",
+                    session,
+                    expression=expression,
+                    awaitPromise=True,
+                    returnByValue=True,
+                    timeout=60,
+                )
                 assert "exceptionDetails" not in r, f"JavaScript failed: {r['exceptionDetails']}"
                 return r["result"]["value"]
 
             async def resize(width, height):
-                await cdp.send("Emulation.setDeviceMetricsOverride", session, width=width, height=height,
-                               deviceScaleFactor=1, mobile=width < 600)
+                await cdp.send(
+                    "Emulation.setDeviceMetricsOverride",
+                    session,
+                    width=width,
+                    height=height,
+                    deviceScaleFactor=1,
+                    mobile=width < 600,
+                )
 
             screenshots.mkdir(parents=True, exist_ok=True)
             for width in WIDTHS:
@@ -807,8 +966,9 @@ async def browse(site, base, screenshots):
                     name = rel.removesuffix(".html").replace("/", "_")
                     (screenshots / f"{name}-{width}.png").write_bytes(base64.b64decode(shot["data"]))
 
-            await cdp.send("Emulation.setDeviceMetricsOverride", session, width=1280, height=960,
-                           deviceScaleFactor=1, mobile=False)
+            await cdp.send(
+                "Emulation.setDeviceMetricsOverride", session, width=1280, height=960, deviceScaleFactor=1, mobile=False
+            )
             await goto(f"{base}/search.html?q=softmax")
             report["search"] = await evaluate(SEARCH_RESULTS)
 
@@ -824,7 +984,9 @@ async def browse(site, base, screenshots):
                     d = p.get("exceptionDetails", {})
                     report["exceptions"].append(d.get("exception", {}).get("description") or d.get("text"))
                 elif e["method"] == "Runtime.consoleAPICalled" and p.get("type") in ("error", "warning", "assert"):
-                    report["console"].append(" ".join(str(a.get("value", a.get("description", ""))) for a in p.get("args", [])))
+                    report["console"].append(
+                        " ".join(str(a.get("value", a.get("description", ""))) for a in p.get("args", []))
+                    )
                 elif e["method"] == "Log.entryAdded" and p.get("entry", {}).get("level") == "error":
                     report["console"].append(p["entry"].get("text", ""))
             try:
@@ -841,8 +1003,10 @@ def browsed(site):
     """Every page of the site in headless Chromium, at each of WIDTHS: what the page checks report,
     and full-page screenshots in book/_build/screenshots/<page>-<width>.png."""
     if CHROMIUM is None:
-        pytest.skip("Chromium is not installed (/usr/bin/chromium): `make setup` installs it as root with "
-                    "apt-get; without it the book's browser test cannot run")
+        pytest.skip(
+            "Chromium is not installed (/usr/bin/chromium): `make setup` installs it as root with "
+            "apt-get; without it the book's browser test cannot run"
+        )
     server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(QuietHandler, directory=str(site)))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -873,8 +1037,13 @@ def test_site_in_a_browser(browsed):
         r = report["pages"].get(f"lessons/{lesson}/{lesson}.html")
         if r is None or not r["typeset"]:
             problems.append(f"{lesson}: its page shows no typeset maths")
-    foreign = sorted({u for u in report["requests"]
-                      if urlparse(u).scheme not in ("data", "blob", "about") and urlparse(u).hostname != "127.0.0.1"})
+    foreign = sorted(
+        {
+            u
+            for u in report["requests"]
+            if urlparse(u).scheme not in ("data", "blob", "about") and urlparse(u).hostname != "127.0.0.1"
+        }
+    )
     problems += [f"request to another host: {u}" for u in foreign]
     problems += [f"failed request: {f}" for f in report["failures"]]
     problems += [f"JavaScript error: {e}" for e in report["exceptions"]]
@@ -906,10 +1075,13 @@ def test_nothing_is_clipped_at_any_width(browsed):
 
 @pytest.mark.slow
 def test_display_equations_fit_the_column_on_a_laptop(browsed):
-    too_wide = [f"{rel}: {e}" for (rel, width), r in sorted(browsed["layout"].items()) if width == 1280
-                for e in r["equations"]]
-    assert not too_wide, ("display equations wider than the text column at 1280 px (break them with "
-                          "`\\\\` in an aligned environment):\n" + "\n".join(too_wide))
+    too_wide = [
+        f"{rel}: {e}" for (rel, width), r in sorted(browsed["layout"].items()) if width == 1280 for e in r["equations"]
+    ]
+    assert not too_wide, (
+        "display equations wider than the text column at 1280 px (break them with "
+        "`\\\\` in an aligned environment):\n" + "\n".join(too_wide)
+    )
 
 
 @pytest.mark.slow
@@ -920,8 +1092,12 @@ def test_every_image_is_described(browsed):
             continue
         for img in r["images"]:
             alt = (img["alt"] or "").strip()
-            if not alt or re.search(r"\.(png|svg|jpe?g|gif)$", alt) or re.fullmatch(r"[0-9a-f]{16,}\S*", alt) \
-                    or "no description yet" in alt:
+            if (
+                not alt
+                or re.search(r"\.(png|svg|jpe?g|gif)$", alt)
+                or re.fullmatch(r"[0-9a-f]{16,}\S*", alt)
+                or "no description yet" in alt
+            ):
                 problems.append(f"{rel}: {img['src']}: alt text {alt!r}")
             if not img["caption"] or re.fullmatch(r"(Fig\. \d+ )?Figure [\dR.]+\.", " ".join(img["caption"].split())):
                 problems.append(f"{rel}: {img['src']}: caption {img['caption']!r}")

@@ -3,6 +3,7 @@
 broken submission, and every results.json validated against Gradescope's documented format.
 Most tests grade with this venv (GRADESCOPE_PYTHON); test_setup_sh_builds_a_grader_from_nothing
 runs setup.sh for real, as root, and grades with the venv it made, in an environment without ours."""
+
 import json
 import os
 import shutil
@@ -29,20 +30,55 @@ LESSON = "01_attention"
 # field it documents, nothing else; a score on the top level or on every test.
 VISIBILITY = {"enum": ["hidden", "after_due_date", "after_published", "visible"]}
 FORMAT = {"enum": ["text", "html", "simple_format", "md", "ansi"]}
-TEST = {"type": "object", "additionalProperties": False, "properties": {
-    "score": {"type": "number"}, "max_score": {"type": "number"}, "status": {"enum": ["passed", "failed"]},
-    "name": {"type": "string"}, "name_format": FORMAT, "number": {"type": "string"},
-    "output": {"type": "string"}, "output_format": FORMAT, "tags": {"type": "array", "items": {"type": "string"}},
-    "visibility": VISIBILITY, "extra_data": {"type": "object"}}}
-RESULTS = {"type": "object", "additionalProperties": False, "properties": {
-    "score": {"type": "number"}, "execution_time": {"type": "number"}, "output": {"type": "string"},
-    "output_format": FORMAT, "test_output_format": FORMAT, "test_name_format": FORMAT, "visibility": VISIBILITY,
-    "stdout_visibility": VISIBILITY, "extra_data": {"type": "object"}, "tests": {"type": "array", "items": TEST},
-    "leaderboard": {"type": "array"}},
-    "anyOf": [{"required": ["score"]}, {"required": ["tests"], "properties": {"tests": {"items": {"required": ["score"]}}}}]}
+TEST = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "score": {"type": "number"},
+        "max_score": {"type": "number"},
+        "status": {"enum": ["passed", "failed"]},
+        "name": {"type": "string"},
+        "name_format": FORMAT,
+        "number": {"type": "string"},
+        "output": {"type": "string"},
+        "output_format": FORMAT,
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "visibility": VISIBILITY,
+        "extra_data": {"type": "object"},
+    },
+}
+RESULTS = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "score": {"type": "number"},
+        "execution_time": {"type": "number"},
+        "output": {"type": "string"},
+        "output_format": FORMAT,
+        "test_output_format": FORMAT,
+        "test_name_format": FORMAT,
+        "visibility": VISIBILITY,
+        "stdout_visibility": VISIBILITY,
+        "extra_data": {"type": "object"},
+        "tests": {"type": "array", "items": TEST},
+        "leaderboard": {"type": "array"},
+    },
+    "anyOf": [
+        {"required": ["score"]},
+        {"required": ["tests"], "properties": {"tests": {"items": {"required": ["score"]}}}},
+    ],
+}
 # What this course promises on top: the fields the issue names, on every test.
-OURS = {"type": "object", "required": ["score", "output", "tests", "visibility"], "properties": {"tests": {
-    "minItems": 1, "items": {"required": ["name", "score", "max_score", "output", "visibility", "status"]}}}}
+OURS = {
+    "type": "object",
+    "required": ["score", "output", "tests", "visibility"],
+    "properties": {
+        "tests": {
+            "minItems": 1,
+            "items": {"required": ["name", "score", "max_score", "output", "visibility", "status"]},
+        }
+    },
+}
 
 
 def autograder(*args):
@@ -54,8 +90,17 @@ def autograder(*args):
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory):
     root = tmp_path_factory.mktemp("gradescope")
-    autograder("gradescope-bundle", "--lesson", LESSON, "--out", str(root / "autograder.zip"),
-               "--test-visibility", "after_due_date", "--visibility", "visible")
+    autograder(
+        "gradescope-bundle",
+        "--lesson",
+        LESSON,
+        "--out",
+        str(root / "autograder.zip"),
+        "--test-visibility",
+        "after_due_date",
+        "--visibility",
+        "visible",
+    )
     release(root / "release", [LESSON])
     return root, nbk.read(root / "release" / LESSON / f"{LESSON}.ipynb")
 
@@ -100,8 +145,14 @@ def test_the_zip_holds_the_two_scripts_and_only_this_lesson(bundle):
         names = set(z.namelist())
         modes = {i.filename: (i.external_attr >> 16) & 0o777 for i in z.infolist()}
         setup = z.read("setup.sh").decode()
-    assert {"setup.sh", "run_autograder", "course/pyproject.toml", f"course/lessons/{LESSON}/{LESSON}.ipynb",
-            "course/solutions/attention.py", "course/autograder/lessons/attention/checks.py"} <= names
+    assert {
+        "setup.sh",
+        "run_autograder",
+        "course/pyproject.toml",
+        f"course/lessons/{LESSON}/{LESSON}.ipynb",
+        "course/solutions/attention.py",
+        "course/autograder/lessons/attention/checks.py",
+    } <= names
     assert modes["setup.sh"] & 0o111 and modes["run_autograder"] & 0o111
     assert {n.split("/")[2] for n in names if n.startswith("course/lessons/")} == {LESSON}
     assert not any(n.startswith(("course/tests/", "course/.")) or "__pycache__" in n for n in names)
@@ -144,20 +195,38 @@ def graded_as(root, monkeypatch, rows, written=()):
     import autograder.grade
     from autograder.results import Result
 
-    monkeypatch.setattr(autograder.grade, "grade", lambda *a, **k: {"results": [Result.from_json(dict(
-        student="submission", lesson=LESSON, notes=[], cells={}, tests=rows, written=list(written)))]})
+    monkeypatch.setattr(
+        autograder.grade,
+        "grade",
+        lambda *a, **k: {
+            "results": [
+                Result.from_json(
+                    dict(student="submission", lesson=LESSON, notes=[], cells={}, tests=rows, written=list(written))
+                )
+            ]
+        },
+    )
     monkeypatch.setattr("autograder.worker.choose_mode", lambda *a: "bwrap")
     for d in ("source", "submission", "results"):
         (root / d).mkdir()
-    (root / "source" / "gradescope.json").write_text(json.dumps(dict(
-        lesson=LESSON, visibility="visible", test_visibility="visible", stdout_visibility="hidden",
-        max_score=sum(r["max_points"] for r in rows))))
+    (root / "source" / "gradescope.json").write_text(
+        json.dumps(
+            dict(
+                lesson=LESSON,
+                visibility="visible",
+                test_visibility="visible",
+                stdout_visibility="hidden",
+                max_score=sum(r["max_points"] for r in rows),
+            )
+        )
+    )
 
 
 def test_a_test_the_grader_could_not_check_writes_no_results(tmp_path, monkeypatch):
     """Never a zero for the grader's own failure: no results.json, exit 1, Gradescope shows a failed run."""
-    row = dict(test="test_softmax", points=0.0, max_points=2.0, status="error", message="Triton is missing",
-               grader_error=True)
+    row = dict(
+        test="test_softmax", points=0.0, max_points=2.0, status="error", message="Triton is missing", grader_error=True
+    )
     graded_as(tmp_path, monkeypatch, [row])
     assert gradescope.run(tmp_path) == 1 and not (tmp_path / "results" / "results.json").exists()
     row.update(status="failed", grader_error=False)  # the same row as the student's failure is scored
@@ -171,8 +240,16 @@ def test_a_written_question_is_said_in_the_output_never_scored(tmp_path, monkeyp
     """Gradescope has no test a person grades later: the written question is a line of results.json's output,
     named with its points and 'needs grading', and neither a test nor part of the score (never a silent 0)."""
     row = dict(test="test_softmax", points=2.0, max_points=2.0, status="passed", message="")
-    graded_as(tmp_path, monkeypatch, [row], [dict(question="written_heads", max_points=2.0, status="needs grading",
-                                                  message="answered; graded by a person")])
+    graded_as(
+        tmp_path,
+        monkeypatch,
+        [row],
+        [
+            dict(
+                question="written_heads", max_points=2.0, status="needs grading", message="answered; graded by a person"
+            )
+        ],
+    )
     assert gradescope.run(tmp_path) == 0
     data = json.loads((tmp_path / "results" / "results.json").read_text())
     jsonschema.validate(data, RESULTS)
@@ -181,7 +258,8 @@ def test_a_written_question_is_said_in_the_output_never_scored(tmp_path, monkeyp
     assert data["output"].splitlines()[:2] == [
         f"{LESSON}: 2 / 2 points",
         f"{LESSON}: written question written_heads (2 points, needs grading in Gradescope, not in this score): "
-        "answered; graded by a person"]
+        "answered; graded by a person",
+    ]
 
 
 def test_a_sandbox_that_does_not_start_is_one_line_with_its_own_error(tmp_path, monkeypatch, capsys):
@@ -190,8 +268,10 @@ def test_a_sandbox_that_does_not_start_is_one_line_with_its_own_error(tmp_path, 
     from autograder.worker import DEFAULT_LIMITS, Sandbox, SandboxError
 
     fake = tmp_path / "python"
-    fake.write_text("#!/bin/sh\necho 'Traceback (most recent call last):' >&2\n"
-                    "echo \"ModuleNotFoundError: No module named 'IPython'\" >&2\nexit 1\n")
+    fake.write_text(
+        "#!/bin/sh\necho 'Traceback (most recent call last):' >&2\n"
+        "echo \"ModuleNotFoundError: No module named 'IPython'\" >&2\nexit 1\n"
+    )
     fake.chmod(0o755)
     monkeypatch.setattr(sys, "executable", str(fake))
     with pytest.raises(SandboxError) as e:
@@ -199,9 +279,21 @@ def test_a_sandbox_that_does_not_start_is_one_line_with_its_own_error(tmp_path, 
     assert str(e.value) == "the none sandbox did not start: ModuleNotFoundError: No module named 'IPython'"
     monkeypatch.undo()
 
-    graded_as(tmp_path, monkeypatch, [dict(test=f"test_{n}", points=0.0, max_points=2.0, status="error",
-                                           grader_error=True, message=f"could not be graded: {e.value}")
-                                      for n in ("softmax", "causal_mask")])
+    graded_as(
+        tmp_path,
+        monkeypatch,
+        [
+            dict(
+                test=f"test_{n}",
+                points=0.0,
+                max_points=2.0,
+                status="error",
+                grader_error=True,
+                message=f"could not be graded: {e.value}",
+            )
+            for n in ("softmax", "causal_mask")
+        ],
+    )
     assert gradescope.run(tmp_path) == 1 and not (tmp_path / "results" / "results.json").exists()
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"error: the grader could not check 2 test(s) of {LESSON}: could not be graded: {e.value}"]
@@ -213,12 +305,14 @@ def _setup_skip_reason():
         return "setup.sh runs as root, as on Gradescope (apt-get, chmod of the course): run the tests as root"
     if not (shutil.which("apt-get") and shutil.which("dpkg") and os.path.exists("/usr/bin/python3")):
         return "setup.sh needs a Debian or Ubuntu system (apt-get, dpkg, /usr/bin/python3)"
-    missing = subprocess.run(["dpkg", "-s", "python3", "python3-venv", "python3-pip", "bubblewrap"],
-                             capture_output=True).returncode
+    missing = subprocess.run(
+        ["dpkg", "-s", "python3", "python3-venv", "python3-pip", "bubblewrap"], capture_output=True
+    ).returncode
     if missing and subprocess.run(["apt-get", "update", "-q"], capture_output=True, timeout=300).returncode:
         return "apt-get cannot reach its archive (apt-get update failed)"
-    if subprocess.run([sys.executable, "-m", "pip", "index", "versions", "ipython"], capture_output=True,
-                      timeout=120).returncode:
+    if subprocess.run(
+        [sys.executable, "-m", "pip", "index", "versions", "ipython"], capture_output=True, timeout=120
+    ).returncode:
         return "pip cannot reach a package index"
     return None
 
@@ -242,15 +336,27 @@ def test_setup_sh_builds_a_grader_from_nothing(bundle, tmp_path_factory):
     root_dir, rel = bundle
     work = tmp_path_factory.mktemp("setup")
     root = unpack(work, root_dir / "autograder.zip")
-    env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": os.environ.get("HOME", "/root"),
-           "LANG": "C.UTF-8", "GRADESCOPE_ROOT": str(root)}
+    env = {
+        "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "HOME": os.environ.get("HOME", "/root"),
+        "LANG": "C.UTF-8",
+        "GRADESCOPE_ROOT": str(root),
+    }
     setup_env = dict(env, **({} if _torch_index_reachable() else {"GRADESCOPE_TORCH_INDEX": ""}))
-    setup_env.update({k: v for k, v in os.environ.items() if k.startswith(("PIP_", "http_", "https_", "HTTP", "NO_PROXY"))})
+    setup_env.update(
+        {k: v for k, v in os.environ.items() if k.startswith(("PIP_", "http_", "https_", "HTTP", "NO_PROXY"))}
+    )
     try:
         for attempt in ("first", "again"):
             start = time.monotonic()
-            p = subprocess.run(["bash", str(root / "source" / "setup.sh")], cwd=root / "source", env=setup_env,
-                               capture_output=True, text=True, timeout=1500)
+            p = subprocess.run(
+                ["bash", str(root / "source" / "setup.sh")],
+                cwd=root / "source",
+                env=setup_env,
+                capture_output=True,
+                text=True,
+                timeout=1500,
+            )
             assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
             print(f"setup.sh ({attempt}): {time.monotonic() - start:.0f} s")
         assert (root / "source").stat().st_mode & 0o777 == 0o700

@@ -6,6 +6,7 @@ Container; https://kubernetes.io/docs/reference/kubernetes-api/workload-resource
 Jobs use, with every documented field of JobSpec, and the API server's validation rules for Jobs:
 restartPolicy Never or OnFailure, `completions` set for an Indexed Job, backoffLimitPerIndex and
 maxFailedIndexes only on an Indexed Job whose pods restart Never."""
+
 import re
 import shlex
 from pathlib import Path
@@ -19,49 +20,150 @@ DNS_LABEL = {"type": "string", "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", "m
 INT = {"type": "integer", "minimum": 0}
 QUANTITY = {"type": "string", "pattern": r"^[0-9.]+(m|Ki|Mi|Gi|Ti|k|M|G|T)?$"}
 STRINGS = {"type": "array", "items": {"type": "string"}}
-META = {"type": "object", "properties": {"name": DNS_LABEL, "labels": {"type": "object",
-        "additionalProperties": {"type": "string"}}, "annotations": {"type": "object"}}}
-CONTAINER = {"type": "object", "required": ["name", "image"], "additionalProperties": False, "properties": {
-    "name": DNS_LABEL, "image": {"type": "string", "minLength": 1}, "command": STRINGS, "args": STRINGS,
-    "workingDir": {"type": "string"}, "imagePullPolicy": {"enum": ["Always", "Never", "IfNotPresent"]},
-    "env": {"type": "array", "items": {"type": "object", "required": ["name"], "additionalProperties": False,
-            "properties": {"name": {"type": "string"}, "value": {"type": "string"}, "valueFrom": {"type": "object"}}}},
-    "resources": {"type": "object", "additionalProperties": False, "properties": {
-        "requests": {"type": "object", "additionalProperties": QUANTITY},
-        "limits": {"type": "object", "additionalProperties": QUANTITY}}},
-    "volumeMounts": {"type": "array", "items": {"type": "object", "required": ["name", "mountPath"],
-                     "additionalProperties": False, "properties": {"name": DNS_LABEL, "mountPath": {"type": "string"},
-                                                                   "readOnly": {"type": "boolean"},
-                                                                   "subPath": {"type": "string"}}}},
-    "securityContext": {"type": "object"}}}
-POD_SPEC = {"type": "object", "required": ["containers"], "additionalProperties": False, "properties": {
-    "containers": {"type": "array", "minItems": 1, "items": CONTAINER}, "initContainers": {"type": "array", "items": CONTAINER},
-    "restartPolicy": {"enum": ["Never", "OnFailure"]},  # a Job's pods may not restart Always
-    "volumes": {"type": "array", "items": {"type": "object", "required": ["name"], "properties": {"name": DNS_LABEL,
-                "persistentVolumeClaim": {"type": "object", "required": ["claimName"], "additionalProperties": False,
-                                          "properties": {"claimName": {"type": "string"}, "readOnly": {"type": "boolean"}}}}}},
-    "securityContext": {"type": "object"}, "serviceAccountName": {"type": "string"},
-    "nodeSelector": {"type": "object"}, "tolerations": {"type": "array"}, "affinity": {"type": "object"},
-    "activeDeadlineSeconds": INT, "automountServiceAccountToken": {"type": "boolean"}}}
-JOB_SPEC = {"type": "object", "required": ["template"], "additionalProperties": False, "properties": {
-    "activeDeadlineSeconds": INT, "backoffLimit": INT, "backoffLimitPerIndex": INT,
-    "completionMode": {"enum": ["NonIndexed", "Indexed"]}, "completions": INT, "managedBy": {"type": "string"},
-    "manualSelector": {"type": "boolean"}, "maxFailedIndexes": INT, "parallelism": INT,
-    "podFailurePolicy": {"type": "object"}, "podReplacementPolicy": {"enum": ["TerminatingOrFailed", "Failed"]},
-    "selector": {"type": "object"}, "successPolicy": {"type": "object"}, "suspend": {"type": "boolean"},
-    "ttlSecondsAfterFinished": INT,
-    "template": {"type": "object", "required": ["spec"], "additionalProperties": False,
-                 "properties": {"metadata": META, "spec": POD_SPEC}}},
+META = {
+    "type": "object",
+    "properties": {
+        "name": DNS_LABEL,
+        "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+        "annotations": {"type": "object"},
+    },
+}
+CONTAINER = {
+    "type": "object",
+    "required": ["name", "image"],
+    "additionalProperties": False,
+    "properties": {
+        "name": DNS_LABEL,
+        "image": {"type": "string", "minLength": 1},
+        "command": STRINGS,
+        "args": STRINGS,
+        "workingDir": {"type": "string"},
+        "imagePullPolicy": {"enum": ["Always", "Never", "IfNotPresent"]},
+        "env": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["name"],
+                "additionalProperties": False,
+                "properties": {
+                    "name": {"type": "string"},
+                    "value": {"type": "string"},
+                    "valueFrom": {"type": "object"},
+                },
+            },
+        },
+        "resources": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "requests": {"type": "object", "additionalProperties": QUANTITY},
+                "limits": {"type": "object", "additionalProperties": QUANTITY},
+            },
+        },
+        "volumeMounts": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["name", "mountPath"],
+                "additionalProperties": False,
+                "properties": {
+                    "name": DNS_LABEL,
+                    "mountPath": {"type": "string"},
+                    "readOnly": {"type": "boolean"},
+                    "subPath": {"type": "string"},
+                },
+            },
+        },
+        "securityContext": {"type": "object"},
+    },
+}
+POD_SPEC = {
+    "type": "object",
+    "required": ["containers"],
+    "additionalProperties": False,
+    "properties": {
+        "containers": {"type": "array", "minItems": 1, "items": CONTAINER},
+        "initContainers": {"type": "array", "items": CONTAINER},
+        "restartPolicy": {"enum": ["Never", "OnFailure"]},  # a Job's pods may not restart Always
+        "volumes": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["name"],
+                "properties": {
+                    "name": DNS_LABEL,
+                    "persistentVolumeClaim": {
+                        "type": "object",
+                        "required": ["claimName"],
+                        "additionalProperties": False,
+                        "properties": {"claimName": {"type": "string"}, "readOnly": {"type": "boolean"}},
+                    },
+                },
+            },
+        },
+        "securityContext": {"type": "object"},
+        "serviceAccountName": {"type": "string"},
+        "nodeSelector": {"type": "object"},
+        "tolerations": {"type": "array"},
+        "affinity": {"type": "object"},
+        "activeDeadlineSeconds": INT,
+        "automountServiceAccountToken": {"type": "boolean"},
+    },
+}
+JOB_SPEC = {
+    "type": "object",
+    "required": ["template"],
+    "additionalProperties": False,
+    "properties": {
+        "activeDeadlineSeconds": INT,
+        "backoffLimit": INT,
+        "backoffLimitPerIndex": INT,
+        "completionMode": {"enum": ["NonIndexed", "Indexed"]},
+        "completions": INT,
+        "managedBy": {"type": "string"},
+        "manualSelector": {"type": "boolean"},
+        "maxFailedIndexes": INT,
+        "parallelism": INT,
+        "podFailurePolicy": {"type": "object"},
+        "podReplacementPolicy": {"enum": ["TerminatingOrFailed", "Failed"]},
+        "selector": {"type": "object"},
+        "successPolicy": {"type": "object"},
+        "suspend": {"type": "boolean"},
+        "ttlSecondsAfterFinished": INT,
+        "template": {
+            "type": "object",
+            "required": ["spec"],
+            "additionalProperties": False,
+            "properties": {"metadata": META, "spec": POD_SPEC},
+        },
+    },
     "allOf": [
-        {"if": {"required": ["completionMode"], "properties": {"completionMode": {"const": "Indexed"}}},
-         "then": {"required": ["completions"]}},
-        {"if": {"anyOf": [{"required": ["backoffLimitPerIndex"]}, {"required": ["maxFailedIndexes"]}]},
-         "then": {"required": ["completionMode", "backoffLimitPerIndex"],
-                  "properties": {"completionMode": {"const": "Indexed"},
-                                 "template": {"properties": {"spec": {"required": ["restartPolicy"], "properties": {
-                                     "restartPolicy": {"const": "Never"}}}}}}}}]}
-JOB = {"type": "object", "required": ["apiVersion", "kind", "metadata", "spec"], "additionalProperties": False,
-       "properties": {"apiVersion": {"const": "batch/v1"}, "kind": {"const": "Job"}, "metadata": META, "spec": JOB_SPEC}}
+        {
+            "if": {"required": ["completionMode"], "properties": {"completionMode": {"const": "Indexed"}}},
+            "then": {"required": ["completions"]},
+        },
+        {
+            "if": {"anyOf": [{"required": ["backoffLimitPerIndex"]}, {"required": ["maxFailedIndexes"]}]},
+            "then": {
+                "required": ["completionMode", "backoffLimitPerIndex"],
+                "properties": {
+                    "completionMode": {"const": "Indexed"},
+                    "template": {
+                        "properties": {
+                            "spec": {"required": ["restartPolicy"], "properties": {"restartPolicy": {"const": "Never"}}}
+                        }
+                    },
+                },
+            },
+        },
+    ],
+}
+JOB = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "additionalProperties": False,
+    "properties": {"apiVersion": {"const": "batch/v1"}, "kind": {"const": "Job"}, "metadata": META, "spec": JOB_SPEC},
+}
 
 
 @pytest.fixture(scope="module")
@@ -95,8 +197,12 @@ def test_the_schema_rejects_what_the_api_server_rejects(jobs):
         dict(grade, spec={k: v for k, v in grade["spec"].items() if k != "completions"}),  # Indexed needs completions
         dict(grade, spec=dict(grade["spec"], completionMode="indexed")),
         dict(grade, spec=dict(grade["spec"], completion_mode="Indexed")),
-        dict(grade, spec=dict(grade["spec"], template={"spec": dict(grade["spec"]["template"]["spec"],
-                                                                    restartPolicy="Always")})),
+        dict(
+            grade,
+            spec=dict(
+                grade["spec"], template={"spec": dict(grade["spec"]["template"]["spec"], restartPolicy="Always")}
+            ),
+        ),
     ]
     for job in broken:
         with pytest.raises(jsonschema.ValidationError):
@@ -114,7 +220,9 @@ def test_grade_is_an_indexed_job_whose_pods_grade_one_shard_each(jobs):
 
 
 def test_the_three_jobs_share_one_volume_and_one_manifest(jobs):
-    claims = {v["persistentVolumeClaim"]["claimName"] for j in jobs.values() for v in j["spec"]["template"]["spec"]["volumes"]}
+    claims = {
+        v["persistentVolumeClaim"]["claimName"] for j in jobs.values() for v in j["spec"]["template"]["spec"]["volumes"]
+    }
     assert len(claims) == 1
     manifest = re.search(r"--out (\S+)", command(jobs["mha-manifest"])).group(1)
     for name in ("mha-grade", "mha-merge"):
@@ -129,4 +237,3 @@ def test_every_shard_and_the_merge_sign_with_one_key_outside_results(jobs):
     assert len(keys) == 1 and None not in keys, keys
     key = keys.pop()
     assert key.startswith("/data/") and not key.startswith(("/data/shard_", "/data/merged")), key
-

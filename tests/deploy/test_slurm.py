@@ -6,6 +6,7 @@ refuses the incomplete set.
 
 Skips, saying why, only where Slurm is not installed or cannot start; under CI (CI=true) it
 fails instead. `make setup` installs slurm-wlm and munge where it runs as root."""
+
 import os
 import shutil
 import socket
@@ -85,20 +86,37 @@ class Cluster:
         key = d / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o600)
-        (d / "slurm.conf").write_text(SLURM_CONF.format(d=d, ctld_port=free_port(), slurmd_port=free_port(),
-                                                        cpus=min(os.cpu_count() or 1, 2)))
-        self._daemon("munged", "-F", "-f", f"--socket={d}/munge.sock", f"--key-file={key}",
-                     f"--pid-file={d}/munged.pid", f"--seed-file={d}/munged.seed", f"--log-file={d}/munged.log")
+        (d / "slurm.conf").write_text(
+            SLURM_CONF.format(d=d, ctld_port=free_port(), slurmd_port=free_port(), cpus=min(os.cpu_count() or 1, 2))
+        )
+        self._daemon(
+            "munged",
+            "-F",
+            "-f",
+            f"--socket={d}/munge.sock",
+            f"--key-file={key}",
+            f"--pid-file={d}/munged.pid",
+            f"--seed-file={d}/munged.seed",
+            f"--log-file={d}/munged.log",
+        )
         self._wait(lambda: (d / "munge.sock").exists(), "munged did not start")
         self._daemon("slurmctld", "-D", "-f", str(d / "slurm.conf"))
         self._daemon("slurmd", "-D", "-N", "localhost", "-f", str(d / "slurm.conf"))
-        self._wait(lambda: self.slurm("sinfo", "-h", "-o", "%t", check=False).stdout.strip() == "idle",
-                   "the node did not become idle")
+        self._wait(
+            lambda: self.slurm("sinfo", "-h", "-o", "%t", check=False).stdout.strip() == "idle",
+            "the node did not become idle",
+        )
 
     def _daemon(self, name, *args):
         log = open(self.dir / f"{name}.out", "wb")
-        self.procs.append((name, subprocess.Popen([DAEMONS[name], *args], stdout=log, stderr=subprocess.STDOUT,
-                                                  stdin=subprocess.DEVNULL, env=self.env)))
+        self.procs.append(
+            (
+                name,
+                subprocess.Popen(
+                    [DAEMONS[name], *args], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env
+                ),
+            )
+        )
         log.close()
 
     def _wait(self, ready, why, timeout=30):
@@ -113,8 +131,10 @@ class Cluster:
         raise RuntimeError(f"{why} within {timeout} s: {self.logs()}")
 
     def logs(self):
-        return " | ".join(f"{f.name}: {f.read_text(errors='replace')[-600:]}"
-                          for f in sorted(self.dir.glob("*.out")) + sorted(self.dir.glob("*.log")))
+        return " | ".join(
+            f"{f.name}: {f.read_text(errors='replace')[-600:]}"
+            for f in sorted(self.dir.glob("*.out")) + sorted(self.dir.glob("*.log"))
+        )
 
     def slurm(self, *args, check=True):
         p = subprocess.run(args, capture_output=True, text=True, env=self.env, timeout=60)
@@ -152,8 +172,9 @@ class Cluster:
 
 @pytest.fixture(scope="module")
 def cluster():
-    missing = [name for name, path in DAEMONS.items() if not os.access(path, os.X_OK)] + \
-              [name for name in ("sbatch", "scontrol", "sinfo") if not shutil.which(name)]
+    missing = [name for name, path in DAEMONS.items() if not os.access(path, os.X_OK)] + [
+        name for name in ("sbatch", "scontrol", "sinfo") if not shutil.which(name)
+    ]
     if missing:
         unavailable(f"{', '.join(missing)} not installed")
     if os.geteuid() != 0:
@@ -177,24 +198,55 @@ def tiny_class(tmp_path_factory):
     release(root / "release", [LESSON])
     rel = nbk.read(root / "release" / LESSON / f"{LESSON}.ipynb")
     wrong = mutants.for_lesson(LESSON).MUTANTS
-    for student, nb in (("ada", fill(rel, LESSON)), ("bo", rel),
-                        ("cy", fill(rel, LESSON, {"softmax": wrong["softmax"][0][2]})),
-                        ("di", fill(rel, LESSON, {"causal_mask": wrong["causal_mask"][0][2]}))):
+    for student, nb in (
+        ("ada", fill(rel, LESSON)),
+        ("bo", rel),
+        ("cy", fill(rel, LESSON, {"softmax": wrong["softmax"][0][2]})),
+        ("di", fill(rel, LESSON, {"causal_mask": wrong["causal_mask"][0][2]})),
+    ):
         nbk.write(nb, root / "submissions" / student / LESSON / f"{LESSON}.ipynb")
-    p = subprocess.run([sys.executable, "-m", "autograder", "grade", str(root / "submissions"), "--out",
-                        str(root / "single"), "--lesson", LESSON, "--jobs", "2", "--quiet"],
-                       capture_output=True, text=True, cwd=REPO, timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "autograder",
+            "grade",
+            str(root / "submissions"),
+            "--out",
+            str(root / "single"),
+            "--lesson",
+            LESSON,
+            "--jobs",
+            "2",
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     return root
 
 
 def submit(cluster, tiny_class, work, shards):
     """examples/slurm/submit.sh; returns (array job id, merge job id)."""
-    env = dict(cluster.env, COURSE=str(REPO), SUBMISSIONS=str(tiny_class / "submissions"), WORK=str(work),
-               SHARDS=str(shards), PYTHON=sys.executable)
+    env = dict(
+        cluster.env,
+        COURSE=str(REPO),
+        SUBMISSIONS=str(tiny_class / "submissions"),
+        WORK=str(work),
+        SHARDS=str(shards),
+        PYTHON=sys.executable,
+    )
     # One CPU and little memory per task, so that both tasks fit the test's small node at once.
-    p = subprocess.run([str(REPO / "examples/slurm/submit.sh"), "--lesson", LESSON, "--",
-                        "--cpus-per-task=1", "--mem=256M"], capture_output=True, text=True, env=env, timeout=120)
+    p = subprocess.run(
+        [str(REPO / "examples/slurm/submit.sh"), "--lesson", LESSON, "--", "--cpus-per-task=1", "--mem=256M"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr
     words = p.stdout.split()
     return words[words.index("array") + 2], words[words.index("merge") + 2].rstrip(":")
@@ -237,10 +289,21 @@ def test_every_task_and_the_merge_sign_with_one_key_outside_results(tmp_path):
     (bin_ / "sbatch").write_text('#!/bin/sh\necho "$MHA_RESULTS_KEY" >> "$WORK/keys"\necho 7\n')
     (bin_ / "sbatch").chmod(0o755)
     env = {k: v for k, v in os.environ.items() if k != "MHA_RESULTS_KEY"}
-    env.update(PATH=f"{bin_}:{env['PATH']}", COURSE=str(REPO), SUBMISSIONS=str(subs), WORK=str(work),
-               PYTHON=sys.executable, SHARDS="2")
-    p = subprocess.run([str(REPO / "examples/slurm/submit.sh"), "--lesson", LESSON], capture_output=True,
-                       text=True, env=env, timeout=120)
+    env.update(
+        PATH=f"{bin_}:{env['PATH']}",
+        COURSE=str(REPO),
+        SUBMISSIONS=str(subs),
+        WORK=str(work),
+        PYTHON=sys.executable,
+        SHARDS="2",
+    )
+    p = subprocess.run(
+        [str(REPO / "examples/slurm/submit.sh"), "--lesson", LESSON],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr
     keys = (work / "keys").read_text().split()
     assert keys == [str(work / "results.key")] * 2, keys  # the array and the merge

@@ -5,6 +5,7 @@ must earn no more than the same wrong answer without the trick. Honest students 
 the same run must get full marks, nothing outside RESULTS may change, and no process may
 outlive the run.
 """
+
 import copy
 import csv
 import hashlib
@@ -24,29 +25,37 @@ pytestmark = pytest.mark.slow
 LESSON = "01_attention"
 REPO = Path(__file__).resolve().parents[2]
 
-WRONG_SOFTMAX = '''
+WRONG_SOFTMAX = """
 def softmax(x, axis=-1):
     e = np.exp(x)
     return e / e.sum(axis=axis, keepdims=True)
-'''
+"""
 # What an exploit that worked would do: switch to a correct answer (so the test can fail).
-IF_IT_WORKED = '''
+IF_IT_WORKED = """
     def softmax(x, axis=-1):
         e = np.exp(x - x.max(axis=axis, keepdims=True))
         return e / e.sum(axis=axis, keepdims=True)
-'''
+"""
 
 # name -> (cells inserted after the imports, answer replacements beyond the wrong softmax)
 TRICKS = {
-    "patch_numpy_testing": ["import numpy.testing\nnumpy.testing.assert_allclose = lambda *a, **k: None\n"
-                            "np.allclose = lambda *a, **k: True\nnp.testing.assert_array_equal = lambda *a, **k: None"],
-    "patch_torch_math_builtins": ["import torch, math, builtins\ntorch.allclose = lambda *a, **k: True\n"
-                                  "math.isclose = lambda *a, **k: True\nbuiltins.isinstance = lambda *a: True\n"
-                                  "builtins.len = lambda x: 2"],
-    "always_equal_object": [], "ndarray_subclass": [], "rigged_array": [], "snoop_caller_frames": [],
+    "patch_numpy_testing": [
+        "import numpy.testing\nnumpy.testing.assert_allclose = lambda *a, **k: None\n"
+        "np.allclose = lambda *a, **k: True\nnp.testing.assert_array_equal = lambda *a, **k: None"
+    ],
+    "patch_torch_math_builtins": [
+        "import torch, math, builtins\ntorch.allclose = lambda *a, **k: True\n"
+        "math.isclose = lambda *a, **k: True\nbuiltins.isinstance = lambda *a: True\n"
+        "builtins.len = lambda x: 2"
+    ],
+    "always_equal_object": [],
+    "ndarray_subclass": [],
+    "rigged_array": [],
+    "snoop_caller_frames": [],
     "input_transformer": ["ip = get_ipython()\nip.input_transformers_post.append(lambda lines: ['pass\\n'])"],
     "custom_exception_handler": ["get_ipython().set_custom_exc((BaseException,), lambda *a, **k: None)"],
-    "read_source_and_solutions": ['''
+    "read_source_and_solutions": [
+        """
 import os
 found = [p for p in ["../../../source/01_attention/01_attention.ipynb", "../source/01_attention/01_attention.ipynb",
                      "{REPO}/lessons/01_attention/01_attention.ipynb", "{REPO}/solutions/attention.py",
@@ -59,8 +68,11 @@ for module in ("solutions.attention", "autograder.lessons.attention.checks"):
     except ImportError:
         pass
 if found:
-''' + IF_IT_WORKED],
-    "tamper_gradebook_and_results": ['''
+"""
+        + IF_IT_WORKED
+    ],
+    "tamper_gradebook_and_results": [
+        """
 import sqlite3
 wrote = []
 for path in ["{ROOT}/results/grades.csv", "{ROOT}/results/planted", "{ROOT}/submissions/honest-0/planted",
@@ -71,14 +83,19 @@ for path in ["{ROOT}/results/grades.csv", "{ROOT}/results/planted", "{ROOT}/subm
     except OSError:
         pass
 if wrote:
-''' + IF_IT_WORKED],
-    "detect_grader_env": ['''
+"""
+        + IF_IT_WORKED
+    ],
+    "detect_grader_env": [
+        """
 import os
 graded = any(k.startswith(("NBGRADER", "GRADER", "CI", "PYTEST")) for k in os.environ)
 if graded:
     raise SystemExit("detected the grader")
-'''],
-    "network": ['''
+"""
+    ],
+    "network": [
+        """
 import socket
 try:
     socket.create_connection(("1.1.1.1", 80), timeout=2)
@@ -86,8 +103,11 @@ try:
 except OSError:
     reachable = False
 if reachable:
-''' + IF_IT_WORKED],
-    "fake_reply_on_data_socket": ['''
+"""
+        + IF_IT_WORKED
+    ],
+    "fake_reply_on_data_socket": [
+        """
 import os, socket, json, struct
 for fd in range(3, 64):
     try:
@@ -96,21 +116,25 @@ for fd in range(3, 64):
         s.sendall(struct.pack(">I", len(payload)) + payload)
     except OSError:
         pass
-'''],
+"""
+    ],
     "os_exit_at_top_level": ["import os\nos._exit(0)"],
     "system_exit": ["import sys\nsys.exit(3)", "raise SystemExit"],
-    "infinite_loop_swallowing_interrupts": ['''
+    "infinite_loop_swallowing_interrupts": [
+        """
 while True:
     try:
         pass
     except BaseException:
         pass
-'''],
+"""
+    ],
     "memory_bomb": ["blob = []\nwhile True:\n    blob.append(bytearray(100 * 2**20))"],
     "fork_bomb": ["import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"],
     "huge_output": ["print('x' * 50_000_000)\nfor _ in range(200):\n    print('y' * 100_000)"],
     "kill_the_worker": ["import os, signal\nos.kill(os.getppid(), signal.SIGKILL)"],
-    "leave_a_daemon": ['''
+    "leave_a_daemon": [
+        """
 import os, time
 if os.fork() == 0:
     os.setsid()
@@ -120,27 +144,28 @@ if os.fork() == 0:
             time.sleep(0.1)
         os._exit(0)
     os._exit(0)
-'''],
+"""
+    ],
 }
 AT_THE_END = {"read_source_and_solutions", "tamper_gradebook_and_results", "network"}
 # tricks inside the graded function itself (replacing the wrong softmax)
 FUNCTION_TRICKS = {
-    "always_equal_object": '''
+    "always_equal_object": """
 class Equal:
     def __eq__(self, other): return True
     def __array__(self, *a, **k): raise TypeError
 def softmax(x, axis=-1):
     return Equal()
-''',
-    "ndarray_subclass": '''
+""",
+    "ndarray_subclass": """
 class Evil(np.ndarray):
     def __eq__(self, other): return np.ones(np.shape(other), bool)
     def __sub__(self, other): return np.zeros(np.shape(other))
 def softmax(x, axis=-1):
     e = np.exp(x)
     return (e / e.sum(axis=axis, keepdims=True)).view(Evil)
-''',
-    "snoop_caller_frames": '''
+""",
+    "snoop_caller_frames": """
 import sys
 def softmax(x, axis=-1):
     frame = sys._getframe(1)
@@ -151,22 +176,24 @@ def softmax(x, axis=-1):
         frame = frame.f_back
     e = np.exp(x)
     return e / e.sum(axis=axis, keepdims=True)
-''',
-    "rigged_array": '''
+""",
+    "rigged_array": """
 class Rigged:
     def __init__(self, x): self.x = x
     def __array__(self, *a, **k): return np.full_like(self.x, 1.0 / self.x.shape[-1])
     def __len__(self): return len(self.x)
 def softmax(x, axis=-1):
     return Rigged(x)
-''',
+""",
 }
 # correct answers that make noise: they must keep full marks
-NOISY_BUT_CORRECT = ['''
+NOISY_BUT_CORRECT = [
+    """
 import sys, warnings
 warnings.warn("a warning from the student's code")
 print("noise on stderr", file=sys.stderr)
-''']
+"""
+]
 CRASH_IN_FUNCTION = {
     "exit_inside_function": "import os\ndef causal_mask(n_queries, n_keys=None):\n    os._exit(1)",
     "loop_inside_function": "def causal_mask(n_queries, n_keys=None):\n    while True:\n        pass",
@@ -187,8 +214,17 @@ def with_cells(nb, cells, after=0):
     nb = copy.deepcopy(nb)
     index = nb["cells"].index(nbk.code_cells(nb)[after]) + 1
     for i, src in enumerate(cells):
-        nb["cells"].insert(index + i, {"cell_type": "code", "execution_count": None, "id": f"trick{i}",
-                                       "metadata": {}, "outputs": [], "source": src})
+        nb["cells"].insert(
+            index + i,
+            {
+                "cell_type": "code",
+                "execution_count": None,
+                "id": f"trick{i}",
+                "metadata": {},
+                "outputs": [],
+                "source": src,
+            },
+        )
     return nb
 
 
@@ -239,10 +275,34 @@ def attack(tmp_path_factory):
     before = checksums(REPO / "lessons", REPO / "solutions", REPO / "autograder", subs)
     tmp = root / "tmp"  # the sandboxes' folders, named on their command lines: ours, not another run's
     tmp.mkdir()
-    p = subprocess.run([sys.executable, "-m", "autograder", "grade", str(subs), "--out", str(root / "results"),
-                        "--lesson", LESSON, "--jobs", "2", "--cell-timeout", "8", "--call-timeout", "8", "--memory", "1024",
-                        "--gradebook", str(gradebook), "--quiet"], capture_output=True, text=True, timeout=900,
-                       env=dict(os.environ, TMPDIR=str(tmp)))
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "autograder",
+            "grade",
+            str(subs),
+            "--out",
+            str(root / "results"),
+            "--lesson",
+            LESSON,
+            "--jobs",
+            "2",
+            "--cell-timeout",
+            "8",
+            "--call-timeout",
+            "8",
+            "--memory",
+            "1024",
+            "--gradebook",
+            str(gradebook),
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=dict(os.environ, TMPDIR=str(tmp)),
+    )
     after = checksums(REPO / "lessons", REPO / "solutions", REPO / "autograder", subs)
     leftovers = subprocess.run(["pgrep", "-f", str(tmp)], capture_output=True, text=True).stdout.split()
     with open(root / "results" / "grades.csv", newline="") as f:
@@ -279,11 +339,25 @@ def test_honest_students_in_the_same_run_get_full_marks(attack):
 
 def test_crashes_and_hangs_in_top_level_code_do_not_cost_other_answers(attack):
     # the wrong softmax still loses what it loses; the cell that hangs or exits is skipped
-    for trick in ("os_exit_at_top_level", "system_exit", "infinite_loop_swallowing_interrupts", "memory_bomb",
-                  "fork_bomb", "huge_output", "leave_a_daemon"):
-        assert points(attack, f"trick-{trick}") == points(attack, "baseline"), (trick, statuses(attack, f"trick-{trick}"))
-    assert "skipped" in (attack["root"] / "results" / "feedback" / "trick-infinite_loop_swallowing_interrupts"
-                         / f"{LESSON}.html").read_text()
+    for trick in (
+        "os_exit_at_top_level",
+        "system_exit",
+        "infinite_loop_swallowing_interrupts",
+        "memory_bomb",
+        "fork_bomb",
+        "huge_output",
+        "leave_a_daemon",
+    ):
+        assert points(attack, f"trick-{trick}") == points(attack, "baseline"), (
+            trick,
+            statuses(attack, f"trick-{trick}"),
+        )
+    assert (
+        "skipped"
+        in (
+            attack["root"] / "results" / "feedback" / "trick-infinite_loop_swallowing_interrupts" / f"{LESSON}.html"
+        ).read_text()
+    )
 
 
 def test_crash_inside_a_function_is_an_error_for_that_test_only(attack):
@@ -303,14 +377,17 @@ def test_correct_answers_that_write_to_stderr_keep_full_marks(attack):
     assert points(attack, "noisy-0") == 6, statuses(attack, "noisy-0")
 
 
-@pytest.mark.parametrize("student, status, words, score", [
-    ("damaged-corrupt-json", "error", "could not be read", 0),
-    ("damaged-missing", "missing", "no 01_attention.ipynb", 0),
-    ("damaged-renamed", "passed", "", 6),
-    ("damaged-wrong-kernel", "passed", "", 6),
-    ("damaged-stripped-metadata", "passed", "", 6),
-    ("damaged-edited-tests", None, "", "baseline"),  # the wrong softmax, graded by the real tests
-])
+@pytest.mark.parametrize(
+    "student, status, words, score",
+    [
+        ("damaged-corrupt-json", "error", "could not be read", 0),
+        ("damaged-missing", "missing", "no 01_attention.ipynb", 0),
+        ("damaged-renamed", "passed", "", 6),
+        ("damaged-wrong-kernel", "passed", "", 6),
+        ("damaged-stripped-metadata", "passed", "", 6),
+        ("damaged-edited-tests", None, "", "baseline"),  # the wrong softmax, graded by the real tests
+    ],
+)
 def test_damaged_submissions_get_a_clear_status(attack, student, status, words, score):
     s = statuses(attack, student)
     assert len(s) == 3
@@ -334,7 +411,7 @@ def test_gradebook_holds_the_trusted_scores(attack):
 
 
 PLACES = '["planted", os.path.expanduser("~/planted"), os.path.join(tempfile.gettempdir(), "planted"), "/tmp/planted", "/dev/shm/planted", "/scratch/planted", "/planted", "/opt/grader/planted", "/course/planted", "../planted"]'
-WRITER = f'''
+WRITER = f"""
 import os, tempfile, time
 for path in {PLACES}:
     try:
@@ -352,11 +429,14 @@ if os.fork() == 0:  # a daemon that keeps planting while the next submission run
                 pass
         time.sleep(0.05)
     os._exit(0)
-'''
-READER = f'''
+"""
+READER = (
+    f"""
 import os, tempfile
 if any(os.path.exists(p) for p in {PLACES}):
-''' + IF_IT_WORKED
+"""
+    + IF_IT_WORKED
+)
 
 
 def test_one_submission_cannot_reach_the_next(tmp_path):
@@ -366,8 +446,23 @@ def test_one_submission_cannot_reach_the_next(tmp_path):
     wrong = fill(rel, LESSON, {"softmax": WRONG_SOFTMAX})
     for student, cells in (("a-writer", [WRITER]), ("b-reader", [READER])):
         nbk.write(with_cells(wrong, cells, after=-1), tmp_path / "subs" / student / LESSON / f"{LESSON}.ipynb")
-    p = subprocess.run([sys.executable, "-m", "autograder", "grade", str(tmp_path / "subs"), "--out",
-                        str(tmp_path / "results"), "--jobs", "1", "--quiet"], capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "autograder",
+            "grade",
+            str(tmp_path / "subs"),
+            "--out",
+            str(tmp_path / "results"),
+            "--jobs",
+            "1",
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     with open(tmp_path / "results" / "grades.csv", newline="") as f:
         rows = list(csv.DictReader(f))

@@ -7,6 +7,7 @@ the test-only switch AUTOGRADER_TEST_UNPROTECTED=1 (the grader without the defen
 attacks are about) must see every one succeed, so that each attacker can fail. The uid mode
 (where namespaces are refused) gets the file-reading and takeover attacks too.
 """
+
 import csv
 import os
 import shutil
@@ -21,9 +22,9 @@ import pytest
 from autograder import notebook as nbk
 from autograder.release import release
 from autograder.worker import UNPROTECTED_ENV, _Cgroups
+from tests.grader.test_adversarial import IF_IT_WORKED, LESSON, REPO, TRICKS, WRONG_SOFTMAX, with_cells
 from tests.harness import watch
 from tests.harness.lessons import fill
-from tests.grader.test_adversarial import IF_IT_WORKED, LESSON, REPO, TRICKS, WRONG_SOFTMAX, with_cells
 
 pytestmark = pytest.mark.slow
 MIB = 2**20
@@ -35,7 +36,9 @@ FAILED = 2**64 - 1  # (void *) -1
 # student -> cells run last (after the wrong softmax, which IF_IT_WORKED replaces)
 ATTACKS = {
     # takeover: run code inside the worker, which grades every later submission
-    "takeover-ptrace": [LIBC + '''
+    "takeover-ptrace": [
+        LIBC
+        + """
 libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
 worker = os.getppid()
 attached = libc.ptrace(16, worker, None, None) == 0  # PTRACE_ATTACH
@@ -43,8 +46,11 @@ if attached:
     os.waitpid(worker, 0x40000000)  # __WALL: it stopped
     libc.ptrace(17, worker, None, None)  # PTRACE_DETACH
 if attached:
-''' + IF_IT_WORKED],
-    "takeover-proc-mem": ['''
+"""
+        + IF_IT_WORKED
+    ],
+    "takeover-proc-mem": [
+        """
 import os
 start = int(open("/proc/self/maps").readline().split("-")[0], 16)  # a fork: the worker's layout
 try:
@@ -54,8 +60,12 @@ try:
 except OSError:
     read = False
 if read:
-''' + IF_IT_WORKED],
-    "takeover-process-vm": [LIBC + '''
+"""
+        + IF_IT_WORKED
+    ],
+    "takeover-process-vm": [
+        LIBC
+        + """
 class iovec(ctypes.Structure):
     _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
 start = int(open("/proc/self/maps").readline().split("-")[0], 16)
@@ -64,28 +74,41 @@ local, remote = iovec(ctypes.addressof(buf), 16), iovec(start, 16)
 libc.process_vm_readv.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong,
                                   ctypes.c_ulong]
 if libc.process_vm_readv(os.getppid(), ctypes.byref(local), 1, ctypes.byref(remote), 1, 0) == 16:
-''' + IF_IT_WORKED],
-    "takeover-debugger": ['''
+"""
+        + IF_IT_WORKED
+    ],
+    "takeover-debugger": [
+        """
 import os
 debuggers = [p for p in ("/usr/bin/gdb", "/usr/bin/strace", "/usr/bin/gcore") if os.path.isfile(p) and os.path.getsize(p)]
 if debuggers:
-''' + IF_IT_WORKED],
+"""
+        + IF_IT_WORKED
+    ],
     # leftovers: a SysV segment the next submission in the same worker reads (graded in name order)
-    "leftover-1-sysv-writer": [LIBC + f'''
+    "leftover-1-sysv-writer": [
+        LIBC
+        + f"""
 shmid = libc.shmget({SHM_KEY}, 1 << 20, 0o1000 | 0o666)  # IPC_CREAT
 if shmid >= 0:
     addr = libc.shmat(shmid, None, 0)
     if addr != {FAILED}:
         ctypes.memmove(addr, b"planted", 7)
         libc.shmdt(ctypes.c_void_p(addr))
-'''],
-    "leftover-2-sysv-reader": [LIBC + f'''
+"""
+    ],
+    "leftover-2-sysv-reader": [
+        LIBC
+        + f"""
 shmid = libc.shmget({SHM_KEY}, 0, 0)
 addr = libc.shmat(shmid, None, 0o10000) if shmid >= 0 else None  # SHM_RDONLY
 if addr not in (None, {FAILED}) and ctypes.string_at(addr, 7) == b"planted":
-''' + IF_IT_WORKED],
+"""
+        + IF_IT_WORKED
+    ],
     # shared memory beyond --memory (512 MiB in these runs): 768 MiB
-    "shm-devshm-over-memory": ['''
+    "shm-devshm-over-memory": [
+        """
 import os
 written = 0
 for i in range(12):  # files of 64 MiB: the file size limit
@@ -102,8 +125,12 @@ for i in range(12):
     except OSError:
         pass
 if written >= 768:
-''' + IF_IT_WORKED],
-    "shm-sysv-over-memory": [LIBC + f'''
+"""
+        + IF_IT_WORKED
+    ],
+    "shm-sysv-over-memory": [
+        LIBC
+        + f"""
 ids, total = [], 0
 try:
     for _ in range(6):
@@ -121,7 +148,9 @@ finally:
     for shmid in ids:
         libc.shmctl(shmid, 0, None)  # IPC_RMID
 if total >= 768:
-''' + IF_IT_WORKED],
+"""
+        + IF_IT_WORKED
+    ],
 }
 # Clean-up (issue 19): what a submission leaves in its scratch folder, or how its process ends, is
 # graded as the submission it is (the wrong softmax's points, status failed), never "the grader failed",
@@ -129,10 +158,14 @@ if total >= 768:
 HOME_FD = "import os, socket, time\nhome = os.open('.', os.O_RDONLY)\n"
 CLEANUP_ATTACKS = {
     "cleanup-deep-tree": [HOME_FD + "for _ in range(1500):\n    os.mkdir('d')\n    os.chdir('d')\nos.fchdir(home)"],
-    "cleanup-long-names": [HOME_FD + "for _ in range(40):  # 10,000 characters of path\n    os.mkdir('L' * 250)\n"
-                           "    os.chdir('L' * 250)\nos.fchdir(home)"],
+    "cleanup-long-names": [
+        HOME_FD + "for _ in range(40):  # 10,000 characters of path\n    os.mkdir('L' * 250)\n"
+        "    os.chdir('L' * 250)\nos.fchdir(home)"
+    ],
     "cleanup-many-files": [HOME_FD + "os.mkdir('many')\nfor i in range(100_000):\n    open(f'many/{i}', 'w').close()"],
-    "cleanup-locked": [HOME_FD + '''
+    "cleanup-locked": [
+        HOME_FD
+        + """
 os.makedirs("locked/inner")
 open("locked/inner/f", "w").close()
 os.makedirs("readonly")
@@ -151,8 +184,11 @@ os.symlink("/", "root")
 kept = open("kept-open", "w")
 os.chmod(".", 0)  # its folder, and the scratch folder above it
 os.chmod("..", 0)
-'''],
-    "cleanup-keeps-writing": [HOME_FD + '''
+"""
+    ],
+    "cleanup-keeps-writing": [
+        HOME_FD
+        + """
 if os.fork() == 0:  # a daemon that keeps making folders and files while the worker wipes
     os.setsid()
     for i in range(100_000):
@@ -163,7 +199,9 @@ if os.fork() == 0:  # a daemon that keeps making folders and files while the wor
             time.sleep(0.01)
     os._exit(0)
 time.sleep(0.5)
-''', "import os\nos._exit(0)  # and the process ends in its last cell"],
+""",
+        "import os\nos._exit(0)  # and the process ends in its last cell",
+    ],
 }
 UNANSWERED_DEEP_TREE = "cleanup-unanswered-deep-tree"  # the issue's: the released notebook, unanswered
 
@@ -180,7 +218,7 @@ def assert_cleanup_attacks_are_graded(rows):
 
 
 # Student code that writes a frame of its own on every socket it holds (the data socket among them).
-SEND_FRAME = '''
+SEND_FRAME = """
 import os, socket, stat, struct
 def send_frame(payload):
     for fd in range(3, 256):
@@ -189,40 +227,51 @@ def send_frame(payload):
                 socket.socket(fileno=os.dup(fd)).sendall(struct.pack(">I", len(payload)) + payload)
         except OSError:
             pass
-'''
+"""
 # attacks inside the graded function (replacing the wrong softmax)
 FUNCTION_ATTACKS = {
     # 30 MB of nested empty lists as a reply frame: about 700 MB once parsed
-    "grader-memory-nested-lists": SEND_FRAME + '''
+    "grader-memory-nested-lists": SEND_FRAME
+    + """
 def softmax(x, axis=-1):
     send_frame(b'{"ok":[' + b"[]," * 10_000_000 + b'[]]}')
     e = np.exp(x)
     return e / e.sum(axis=axis, keepdims=True)
-''',
-    "exception-named-timeout": '''
+""",
+    "exception-named-timeout": """
 class Timeout(Exception):
     pass
 def softmax(x, axis=-1):
     raise Timeout("the grader ran out of time")
-''',
+""",
 }
 # forged cell frames: one such student once stopped the whole run (graded in a run of its own
 # when unprotected, since there it ends the run)
-FORGED_FRAMES = [SEND_FRAME + '''
+FORGED_FRAMES = [
+    SEND_FRAME
+    + """
 import json
 for frame in ({"cell": -1000, "state": "start"}, {"cell": "0", "state": "done"}, {"cell": 0, "state": "done", "error": "x"}):
     send_frame(json.dumps(frame).encode())
-''']
+"""
+]
 HONEST = ("honest-0", "honest-1")
 # Attacks on the grading pipeline (engineer P's defences in grade.py, notebook.py, results.py),
 # graded in the same protected run: symlinks, malformed notebook fields, a notebook of nested
 # lists, CSV formulas and control characters in names and messages.
-PIPELINE_NAMES = {"p-symlink-to-source", "p-symlink-to-honest", "p-bad-fields", "p-nested-lists-notebook",
-                  "p-csv-formula", "=p-formula-name", "p-ansi-\x1b[2J-name"}
-CSV_FORMULA = '''
+PIPELINE_NAMES = {
+    "p-symlink-to-source",
+    "p-symlink-to-honest",
+    "p-bad-fields",
+    "p-nested-lists-notebook",
+    "p-csv-formula",
+    "=p-formula-name",
+    "p-ansi-\x1b[2J-name",
+}
+CSV_FORMULA = """
 def softmax(x, axis=-1):
     raise ValueError('=HYPERLINK("http://example.invalid/","click")')
-'''
+"""
 
 
 def memory_cgroup():
@@ -258,8 +307,10 @@ def make_class(root, attacks, function_attacks=(), forged=False, pipeline=False,
         put("forged-frames", with_cells(wrong, FORGED_FRAMES))
     if pipeline:
         notebook = lambda student: subs / student / LESSON / f"{LESSON}.ipynb"  # noqa: E731
-        for student, target in (("p-symlink-to-source", REPO / "lessons" / LESSON / f"{LESSON}.ipynb"),
-                                ("p-symlink-to-honest", notebook(HONEST[0]))):
+        for student, target in (
+            ("p-symlink-to-source", REPO / "lessons" / LESSON / f"{LESSON}.ipynb"),
+            ("p-symlink-to-honest", notebook(HONEST[0])),
+        ):
             notebook(student).parent.mkdir(parents=True)
             notebook(student).symlink_to(target)
         bad = fill(rel, LESSON)
@@ -268,7 +319,7 @@ def make_class(root, attacks, function_attacks=(), forged=False, pipeline=False,
         nbk.code_cells(bad)[0]["source"] = ["import numpy as np\n", 7]
         put("p-bad-fields", bad)
         notebook("p-nested-lists-notebook").parent.mkdir(parents=True)
-        notebook("p-nested-lists-notebook").write_text('{"cells": [' + "[]," * 6_000_000 + '[]]}')
+        notebook("p-nested-lists-notebook").write_text('{"cells": [' + "[]," * 6_000_000 + "[]]}")
         put("p-csv-formula", fill(rel, LESSON, {"softmax": CSV_FORMULA}))
         put("=p-formula-name", wrong)
         put("p-ansi-\x1b[2J-name", wrong)
@@ -277,9 +328,28 @@ def make_class(root, attacks, function_attacks=(), forged=False, pipeline=False,
 
 def grade(root, subs, extra=(), env=None, cwd=REPO, wrap=()):
     """The real command; returns (process, rows of grades.csv or None, the grader's peak memory in MiB)."""
-    cmd = [*wrap, sys.executable, "-m", "autograder", "grade", str(subs), "--out", str(root / "results"),
-           "--lesson", LESSON, "--jobs", "1", "--memory", "512", "--cell-timeout", "20", "--call-timeout", "20",
-           "--quiet", *extra]
+    cmd = [
+        *wrap,
+        sys.executable,
+        "-m",
+        "autograder",
+        "grade",
+        str(subs),
+        "--out",
+        str(root / "results"),
+        "--lesson",
+        LESSON,
+        "--jobs",
+        "1",
+        "--memory",
+        "512",
+        "--cell-timeout",
+        "20",
+        "--call-timeout",
+        "20",
+        "--quiet",
+        *extra,
+    ]
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out, err, peak = watch.communicate(proc, timeout=900)
     proc.stderr_text = err
@@ -353,7 +423,9 @@ def test_a_huge_reply_does_not_blow_up_the_grader(protected):
 def test_a_student_exception_named_timeout_is_the_students(protected):
     _, rows, _, _ = protected
     status, message = statuses(rows, "exception-named-timeout")["test_softmax"]
-    assert status == "failed" and "Timeout" in message and "grader" not in message.replace("the grader ran", ""), message
+    assert status == "failed" and "Timeout" in message and "grader" not in message.replace("the grader ran", ""), (
+        message
+    )
 
 
 @pytest.mark.parametrize("student", sorted(PIPELINE_NAMES))
@@ -388,15 +460,25 @@ def test_without_the_defences_every_attack_succeeds(unprotected):
             continue  # its effect is the reader's score
         assert points(rows, attack) > baseline, (attack, statuses(rows, attack))
     assert peak > GRADER_MEMORY_MIB, f"the nested lists took the grader to only {peak} MiB"
-    assert forged.returncode != 0 or forged_rows is None or any(
-        s == "error" and "grader failed" in m for s, m in statuses(forged_rows, "forged-frames").values()), \
-        "forged frames were harmless even without validation"
+    assert (
+        forged.returncode != 0
+        or forged_rows is None
+        or any(s == "error" and "grader failed" in m for s, m in statuses(forged_rows, "forged-frames").values())
+    ), "forged frames were harmless even without validation"
 
 
 # ---- the uid mode: where namespaces are refused ------------------------------------------------
 
-UID_ATTACKS = {name: ATTACKS[name] for name in ("takeover-ptrace", "takeover-proc-mem", "takeover-process-vm",
-                                                "leftover-1-sysv-writer", "leftover-2-sysv-reader")}
+UID_ATTACKS = {
+    name: ATTACKS[name]
+    for name in (
+        "takeover-ptrace",
+        "takeover-proc-mem",
+        "takeover-process-vm",
+        "leftover-1-sysv-writer",
+        "leftover-2-sysv-reader",
+    )
+}
 UID_ATTACKS["read-source-and-solutions"] = TRICKS["read_source_and_solutions"]
 UID_ATTACKS["tamper-results"] = TRICKS["tamper_gradebook_and_results"]
 # Docker's default seccomp profile refuses unshare(2): so does this one, put on the grader (and
@@ -430,10 +512,23 @@ def _course_as_in_a_container():
     script = "set -e; " + "".join(f"mount -t tmpfs -o mode=700 tmpfs {d}; " for d in hidden)
     if closed:
         top, inner = closed[0], closed[0] / stdlib.relative_to(closed[0]).parts[0]
-        script += (f"keep=$(mktemp -d); mount --bind {inner} $keep; mount -t tmpfs -o mode=755 tmpfs {top}; "
-                   f"mkdir {inner}; mount --move $keep {inner}; ")
-    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script + 'exec "$@"', "sh",
-            sys.executable, "-c", NO_NAMESPACES]
+        script += (
+            f"keep=$(mktemp -d); mount --bind {inner} $keep; mount -t tmpfs -o mode=755 tmpfs {top}; "
+            f"mkdir {inner}; mount --move $keep {inner}; "
+        )
+    return [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        script + 'exec "$@"',
+        "sh",
+        sys.executable,
+        "-c",
+        NO_NAMESPACES,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -448,8 +543,14 @@ def uid_mode(tmp_path_factory):
     for name in ("autograder", "solutions", "lessons"):  # the course as the grader reads it, private
         shutil.copytree(REPO / name, course / name, ignore=shutil.ignore_patterns("__pycache__"))
     subs = make_class(root, UID_ATTACKS, repo=course, cleanup=True)
-    return grade(root, subs, extra=["--sandbox", "uid"], cwd=course, wrap=wrap,
-                 env={k: v for k, v in os.environ.items() if k != UNPROTECTED_ENV})
+    return grade(
+        root,
+        subs,
+        extra=["--sandbox", "uid"],
+        cwd=course,
+        wrap=wrap,
+        env={k: v for k, v in os.environ.items() if k != UNPROTECTED_ENV},
+    )
 
 
 def test_uid_mode_grades_honest_students(uid_mode):
@@ -468,14 +569,22 @@ def test_uid_mode_grades_what_a_submission_leaves_as_its_own(uid_mode):
 
 # ---- the unshare mode, asked for: it hides no file, and says so ----------------------------------
 
+
 @pytest.fixture(scope="module")
 def unshare_mode(tmp_path_factory):
     if not shutil.which("unshare"):
         pytest.skip("no unshare here")
     root = tmp_path_factory.mktemp("unshare")
     subs = make_class(root, {}, cleanup=True)
-    return (*grade(root, subs, extra=["--sandbox", "unshare"],
-                   env={k: v for k, v in os.environ.items() if k != UNPROTECTED_ENV}), root / "results")
+    return (
+        *grade(
+            root,
+            subs,
+            extra=["--sandbox", "unshare"],
+            env={k: v for k, v in os.environ.items() if k != UNPROTECTED_ENV},
+        ),
+        root / "results",
+    )
 
 
 def test_unshare_mode_grades_what_a_submission_leaves_as_its_own(unshare_mode):
@@ -508,8 +617,10 @@ def auto_without_bwrap(tmp_path_factory):
     fake.mkdir()
     (fake / "bwrap").write_text("#!/bin/sh\necho 'bwrap: setting up uid map: Permission denied' >&2\nexit 1\n")
     (fake / "bwrap").chmod(0o755)
-    attacks = {"read-source-and-solutions": TRICKS["read_source_and_solutions"],
-               "tamper-results": TRICKS["tamper_gradebook_and_results"]}
+    attacks = {
+        "read-source-and-solutions": TRICKS["read_source_and_solutions"],
+        "tamper-results": TRICKS["tamper_gradebook_and_results"],
+    }
     subs = make_class(root, attacks)
     rel = nbk.read(root / "release" / LESSON / f"{LESSON}.ipynb")
     nbk.write(fill(rel, LESSON, {"softmax": IMPORT_SOLUTIONS}), subs / "import-solutions" / LESSON / f"{LESSON}.ipynb")

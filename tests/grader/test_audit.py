@@ -1,12 +1,13 @@
 """python -m autograder audit: the known mistakes and variants against a lesson's visible and hidden tests."""
+
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 from autograder import audit
-from autograder.checking import mistakes
 from autograder import notebook as nbk
+from autograder.checking import mistakes
 
 REPO = Path(__file__).resolve().parents[2]
 LESSON = "01_attention"
@@ -17,8 +18,13 @@ N_ALL = sum(len(ms) for ms in mistakes.mutants(LESSON).values())
 
 
 def _audit(*args):
-    return subprocess.run([sys.executable, "-m", "autograder", "audit", LESSON, *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "autograder", "audit", LESSON, *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def _row(out, name):
@@ -31,8 +37,16 @@ def _row(out, name):
 def test_audit_of_the_lesson_catches_every_mistake():
     run = _audit()
     assert run.returncode == 0, run.stdout + run.stderr
-    assert _row(run.stdout, "softmax") == {"function": "softmax", "mistakes": str(N_SOFTMAX), "caught": str(N_SOFTMAX),
-                                           "hidden-only": "0", "unnamed": "0", "not caught": "0", "misblames": "0", "variants losing": "0/2"}
+    assert _row(run.stdout, "softmax") == {
+        "function": "softmax",
+        "mistakes": str(N_SOFTMAX),
+        "caught": str(N_SOFTMAX),
+        "hidden-only": "0",
+        "unnamed": "0",
+        "not caught": "0",
+        "misblames": "0",
+        "variants losing": "0/2",
+    }
     assert run.stdout.rstrip().endswith("nothing to fix (exit 0)")
 
 
@@ -72,8 +86,13 @@ def test_a_visible_test_that_fails_without_naming_the_mistake_does_not_catch_it(
     judged, problems = audit.judge(LESSON, _results(LESSON, **{"no max shift": "AssertionError: wrong values"}))
     assert ("UNNAMED", "no max shift") == judged["softmax"][0][:2]
     assert len(problems) == 1 and "'no max shift' UNNAMED" in problems[0] and "wrong values'" in problems[0]
-    assert _row("\n".join(audit.table(LESSON, _results(LESSON, **{"no max shift": "AssertionError: wrong values"}))),
-                "softmax")["unnamed"] == "1"
+    assert (
+        _row(
+            "\n".join(audit.table(LESSON, _results(LESSON, **{"no max shift": "AssertionError: wrong values"}))),
+            "softmax",
+        )["unnamed"]
+        == "1"
+    )
 
 
 def test_only_a_declared_escape_is_left_to_the_hidden_check(monkeypatch):
@@ -105,8 +124,9 @@ def test_audit_refuses_a_missing_notebook(tmp_path):
 
 def test_audit_refuses_another_lessons_notebook():
     run = _audit("--notebook", str(nbk.lesson_path("02_heads")))
-    assert run.returncode == 2 and "no answer cell for softmax" in run.stderr and "Traceback" not in run.stderr, run.stderr
-
+    assert run.returncode == 2 and "no answer cell for softmax" in run.stderr and "Traceback" not in run.stderr, (
+        run.stderr
+    )
 
 
 # The audit command's fast run (autograder.audit.run_lesson(fast=True)) must give what the exact run gives,
@@ -124,11 +144,16 @@ def test_the_fast_run_sees_a_mistake_that_changes_a_module(monkeypatch):
     from autograder import audit
     from autograder.checking import mistakes
 
-    solution = "def causal_mask(n_queries, n_keys=None):\n    n_keys = n_queries if n_keys is None else n_keys\n" \
-               "    return np.tril(np.ones((n_queries, n_keys), dtype=bool), k=n_keys - n_queries)\n"
-    planted = {"causal_mask": [mistakes.Mistake("right, but np.swapaxes replaced", "mask",
-                                                solution + "np.swapaxes = lambda a, i, j: a\n"),
-                               mistakes.Mistake("right", "mask", solution)]}
+    solution = (
+        "def causal_mask(n_queries, n_keys=None):\n    n_keys = n_queries if n_keys is None else n_keys\n"
+        "    return np.tril(np.ones((n_queries, n_keys), dtype=bool), k=n_keys - n_queries)\n"
+    )
+    planted = {
+        "causal_mask": [
+            mistakes.Mistake("right, but np.swapaxes replaced", "mask", solution + "np.swapaxes = lambda a, i, j: a\n"),
+            mistakes.Mistake("right", "mask", solution),
+        ]
+    }
     monkeypatch.setattr(mistakes, "mutants", lambda lesson: planted)
     monkeypatch.setattr(mistakes, "variants", lambda lesson: {})
     fast, exact = audit.run_lesson(LESSON, fast=True), audit.run_lesson(LESSON)
@@ -142,13 +167,14 @@ def test_a_cells_reads_are_what_it_may_take_from_earlier_cells():
     from autograder import audit
 
     reads, binds, calls = audit._names(
-        "def f(q):\n    out = q * scale\n    return out\n"                 # q, out local; scale read when called
-        "x = f(1)\nprint(x)\n"                                           # x bound before it is read
-        "if flag:\n    y = 1\nelse:\n    y = 2\nprint(y)\n"              # y bound on both paths
-        "if flag:\n    z = 1\nprint(z)\n"                                # z maybe not: an earlier cell's z
+        "def f(q):\n    out = q * scale\n    return out\n"  # q, out local; scale read when called
+        "x = f(1)\nprint(x)\n"  # x bound before it is read
+        "if flag:\n    y = 1\nelse:\n    y = 2\nprint(y)\n"  # y bound on both paths
+        "if flag:\n    z = 1\nprint(z)\n"  # z maybe not: an earlier cell's z
         "try:\n    w = g()\nexcept ValueError as e:\n    raise AssertionError(e)\nprint(w)\n"
-        "with ctx() as c:\n    v = 1\nprint(c, v)\n"                     # the context may swallow the body's error
-        "record = lambda *a: launches.append(a)\n")
+        "with ctx() as c:\n    v = 1\nprint(c, v)\n"  # the context may swallow the body's error
+        "record = lambda *a: launches.append(a)\n"
+    )
     assert reads == {"scale", "print", "flag", "z", "g", "ValueError", "AssertionError", "ctx", "v", "launches"}
     assert binds == {"f", "x", "y", "z", "w", "e", "c", "v", "record"}
     assert calls["f"] == ({"scale"}, set()) and calls["record"] == ({"launches"}, set())

@@ -1,5 +1,6 @@
 """check_submission.py, the check students run before submitting: release puts it in every lesson folder,
 it holds nothing of solutions/ or checks/, and it says what the grader would say, in the grader's words."""
+
 import copy
 import csv
 import subprocess
@@ -29,8 +30,13 @@ def script(released, lesson, notebook, *args):
     """Run the released check_submission.py on a notebook dict saved in the lesson's folder: (exit status, output)."""
     folder = released / lesson
     nbk.write(notebook, folder / "mine.ipynb")
-    done = subprocess.run([sys.executable, "check_submission.py", "mine.ipynb", *args], cwd=folder,
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "check_submission.py", "mine.ipynb", *args],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     return done.returncode, done.stdout
 
 
@@ -50,8 +56,12 @@ def test_released_folders_hold_nothing_from_solutions_or_checks(released):
     """No line of solutions/ or autograder/checking/ (beyond short ones such as imports) is in a released
     file other than the notebook (whose stubs keep the functions' signatures and docstrings) and lesson 06's
     tripwires.py (the grader's switch, released by design: the same file as autograder's)."""
-    private = {line.strip() for f in [*(ROOT / "solutions").glob("*.py"), *(ROOT / "autograder" / "checks").glob("*.py")]
-               for line in f.read_text().splitlines() if len(line.strip()) >= 40 and not line.strip().startswith("#")}
+    private = {
+        line.strip()
+        for f in [*(ROOT / "solutions").glob("*.py"), *(ROOT / "autograder" / "checks").glob("*.py")]
+        for line in f.read_text().splitlines()
+        if len(line.strip()) >= 40 and not line.strip().startswith("#")
+    }
     assert private
     for f in released.rglob("*.py"):
         if f.name == TRIPWIRES.name:
@@ -79,26 +89,42 @@ def test_an_honest_notebook_passes_and_the_released_one_does_not(released):
 
 
 def test_a_failing_visible_test_names_its_assertion(released):
-    nb = fill(notebook(released), LESSON, {"causal_mask": "def causal_mask(n_queries, n_keys=None):\n"
-                                                          "    import numpy as np\n"
-                                                          "    return np.ones((n_queries, n_keys or n_queries), bool)\n"})
+    nb = fill(
+        notebook(released),
+        LESSON,
+        {
+            "causal_mask": "def causal_mask(n_queries, n_keys=None):\n"
+            "    import numpy as np\n"
+            "    return np.ones((n_queries, n_keys or n_queries), bool)\n"
+        },
+    )
     rc, out = script(released, LESSON, nb)
     assert rc == 1 and "PROBLEM test_causal_mask: FAILED: AssertionError" in out and "ok      test_softmax" in out
 
 
 def test_a_hanging_cell_is_stopped_and_named(released):
     nb = fill(notebook(released), LESSON)
-    nb["cells"].insert(2, {"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
-                           "source": "while True:\n    pass\n"})
+    nb["cells"].insert(
+        2,
+        {
+            "cell_type": "code",
+            "metadata": {},
+            "outputs": [],
+            "execution_count": None,
+            "source": "while True:\n    pass\n",
+        },
+    )
     rc, out = script(released, LESSON, nb, "--timeout", "20")
     assert rc == 1 and "cell 3 did not finish within 20 s; the tests after it did not run" in out
 
 
 def test_a_crash_names_the_test_it_stopped_and_its_usual_cause(released):
     # a Triton kernel storing without a mask corrupts memory: glibc aborts, or a segfault, in the test that calls it
-    nb = fill(notebook(released), LESSON, {"causal_mask": "def causal_mask(n_queries, n_keys=None):\n"
-                                                          "    import os\n"
-                                                          "    os.abort()\n"})
+    nb = fill(
+        notebook(released),
+        LESSON,
+        {"causal_mask": "def causal_mask(n_queries, n_keys=None):\n    import os\n    os.abort()\n"},
+    )
     rc, out = script(released, LESSON, nb)
     assert rc == 1 and "(test_causal_mask) stopped the notebook (exit status -6" in out, out
     assert "crashed" in out and "without mask=" in out and "the tests after it did not run" in out, out
@@ -107,8 +133,11 @@ def test_a_crash_names_the_test_it_stopped_and_its_usual_cause(released):
 def problems(nb, lesson_nb, folder):
     """The problem lines check gives nb (saved in folder), for the lesson of the released notebook lesson_nb."""
     nbk.write(nb, folder / "x.ipynb")
-    return [line for bad, line in cs.check(folder / "x.ipynb", cs.lesson_facts(lesson_nb, LESSON), run=False,
-                                           folder=folder) if bad]
+    return [
+        line
+        for bad, line in cs.check(folder / "x.ipynb", cs.lesson_facts(lesson_nb, LESSON), run=False, folder=folder)
+        if bad
+    ]
 
 
 def cell(nb, grade_id):
@@ -124,11 +153,17 @@ def test_the_wrong_lesson_and_lost_metadata_in_the_graders_words(released, tmp_p
     [line] = problems(nb, notebook(released), tmp_path)
     assert line.startswith(cs.LOST_METADATA)
     assert cs.LOST_METADATA in grade.submission_cells(nb)[2]  # the grader's own note
-    assert (cs.TOO_BIG, cs.MAX_NOTEBOOK_BYTES, cs.DEMO_TAG, cs.TEXT_STUB) == (nbk.TOO_BIG, nbk.MAX_NOTEBOOK_BYTES,
-                                                                             nbk.DEMO_TAG, nbk.TEXT_STUB)
+    assert (cs.TOO_BIG, cs.MAX_NOTEBOOK_BYTES, cs.DEMO_TAG, cs.TEXT_STUB) == (
+        nbk.TOO_BIG,
+        nbk.MAX_NOTEBOOK_BYTES,
+        nbk.DEMO_TAG,
+        nbk.TEXT_STUB,
+    )
     # The check and the grader take the same cells for written questions (the check cannot import the grader).
     cells = [c for lesson in LESSONS for c in nbk.read(nbk.lesson_path(lesson))["cells"]]
-    assert [cs.is_written(c) for c in cells] == [nbk.is_written(c) for c in cells] and sum(map(nbk.is_written, cells)) == 4
+    assert [cs.is_written(c) for c in cells] == [nbk.is_written(c) for c in cells] and sum(
+        map(nbk.is_written, cells)
+    ) == 4
 
 
 def test_cells_the_grader_would_not_read(released, tmp_path):
@@ -159,11 +194,17 @@ def test_the_check_shows_the_graders_words_for_a_forbidden_path(released, tmp_pa
 
     trick = next(m.code for m in mistakes.mutants("06_gpu")["flash_attention"] if m.what.startswith("a dispatch table"))
     nbk.write(fill(notebook(released, "06_gpu"), "06_gpu", {"flash_attention": trick}), tmp_path / "mine.ipynb")
-    done = subprocess.run([sys.executable, str(released / "06_gpu" / "check_submission.py"), "mine.ipynb"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=1200)
+    done = subprocess.run(
+        [sys.executable, str(released / "06_gpu" / "check_submission.py"), "mine.ipynb"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     rule = lessons.forbids("06_gpu")["flash_attention"]
-    words = tripwires.message("flash_attention", "reached PyTorch's attention kernel "
-                              "(aten::scaled_dot_product_attention)", rule["instead"])
+    words = tripwires.message(
+        "flash_attention", "reached PyTorch's attention kernel (aten::scaled_dot_product_attention)", rule["instead"]
+    )
     assert f"test_flash_attention: FAILED: AssertionError: {words}" in done.stdout, done.stdout[-3000:]
 
 
@@ -171,8 +212,16 @@ def written(nb, grade_id="why_scale", points=2, text="YOUR ANSWER HERE"):
     """nb with a written question after its first cell: a markdown answer cell graded by hand (nbgrader's
     manually graded answer: solution and grade, its points)."""
     nb = copy.deepcopy(nb)
-    nb["cells"].insert(1, {"cell_type": "markdown", "source": text, "metadata": {"nbgrader": {
-        "grade": True, "solution": True, "grade_id": grade_id, "points": points, "locked": False}}})
+    nb["cells"].insert(
+        1,
+        {
+            "cell_type": "markdown",
+            "source": text,
+            "metadata": {
+                "nbgrader": {"grade": True, "solution": True, "grade_id": grade_id, "points": points, "locked": False}
+            },
+        },
+    )
     return nb
 
 
@@ -197,8 +246,11 @@ def test_release_keeps_a_written_question_and_tells_the_check(tmp_path):
     """A written question in a lesson's source: the student copy keeps its cell and metadata with the answer
     replaced by the stub, and the released check_submission.py knows its points."""
     from autograder.release import check_script, student_copy
-    src = written(nbk.read(nbk.lesson_path(LESSON)),
-                  text=f"Why scale?\n{nbk.BEGIN_SOLUTION}\nThe logits grow like sqrt(d_k).\n{nbk.END_SOLUTION}\n")
+
+    src = written(
+        nbk.read(nbk.lesson_path(LESSON)),
+        text=f"Why scale?\n{nbk.BEGIN_SOLUTION}\nThe logits grow like sqrt(d_k).\n{nbk.END_SOLUTION}\n",
+    )
     copy_ = student_copy(src)
     cell_ = copy_["cells"][1]
     assert nbk.TEXT_STUB in nbk.source(cell_) and "sqrt" not in nbk.source(cell_) and cs.is_written(cell_)
@@ -211,11 +263,20 @@ def test_the_check_and_the_grader_agree_on_what_demonstrations_define(released, 
     reads one only raises: the grader runs it and goes on (full marks), and the check notes it without failing. An
     answer reading a name only a test cell binds passes this check's run but not the grader: the check says so."""
     demos = cs.demo_only(notebook(released))  # x: the first demo binds it (a later test cell too); dots: a plot's
-    code = {nbk.grade_id(c): nbk.source(c) for c in nbk.code_cells(fill(notebook(released), LESSON)) if nbk.is_answer(c)}
+    code = {
+        nbk.grade_id(c): nbk.source(c) for c in nbk.code_cells(fill(notebook(released), LESSON)) if nbk.is_answer(c)
+    }
     lost = fill(notebook(released), LESSON, {"softmax": "BIG = x.max()\n" + code["softmax"]})
     scratch = fill(notebook(released), LESSON)
-    scratch["cells"].append({"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
-                             "source": "print(softmax(dots))\n"})
+    scratch["cells"].append(
+        {
+            "cell_type": "code",
+            "metadata": {},
+            "outputs": [],
+            "execution_count": None,
+            "source": "print(softmax(dots))\n",
+        }
+    )
     said = "'{}' is defined only in demonstration cell {}, which is not run when grading".format
     rc, out = script(released, LESSON, lost)
     assert rc == 1 and said("x", demos["x"]) in out and "so softmax is not defined: the grader finds no answer" in out
@@ -223,16 +284,38 @@ def test_the_check_and_the_grader_agree_on_what_demonstrations_define(released, 
     assert rc == 0 and f"note    cell {len(scratch['cells'])} raised NameError" in out, out
     assert said("dots", demos["dots"]) in out, out
     # a name only a test cell binds: this check's run defines it (it runs the test cells), the grader's does not
-    tested = fill(notebook(released), LESSON, {"scaled_dot_product_attention": code["scaled_dot_product_attention"]
-                  .replace('"""\n', '"""\n    lower.shape\n', 1)})
+    tested = fill(
+        notebook(released),
+        LESSON,
+        {
+            "scaled_dot_product_attention": code["scaled_dot_product_attention"].replace(
+                '"""\n', '"""\n    lower.shape\n', 1
+            )
+        },
+    )
     [line] = problems(tested, notebook(released), tmp_path)
     assert "uses 'lower', which only test cell" in line and "grader runs its own tests instead" in line, line
     for student, nb in (("lost", lost), ("scratch", scratch), ("tested", tested)):
         nbk.write(nb, tmp_path / "subs" / student / LESSON / f"{LESSON}.ipynb")
-    subprocess.run([sys.executable, "-m", "autograder", "grade", str(tmp_path / "subs"), "--out",
-                    str(tmp_path / "results"), "--quiet"], check=True, timeout=600)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "autograder",
+            "grade",
+            str(tmp_path / "subs"),
+            "--out",
+            str(tmp_path / "results"),
+            "--quiet",
+        ],
+        check=True,
+        timeout=600,
+    )
     rows = {(r["student"], r["test"]): r for r in csv.DictReader(open(tmp_path / "results" / "grades.csv"))}
-    assert float(rows["lost", "test_softmax"]["points"]) == 0 and said("x", demos["x"]) in rows["lost", "test_softmax"]["message"]
+    assert (
+        float(rows["lost", "test_softmax"]["points"]) == 0
+        and said("x", demos["x"]) in rows["lost", "test_softmax"]["message"]
+    )
     assert all(r["status"] == "passed" for (student, _), r in rows.items() if student == "scratch"), rows
     assert float(rows["tested", "test_scaled_dot_product_attention"]["points"]) == 0
 
@@ -250,8 +333,9 @@ def test_the_limits_are_stated_and_a_graded_case_is_timed_against_them(released,
     text = (released / lesson / "check_submission.py").read_text()
     (folder / "check_submission.py").write_text(text.replace("'call_seconds': 30,", "'call_seconds': 0,", 1))
     nbk.write(answered, folder / "mine.ipynb")
-    done = subprocess.run([sys.executable, "check_submission.py", "mine.ipynb"], cwd=folder, capture_output=True,
-                          text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "check_submission.py", "mine.ipynb"], cwd=folder, capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 1 and "too slow for the graded sizes" in done.stdout, done.stdout
 
 

@@ -1,6 +1,7 @@
 """What an exercise forbids (lessons/NN/lesson.toml [forbids], autograder/sandbox/tripwires.py): every route to a
 forbidden path costs exactly its declared aspect, with a message naming the path, and nothing a student's code does
 in its own process afterwards turns the path back on."""
+
 import json
 import subprocess
 import sys
@@ -15,9 +16,13 @@ from tests.harness.lessons import LESSONS, fresh_namespace
 
 def tricks():
     """pytest params (lesson, name, Mistake) of the mutants that cost a forbidden aspect."""
-    return [pytest.param(lesson, name, m, id=f"{lesson}-{name}-{m.what}")
-            for lesson in LESSONS for name, rule in lessons.forbids(lesson).items()
-            for m in mistakes.mutants(lesson).get(name, []) if m.aspect == rule["aspect"]]
+    return [
+        pytest.param(lesson, name, m, id=f"{lesson}-{name}-{m.what}")
+        for lesson in LESSONS
+        for name, rule in lessons.forbids(lesson).items()
+        for m in mistakes.mutants(lesson).get(name, [])
+        if m.aspect == rule["aspect"]
+    ]
 
 
 def test_every_forbidden_aspect_has_tricks_and_names_a_real_aspect():
@@ -47,12 +52,20 @@ def test_a_forbidden_path_costs_exactly_its_aspect(lesson, name, mistake):
 
 
 def test_the_messages_name_the_operator_reached():
-    ns = fresh_namespace("06_gpu", {"flash_attention": next(
-        m.code for m in mistakes.mutants("06_gpu")["flash_attention"] if m.what.startswith("a dispatch table"))})
+    ns = fresh_namespace(
+        "06_gpu",
+        {
+            "flash_attention": next(
+                m.code for m in mistakes.mutants("06_gpu")["flash_attention"] if m.what.startswith("a dispatch table")
+            )
+        },
+    )
     with pytest.raises(PartialCredit) as caught:
         verify("06_gpu", "flash_attention", ns)
-    assert str(caught.value) == ("flash_attention reached PyTorch's attention kernel (aten::scaled_dot_product_attention)"
-                                 ": write the tiled loop yourself")
+    assert str(caught.value) == (
+        "flash_attention reached PyTorch's attention kernel (aten::scaled_dot_product_attention)"
+        ": write the tiled loop yourself"
+    )
 
 
 def test_manifests_refuse_unknown_paths_and_aspects(tmp_path):
@@ -70,7 +83,7 @@ def test_manifests_refuse_unknown_paths_and_aspects(tmp_path):
 
 # What a student who controls its own process tries once the paths are off (as in the sandbox's child, before
 # any cell): every attempt must still end in the tripwire, or give no gradient.
-ATTACKS = r'''
+ATTACKS = r"""
 import ctypes, gc, json, sys
 import torch
 import torch.nn.functional as F
@@ -126,12 +139,14 @@ attempt("softmax backward", lambda: torch.ops.aten._softmax_backward_data(q, q, 
 g = torch.func.grad(lambda t: (t * t).sum())(q)
 results["torch.func.grad is zero"] = bool((g == 0).all())
 print(json.dumps(results))
-'''
+"""
 
 
 def test_a_student_process_cannot_turn_the_paths_back_on():
-    script = ("from autograder.sandbox import tripwires\n"
-              "tripwires.install(['attention kernels', 'softmax', 'autograd'])\n" + ATTACKS)
+    script = (
+        "from autograder.sandbox import tripwires\n"
+        "tripwires.install(['attention kernels', 'softmax', 'autograd'])\n" + ATTACKS
+    )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     results = json.loads(out.stdout.strip().splitlines()[-1])
@@ -210,7 +225,7 @@ def test_paths_names_are_those_the_manifests_use():
 
 # Run by the real grader, in its sandbox: the paths are off before the cells run, so a kernel a cell looked up
 # first is the tripwire too (in-process, a hidden test in the notebook switches them off after the cells).
-LOOKED_UP_FIRST = '''
+LOOKED_UP_FIRST = """
 _kernel = torch._C._dispatch_get_computed_kernel_for_dispatch_key(
     "aten::_scaled_dot_product_flash_attention_for_cpu", torch._C.DispatchKey.CPU)
 
@@ -223,17 +238,25 @@ def flash_attention_forward(q, k, v, causal=False, block_q=64, block_k=64):
     out, lse = _kernel.call_boxed(torch._C._dispatch_keyset_full(), q.to(work), k.to(work), v.to(work), 0.0, False,
                                   attn_mask=mask)
     return out.to(q.dtype), lse.to(work)
-'''
+"""
 
 
 REAL_GRADER = {  # lesson: {student: {graded name: the mutant's what, or code}}; "solved" answers all
-    "09_flash_backward": {"autograd": {"attention_backward": "autograd through the naive forward"},
-                          "fused": {"flash_attention_forward": "PyTorch's fused CPU flash attention",
-                                    "flash_attention_backward": "PyTorch's fused CPU flash attention backward"},
-                          "looked-up": {"flash_attention_forward": LOOKED_UP_FIRST}},
-    "06_gpu": {"tricks": {"online_softmax": "a distribution's probabilities",
-                          "flash_attention": "a dispatch table filled in later",
-                          "triton_softmax": "a kernel that only reads its program id, the wrapper computing"}},
+    "09_flash_backward": {
+        "autograd": {"attention_backward": "autograd through the naive forward"},
+        "fused": {
+            "flash_attention_forward": "PyTorch's fused CPU flash attention",
+            "flash_attention_backward": "PyTorch's fused CPU flash attention backward",
+        },
+        "looked-up": {"flash_attention_forward": LOOKED_UP_FIRST},
+    },
+    "06_gpu": {
+        "tricks": {
+            "online_softmax": "a distribution's probabilities",
+            "flash_attention": "a dispatch table filled in later",
+            "triton_softmax": "a kernel that only reads its program id, the wrapper computing",
+        }
+    },
 }
 
 
@@ -250,8 +273,13 @@ def test_the_real_grader_costs_each_trick_its_aspect(lesson, tmp_path):
     release(tmp_path / "release", [lesson])
     rel = nbk.read(tmp_path / "release" / lesson / f"{lesson}.ipynb")
     known = {(name, m.what): m.code for name, ms in mistakes.mutants(lesson).items() for m in ms}
-    students = {"solved": {}, **{student: {name: known.get((name, what), what) for name, what in answers.items()}
-                                 for student, answers in REAL_GRADER[lesson].items()}}
+    students = {
+        "solved": {},
+        **{
+            student: {name: known.get((name, what), what) for name, what in answers.items()}
+            for student, answers in REAL_GRADER[lesson].items()
+        },
+    }
     for student, answers in students.items():
         nbk.write(fill(rel, lesson, answers), tmp_path / "subs" / student / lesson / f"{lesson}.ipynb")
     run("grade", str(tmp_path / "subs"), "--out", str(tmp_path / "results"), "--jobs", "1", "--quiet")
@@ -265,8 +293,11 @@ def test_the_real_grader_costs_each_trick_its_aspect(lesson, tmp_path):
                 continue
             aspects = checks[name].aspects
             lost = lessons.forbids(lesson)[name]["aspect"] if name in lessons.forbids(lesson) else next(iter(aspects))
-            share = 0.0 if lost == next(iter(aspects)) else \
-                float(row["max_points"]) * (1 - aspects[lost] / sum(aspects.values()))
+            share = (
+                0.0
+                if lost == next(iter(aspects))
+                else float(row["max_points"]) * (1 - aspects[lost] / sum(aspects.values()))
+            )
             assert float(row["points"]) == pytest.approx(share, abs=0.01), (student, name, row["message"])
             assert any(w in row["message"] for w in ("switched off", "reached", "launched it again")), row["message"]
 
@@ -289,9 +320,13 @@ def test_the_visible_tests_switch_off_what_the_manifest_forbids_in_its_words():
     from autograder import notebook as nbk
 
     for lesson in LESSONS:
-        calls = [n for c in nbk.code_cells(nbk.read(nbk.lesson_path(lesson))) if nbk.is_test(c)
-                 for n in ast.walk(ast.parse(nbk.source(c))) if isinstance(n, ast.Call)
-                 and ast.unparse(n.func) == "tripwires.off"]
+        calls = [
+            n
+            for c in nbk.code_cells(nbk.read(nbk.lesson_path(lesson)))
+            if nbk.is_test(c)
+            for n in ast.walk(ast.parse(nbk.source(c)))
+            if isinstance(n, ast.Call) and ast.unparse(n.func) == "tripwires.off"
+        ]
         said = {ast.literal_eval(c.args[0]): (ast.literal_eval(c.args[1]), ast.literal_eval(c.args[2])) for c in calls}
         forbids = lessons.forbids(lesson)
         assert set(said) <= set(forbids), lesson

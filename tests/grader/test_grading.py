@@ -1,6 +1,7 @@
 """The real grader, `python -m autograder grade`, on lesson 01's class: parallel against serial, shards and merge,
 resume, bad input, Gradescope's results; each lesson's whole class (round trip, every mutant, correct variants) is
 graded in its own file (tests/harness/grading.py)."""
+
 import json
 import shutil
 from pathlib import Path
@@ -49,25 +50,29 @@ def test_resume_skips_finished_work_and_is_idempotent(small_class):
     assert all(p.stat().st_mtime_ns == t for p, t in stamps.items() if p != victim)
 
 
-@pytest.mark.parametrize("args, words", [
-    (["grade", "{subs}", "--out", "{out}", "--lesson", "99_nope"], "invalid choice"),
-    (["grade", "{empty}", "--out", "{out}"], "no student folders"),
-    (["grade", "{missing}", "--out", "{out}"], "does not exist"),
-    (["grade", "{subs}", "--out", "{file}"], "not a folder"),
-    (["grade", "{subs}", "--out", "{out}", "--shard", "3/3"], "--shard"),
-    (["merge", "{empty}", "--out", "{out}"], "no grading results"),
-    (["grade", "{subs}", "--out", "{out}", "--student", "nobody"], "no such student"),
-    (["grade", "{subs}", "--out", "{out}", "--manifest", "{file}"], "cannot read the manifest"),
-    (["grade", "{subs}", "--out", "{out}", "--memory", "0"], "--memory must be a positive number"),
-    (["grade", "{subs}", "--out", "{subs}/results"], "overlap"),
-    (["manifest", "{subs}", "--out", "{empty}"], "name a file"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["grade", "{subs}", "--out", "{out}", "--lesson", "99_nope"], "invalid choice"),
+        (["grade", "{empty}", "--out", "{out}"], "no student folders"),
+        (["grade", "{missing}", "--out", "{out}"], "does not exist"),
+        (["grade", "{subs}", "--out", "{file}"], "not a folder"),
+        (["grade", "{subs}", "--out", "{out}", "--shard", "3/3"], "--shard"),
+        (["merge", "{empty}", "--out", "{out}"], "no grading results"),
+        (["grade", "{subs}", "--out", "{out}", "--student", "nobody"], "no such student"),
+        (["grade", "{subs}", "--out", "{out}", "--manifest", "{file}"], "cannot read the manifest"),
+        (["grade", "{subs}", "--out", "{out}", "--memory", "0"], "--memory must be a positive number"),
+        (["grade", "{subs}", "--out", "{subs}/results"], "overlap"),
+        (["manifest", "{subs}", "--out", "{empty}"], "name a file"),
+    ],
+)
 def test_bad_input_to_the_grader_fails_before_any_work(small_class, tmp_path, args, words):
     root, subs = small_class
     (tmp_path / "empty").mkdir()
     (tmp_path / "file").write_text("x")
-    fmt = dict(subs=subs, out=tmp_path / "out", empty=tmp_path / "empty", missing=tmp_path / "nope",
-               file=tmp_path / "file")
+    fmt = dict(
+        subs=subs, out=tmp_path / "out", empty=tmp_path / "empty", missing=tmp_path / "nope", file=tmp_path / "file"
+    )
     p = run(*[a.format(**fmt) for a in args], check=False)
     assert p.returncode == 2 and words in p.stderr.strip().splitlines()[-1], p.stderr
     assert p.stderr.startswith("usage:") or len(p.stderr.strip().splitlines()) == 1, p.stderr  # one clear line
@@ -94,10 +99,14 @@ def test_a_cell_that_does_not_run_is_named(tmp_path):
     rel = nbk.read(tmp_path / "release" / "01_attention" / "01_attention.ipynb")
     solved = fill(rel, "01_attention")
     code = {nbk.grade_id(c): nbk.source(c) for c in nbk.code_cells(solved) if nbk.is_answer(c)}
-    broken = {"syntax": {"softmax": code["softmax"].replace("):", ")", 1)},
-              "raises-first": {"causal_mask": "raise RuntimeError('oops')\n" + code["causal_mask"]}}
+    broken = {
+        "syntax": {"softmax": code["softmax"].replace("):", ")", 1)},
+        "raises-first": {"causal_mask": "raise RuntimeError('oops')\n" + code["causal_mask"]},
+    }
     for student, replace in broken.items():
-        nbk.write(fill(rel, "01_attention", replace), tmp_path / "subs" / student / "01_attention" / "01_attention.ipynb")
+        nbk.write(
+            fill(rel, "01_attention", replace), tmp_path / "subs" / student / "01_attention" / "01_attention.ipynb"
+        )
     run("grade", str(tmp_path / "subs"), "--out", str(tmp_path / "results"), "--quiet")
     grades = read_grades(tmp_path / "results")
     syntax = grades["syntax", "01_attention", "test_softmax"]["message"]
@@ -121,7 +130,9 @@ def test_a_class_grades_as_it_did_before_the_per_lesson_layout(tmp_path):
     want = sorted(p.relative_to(CLASS) for p in (CLASS / "RESULTS").rglob("*") if p.is_file())
     assert [Path("RESULTS/grades.csv"), Path("RESULTS/totals.csv")] == [p for p in want if p.parent.name == "RESULTS"]
     assert sorted(p.relative_to(tmp_path) for p in (tmp_path / "RESULTS" / "feedback").rglob("*") if p.is_file()) == [
-        p for p in want if "feedback" in p.parts]
+        p for p in want if "feedback" in p.parts
+    ]
     for rel in want:
-        assert (tmp_path / rel).read_text(encoding="utf-8") == (CLASS / rel).read_text(encoding="utf-8"), \
+        assert (tmp_path / rel).read_text(encoding="utf-8") == (CLASS / rel).read_text(encoding="utf-8"), (
             f"{rel} differs from what main wrote at 526e3a5"
+        )

@@ -3,6 +3,7 @@ the sandbox imports nothing of the grader's (autograder/sandbox/__init__.py stat
 core imports no adapter (autograder/adapters/__init__.py), except `python -m autograder`'s lazy dispatch,
 the checking machinery every lesson shares imports no lesson's package, and no module takes another's internals (a `_name`).
 Imports inside functions count: a lazy import still makes a circle."""
+
 import ast
 import sys
 import textwrap
@@ -35,10 +36,19 @@ def parse(root):
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:
-                    up = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
                     base = ".".join(up + ([base] if base else []))
-                nodes.append((node, [(f"{base}.{a.name}", a.asname or a.name, None) if f"{base}.{a.name}" in files
-                                     else (base, a.asname or a.name, a.name) for a in node.names]))
+                nodes.append(
+                    (
+                        node,
+                        [
+                            (f"{base}.{a.name}", a.asname or a.name, None)
+                            if f"{base}.{a.name}" in files
+                            else (base, a.asname or a.name, a.name)
+                            for a in node.names
+                        ],
+                    )
+                )
         found[name] = tree, nodes
     return found
 
@@ -47,8 +57,13 @@ def imports(root):
     """{module: [(imported module, line, inside a function)]} for every module under the package `root`."""
     found = {}
     for name, (tree, nodes) in parse(root).items():
-        lazy = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
-                for n in ast.walk(f) if n is not f}
+        lazy = {
+            id(n)
+            for f in ast.walk(tree)
+            if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+            for n in ast.walk(f)
+            if n is not f
+        }
         found[name] = [(t, node.lineno, id(node) in lazy) for node, targets in nodes for t, _, _ in targets if t]
     return found
 
@@ -96,22 +111,36 @@ def is_under(name, package):
 
 def sandbox_breaches(graph):
     """Imports from the sandbox of solutions/ or of any autograder module outside the sandbox."""
-    return [f"{m}:{line} imports {t}" for m, edges in graph.items() if is_under(m, SANDBOX)
-            for t, line, _ in edges
-            if is_under(t, "solutions") or (is_under(t, "autograder") and not is_under(t, SANDBOX))]
+    return [
+        f"{m}:{line} imports {t}"
+        for m, edges in graph.items()
+        if is_under(m, SANDBOX)
+        for t, line, _ in edges
+        if is_under(t, "solutions") or (is_under(t, "autograder") and not is_under(t, SANDBOX))
+    ]
 
 
 def core_imports_of_adapters(graph):
     """Imports of an adapter from a core module; the CLI's dispatch may import one inside a function."""
-    return [f"{m}:{line} imports {t}" for m, edges in graph.items() if not is_under(m, ADAPTERS)
-            for t, line, lazy in edges if is_under(t, ADAPTERS) and not (m == CLI and lazy)]
+    return [
+        f"{m}:{line} imports {t}"
+        for m, edges in graph.items()
+        if not is_under(m, ADAPTERS)
+        for t, line, lazy in edges
+        if is_under(t, ADAPTERS) and not (m == CLI and lazy)
+    ]
 
 
 def checking_imports_of_lessons(graph):
     """Imports of a lesson's package (autograder.lessons.<module>) from the machinery every lesson shares
     (autograder.checking): a lesson builds on it, never the reverse (the registry finds a lesson's checks by name)."""
-    return [f"{m}:{line} imports {t}" for m, edges in graph.items() if is_under(m, CHECKING)
-            for t, line, _ in edges if is_under(t, LESSONS) and t != LESSONS]
+    return [
+        f"{m}:{line} imports {t}"
+        for m, edges in graph.items()
+        if is_under(m, CHECKING)
+        for t, line, _ in edges
+        if is_under(t, LESSONS) and t != LESSONS
+    ]
 
 
 def private(name):
@@ -132,9 +161,14 @@ def private_uses(root):
                     modules.add(bound)
                 elif private(taken):
                     found.append(f"{name}:{node.lineno} imports {target}.{taken}")
-        found += [f"{name}:{n.lineno} uses {n.value.id}.{n.attr}" for n in ast.walk(tree)
-                  if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id in modules
-                  and private(n.attr)]
+        found += [
+            f"{name}:{n.lineno} uses {n.value.id}.{n.attr}"
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Attribute)
+            and isinstance(n.value, ast.Name)
+            and n.value.id in modules
+            and private(n.attr)
+        ]
     return found
 
 
@@ -173,32 +207,55 @@ def planted(tmp_path, files):
 
 
 def test_the_checks_see_planted_breaches(tmp_path):
-    graph = planted(tmp_path, {
-        "__init__.py": "", "__main__.py": "def main():\n    from autograder.adapters import lms\n",
-        "report.py": "from autograder import results\ndef write():\n    from autograder.adapters.lms import up\n",
-        "results.py": "import json\n",
-        "adapters/__init__.py": "", "adapters/lms.py": "from autograder.report import write\n",
-        "sandbox/__init__.py": "", "sandbox/helpers.py": "def ask():\n    from .server import call\n",
-        "sandbox/server.py": "from . import helpers, wire\nimport solutions.attention\n",
-        "sandbox/wire.py": "from autograder.checking import LESSONS\n",
-        "lessons/__init__.py": "", "lessons/toy/__init__.py": "", "lessons/toy/checks.py": "from autograder import checking\n",
-        "checking/__init__.py": "from autograder import lessons\n",
-        "checking/registry.py": "def find():\n    from autograder.lessons.toy import checks\n",
-    })
-    assert circles(graph) == [["autograder.adapters.lms", "autograder.report"],
-                              ["autograder.sandbox.helpers", "autograder.sandbox.server"]]
-    assert sandbox_breaches(graph) == ["autograder.sandbox.server:2 imports solutions.attention",
-                                       "autograder.sandbox.wire:1 imports autograder.checking"]
+    graph = planted(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "__main__.py": "def main():\n    from autograder.adapters import lms\n",
+            "report.py": "from autograder import results\ndef write():\n    from autograder.adapters.lms import up\n",
+            "results.py": "import json\n",
+            "adapters/__init__.py": "",
+            "adapters/lms.py": "from autograder.report import write\n",
+            "sandbox/__init__.py": "",
+            "sandbox/helpers.py": "def ask():\n    from .server import call\n",
+            "sandbox/server.py": "from . import helpers, wire\nimport solutions.attention\n",
+            "sandbox/wire.py": "from autograder.checking import LESSONS\n",
+            "lessons/__init__.py": "",
+            "lessons/toy/__init__.py": "",
+            "lessons/toy/checks.py": "from autograder import checking\n",
+            "checking/__init__.py": "from autograder import lessons\n",
+            "checking/registry.py": "def find():\n    from autograder.lessons.toy import checks\n",
+        },
+    )
+    assert circles(graph) == [
+        ["autograder.adapters.lms", "autograder.report"],
+        ["autograder.sandbox.helpers", "autograder.sandbox.server"],
+    ]
+    assert sandbox_breaches(graph) == [
+        "autograder.sandbox.server:2 imports solutions.attention",
+        "autograder.sandbox.wire:1 imports autograder.checking",
+    ]
     assert core_imports_of_adapters(graph) == ["autograder.report:3 imports autograder.adapters.lms"]
-    assert checking_imports_of_lessons(graph) == ["autograder.checking.registry:2 imports autograder.lessons.toy.checks"]
-    internals = planted(tmp_path / "internals", {
-        "__init__.py": "", "results.py": "def _check(): pass\n",
-        "export.py": "from autograder.results import _check\nfrom autograder import results as store\nstore._check()\n"})
+    assert checking_imports_of_lessons(graph) == [
+        "autograder.checking.registry:2 imports autograder.lessons.toy.checks"
+    ]
+    internals = planted(
+        tmp_path / "internals",
+        {
+            "__init__.py": "",
+            "results.py": "def _check(): pass\n",
+            "export.py": "from autograder.results import _check\nfrom autograder import results as store\nstore._check()\n",
+        },
+    )
     assert private_uses(tmp_path / "internals" / "autograder") == [
-        "autograder.export:1 imports autograder.results._check", "autograder.export:3 uses store._check"]
+        "autograder.export:1 imports autograder.results._check",
+        "autograder.export:3 uses store._check",
+    ]
     assert internals["autograder.export"]  # the planted tree was read
     # and a tree without them passes
-    clean = planted(tmp_path / "clean", {"__init__.py": "", "a.py": "from autograder import b\n", "b.py": "import os\n"})
+    clean = planted(
+        tmp_path / "clean", {"__init__.py": "", "a.py": "from autograder import b\n", "b.py": "import os\n"}
+    )
     assert circles(clean) == [] and sandbox_breaches(clean) == [] and core_imports_of_adapters(clean) == []
     assert checking_imports_of_lessons(clean) == []
     assert private_uses(tmp_path / "clean" / "autograder") == []

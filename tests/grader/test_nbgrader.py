@@ -1,6 +1,7 @@
 """Plain nbgrader with the repository's nbgrader_config.py: generate_assignment, autograde,
 generate_feedback and export work, feedback hides the hidden tests, and nbgrader's release
 equals the course's."""
+
 import csv
 import os
 import subprocess
@@ -24,19 +25,29 @@ def course(tmp_path_factory):
     root = tmp_path_factory.mktemp("nbgrader")
     (root / "nbgrader_config.py").write_text(
         f"exec(open({str(REPO / 'nbgrader_config.py')!r}).read())\n"
-        f"c.CourseDirectory.source_directory = {str(REPO / 'lessons')!r}\n")
+        f"c.CourseDirectory.source_directory = {str(REPO / 'lessons')!r}\n"
+    )
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
 
     def nbgrader(*args):
-        p = subprocess.run([str(Path(sys.executable).parent / "nbgrader"), *args], cwd=root, env=env,
-                           capture_output=True, text=True, timeout=600)
+        p = subprocess.run(
+            [str(Path(sys.executable).parent / "nbgrader"), *args],
+            cwd=root,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
 
     nbgrader("generate_assignment", LESSON, "--force")
     released = nbk.read(root / "release" / LESSON / f"{LESSON}.ipynb")
     wrong_softmax = "def softmax(x, axis=-1):\n    e = np.exp(x)\n    return e / e.sum(axis=axis, keepdims=True)\n"
-    for student, nb in (("solved", fill(released, LESSON)), ("wrong", fill(released, LESSON, {"softmax": wrong_softmax})),
-                        ("blank", released)):
+    for student, nb in (
+        ("solved", fill(released, LESSON)),
+        ("wrong", fill(released, LESSON, {"softmax": wrong_softmax})),
+        ("blank", released),
+    ):
         nbk.write(nb, root / "submitted" / student / LESSON / f"{LESSON}.ipynb")
     nbgrader("autograde", LESSON, "--force")
     nbgrader("generate_feedback", LESSON, "--force")
@@ -62,7 +73,10 @@ def test_feedback_hides_the_hidden_tests(course):
     for student in ("solved", "wrong", "blank"):
         page = (root / "feedback" / student / LESSON / f"{LESSON}.html").read_text()
         assert "HIDDEN TESTS" not in page and "verify(" not in page and "autograder" not in page
-    assert "AssertionError: softmax returned inf/nan for large inputs" in (root / "feedback" / "wrong" / LESSON / f"{LESSON}.html").read_text()
+    assert (
+        "AssertionError: softmax returned inf/nan for large inputs"
+        in (root / "feedback" / "wrong" / LESSON / f"{LESSON}.html").read_text()
+    )
 
 
 def test_nbgrader_releases_a_written_question_without_its_rubric(course):
@@ -72,8 +86,14 @@ def test_nbgrader_releases_a_written_question_without_its_rubric(course):
     root, _ = course
     lesson = "04_gqa"
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    p = subprocess.run([str(Path(sys.executable).parent / "nbgrader"), "generate_assignment", lesson, "--force"],
-                       cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [str(Path(sys.executable).parent / "nbgrader"), "generate_assignment", lesson, "--force"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     path = root / "release" / lesson / f"{lesson}.ipynb"
     released, ours = nbk.read(path), student_copy(nbk.read(nbk.lesson_path(lesson)))

@@ -1,6 +1,7 @@
 """What grade and gradescope-bundle refuse before any work: a reference (solutions/, the stand-ins the
 checks send into the sandbox) that disagrees with PyTorch (autograder/selfcheck.py), and a
 --gradebook that could not be written once the results are."""
+
 import importlib
 import json
 import linecache
@@ -52,8 +53,11 @@ def test_every_graded_name_and_every_stand_in_is_probed():
         probed = {target for target, _ in selfcheck.PROBES[lesson]}
         assert {f"solutions.{module}.{name}" for name in graded_names(lesson)} <= probed, lesson
     every = {target for probes in selfcheck.PROBES.values() for target, _ in probes}
-    helpers = {name for name, value in vars(stand_ins).items()
-               if callable(value) and getattr(value, "__module__", "") == stand_ins.__name__}
+    helpers = {
+        name
+        for name, value in vars(stand_ins).items()
+        if callable(value) and getattr(value, "__module__", "") == stand_ins.__name__
+    }
     assert {f"{selfcheck.STAND_INS}.{name}" for name in helpers} <= every
 
 
@@ -105,8 +109,13 @@ def test_wrong_references_are_refused_and_correct_variants_pass(lesson):
     Those that pass are wrong only in how they compute (memory, tiling, Triton): evidence that
     the grader gathers from students, which a reference's values cannot show. In a process of
     its own: a mutant may leave torch or Triton changed for the next."""
-    p = subprocess.run([sys.executable, "-m", "tests.grader.test_preflight", lesson], capture_output=True, text=True,
-                       cwd=REPO, timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-m", "tests.grader.test_preflight", lesson],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     got = json.loads(p.stdout.strip().splitlines()[-1])
     assert got["variants_refused"] == []
@@ -144,10 +153,13 @@ def test_a_cloned_course_with_an_edited_reference_is_refused(submissions, tmp_pa
     assert "np.sum(e, axis=axis, keepdims=True)" in text
     source.write_text(text.replace("np.sum(e, axis=axis, keepdims=True)", "np.sum(e, axis=-1, keepdims=True)"))
     env = dict(os.environ, PYTHONPATH=str(clone))
-    for args in (["grade", str(submissions), "--out", str(tmp_path / "results")],
-                 ["gradescope-bundle", "--lesson", LESSON, "--out", str(tmp_path / "a.zip")]):
-        p = subprocess.run([sys.executable, "-m", "autograder", *args], capture_output=True, text=True, cwd=clone,
-                           env=env, timeout=300)
+    for args in (
+        ["grade", str(submissions), "--out", str(tmp_path / "results")],
+        ["gradescope-bundle", "--lesson", LESSON, "--out", str(tmp_path / "a.zip")],
+    ):
+        p = subprocess.run(
+            [sys.executable, "-m", "autograder", *args], capture_output=True, text=True, cwd=clone, env=env, timeout=300
+        )
         assert p.returncode == 2, p.stderr[-2000:]
         err = p.stderr.strip().splitlines()
         # Known, not yet fixed: grade's warm sandbox forks in a thread, and a fork racing interpreter work can make

@@ -1,6 +1,7 @@
 """The results store (autograder/results.py) and the grader's hostile-input guards, without a sandbox:
 stored results that are damaged, CSV injection, control characters, refused files, malformed
 notebooks, partial credit rows, merge's shard-set checks."""
+
 import copy
 import json
 import os
@@ -21,19 +22,35 @@ TESTS = [("test_softmax", 2.0), ("test_causal_mask", 1.0)]
 
 
 def result(student="alice", lesson="01_attention", **extra):
-    return dict(dict(student=student, lesson=lesson, notebook=None, sha256=None, fingerprint="f", grader="g",
-                     submitted_at=None, notes=[], cells={}, tests=[
-                         dict(test=t, points=p, max_points=p, status="passed", message="") for t, p in TESTS]), **extra)
+    return dict(
+        dict(
+            student=student,
+            lesson=lesson,
+            notebook=None,
+            sha256=None,
+            fingerprint="f",
+            grader="g",
+            submitted_at=None,
+            notes=[],
+            cells={},
+            tests=[dict(test=t, points=p, max_points=p, status="passed", message="") for t, p in TESTS],
+        ),
+        **extra,
+    )
 
 
 def test_a_result_round_trips_and_damaged_ones_are_reported_not_raised(tmp_path):
     saved = store.save_result(tmp_path, result())
     assert store.load_result(tmp_path, "alice", "01_attention") == (saved, None)
     damaged = {
-        "not-json": "{", "a-list": "[]", "bad-status": json.dumps(result("bad-status") | {"tests": [
-            dict(test="t", points=0, max_points=1, status="hacked", message="")]}),
-        "too-many-points": json.dumps(result("too-many-points") | {"tests": [
-            dict(test="t", points=5, max_points=1, status="passed", message="")]}),
+        "not-json": "{",
+        "a-list": "[]",
+        "bad-status": json.dumps(
+            result("bad-status") | {"tests": [dict(test="t", points=0, max_points=1, status="hacked", message="")]}
+        ),
+        "too-many-points": json.dumps(
+            result("too-many-points") | {"tests": [dict(test="t", points=5, max_points=1, status="passed", message="")]}
+        ),
         "string-error": json.dumps(result("string-error") | {"cells": {"errors": "boom", "skipped": {}}}),
         "other-student": json.dumps(result("mallory")),
         "huge": " " * (store.MAX_STORED_BYTES + 1),
@@ -53,9 +70,18 @@ def test_a_result_round_trips_and_damaged_ones_are_reported_not_raised(tmp_path)
 
 
 def test_stored_text_is_cleaned_and_capped():
-    r = store.Result.from_json(result(notes=["\x1b[31mred\x1b[0m \u202eevil\x07"], cells={
-        "skipped": {}, "errors": {"cell 3 (x = 1)": "a forged string error " * 3_000_000,
-                                  "cell 4": {"type": "\x1b]0;title\x07Err", "message": ["not", "text"]}}})).to_json()
+    r = store.Result.from_json(
+        result(
+            notes=["\x1b[31mred\x1b[0m \u202eevil\x07"],
+            cells={
+                "skipped": {},
+                "errors": {
+                    "cell 3 (x = 1)": "a forged string error " * 3_000_000,
+                    "cell 4": {"type": "\x1b]0;title\x07Err", "message": ["not", "text"]},
+                },
+            },
+        )
+    ).to_json()
     assert r["notes"] == ["red evil"]
     forged = r["cells"]["errors"]["cell 3 (x = 1)"]
     assert forged["type"] == "error" and len(forged["message"]) <= store.NOTE_CAP
@@ -64,37 +90,82 @@ def test_stored_text_is_cleaned_and_capped():
     assert store.clean("a\tb\r\nc\x00", newlines=False) == "a b c"
 
 
-@pytest.mark.parametrize("value, written", [
-    ("=HYPERLINK(\"http://evil\")", "'=HYPERLINK(\"http://evil\")"), ("+1", "'+1"), ("-2", "'-2"),
-    ("@SUM(A1)", "'@SUM(A1)"),
-    ("\t=1", "' =1"), ("\r=1", "' =1"), ("'quoted", "''quoted"), (" =1", "' =1"), ("\x01=cmd", "'=cmd"),
-    ("plain", "plain"), ("a=b", "a=b"), (2.5, "2.5"), (3.0, "3"),
-])
+@pytest.mark.parametrize(
+    "value, written",
+    [
+        ('=HYPERLINK("http://evil")', '\'=HYPERLINK("http://evil")'),
+        ("+1", "'+1"),
+        ("-2", "'-2"),
+        ("@SUM(A1)", "'@SUM(A1)"),
+        ("\t=1", "' =1"),
+        ("\r=1", "' =1"),
+        ("'quoted", "''quoted"),
+        (" =1", "' =1"),
+        ("\x01=cmd", "'=cmd"),
+        ("plain", "plain"),
+        ("a=b", "a=b"),
+        (2.5, "2.5"),
+        (3.0, "3"),
+    ],
+)
 def test_csv_cells_cannot_be_formulas(value, written):
     assert store.csv_cell(value) == written
 
 
 def test_student_ids_stay_identical_through_grades_csv(tmp_path):
     names = ["=cmd|' /C calc'!A0", "-rf", "+x", "@me", "'quoted", "o'brien", "plain"]
-    store.write_grades(tmp_path / "grades.csv", [store.Result.from_json(result(s) | {"tests": [dict(
-        test="test_softmax", points=1, max_points=2, status="failed", message="=HYPERLINK(\"x\")\nline 2")]})
-        for s in names])
+    store.write_grades(
+        tmp_path / "grades.csv",
+        [
+            store.Result.from_json(
+                result(s)
+                | {
+                    "tests": [
+                        dict(
+                            test="test_softmax",
+                            points=1,
+                            max_points=2,
+                            status="failed",
+                            message='=HYPERLINK("x")\nline 2',
+                        )
+                    ]
+                }
+            )
+            for s in names
+        ],
+    )
     text = (tmp_path / "grades.csv").read_text()
     assert "\n=" not in text and "\n-" not in text and "\n+" not in text and "\n@" not in text
     rows = store.read_grades(tmp_path / "grades.csv")
     assert [r["student"] for r in rows] == names
-    assert rows[0]["message"] == "=HYPERLINK(\"x\") | line 2"
+    assert rows[0]["message"] == '=HYPERLINK("x") | line 2'
 
 
-@pytest.mark.parametrize("name, ok", [("alice", True), ("=bob", True), ("__MACOSX", False), (".hidden", False),
-                                      ("a\x1b[31mb", False), ("a\nb", False), ("x" * 300, False)])
+@pytest.mark.parametrize(
+    "name, ok",
+    [
+        ("alice", True),
+        ("=bob", True),
+        ("__MACOSX", False),
+        (".hidden", False),
+        ("a\x1b[31mb", False),
+        ("a\nb", False),
+        ("x" * 300, False),
+    ],
+)
 def test_student_identifiers(name, ok):
     assert (store.check_student(name) is None) == ok
 
 
-@pytest.mark.parametrize("text, want", [("2026-01-31T23:59:00+01:00", "2026-01-31T22:59:00+00:00"),
-                                        ("2026-01-31 23:59:00.000000 UTC", "2026-01-31T23:59:00+00:00"),
-                                        ("2026-01-31 23:59:00", "2026-01-31T23:59:00+00:00"), ("soon", None)])
+@pytest.mark.parametrize(
+    "text, want",
+    [
+        ("2026-01-31T23:59:00+01:00", "2026-01-31T22:59:00+00:00"),
+        ("2026-01-31 23:59:00.000000 UTC", "2026-01-31T23:59:00+00:00"),
+        ("2026-01-31 23:59:00", "2026-01-31T23:59:00+00:00"),
+        ("soon", None),
+    ],
+)
 def test_submission_times(tmp_path, text, want):
     (tmp_path / store.TIMESTAMP_FILE).write_text(text + "\n")
     when, problem = store.read_timestamp(tmp_path)
@@ -113,6 +184,7 @@ def test_manifest_round_trip_and_refusals(tmp_path):
 
 # ---- files in SUBMISSIONS --------------------------------------------------------------------
 
+
 @pytest.fixture
 def notebook_bytes():
     return json.dumps(nbk.read(nbk.lesson_path("01_attention"))).encode()
@@ -127,8 +199,12 @@ def test_only_regular_files_with_one_name_are_read(tmp_path, notebook_bytes):
     os.mkfifo(tmp_path / "fifo.ipynb")
     with open(tmp_path / "big.ipynb", "wb") as f:
         f.truncate(nbk.MAX_NOTEBOOK_BYTES + 1)
-    for name, words in (("link", "symbolic link"), ("hard", "hard link"), ("fifo", "not a regular file"),
-                        ("big", "larger than 20 MB")):
+    for name, words in (
+        ("link", "symbolic link"),
+        ("hard", "hard link"),
+        ("fifo", "not a regular file"),
+        ("big", "larger than 20 MB"),
+    ):
         with pytest.raises(nbk.NotebookError, match=words) as e:
             nbk.read_submitted_bytes(tmp_path / f"{name}.ipynb")
         assert str(e.value).startswith("refused")
@@ -156,9 +232,18 @@ def _broken(nb, how):
     return json.dumps(nb).encode()
 
 
-@pytest.mark.parametrize("how", ["source holds an int", "cell metadata is a list", "nbgrader metadata is a string",
-                                 "notebook metadata is a list", "kernelspec is a string", "cells is a dict",
-                                 "a cell is a string"])
+@pytest.mark.parametrize(
+    "how",
+    [
+        "source holds an int",
+        "cell metadata is a list",
+        "nbgrader metadata is a string",
+        "notebook metadata is a list",
+        "kernelspec is a string",
+        "cells is a dict",
+        "a cell is a string",
+    ],
+)
 def test_malformed_notebook_fields_are_a_clear_error(notebook_bytes, how):
     with pytest.raises(nbk.NotebookError):
         nbk.parse_submission(_broken(json.loads(notebook_bytes), how))
@@ -178,6 +263,7 @@ def test_notebooks_that_would_blow_the_graders_memory_are_refused_before_parsing
 
 # ---- partial credit and feedback -------------------------------------------------------------
 
+
 def _check(body, aspects={"core": 2, "masks": 1, "errors": 1}):
     return Check("f", body, aspects=aspects)
 
@@ -194,7 +280,10 @@ def test_partial_credit_rows_sum_to_the_tests_points():
     row = run_check(_check(body), Subject(lambda request: {"ok": None}), 2.0)
     assert (row["status"], row["points"], row["message"]) == ("failed", 1.5, "the mask is ignored")
     assert [(a["aspect"], a["points"], a["max_points"], a["passed"]) for a in row["aspects"]] == [
-        ("core", 1.0, 1.0, True), ("masks", 0.0, 0.5, False), ("errors", 0.5, 0.5, True)]
+        ("core", 1.0, 1.0, True),
+        ("masks", 0.0, 0.5, False),
+        ("errors", 0.5, 0.5, True),
+    ]
     page = report.feedback_page(store.Result.from_json(result() | {"tests": [dict(test="test_f", **row)]}))
     assert "masks: 0 / 0.5" in page and "the mask is ignored" in page and "errors: 0.5 / 0.5" in page
 
@@ -218,6 +307,7 @@ def test_unavailable_checks_and_bugs_of_ours_are_errors_flagged_for_regrading():
 
 # ---- merge -----------------------------------------------------------------------------------
 
+
 def test_merge_names_every_gap_and_inconsistency():
     def run(shard, lessons=("01_attention",), manifest=None):
         return store.Run(shard, manifest, tuple(lessons))
@@ -226,8 +316,9 @@ def test_merge_names_every_gap_and_inconsistency():
     stored = {"a": [store.Result.from_json(result("s1"))], "b": [store.Result.from_json(result("s2"))], "c": []}
     assert shard_set_problems(whole, stored, None) == []
     assert shard_set_problems({"a": run("0/3"), "c": run("2/3")}, stored, None) == ["missing shard 1/3"]
-    assert "shard 0/3 given twice (a, b)" in shard_set_problems({"a": run("0/3"), "b": run("0/3"), "c": run("2/3")},
-                                                                stored, None)
+    assert "shard 0/3 given twice (a, b)" in shard_set_problems(
+        {"a": run("0/3"), "b": run("0/3"), "c": run("2/3")}, stored, None
+    )
     problems = shard_set_problems(whole | {"c": run("2/3", ("01_attention", "02_heads"))}, stored, None)
     assert any("different lessons" in p for p in problems)
     problems = shard_set_problems(whole, stored | {"c": [store.Result.from_json(result("s1"))]}, None)
@@ -239,6 +330,7 @@ def test_merge_names_every_gap_and_inconsistency():
 
 
 # ---- signed results ----------------------------------------------------------------------------
+
 
 def _edit(path, change):
     r = json.loads(path.read_text())
@@ -282,6 +374,7 @@ def test_a_result_that_does_not_fit_its_lesson_is_refused(tmp_path):
 
 def test_the_key_is_outside_everything_the_sandbox_sees(monkeypatch, tmp_path):
     from autograder.worker import _system_binds
+
     monkeypatch.delenv(store.KEY_ENV)
     monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
     default = store.key_path()
@@ -291,12 +384,17 @@ def test_the_key_is_outside_everything_the_sandbox_sees(monkeypatch, tmp_path):
 
 def test_merge_refuses_a_shard_whose_result_was_edited(tmp_path):
     from autograder.merge import MergeError, merge
+
     tests = nbk.lesson_tests("01_attention")
     shards = [tmp_path / f"shard{i}" for i in range(2)]
     for i, (out, student) in enumerate(zip(shards, ("alice", "bob"))):
         store.prepare_out(out)
-        store.save_result(out, result(student, tests=[dict(test=t, points=p, max_points=p, status="passed",
-                                                            message="") for t, p in tests]))
+        store.save_result(
+            out,
+            result(
+                student, tests=[dict(test=t, points=p, max_points=p, status="passed", message="") for t, p in tests]
+            ),
+        )
         store.write_run(out, f"{i}/2", None, ["01_attention"])
     assert len(merge(shards, tmp_path / "merged")) == 2  # honest shards merge
     _edit(store.result_path(shards[1], "bob", "01_attention"), _inflate)
@@ -309,23 +407,36 @@ def test_merge_refuses_a_shard_whose_result_was_edited(tmp_path):
 
 def test_integers_in_a_students_exception_are_masked_but_the_graders_own_shapes_are_not():
     from autograder.checking import StudentError, student_message
+
     e = StudentError("IndexError", ["IndexError"], "index 7 is out of bounds for axis -1 with size 12 (dtype float32)")
     assert not any(ch.isdigit() for ch in e.message.replace("float32", "")) and "float32" in e.message
     assert student_message("got (3, 5, 4) and 0.5 and [1, 2]") == "got (\u2026, \u2026, \u2026) and \u2026 and \u2026"
 
     def body(s):
         raise AssertionError("wrong shape: expected (2, 5, 4), got (3, 5, 4)")
+
     row = run_check(_check(body), Subject(lambda request: {}), 2.0)
     assert "got (3, 5, 4)" in row["message"]  # the check's own text keeps its numbers
 
 
 # ---- replayed, deleted and moved results; the key ------------------------------------------------
 
+
 def _fitting(student, points=None):
     """A signed-looking result that fits lesson 01 (its tests, its points), `points` earned in each."""
-    return result(student, tests=[dict(test=t, points=p if points is None else points, max_points=p,
-                                       status="passed" if points is None else "failed", message="")
-                                  for t, p in nbk.lesson_tests("01_attention")])
+    return result(
+        student,
+        tests=[
+            dict(
+                test=t,
+                points=p if points is None else points,
+                max_points=p,
+                status="passed" if points is None else "failed",
+                message="",
+            )
+            for t, p in nbk.lesson_tests("01_attention")
+        ],
+    )
 
 
 def test_a_result_copied_from_another_folder_or_put_back_is_refused(tmp_path):
@@ -333,8 +444,12 @@ def test_a_result_copied_from_another_folder_or_put_back_is_refused(tmp_path):
     store.save_result(a, _fitting("alice"))
     store.save_result(a, _fitting("bob"))
     store.save_result(b, _fitting("alice", points=0.0))
-    (b / store.STORE / "01_attention" / "bob.json").write_bytes(store.result_path(a, "bob", "01_attention").read_bytes())
-    store.result_path(b, "alice", "01_attention").write_bytes(store.result_path(a, "alice", "01_attention").read_bytes())
+    (b / store.STORE / "01_attention" / "bob.json").write_bytes(
+        store.result_path(a, "bob", "01_attention").read_bytes()
+    )
+    store.result_path(b, "alice", "01_attention").write_bytes(
+        store.result_path(a, "alice", "01_attention").read_bytes()
+    )
     got, why = store.load_result(b, "bob", "01_attention")  # b never graded bob: copied from a
     assert got is None and "never recorded a result for it" in why and "regrade" in why
     got, why = store.load_result(b, "alice", "01_attention")  # a's full marks over b's zero
@@ -365,7 +480,8 @@ def test_a_result_moved_onto_another_student_is_refused_not_unreadable(tmp_path)
     store.save_result(tmp_path, _fitting("alice"))
     store.save_result(tmp_path, _fitting("bob", points=0.0))
     store.result_path(tmp_path, "bob", "01_attention").write_bytes(
-        store.result_path(tmp_path, "alice", "01_attention").read_bytes())
+        store.result_path(tmp_path, "alice", "01_attention").read_bytes()
+    )
     got, why = store.load_result(tmp_path, "bob", "01_attention")
     assert got is None and "refused" in why and "unreadable" not in why and "moved here" in why
 
@@ -400,6 +516,7 @@ def test_a_key_other_users_can_read_gets_a_warning(tmp_path, monkeypatch, capsys
 
 def test_merge_carries_results_into_its_folder_and_refuses_one_copied_between_shards(tmp_path):
     from autograder.merge import MergeError, merge
+
     shards = [tmp_path / f"shard{i}" for i in range(2)]
     for i, (out, student) in enumerate(zip(shards, ("alice", "bob"))):
         store.save_result(out, _fitting(student, points=0.0))
@@ -409,20 +526,28 @@ def test_merge_carries_results_into_its_folder_and_refuses_one_copied_between_sh
     assert [r.student for r in term.results] == ["alice", "bob"] and not term.refused
     store.save_result(tmp_path / "elsewhere", _fitting("bob"))  # bob's full marks from another folder
     store.result_path(shards[1], "bob", "01_attention").write_bytes(
-        store.result_path(tmp_path / "elsewhere", "bob", "01_attention").read_bytes())
+        store.result_path(tmp_path / "elsewhere", "bob", "01_attention").read_bytes()
+    )
     with pytest.raises(MergeError, match="bob.json: refused: it is not the result this folder recorded last"):
         merge(shards, tmp_path / "again")
 
 
-@pytest.mark.parametrize("damage, field", [
-    (lambda r: r["tests"][1].update(points=-1), "tests[1].points"),
-    (lambda r: r["tests"][0].update(status="hacked"), "tests[0].status"),
-    (lambda r: r["tests"][0].update(message=["not text"]), "tests[0].message"),
-    (lambda r: r["tests"][0].update(aspects=[dict(aspect="a", points=0, max_points="1")]), "tests[0].aspects[0].max_points"),
-    (lambda r: r["tests"][1].update(aspects={"a": 1}), "tests[1].aspects"),
-    (lambda r: r.update(notes=["ok", 3]), "notes[1]"),
-    (lambda r: r.update(grader=7), "grader"),
-], ids=["points", "status", "message", "aspect", "aspects", "note", "grader"])
+@pytest.mark.parametrize(
+    "damage, field",
+    [
+        (lambda r: r["tests"][1].update(points=-1), "tests[1].points"),
+        (lambda r: r["tests"][0].update(status="hacked"), "tests[0].status"),
+        (lambda r: r["tests"][0].update(message=["not text"]), "tests[0].message"),
+        (
+            lambda r: r["tests"][0].update(aspects=[dict(aspect="a", points=0, max_points="1")]),
+            "tests[0].aspects[0].max_points",
+        ),
+        (lambda r: r["tests"][1].update(aspects={"a": 1}), "tests[1].aspects"),
+        (lambda r: r.update(notes=["ok", 3]), "notes[1]"),
+        (lambda r: r.update(grader=7), "grader"),
+    ],
+    ids=["points", "status", "message", "aspect", "aspects", "note", "grader"],
+)
 def test_a_malformed_stored_result_is_refused_by_its_reader_naming_the_file_and_field(tmp_path, damage, field):
     raw = result()
     damage(raw)
@@ -436,11 +561,33 @@ def test_a_malformed_stored_result_is_refused_by_its_reader_naming_the_file_and_
 
 
 def test_the_typed_result_reads_and_writes_the_stored_format_unchanged(tmp_path):
-    saved = store.save_result(tmp_path, result(cells={"skipped": {"cell 2": "why"}, "errors": {}}, tests=[
-        dict(test="test_softmax", points=1, max_points=2, status="failed", message="m", aspects=[
-            dict(aspect="rows sum to 1", points=1, max_points=1, passed=True, message=""),
-            dict(aspect="stable", points=0, max_points=1, passed=False, message="overflow")]),
-        dict(test="test_causal_mask", points=0, max_points=1, status="error", message="no sandbox", grader_error=True)]))
+    saved = store.save_result(
+        tmp_path,
+        result(
+            cells={"skipped": {"cell 2": "why"}, "errors": {}},
+            tests=[
+                dict(
+                    test="test_softmax",
+                    points=1,
+                    max_points=2,
+                    status="failed",
+                    message="m",
+                    aspects=[
+                        dict(aspect="rows sum to 1", points=1, max_points=1, passed=True, message=""),
+                        dict(aspect="stable", points=0, max_points=1, passed=False, message="overflow"),
+                    ],
+                ),
+                dict(
+                    test="test_causal_mask",
+                    points=0,
+                    max_points=1,
+                    status="error",
+                    message="no sandbox",
+                    grader_error=True,
+                ),
+            ],
+        ),
+    )
     raw = json.loads(store.result_path(tmp_path, "alice", "01_attention").read_text())
     typed = store.Result.from_json(raw, "alice", "01_attention")
     assert typed.tests[0].aspects[1].message == "overflow" and typed.tests[1].needs_regrade
@@ -463,6 +610,7 @@ def test_a_results_folder_written_before_the_types_reads_unchanged_and_resume_re
     (lesson_fingerprint: checks, grade.py, results.py, the sandbox) is pinned to the stored one: a new
     version of the checks regrades by design; the stored format must not."""
     from autograder import grade as grading
+
     folder = tmp_path / "term"
     shutil.copytree(MAIN_FOLDER, folder)
     key = folder / "results.key"
@@ -482,13 +630,21 @@ def test_a_results_folder_written_before_the_types_reads_unchanged_and_resume_re
     assert len(stored_grader) == 1
     monkeypatch.setattr(grading, "lesson_fingerprint", lambda *args: next(iter(stored_grader)))
     from autograder.config import RunConfig
+
     run = grading.grade(RunConfig(out, folder / "SUBMISSIONS", lessons=("01_attention",), resume=True, progress=False))
     assert (run["graded"], run["reused"]) == (0, 3), run["reasons"]
     assert [r.to_json() for r in run["results"]] == [r.to_json() for r in term.results]
 
 
-@pytest.mark.parametrize("damage, field", [({"shard": "first"}, "shard"), ({"manifest": 3}, "manifest"),
-                                           ({"lessons": "01_attention"}, "lessons"), ({"partial": [None]}, "partial")])
+@pytest.mark.parametrize(
+    "damage, field",
+    [
+        ({"shard": "first"}, "shard"),
+        ({"manifest": 3}, "manifest"),
+        ({"lessons": "01_attention"}, "lessons"),
+        ({"partial": [None]}, "partial"),
+    ],
+)
 def test_a_damaged_run_record_is_one_line_naming_the_file_and_field(tmp_path, damage, field):
     store.write_run(tmp_path, "0/2", None, {"02_heads", "01_attention"})
     assert store.read_run(tmp_path) == store.Run("0/2", None, ("01_attention", "02_heads"))

@@ -1,5 +1,6 @@
 """The sandbox's host side, piece by piece: frames it refuses, callbacks, bounded calls, and the
 worker's own integrity check. The attacks themselves are graded in tests/grader/test_adversarial*.py."""
+
 import json
 import os
 import resource
@@ -22,7 +23,7 @@ from autograder.checking import PartialCredit, Subject, checks_for
 from autograder.grade import submission_cells
 from autograder.release import release
 from autograder.sandbox import runner, wire
-from autograder.worker import DEFAULT_LIMITS, Malformed, Sandbox, Session, SandboxError, choose_mode
+from autograder.worker import DEFAULT_LIMITS, Malformed, Sandbox, SandboxError, Session, choose_mode
 from tests.harness.lessons import fill
 
 
@@ -40,12 +41,22 @@ def test_frames_are_capped_before_they_are_parsed():
         assert wire.recv_frame(b) == {"ok": "x" * 1000}
 
 
-@pytest.mark.parametrize("frame", [{"cell": -1000, "state": "start"}, {"cell": 3, "state": "start"},
-                                   {"cell": "0", "state": "done"}, {"cell": True, "state": "start"},
-                                   {"cell": 0, "state": "running"}, {"cell": 0, "state": "done", "error": "x"},
-                                   {"cell": 0, "state": "done", "error": {"type": 1, "mro": [], "message": ""}}])
+@pytest.mark.parametrize(
+    "frame",
+    [
+        {"cell": -1000, "state": "start"},
+        {"cell": 3, "state": "start"},
+        {"cell": "0", "state": "done"},
+        {"cell": True, "state": "start"},
+        {"cell": 0, "state": "running"},
+        {"cell": 0, "state": "done", "error": "x"},
+        {"cell": 0, "state": "done", "error": {"type": 1, "mro": [], "message": ""}},
+    ],
+)
 def test_malformed_cell_frames_are_refused(frame):
-    session = Session(SimpleNamespace(limits=replace(DEFAULT_LIMITS, notebook_seconds=10), protect=True), "01_attention", [])
+    session = Session(
+        SimpleNamespace(limits=replace(DEFAULT_LIMITS, notebook_seconds=10), protect=True), "01_attention", []
+    )
     with pytest.raises(Malformed):
         session._progress(frame, 3)
     error = {"type": "ValueError", "mro": ["ValueError", "Exception"], "message": "m" * 5000}
@@ -54,7 +65,9 @@ def test_malformed_cell_frames_are_refused(frame):
 
 @pytest.mark.parametrize("reply", [{"ok": 1, "error": {}}, {"error": "boom"}, {"result": 1}, {"error": {"type": "E"}}])
 def test_malformed_replies_are_refused(reply):
-    session = Session(SimpleNamespace(limits=replace(DEFAULT_LIMITS, notebook_seconds=10), protect=True), "01_attention", [])
+    session = Session(
+        SimpleNamespace(limits=replace(DEFAULT_LIMITS, notebook_seconds=10), protect=True), "01_attention", []
+    )
     with pytest.raises(Malformed):
         session._reply(reply)
 
@@ -75,7 +88,7 @@ def test_the_worker_notices_a_change_to_itself():
     assert runner.fingerprint(shell) == before
 
 
-CELL = '''
+CELL = """
 import os, time
 from sandbox.server import host_callback
 
@@ -93,7 +106,7 @@ me = os.getpid
 def processes():  # the daemon, and the live processes this one can see
     return daemon, sorted(int(p) for p in os.listdir("/proc") if p.isdigit()
                           and open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0] != "Z")
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -179,7 +192,6 @@ def test_a_memory_bound_holds_against_the_students_own_process(session, tmp_path
         attacker.close()
         sandbox.close()
     assert [r["aspect"] for r in failed.value.rows if not r["passed"]] == ["tiled"], failed.value.rows
-
 
 
 @pytest.mark.slow
@@ -367,7 +379,6 @@ def test_the_uid_mode_cleans_what_the_childs_uid_left(tmp_path):
     assert not owned() and not os.path.exists(f"/dev/shm/mha-test-{uid}")
 
 
-
 def _forks_as(uid, limit):
     """How many of 3 * limit forks succeed in a process that becomes uid and takes the child's limits with
     `processes` = limit, as runner.child does in the uid mode (bounded: its children sleep a moment and go)."""
@@ -406,6 +417,7 @@ def test_the_uid_modes_process_limit_holds_where_roots_would_not():
 
     assert _forks_as(0, 20) == 60  # as root the limit is no limit: what the uid mode must never run a child as
     assert _forks_as(_free_uid(), 20) < 20
+
 
 NASTY_TREE = '''
 import os, socket
@@ -501,6 +513,7 @@ def test_auto_never_takes_a_mode_that_hides_no_file(tmp_path, monkeypatch):
     except SandboxError as e:
         assert "bubblewrap" in str(e) and "\n" not in str(e), e
     from autograder.worker import weak_mode_warning
+
     for mode in ("unshare", "none"):
         assert all(word in weak_mode_warning(mode) for word in ("solutions/", "RESULTS", "gradebook")), mode
     assert weak_mode_warning("bwrap") is weak_mode_warning("uid") is None
@@ -533,8 +546,10 @@ def test_time_limits_count_cpu_time_and_a_wait_is_regraded():
         sandbox = Sandbox(choose_mode("auto"), replace(DEFAULT_LIMITS, memory_mb=512, call_seconds=1))
     except SandboxError as e:
         pytest.skip(f"no sandbox here: {e}")
-    cell = ("import time\n\ndef spin():\n    while True:\n        pass\n\n"
-            "def nap():\n    time.sleep(60)\n\ndef quick():\n    return 7\n")
+    cell = (
+        "import time\n\ndef spin():\n    while True:\n        pass\n\n"
+        "def nap():\n    time.sleep(60)\n\ndef quick():\n    return 7\n"
+    )
     s = Session(sandbox, "01_attention", [cell])
     try:
         s.open()

@@ -1,6 +1,7 @@
 """Triton kernels compiled ahead of time for the GPUs students have, on this CPU (autograder/triton_fit.py):
 the tiles solutions.gpu.attention_tiles picks compile and fit each card, and what the interpreter accepts
 but a GPU compiler refuses is named."""
+
 import pytest
 import torch
 
@@ -26,14 +27,23 @@ def test_bfloat16_is_refused_below_ampere_and_taken_from_it():
 
 def test_tiles_shrink_with_shared_memory_and_grow_with_it():
     """B_c = ceil(M / 4d): less on-chip memory, or a wider head or element, never gets larger tiles."""
+
     def area(t):
         return t["BLOCK_Q"] * t["BLOCK_K"]
+
     for dtype in ("float16", "float32"):
         for d in (64, 128):
-            assert area(tiles(75, dtype, d)) <= area(tiles(86, dtype, d)) <= area(tiles(80, dtype, d)) <= area(tiles(90, dtype, d))
+            assert (
+                area(tiles(75, dtype, d))
+                <= area(tiles(86, dtype, d))
+                <= area(tiles(80, dtype, d))
+                <= area(tiles(90, dtype, d))
+            )
             assert area(tiles(86, "float32", d)) <= area(tiles(86, "float16", d))
     assert area(tiles(86, "float32", 128)) < area(tiles(86, "float32", 64)) <= area(tiles(90, "float32", 64))
-    assert area(tiles(75, "float16", 128)) < area(tiles(80, "float16", 128)) and area(tiles(75, "float32", 128)) < area(tiles(80, "float32", 128))
+    assert area(tiles(75, "float16", 128)) < area(tiles(80, "float16", 128)) and area(tiles(75, "float32", 128)) < area(
+        tiles(80, "float32", 128)
+    )
     for d in (4, 16, 24, 64, 100, 128):
         t = tiles(80, "float16", d)
         assert t["BLOCK_D"] >= max(d, 16) and t["BLOCK_D"] & (t["BLOCK_D"] - 1) == 0
@@ -43,17 +53,24 @@ def test_tiles_shrink_with_shared_memory_and_grow_with_it():
 def test_the_largest_tiles_the_launcher_picks_compile_and_fit_every_card():
     """One compile per card: float16 at head_dim 128, the largest tiles the launcher picks (float16 compiles
     fastest; every dtype and head_dim is the slow test's, and benchmarks/triton_fit.py's)."""
-    jobs = [fit.attention_job(gpu._attention_kernel, arch, "float16", 128, tiles(arch, "float16", 128))
-            for arch in fit.ARCHES]
+    jobs = [
+        fit.attention_job(gpu._attention_kernel, arch, "float16", 128, tiles(arch, "float16", 128))
+        for arch in fit.ARCHES
+    ]
     for r in fit.compile_jobs(jobs):
         assert r["compiles"] and r["fits"], fit.describe(r)
 
 
 @pytest.mark.slow
 def test_every_launch_of_both_attention_kernels_compiles_and_fits_every_card():
-    jobs = [fit.attention_job(kernel, arch, dtype, d, tiles(arch, dtype, d))
-            for kernel in (gpu._attention_kernel, flash_backward._flash_forward_kernel) for arch in fit.ARCHES
-            for dtype in FP for d in (64, 128) if not (dtype == "bfloat16" and arch < 80)]
+    jobs = [
+        fit.attention_job(kernel, arch, dtype, d, tiles(arch, dtype, d))
+        for kernel in (gpu._attention_kernel, flash_backward._flash_forward_kernel)
+        for arch in fit.ARCHES
+        for dtype in FP
+        for d in (64, 128)
+        if not (dtype == "bfloat16" and arch < 80)
+    ]
     for r in fit.compile_jobs(jobs):
         assert r["compiles"] and r["fits"], f"{r['kernel']} {r['label']}: {fit.describe(r)}"
 
@@ -62,7 +79,7 @@ def test_the_old_fixed_tiles_did_not_fit_a_t4():
     """What the fit is for: 128 x 64 tiles in two stages, float32 at head_dim 128, needs more shared memory
     than a T4 has (the launchers used them on every card before attention_tiles)."""
     fixed = {"BLOCK_Q": 128, "BLOCK_K": 64, "BLOCK_D": 128, "num_warps": 8, "num_stages": 2}
-    r, = fit.compile_jobs([fit.attention_job(gpu._attention_kernel, 75, "float16", 128, fixed)])
+    (r,) = fit.compile_jobs([fit.attention_job(gpu._attention_kernel, 75, "float16", 128, fixed)])
     assert r["compiles"] and not r["fits"] and r["shared"] > r["limit"]
     assert "does not fit T4" in fit.describe(r)
 
@@ -93,8 +110,12 @@ def test_the_interpreter_runs_what_the_compiler_refuses_and_the_refusal_is_named
     x = torch.randn(10)
     y = torch.empty(10)
     _if_on_a_block[(1,)](x, y, 10, BLOCK=16)
-    dot, cond = fit.compile_jobs([fit.job(_dot_on_8x8, {"A": "*fp16", "B": "*fp16", "C": "*fp32"}, {}, 80),
-                                  fit.job(_if_on_a_block, {"X": "*fp32", "Y": "*fp32", "n": "i32"}, {"BLOCK": 16}, 80)])
+    dot, cond = fit.compile_jobs(
+        [
+            fit.job(_dot_on_8x8, {"A": "*fp16", "B": "*fp16", "C": "*fp32"}, {}, 80),
+            fit.job(_if_on_a_block, {"X": "*fp32", "Y": "*fp32", "n": "i32"}, {"BLOCK": 16}, 80),
+        ]
+    )
     assert not dot["compiles"] and "K >= 16" in dot["error"] and "line 5" in dot["error"]
     assert not cond["compiles"] and "Boolean value of Tensor" in cond["error"] and "line 4" in cond["error"]
     assert fit.describe(cond).startswith("does not compile for A100")
@@ -122,8 +143,11 @@ def test_kernel_source_brings_the_helpers_and_constants_a_kernel_names():
     plain = (name, ["SCALE = 2.0", *sources[1:]])
     took, refused = fit.compile_jobs([fit.job(k, {"X": "*fp32"}, {"BLOCK": 16}, 80) for k in ((name, sources), plain)])
     assert took["compiles"], took["error"]
-    assert not refused["compiles"] and refused["error"].startswith("line 3 of the kernel: NameError(") \
-        and "global variable SCALE" in refused["error"], "the cause, from inside the helper"
+    assert (
+        not refused["compiles"]
+        and refused["error"].startswith("line 3 of the kernel: NameError(")
+        and "global variable SCALE" in refused["error"]
+    ), "the cause, from inside the helper"
     cells = ["x = 1", "if HAS_TRITON:\n    @triton.jit\n    def _k(X, BLOCK: tl.constexpr):\n        pass\n"]
     assert fit.notebook_kernels(cells) == {"_k": ("_k", ["@triton.jit\ndef _k(X, BLOCK: tl.constexpr):\n    pass"])}
 
@@ -137,14 +161,21 @@ def _edited(kernel, *edits):
     return src
 
 
-DOT_ON_8 = _edited(gpu._attention_kernel, ("for start in range(0, hi, BLOCK_K):", "for start in range(0, hi, 8):"),
-                   ("keys = start + tl.arange(0, BLOCK_K)", "keys = start + tl.arange(0, 8)  # key tiles of 8"))
-IF_ON_A_BLOCK = _edited(gpu._softmax_kernel, (
-    "    e = tl.exp(x - tl.max(x, 0))",
-    "    x = x - tl.max(x, 0)\n"
-    "    if x < -80.0:  # meant: clamp each entry (tl.maximum); a Python if on the whole block\n"
-    "        x = tl.maximum(x, -80.0)\n"
-    "    e = tl.exp(x)"))
+DOT_ON_8 = _edited(
+    gpu._attention_kernel,
+    ("for start in range(0, hi, BLOCK_K):", "for start in range(0, hi, 8):"),
+    ("keys = start + tl.arange(0, BLOCK_K)", "keys = start + tl.arange(0, 8)  # key tiles of 8"),
+)
+IF_ON_A_BLOCK = _edited(
+    gpu._softmax_kernel,
+    (
+        "    e = tl.exp(x - tl.max(x, 0))",
+        "    x = x - tl.max(x, 0)\n"
+        "    if x < -80.0:  # meant: clamp each entry (tl.maximum); a Python if on the whole block\n"
+        "        x = tl.maximum(x, -80.0)\n"
+        "    e = tl.exp(x)",
+    ),
+)
 
 
 def _defined(src):
@@ -158,7 +189,9 @@ def test_both_slips_run_right_in_the_interpreter(monkeypatch):
     monkeypatch.setattr(gpu, "_attention_kernel", _defined(DOT_ON_8))
     monkeypatch.setattr(gpu, "_softmax_kernel", _defined(IF_ON_A_BLOCK))
     q, k, v = (torch.randn(1, 2, t, 16) for t in (20, 33, 33))
-    torch.testing.assert_close(gpu.triton_attention(q, k, v, True), gpu.naive_attention(q, k, v, True), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        gpu.triton_attention(q, k, v, True), gpu.naive_attention(q, k, v, True), atol=1e-5, rtol=1e-5
+    )
     x = torch.randn(3, 37)
     torch.testing.assert_close(gpu.triton_softmax(x), torch.softmax(x, -1))
 
@@ -171,13 +204,21 @@ def test_check_kernels_names_each_slip_and_passes_the_lessons_own():
     assert cond.startswith("_softmax_kernel (float16 BLOCK 1024") and "Python `if` on a block-shaped tensor" in cond
     own = fit.check_kernels([fit.kernel_source(k)[1][-1] for k in (gpu._attention_kernel, gpu._softmax_kernel)])
     assert [bad for bad, _ in own] == [False, False] and all("fits A100" in line for _, line in own)
-    stub = ('@triton.jit\ndef _softmax_kernel(X, Y, n_cols, stride_x, stride_y, BLOCK: tl.constexpr):\n'
-            '    """One program computes one row."""\n    raise NotImplementedError\n')
+    stub = (
+        "@triton.jit\ndef _softmax_kernel(X, Y, n_cols, stride_x, stride_y, BLOCK: tl.constexpr):\n"
+        '    """One program computes one row."""\n    raise NotImplementedError\n'
+    )
     assert fit.check_kernels([stub]) == [], "a kernel not written yet: the visible tests say so"
     renamed = DOT_ON_8.replace("stride_kt,", "stride_kv,", 1)
-    assert fit.check_kernels([renamed]) == [(True, "_attention_kernel: its parameters are not the lesson's (" +
-                                                   ", ".join(fit.ATTENTION_ARGS) + "), so it cannot be compiled "
-                                                   "as the lesson launches it")]
+    assert fit.check_kernels([renamed]) == [
+        (
+            True,
+            "_attention_kernel: its parameters are not the lesson's ("
+            + ", ".join(fit.ATTENTION_ARGS)
+            + "), so it cannot be compiled "
+            "as the lesson launches it",
+        )
+    ]
 
 
 def test_the_target_tiles_are_attention_tiles_for_an_a100():
@@ -186,10 +227,16 @@ def test_the_target_tiles_are_attention_tiles_for_an_a100():
 
 def test_without_triton_the_check_says_it_skipped_and_why(monkeypatch):
     import importlib.util
+
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "triton" else real(name, *a))
-    assert fit.check_kernels([IF_ON_A_BLOCK]) == [(False, "Triton kernels: not compiled for a GPU, since Triton is "
-                                                          "not installed here (pip install triton; Linux only)")]
+    assert fit.check_kernels([IF_ON_A_BLOCK]) == [
+        (
+            False,
+            "Triton kernels: not compiled for a GPU, since Triton is "
+            "not installed here (pip install triton; Linux only)",
+        )
+    ]
 
 
 def test_check_submission_compiles_the_students_kernels_and_names_the_slip(tmp_path):
@@ -198,6 +245,7 @@ def test_check_submission_compiles_the_students_kernels_and_names_the_slip(tmp_p
     from autograder import check_submission as cs
     from autograder import notebook as nbk
     from autograder.release import student_copy
+
     source = nbk.LESSONS_DIR / "06_gpu"
     nb = student_copy(nbk.read(source / "06_gpu.ipynb"))
     for cell in nbk.code_cells(nb):
@@ -213,7 +261,6 @@ def test_check_submission_compiles_the_students_kernels_and_names_the_slip(tmp_p
     assert not compiled["_softmax_kernel"][0] and "fits A100" in compiled["_softmax_kernel"][1]
 
 
-
 @pytest.mark.slow
 def test_grade_kernels_says_in_the_feedback_what_the_compiler_refuses_and_takes_no_points(tmp_path):
     """grade --kernels on a lesson 06 submission with both slips: full marks (they run right in the interpreter),
@@ -225,13 +272,31 @@ def test_grade_kernels_says_in_the_feedback_what_the_compiler_refuses_and_takes_
     from autograder.release import release
     from tests.harness.grading import read_grades
     from tests.harness.lessons import fill
+
     release(tmp_path / "release", ["06_gpu"])
     rel = nbk.read(tmp_path / "release" / "06_gpu" / "06_gpu.ipynb")
-    nbk.write(fill(rel, "06_gpu", {"_attention_kernel": DOT_ON_8, "_softmax_kernel": IF_ON_A_BLOCK}),
-              tmp_path / "subs" / "ada" / "06_gpu" / "06_gpu.ipynb")
-    done = subprocess.run([sys.executable, "-m", "autograder", "grade", str(tmp_path / "subs"), "--out",
-                           str(tmp_path / "results"), "--lesson", "06_gpu", "--kernels", "--quiet"],
-                          capture_output=True, text=True, timeout=1200)
+    nbk.write(
+        fill(rel, "06_gpu", {"_attention_kernel": DOT_ON_8, "_softmax_kernel": IF_ON_A_BLOCK}),
+        tmp_path / "subs" / "ada" / "06_gpu" / "06_gpu.ipynb",
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "autograder",
+            "grade",
+            str(tmp_path / "subs"),
+            "--out",
+            str(tmp_path / "results"),
+            "--lesson",
+            "06_gpu",
+            "--kernels",
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     grades = read_grades(tmp_path / "results")
     assert all((r["status"], r["points"]) == ("passed", r["max_points"]) for r in grades.values()), grades

@@ -1,6 +1,7 @@
 """What the tests of every lesson share. The generic per-lesson tests live in this package's modules (checks,
 visible, honest, notebooks); each tests/lessons/test_<module>.py names its lesson (LESSON = "06_gpu") and imports
 them, and tests/lessons/conftest.py gives each the cases of that lesson only (`each`)."""
+
 import pytest
 
 

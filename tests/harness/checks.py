@@ -1,5 +1,6 @@
 """The hidden checks, in-process: solutions pass, known-wrong answers fail with a message that
 names the mistake (and cost no other function its points), correct variants pass."""
+
 import json
 import os
 import select
@@ -10,16 +11,23 @@ from pathlib import Path
 
 import pytest
 
-from autograder.checking import mistakes
-from autograder.checking import memory, verify
+from autograder.checking import memory, mistakes, verify
 from tests.harness import each, mutants, one_lesson
 from tests.harness.lessons import fresh_namespace, graded_names
 
 REPO = Path(__file__).resolve().parents[2]
-__all__ = ["test_every_graded_name_has_a_check_and_the_solutions_pass", "test_every_graded_name_has_at_least_three_mutants",
-           "pristine", "test_mutant_fails_its_check_only", "tighter_bounds", "test_correct_variant_passes",
-           "test_the_released_stub_scores_nothing", "test_constant_stubs_score_nothing",
-           "test_a_defined_mistake_costs_the_aspect_it_names", "test_a_mistake_model_returns_what_its_code_returns"]
+__all__ = [
+    "test_every_graded_name_has_a_check_and_the_solutions_pass",
+    "test_every_graded_name_has_at_least_three_mutants",
+    "pristine",
+    "test_mutant_fails_its_check_only",
+    "tighter_bounds",
+    "test_correct_variant_passes",
+    "test_the_released_stub_scores_nothing",
+    "test_constant_stubs_score_nothing",
+    "test_a_defined_mistake_costs_the_aspect_it_names",
+    "test_a_mistake_model_returns_what_its_code_returns",
+]
 
 
 def cases(kind, lesson, where=lambda case: True):
@@ -47,15 +55,23 @@ def pristine():
     """A pristine interpreter (the tests and the course imported, nothing checked) that forks a child for each
     memory-bound mutant: every one starts from the same untouched allocator, as in a fresh interpreter, without
     paying an interpreter's start (about 2 s of CPU, for some 100 mutants)."""
-    server = subprocess.Popen([sys.executable, "-c", "from tests import conftest; from tests.harness.checks import "
-                               "serve_forks; serve_forks()"], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              text=True)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "from tests import conftest; from tests.harness.checks import serve_forks; serve_forks()",
+        ],
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
 
     def judge(*case):
         server.stdin.write(json.dumps(case) + "\n")
         server.stdin.flush()
         ready, _, _ = select.select([server.stdout], [], [], 600)
-        if not ready:   # its verdict would come late, as the next case's: no later case may read it
+        if not ready:  # its verdict would come late, as the next case's: no later case may read it
             server.kill()
             pytest.fail(f"{case}: no verdict in 600 s")
         return json.loads(server.stdout.readline() or '"the fork server stopped"')
@@ -72,7 +88,7 @@ def serve_forks():
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     for lesson in sorted({lesson for lesson, _ in mutants.MEMORY_BOUND}):
-        fresh_namespace(lesson)   # imports, as each child's fresh_namespace begins (Triton's takes a second)
+        fresh_namespace(lesson)  # imports, as each child's fresh_namespace begins (Triton's takes a second)
     for line in sys.stdin:
         read, write = os.pipe()
         if (pid := os.fork()) == 0:
@@ -89,13 +105,16 @@ def serve_forks():
         with os.fdopen(read) as got:
             why = got.read()
         status = os.waitpid(pid, 0)[1]
-        print(json.dumps(why or ("" if status == 0 else f"the child ended with wait status {status}")), file=verdicts,
-              flush=True)
+        print(
+            json.dumps(why or ("" if status == 0 else f"the child ended with wait status {status}")),
+            file=verdicts,
+            flush=True,
+        )
 
 
 @each("lesson, name, mutant", lambda lesson: cases("MUTANTS", lesson))
 def test_mutant_fails_its_check_only(lesson, name, mutant, request):
-    if (lesson, name) in mutants.MEMORY_BOUND:   # a fresh allocator: what ran before must not count
+    if (lesson, name) in mutants.MEMORY_BOUND:  # a fresh allocator: what ran before must not count
         why = request.getfixturevalue("pristine")(lesson, name, mutant[0])
         assert not why, why
         return
@@ -110,7 +129,9 @@ def mutant_case(lesson, name, what):
     ns = fresh_namespace(lesson, {name: code})
     with pytest.raises(AssertionError) as caught:
         verify(lesson, name, ns)
-    assert keyword.lower() in str(caught.value).lower(), f"feedback for '{what}' should mention {keyword!r}: {caught.value}"
+    assert keyword.lower() in str(caught.value).lower(), (
+        f"feedback for '{what}' should mention {keyword!r}: {caught.value}"
+    )
     if (lesson, name) in mutants.MEMORY_BOUND and mutant.aspect:
         assert_costs_its_aspect(lesson, name, mutant, caught.value)
     for other in graded_names(lesson):
@@ -129,14 +150,26 @@ SOLUTION = ("the solution", None)
 def tighter_bounds(monkeypatch):
     """Every in-process memory bound HONEST_SHARE of its size."""
     enter = memory.LocalBound.enter
-    monkeypatch.setattr(memory.LocalBound, "enter",
-                        lambda self, namespace, mb, headroom=0, inputs=0:
-                        enter(self, namespace, int(mb * HONEST_SHARE), headroom, inputs))
+    monkeypatch.setattr(
+        memory.LocalBound,
+        "enter",
+        lambda self, namespace, mb, headroom=0, inputs=0: enter(
+            self, namespace, int(mb * HONEST_SHARE), headroom, inputs
+        ),
+    )
 
 
-@each("lesson, name, variant", lambda lesson: cases("VARIANTS", lesson) + [
-    pytest.param(lesson, name, SOLUTION, id=f"{lesson}-{name}-{SOLUTION[0]}") for lesson_, name in
-    sorted(mutants.MEMORY_BOUND) if lesson_ == lesson])
+@each(
+    "lesson, name, variant",
+    lambda lesson: (
+        cases("VARIANTS", lesson)
+        + [
+            pytest.param(lesson, name, SOLUTION, id=f"{lesson}-{name}-{SOLUTION[0]}")
+            for lesson_, name in sorted(mutants.MEMORY_BOUND)
+            if lesson_ == lesson
+        ]
+    ),
+)
 def test_correct_variant_passes(lesson, name, variant, tighter_bounds):
     """Correct variants (and the solutions of the memory-bound names) pass, with every memory bound tightened."""
     verify(lesson, name, fresh_namespace(lesson, {name: variant[1]} if variant[1] else None))
@@ -155,11 +188,16 @@ def _zero_points(lesson, name, code):
 def test_the_released_stub_scores_nothing(lesson):
     from autograder import notebook as nbk
 
-    answers = [c for c in nbk.code_cells(nbk.read(nbk.lesson_path(lesson)))
-               if nbk.is_answer(c) and nbk.grade_id(c) in graded_names(lesson)]
+    answers = [
+        c
+        for c in nbk.code_cells(nbk.read(nbk.lesson_path(lesson)))
+        if nbk.is_answer(c) and nbk.grade_id(c) in graded_names(lesson)
+    ]
     for cell in answers:
         name = nbk.grade_id(cell)
-        assert _zero_points(lesson, name, nbk.strip_solutions(nbk.source(cell))), f"the released stub of {name} earns points"
+        assert _zero_points(lesson, name, nbk.strip_solutions(nbk.source(cell))), (
+            f"the released stub of {name} earns points"
+        )
 
 
 @each("lesson, name, mutant", lambda lesson: cases("MUTANTS", lesson, lambda c: c.values[2][0].startswith("constant")))
@@ -168,8 +206,12 @@ def test_constant_stubs_score_nothing(lesson, name, mutant):
 
 
 # those of MEMORY_BOUND are judged in test_mutant_fails_its_check_only's fresh interpreter (mutant_case)
-@each("lesson, name, mutant", lambda lesson: cases("MUTANTS", lesson, lambda c: getattr(c.values[2], "aspect", "")
-                                                    and c.values[:2] not in mutants.MEMORY_BOUND))
+@each(
+    "lesson, name, mutant",
+    lambda lesson: cases(
+        "MUTANTS", lesson, lambda c: getattr(c.values[2], "aspect", "") and c.values[:2] not in mutants.MEMORY_BOUND
+    ),
+)
 def test_a_defined_mistake_costs_the_aspect_it_names(lesson, name, mutant):
     with pytest.raises(AssertionError) as caught:
         verify(lesson, name, fresh_namespace(lesson, {name: mutant.code}))
@@ -211,12 +253,13 @@ def assert_costs_its_aspect(lesson, name, mutant, error):
 
 # A memory mutant of each memory-bound check, judged after every other check of lessons 06, 08 and 09 ran in the same
 # process (and freed what they took): the verdict must be the fresh interpreter's (issue 19).
-AFTER_OTHERS = [("08_kv_compression", "RollingKVCache", "memory grows: every position is kept"),
-                ("08_kv_compression", "absorbed_attention", "materialises one head's keys and values at a time"),
-                ("06_gpu", "flash_attention", "the full score matrix, in a buffer reserved before the call"),
-                ("09_flash_backward", "flash_attention_backward",
-                 "P and dP whole, in a 264 MiB buffer reserved before the call"),
-                ("09_flash_backward", "FlashAttention", "P kept in a 68 MiB buffer reserved before the call")]
+AFTER_OTHERS = [
+    ("08_kv_compression", "RollingKVCache", "memory grows: every position is kept"),
+    ("08_kv_compression", "absorbed_attention", "materialises one head's keys and values at a time"),
+    ("06_gpu", "flash_attention", "the full score matrix, in a buffer reserved before the call"),
+    ("09_flash_backward", "flash_attention_backward", "P and dP whole, in a 264 MiB buffer reserved before the call"),
+    ("09_flash_backward", "FlashAttention", "P kept in a 68 MiB buffer reserved before the call"),
+]
 
 
 def memory_verdicts_after_others():

@@ -1,5 +1,6 @@
 """The real grader, `python -m autograder grade`, on one lesson's class of real submissions (the importing
 tests/lessons/test_<module>.py's): round trip, every mutant the grader must see, correct variants, feedback pages."""
+
 import csv
 import subprocess
 import sys
@@ -11,8 +12,13 @@ from autograder.release import release
 from tests.harness import mutants
 from tests.harness.lessons import LESSONS, fill
 
-__all__ = ["graded_class", "test_grades_csv_is_complete", "test_round_trip_full_marks_and_blank_zero",
-           "test_each_mutant_loses_points_on_its_own_function_only", "test_feedback_pages_show_no_hidden_code"]
+__all__ = [
+    "graded_class",
+    "test_grades_csv_is_complete",
+    "test_round_trip_full_marks_and_blank_zero",
+    "test_each_mutant_loses_points_on_its_own_function_only",
+    "test_feedback_pages_show_no_hidden_code",
+]
 
 
 def run(*args, check=True):
@@ -35,18 +41,23 @@ def build_class(root, lessons, with_mutants=True):
     subs, who = root / "submissions", {}
     for lesson in lessons:
         rel = nbk.read(root / "release" / lesson / f"{lesson}.ipynb")
-        entries = [(f"solved-{lesson}", fill(rel, lesson), (lesson, None, "full")),
-                   (f"blank-{lesson}", rel, (lesson, None, "zero"))]
+        entries = [
+            (f"solved-{lesson}", fill(rel, lesson), (lesson, None, "full")),
+            (f"blank-{lesson}", rel, (lesson, None, "zero")),
+        ]
         module = mutants.for_lesson(lesson) if with_mutants else None
-        for name, items in (module.MUTANTS.items() if module else []):
+        for name, items in module.MUTANTS.items() if module else []:
             for i, mistake in enumerate(items):
                 if mutants.graded_by_the_grader(lesson, name, i, mistake):
                     _, keyword, code = mistake
-                    entries.append((f"mutant-{lesson}-{name}-{i}", fill(rel, lesson, {name: code}),
-                                    (lesson, name, keyword)))
-        for name, items in (module.VARIANTS.items() if module else []):
+                    entries.append(
+                        (f"mutant-{lesson}-{name}-{i}", fill(rel, lesson, {name: code}), (lesson, name, keyword))
+                    )
+        for name, items in module.VARIANTS.items() if module else []:
             for i, (how, code) in enumerate(items):
-                entries.append((f"variant-{lesson}-{name}-{i}", fill(rel, lesson, {name: code}), (lesson, None, "full")))
+                entries.append(
+                    (f"variant-{lesson}-{name}-{i}", fill(rel, lesson, {name: code}), (lesson, None, "full"))
+                )
         for student, nb, expect in entries:
             nbk.write(nb, subs / student / lesson / f"{lesson}.ipynb")
             who[student] = expect
@@ -65,8 +76,12 @@ def graded_class(tmp_path_factory, request):
 @pytest.mark.slow
 def test_grades_csv_is_complete(graded_class):
     who, grades, _ = graded_class
-    expected = {(s, lesson, t) for s in who for lesson in LESSONS
-                for t, _ in nbk.graded_tests(nbk.read(nbk.lesson_path(lesson)))}
+    expected = {
+        (s, lesson, t)
+        for s in who
+        for lesson in LESSONS
+        for t, _ in nbk.graded_tests(nbk.read(nbk.lesson_path(lesson)))
+    }
     assert set(grades) == expected
     for (student, lesson, _), row in grades.items():
         if lesson != who[student][0]:

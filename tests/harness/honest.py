@@ -6,6 +6,7 @@ Lesson 06's run also grades what the grader cannot read (a huge cell, a deeply n
 written backwards, more than its bounded reading follows) beside the honest students: the student's failure with a
 message, never the grader's error, and the grader's own memory stays bounded.
 """
+
 import csv
 import importlib
 import os
@@ -16,9 +17,9 @@ import pytest
 
 from autograder import notebook as nbk
 from autograder.release import release
+from tests.grader.test_adversarial import with_cells
 from tests.harness import each, watch
 from tests.harness.lessons import fill
-from tests.grader.test_adversarial import with_cells
 
 __all__ = ["graded", "test_honest_habits_keep_every_mark", "test_cells_nothing_reads_cost_nothing"]
 GRADER_MEMORY_MIB = 1200  # the grader's own memory per job (issue 19: 600), raised for issue 33's chunk-proof
@@ -33,8 +34,10 @@ MAGICS = {  # cells a student adds anywhere: each is its own honest student, in 
     "timeit_line": ["%timeit -n 1 -r 1 sum(range(1000))"],
     "timeit_cell": ["%%timeit -n 1 -r 1\nsum(range(1000))"],
     "capture_and_config": ["%%capture\nprint('quiet')", "%config InlineBackend.figure_format = 'retina'\n_ = %env"],
-    "help_and_imports_twice": ["import math\nimport math\nfrom torch import nn\nfrom torch import nn\n"
-                               "import torch as T\nimport torch.nn.functional as F\nlen?"],
+    "help_and_imports_twice": [
+        "import math\nimport math\nfrom torch import nn\nfrom torch import nn\n"
+        "import torch as T\nimport torch.nn.functional as F\nlen?"
+    ],
 }
 IMPORTS = "import math\nimport torch\nfrom torch import nn\nimport torch.nn.functional as F\n\n"
 
@@ -77,29 +80,40 @@ def _tile(x: torch.Tensor, start: int, size: int) -> torch.Tensor:
 '''
 MODULE_READERS = {  # lesson 06: modules and genuine objects passed around only to be read (the source rules
     # refuse what changes something that may be a module, never what reads one)
-    "a module passed to print its version": ("def show(m):\n    print(m.__name__, m.__version__)\n\n"
-                                             "show(torch)\nshow(triton)"),
+    "a module passed to print its version": (
+        "def show(m):\n    print(m.__name__, m.__version__)\n\nshow(torch)\nshow(triton)"
+    ),
     "math passed to a helper": "def root(lib, x):\n    return lib.sqrt(x)\n\nprint(root(math, 2.0))",
-    "a timing helper": ("import time\n\ndef timeit(fn, *args):\n    start = time.perf_counter()\n    fn(*args)\n"
-                        "    return time.perf_counter() - start\n\nx = torch.randn(1, 1, 8, 16)\n"
-                        "print(timeit(flash_attention, x, x, x), timeit(torch.matmul, x, x.transpose(-2, -1)))"),
-    "dtypes passed to a helper": ("def make(shape, dtype):\n    buf = torch.zeros(shape, dtype=dtype)\n    buf[0] = 1\n"
-                                  "    buf.requires_grad = False\n    return buf\n\nb = make((2, 3), torch.float32)\n"
-                                  "h = make((2,), torch.float16)"),
-    "an object keeping a module": ("class Backend:\n    def __init__(self, lib):\n        self.lib = lib\n"
-                                   "        self.name = lib.__name__\n        self.calls = 0\n\n"
-                                   "    def zeros(self, n):\n        self.calls = self.calls + 1\n"
-                                   "        return self.lib.zeros(n)\n\n"
-                                   "b = Backend(torch)\nz = b.zeros(3)"),
-    "modules in a list, read": ("for m in [torch, math]:\n    print(m.__name__)\nlibs = {'torch': torch}\n"
-                                "print(libs['torch'].pi)"),
+    "a timing helper": (
+        "import time\n\ndef timeit(fn, *args):\n    start = time.perf_counter()\n    fn(*args)\n"
+        "    return time.perf_counter() - start\n\nx = torch.randn(1, 1, 8, 16)\n"
+        "print(timeit(flash_attention, x, x, x), timeit(torch.matmul, x, x.transpose(-2, -1)))"
+    ),
+    "dtypes passed to a helper": (
+        "def make(shape, dtype):\n    buf = torch.zeros(shape, dtype=dtype)\n    buf[0] = 1\n"
+        "    buf.requires_grad = False\n    return buf\n\nb = make((2, 3), torch.float32)\n"
+        "h = make((2,), torch.float16)"
+    ),
+    "an object keeping a module": (
+        "class Backend:\n    def __init__(self, lib):\n        self.lib = lib\n"
+        "        self.name = lib.__name__\n        self.calls = 0\n\n"
+        "    def zeros(self, n):\n        self.calls = self.calls + 1\n"
+        "        return self.lib.zeros(n)\n\n"
+        "b = Backend(torch)\nz = b.zeros(3)"
+    ),
+    "modules in a list, read": (
+        "for m in [torch, math]:\n    print(m.__name__)\nlibs = {'torch': torch}\nprint(libs['torch'].pi)"
+    ),
     "a guarded import of a missing package": "try:\n    import google.colab\nexcept ImportError:\n    pass",
     "an import of a package the grader lacks": "from google.colab import drive",
-    "reading sys.path and sys.modules": ("import sys\nprint(sys.path)\nprint('triton' in sys.modules)\n"
-                                         "for p in sys.path:\n    print(p)\nmods = sorted(sys.modules)\nsys"),
+    "reading sys.path and sys.modules": (
+        "import sys\nprint(sys.path)\nprint('triton' in sys.modules)\n"
+        "for p in sys.path:\n    print(p)\nmods = sorted(sys.modules)\nsys"
+    ),
     "matplotlib settings": "plt.rcParams['figure.figsize'] = (8, 3)\nplt.rcParams.update({'font.size': 9})",
-    "a layer's weights set in a helper": ("def load(layer, w):\n    layer.weight = nn.Parameter(w)\n\n"
-                                          "lin = nn.Linear(2, 2)\nload(lin, torch.eye(2))"),
+    "a layer's weights set in a helper": (
+        "def load(layer, w):\n    layer.weight = nn.Parameter(w)\n\nlin = nn.Linear(2, 2)\nload(lin, torch.eye(2))"
+    ),
 }
 
 # Memory kept at top level when the memory-bound checks run, up to their headroom (checks.HEADROOM_MB): a scratch
@@ -107,82 +121,176 @@ MODULE_READERS = {  # lesson 06: modules and genuine objects passed around only 
 HELD = {
     "scratch_tensor_128MiB_kept": ([], {}, ["big = torch.randn(2**25)  # 128 MiB\nprint(big.std())"]),
     "scratch_tensor_256MiB_kept": ([], {}, ["big = torch.randn(2**26)  # 256 MiB\nprint(big.std())"]),
-    "matplotlib_and_a_dataset_kept": ([], {}, [
-        "%matplotlib inline\nimport numpy as np\nimport matplotlib.pyplot as plt\n"
-        "data = np.random.default_rng(0).standard_normal(2**24)  # a 128 MiB dataset\n"
-        "_ = plt.plot(data[:100])"]),
+    "matplotlib_and_a_dataset_kept": (
+        [],
+        {},
+        [
+            "%matplotlib inline\nimport numpy as np\nimport matplotlib.pyplot as plt\n"
+            "data = np.random.default_rng(0).standard_normal(2**24)  # a 128 MiB dataset\n"
+            "_ = plt.plot(data[:100])"
+        ],
+    ),
 }
 
 
 def _lesson_06(answers):
     kernel, wrapper, flash = answers["_attention_kernel"], answers["triton_attention"], answers["flash_attention"]
     draft = "def triton_attention(q, k, v, causal=False):\n    return naive_attention(q, k, v, causal)\n"
-    typed = wrapper.replace("def triton_attention(q, k, v, causal=False):",
-                            "def triton_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,\n"
-                            "                     causal: bool = False) -> torch.Tensor:")
+    typed = wrapper.replace(
+        "def triton_attention(q, k, v, causal=False):",
+        "def triton_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,\n"
+        "                     causal: bool = False) -> torch.Tensor:",
+    )
     return {
         "triton_reimports_torch_math": ([], {"triton_attention": "import torch\nimport math\n\n" + wrapper}, []),
-        "triton_reimports_triton": ([], {"_attention_kernel": "import triton\nimport triton.language as tl\n\n"
-                                         + kernel}, []),
-        "torch_under_another_name": ([], {"triton_attention": "import torch as T\nfrom math import sqrt\n\n"
-                                          + wrapper.replace("torch.empty_like", "T.empty_like")
-                                          .replace("math.sqrt(Dh)", "sqrt(Dh)")}, []),
-        "wrapper_with_typed_helper": ([], {"triton_attention": WRAPPER_HELPERS + wrapper.replace(
-            'grid = (triton.cdiv(Tq, tiles["BLOCK_Q"]), B * H)', 'grid = _grid(Tq, B * H, tiles["BLOCK_Q"])')}, []),
-        "wrapper_type_hints_and_print": ([], {"triton_attention": typed.replace(
-            "    return out\n", "    print(end='')\n    return out\n")}, []),
-        "kernel_with_jit_helper": ([], {"_attention_kernel": JIT_HELPER + kernel.replace(
-            "acc = acc * alpha[:, None] + tl.dot", "acc = _rescale(acc, alpha) + tl.dot")}, []),
+        "triton_reimports_triton": (
+            [],
+            {"_attention_kernel": "import triton\nimport triton.language as tl\n\n" + kernel},
+            [],
+        ),
+        "torch_under_another_name": (
+            [],
+            {
+                "triton_attention": "import torch as T\nfrom math import sqrt\n\n"
+                + wrapper.replace("torch.empty_like", "T.empty_like").replace("math.sqrt(Dh)", "sqrt(Dh)")
+            },
+            [],
+        ),
+        "wrapper_with_typed_helper": (
+            [],
+            {
+                "triton_attention": WRAPPER_HELPERS
+                + wrapper.replace(
+                    'grid = (triton.cdiv(Tq, tiles["BLOCK_Q"]), B * H)', 'grid = _grid(Tq, B * H, tiles["BLOCK_Q"])'
+                )
+            },
+            [],
+        ),
+        "wrapper_type_hints_and_print": (
+            [],
+            {"triton_attention": typed.replace("    return out\n", "    print(end='')\n    return out\n")},
+            [],
+        ),
+        "kernel_with_jit_helper": (
+            [],
+            {
+                "_attention_kernel": JIT_HELPER
+                + kernel.replace("acc = acc * alpha[:, None] + tl.dot", "acc = _rescale(acc, alpha) + tl.dot")
+            },
+            [],
+        ),
         "triton_draft_before_the_answer": ([draft], {}, []),
-        "triton_scratch_copy": ([], {}, ["f = triton_attention\n\ndef my_attempt(q, k, v, causal=False):\n"
-                                         "    return f(q, k, v, causal)\n"]),
+        "triton_scratch_copy": (
+            [],
+            {},
+            ["f = triton_attention\n\ndef my_attempt(q, k, v, causal=False):\n    return f(q, k, v, causal)\n"],
+        ),
         "kernel_fixed_in_a_later_cell": ([], {}, [kernel, wrapper]),
-        "timing_the_kernel": ([], {}, ["%%time\nx = torch.randn(1, 1, 8, 16)\n_ = triton_attention(x, x, x)",
-                                       "%time _ = flash_attention(x, x, x)"]),
-        "flash_reimports_and_helper": ([], {"flash_attention": "import torch.nn.functional as F\nimport math\n"
-                                            + FLASH_HELPER + flash.replace("kb = k[:, :, ks:ks + block_k]",
-                                                                           "kb = _tile(k, ks, block_k)")}, []),
-        "flash_draft_then_final": ([], {}, ["def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):\n"
-                                            "    return naive_attention(q, k, v, causal)\n", flash]),
-        "sdpa_to_compare_in_a_scratch_cell": ([], {}, [
-            "from torch.nn.functional import scaled_dot_product_attention as sdpa\nx = torch.randn(1, 1, 8, 16)\n"
-            "print((sdpa(x, x, x) - flash_attention(x, x, x)).abs().max())"]),
+        "timing_the_kernel": (
+            [],
+            {},
+            [
+                "%%time\nx = torch.randn(1, 1, 8, 16)\n_ = triton_attention(x, x, x)",
+                "%time _ = flash_attention(x, x, x)",
+            ],
+        ),
+        "flash_reimports_and_helper": (
+            [],
+            {
+                "flash_attention": "import torch.nn.functional as F\nimport math\n"
+                + FLASH_HELPER
+                + flash.replace("kb = k[:, :, ks:ks + block_k]", "kb = _tile(k, ks, block_k)")
+            },
+            [],
+        ),
+        "flash_draft_then_final": (
+            [],
+            {},
+            [
+                "def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):\n"
+                "    return naive_attention(q, k, v, causal)\n",
+                flash,
+            ],
+        ),
+        "sdpa_to_compare_in_a_scratch_cell": (
+            [],
+            {},
+            [
+                "from torch.nn.functional import scaled_dot_product_attention as sdpa\nx = torch.randn(1, 1, 8, 16)\n"
+                "print((sdpa(x, x, x) - flash_attention(x, x, x)).abs().max())"
+            ],
+        ),
         "modules_read_by_helpers": ([], {}, list(MODULE_READERS.values())),
-        "environment_and_flags": (["os.environ['TRITON_PRINT_AUTOTUNING'] = '0'\n"
-                                   "torch.backends.cudnn.allow_tf32 = False"], {}, []),
+        "environment_and_flags": (
+            ["os.environ['TRITON_PRINT_AUTOTUNING'] = '0'\ntorch.backends.cudnn.allow_tf32 = False"],
+            {},
+            [],
+        ),
         # code run unseen by the checks
-        "timing_with_timeit": ([], {}, [
-            "import timeit\nx = torch.randn(1, 1, 8, 16)\n"
-            "print(timeit.timeit(lambda: flash_attention(x, x, x), number=2))\n"
-            "print(timeit.repeat('flash_attention(x, x, x)', globals={'flash_attention': flash_attention, 'x': x},\n"
-            "                    number=1, repeat=2))", "%timeit -n 1 -r 1 flash_attention(x, x, x)"]),
-        "tensors_saved_and_loaded": ([], {}, [
-            "import numpy as np\ntorch.save({'w': torch.ones(2)}, 'weights.pt')\nstate = torch.load('weights.pt')\n"
-            "state = torch.load('weights.pt', map_location='cpu', weights_only=True)\n"
-            "np.save('ones.npy', np.ones(3))\nones = np.load('ones.npy')"]),
+        "timing_with_timeit": (
+            [],
+            {},
+            [
+                "import timeit\nx = torch.randn(1, 1, 8, 16)\n"
+                "print(timeit.timeit(lambda: flash_attention(x, x, x), number=2))\n"
+                "print(timeit.repeat('flash_attention(x, x, x)', globals={'flash_attention': flash_attention, 'x': x},\n"
+                "                    number=1, repeat=2))",
+                "%timeit -n 1 -r 1 flash_attention(x, x, x)",
+            ],
+        ),
+        "tensors_saved_and_loaded": (
+            [],
+            {},
+            [
+                "import numpy as np\ntorch.save({'w': torch.ones(2)}, 'weights.pt')\nstate = torch.load('weights.pt')\n"
+                "state = torch.load('weights.pt', map_location='cpu', weights_only=True)\n"
+                "np.save('ones.npy', np.ones(3))\nones = np.load('ones.npy')"
+            ],
+        ),
         # issue 19: a float64 copy of one head's keys and values (Tk x Dh) is O(T), honest, and fits the tiled bound
-        "flash_upcasts_one_head_to_float64": ([], {"flash_attention": dict(
-            importlib.import_module("autograder.lessons.gpu.mistakes").VARIANTS["flash_attention"])[
-            "a loop over batch and heads, einsum, float64 inside"]}, []),
-        "gc_between_timings": ([], {}, ["import gc\ngc.collect()\nif torch.cuda.is_available():\n"
-                                        "    torch.cuda.empty_cache()"]),
+        "flash_upcasts_one_head_to_float64": (
+            [],
+            {
+                "flash_attention": dict(
+                    importlib.import_module("autograder.lessons.gpu.mistakes").VARIANTS["flash_attention"]
+                )["a loop over batch and heads, einsum, float64 inside"]
+            },
+            [],
+        ),
+        "gc_between_timings": (
+            [],
+            {},
+            ["import gc\ngc.collect()\nif torch.cuda.is_available():\n    torch.cuda.empty_cache()"],
+        ),
         **HELD,
     }
 
 
 def _lesson_05(answers):
-    return {"generate_helper_with_hints": ([], {"generate": answers["generate"] + '''
+    return {
+        "generate_helper_with_hints": (
+            [],
+            {
+                "generate": answers["generate"]
+                + '''
 
 def greedy(model, prompt: torch.Tensor, n: int) -> torch.Tensor:
     """generate(), cached, with a docstring and type hints."""
     return generate(model, prompt, n, use_cache=True)
-'''}, [])}
+'''
+            },
+            [],
+        )
+    }
 
 
 def _lesson_08(answers):
     return {
-        "cache_subclass_in_scratch": ([], {}, [
-            "class MyCache(RollingKVCache):\n    \"\"\"A scratch subclass.\"\"\"\n\nc = MyCache\n"]),
+        "cache_subclass_in_scratch": (
+            [],
+            {},
+            ['class MyCache(RollingKVCache):\n    """A scratch subclass."""\n\nc = MyCache\n'],
+        ),
         # a scratch tensor kept at top level: more than RollingKVCache's whole bound (issue 19)
         "scratch_tensor_kept": ([], {}, ["big = torch.randn(8, 2**20)  # 32 MiB\nprint(big.std())"]),
         **HELD,
@@ -195,15 +303,25 @@ def _lesson_09(answers):
         "backward_with_typed_helper": ([], {"flash_attention_backward": FLASH_HELPER + backward}, []),
         "function_reimports_and_prints": ([], {"FlashAttention": IMPORTS + function + "\n\nprint('defined')\n"}, []),
         # a training step and gradcheck in scratch cells: autograd state left behind at top level
-        "training_step_in_a_scratch_cell": ([], {}, [
-            "x = torch.randn(2, 2, 16, 8, dtype=torch.float64, requires_grad=True)\n"
-            "loss = FlashAttention.apply(x, x, x, True).pow(2).sum()\nloss.backward()\nprint(x.grad.norm())",
-            "ok = torch.autograd.gradcheck(FlashAttention.apply, (x[:1, :1, :4].detach().requires_grad_(),) * 3)"]),
+        "training_step_in_a_scratch_cell": (
+            [],
+            {},
+            [
+                "x = torch.randn(2, 2, 16, 8, dtype=torch.float64, requires_grad=True)\n"
+                "loss = FlashAttention.apply(x, x, x, True).pow(2).sum()\nloss.backward()\nprint(x.grad.norm())",
+                "ok = torch.autograd.gradcheck(FlashAttention.apply, (x[:1, :1, :4].detach().requires_grad_(),) * 3)",
+            ],
+        ),
         # the naive backward's P kept at top level while exploring (1 MiB), and timings
-        "naive_probabilities_kept": ([], {}, [
-            "q = torch.randn(1, 1, 512, 16)\nP = torch.softmax(q @ q.transpose(-2, -1) / 4, dim=-1)\n"
-            "grads = attention_backward(q, q, q, torch.ones_like(q))",
-            "%time _ = flash_attention_backward(q, q, q, *flash_attention_forward(q, q, q), torch.ones_like(q))"]),
+        "naive_probabilities_kept": (
+            [],
+            {},
+            [
+                "q = torch.randn(1, 1, 512, 16)\nP = torch.softmax(q @ q.transpose(-2, -1) / 4, dim=-1)\n"
+                "grads = attention_backward(q, q, q, torch.ones_like(q))",
+                "%time _ = flash_attention_backward(q, q, q, *flash_attention_forward(q, q, q), torch.ones_like(q))",
+            ],
+        ),
         **HELD,
     }
 
@@ -211,25 +329,45 @@ def _lesson_09(answers):
 def _lesson_10(answers):
     rare = answers["rare_word_score"]
     return {
-        "rare_word_score_with_a_helper": ([], {"rare_word_score": (
-            "def _lowest_so_far(count):\n    return torch.cummin(count, dim=0).values\n\n\n"
-            + rare.replace("count.cummin(dim=0).values", "_lowest_so_far(count)"))}, []),
+        "rare_word_score_with_a_helper": (
+            [],
+            {
+                "rare_word_score": (
+                    "def _lowest_so_far(count):\n    return torch.cummin(count, dim=0).values\n\n\n"
+                    + rare.replace("count.cummin(dim=0).values", "_lowest_so_far(count)")
+                )
+            },
+            [],
+        ),
         # the checkpoint explored in scratch cells: importance, pruning, a training step that leaves .grad behind
-        "checkpoint_explored_in_scratch_cells": ([], {}, [
-            "m, h = load_checkpoint('role_model.npz')\nstories = make_corpus(20, seed=5)\n"
-            "imp = head_importance(m, stories.ids[:, :-1], stories.ids[:, 1:])\nmask = prune_heads(imp, 4)\n"
-            "print(imp, mask)",
-            "m.train()\nloss = F.cross_entropy(m(stories.ids[:, :-1]).flatten(0, 1), stories.ids[:, 1:].flatten())\n"
-            "loss.backward()\nprint(relation_accuracy(attention_patterns(m, stories.ids)[1, 0], stories.agreement[:1, 1:]))"]),
+        "checkpoint_explored_in_scratch_cells": (
+            [],
+            {},
+            [
+                "m, h = load_checkpoint('role_model.npz')\nstories = make_corpus(20, seed=5)\n"
+                "imp = head_importance(m, stories.ids[:, :-1], stories.ids[:, 1:])\nmask = prune_heads(imp, 4)\n"
+                "print(imp, mask)",
+                "m.train()\nloss = F.cross_entropy(m(stories.ids[:, :-1]).flatten(0, 1), stories.ids[:, 1:].flatten())\n"
+                "loss.backward()\nprint(relation_accuracy(attention_patterns(m, stories.ids)[1, 0], stories.agreement[:1, 1:]))",
+            ],
+        ),
     }
 
 
-SCRATCH = {"05_kv_cache": "g = generate\nC = KVCache\n", "06_gpu": "f = flash_attention\ng = triton_attention\n",
-           "08_kv_compression": "C = RollingKVCache\nf = absorbed_attention\n",
-           "09_flash_backward": "f = flash_attention_backward\nA = FlashAttention\n",
-           "10_head_roles": "f = head_importance\np = prune_heads\n"}
-LESSON_PATTERNS = {"05_kv_cache": _lesson_05, "06_gpu": _lesson_06, "08_kv_compression": _lesson_08,
-                   "09_flash_backward": _lesson_09, "10_head_roles": _lesson_10}
+SCRATCH = {
+    "05_kv_cache": "g = generate\nC = KVCache\n",
+    "06_gpu": "f = flash_attention\ng = triton_attention\n",
+    "08_kv_compression": "C = RollingKVCache\nf = absorbed_attention\n",
+    "09_flash_backward": "f = flash_attention_backward\nA = FlashAttention\n",
+    "10_head_roles": "f = head_importance\np = prune_heads\n",
+}
+LESSON_PATTERNS = {
+    "05_kv_cache": _lesson_05,
+    "06_gpu": _lesson_06,
+    "08_kv_compression": _lesson_08,
+    "09_flash_backward": _lesson_09,
+    "10_head_roles": _lesson_10,
+}
 # What the grader cannot read, graded beside the honest students of lesson 06: the student's failure, never ours.
 
 
@@ -238,8 +376,11 @@ def backward_chain(k, n):
     return "\n".join(f"b{k}_{i + 1} = b{k}_{i}" for i in range(n, 0, -1)) + f"\nb{k}_1 = torch"
 
 
-UNREADABLE = {"huge_cell": "\n".join(["a = 1"] * 150_000), "deep_expression": "_x = " + "+".join(["1"] * 20_000),
-              "backward_alias_chain": backward_chain(0, 4500)}  # more passes than the grader's reading makes
+UNREADABLE = {
+    "huge_cell": "\n".join(["a = 1"] * 150_000),
+    "deep_expression": "_x = " + "+".join(["1"] * 20_000),
+    "backward_alias_chain": backward_chain(0, 4500),
+}  # more passes than the grader's reading makes
 
 
 def patterns(lesson):
@@ -251,10 +392,23 @@ def grade(root, subs, lesson):
     """The real command; (process, grades.csv rows, the grader's peak resident memory in MiB)."""
     tmp = root / "tmp"
     tmp.mkdir()
-    cmd = [sys.executable, "-m", "autograder", "grade", str(subs), "--out", str(root / "results"), "--lesson", lesson,
-           "--jobs", "2", "--quiet"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, TMPDIR=str(tmp)))
+    cmd = [
+        sys.executable,
+        "-m",
+        "autograder",
+        "grade",
+        str(subs),
+        "--out",
+        str(root / "results"),
+        "--lesson",
+        lesson,
+        "--jobs",
+        "2",
+        "--quiet",
+    ]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ, TMPDIR=str(tmp))
+    )
     out, err, peak = watch.communicate(proc, timeout=1500)
     proc.stderr_text = err
     rows = list(csv.DictReader((root / "results" / "grades.csv").open(newline=""))) if proc.returncode == 0 else []

@@ -1,8 +1,9 @@
 """Shared helpers for the lesson tests: the lessons present, their code cells, running notebooks."""
+
 import functools
 import gc
-import os
 import linecache
+import os
 import re
 
 from autograder import lessons
@@ -20,7 +21,9 @@ def graded_names(lesson):
 def namespace_source(lesson):
     """The code the grader runs for a filled-in notebook: every code cell but tests and demos."""
     nb = nbk.read(nbk.lesson_path(lesson))
-    cells = [nbk.without_markers(nbk.source(c)) for c in nbk.code_cells(nb) if not nbk.is_test(c) and not nbk.is_demo(c)]
+    cells = [
+        nbk.without_markers(nbk.source(c)) for c in nbk.code_cells(nb) if not nbk.is_test(c) and not nbk.is_demo(c)
+    ]
     return [re.sub(r"^\s*[%!].*$", "", c, flags=re.M) for c in cells]  # no magics in-process
 
 
@@ -67,8 +70,13 @@ def execute(path, allow_errors=False, timeout=300):
     # must set itself, before anything imports Triton (lesson 09's FLOP counter does).
     interpret = os.environ.pop("TRITON_INTERPRET", None)
     try:
-        NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=allow_errors,
-                       resources={"metadata": {"path": str(path.parent)}}).execute()
+        NotebookClient(
+            nb,
+            timeout=timeout,
+            kernel_name="python3",
+            allow_errors=allow_errors,
+            resources={"metadata": {"path": str(path.parent)}},
+        ).execute()
     finally:
         if interpret is not None:
             os.environ["TRITON_INTERPRET"] = interpret
@@ -77,8 +85,13 @@ def execute(path, allow_errors=False, timeout=300):
 
 def errors(nb):
     """[(cell index, exception name)] of the cells that raised."""
-    return [(i, o.get("ename")) for i, c in enumerate(nb.cells) if c.cell_type == "code"
-            for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    return [
+        (i, o.get("ename"))
+        for i, c in enumerate(nb.cells)
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+        if o.get("output_type") == "error"
+    ]
 
 
 def fill(release_nb, lesson, replace=None):

@@ -1,5 +1,6 @@
 """Each lesson's notebook: in sync with solutions/, complete, runnable as source and as release
 (tests/lessons/test_<module>.py imports these; tests/grader/test_lessons.py tests the machinery)."""
+
 import ast
 import importlib
 import inspect
@@ -15,11 +16,15 @@ from autograder.release import release
 from tests.harness import each, one_lesson
 from tests.harness.lessons import errors, execute, graded_names
 
-__all__ = ["test_notebook_structure", "test_notebook_imports_what_its_solutions_module_imports",
-           "test_source_notebook_passes_all_its_tests", "released",
-           "test_release_copy_has_no_solution_code_and_no_hidden_tests",
-           "test_release_copy_runs_and_fails_only_at_the_exercises",
-           "test_the_python_3_10_reader_reads_every_manifest_as_tomllib_does"]
+__all__ = [
+    "test_notebook_structure",
+    "test_notebook_imports_what_its_solutions_module_imports",
+    "test_source_notebook_passes_all_its_tests",
+    "released",
+    "test_release_copy_has_no_solution_code_and_no_hidden_tests",
+    "test_release_copy_runs_and_fails_only_at_the_exercises",
+    "test_the_python_3_10_reader_reads_every_manifest_as_tomllib_does",
+]
 
 
 @each("lesson", one_lesson)
@@ -49,8 +54,9 @@ def test_notebook_imports_what_its_solutions_module_imports(lesson):
     for node in ast.parse(inspect.getsource(module)).body:
         if isinstance(node, (ast.Import, ast.ImportFrom)) and "solutions" not in ast.unparse(node):
             if not (isinstance(node, ast.ImportFrom) and node.module == "triton"):
-                assert ast.unparse(node) in text or ast.get_source_segment(inspect.getsource(module), node) in text, \
+                assert ast.unparse(node) in text or ast.get_source_segment(inspect.getsource(module), node) in text, (
                     f"the notebook should `{ast.unparse(node)}` like solutions/{ALL_LESSONS[lesson]}.py"
+                )
 
 
 @pytest.mark.slow
@@ -86,7 +92,7 @@ def test_release_copy_has_no_solution_code_and_no_hidden_tests(released, lesson)
             region = re.findall(r"### BEGIN SOLUTION\n(.*?)### END SOLUTION", nbk.source(c), re.S)
             for line in "".join(region).splitlines():
                 line = line.strip()
-                if len(line) > 12 and not line.startswith(("#", "return", "raise", "\"\"\"")):
+                if len(line) > 12 and not line.startswith(("#", "return", "raise", '"""')):
                     assert line not in released_lines, f"solution line leaked into the release: {line}"
 
 
@@ -100,8 +106,13 @@ def test_release_copy_runs_and_fails_only_at_the_exercises(released, lesson):
     tests_cells = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and nbk.is_test(c)]
     assert set(tests_cells) <= {i for i, _ in failed}, "every test cell should fail on a blank copy"
     # A demonstration that runs a stub says which one (answered(...), or lesson 08's pasted(...)), never a bare error.
-    bare = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and nbk.is_demo(c)
-            for o in c.get("outputs", []) if o.get("output_type") == "error" and "is still the stub" not in o["evalue"]]
+    bare = [
+        i
+        for i, c in enumerate(nb.cells)
+        if c.cell_type == "code" and nbk.is_demo(c)
+        for o in c.get("outputs", [])
+        if o.get("output_type") == "error" and "is still the stub" not in o["evalue"]
+    ]
     assert not bare, f"demonstrations {bare} stop with a bare error on a blank copy: call answered(...) first"
 
 

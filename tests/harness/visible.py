@@ -8,6 +8,7 @@ and variant just before its answer cell); `python -m autograder audit LESSON` pr
 
     .venv/bin/python -m tests.harness.visible [LESSON ...]   # the audit's tables of these lessons
 """
+
 import functools
 import sys
 
@@ -41,8 +42,12 @@ def verdict(lesson, name, mutant):
     return caught, own, misblamed, run_lesson(lesson)[name, mutant[0]]
 
 
-__all__ = ["test_solutions_pass_every_visible_test", "test_mutant_fails_its_own_visible_test_naming_the_mistake",
-           "test_few_mutants_are_hidden_only", "test_correct_variant_passes_every_visible_test"]
+__all__ = [
+    "test_solutions_pass_every_visible_test",
+    "test_mutant_fails_its_own_visible_test_naming_the_mistake",
+    "test_few_mutants_are_hidden_only",
+    "test_correct_variant_passes_every_visible_test",
+]
 
 
 @pytest.mark.slow

@@ -1,4 +1,5 @@
 """A process's peak resident memory, read while it runs: the grading runs of tests/ bound the grader's own memory."""
+
 import threading
 import time
 from pathlib import Path

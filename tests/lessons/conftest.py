@@ -1,6 +1,7 @@
 """One file per lesson: tests/lessons/test_<module>.py sets LESSON = "NN_name" and imports the generic tests of
 tests/harness/, which are parametrized here with that lesson's cases, so that the file is the whole slice of one
 lesson (`pytest tests/lessons/test_gpu.py`, `-k 06_gpu`) and xdist's loadfile shares the lessons between workers."""
+
 import pytest
 
 

@@ -5,6 +5,7 @@ Chance levels, against which every threshold is set: relation accuracy is compar
 attention uniformly (uniform_rare_word_score, about 0.13); agreement and pronoun accuracy with guessing (0.5).
 The full retrain (about 90 s on one core) is opt-in: MHA_FULL_RETRAIN=1.
 """
+
 import os
 import subprocess
 import sys
@@ -16,9 +17,13 @@ import torch
 from solutions.head_roles import evaluate, load_checkpoint, make_corpus, train
 
 # What tests/lessons/test_<module>.py collects from here.
-__all__ = ["test_reduced_training_is_deterministic_and_learns_the_pronoun",
-           "test_train_leaves_the_thread_setting_alone", "test_committed_checkpoint_has_the_lessons_heads",
-           "test_the_script_writes_a_checkpoint", "test_full_retrain_reproduces_the_checkpoint"]
+__all__ = [
+    "test_reduced_training_is_deterministic_and_learns_the_pronoun",
+    "test_train_leaves_the_thread_setting_alone",
+    "test_committed_checkpoint_has_the_lessons_heads",
+    "test_the_script_writes_a_checkpoint",
+    "test_full_retrain_reproduces_the_checkpoint",
+]
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECKPOINT = ROOT / "lessons" / "10_head_roles" / "role_model.npz"
@@ -69,14 +74,21 @@ def test_committed_checkpoint_has_the_lessons_heads():
 def test_the_script_writes_a_checkpoint(tmp_path):
     """`python -m solutions.head_roles OUT.npz` end to end, shortened with --steps."""
     out = tmp_path / "tiny.npz"
-    p = subprocess.run([sys.executable, "-m", "solutions.head_roles", str(out), "--steps", "5"],
-                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    p = subprocess.run(
+        [sys.executable, "-m", "solutions.head_roles", str(out), "--steps", "5"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     model, history = load_checkpoint(out)
     assert [r["step"] for r in history] == [0, 5] and model.n_layers == 3
 
 
-@pytest.mark.skipif(os.environ.get("MHA_FULL_RETRAIN") != "1", reason="the full retrain takes minutes: MHA_FULL_RETRAIN=1")
+@pytest.mark.skipif(
+    os.environ.get("MHA_FULL_RETRAIN") != "1", reason="the full retrain takes minutes: MHA_FULL_RETRAIN=1"
+)
 def test_full_retrain_reproduces_the_checkpoint():
     model, history = train()
     shipped, shipped_history = load_checkpoint(CHECKPOINT)

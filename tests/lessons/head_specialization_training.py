@@ -7,6 +7,7 @@ it scores, averaged over the scored queries:
     induction:       mean over i = p..T-1 of 1/(i+1)     about 0.04 for T = 32 (p = 16), 0.08 for T = 16 (p = 8)
 Every threshold below is at least five times that, and well under what the model reaches (in brackets, measured).
 """
+
 from pathlib import Path
 
 import numpy as np
@@ -23,9 +24,15 @@ from solutions.head_specialization import (
 )
 
 # What tests/lessons/test_<module>.py collects from here.
-__all__ = ["small_run", "test_reduced_training_forms_an_induction_head", "test_training_is_deterministic",
-           "test_train_leaves_the_thread_setting_alone", "test_committed_checkpoint_has_the_lessons_heads",
-           "test_training_batch_is_reproducible", "test_the_script_writes_a_checkpoint"]
+__all__ = [
+    "small_run",
+    "test_reduced_training_forms_an_induction_head",
+    "test_training_is_deterministic",
+    "test_train_leaves_the_thread_setting_alone",
+    "test_committed_checkpoint_has_the_lessons_heads",
+    "test_training_batch_is_reproducible",
+    "test_the_script_writes_a_checkpoint",
+]
 
 LESSON = Path(__file__).resolve().parents[2] / "lessons" / "07_head_specialization"
 
@@ -45,8 +52,9 @@ def small_run():
 
 def test_reduced_training_forms_an_induction_head(small_run):
     from solutions.head_specialization import induction_score, previous_token_score
+
     model, history = small_run
-    chance_induction = uniform_score(induction_score, 16, 8).item()       # 0.08
+    chance_induction = uniform_score(induction_score, 16, 8).item()  # 0.08
     chance_previous = uniform_score(previous_token_score, 16, None).item()  # 0.16
     final = history[-1]
     # an induction head in layer 1 puts most of its attention on the token after the earlier copy (0.80)
@@ -107,9 +115,15 @@ def test_the_script_writes_a_checkpoint(tmp_path):
     """`python -m solutions.head_specialization OUT.npz` end to end, shortened with --steps."""
     import subprocess
     import sys
+
     out = tmp_path / "tiny.npz"
-    p = subprocess.run([sys.executable, "-m", "solutions.head_specialization", str(out), "--steps", "25", "--kv-heads", "2"],
-                       capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[2])
+    p = subprocess.run(
+        [sys.executable, "-m", "solutions.head_specialization", str(out), "--steps", "25", "--kv-heads", "2"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     model, history = load_checkpoint(out)
     assert model.config["n_kv_heads"] == 2 and [r["step"] for r in history] == [0, 25]

@@ -1,4 +1,5 @@
 """solutions.attention (lesson 01, numpy) against PyTorch and explicit loops."""
+
 import numpy as np
 import pytest
 import torch
@@ -43,8 +44,9 @@ def test_causal_mask_defaults_to_square():
     np.testing.assert_array_equal(causal_mask(4), np.tril(np.ones((4, 4), dtype=bool)))
 
 
-@pytest.mark.parametrize("lead, tq, tk, masked", [((), 3, 3, False), ((2,), 4, 6, True), ((2, 3), 5, 2, False),
-                                                  ((2, 3), 3, 8, True)])
+@pytest.mark.parametrize(
+    "lead, tq, tk, masked", [((), 3, 3, False), ((2,), 4, 6, True), ((2, 3), 5, 2, False), ((2, 3), 3, 8, True)]
+)
 def test_sdpa_matches_torch(lead, tq, tk, masked):
     q, k = rng.standard_normal((*lead, tq, 8)), rng.standard_normal((*lead, tk, 8))
     v = rng.standard_normal((*lead, tk, 5))

@@ -2,6 +2,7 @@
 PyTorch's scaled_dot_product_attention (bottom-right causal, Tq != Tk, ragged tiles, every dtype), lse equals
 torch.logsumexp, the autograd Function passes gradcheck and saves no probabilities, and the backward never forms
 a (Tq, Tk) tensor nor one larger than the contract's bound (a TorchDispatchMode records every tensor made)."""
+
 import math
 
 import pytest
@@ -9,8 +10,15 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from solutions.flash_backward import (HAS_TRITON, FlashAttention, TritonFlashAttention, attention_backward,
-                                      flash_attention_backward, flash_attention_forward, triton_flash_forward)
+from solutions.flash_backward import (
+    HAS_TRITON,
+    FlashAttention,
+    TritonFlashAttention,
+    attention_backward,
+    flash_attention_backward,
+    flash_attention_forward,
+    triton_flash_forward,
+)
 from tests.harness.checks import *  # noqa: F403
 from tests.harness.grading import *  # noqa: F403
 from tests.harness.honest import *  # noqa: F403
@@ -113,8 +121,13 @@ def test_flash_attention_function_saves_exactly_q_k_v_out_and_lse():
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     out = FlashAttention.apply(q, k, v, True)
     saved = out.grad_fn.saved_tensors
-    assert [tuple(t.shape) for t in saved] == [(2, 3, 37, 16), (2, 3, 53, 16), (2, 3, 53, 16), (2, 3, 37, 16),
-                                               (2, 3, 37)]
+    assert [tuple(t.shape) for t in saved] == [
+        (2, 3, 37, 16),
+        (2, 3, 53, 16),
+        (2, 3, 53, 16),
+        (2, 3, 37, 16),
+        (2, 3, 37),
+    ]
     assert all(t is not None and t.numel() < 37 * 53 for t in saved[4:])
     assert [n for n in vars(out.grad_fn) if isinstance(getattr(out.grad_fn, n), torch.Tensor)] == []
     out.backward(do)
@@ -227,10 +240,15 @@ def test_d_per_pair_is_read_from_the_cells_values_only():
     from autograder.checking import mistakes
     from autograder.lessons.flash_backward.checks import d_per_pair
     from solutions import flash_backward as ref
+
     source = inspect.getsource(ref.flash_attention_backward)
-    per_pair = [m.code for m in mistakes.mutants("09_flash_backward")["flash_attention_backward"]
-                if m.what == "D computed for every pair of tiles"]
+    per_pair = [
+        m.code
+        for m in mistakes.mutants("09_flash_backward")["flash_attention_backward"]
+        if m.what == "D computed for every pair of tiles"
+    ]
     assert per_pair and d_per_pair(per_pair) and not d_per_pair([source])
-    assert not d_per_pair([source.replace("dq[:, :, qs:qe] += ds @ kb * scale",
-                                          "dq[:, :, qs:qe] += (ds @ kb * scale).to(out.dtype)")])
+    assert not d_per_pair(
+        [source.replace("dq[:, :, qs:qe] += ds @ kb * scale", "dq[:, :, qs:qe] += (ds @ kb * scale).to(out.dtype)")]
+    )
     assert not any(d_per_pair([code]) for _, code in mistakes.variants("09_flash_backward")["flash_attention_backward"])

@@ -1,5 +1,6 @@
 """solutions.gpu (lesson 06): tiled attention equals SDPA; Triton under its interpreter (compiled for
 each GPU ahead of time: tests/test_triton_fit.py); the measuring tools; the lesson without Triton."""
+
 import importlib.util
 import os
 import subprocess
@@ -25,8 +26,12 @@ from tests.harness.visible import *  # noqa: F403
 LESSON = "06_gpu"
 
 torch.manual_seed(0)
-TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.float16: dict(atol=2e-3, rtol=2e-3),
-       torch.bfloat16: dict(atol=1.6e-2, rtol=1.6e-2), torch.float64: dict(atol=1e-10, rtol=1e-10)}
+TOL = {
+    torch.float32: dict(atol=1e-5, rtol=1e-5),
+    torch.float16: dict(atol=2e-3, rtol=2e-3),
+    torch.bfloat16: dict(atol=1.6e-2, rtol=1.6e-2),
+    torch.float64: dict(atol=1e-10, rtol=1e-10),
+}
 
 
 def sdpa(q, k, v, causal):
@@ -50,10 +55,16 @@ def test_online_softmax_equals_softmax(n, block):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("tq, tk, causal", [(100, 100, False), (100, 100, True), (37, 130, True),
-                                            (130, 37, False), (1, 77, True), (64, 64, True)])
+@pytest.mark.parametrize(
+    "tq, tk, causal",
+    [(100, 100, False), (100, 100, True), (37, 130, True), (130, 37, False), (1, 77, True), (64, 64, True)],
+)
 def test_flash_attention_equals_sdpa(dtype, tq, tk, causal):
-    q, k, v = torch.randn(2, 3, tq, 16, dtype=dtype), torch.randn(2, 3, tk, 16, dtype=dtype), torch.randn(2, 3, tk, 16, dtype=dtype)
+    q, k, v = (
+        torch.randn(2, 3, tq, 16, dtype=dtype),
+        torch.randn(2, 3, tk, 16, dtype=dtype),
+        torch.randn(2, 3, tk, 16, dtype=dtype),
+    )
     got = flash_attention(q, k, v, causal=causal, block_q=32, block_k=48)
     assert got.dtype == dtype and got.shape == q.shape
     torch.testing.assert_close(got, sdpa(q, k, v, causal), **TOL[dtype])
@@ -85,8 +96,10 @@ triton_missing = importlib.util.find_spec("triton") is None
 
 
 @pytest.mark.skipif(triton_missing, reason="Triton is not installed (pip install -e '.[gpu]', Linux only)")
-@pytest.mark.skipif(not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
-                    reason="no GPU and TRITON_INTERPRET is not 1")
+@pytest.mark.skipif(
+    not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
+    reason="no GPU and TRITON_INTERPRET is not 1",
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("tq, tk, dh, causal", [(17, 17, 16, False), (20, 33, 32, True), (33, 33, 24, True)])
 def test_triton_attention_equals_sdpa(dtype, tq, tk, dh, causal):
@@ -116,8 +129,10 @@ def test_benchmark_ms_and_peak_memory_on_the_cpu():
     peaks = {}
     for T in (256, 512):
         q = torch.randn(1, 2, T, 32)
-        peaks[T] = (gpu.peak_memory_bytes(gpu.naive_attention, q, q, q),
-                    gpu.peak_memory_bytes(lambda q, k, v: flash_attention(q, k, v, block_q=64, block_k=64), q, q, q))
+        peaks[T] = (
+            gpu.peak_memory_bytes(gpu.naive_attention, q, q, q),
+            gpu.peak_memory_bytes(lambda q, k, v: flash_attention(q, k, v, block_q=64, block_k=64), q, q, q),
+        )
     scores = 1 * 2 * 512 * 512 * 4
     assert peaks[512][0] >= 2 * scores, "naive attention holds the scores and their softmax at once"
     assert peaks[512][0] / peaks[256][0] > 3.5, "naive attention's memory is quadratic in T"
@@ -167,23 +182,23 @@ def test_lesson_runs_without_triton(tmp_path):
 
 FLASH_IMITATIONS = {  # flash_attention that reaches PyTorch's attention kernel, and how
     "directly": "def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):\n"
-                "    return F.scaled_dot_product_attention(q, k, v)\n",
+    "    return F.scaled_dot_product_attention(q, k, v)\n",
     "through a helper": "def _fast(q, k, v):\n    return torch.nn.functional.scaled_dot_product_attention(q, k, v)\n\n"
-                        "def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):\n    return _fast(q, k, v)\n",
+    "def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):\n    return _fast(q, k, v)\n",
     "through a decorator": "def _fast(fn):\n    return lambda q, k, v, **kw: F.scaled_dot_product_attention(q, k, v)\n\n"
-                           "@_fast\ndef flash_attention(q, k, v, causal=False, block_q=64, block_k=64):\n    return q\n",
+    "@_fast\ndef flash_attention(q, k, v, causal=False, block_q=64, block_k=64):\n    return q\n",
     "through torch.ops": "def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):\n"
-                         "    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v)[0]\n",
+    "    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v)[0]\n",
     "through getattr": "def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):\n"
-                       "    return getattr(F, 'scaled_dot_product' + '_attention')(q, k, v)\n",
+    "    return getattr(F, 'scaled_dot_product' + '_attention')(q, k, v)\n",
     "imported under another name": "from torch.nn.functional import scaled_dot_product_attention as sdpa\n\n"
-                                   "def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):\n"
-                                   "    return sdpa(q, k, v)\n",
+    "def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):\n"
+    "    return sdpa(q, k, v)\n",
     "through nn.MultiheadAttention": "def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):\n"
-                                     "    mha = torch.nn.MultiheadAttention(q.size(-1), 1, batch_first=True).eval()\n"
-                                     "    return mha(q[0], k[0], v[0], need_weights=False)[0][None]\n",
+    "    mha = torch.nn.MultiheadAttention(q.size(-1), 1, batch_first=True).eval()\n"
+    "    return mha(q[0], k[0], v[0], need_weights=False)[0][None]\n",
     "through the math backend": "def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):\n"
-                                "    return torch.ops.aten._scaled_dot_product_attention_math(q, k, v)[0]\n",
+    "    return torch.ops.aten._scaled_dot_product_attention_math(q, k, v)[0]\n",
 }
 
 

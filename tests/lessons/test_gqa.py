@@ -1,4 +1,5 @@
 """solutions.gqa (lesson 04) against SDPA's own GQA and against multi-head attention."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -114,16 +115,18 @@ def test_imports_go_one_way():
     # solutions.kv_cache imports this lesson's module; this one never imports lesson 05's.
     import subprocess
     import sys
+
     code = "import sys, solutions.gqa; assert 'solutions.kv_cache' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-@pytest.mark.parametrize("name, what, share", [("GroupedQueryAttention", "a given mask ignored", (5, 6)),
-                                               ("mha_to_gqa", "biases dropped", (5, 6))])
+@pytest.mark.parametrize(
+    "name, what, share",
+    [("GroupedQueryAttention", "a given mask ignored", (5, 6)), ("mha_to_gqa", "biases dropped", (5, 6))],
+)
 def test_one_slip_costs_its_share(name, what, share):
-    from autograder.checking import PartialCredit, verify
+    from autograder.checking import PartialCredit, mistakes, verify
     from tests.harness.lessons import fresh_namespace
-    from autograder.checking import mistakes
 
     m04_gqa = mistakes.for_lesson("04_gqa")
 

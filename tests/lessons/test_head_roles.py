@@ -1,12 +1,22 @@
 """solutions.head_roles (lesson 10): the scores on constructed patterns and against loops written from the
 contract, head_importance against finite differences and per-sequence autograd, prune_heads' order and errors,
 the language's annotations and the model's head_mask. Each score test also fails on a known-wrong version."""
+
 import pytest
 import torch
 import torch.nn.functional as F
 
-from solutions.head_roles import (Language, RoleModel, head_importance, make_corpus, offset_baseline, prune_heads,
-                                  rare_word_score, relation_accuracy, uniform_rare_word_score)
+from solutions.head_roles import (
+    Language,
+    RoleModel,
+    head_importance,
+    make_corpus,
+    offset_baseline,
+    prune_heads,
+    rare_word_score,
+    relation_accuracy,
+    uniform_rare_word_score,
+)
 from tests.harness.checks import *  # noqa: F403
 from tests.harness.grading import *  # noqa: F403
 from tests.harness.honest import *  # noqa: F403
@@ -33,7 +43,7 @@ def rare_loop(pattern, tokens, counts):
     for h in range(H):
         for i in range(1, T):
             j = max(range(i + 1), key=lambda k: (pattern[h, i, k].item(), -k))  # largest weight, lowest index
-            lowest = min(counts[t].item() for t in tokens[:i + 1])
+            lowest = min(counts[t].item() for t in tokens[: i + 1])
             out[h] += counts[tokens[j]].item() == lowest
     return out / (T - 1)
 
@@ -137,8 +147,10 @@ def test_head_importance_matches_finite_differences():
                 up[l, h] += eps
                 down[l, h] -= eps
                 with torch.no_grad():
-                    d = (F.cross_entropy(model(ids[b:b + 1], up)[0], targets[b])
-                         - F.cross_entropy(model(ids[b:b + 1], down)[0], targets[b])) / (2 * eps)
+                    d = (
+                        F.cross_entropy(model(ids[b : b + 1], up)[0], targets[b])
+                        - F.cross_entropy(model(ids[b : b + 1], down)[0], targets[b])
+                    ) / (2 * eps)
                 want[l, h] += d.abs() / 3
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-8)
     # the mean of each sequence's |gradient| differs from the |gradient| of the batch's mean loss
@@ -192,11 +204,13 @@ def test_corpus_annotations():
     for story, at, to in corpus.agreement.tolist():
         verb, subject = words[corpus.ids[story, at + 1]], words[corpus.ids[story, to]]
         assert subject in singular | plural and verb == L.VERB[subject not in singular], corpus.text(story)
-        assert {words[t] for t in corpus.ids[story, to + 1:at + 1]} & (singular | plural), "a noun between"
+        assert {words[t] for t in corpus.ids[story, to + 1 : at + 1]} & (singular | plural), "a noun between"
     # the nouns between subject and verb have either number: the nearest one tells nothing about the verb
-    nearest_agrees = [words[corpus.ids[s, max(t for t in range(to + 1, at + 1) if words[corpus.ids[s, t]] in
-                                              singular | plural)]] in singular
-                      for s, at, to in corpus.agreement.tolist()]
+    nearest_agrees = [
+        words[corpus.ids[s, max(t for t in range(to + 1, at + 1) if words[corpus.ids[s, t]] in singular | plural)]]
+        in singular
+        for s, at, to in corpus.agreement.tolist()
+    ]
     subject_singular = [words[corpus.ids[s, to]] in singular for s, _, to in corpus.agreement.tolist()]
     agree = sum(a == b for a, b in zip(nearest_agrees, subject_singular)) / len(subject_singular)
     assert 0.4 < agree < 0.6

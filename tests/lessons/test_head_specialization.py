@@ -1,14 +1,23 @@
 """solutions.head_specialization (lesson 07): scores on constructed patterns and against loops; the model against
 torch.nn.MultiheadAttention; ablation; the data; checkpoints."""
+
 import numpy as np
 import pytest
 import torch
 from torch import nn
 
-from solutions.head_specialization import (AttentionOnlyTransformer, CausalSelfAttention, ablate_head,
-                                           duplicate_token_score, induction_score, load_checkpoint,
-                                           previous_token_score, repeated_sequences, save_checkpoint,
-                                           training_batch)
+from solutions.head_specialization import (
+    AttentionOnlyTransformer,
+    CausalSelfAttention,
+    ablate_head,
+    duplicate_token_score,
+    induction_score,
+    load_checkpoint,
+    previous_token_score,
+    repeated_sequences,
+    save_checkpoint,
+    training_batch,
+)
 from tests.harness.checks import *  # noqa: F403
 from tests.harness.grading import *  # noqa: F403
 from tests.harness.honest import *  # noqa: F403
@@ -106,11 +115,14 @@ def test_scores_match_explicit_loops_on_random_patterns():
     p = scores.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf")).softmax(-1)
     tokens = torch.randint(4, (T,), generator=gen)
     prev = torch.tensor([sum(p[h, i, i - 1] for i in range(1, T)) / (T - 1) for h in range(H)], dtype=torch.float64)
-    ind = torch.tensor([sum(p[h, i, i - period + 1] for i in range(period, T)) / (T - period) for h in range(H)],
-                       dtype=torch.float64)
+    ind = torch.tensor(
+        [sum(p[h, i, i - period + 1] for i in range(period, T)) / (T - period) for h in range(H)], dtype=torch.float64
+    )
     rows = [i for i in range(T) if any(tokens[j] == tokens[i] for j in range(i))]
-    dup = torch.tensor([sum(sum(p[h, i, j] for j in range(i) if tokens[j] == tokens[i]) for i in rows) / len(rows)
-                        for h in range(H)], dtype=torch.float64)
+    dup = torch.tensor(
+        [sum(sum(p[h, i, j] for j in range(i) if tokens[j] == tokens[i]) for i in rows) / len(rows) for h in range(H)],
+        dtype=torch.float64,
+    )
     torch.testing.assert_close(previous_token_score(p), prev)
     torch.testing.assert_close(induction_score(p, period), ind)
     torch.testing.assert_close(duplicate_token_score(p, tokens), dup)
@@ -172,7 +184,7 @@ def test_training_batch_repeats_a_block_right_after_itself():
     assert ids.shape == (64, 32) and ids.dtype == torch.long
     starts_at_zero = 0
     for row in ids.tolist():
-        found = [(s, L) for L in range(4, 17) for s in range(0, 33 - 2 * L) if row[s:s + L] == row[s + L:s + 2 * L]]
+        found = [(s, L) for L in range(4, 17) for s in range(0, 33 - 2 * L) if row[s : s + L] == row[s + L : s + 2 * L]]
         assert found, "every sequence holds a repeated block"
         starts_at_zero += any(s == 0 for s, _ in found)
     assert 32 <= starts_at_zero < 64, "half the batch starts its block at 0, the rest elsewhere"
@@ -181,8 +193,16 @@ def test_training_batch_repeats_a_block_right_after_itself():
 def test_checkpoint_round_trip(tmp_path):
     torch.manual_seed(0)
     model = AttentionOnlyTransformer(20, d_model=16, n_layers=2, n_heads=4, max_seq_len=12, n_kv_heads=2).eval()
-    history = [dict(step=0, loss_first=1.23456789, loss_repeat=0.5, previous=[[0.1] * 4] * 2,
-                    duplicate=[[0.2] * 4] * 2, induction=[[0.3] * 4] * 2)]
+    history = [
+        dict(
+            step=0,
+            loss_first=1.23456789,
+            loss_repeat=0.5,
+            previous=[[0.1] * 4] * 2,
+            duplicate=[[0.2] * 4] * 2,
+            induction=[[0.3] * 4] * 2,
+        )
+    ]
     save_checkpoint(model, history, tmp_path / "m.npz")
     loaded, got = load_checkpoint(tmp_path / "m.npz")
     ids = repeated_sequences(2, 6, 20)

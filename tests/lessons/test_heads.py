@@ -1,4 +1,5 @@
 """solutions.heads (lesson 02) against explicit slicing and PyTorch's SDPA."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -22,7 +23,7 @@ def test_split_heads_gives_each_head_its_feature_slice():
     h = split_heads(x, 3)
     assert h.shape == (2, 3, 5, 4)
     for i in range(3):
-        torch.testing.assert_close(h[:, i], x[..., 4 * i:4 * (i + 1)])
+        torch.testing.assert_close(h[:, i], x[..., 4 * i : 4 * (i + 1)])
 
 
 def test_merge_heads_inverts_split_heads():
@@ -32,8 +33,10 @@ def test_merge_heads_inverts_split_heads():
     torch.testing.assert_close(split_heads(merge_heads(y), 4), y)
 
 
-@pytest.mark.parametrize("fn, arg", [(split_heads, torch.zeros(2, 5, 10)), (split_heads, torch.zeros(5, 12)),
-                                     (merge_heads, torch.zeros(2, 3, 4))])
+@pytest.mark.parametrize(
+    "fn, arg",
+    [(split_heads, torch.zeros(2, 5, 10)), (split_heads, torch.zeros(5, 12)), (merge_heads, torch.zeros(2, 3, 4))],
+)
 def test_bad_shapes_raise_value_error_naming_them(fn, arg):
     with pytest.raises(ValueError, match=r"\(2, 5, 10\)|\(5, 12\)|\(2, 3, 4\)"):
         fn(arg, 3) if fn is split_heads else fn(arg)

@@ -1,4 +1,5 @@
 """solutions.kv_cache (lesson 05): cached equals uncached, token for token."""
+
 import pytest
 import torch
 
@@ -55,7 +56,7 @@ def test_prefill_then_single_steps_equal_full_causal_attention(n_kv_heads):
     full = attn(x)
     cache = KVCache(2, 16, n_kv_heads, 4)
     outs = [attend_with_cache(attn, x[:, :5], cache)]
-    outs += [attn(x[:, t:t + 1], cache=cache) for t in range(5, 9)]
+    outs += [attn(x[:, t : t + 1], cache=cache) for t in range(5, 9)]
     torch.testing.assert_close(torch.cat(outs, dim=1), full)
     assert len(cache) == 9
 
@@ -78,7 +79,7 @@ def test_decoder_logits_with_caches_equal_without():
     model = make_decoder()
     ids = torch.randint(50, (2, 12))
     caches = model.make_caches(2)
-    steps = [model(ids[:, :7], caches)] + [model(ids[:, t:t + 1], caches) for t in range(7, 12)]
+    steps = [model(ids[:, :7], caches)] + [model(ids[:, t : t + 1], caches) for t in range(7, 12)]
     torch.testing.assert_close(torch.cat(steps, 1), model(ids))
     assert all(len(c) == 12 for c in caches)
 
@@ -103,7 +104,7 @@ def test_generate_never_feeds_the_last_token():
 
 # ---- the hidden check of generate against a forged call log (issue 11, item 4) -------------------
 
-FORGER = '''
+FORGER = """
 @torch.no_grad()
 def generate(model, prompt_ids, max_new_tokens, use_cache=True):
     ids = prompt_ids
@@ -113,7 +114,7 @@ def generate(model, prompt_ids, max_new_tokens, use_cache=True):
         T0 = prompt_ids.size(1)
         model.calls = [[T0, 0]] + [[1, T0 + i] for i in range(max_new_tokens - 1)] if max_new_tokens else []
     return ids
-'''
+"""
 
 
 def test_a_generate_that_forges_the_call_log_loses_its_points():
@@ -132,13 +133,17 @@ def test_a_generate_that_forges_the_call_log_loses_its_points():
     assert getattr(failed.value, "earned", 0) == 0
 
 
-@pytest.mark.parametrize("name, what, share", [("attend_with_cache", "a square T x T mask", (3, 4)),
-                                               ("generate", "ignores use_cache: always caches", (2, 3)),
-                                               ("KVCache", "reset() does not reset", (6, 7))])
+@pytest.mark.parametrize(
+    "name, what, share",
+    [
+        ("attend_with_cache", "a square T x T mask", (3, 4)),
+        ("generate", "ignores use_cache: always caches", (2, 3)),
+        ("KVCache", "reset() does not reset", (6, 7)),
+    ],
+)
 def test_one_slip_costs_its_share(name, what, share):
-    from autograder.checking import PartialCredit, verify
+    from autograder.checking import PartialCredit, mistakes, verify
     from tests.harness.lessons import fresh_namespace
-    from autograder.checking import mistakes
 
     m05_kv_cache = mistakes.for_lesson("05_kv_cache")
 

@@ -2,15 +2,25 @@
 cached sliding-window decoding against uncached, MLA against its explicit math, and the absorbed
 form against the cached forward (with and without biases); the lesson's decoder and its
 compression of lesson 07's checkpoint (SVD to MLA, pooling to GQA)."""
+
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from solutions.kv_compression import (LatentCache, MultiHeadLatentAttention, RollingKVCache, SlidingWindowDecoder,
-                                      absorbed_attention, absorption_flops, mla_from_layer, sliding_window_mask, with_latent_kv,
-                                      with_pooled_kv)
+from solutions.kv_compression import (
+    LatentCache,
+    MultiHeadLatentAttention,
+    RollingKVCache,
+    SlidingWindowDecoder,
+    absorbed_attention,
+    absorption_flops,
+    mla_from_layer,
+    sliding_window_mask,
+    with_latent_kv,
+    with_pooled_kv,
+)
 from tests.harness.checks import *  # noqa: F403
 from tests.harness.grading import *  # noqa: F403
 from tests.harness.honest import *  # noqa: F403
@@ -48,10 +58,10 @@ def test_rolling_cache_decoding_equals_uncached_sliding_window_attention(window)
     cache = RollingKVCache(B, window, H, Dh, dtype=torch.float64)
     outs, start = [], 0
     for n in (4, 1, 1, 3, 2):  # a prefill longer than some windows, then steps and chunks
-        k_ctx, v_ctx = cache.update(k[:, :, start:start + n], v[:, :, start:start + n])
+        k_ctx, v_ctx = cache.update(k[:, :, start : start + n], v[:, :, start : start + n])
         assert k_ctx.shape[2] == min(window, start) + n
         mask = sliding_window_mask(n, window, n_keys=k_ctx.shape[2])
-        outs.append(F.scaled_dot_product_attention(q[:, :, start:start + n], k_ctx, v_ctx, attn_mask=mask))
+        outs.append(F.scaled_dot_product_attention(q[:, :, start : start + n], k_ctx, v_ctx, attn_mask=mask))
         start += n
         assert len(cache) == start and cache.k.shape[2] == window
     torch.testing.assert_close(torch.cat(outs, dim=2), want)
@@ -102,9 +112,9 @@ def test_cached_mla_and_absorbed_attention_equal_the_uncached_forward(bias):
     cache = LatentCache(2, 9, 6, dtype=torch.float64)
     outs, absorbed, start = [], [], 0
     for n in (5, 1, 3):
-        chunk = x[:, start:start + n]
+        chunk = x[:, start : start + n]
         outs.append(mla(chunk, cache=cache))
-        absorbed.append(absorbed_attention(mla, chunk, cache.c[:, :len(cache)]))
+        absorbed.append(absorbed_attention(mla, chunk, cache.c[:, : len(cache)]))
         start += n
     torch.testing.assert_close(torch.cat(outs, 1), want)
     torch.testing.assert_close(torch.cat(absorbed, 1), want)
@@ -130,7 +140,7 @@ def test_absorbed_attention_never_forms_the_keys(B):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
             held = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
-            if isinstance(out, torch.Tensor) and out.untyped_storage().data_ptr() not in held:   # a view is no copy
+            if isinstance(out, torch.Tensor) and out.untyped_storage().data_ptr() not in held:  # a view is no copy
                 self.seen.append(out.untyped_storage().nbytes() // out.element_size())
             return out
 
@@ -151,7 +161,7 @@ def test_absorption_flops_counts_the_matrix_products_of_each_form(T, Tk):
     mla = _mla(D=D, H=H, L=L)
     x, latents = torch.randn(1, T, D, dtype=torch.float64), torch.randn(1, Tk, L, dtype=torch.float64)
 
-    def heads(t):   # (1, n, D) -> (1, H, n, Dh)
+    def heads(t):  # (1, n, D) -> (1, H, n, Dh)
         return t.view(1, -1, H, D // H).transpose(1, 2)
 
     with torch.no_grad(), FlopCounterMode(display=False) as plain:
@@ -160,8 +170,10 @@ def test_absorption_flops_counts_the_matrix_products_of_each_form(T, Tk):
     with torch.no_grad(), FlopCounterMode(display=False) as absorbed:
         absorbed_attention(mla, x, latents)
     shared, fold = 2 * T * D * D, 2 * D * L * D
-    assert absorption_flops(mla, T, Tk) == (plain.get_total_flops() - shared,
-                                            absorbed.get_total_flops() - shared - fold)
+    assert absorption_flops(mla, T, Tk) == (
+        plain.get_total_flops() - shared,
+        absorbed.get_total_flops() - shared - fold,
+    )
 
 
 def test_sliding_window_decoder_cached_equals_uncached():
@@ -190,5 +202,6 @@ def test_svd_and_pooling_of_lesson_07s_model():
         torch.testing.assert_close(with_pooled_kv(model, 4)(ids), want)
         assert not torch.allclose(with_pooled_kv(model, 2)(ids), want, atol=1e-2)
         x = torch.randn(2, 7, 64)
-        torch.testing.assert_close(mla_from_layer(model.layers[1], 12)(x), with_latent_kv(model, 12).layers[1](x),
-                                   atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            mla_from_layer(model.layers[1], 12)(x), with_latent_kv(model, 12).layers[1](x), atol=1e-5, rtol=1e-5
+        )

@@ -1,4 +1,5 @@
 """solutions.multi_head (lesson 03) against torch.nn.MultiheadAttention."""
+
 import pytest
 import torch
 from torch import nn

@@ -1,6 +1,7 @@
 """RESULTS/report.html (`python -m autograder report`): pass rates, named mistakes with counts, a
 histogram per lesson, groups of identical answers (answer cells only; stubs and short answers left
 out), rendered and opened in headless Chromium."""
+
 import copy
 import hashlib
 import json
@@ -12,16 +13,22 @@ from pathlib import Path
 
 import pytest
 
-from autograder.adapters import classreport
 from autograder import notebook as nbk
-from autograder.__main__ import main
 from autograder import results as store
+from autograder.__main__ import main
+from autograder.adapters import classreport
 from autograder.results import save_result
 
 ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOT = ROOT / "build" / "screenshots" / "class-report.png"
-CHROMIUM = next((c for c in ("/usr/bin/chromium", shutil.which("chromium"), shutil.which("chromium-browser"))
-                 if c and os.path.exists(c)), None)
+CHROMIUM = next(
+    (
+        c
+        for c in ("/usr/bin/chromium", shutil.which("chromium"), shutil.which("chromium-browser"))
+        if c and os.path.exists(c)
+    ),
+    None,
+)
 LESSON = "01_attention"
 # A softmax written the student's own way: long enough to mean something.
 OWN_SOFTMAX = """def softmax(x, axis=-1):
@@ -48,18 +55,43 @@ def submission(softmax=None, stub=False):
 
 
 def result(student, softmax_ok, aspects=None):
-    sm = dict(test="test_softmax", points=2.0 if softmax_ok else 0.0, max_points=2.0,
-              status="passed" if softmax_ok else "failed",
-              message="" if softmax_ok else "weights do not sum to 1 over the keys (2, 5): softmax over the wrong axis?")
+    sm = dict(
+        test="test_softmax",
+        points=2.0 if softmax_ok else 0.0,
+        max_points=2.0,
+        status="passed" if softmax_ok else "failed",
+        message="" if softmax_ok else "weights do not sum to 1 over the keys (2, 5): softmax over the wrong axis?",
+    )
     sdpa = dict(test="test_scaled_dot_product_attention", points=3.0, max_points=3.0, status="passed", message="")
     if aspects:
-        sdpa.update(points=2.0, status="failed", message="masks: masked keys get weight",
-                    aspects=[dict(aspect="scores", points=2.0, max_points=2.0, passed=True, message=""),
-                             dict(aspect="masks", points=0.0, max_points=1.0, passed=False,
-                                  message="masked keys get weight: True means may attend")])
+        sdpa.update(
+            points=2.0,
+            status="failed",
+            message="masks: masked keys get weight",
+            aspects=[
+                dict(aspect="scores", points=2.0, max_points=2.0, passed=True, message=""),
+                dict(
+                    aspect="masks",
+                    points=0.0,
+                    max_points=1.0,
+                    passed=False,
+                    message="masked keys get weight: True means may attend",
+                ),
+            ],
+        )
     mask = dict(test="test_causal_mask", points=1.0, max_points=1.0, status="passed", message="")
-    return dict(student=student, lesson=LESSON, notebook=None, sha256=None, fingerprint=None, grader=None,
-                submitted_at=None, notes=[], cells={}, tests=[sm, mask, sdpa])
+    return dict(
+        student=student,
+        lesson=LESSON,
+        notebook=None,
+        sha256=None,
+        fingerprint=None,
+        grader=None,
+        submitted_at=None,
+        notes=[],
+        cells={},
+        tests=[sm, mask, sdpa],
+    )
 
 
 @pytest.fixture
@@ -91,8 +123,12 @@ def test_report_content(graded):
     assert "2 &times; masks: masked keys get weight: True means may attend" in page
     assert page.count("<svg ") == 1 and "data:image" not in page
     groups = classreport.identical_groups(
-        [store.Result.from_json(result(s, True)) for s in ("alice", "bob", "carol", "dave", "erin", "frank", "gina", "hank")],
-        graded / "SUBMISSIONS")
+        [
+            store.Result.from_json(result(s, True))
+            for s in ("alice", "bob", "carol", "dave", "erin", "frank", "gina", "hank")
+        ],
+        graded / "SUBMISSIONS",
+    )
     softmax = [(names, ref) for lesson, gid, names, ref in groups if gid == "softmax"]
     # alice and bob differ only in whitespace; the stubs (carol, gina) and one-liners (dave, hank) are left out.
     assert (["alice", "bob"], False) in softmax and (["erin", "frank"], True) in softmax and len(softmax) == 2
@@ -110,10 +146,17 @@ def test_report_says_who_made_each_mistake_unless_told_not_to(graded):
     page = (results / "report.html").read_text()
     assert "softmax over the wrong axis?<br><span class='muted'>carol, dave, frank, gina, hank</span>" in page
     assert "True means may attend<br><span class='muted'>bob, dave</span>" in page
-    across = page[page.index("id='functions'"):page.index("id='identical'")]
-    assert [across.index(f"<code>{f}</code>") < across.index(f"<code>{g}</code>")
-            for f, g in (("softmax", "scaled_dot_product_attention"), ("scaled_dot_product_attention", "causal_mask"))] \
-        == [True, True] and "3/8 (38%)" in across and "6/8 (75%)" in across and "8/8 (100%)" in across
+    across = page[page.index("id='functions'") : page.index("id='identical'")]
+    assert (
+        [
+            across.index(f"<code>{f}</code>") < across.index(f"<code>{g}</code>")
+            for f, g in (("softmax", "scaled_dot_product_attention"), ("scaled_dot_product_attention", "causal_mask"))
+        ]
+        == [True, True]
+        and "3/8 (38%)" in across
+        and "6/8 (75%)" in across
+        and "8/8 (100%)" in across
+    )
     assert main(["report", str(results), "--submissions", subs, "--no-names"]) == 0
     page = (results / "report.html").read_text()
     assert not [s for s in ("alice", "bob", "carol", "dave", "erin", "frank", "gina", "hank") if s in page]
@@ -126,7 +169,10 @@ def test_report_splits_by_roster_section(graded):
     rows = classreport.by_section(results, sections, final(results, sections))
     # A: alice 100%, bob 5/6, carol 4/6; B: dave 3/6, erin 100%, frank 4/6; gina 4/6 and hank 4/6 have none.
     assert [(s, n, round(mean, 1), ok) for s, _, n, mean, ok in rows] == [
-        ("(none)", 2, 66.7, 0), ("A", 3, 83.3, 1), ("B", 3, 72.2, 1)]
+        ("(none)", 2, 66.7, 0),
+        ("A", 3, 83.3, 1),
+        ("B", 3, 72.2, 1),
+    ]
     page = classreport.render(results, sections=sections)
     assert "<h2 id='sections'>By section</h2>" in page and "<td class='n'>83%</td><td class='n'>1/3</td>" in page
     assert "id='sections'" not in classreport.render(results)
@@ -135,13 +181,14 @@ def test_report_splits_by_roster_section(graded):
     assert "<td class='n'>83%</td><td class='n'>1/3</td>" in (graded / "RESULTS" / "report.html").read_text()
 
 
-
 def final(results, students, reviews=None, counting=None):
     """The export's final scores {(student, lesson): Score} of results, with the roster of these students."""
-    from autograder.counting import final_scores
     from autograder.adapters.roster import Roster
-    return final_scores(results, roster=Roster(rows=[{"student": s} for s in students]), reviews=reviews,
-                        counting=counting)[2]
+    from autograder.counting import final_scores
+
+    return final_scores(
+        results, roster=Roster(rows=[{"student": s} for s in students]), reviews=reviews, counting=counting
+    )[2]
 
 
 def test_report_sections_count_as_the_export_does(graded):
@@ -153,8 +200,10 @@ def test_report_sections_count_as_the_export_does(graded):
     sections = {"alice": "A", "bob": "A", "carol": "A", "dave": "B", "erin": "B", "frank": "B", "ivan": "B"}
     [dave] = [r for r in results if r.student == "dave"]
     reviews = {("dave", dave.lesson): Review(manual={t.test: t.max_points for t in dave.tests})}
-    rows = {s: (n, round(mean, 1), ok) for s, _, n, mean, ok in
-            classreport.by_section(results, sections, final(results, sections, reviews))}
+    rows = {
+        s: (n, round(mean, 1), ok)
+        for s, _, n, mean, ok in classreport.by_section(results, sections, final(results, sections, reviews))
+    }
     assert rows["B"] == (4, 66.7, 1), "dave 100, erin 100, frank 66.7, ivan 0; only erin passed every test"
     page = classreport.render(results, sections=sections, reviews=reviews)
     assert "<td>B</td><td>01_attention</td><td class='n'>4</td><td class='n'>67%</td><td class='n'>1/4</td>" in page
@@ -169,17 +218,35 @@ def test_the_report_the_export_and_totals_count_the_same_final_scores(graded, ca
     lesson 01 in 2 days late (10%/day: 6 becomes 4.8); ivan, on the roster, never hands it in (0)."""
     from autograder.adapters import report_outputs
     from autograder.adapters.roster import load_roster
+
     out, subs = graded / "RESULTS", graded / "SUBMISSIONS"
-    sections = {"alice": "A", "bob": "A", "carol": "A", "gina": "A", "dave": "B", "erin": "B", "frank": "B",
-                "hank": "B", "ivan": "B"}
+    sections = {
+        "alice": "A",
+        "bob": "A",
+        "carol": "A",
+        "gina": "A",
+        "dave": "B",
+        "erin": "B",
+        "frank": "B",
+        "hank": "B",
+        "ivan": "B",
+    }
     (graded / "roster.csv").write_text("student,section\n" + "".join(f"{s},{x}\n" for s, x in sections.items()))
     store.write_timestamp(subs / "erin" / LESSON, datetime(2026, 10, 3, 12, 0, tzinfo=timezone.utc))
-    for name in sections:   # on time: the others
+    for name in sections:  # on time: the others
         if name not in ("erin", "ivan"):
             store.write_timestamp(subs / name / LESSON, datetime(2026, 10, 1, 12, 0, tzinfo=timezone.utc))
     roster = ["--roster", str(graded / "roster.csv")]
-    late = ["--deadline", f"{LESSON}=2026-10-01T23:59:00+00:00", "--late-policy", "10%/day", "--submissions", str(subs),
-            "--grace", "90m"]
+    late = [
+        "--deadline",
+        f"{LESSON}=2026-10-01T23:59:00+00:00",
+        "--late-policy",
+        "10%/day",
+        "--submissions",
+        str(subs),
+        "--grace",
+        "90m",
+    ]
     assert main(["rule", str(out), *roster, *late]) == 0
     assert main(["export", str(out), "--format", "csv", "--out", str(graded / "plain.csv"), *roster]) == 0
     # alice 6, bob 5, carol 4, gina 4 (A); dave 3, erin 4.8, frank 4, hank 4, ivan 0 (B); of 6 each.
@@ -189,17 +256,21 @@ def test_the_report_the_export_and_totals_count_the_same_final_scores(graded, ca
         plain = {r["student"]: float(r[LESSON]) for r in store.read_csv(out / "totals.csv")}
         assert plain == dict(expected, erin=erin)
         page = (out / "report.html").read_text()
-        assert f"Mean score: {mean}% of 9 students" in page and "histogram of the scores of 01_attention: 9 students" in page
-        assert round(100 * sum(plain.values()) / 6 / len(plain)) == mean   # the report's mean is totals.csv's
+        assert (
+            f"Mean score: {mean}% of 9 students" in page
+            and "histogram of the scores of 01_attention: 9 students" in page
+        )
+        assert round(100 * sum(plain.values()) / 6 / len(plain)) == mean  # the report's mean is totals.csv's
         assert f"<td>B</td><td>{LESSON}</td><td class='n'>5</td><td class='n'>{b_mean}%</td>" in page
         return page
 
     assert main(["report", str(out), *roster]) == 0
-    page = check(4.8, 64, 53)   # B: (50 + 80 + 66.7 + 66.7 + 0) / 5
+    page = check(4.8, 64, 53)  # B: (50 + 80 + 66.7 + 66.7 + 0) / 5
     assert f"late penalties: 10%/day after {LESSON} 2026-10-01T23:59:00+00:00, grace 90m" in page
     assert "late-penalties.csv" in os.listdir(out)
-    results = store.load_term(out).results   # a later grade run's totals.csv and report count the same
-    from autograder.config import read_settings   # as grade's CLI hands its writers RESULTS's rule
+    results = store.load_term(out).results  # a later grade run's totals.csv and report count the same
+    from autograder.config import read_settings  # as grade's CLI hands its writers RESULTS's rule
+
     for write in report_outputs(roster=load_roster(graded / "roster.csv"), rule=read_settings(out).rule):
         write(out, results, [])
     check(4.8, 64, 53)
@@ -209,10 +280,14 @@ def test_the_report_the_export_and_totals_count_the_same_final_scores(graded, ca
     assert main(["report", str(out), *roster]) == 0
     assert "no late penalties" in check(6, 67, 57) and "late-penalties.csv" not in os.listdir(out)
     capsys.readouterr()
-    assert main(["report", str(out), "--written"]) == 2   # not RESULTS's rule: refused, saying what differs
+    assert main(["report", str(out), "--written"]) == 2  # not RESULTS's rule: refused, saying what differs
     err = capsys.readouterr().err.strip()
-    assert f"{out} counts otherwise than these flags say: written questions counted ({out}: written questions not " \
-        "counted); change its rule with `python -m autograder rule" in err and "\n" not in err
+    assert (
+        f"{out} counts otherwise than these flags say: written questions counted ({out}: written questions not "
+        "counted); change its rule with `python -m autograder rule"
+        in err
+        and "\n" not in err
+    )
     (out / store.STORE / "settings.json").write_text('{"late": 1}')
     assert main(["report", str(out)]) == 2
     err = capsys.readouterr().err.strip()
@@ -223,11 +298,14 @@ def test_report_roster_names_who_never_submitted(graded):
     """ivan and judy are on the roster and never handed the lesson in; --no-names counts them."""
     roster = graded / "roster.csv"
     roster.write_text("student,section\n" + "".join(f"{s},A\n" for s in ("alice", "bob", "ivan", "judy")))
-    for extra, line in (([], "Never handed in: 2 students: ivan, judy</p>"),
-                        (["--no-names"], "Never handed in: 2 students</p>")):
+    for extra, line in (
+        ([], "Never handed in: 2 students: ivan, judy</p>"),
+        (["--no-names"], "Never handed in: 2 students</p>"),
+    ):
         assert main(["report", str(graded / "RESULTS"), "--roster", str(roster)] + extra) == 0
         assert line in (graded / "RESULTS" / "report.html").read_text()
     assert "Never handed in" not in classreport.render(store.load_term(graded / "RESULTS").results)
+
 
 def test_report_in_headless_chromium(graded):
     if CHROMIUM is None:
@@ -237,16 +315,32 @@ def test_report_in_headless_chromium(graded):
     SCREENSHOT.unlink(missing_ok=True)
     profile = graded / "profile"
     run = subprocess.run(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--no-first-run", "--disable-dev-shm-usage", "--hide-scrollbars",
-         f"--user-data-dir={profile}", "--window-size=1100,1400", f"--screenshot={SCREENSHOT}",
-         (graded / "RESULTS" / "report.html").as_uri()],
-        capture_output=True, text=True, timeout=120, start_new_session=True)
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--no-first-run",
+            "--disable-dev-shm-usage",
+            "--hide-scrollbars",
+            f"--user-data-dir={profile}",
+            "--window-size=1100,1400",
+            f"--screenshot={SCREENSHOT}",
+            (graded / "RESULTS" / "report.html").as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        start_new_session=True,
+    )
     assert SCREENSHOT.is_file(), f"Chromium wrote no screenshot (status {run.returncode}):\n{run.stderr[-2000:]}"
     from matplotlib.image import imread
+
     pixels = imread(SCREENSHOT)[..., :3]
     # The histogram's bars (#4c72b0) are on screen: the inline SVG was drawn.
-    bars = (abs(pixels - [0x4c / 255, 0x72 / 255, 0xb0 / 255]).max(axis=-1) < 0.03).sum()
+    bars = (abs(pixels - [0x4C / 255, 0x72 / 255, 0xB0 / 255]).max(axis=-1) < 0.03).sum()
     assert bars > 500, "the histogram is not visible in the rendered page"
 
 

@@ -1,9 +1,10 @@
 """`python -m autograder collect`: LMS downloads (Canvas, Moodle, nbgrader, plain folders; folders and
 zips) built here file by file, into SUBMISSIONS/<student>/<lesson>/<lesson>.ipynb, with every anomaly
 reported and unsafe archives refused."""
+
 import copy
-import io
 import csv
+import io
 import json
 import os
 import stat
@@ -12,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from autograder.adapters import collect as col
 from autograder import notebook as nbk
 from autograder.__main__ import main
-from autograder.results import read_csv, read_timestamp
+from autograder.adapters import collect as col
 from autograder.adapters.roster import load_roster
+from autograder.results import read_csv, read_timestamp
 
 ROSTER = """student,name,email,lms_id
 alice,"Liddell, Alice",alice@example.org,101
@@ -98,13 +99,30 @@ def test_moodle_zip_with_grading_worksheet(tmp_path, roster):
     put(dl, "Alice Liddell_501_assignsubmission_file_/01_attention.ipynb", notebook("01_attention", 0))
     put(dl, "Bob Stone_502_assignsubmission_file_/01_attention.ipynb", notebook("01_attention", 1))
     put(dl, "Bob Stone_502_assignsubmission_onlinetext_/onlinetext.html", b"<p>see notebook</p>")
-    worksheet = ('"Identifier","Full name","Email address","Status","Grade","Last modified (submission)"\n'
-                 '"Participant 501","Alice Liddell","alice@example.org","Submitted","","Wednesday, 1 October 2025, 11:30 PM"\n'
-                 '"Participant 502","Bob Stone","bob@example.org","Submitted","","-"\n')
+    worksheet = (
+        '"Identifier","Full name","Email address","Status","Grade","Last modified (submission)"\n'
+        '"Participant 501","Alice Liddell","alice@example.org","Submitted","","Wednesday, 1 October 2025, 11:30 PM"\n'
+        '"Participant 502","Bob Stone","bob@example.org","Submitted","","-"\n'
+    )
     put(tmp_path, "worksheet.csv", worksheet.encode())
     out = tmp_path / "SUBMISSIONS"
-    assert main(["collect", str(zip_folder(dl, tmp_path / "moodle.zip")), "--out", str(out), "--roster", str(roster),
-                 "--times", str(tmp_path / "worksheet.csv"), "--timezone", "Europe/Berlin"]) == 0
+    assert (
+        main(
+            [
+                "collect",
+                str(zip_folder(dl, tmp_path / "moodle.zip")),
+                "--out",
+                str(out),
+                "--roster",
+                str(roster),
+                "--times",
+                str(tmp_path / "worksheet.csv"),
+                "--timezone",
+                "Europe/Berlin",
+            ]
+        )
+        == 0
+    )
     assert (out / "alice/01_attention/01_attention.ipynb").is_file()
     assert (out / "bob/01_attention/01_attention.ipynb").is_file()
     # Moodle's time has no zone: read in --timezone (CEST, UTC+2).
@@ -147,8 +165,10 @@ def test_times_csv_and_recollection(tmp_path, roster):
     assert "kept the submission time 2025-10-01T16:00:00+00:00" in row["detail"]
     assert (out / "bob/02_heads/02_heads.ipynb").is_file()
     # An older real time keeps the stored one too; only a newer one replaces it, and says what it replaced.
-    for when, stored, kind in [("2025-09-30T12:00:00+00:00", "2025-10-01T16:00:00+00:00", "time kept"),
-                               ("2025-10-02T12:00:00+00:00", "2025-10-02T12:00:00+00:00", "time replaced")]:
+    for when, stored, kind in [
+        ("2025-09-30T12:00:00+00:00", "2025-10-01T16:00:00+00:00", "time kept"),
+        ("2025-10-02T12:00:00+00:00", "2025-10-02T12:00:00+00:00", "time replaced"),
+    ]:
         put(tmp_path, "times.csv", f"lms_id,lesson,submitted_at\n101,01_attention,{when}\n".encode())
         assert main(["collect", str(dl), "--out", str(out), "--roster", str(roster), "--times", str(times)]) == 0
         assert read_timestamp(out / "alice/01_attention")[0] == stored
@@ -162,8 +182,12 @@ def test_a_new_download_without_an_unchanged_notebooks_time_keeps_it_silently(tm
     dl, out = tmp_path / "dl", tmp_path / "SUBMISSIONS"
     put(dl, "liddellalice_101_9001_01_attention.ipynb", notebook("01_attention", 0))
     put(dl, "stonebob_102_9002_01_attention.ipynb", notebook("01_attention", 1))
-    times = put(tmp_path, "times.csv", b"lms_id,lesson,submitted_at\n101,01_attention,2025-10-01T12:00:00+00:00\n"
-                b"102,01_attention,2025-10-01T13:00:00+00:00\n")
+    times = put(
+        tmp_path,
+        "times.csv",
+        b"lms_id,lesson,submitted_at\n101,01_attention,2025-10-01T12:00:00+00:00\n"
+        b"102,01_attention,2025-10-01T13:00:00+00:00\n",
+    )
     assert main(["collect", str(dl), "--out", str(out), "--roster", str(roster), "--times", str(times)]) == 0
     put(dl, "stonebob_102_9012_01_attention-1.ipynb", notebook("01_attention", 2))
     put(tmp_path, "times.csv", b"lms_id,lesson,submitted_at\n102,01_attention,2025-10-02T09:00:00+00:00\n")
@@ -171,8 +195,11 @@ def test_a_new_download_without_an_unchanged_notebooks_time_keeps_it_silently(tm
     assert main(["collect", str(dl), "--out", str(out), "--roster", str(roster), "--times", str(times)]) == 0
     assert "no submission time" not in capsys.readouterr().out
     alice = next(r for r in log_rows(out) if r["file"] == "liddellalice_101_9001_01_attention.ipynb")
-    assert (alice["anomaly"], alice["submitted_at"], alice["time_source"]) == ("", "2025-10-01T12:00:00+00:00",
-                                                                                "stored before")
+    assert (alice["anomaly"], alice["submitted_at"], alice["time_source"]) == (
+        "",
+        "2025-10-01T12:00:00+00:00",
+        "stored before",
+    )
     assert read_timestamp(out / "alice/01_attention")[0] == "2025-10-01T12:00:00+00:00"
     assert read_timestamp(out / "bob/01_attention")[0] == "2025-10-02T09:00:00+00:00"
     # A changed notebook that the times do not list keeps the old time, and says so.
@@ -185,19 +212,19 @@ def test_messy_download_reports_every_anomaly(tmp_path, roster, capsys):
     dl = tmp_path / "messy"
     put(dl, "alice/01_attention/01_attention.ipynb", notebook("01_attention"))
     put(dl, "alice/01_attention/.ipynb_checkpoints/01_attention-checkpoint.ipynb", notebook("01_attention", 9))
-    put(dl, "alice/02_heads.ipynb", notebook("02_heads"))                                # lessons in one folder
-    put(dl, "Bob/01_Attention/01_Attention.ipynb", notebook("01_attention"))             # wrong case, three times
-    put(dl, "carol/01_attention/01_attention (1).ipynb", notebook("01_attention", 1))    # two renamed copies
+    put(dl, "alice/02_heads.ipynb", notebook("02_heads"))  # lessons in one folder
+    put(dl, "Bob/01_Attention/01_Attention.ipynb", notebook("01_attention"))  # wrong case, three times
+    put(dl, "carol/01_attention/01_attention (1).ipynb", notebook("01_attention", 1))  # two renamed copies
     put(dl, "carol/01_attention/01_attention (2).ipynb", notebook("01_attention", 2))
-    put(dl, "dave/02_heads/01_attention.ipynb", notebook("01_attention"))                # in the wrong folder
-    put(dl, "erin/01_attention/01_attention.ipynb", b"")                                 # empty
-    put(dl, "erin/01_attention/answers.py", b"print('hi')\n")                           # not a notebook
-    put(dl, "frank/01_attention/01_attention.ipynb", b"{not json")                      # unreadable
-    put(dl, "frank/mystery.ipynb", notebook("02_heads", metadata=False))                 # no lesson anywhere
-    put(dl, "mallory/01_attention/01_attention.ipynb", notebook("01_attention"))         # not in the roster
-    put(dl, "01_attention.ipynb", notebook("01_attention"))                              # nobody's
+    put(dl, "dave/02_heads/01_attention.ipynb", notebook("01_attention"))  # in the wrong folder
+    put(dl, "erin/01_attention/01_attention.ipynb", b"")  # empty
+    put(dl, "erin/01_attention/answers.py", b"print('hi')\n")  # not a notebook
+    put(dl, "frank/01_attention/01_attention.ipynb", b"{not json")  # unreadable
+    put(dl, "frank/mystery.ipynb", notebook("02_heads", metadata=False))  # no lesson anywhere
+    put(dl, "mallory/01_attention/01_attention.ipynb", notebook("01_attention"))  # not in the roster
+    put(dl, "01_attention.ipynb", notebook("01_attention"))  # nobody's
     put(dl, "__MACOSX/alice/01_attention/._01_attention.ipynb", b"\0\5\26\7")
-    put(dl, "hoppergrace_777_1001_01_attention.ipynb", notebook("01_attention", 3))      # Canvas resubmission
+    put(dl, "hoppergrace_777_1001_01_attention.ipynb", notebook("01_attention", 3))  # Canvas resubmission
     put(dl, "hoppergrace_777_1001_01_attention-1.ipynb", notebook("01_attention", 4))
     (dl / "zed").symlink_to("/etc", target_is_directory=True)
     out = tmp_path / "SUBMISSIONS"
@@ -225,9 +252,13 @@ def test_messy_download_reports_every_anomaly(tmp_path, roster, capsys):
         assert kind in found[file], (file, found[file])
         assert f"{kind} (" in said
     collected = sorted(str(p.relative_to(out)) for p in out.rglob("*.ipynb"))
-    assert collected == ["alice/01_attention/01_attention.ipynb", "alice/02_heads/02_heads.ipynb",
-                         "bob/01_attention/01_attention.ipynb", "dave/01_attention/01_attention.ipynb",
-                         "grace/01_attention/01_attention.ipynb"]
+    assert collected == [
+        "alice/01_attention/01_attention.ipynb",
+        "alice/02_heads/02_heads.ipynb",
+        "bob/01_attention/01_attention.ipynb",
+        "dave/01_attention/01_attention.ipynb",
+        "grace/01_attention/01_attention.ipynb",
+    ]
     assert (out / "grace/01_attention/01_attention.ipynb").read_bytes() == notebook("01_attention", 4)
     # Every file of the download is accounted for, collected or not.
     files = {str(p.relative_to(dl)) for p in dl.rglob("*") if p.is_file() and not p.is_relative_to(dl / "zed")}
@@ -245,11 +276,15 @@ def evil_zip(path, name, data=b"{}", attr=None):
     return path
 
 
-@pytest.mark.parametrize("name,data,attr,why", [
-    ("../../escaped.ipynb", b"{}", None, "escapes the output folder"),
-    ("alice/link.ipynb", b"/etc/passwd", stat.S_IFLNK | 0o777, "symbolic link"),
-    ("alice/bomb.ipynb", bytes(3 << 20), None, "zip bomb"),
-], ids=["zip-slip", "symlink", "zip-bomb"])
+@pytest.mark.parametrize(
+    "name,data,attr,why",
+    [
+        ("../../escaped.ipynb", b"{}", None, "escapes the output folder"),
+        ("alice/link.ipynb", b"/etc/passwd", stat.S_IFLNK | 0o777, "symbolic link"),
+        ("alice/bomb.ipynb", bytes(3 << 20), None, "zip bomb"),
+    ],
+    ids=["zip-slip", "symlink", "zip-bomb"],
+)
 def test_unsafe_archives_are_refused(tmp_path, capsys, name, data, attr, why):
     out = tmp_path / "SUBMISSIONS"
     assert main(["collect", str(evil_zip(tmp_path / "dl.zip", name, data, attr)), "--out", str(out)]) == 2
@@ -268,25 +303,57 @@ def test_unsafe_archive_a_student_uploaded_is_one_anomaly(tmp_path):
     assert (out / "alice/01_attention/01_attention.ipynb").is_file()
 
 
-@pytest.mark.parametrize("setup,args,message", [
-    (lambda t: put(t, "dl.zip", b"this is not a zip"), [], "not a zip archive"),
-    (lambda t: put(t, "dl/a/01_attention.ipynb", b"{}"), ["--roster", "missing.csv"], "cannot read the roster"),
-    (lambda t: put(t, "dl/a/01_attention.ipynb", b"{}") and put(t, "r.csv", b"student,lms_id\na,1\nb,1\n"),
-     ["--roster", "r.csv"], "duplicate lms_id"),
-    (lambda t: put(t, "dl/a/01_attention.ipynb", b"{}") and put(t, "r.csv", b"name,email\nA,a@x\n"),
-     ["--roster", "r.csv"], "no 'student' column"),
-    (lambda t: put(t, "dl/a/01_attention.ipynb", b"{}") and put(t, "r.csv", b"student\n../x\n"),
-     ["--roster", "r.csv"], "cannot name a folder"),
-    (lambda t: put(t, "dl/a/01_attention.ipynb", b"{}") and put(t, "times.csv", b"student,lesson,submitted_at\na,01_attention,soon\n"),
-     ["--times", "times.csv"], "is not a time"),
-    (lambda t: put(t, "dl/liddellalice_101_9001_01_attention.ipynb", notebook("01_attention"))
-     and put(t, "r.csv", b"student,email\nalice,alice@example.org\n"), ["--roster", "r.csv"],
-     "has no 'lms_id' or 'name' column, which the download names its students by"),
-    (lambda t: put(t, "dl/a/01_attention.ipynb", b"{}"), ["--timezone", "Mars/Olympus"], "unknown time zone"),
-    (lambda t: put(t, "dl/a/01_attention.ipynb", b"{}"), ["--out", "dl/SUB"], "inside the download"),
-], ids=["not-a-zip", "unreadable-roster", "duplicate-id", "no-student-column", "unsafe-id", "bad-time",
-                                    "roster-without-lms-id", "bad-zone",
-        "out-inside"])
+@pytest.mark.parametrize(
+    "setup,args,message",
+    [
+        (lambda t: put(t, "dl.zip", b"this is not a zip"), [], "not a zip archive"),
+        (lambda t: put(t, "dl/a/01_attention.ipynb", b"{}"), ["--roster", "missing.csv"], "cannot read the roster"),
+        (
+            lambda t: put(t, "dl/a/01_attention.ipynb", b"{}") and put(t, "r.csv", b"student,lms_id\na,1\nb,1\n"),
+            ["--roster", "r.csv"],
+            "duplicate lms_id",
+        ),
+        (
+            lambda t: put(t, "dl/a/01_attention.ipynb", b"{}") and put(t, "r.csv", b"name,email\nA,a@x\n"),
+            ["--roster", "r.csv"],
+            "no 'student' column",
+        ),
+        (
+            lambda t: put(t, "dl/a/01_attention.ipynb", b"{}") and put(t, "r.csv", b"student\n../x\n"),
+            ["--roster", "r.csv"],
+            "cannot name a folder",
+        ),
+        (
+            lambda t: (
+                put(t, "dl/a/01_attention.ipynb", b"{}")
+                and put(t, "times.csv", b"student,lesson,submitted_at\na,01_attention,soon\n")
+            ),
+            ["--times", "times.csv"],
+            "is not a time",
+        ),
+        (
+            lambda t: (
+                put(t, "dl/liddellalice_101_9001_01_attention.ipynb", notebook("01_attention"))
+                and put(t, "r.csv", b"student,email\nalice,alice@example.org\n")
+            ),
+            ["--roster", "r.csv"],
+            "has no 'lms_id' or 'name' column, which the download names its students by",
+        ),
+        (lambda t: put(t, "dl/a/01_attention.ipynb", b"{}"), ["--timezone", "Mars/Olympus"], "unknown time zone"),
+        (lambda t: put(t, "dl/a/01_attention.ipynb", b"{}"), ["--out", "dl/SUB"], "inside the download"),
+    ],
+    ids=[
+        "not-a-zip",
+        "unreadable-roster",
+        "duplicate-id",
+        "no-student-column",
+        "unsafe-id",
+        "bad-time",
+        "roster-without-lms-id",
+        "bad-zone",
+        "out-inside",
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch, setup, args, message):
     monkeypatch.chdir(tmp_path)
     setup(tmp_path)
@@ -317,12 +384,16 @@ def test_each_lms_is_read_by_a_module_of_its_own():
     from autograder.adapters import canvas, exchange, moodle
 
     assert col.LMS == (canvas, moodle, exchange)
-    for name, lms in [("smithjohn_12345_67890_01_attention.ipynb", canvas),
-                      ("John Smith_42_assignsubmission_file_", moodle), ("jsmith+01_attention+2024-10-01 12:00:00 UTC", exchange),
-                      ("smithjohn_12345_67890_John Smith_42_assignsubmission_file_", canvas)]:
+    for name, lms in [
+        ("smithjohn_12345_67890_01_attention.ipynb", canvas),
+        ("John Smith_42_assignsubmission_file_", moodle),
+        ("jsmith+01_attention+2024-10-01 12:00:00 UTC", exchange),
+        ("smithjohn_12345_67890_John Smith_42_assignsubmission_file_", canvas),
+    ]:
         assert col.lms_entry(name)[0] is lms, name
-    inbound = col.read_clues(("inbound", "jsmith+01_attention+2024-10-01 12:00:00 UTC", "01_attention.ipynb"),
-                             nbk.lesson_names())
+    inbound = col.read_clues(
+        ("inbound", "jsmith+01_attention+2024-10-01 12:00:00 UTC", "01_attention.ipynb"), nbk.lesson_names()
+    )
     assert inbound.who == [("id", "jsmith")] and inbound.folder_lesson == "01_attention"
     assert inbound.version == (0, "2024-10-01 12:00:00 UTC")
     assert col.parse_time("2024-10-01 12:00:00.123456 UTC").utcoffset().total_seconds() == 0
@@ -342,6 +413,7 @@ def test_collection_csv_neutralises_formulas(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # The student is whoever the LMS says uploaded the file: names inside an upload choose no one
 # ---------------------------------------------------------------------------------------------
+
 
 def zip_bytes(members):
     """A zip in memory of {name: bytes}."""
@@ -365,7 +437,7 @@ def collected(out, student, lesson="01_attention"):
     return path.read_bytes() if path.is_file() else None
 
 
-FAKE = "stonebob_102_9002_01_attention-9.ipynb"   # bob's Canvas entry, "resubmission 9"
+FAKE = "stonebob_102_9002_01_attention-9.ipynb"  # bob's Canvas entry, "resubmission 9"
 
 
 def bobs_metadata():
@@ -381,10 +453,14 @@ def test_canvas_upload_naming_a_classmate_stays_with_its_uploader(tmp_path, uplo
     member = {FAKE: notebook("01_attention", 9)}
     for _ in range(upload.count("in zip")):
         member = {"inner.zip": zip_bytes(member)}
-    put(dl, "liddellalice_101_9001_work.zip", zip_bytes(member))               # alice's upload
+    put(dl, "liddellalice_101_9001_work.zip", zip_bytes(member))  # alice's upload
     put(dl, "stonebob_102_9002_01_attention.ipynb", notebook("01_attention", 1))  # bob's real notebook
     # honest classmates beside them: a zipped lesson folder, a renamed copy, Canvas's own resubmissions
-    put(dl, "danverscarol_103_9003_carol.zip", zip_bytes({"01_attention/01_attention.ipynb": notebook("01_attention", 3)}))
+    put(
+        dl,
+        "danverscarol_103_9003_carol.zip",
+        zip_bytes({"01_attention/01_attention.ipynb": notebook("01_attention", 3)}),
+    )
     put(dl, "bowmandave_104_9004_01_attention (1).ipynb", notebook("01_attention", 4))
     put(dl, "brockovicherin_105_9005_01_attention.ipynb", notebook("01_attention", 5))
     put(dl, "brockovicherin_105_9005_01_attention-1.ipynb", notebook("01_attention", 6))
@@ -409,9 +485,12 @@ def test_canvas_upload_naming_a_classmate_stays_with_its_uploader(tmp_path, uplo
 def test_canvas_resubmission_order_comes_only_from_the_outer_name(tmp_path, roster):
     dl = tmp_path / "canvas"
     put(dl, "liddellalice_101_9001_01_attention.ipynb", notebook("01_attention", 0))
-    put(dl, "liddellalice_101_9001_01_attention-1.ipynb", notebook("01_attention", 1))   # her latest
-    put(dl, "liddellalice_101_9001_old.zip",                                             # "resubmission 9" inside
-        zip_bytes({"liddellalice_101_9001_01_attention-9.ipynb": notebook("01_attention", 9)}))
+    put(dl, "liddellalice_101_9001_01_attention-1.ipynb", notebook("01_attention", 1))  # her latest
+    put(
+        dl,
+        "liddellalice_101_9001_old.zip",  # "resubmission 9" inside
+        zip_bytes({"liddellalice_101_9001_01_attention-9.ipynb": notebook("01_attention", 9)}),
+    )
     # bob resubmits a zip: Canvas's -1 on the zip's own name orders his two uploads
     put(dl, "stonebob_102_9002_work.zip", zip_bytes({"01_attention/01_attention.ipynb": notebook("01_attention", 2)}))
     put(dl, "stonebob_102_9002_work-1.zip", zip_bytes({"01_attention/01_attention.ipynb": notebook("01_attention", 3)}))
@@ -437,15 +516,20 @@ def test_moodle_upload_naming_a_classmate_stays_with_its_uploader(tmp_path, rost
         put(dl, f"{mine}/work.zip", zip_bytes({f"{bobs}/01_attention.ipynb": notebook("01_attention", 9)}))
     else:  # a grading worksheet of her own that says participant 501 is bob
         put(dl, f"{mine}/01_attention.ipynb", notebook("01_attention", 9))
-        put(dl, f"{mine}/grades.csv", b'"Identifier","Full name","Email address","Last modified (submission)"\n'
-                                      b'"Participant 501","Bob Stone","bob@example.org","1 October 2025, 11:00 PM"\n')
+        put(
+            dl,
+            f"{mine}/grades.csv",
+            b'"Identifier","Full name","Email address","Last modified (submission)"\n'
+            b'"Participant 501","Bob Stone","bob@example.org","1 October 2025, 11:00 PM"\n',
+        )
     out, said, rows = collect_of(tmp_path, dl, load_roster(roster))
     assert collected(out, "bob") == notebook("01_attention", 1)
     assert collected(out, "carol") == notebook("01_attention", 3)
     assert collected(out, "alice") == notebook("01_attention", 9)
     assert not (out / "alice/01_attention/timestamp.txt").exists()
-    flagged = [r for r in rows.values() if "names another student" in r["anomaly"]
-               or "worksheet in an upload" in r["anomaly"]]
+    flagged = [
+        r for r in rows.values() if "names another student" in r["anomaly"] or "worksheet in an upload" in r["anomaly"]
+    ]
     assert len(flagged) == 1 and flagged[0]["file"].startswith(mine)
 
 
@@ -483,8 +567,11 @@ def test_nbgrader_exchange_contents_choose_no_student_and_no_order(tmp_path, ins
 
 
 # Alone and without a roster, alice/bob/01_attention/ cannot say which of its folders is the student.
-@pytest.mark.parametrize("with_roster,classmates", [(False, True), (True, True), (True, False)],
-                         ids=["class", "class-roster", "alone-roster"])
+@pytest.mark.parametrize(
+    "with_roster,classmates",
+    [(False, True), (True, True), (True, False)],
+    ids=["class", "class-roster", "alone-roster"],
+)
 def test_plain_folder_holding_a_classmates_folder_stays_with_its_owner(tmp_path, roster, with_roster, classmates):
     dl = tmp_path / "plain"
     put(dl, "alice/bob/01_attention/01_attention.ipynb", notebook("01_attention", 9))
@@ -492,7 +579,7 @@ def test_plain_folder_holding_a_classmates_folder_stays_with_its_owner(tmp_path,
         put(dl, "bob/01_attention/01_attention.ipynb", notebook("01_attention", 1))
         put(dl, "carol/01_attention (1).ipynb", notebook("01_attention", 3))
         put(dl, "dave/work.zip", zip_bytes({"01_attention/01_attention.ipynb": notebook("01_attention", 4)}))
-        put(dl, f"erin/{FAKE}", notebook("01_attention", 5))   # bob's Canvas name in erin's folder
+        put(dl, f"erin/{FAKE}", notebook("01_attention", 5))  # bob's Canvas name in erin's folder
     out, _, rows = collect_of(tmp_path, dl, *([load_roster(roster)] if with_roster else []))
     assert collected(out, "alice") == notebook("01_attention", 9)
     assert rows["alice/bob/01_attention/01_attention.ipynb"]["student"] == "alice"
@@ -507,19 +594,31 @@ def test_plain_folder_holding_a_classmates_folder_stays_with_its_owner(tmp_path,
 
 def test_timestamp_inside_a_students_upload_is_not_a_submission_time(tmp_path, roster):
     dl = tmp_path / "canvas"
-    put(dl, "liddellalice_101_9001_work.zip", zip_bytes({"01_attention/01_attention.ipynb": notebook("01_attention"),
-                                                         "01_attention/timestamp.txt": b"2025-01-01 00:00:00 UTC"}))
+    put(
+        dl,
+        "liddellalice_101_9001_work.zip",
+        zip_bytes(
+            {
+                "01_attention/01_attention.ipynb": notebook("01_attention"),
+                "01_attention/timestamp.txt": b"2025-01-01 00:00:00 UTC",
+            }
+        ),
+    )
     out, _, rows = collect_of(tmp_path, dl, load_roster(roster))
     assert collected(out, "alice") == notebook("01_attention")
     assert read_timestamp(out / "alice/01_attention") == (None, None)
     assert "not a submission time" in rows["liddellalice_101_9001_work.zip/01_attention/timestamp.txt"]["detail"]
 
 
-@pytest.mark.parametrize("name,uploader", [
-    ("liddellalice_101_9001_x_102_assignsubmission_file_01_attention.ipynb", "alice"),   # Moodle-shaped, bob's id
-    ("liddellalice_101_9001_stonebob+01_attention+2099-01-01.ipynb", "alice"),           # an exchange entry's shape
-    ("Alice Liddell_501_assignsubmission_file_stonebob+01_attention+2099-01-01.ipynb", "alice"),
-], ids=["canvas-moodle", "canvas-exchange", "moodle-exchange"])
+@pytest.mark.parametrize(
+    "name,uploader",
+    [
+        ("liddellalice_101_9001_x_102_assignsubmission_file_01_attention.ipynb", "alice"),  # Moodle-shaped, bob's id
+        ("liddellalice_101_9001_stonebob+01_attention+2099-01-01.ipynb", "alice"),  # an exchange entry's shape
+        ("Alice Liddell_501_assignsubmission_file_stonebob+01_attention+2099-01-01.ipynb", "alice"),
+    ],
+    ids=["canvas-moodle", "canvas-exchange", "moodle-exchange"],
+)
 def test_the_file_name_a_student_chose_cannot_reshape_the_lms_name(tmp_path, roster, name, uploader):
     """The tail of a Canvas or Moodle name is the student's own file name: it never makes the name another LMS's."""
     dl = tmp_path / "dl"
@@ -557,7 +656,19 @@ def test_a_notebook_renamed_beyond_its_lessons_name_gets_a_rename_note(tmp_path,
     assert "named 'my work.ipynb', not 02_heads.ipynb" in found["Bob Stone_502_assignsubmission_file_/my work.ipynb"][1]
     assert "renamed" not in str(anomalies(out).get("alice/01_attention.ipynb", ""))
     put(tmp_path / "dl3", "alice/01_attention.ipynb", notebook("03_multi_head", 0))
-    assert main(["collect", str(tmp_path / "dl3"), "--out", str(tmp_path / "S3"), "--roster", str(roster),
-                 "--lesson", "01_attention"]) == 0
-    assert "a 03_multi_head notebook in a download collected for 01_attention" in \
-        log_rows(tmp_path / "S3")[0]["detail"]
+    assert (
+        main(
+            [
+                "collect",
+                str(tmp_path / "dl3"),
+                "--out",
+                str(tmp_path / "S3"),
+                "--roster",
+                str(roster),
+                "--lesson",
+                "01_attention",
+            ]
+        )
+        == 0
+    )
+    assert "a 03_multi_head notebook in a download collected for 01_attention" in log_rows(tmp_path / "S3")[0]["detail"]

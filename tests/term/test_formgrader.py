@@ -2,6 +2,7 @@
 Jupyter server with nbgrader's extensions started here on 127.0.0.1 (token auth, a free port),
 every submission page opened; an instructor's override made through nbgrader.api survives a
 regrade (--resume --force) and shows in `nbgrader export`."""
+
 import csv
 import html
 import json
@@ -28,10 +29,30 @@ BIN = Path(sys.executable).parent
 
 
 def grade(course, subs, *extra):
-    p = subprocess.run([sys.executable, "-m", "autograder", "grade", str(subs), "--out", str(course.parent / "results"),
-                        "--lesson", LESSON, "--gradebook", str(course.parent / "db" / "gradebook.db"),
-                        "--course-root", str(course), "--roster", str(course.parent / "roster.csv"), "--quiet", *extra],
-                       capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "autograder",
+            "grade",
+            str(subs),
+            "--out",
+            str(course.parent / "results"),
+            "--lesson",
+            LESSON,
+            "--gradebook",
+            str(course.parent / "db" / "gradebook.db"),
+            "--course-root",
+            str(course),
+            "--roster",
+            str(course.parent / "roster.csv"),
+            "--quiet",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     with open(course.parent / "results" / "grades.csv", newline="") as f:
         return {(r["student"], r["test"]): r for r in csv.DictReader(f)}
@@ -45,14 +66,22 @@ def course(tmp_path_factory):
     root = tmp_path_factory.mktemp("formgrader")
     course, subs = root / "course", root / "submissions"
     course.mkdir()
-    (root / "roster.csv").write_text("student,name,email,lms_id\nann,\"Lee, Ann\",ann@x.org,1\nben,Ben Okri,ben@x.org,2\n"
-                                     "cat,Cat Stevens,,3\ndan,Dan Brown,dan@x.org,4\n")
+    (root / "roster.csv").write_text(
+        'student,name,email,lms_id\nann,"Lee, Ann",ann@x.org,1\nben,Ben Okri,ben@x.org,2\n'
+        "cat,Cat Stevens,,3\ndan,Dan Brown,dan@x.org,4\n"
+    )
     (root / "db").mkdir()  # the gradebook outside the course root: --course-root says where autograded/ goes
     release(root / "release", [LESSON])
     rel = nbk.read(root / "release" / LESSON / f"{LESSON}.ipynb")
     ben = fill(rel, LESSON, {"softmax": mutants.for_lesson(LESSON).MUTANTS["softmax"][0][2]})
-    ben["cells"].append({"cell_type": "markdown", "id": "ben-note", "metadata": {},
-                         "source": "<script>alert('owned')</script> see my notes"})
+    ben["cells"].append(
+        {
+            "cell_type": "markdown",
+            "id": "ben-note",
+            "metadata": {},
+            "source": "<script>alert('owned')</script> see my notes",
+        }
+    )
     for student, nb in (("ann", fill(rel, LESSON)), ("ben", ben)):
         nbk.write(nb, subs / student / LESSON / f"{LESSON}.ipynb")
     (subs / "cat" / LESSON).mkdir(parents=True)
@@ -68,10 +97,22 @@ def server(course):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     token = secrets.token_hex(16)
-    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(root.parent / "jupyter-config"),
-               JUPYTER_RUNTIME_DIR=str(root.parent / "jupyter-runtime"), PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
-    cmd = [str(BIN / "jupyter"), "server", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-           f"--ServerApp.token={token}", f"--ServerApp.root_dir={root}", "--ServerApp.port_retries=0"]
+    env = dict(
+        os.environ,
+        JUPYTER_CONFIG_DIR=str(root.parent / "jupyter-config"),
+        JUPYTER_RUNTIME_DIR=str(root.parent / "jupyter-runtime"),
+        PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}",
+    )
+    cmd = [
+        str(BIN / "jupyter"),
+        "server",
+        "--no-browser",
+        "--ip=127.0.0.1",
+        f"--port={port}",
+        f"--ServerApp.token={token}",
+        f"--ServerApp.root_dir={root}",
+        "--ServerApp.port_retries=0",
+    ]
     if os.geteuid() == 0:
         cmd.append("--allow-root")
     log = open(root.parent / "jupyter.log", "wb")
@@ -80,7 +121,9 @@ def server(course):
     try:
         deadline = time.monotonic() + 90
         while True:
-            assert proc.poll() is None and time.monotonic() < deadline, (root.parent / "jupyter.log").read_text()[-3000:]
+            assert proc.poll() is None and time.monotonic() < deadline, (root.parent / "jupyter.log").read_text()[
+                -3000:
+            ]
             try:
                 if get(url, token, "/api/status")[0] == 200:
                     break
@@ -173,7 +216,9 @@ def test_an_override_survives_regrading_and_shows_in_the_export(course):
     # (A running formgrader keeps its own gradebook session: it shows changes made by other
     # processes after a restart. The export reads the database afresh.)
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
-    p = subprocess.run([str(BIN / "nbgrader"), "export"], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [str(BIN / "nbgrader"), "export"], cwd=root, env=env, capture_output=True, text=True, timeout=300
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     with open(root / "grades.csv", newline="") as f:
         rows = {r["student_id"]: r for r in csv.DictReader(f) if r["assignment"] == LESSON}
@@ -193,7 +238,11 @@ def test_formgrader_lists_the_lessons_and_the_roster_from_the_config_grade_wrote
     assert status == 200 and LESSON in {a["name"] for a in json.loads(body)}, body[:2000]
     status, body = get(*server, "/formgrader/api/students")
     names = {s["id"]: (s["first_name"], s["last_name"], s["email"]) for s in json.loads(body)}
-    assert names == {"ann": ("Ann", "Lee", "ann@x.org"), "ben": ("Ben", "Okri", "ben@x.org"),
-                     "cat": ("Cat", "Stevens", None), "dan": ("Dan", "Brown", "dan@x.org")}
+    assert names == {
+        "ann": ("Ann", "Lee", "ann@x.org"),
+        "ben": ("Ben", "Okri", "ben@x.org"),
+        "cat": ("Cat", "Stevens", None),
+        "dan": ("Dan", "Brown", "dan@x.org"),
+    }
     status, body = get(*server, f"/formgrader/api/submissions/{LESSON}")
     assert status == 200 and {s["student"] for s in json.loads(body) if s["autograded"]} >= {"ann", "ben"}, body[:2000]

@@ -1,10 +1,11 @@
 """Lesson 01_attention's reference probes: each graded name of solutions/attention.py (and the stand-ins its checks
 send into the sandbox) against PyTorch or its definition written out (autograder/selfcheck.py runs them)."""
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from autograder.checking.probing import agree, lower_right, probe, randn, row_mask, softmax_weights, STAND_INS
+from autograder.checking.probing import STAND_INS, agree, lower_right, probe, randn, row_mask, softmax_weights
 
 
 @probe("01_attention", "solutions.attention.softmax", f"{STAND_INS}.softmax")

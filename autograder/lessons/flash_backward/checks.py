@@ -19,6 +19,7 @@ The large cases compare values too, with tolerances derived from the length of t
 FlashAttention runs with correct flash_attention_forward and flash_attention_backward (isolate), so a
 mistake in those costs points on their own tests only.
 """
+
 import ast
 import math
 from types import SimpleNamespace
@@ -26,11 +27,32 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from autograder.checking import mistakes
-from autograder.checking import (HEADROOM_MB, Checks, StudentError, close, evidence_times, expect_array, fail,
-                               kind_of, reference, tensor, within_memory)
-from autograder.lessons.gpu.checks import (TILED_ROWS, TIMED_LONG, attention_mistakes, drawn_mb, exact_attention,
-                                           expect_attention, long_specs, qkv, rows_of, tiled_judged)
+from autograder.checking import (
+    HEADROOM_MB,
+    Checks,
+    StudentError,
+    close,
+    evidence_times,
+    expect_array,
+    fail,
+    kind_of,
+    mistakes,
+    reference,
+    tensor,
+    within_memory,
+)
+from autograder.lessons.gpu.checks import (
+    TILED_ROWS,
+    TIMED_LONG,
+    attention_mistakes,
+    drawn_mb,
+    exact_attention,
+    expect_attention,
+    long_specs,
+    qkv,
+    rows_of,
+    tiled_judged,
+)
 from autograder.sandbox import helpers
 from autograder.sandbox.wire import Array
 from solutions import flash_backward as ref
@@ -40,11 +62,12 @@ CHECKS = Checks()
 # The contract's tolerances, max|err| <= tol * (1 + max|truth|), by the dtype asked in (half precision: float32
 # arithmetic, then the result's own rounding, 2**-11 of it in float16 and 2**-8 in bfloat16).
 TOL = {"float64": 1e-10, "float32": 1e-4, "float16": 2e-3, "bfloat16": 1.6e-2}
-UNIT = {"float64": 2.0 ** -53, "float32": 2.0 ** -24}  # unit roundoff of the arithmetic
+UNIT = {"float64": 2.0**-53, "float32": 2.0**-24}  # unit roundoff of the arithmetic
 GRADS = ("dq", "dk", "dv")
 AXES = {"dq": ("B", "H", "Tq", "Dh"), "dk": ("B", "H", "Tk", "Dh"), "dv": ("B", "H", "Tk", "Dh")}
-FLOAT64, ORDER, IN_PLACE, DQ_KEPT, D_PER_PAIR, SAVED = (getattr(mistakes.for_lesson(LESSON), n) for n in (
-    "FLOAT64", "ORDER", "IN_PLACE", "DQ_KEPT", "D_PER_PAIR", "SAVED"))
+FLOAT64, ORDER, IN_PLACE, DQ_KEPT, D_PER_PAIR, SAVED = (
+    getattr(mistakes.for_lesson(LESSON), n) for n in ("FLOAT64", "ORDER", "IN_PLACE", "DQ_KEPT", "D_PER_PAIR", "SAVED")
+)
 
 
 def _torch_dtype(name):
@@ -70,6 +93,7 @@ def _inputs(rng, b, h, tq, tk, dh, name, scale=2.0):
 
 # ---- gradients ---------------------------------------------------------------------------------
 
+
 def _atol(want, name):
     return TOL[name] * (1 + float(np.abs(want.data).max(initial=0)))
 
@@ -83,8 +107,10 @@ def _expect_grads(got, want, what, name, mistaken=lambda: [], atols=None):
     a known mistake (mistaken(): [(message, (dq, dk, dv))]), the wrong order, float64 computed in float32,
     then each gradient on its own. atols: per gradient, where the contract's tolerance is not the right one."""
     if not isinstance(got, (tuple, list)) or len(got) != 3:
-        fail(f"{what} should return three gradients (dq, dk, dv), but returned {kind_of(got)}"
-             + (f" of length {len(got)}" if isinstance(got, (tuple, list)) else ""))
+        fail(
+            f"{what} should return three gradients (dq, dk, dv), but returned {kind_of(got)}"
+            + (f" of length {len(got)}" if isinstance(got, (tuple, list)) else "")
+        )
     atols = atols or [_atol(w, name) for w in want]
     tol = [dict(rtol=1e-300, atol=a) for a in atols]
     if all(close(g, w, **t) for g, w, t in zip(got, want, tol)):
@@ -95,17 +121,30 @@ def _expect_grads(got, want, what, name, mistaken=lambda: [], atols=None):
     shapes = [getattr(g, "shape", None) for g in got]
     if shapes != [w.shape for w in want] and sorted(map(str, shapes)) == sorted(str(w.shape) for w in want):
         fail(f"{what}: {ORDER}")
-    if any(all(close(g, want[j], rtol=1e-300, atol=atols[j]) for g, j in zip(got, perm))  # dk and dv share a shape
-           for perm in [(1, 0, 2), (0, 2, 1), (2, 1, 0), (1, 2, 0), (2, 0, 1)]):
+    if any(
+        all(close(g, want[j], rtol=1e-300, atol=atols[j]) for g, j in zip(got, perm))  # dk and dv share a shape
+        for perm in [(1, 0, 2), (0, 2, 1), (2, 1, 0), (1, 2, 0), (2, 0, 1)]
+    ):
         fail(f"{what}: {ORDER}")
-    if name == "float64" and all(isinstance(g, Array) and g.dtype == "float64" for g in got) and all(
+    if (
+        name == "float64"
+        and all(isinstance(g, Array) and g.dtype == "float64" for g in got)
+        and all(
             close(_as(g, "float32"), _as(w, "float32"), rtol=1e-300, atol=_atol(w, "float32"))
-            for g, w in zip(got, want)):
+            for g, w in zip(got, want)
+        )
+    ):
         fail(f"{what}: {FLOAT64}")
     for g, w, a, grad in zip(got, want, atols, GRADS):
-        expect_array(g, w, f"{grad} of {what}", rtol=1e-300, atol=a, axes=AXES[grad],
-                     nan_hint="a fully masked tile gives exp(-inf - lse) = 0, never NaN: subtract lse, not the tile's "
-                              "max")
+        expect_array(
+            g,
+            w,
+            f"{grad} of {what}",
+            rtol=1e-300,
+            atol=a,
+            axes=AXES[grad],
+            nan_hint="a fully masked tile gives exp(-inf - lse) = 0, never NaN: subtract lse, not the tile's max",
+        )
 
 
 def _truth(q, k, v, dout, causal, name):
@@ -117,45 +156,70 @@ def _truth(q, k, v, dout, causal, name):
 def _mistaken(fn_name, q, k, v, dout, causal, name, *extra, forward=False):
     """[(message, (dq, dk, dv))] of the defined mistakes of fn_name on these inputs (as the student gets them);
     forward: fn_name takes (q, k, v, out, lse, dout)."""
+
     def run():
         args = [_exact64(a, name).to(_torch_dtype(name)) for a in (q, k, v, dout)]
         if forward:
             out, lse = ref.flash_attention_forward(*(a.double() for a in args[:3]), causal)
-            args = [*args[:3], out.to(args[0].dtype), lse.to(torch.promote_types(args[0].dtype, torch.float32)),
-                    args[3]]
-        return [(m.message, reference(tuple(got))) for m, got in mistakes.on(LESSON, fn_name, *args, causal, *extra)
-                if isinstance(got, tuple) and len(got) == 3]
+            args = [
+                *args[:3],
+                out.to(args[0].dtype),
+                lse.to(torch.promote_types(args[0].dtype, torch.float32)),
+                args[3],
+            ]
+        return [
+            (m.message, reference(tuple(got)))
+            for m, got in mistakes.on(LESSON, fn_name, *args, causal, *extra)
+            if isinstance(got, tuple) and len(got) == 3
+        ]
+
     return run
 
 
 # ---- attention_backward ------------------------------------------------------------------------
 
+
 @CHECKS.add("attention_backward", aspects={"values": 3, "causal": 2, "half precision": 1, "by hand": 2})
 def attention_backward(s):
     rng = s.rng
     # (aspect, dtype, (B, H, Tq, Tk, Dh), causal, scale of q and k)
-    cases = [("values", "float64", (2, 3, 7, 11, 8), False, 2.0), ("values", "float32", (2, 2, 13, 6, 16), False, 3.0),
-             ("values", "float64", (1, 2, 9, 9, 4), False, 1.0),
-             ("causal", "float64", (2, 2, 5, 12, 8), True, 2.0), ("causal", "float32", (2, 3, 10, 10, 8), True, 2.0),
-             ("causal", "float64", (1, 2, 1, 9, 4), True, 2.0),
-             ("half precision", "float16", (2, 2, 9, 14, 16), True, 1.5),
-             ("half precision", "bfloat16", (2, 2, 8, 8, 8), False, 1.0)]
+    cases = [
+        ("values", "float64", (2, 3, 7, 11, 8), False, 2.0),
+        ("values", "float32", (2, 2, 13, 6, 16), False, 3.0),
+        ("values", "float64", (1, 2, 9, 9, 4), False, 1.0),
+        ("causal", "float64", (2, 2, 5, 12, 8), True, 2.0),
+        ("causal", "float32", (2, 3, 10, 10, 8), True, 2.0),
+        ("causal", "float64", (1, 2, 1, 9, 4), True, 2.0),
+        ("half precision", "float16", (2, 2, 9, 14, 16), True, 1.5),
+        ("half precision", "bfloat16", (2, 2, 8, 8, 8), False, 1.0),
+    ]
     for aspect, name, (b, h, tq, tk, dh), causal, scale in cases:
         with s.aspect(aspect):
             q, k, v, dout = _inputs(rng, b, h, tq, tk, dh, name, scale)
             got = s.call("attention_backward", *(_send(a, name) for a in (q, k, v, dout)), causal=causal)
-            _expect_grads(got, _truth(q, k, v, dout, causal, name),
-                          f"attention_backward(q, k, v, dout, causal={causal}) in {name}", name,
-                          _mistaken("attention_backward", q, k, v, dout, causal, name))
-    with s.aspect("by hand"):  # with autograd and PyTorch's attention kernels off (lessons/09_flash_backward/lesson.toml)
+            _expect_grads(
+                got,
+                _truth(q, k, v, dout, causal, name),
+                f"attention_backward(q, k, v, dout, causal={causal}) in {name}",
+                name,
+                _mistaken("attention_backward", q, k, v, dout, causal, name),
+            )
+    with s.aspect(
+        "by hand"
+    ):  # with autograd and PyTorch's attention kernels off (lessons/09_flash_backward/lesson.toml)
         for causal in (False, True):
             q, k, v, dout = _inputs(rng, 2, 2, 6, 10, 8, "float64", 2.0)
             got = s.call("attention_backward", *(_send(a, "float64") for a in (q, k, v, dout)), causal=causal)
-            _expect_grads(got, _truth(q, k, v, dout, causal, "float64"),
-                          f"attention_backward(q, k, v, dout, causal={causal}) in float64", "float64")
+            _expect_grads(
+                got,
+                _truth(q, k, v, dout, causal, "float64"),
+                f"attention_backward(q, k, v, dout, causal={causal}) in float64",
+                "float64",
+            )
 
 
 # ---- flash_attention_forward -------------------------------------------------------------------
+
 
 def _exact_lse(q, k, causal, rows=None):
     """The row logsumexp of the scaled scores (float64) of the given query rows (all when None)."""
@@ -181,40 +245,59 @@ def _expect_lse(got, want, largest, what, name, tk, dh, mistaken, slips=None):
     costs the aspect "lse dtype" alone."""
     lse_name = "float64" if name == "float64" else "float32"
     if slips is not None and isinstance(got, Array) and got.dtype in ("float32", "float64") and got.dtype != lse_name:
-        slips.append(f"lse is {got.dtype} for {name} inputs: it is in the inputs' dtype, {lse_name} here (and float32 "
-                     "for float16 or bfloat16 inputs)")
+        slips.append(
+            f"lse is {got.dtype} for {name} inputs: it is in the inputs' dtype, {lse_name} here (and float32 "
+            "for float16 or bfloat16 inputs)"
+        )
         got = Array(got.kind, lse_name, got.data.astype(lse_name), device=got.device)
     if isinstance(got, Array) and name == "float16" and got.dtype == "float16":
-        fail(f"{what}: lse is float16 for float16 inputs: keep it in float32 (the dtype you compute in): "
-             "float16 has 3 decimal digits, and P = exp(s - lse) needs more")
+        fail(
+            f"{what}: lse is float16 for float16 inputs: keep it in float32 (the dtype you compute in): "
+            "float16 has 3 decimal digits, and P = exp(s - lse) needs more"
+        )
     if isinstance(got, Array) and got.shape == (*want.shape, 1):
         fail(f"{what}: lse has shape {got.shape}, but should have shape {tuple(want.shape)}: squeeze its last axis")
-    expect_array(got, reference(want, dtype=lse_name), f"lse of {what}", mistakes=mistaken, rtol=1e-300,
-                 atol=_lse_atol(want, largest, name, tk, dh), axes=("B", "H", "Tq"),
-                 hint="lse[b, h, i] = m + log(l), the natural log of the sum of exp(s) over the keys row i may see")
+    expect_array(
+        got,
+        reference(want, dtype=lse_name),
+        f"lse of {what}",
+        mistakes=mistaken,
+        rtol=1e-300,
+        atol=_lse_atol(want, largest, name, tk, dh),
+        axes=("B", "H", "Tq"),
+        hint="lse[b, h, i] = m + log(l), the natural log of the sum of exp(s) over the keys row i may see",
+    )
 
 
 def _forward_mistakes(q, k, v, causal, blocks, name, part=1):
     """[(message, lse)] (part 0: out) of the defined mistakes of flash_attention_forward on these inputs."""
+
     def run():
         args = [torch.from_numpy(a) for a in (q, k, v)]
-        return [(m.message, reference(got[part])) for m, got in mistakes.on(LESSON, "flash_attention_forward", *args,
-                                                                          causal, *blocks, fresh=True)
-                if isinstance(got, tuple) and len(got) == 2]
+        return [
+            (m.message, reference(got[part]))
+            for m, got in mistakes.on(LESSON, "flash_attention_forward", *args, causal, *blocks, fresh=True)
+            if isinstance(got, tuple) and len(got) == 2
+        ]
+
     return run
 
 
 def _expect_pair(got, what):
     if not isinstance(got, (tuple, list)) or len(got) != 2:
-        fail(f"{what} should return a pair (out, lse), but returned {kind_of(got)}"
-             + (f" of length {len(got)}" if isinstance(got, (tuple, list)) else ""))
+        fail(
+            f"{what} should return a pair (out, lse), but returned {kind_of(got)}"
+            + (f" of length {len(got)}" if isinstance(got, (tuple, list)) else "")
+        )
     return got
 
 
 def _expect_forward_tiled(s, rng):
     """flash_attention_forward within lesson 06's bound: its tiles fit, nothing spanning every key does."""
     lse_hint = ", and take lse = m + log(l) from the running max and sum, not torch.logsumexp of a whole row"
-    for causal, q, k, v, answer, rows, want, want_lse, cond in tiled_judged(s, rng, "flash_attention_forward", lse_hint):
+    for causal, q, k, v, answer, rows, want, want_lse, cond in tiled_judged(
+        s, rng, "flash_attention_forward", lse_hint
+    ):
         what = f"flash_attention_forward(causal={causal}) with {k.size(2)} keys"
         out, lse = _expect_pair(answer, what)
         name = str(q.dtype).split(".")[-1]
@@ -232,41 +315,52 @@ def _large_scores(rng, b, h, tq, tk, dh):
     return q, k, v
 
 
-@CHECKS.add("flash_attention_forward", aspects={"values": 3, "causal": 1, "large scores": 1, "inputs kept": 1,
-                                                "float16": 1, "lse dtype": 1, "tiled": 2},
-            memory_bound=True)
+@CHECKS.add(
+    "flash_attention_forward",
+    aspects={"values": 3, "causal": 1, "large scores": 1, "inputs kept": 1, "float16": 1, "lse dtype": 1, "tiled": 2},
+    memory_bound=True,
+)
 def flash_attention_forward(s):
     rng = s.rng
     slips = []  # lse in another float dtype: judged by its values, costing "lse dtype" only
     # (aspect, dtype, (B, H, Tq, Tk, Dh), causal, block_q, block_k (None: the defaults), scale, blocks by position)
-    cases = [("values", np.float64, (2, 3, 37, 53, 8), False, 16, 16, 3.0, False),
-             ("values", np.float32, (2, 2, 45, 20, 8), False, 16, 8, 10.0, True),
-             ("values", np.float32, (2, 2, 70, 100, 8), False, None, None, 3.0, False),
-             ("causal", np.float64, (2, 2, 29, 45, 16), True, 8, 12, 2.0, True),
-             ("causal", np.float32, (2, 3, 150, 150, 8), True, None, None, 2.0, False),
-             ("causal", np.float32, (2, 2, 1, 77, 16), True, 16, 32, 2.0, False),
-             # a query tile's last visible key is the first of a key tile: key 31 for queries 16..31, and key 64
-             # for query 64 with the default blocks
-             ("causal", np.float32, (1, 2, 100, 100, 8), True, 16, 31, 2.0, False),
-             ("causal", np.float32, (1, 2, 65, 65, 8), True, None, None, 2.0, False),
-             ("large scores", np.float32, (2, 2, 33, 40, 8), False, 16, 16, None, False),
-             ("float16", np.float16, (2, 2, 40, 70, 16), True, 16, 32, 1.5, False),
-             ("float16", np.float16, (2, 3, 64, 64, 32), False, 32, 32, 1.0, True)]
+    cases = [
+        ("values", np.float64, (2, 3, 37, 53, 8), False, 16, 16, 3.0, False),
+        ("values", np.float32, (2, 2, 45, 20, 8), False, 16, 8, 10.0, True),
+        ("values", np.float32, (2, 2, 70, 100, 8), False, None, None, 3.0, False),
+        ("causal", np.float64, (2, 2, 29, 45, 16), True, 8, 12, 2.0, True),
+        ("causal", np.float32, (2, 3, 150, 150, 8), True, None, None, 2.0, False),
+        ("causal", np.float32, (2, 2, 1, 77, 16), True, 16, 32, 2.0, False),
+        # a query tile's last visible key is the first of a key tile: key 31 for queries 16..31, and key 64
+        # for query 64 with the default blocks
+        ("causal", np.float32, (1, 2, 100, 100, 8), True, 16, 31, 2.0, False),
+        ("causal", np.float32, (1, 2, 65, 65, 8), True, None, None, 2.0, False),
+        ("large scores", np.float32, (2, 2, 33, 40, 8), False, 16, 16, None, False),
+        ("float16", np.float16, (2, 2, 40, 70, 16), True, 16, 32, 1.5, False),
+        ("float16", np.float16, (2, 3, 64, 64, 32), False, 32, 32, 1.0, True),
+    ]
     for aspect, dtype, (b, h, tq, tk, dh), causal, bq, bk, scale, positional in cases:
         with s.aspect(aspect):
             name = np.dtype(dtype).name
             q, k, v = qkv(rng, b, h, tq, tk, dh, dtype, scale) if scale else _large_scores(rng, b, h, tq, tk, dh)
             blocks = () if bq is None else (bq, bk)
-            args, kwargs = ((causal, *blocks), {}) if positional else ((), dict(causal=causal, **(
-                dict(block_q=bq, block_k=bk) if blocks else {})))
-            what = (f"flash_attention_forward(q, k, v, causal={causal}{', block_q, block_k' if blocks else ''}) "
-                    f"in {name}")
-            out, lse = _expect_pair(s.call("flash_attention_forward", tensor(q), tensor(k), tensor(v), *args, **kwargs),
-                                    what)
+            args, kwargs = (
+                ((causal, *blocks), {})
+                if positional
+                else ((), dict(causal=causal, **(dict(block_q=bq, block_k=bk) if blocks else {})))
+            )
+            what = (
+                f"flash_attention_forward(q, k, v, causal={causal}{', block_q, block_k' if blocks else ''}) in {name}"
+            )
+            out, lse = _expect_pair(
+                s.call("flash_attention_forward", tensor(q), tensor(k), tensor(v), *args, **kwargs), what
+            )
             bq, bk = bq or 64, bk or 64
             want, cond = exact_attention(q, k, v, causal, dtype)
-            mistaken = lambda: (attention_mistakes(q, k, v, causal, [bk], getattr(torch, name))
-                                + _forward_mistakes(q, k, v, causal, (bq, bk), name, part=0)())
+            mistaken = lambda: (
+                attention_mistakes(q, k, v, causal, [bk], getattr(torch, name))
+                + _forward_mistakes(q, k, v, causal, (bq, bk), name, part=0)()
+            )
             want_lse, largest = _exact_lse(q, k, causal)
             lse_mistaken = _forward_mistakes(q, k, v, causal, (bq, bk), name)
             if aspect == "large scores":  # lse first: it names the slip (an overflow, one shift) that out's NaN hides
@@ -275,8 +369,9 @@ def flash_attention_forward(s):
             _expect_lse(lse, want_lse, largest, what, name, tk, dh, lse_mistaken, slips)
     with s.aspect("inputs kept"):
         q, k, v = qkv(rng, 2, 2, 20, 30, 8, np.float32)
-        _, kept = s.helper("keeps_argument", s.get("flash_attention_forward", "__call__"), tensor(q), tensor(k),
-                           tensor(v), True, 8, 8)
+        _, kept = s.helper(
+            "keeps_argument", s.get("flash_attention_forward", "__call__"), tensor(q), tensor(k), tensor(v), True, 8, 8
+        )
         if not kept:
             fail(f"flash_attention_forward(q, k, v) in float32: {IN_PLACE}")
     with s.aspect("lse dtype"):
@@ -311,8 +406,9 @@ def _grad_atol(q64, k64, v64, out64, lse64, do64, causal, forward_length=0, name
     d = (do64 * out64).sum(-1, keepdim=True)
     big_q, big_k = _big_blocks(tq, tk)
     # D's error: its Dh products and sum, and out's own error (up to forward times the largest value)
-    e_d = u * (dh + 2) * (do64 * out64).abs().sum(-1, keepdim=True) + \
-        forward * do64.abs().sum(-1, keepdim=True) * float(v64.abs().max())
+    e_d = u * (dh + 2) * (do64 * out64).abs().sum(-1, keepdim=True) + forward * do64.abs().sum(
+        -1, keepdim=True
+    ) * float(v64.abs().max())
     sizes = [torch.zeros_like(t) for t in (q64, k64, k64, q64, k64, k64)]  # |terms| and their errors, per gradient
     for ks in range(0, tk, big_k):
         cols = slice(ks, ks + big_k)
@@ -328,16 +424,18 @@ def _grad_atol(q64, k64, v64, out64, lse64, do64, causal, forward_length=0, name
             dp = dob @ vb.transpose(-2, -1)
             ds = p * (dp - db)
             e_p = p * (u * ((dh + 2) * (qb.abs() @ kb.abs().transpose(-2, -1)) * scale + lb.abs() + 4) + forward)
-            e_ds = (e_p * (dp - db).abs() + 2 * u * ds.abs()
-                    + p * (u * (dh + 2) * (dob.abs() @ vb.abs().transpose(-2, -1)) + e_d[:, :, rows]))
+            e_ds = (
+                e_p * (dp - db).abs()
+                + 2 * u * ds.abs()
+                + p * (u * (dh + 2) * (dob.abs() @ vb.abs().transpose(-2, -1)) + e_d[:, :, rows])
+            )
             sizes[0][:, :, rows] += ds.abs() @ kb.abs() * scale
             sizes[3][:, :, rows] += e_ds @ kb.abs() * scale
             sizes[1][:, :, cols] += ds.abs().transpose(-2, -1) @ qb.abs() * scale
             sizes[4][:, :, cols] += e_ds.transpose(-2, -1) @ qb.abs() * scale
             sizes[2][:, :, cols] += p.transpose(-2, -1) @ dob.abs()
             sizes[5][:, :, cols] += e_p.transpose(-2, -1) @ dob.abs()
-    return [2 * float(((n + 4) * u * sizes[i] + sizes[i + 3]).max()) + 1e-7
-            for i, n in enumerate((tk, tq, tq))]
+    return [2 * float(((n + 4) * u * sizes[i] + sizes[i + 3]).max()) + 1e-7 for i, n in enumerate((tk, tq, tq))]
 
 
 SUFFIX = 64  # the last queries (for dq) and keys (for dk, dv) whose gradients a long case compares
@@ -360,8 +458,10 @@ def _expect_long_grads(got, arrays, causal, what, forward_length=0, shapes=None,
             if shape is not None and shape != tuple(full.shape):
                 fail(f"{grad} of {what} has shape {shape}, but should have shape {tuple(full.shape)}")
         if shapes is None:
-            got = [Array(g.kind, g.dtype, g.data[:, :, part], device=g.device) if isinstance(g, Array) else g
-                   for g, part in zip(got, (rows, cols, cols))]
+            got = [
+                Array(g.kind, g.dtype, g.data[:, :, part], device=g.device) if isinstance(g, Array) else g
+                for g, part in zip(got, (rows, cols, cols))
+            ]
     queries = (q64[:, :, rows], k64, v64, out64[:, :, rows], lse64[:, :, rows], do64[:, :, rows])
     keys = (q64, k64[:, :, cols], v64[:, :, cols], out64, lse64, do64)
     if compare_dq:
@@ -371,8 +471,9 @@ def _expect_long_grads(got, arrays, causal, what, forward_length=0, shapes=None,
         want, atols = [torch.as_tensor(got[0].data) if isinstance(got[0], Array) else q64[:, :, rows]], [0.0]
     want += ref.flash_attention_backward(*keys, causal, *_big_blocks(tq, cols.stop - cols.start))[1:]
     atols += _grad_atol(*keys, causal, forward_length, name)[1:]
-    _expect_grads(got, [reference(g, dtype=name) for g in want], what + " (its last queries and keys)", name,
-                  atols=atols)
+    _expect_grads(
+        got, [reference(g, dtype=name) for g in want], what + " (its last queries and keys)", name, atols=atols
+    )
 
 
 def _big_inputs(rng, tq, tk, dh):
@@ -405,12 +506,14 @@ BACKWARD_ROW = dict(tq=64, bq=16, tk=2**19 + 77, bk=2**13)
 BACKWARD_CHUNK = 8  # query rows against every key that the row case's message names
 BACKWARD_COLUMN = dict(tq=2**16 + 33, bq=2**11, tk=165, bk=128)
 BACKWARD_MASK = dict(tq=8229, bq=256, tk=8229, bk=512)
-BACKWARD_MESSAGE = ("flash_attention_backward{causal} ran out of memory with {tq} queries and {tk} keys in tiles of "
-                    "{bq} x {bk}: it may never hold more than block_q x block_k scores or probabilities at once, "
-                    "whatever chunk of queries (here {mb} MiB of {what}): not the full matrix, not a (block_q, Tk) row, "
-                    "not a chunk of query rows against all keys, not a (Tq, block_k) column, not a full causal mask. "
-                    "Loop over key tiles of the block sizes you are given, and inside over query tiles, and recompute "
-                    "each tile's P = exp(s - lse)")
+BACKWARD_MESSAGE = (
+    "flash_attention_backward{causal} ran out of memory with {tq} queries and {tk} keys in tiles of "
+    "{bq} x {bk}: it may never hold more than block_q x block_k scores or probabilities at once, "
+    "whatever chunk of queries (here {mb} MiB of {what}): not the full matrix, not a (block_q, Tk) row, "
+    "not a chunk of query rows against all keys, not a (Tq, block_k) column, not a full causal mask. "
+    "Loop over key tiles of the block sizes you are given, and inside over query tiles, and recompute "
+    "each tile's P = exp(s - lse)"
+)
 ROW_WHAT = f"the scores of {BACKWARD_CHUNK} query rows against every key"
 
 
@@ -431,9 +534,11 @@ def _backward_cases(s):
     """[(what it catches, its MiB, specs of q, k, v, dout, causals, (block_q, block_k), picks)] of the tiled evidence,
     each grown with what the process held when the block began (evidence_times)."""
     cases = []
-    for case, causals, what in ((BACKWARD_ROW, (True,), ROW_WHAT),
-                                (BACKWARD_COLUMN, (False,), "a column of scores"),
-                                (BACKWARD_MASK, (True,), "a causal mask")):
+    for case, causals, what in (
+        (BACKWARD_ROW, (True,), ROW_WHAT),
+        (BACKWARD_COLUMN, (False,), "a column of scores"),
+        (BACKWARD_MASK, (True,), "a causal mask"),
+    ):
         tq, bq, tk, bk = (case[key] for key in ("tq", "bq", "tk", "bk"))
         times = evidence_times(s, BACKWARD_MB, tq * tk * 8 >> 20)
         tk, tq = (tk * times, tq) if tq > tk else (tk, tq * times)  # the short side grows
@@ -446,11 +551,18 @@ def _backward_cases(s):
 
 # One case at each size "tiled" grades, for check_submission.py to time against the limit on a call: the row case
 # (out and lse arbitrary: the time does not depend on them)
-TIMED = {"flash_attention_forward": TIMED_LONG,
-         "flash_attention_backward": {
-             "tensors": [*long_specs(BACKWARD_ROW["tq"], BACKWARD_ROW["tk"]), ((1, 1, BACKWARD_ROW["tq"], 1), 1.0),
-                         ((1, 1, BACKWARD_ROW["tq"]), 0.0), ((1, 1, BACKWARD_ROW["tq"], 1), 1.0)],
-             "args": [True, BACKWARD_ROW["bq"], BACKWARD_ROW["bk"]]}}
+TIMED = {
+    "flash_attention_forward": TIMED_LONG,
+    "flash_attention_backward": {
+        "tensors": [
+            *long_specs(BACKWARD_ROW["tq"], BACKWARD_ROW["tk"]),
+            ((1, 1, BACKWARD_ROW["tq"], 1), 1.0),
+            ((1, 1, BACKWARD_ROW["tq"]), 0.0),
+            ((1, 1, BACKWARD_ROW["tq"], 1), 1.0),
+        ],
+        "args": [True, BACKWARD_ROW["bq"], BACKWARD_ROW["bk"]],
+    },
+}
 
 
 def _backward_plan(s, seed):
@@ -461,21 +573,36 @@ def _backward_plan(s, seed):
     drawn = helpers.draw(seed, specs)
     calls, judged = [], []
     for i, (_, _, _, causals, (bq, bk), picks) in enumerate(cases):
-        q, k, v, dout = drawn[4 * i:4 * i + 4]
+        q, k, v, dout = drawn[4 * i : 4 * i + 4]
         for causal in causals:
             # the forward's out and lse, as a student's forward gives them: sent, small (the long side is drawn)
             out, lse = ref.flash_attention_forward(q, k, v, causal, *_big_blocks(q.size(2), k.size(2)))
             # the row case's gradients take what its inputs do: the other calls have that much mapped
-            calls.append({"args": [{"drawn": 4 * i}, {"drawn": 4 * i + 1}, {"drawn": 4 * i + 2}, tensor(out.numpy()),
-                                   tensor(lse.numpy()), {"drawn": 4 * i + 3}, causal, bq, bk],
-                          "picks": picks, "ballast_mb": 0 if i == 0 else BACKWARD_INPUTS_MB // 2})
+            calls.append(
+                {
+                    "args": [
+                        {"drawn": 4 * i},
+                        {"drawn": 4 * i + 1},
+                        {"drawn": 4 * i + 2},
+                        tensor(out.numpy()),
+                        tensor(lse.numpy()),
+                        {"drawn": 4 * i + 3},
+                        causal,
+                        bq,
+                        bk,
+                    ],
+                    "picks": picks,
+                    "ballast_mb": 0 if i == 0 else BACKWARD_INPUTS_MB // 2,
+                }
+            )
             judged.append((causal, (q, k, v, out, lse, dout)))
     return cases, specs, calls, judged
 
 
 def _expect_backward_tiled(s, rng):
-    first = BACKWARD_MESSAGE.format(causal="", what=ROW_WHAT, mb=BACKWARD_CHUNK * BACKWARD_ROW["tk"] * 8 >> 20,
-                                    **BACKWARD_ROW)
+    first = BACKWARD_MESSAGE.format(
+        causal="", what=ROW_WHAT, mb=BACKWARD_CHUNK * BACKWARD_ROW["tk"] * 8 >> 20, **BACKWARD_ROW
+    )
     seed = int(rng.integers(2**31))
     # Made before the bound, for a process that holds no more than an honest fresh one: in-process (the notebook's own
     # hidden test) the grader's side counts against the bound too. One that holds more grows the cases: made again.
@@ -485,13 +612,25 @@ def _expect_backward_tiled(s, rng):
             plan = None
             plan = _backward_plan(s, seed)
         cases, specs, calls, judged = plan
-        reword(BACKWARD_MESSAGE.format(causal="", what=" or ".join(case[0] for case in cases),
-                                       mb=min(case[1] for case in cases), **BACKWARD_ROW))
+        reword(
+            BACKWARD_MESSAGE.format(
+                causal="",
+                what=" or ".join(case[0] for case in cases),
+                mb=min(case[1] for case in cases),
+                **BACKWARD_ROW,
+            )
+        )
         got = s.helper("drawn_calls", s.get("flash_attention_backward", "__call__"), seed, specs, calls)
     for (causal, arrays), (answer, shapes) in zip(judged, got):
         tq, tk = arrays[0].size(2), arrays[1].size(2)
-        _expect_long_grads(answer, arrays, causal, f"flash_attention_backward(causal={causal}) with {tq} queries and "
-                           f"{tk} keys", shapes=shapes, compare_dq=tk <= BIG_TILE)
+        _expect_long_grads(
+            answer,
+            arrays,
+            causal,
+            f"flash_attention_backward(causal={causal}) with {tq} queries and {tk} keys",
+            shapes=shapes,
+            compare_dq=tk <= BIG_TILE,
+        )
 
 
 _METADATA = {"dtype", "device", "shape", "size", "ndim", "dim", "is_cuda"}  # reading these reads no values
@@ -535,8 +674,11 @@ def _reads_out_per_pair(fn, loop):
     if isinstance(fn, ast.FunctionDef) and fn.name == "flash_attention_backward" and len(fn.args.args) > 3:
         for name in _aliases(fn, fn.args.args[3].arg):
             for loops, guarded in _reads(fn, name):
-                if len(loops) >= 2 and not guarded and not any(
-                        isinstance(n, loop) for n in ast.walk(loops[-1]) if n is not loops[-1]):
+                if (
+                    len(loops) >= 2
+                    and not guarded
+                    and not any(isinstance(n, loop) for n in ast.walk(loops[-1]) if n is not loops[-1])
+                ):
                     return True
     return False
 
@@ -555,20 +697,24 @@ def _aliases(fn, name):
     return found
 
 
-@CHECKS.add("flash_attention_backward", aspects={"values": 3, "causal": 1, "half precision": 1, "D once": 1,
-                                                 "tiled": 3},
-            memory_bound=True)
+@CHECKS.add(
+    "flash_attention_backward",
+    aspects={"values": 3, "causal": 1, "half precision": 1, "D once": 1, "tiled": 3},
+    memory_bound=True,
+)
 def flash_attention_backward(s):
     rng = s.rng
     # (aspect, dtype, (B, H, Tq, Tk, Dh), causal, block_q, block_k (None: the defaults), scale, blocks by position)
-    cases = [("values", "float64", (2, 3, 37, 53, 8), False, 16, 16, 2.0, False),
-             ("values", "float32", (2, 2, 45, 20, 8), False, 16, 8, 3.0, True),
-             ("values", "float32", (2, 2, 70, 100, 8), False, None, None, 2.0, False),
-             ("causal", "float64", (2, 2, 29, 45, 16), True, 8, 12, 2.0, True),
-             ("causal", "float32", (2, 3, 150, 150, 8), True, None, None, 2.0, False),
-             ("causal", "float64", (2, 2, 1, 77, 16), True, 16, 32, 2.0, False),
-             ("half precision", "float16", (2, 2, 40, 70, 16), True, 16, 32, 1.5, False),
-             ("half precision", "bfloat16", (2, 3, 64, 64, 32), False, 32, 32, 1.0, True)]
+    cases = [
+        ("values", "float64", (2, 3, 37, 53, 8), False, 16, 16, 2.0, False),
+        ("values", "float32", (2, 2, 45, 20, 8), False, 16, 8, 3.0, True),
+        ("values", "float32", (2, 2, 70, 100, 8), False, None, None, 2.0, False),
+        ("causal", "float64", (2, 2, 29, 45, 16), True, 8, 12, 2.0, True),
+        ("causal", "float32", (2, 3, 150, 150, 8), True, None, None, 2.0, False),
+        ("causal", "float64", (2, 2, 1, 77, 16), True, 16, 32, 2.0, False),
+        ("half precision", "float16", (2, 2, 40, 70, 16), True, 16, 32, 1.5, False),
+        ("half precision", "bfloat16", (2, 3, 64, 64, 32), False, 32, 32, 1.0, True),
+    ]
     for aspect, name, (b, h, tq, tk, dh), causal, bq, bk, scale, positional in cases:
         with s.aspect(aspect):
             q, k, v, dout = _inputs(rng, b, h, tq, tk, dh, name, scale)
@@ -578,18 +724,30 @@ def flash_attention_backward(s):
             lse = lse64.to(torch.promote_types(_torch_dtype(name), torch.float32))
             sent = [_send(q, name), _send(k, name), _send(v, name), reference(out), reference(lse), _send(dout, name)]
             blocks = () if bq is None else (bq, bk)
-            args, kwargs = ((causal, *blocks), {}) if positional else ((), dict(causal=causal, **(
-                dict(block_q=bq, block_k=bk) if blocks else {})))
+            args, kwargs = (
+                ((causal, *blocks), {})
+                if positional
+                else ((), dict(causal=causal, **(dict(block_q=bq, block_k=bk) if blocks else {})))
+            )
             got = s.call("flash_attention_backward", *sent, *args, **kwargs)
-            what = (f"flash_attention_backward(q, k, v, out, lse, dout, causal={causal}"
-                    f"{', block_q, block_k' if blocks else ''}) in {name}")
-            _expect_grads(got, _truth(q, k, v, dout, causal, name), what, name,
-                          _mistaken("flash_attention_backward", q, k, v, dout, causal, name, bq or 64, bk or 64,
-                                    forward=True))
+            what = (
+                f"flash_attention_backward(q, k, v, out, lse, dout, causal={causal}"
+                f"{', block_q, block_k' if blocks else ''}) in {name}"
+            )
+            _expect_grads(
+                got,
+                _truth(q, k, v, dout, causal, name),
+                what,
+                name,
+                _mistaken("flash_attention_backward", q, k, v, dout, causal, name, bq or 64, bk or 64, forward=True),
+            )
             if (aspect, name) == ("values", "float64"):  # the same call again gives the same gradients
                 again = s.call("flash_attention_backward", *sent, *args, **kwargs)
-                if not (isinstance(again, (tuple, list)) and len(again) == 3
-                        and all(close(a, g, rtol=1e-300, atol=0) for a, g in zip(again, got))):
+                if not (
+                    isinstance(again, (tuple, list))
+                    and len(again) == 3
+                    and all(close(a, g, rtol=1e-300, atol=0) for a, g in zip(again, got))
+                ):
                     fail(f"{what}: {DQ_KEPT}")
     with s.aspect("D once"):
         if s.sources and d_per_pair(s.sources):
@@ -600,10 +758,11 @@ def flash_attention_backward(s):
 
 # ---- FlashAttention ----------------------------------------------------------------------------
 
-NONE_FOR_CAUSAL = ("backward must return one gradient per input of forward: (dq, dk, dv, None), None for the flag "
-                   "causal")
-OUT_ONLY = ("FlashAttention.apply(q, k, v, causal) should return out alone, not the tuple (out, lse): keep lse for "
-            "the backward with ctx.save_for_backward")
+NONE_FOR_CAUSAL = "backward must return one gradient per input of forward: (dq, dk, dv, None), None for the flag causal"
+OUT_ONLY = (
+    "FlashAttention.apply(q, k, v, causal) should return out alone, not the tuple (out, lse): keep lse for "
+    "the backward with ctx.save_for_backward"
+)
 
 
 def _function_run(s, q, k, v, dout, causal):
@@ -626,6 +785,7 @@ def _function_run(s, q, k, v, dout, causal):
 
 def _function_mistakes(q, k, v, dout, causal):
     """[(message, (dq, dk, dv))] of the defined mistakes of FlashAttention, run here."""
+
     def run():
         out = []
         for mistake, cls in mistakes.defined(LESSON, "FlashAttention"):
@@ -637,6 +797,7 @@ def _function_mistakes(q, k, v, dout, causal):
                 continue
             out.append((mistake.message, reference(tuple(t.grad for t in leaves))))
         return out
+
     return run
 
 
@@ -645,11 +806,24 @@ def _expect_function(s, rng, name, shape, causal):
     out, grads = _function_run(s, q, k, v, dout, causal)
     what = f"FlashAttention.apply(q, k, v, causal={causal}) in {name}"
     want, cond = exact_attention(q, k, v, causal, np.dtype(name))
-    ignored = [("causal is not passed on: forward must give it to flash_attention_forward", exact_attention(
-        q, k, v, False, np.dtype(name))[0])] if causal else []
+    ignored = (
+        [
+            (
+                "causal is not passed on: forward must give it to flash_attention_forward",
+                exact_attention(q, k, v, False, np.dtype(name))[0],
+            )
+        ]
+        if causal
+        else []
+    )
     expect_attention(out, want, what, lambda: ignored, shape[2], [], cond)
-    _expect_grads(grads, _truth(q, k, v, dout, causal, name), f"the gradients of {what}", name,
-                  _function_mistakes(q, k, v, dout, causal))
+    _expect_grads(
+        grads,
+        _truth(q, k, v, dout, causal, name),
+        f"the gradients of {what}",
+        name,
+        _function_mistakes(q, k, v, dout, causal),
+    )
 
 
 # With correct tiled forward and backward, a Function holds O(T) between them: q, k, v, out, lse (64 KiB each
@@ -657,17 +831,20 @@ def _expect_function(s, rng, name, shape, causal):
 # holding more than an honest fresh one when the block begins grows T until P is larger than all it may hold.
 FUNCTION_MB, FUNCTION_T, FUNCTION_DH = 28, 4096, 4
 FUNCTION_STEP = 512  # T grows in steps of the stand-ins' tiles (stand_ins.MIN_TILE)
-FUNCTION_MESSAGE = ("FlashAttention ran out of memory with {t} queries and keys: between its forward and its backward "
-                    "it may keep only O(T) memory, q, k, v, out and lse (ctx.save_for_backward), never the (Tq, Tk) "
-                    "probabilities P ({mb} MiB here): not in saved_tensors, not as an attribute of ctx, not in a "
-                    "global, and not recomputed whole in the backward; flash_attention_backward recomputes them tile "
-                    "by tile from lse")
+FUNCTION_MESSAGE = (
+    "FlashAttention ran out of memory with {t} queries and keys: between its forward and its backward "
+    "it may keep only O(T) memory, q, k, v, out and lse (ctx.save_for_backward), never the (Tq, Tk) "
+    "probabilities P ({mb} MiB here): not in saved_tensors, not as an attribute of ctx, not in a "
+    "global, and not recomputed whole in the backward; flash_attention_backward recomputes them tile "
+    "by tile from lse"
+)
 
 
 def _expect_never_keeps_p(s, rng):
-    with within_memory(s, FUNCTION_MB, FUNCTION_MESSAGE.format(t=FUNCTION_T, mb=FUNCTION_T ** 2 * 4 >> 20),
-                       HEADROOM_MB) as reword:
-        times = evidence_times(s, FUNCTION_MB, FUNCTION_T ** 2 * 4 >> 20)
+    with within_memory(
+        s, FUNCTION_MB, FUNCTION_MESSAGE.format(t=FUNCTION_T, mb=FUNCTION_T**2 * 4 >> 20), HEADROOM_MB
+    ) as reword:
+        times = evidence_times(s, FUNCTION_MB, FUNCTION_T**2 * 4 >> 20)
         t = math.ceil(FUNCTION_T * math.sqrt(times) / FUNCTION_STEP) * FUNCTION_STEP
         reword(FUNCTION_MESSAGE.format(t=t, mb=t * t * 4 >> 20))
         q, k, v, dout = _big_inputs(rng, t, t, FUNCTION_DH)
@@ -689,13 +866,18 @@ def _expect_saved(s, rng):
     shapes, on_ctx = s.call((graph, "saved"))
     want = [list(q.shape), list(k.shape), list(v.shape), list(q.shape), list(q.shape[:3])]
     if [list(x) for x in shapes] != want or on_ctx:
-        fail(f"{SAVED}; it saved shapes {[tuple(x) for x in shapes]}"
-             + (f" and kept {', '.join(map(str, on_ctx))} on ctx" if on_ctx else ""))
+        fail(
+            f"{SAVED}; it saved shapes {[tuple(x) for x in shapes]}"
+            + (f" and kept {', '.join(map(str, on_ctx))} on ctx" if on_ctx else "")
+        )
 
 
-@CHECKS.add("FlashAttention", isolate=["flash_attention_forward", "flash_attention_backward"],
-            aspects={"values": 3, "causal": 1, "gradcheck": 1, "saves q, k, v, out, lse": 1, "never keeps P": 3},
-            memory_bound=True)
+@CHECKS.add(
+    "FlashAttention",
+    isolate=["flash_attention_forward", "flash_attention_backward"],
+    aspects={"values": 3, "causal": 1, "gradcheck": 1, "saves q, k, v, out, lse": 1, "never keeps P": 3},
+    memory_bound=True,
+)
 def FlashAttention(s):
     rng = s.rng
     with s.aspect("values"):
@@ -711,8 +893,10 @@ def FlashAttention(s):
                 s.helper("gradcheck", s.get("FlashAttention", "apply"), tensor(q), tensor(k), tensor(v), causal)
             except StudentError as e:
                 first = e.message.strip().splitlines()[0] if e.message.strip() else ""  # not its tensors
-                fail(f"torch.autograd.gradcheck(FlashAttention.apply, (q, k, v, {causal})) in float64 failed "
-                     f"({e.type}: {first}): the backward's gradients must be those of the forward")
+                fail(
+                    f"torch.autograd.gradcheck(FlashAttention.apply, (q, k, v, {causal})) in float64 failed "
+                    f"({e.type}: {first}): the backward's gradients must be those of the forward"
+                )
     with s.aspect("saves q, k, v, out, lse"):
         _expect_saved(s, rng)
     with s.aspect("never keeps P"):

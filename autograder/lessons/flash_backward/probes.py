@@ -1,17 +1,17 @@
 """Lesson 09_flash_backward's reference probes: each graded name of solutions/flash_backward.py (and the stand-ins its checks
 send into the sandbox) against PyTorch or its definition written out (autograder/selfcheck.py runs them)."""
+
 import math
 
 import torch
 import torch.nn.functional as F
 
-from autograder.checking.probing import agree, Disagrees, lower_right, probe, randn, STAND_INS
+from autograder.checking.probing import STAND_INS, Disagrees, agree, lower_right, probe, randn
 
 
 def _attention_inputs(tq=5, tk=7, dh=4, b=2):
     """q, k, v, dout in float64, Tq != Tk, several batches and heads."""
-    return (randn(b, 2, tq, dh), randn(b, 2, tk, dh, seed=1), randn(b, 2, tk, dh, seed=2),
-            randn(b, 2, tq, dh, seed=3))
+    return (randn(b, 2, tq, dh), randn(b, 2, tk, dh, seed=1), randn(b, 2, tk, dh, seed=2), randn(b, 2, tq, dh, seed=3))
 
 
 LONG = dict(tq=3, tk=1100, b=1)  # more keys than the stand-ins' smallest tile (stand_ins.MIN_TILE): several tiles
@@ -49,8 +49,9 @@ def flash_attention_forward(fn):
         raise Disagrees("its lse is not float32 for float16 inputs")
 
 
-@probe("09_flash_backward", "solutions.flash_backward.flash_attention_backward",
-       f"{STAND_INS}.flash_attention_backward")
+@probe(
+    "09_flash_backward", "solutions.flash_backward.flash_attention_backward", f"{STAND_INS}.flash_attention_backward"
+)
 def flash_attention_backward(fn):
     for (q, k, v, dout), blocks in ((_attention_inputs(), (2, 3)), (_attention_inputs(**LONG), (2, 300))):
         for causal in (False, True):

@@ -17,6 +17,7 @@ the evidence is out of the student's reach:
   its values earn points. The notebook's demo cell shows the student how their function ran. What the
   exercise forbids, PyTorch's softmax, is off while its values are checked (lesson.toml's [forbids]).
 """
+
 import math
 
 import numpy as np
@@ -24,9 +25,21 @@ import torch
 import torch.nn.functional as F
 
 from autograder import lessons
-from autograder.checking import mistakes
-from autograder.checking import (HEADROOM_MB, Checks, Unchecked, close, evidence_times, expect_array, expect_int, fail,
-                                 kind_of, reference, tensor, within_memory)
+from autograder.checking import (
+    HEADROOM_MB,
+    Checks,
+    Unchecked,
+    close,
+    evidence_times,
+    expect_array,
+    expect_int,
+    fail,
+    kind_of,
+    mistakes,
+    reference,
+    tensor,
+    within_memory,
+)
 from autograder.lessons.gpu.triton_replay import expect_kernel_did_the_work
 from autograder.sandbox import helpers
 from autograder.sandbox.wire import Array, Handle
@@ -37,23 +50,25 @@ CHECKS = Checks()
 UNAVAILABLE = lessons.unavailable("06_gpu", {"triton": ref.HAS_TRITON})  # the reasons: lessons/06_gpu/lesson.toml
 LESSON = "06_gpu"
 # What the checks say of mistakes only evidence shows, defined with them (autograder/lessons/gpu/mistakes.py)
-NO_MAX, FLOAT32_STATE, FLOAT32_INSIDE = (getattr(mistakes.for_lesson(LESSON), n) for n in (
-    "NO_MAX", "FLOAT32_STATE", "FLOAT32_INSIDE"))
+NO_MAX, FLOAT32_STATE, FLOAT32_INSIDE = (
+    getattr(mistakes.for_lesson(LESSON), n) for n in ("NO_MAX", "FLOAT32_STATE", "FLOAT32_INSIDE")
+)
 
 
 # ---- attention_flops --------------------------------------------------------------------------
+
 
 def _flops_diagnosis(x, full, half):
     """What the pair (count without, count with causal=True) says about the mistake; x = B*H*Tq*Tk*Dh."""
     known = {
         (2 * x, x): "a factor 2 is missing: a multiply-add is 2 FLOPs, so a (m x k) @ (k x n) matmul costs "
-                    "2*m*k*n FLOPs, and attention has two of them (QK^T and PV)",
+        "2*m*k*n FLOPs, and attention has two of them (QK^T and PV)",
         (x, x // 2): "count both matmuls (QK^T and PV) and 2 FLOPs per multiply-add: 4*B*H*Tq*Tk*Dh",
         (4 * x, 4 * x): "with causal=True the count is not halved: a causal kernel skips about half the "
-                        "score tiles, and the convention is to halve the count",
+        "score tiles, and the convention is to halve the count",
         (2 * x, 4 * x): "the count is halved when causal is False instead of when it is True",
         (2 * x, 2 * x): "a factor 2 is missing (2 FLOPs per multiply-add, two matmuls), and causal=True "
-                        "should halve the count",
+        "should halve the count",
     }
     try:
         return known.get((full, half))
@@ -64,9 +79,14 @@ def _flops_diagnosis(x, full, half):
 @CHECKS.add("attention_flops")
 def attention_flops(s):
     rng = s.rng
-    shapes = [(1, 1, 1, 1, 1), (2, 12, 1024, 1024, 64), (3, 5, 7, 11, 13), (1, 32, 1, 4096, 128),
-              tuple(int(n) for n in rng.integers(2, 40, size=5)),
-              (9, 11, 1_000_003, 999_983, 127)]  # beyond 2**53: floats are no longer exact
+    shapes = [
+        (1, 1, 1, 1, 1),
+        (2, 12, 1024, 1024, 64),
+        (3, 5, 7, 11, 13),
+        (1, 32, 1, 4096, 128),
+        tuple(int(n) for n in rng.integers(2, 40, size=5)),
+        (9, 11, 1_000_003, 999_983, 127),
+    ]  # beyond 2**53: floats are no longer exact
     for b, h, tq, tk, dh in shapes:
         x = b * h * tq * tk * dh
         full = s.call("attention_flops", b, h, tq, tk, dh)
@@ -74,13 +94,17 @@ def attention_flops(s):
         diagnosis = _flops_diagnosis(x, full, half)
         if diagnosis and (full, half) != (4 * x, 2 * x):
             fail(f"attention_flops: {diagnosis}")
-        for got, want, what in ((full, 4 * x, "attention_flops(batch, n_heads, seq_q, seq_k, head_dim)"),
-                                (half, 2 * x, "attention_flops(..., causal=True)")):
+        for got, want, what in (
+            (full, 4 * x, "attention_flops(batch, n_heads, seq_q, seq_k, head_dim)"),
+            (half, 2 * x, "attention_flops(..., causal=True)"),
+        ):
             if isinstance(got, float) and got.is_integer() and got == want:
                 fail(f"{what} returned a float: return an int (halve with //, not /)")
             if type(got) is int and got != want and abs(got - want) <= 1e-9 * want:
-                fail(f"{what} is off by a little for very large sizes: floats are exact only up to 2**53, "
-                     "so count with Python ints (// to halve)")
+                fail(
+                    f"{what} is off by a little for very large sizes: floats are exact only up to 2**53, "
+                    "so count with Python ints (// to halve)"
+                )
             expect_int(got, want, what)
     if s.call("attention_flops", 2, 3, 5, 5, 8, False) != 4 * 2 * 3 * 5 * 5 * 8:
         fail("attention_flops(..., causal=False) passed positionally is not the full count")
@@ -88,12 +112,16 @@ def attention_flops(s):
 
 # ---- online_softmax -----------------------------------------------------------------------------
 
+
 def _online_mistakes(x, block):
     """The known mistakes' definitions (autograder/lessons/gpu/mistakes.py) on x, cast to x's dtype: run in float64, then
     in x's own dtype, where exp without the max overflows."""
     own = getattr(torch, x.dtype.name)
-    return [(m.message, reference(got.to(own))) for dtype in dict.fromkeys((torch.float64, own))
-            for m, got in mistakes.on(LESSON, "online_softmax", torch.from_numpy(x).to(dtype), block)]
+    return [
+        (m.message, reference(got.to(own)))
+        for dtype in dict.fromkeys((torch.float64, own))
+        for m, got in mistakes.on(LESSON, "online_softmax", torch.from_numpy(x).to(dtype), block)
+    ]
 
 
 def _cond(x):
@@ -118,16 +146,28 @@ ASK = object()  # _expect_online: no answer given, ask for one
 def _float32_state(got, want, cond):
     """Whether a float64 answer is wrong by float32's rounding only."""
     as32 = lambda a: Array(a.kind, "float32", a.data, device=a.device)
-    return (isinstance(got, Array) and got.kind == want.kind and got.dtype == want.dtype == "float64"
-            and got.shape == want.shape and not close(got, want, cond=cond) and close(as32(got), as32(want), cond=cond))
+    return (
+        isinstance(got, Array)
+        and got.kind == want.kind
+        and got.dtype == want.dtype == "float64"
+        and got.shape == want.shape
+        and not close(got, want, cond=cond)
+        and close(as32(got), as32(want), cond=cond)
+    )
 
 
 @CHECKS.add("online_softmax", aspects={"values": 2, "-inf entries": 1})
 def online_softmax(s):
     """Values (see the module's docstring for why "one pass" is not scored), then no call to torch.softmax."""
     rng = s.rng
-    cases = [((3, 4, 50), 8, 20.0, "random"), ((2, 20), 1, 5.0, "rising"), ((2, 3, 17), 100, 3.0, "random"),
-             ((4, 64), 16, 50.0, "rising"), ((2, 3, 40), 7, 10.0, "masked"), ((5, 24), 24, 1.0, "random")]
+    cases = [
+        ((3, 4, 50), 8, 20.0, "random"),
+        ((2, 20), 1, 5.0, "rising"),
+        ((2, 3, 17), 100, 3.0, "random"),
+        ((4, 64), 16, 50.0, "rising"),
+        ((2, 3, 40), 7, 10.0, "masked"),
+        ((5, 24), 24, 1.0, "random"),
+    ]
     short = []
     for dtype in (np.float64, np.float32):
         for shape, block, scale, kind in cases:
@@ -169,15 +209,23 @@ def _expect_online(s, x, block, kind, answer=ASK):
     want = reference(torch.from_numpy(x).double().softmax(-1), dtype=x.dtype.name)
     if _float32_state(got, want, _cond(x)):
         fail(f"online_softmax(x, block_size) in float64: {FLOAT32_STATE}")
-    expect_array(got, want, "online_softmax(x, block_size)", mistakes=lambda: _online_mistakes(x, block),
-                 cond=_cond(x), axes=("rows",) * (x.ndim - 1) + ("N",),
-                 nan_hint=NO_MAX if kind != "masked" else
-                          "-inf entries must get weight 0, and a row whose first blocks are all -inf must not turn "
-                          "into NaN: exp(-inf - (-inf)) is NaN, so while the running max is still -inf, subtract a "
-                          "finite number instead (e.g. clamp it to torch.finfo(dtype).min)")
+    expect_array(
+        got,
+        want,
+        "online_softmax(x, block_size)",
+        mistakes=lambda: _online_mistakes(x, block),
+        cond=_cond(x),
+        axes=("rows",) * (x.ndim - 1) + ("N",),
+        nan_hint=NO_MAX
+        if kind != "masked"
+        else "-inf entries must get weight 0, and a row whose first blocks are all -inf must not turn "
+        "into NaN: exp(-inf - (-inf)) is NaN, so while the running max is still -inf, subtract a "
+        "finite number instead (e.g. clamp it to torch.finfo(dtype).min)",
+    )
 
 
 # ---- flash_attention and triton_attention -------------------------------------------------------
+
 
 def attention_mistakes(q, k, v, causal, block_ks, dtype, triton=False):
     """(message, Array) of known mistakes on these inputs (numpy), for each block size the student may use: the
@@ -191,19 +239,32 @@ def attention_mistakes(q, k, v, causal, block_ks, dtype, triton=False):
         for work in dict.fromkeys((torch.float64, own)):
             q_, k_, v_ = (torch.from_numpy(a).to(work) for a in (q, k, v))
             # one query tile: each query row is computed on its own, only the key tiles matter
-            out += [(m.message, cast(got)) for m, got in mistakes.on(
-                LESSON, "flash_attention", q_, k_, v_, causal=causal, block_q=max(1, q.shape[2]), block_k=bk)]
+            out += [
+                (m.message, cast(got))
+                for m, got in mistakes.on(
+                    LESSON, "flash_attention", q_, k_, v_, causal=causal, block_q=max(1, q.shape[2]), block_k=bk
+                )
+            ]
     if triton:
         q64, k64, v64 = (torch.from_numpy(a).double() for a in (q, k, v))
         exact = lambda q_, k_, v_: cast(ref.flash_attention(q_, k_, v_, causal=causal))
-        out.append(("the exponentials are off by a factor log2(e): exp2(x) = exp(x * ln 2), so with exp2 the scores "
-                    "must be multiplied by log2(e) (fold it into the scale)", exact(q64 * math.log(2), k64, v64)))
+        out.append(
+            (
+                "the exponentials are off by a factor log2(e): exp2(x) = exp(x * ln 2), so with exp2 the scores "
+                "must be multiplied by log2(e) (fold it into the scale)",
+                exact(q64 * math.log(2), k64, v64),
+            )
+        )
         for bk in block_ks:
             zeros = k64.new_zeros(*k64.shape[:2], (-k64.size(2)) % bk, k64.size(3))
             if zeros.numel() and not causal:
-                out.append(("keys past the end of the sequence are not masked out: in the tail tile, positions "
-                            ">= seq_k must get score -inf (loading them as 0 is not enough)",
-                            exact(q64, torch.cat([k64, zeros], 2), torch.cat([v64, zeros], 2))))
+                out.append(
+                    (
+                        "keys past the end of the sequence are not masked out: in the tail tile, positions "
+                        ">= seq_k must get score -inf (loading them as 0 is not enough)",
+                        exact(q64, torch.cat([k64, zeros], 2), torch.cat([v64, zeros], 2)),
+                    )
+                )
     return out
 
 
@@ -241,11 +302,19 @@ def expect_attention(got, want, what, mistakes, tq, block_qs, cond32):
             head = lambda a: Array(a.kind, a.dtype, a.data[..., :n, :], device=a.device)
             tail = lambda a: Array(a.kind, a.dtype, a.data[..., n:, :], device=a.device)
             if 0 < n < tq and close(head(got), head(want), **tol) and not close(tail(got), tail(want), **tol):
-                fail(f"{what}: the tail is wrong: when Tq is not a multiple of the query block, the last, partial "
-                     "tile of queries must be computed too (its rows of the output are wrong or missing)")
-    expect_array(got, want, what, cond=cond, axes=("B", "H", "Tq", "Dh"),
-                 nan_hint="a row of scores that is all -inf in a tile gives exp(-inf - (-inf)) = NaN: use a finite "
-                          "shift while the running max is -inf")
+                fail(
+                    f"{what}: the tail is wrong: when Tq is not a multiple of the query block, the last, partial "
+                    "tile of queries must be computed too (its rows of the output are wrong or missing)"
+                )
+    expect_array(
+        got,
+        want,
+        what,
+        cond=cond,
+        axes=("B", "H", "Tq", "Dh"),
+        nan_hint="a row of scores that is all -inf in a tile gives exp(-inf - (-inf)) = NaN: use a finite "
+        "shift while the running max is -inf",
+    )
 
 
 def qkv(rng, b, h, tq, tk, dh, dtype, scale=2.0):
@@ -295,8 +364,10 @@ TILED_INPUTS_MB = drawn_mb(long_specs(0, TILED_LONG["tk"])) + 1
 
 # One case at the size "tiled" grades, for check_submission.py to time against the limit on a call (helpers.draw's
 # specs, then the arguments after q, k, v)
-TIMED_LONG = {"tensors": long_specs(TILED_LONG["tq"], TILED_LONG["tk"]),
-              "args": [True, TILED_LONG["bq"], TILED_LONG["bk"]]}
+TIMED_LONG = {
+    "tensors": long_specs(TILED_LONG["tq"], TILED_LONG["tk"]),
+    "args": [True, TILED_LONG["bq"], TILED_LONG["bk"]],
+}
 TIMED = {"flash_attention": TIMED_LONG}
 
 
@@ -307,9 +378,11 @@ def tiled_cases(s):
     tq *= evidence_times(s, TILED_MB, tq * tk * 8 >> 20)
     t, mask_bq, mask_bk = (TILED_MASK[key] for key in ("t", "bq", "bk"))
     t = math.ceil(t * math.sqrt(evidence_times(s, TILED_MB, t * t >> 20)))
-    return [("one query row of scores", tk * 8 >> 20, long_specs(tq, tk), [(True, bq, bk)]),
-            # float32: its inputs are small, and float32 tiles cost half (issue 19)
-            ("a full causal mask", t * t >> 20, long_specs(t, t, "float32"), [(True, mask_bq, mask_bk)])]
+    return [
+        ("one query row of scores", tk * 8 >> 20, long_specs(tq, tk), [(True, bq, bk)]),
+        # float32: its inputs are small, and float32 tiles cost half (issue 19)
+        ("a full causal mask", t * t >> 20, long_specs(t, t, "float32"), [(True, mask_bq, mask_bk)]),
+    ]
 
 
 def long_attention(q, k, v, causal, chunk=2**20):
@@ -327,22 +400,24 @@ def long_attention(q, k, v, causal, chunk=2**20):
         p = torch.exp(s - m_new[..., None])
         alpha = torch.exp(m - m_new)
         l, acc, m = l * alpha + p.sum(-1), acc * alpha[..., None] + p @ v[:, :, ks:stop].double(), m_new
-    s = q @ k[:, :, tk - tq + 1:].double().transpose(-2, -1)  # the last Tq - 1 keys, which row i sees up to i - 1
+    s = q @ k[:, :, tk - tq + 1 :].double().transpose(-2, -1)  # the last Tq - 1 keys, which row i sees up to i - 1
     if causal:
         s = s.masked_fill(torch.arange(tq - 1) >= torch.arange(tq)[:, None], float("-inf"))
     m_new = torch.maximum(m, s.amax(-1)) if s.size(-1) else m
     p = torch.exp(s - m_new[..., None])
     alpha = torch.exp(m - m_new)
-    l, acc = l * alpha + p.sum(-1), acc * alpha[..., None] + p @ v[:, :, tk - tq + 1:].double()
+    l, acc = l * alpha + p.sum(-1), acc * alpha[..., None] + p @ v[:, :, tk - tq + 1 :].double()
     return acc / l[..., None], m_new + torch.log(l), q.norm(dim=-1).amax().item() * k.norm(dim=-1).amax().item()
 
 
-TILED_MESSAGE = ("{name} ran out of memory with {tq} queries and {tk} keys in tiles of {bq} x {bk}: FlashAttention "
-                 "never materialises anything that spans every key (here {mb} MiB of {what}), whatever chunk of "
-                 "queries: not the full score matrix, not a (block_q, Tk) row of it, not one query row at a time "
-                 "against all keys, not a full mask, not a copy of the keys. Loop over tiles of queries AND keys of the "
-                 "block sizes you are given, keeping only one block_q x block_k tile of scores (and of the causal "
-                 "mask){lse}")
+TILED_MESSAGE = (
+    "{name} ran out of memory with {tq} queries and {tk} keys in tiles of {bq} x {bk}: FlashAttention "
+    "never materialises anything that spans every key (here {mb} MiB of {what}), whatever chunk of "
+    "queries: not the full score matrix, not a (block_q, Tk) row of it, not one query row at a time "
+    "against all keys, not a full mask, not a copy of the keys. Loop over tiles of queries AND keys of the "
+    "block sizes you are given, keeping only one block_q x block_k tile of scores (and of the causal "
+    "mask){lse}"
+)
 
 
 def tiled_calls(s, rng, name, lse=""):
@@ -350,21 +425,35 @@ def tiled_calls(s, rng, name, lse=""):
     alive during every call: the bound's inputs_mb covers them once); returns [(causal, q, k, v as drawn, what the
     call returned)]."""
     function = s.get(name, "__call__")
-    first = TILED_MESSAGE.format(name=name, what="one query row of scores", mb=TILED_LONG["tk"] * 8 >> 20, lse=lse,
-                                 **TILED_LONG)
+    first = TILED_MESSAGE.format(
+        name=name, what="one query row of scores", mb=TILED_LONG["tk"] * 8 >> 20, lse=lse, **TILED_LONG
+    )
     seed = int(rng.integers(2**31))
     with within_memory(s, TILED_MB, first, HEADROOM_MB, TILED_INPUTS_MB) as reword:
         cases = tiled_cases(s)
         specs = [spec for *_, case_specs, _ in cases for spec in case_specs]
-        calls = [{"args": [{"drawn": 3 * i}, {"drawn": 3 * i + 1}, {"drawn": 3 * i + 2}, causal, bq, bk]}
-                 for i, (*_, blocks) in enumerate(cases) for causal, bq, bk in blocks]
+        calls = [
+            {"args": [{"drawn": 3 * i}, {"drawn": 3 * i + 1}, {"drawn": 3 * i + 2}, causal, bq, bk]}
+            for i, (*_, blocks) in enumerate(cases)
+            for causal, bq, bk in blocks
+        ]
         # one message for the calls together: the case that runs out names no call
         (what, mb, long, blocks), (mask_what, mask_mb, *_) = cases
-        reword(TILED_MESSAGE.format(name=name, tq=long[0][0][2], tk=long[1][0][2], bq=blocks[0][1], bk=blocks[0][2],
-                                    mb=min(mb, mask_mb), what=f"{what} or {mask_what}", lse=lse))
+        reword(
+            TILED_MESSAGE.format(
+                name=name,
+                tq=long[0][0][2],
+                tk=long[1][0][2],
+                bq=blocks[0][1],
+                bk=blocks[0][2],
+                mb=min(mb, mask_mb),
+                what=f"{what} or {mask_what}",
+                lse=lse,
+            )
+        )
         got = s.helper("drawn_calls", function, seed, specs, calls)
     drawn = helpers.draw(seed, specs)
-    inputs = [drawn[3 * i:3 * i + 3] for i, (*_, blocks) in enumerate(cases) for _ in blocks]
+    inputs = [drawn[3 * i : 3 * i + 3] for i, (*_, blocks) in enumerate(cases) for _ in blocks]
     causals = [causal for *_, blocks in cases for causal, _, _ in blocks]
     return [(causal, *qkv_, answer) for causal, qkv_, (answer, _) in zip(causals, inputs, got)]
 
@@ -372,8 +461,10 @@ def tiled_calls(s, rng, name, lse=""):
 def tiled_judged(s, rng, name, lse=""):
     """[(causal, q, k, v, what the call returned, and tiled_reference's rows, out, lse and conditioning)] of
     tiled_calls."""
-    return [(causal, q, k, v, answer, *tiled_reference(q, k, v, causal))
-            for causal, q, k, v, answer in tiled_calls(s, rng, name, lse)]
+    return [
+        (causal, q, k, v, answer, *tiled_reference(q, k, v, causal))
+        for causal, q, k, v, answer in tiled_calls(s, rng, name, lse)
+    ]
 
 
 def tiled_reference(q, k, v, causal):
@@ -387,8 +478,15 @@ def tiled_reference(q, k, v, causal):
 def _expect_tiled(s, rng):
     """flash_attention within a memory bound that its tiles fit and nothing spanning every key does."""
     for causal, q, k, v, got, rows, out, _, cond in tiled_judged(s, rng, "flash_attention"):
-        expect_attention(rows_of(got, rows), reference(out, dtype=str(q.dtype).split(".")[-1]),
-                         f"flash_attention(causal={causal}) with {k.size(2)} keys", lambda: [], len(rows), [], cond)
+        expect_attention(
+            rows_of(got, rows),
+            reference(out, dtype=str(q.dtype).split(".")[-1]),
+            f"flash_attention(causal={causal}) with {k.size(2)} keys",
+            lambda: [],
+            len(rows),
+            [],
+            cond,
+        )
 
 
 def rows_of(got, rows):
@@ -420,14 +518,16 @@ DOMINANT_BLOCK, DOMINANT_KEYS = 16, 8192
 def flash_attention(s):
     rng = s.rng
     # (aspect, dtype, (B, H, Tq, Tk, Dh), causal, block_q, block_k or None for the defaults, scale of q and k)
-    cases = [("values", np.float64, (2, 3, 37, 53, 8), False, 16, 16, 3.0),
-             ("values", np.float32, (2, 2, 45, 20, 8), False, 16, 8, 10.0),
-             ("values", np.float32, (2, 2, 70, 100, 8), False, None, None, 3.0),
-             ("causal", np.float64, (2, 2, 29, 45, 16), True, 8, 12, 2.0),
-             ("causal", np.float32, (2, 3, 150, 150, 8), True, None, None, 2.0),
-             ("causal", np.float32, (2, 2, 1, 77, 16), True, 16, 32, 2.0),
-             ("float16", np.float16, (2, 2, 40, 70, 16), True, 16, 32, 1.5),
-             ("float16", np.float16, (2, 3, 64, 64, 32), False, 32, 32, 1.0)]
+    cases = [
+        ("values", np.float64, (2, 3, 37, 53, 8), False, 16, 16, 3.0),
+        ("values", np.float32, (2, 2, 45, 20, 8), False, 16, 8, 10.0),
+        ("values", np.float32, (2, 2, 70, 100, 8), False, None, None, 3.0),
+        ("causal", np.float64, (2, 2, 29, 45, 16), True, 8, 12, 2.0),
+        ("causal", np.float32, (2, 3, 150, 150, 8), True, None, None, 2.0),
+        ("causal", np.float32, (2, 2, 1, 77, 16), True, 16, 32, 2.0),
+        ("float16", np.float16, (2, 2, 40, 70, 16), True, 16, 32, 1.5),
+        ("float16", np.float16, (2, 3, 64, 64, 32), False, 32, 32, 1.0),
+    ]
     for aspect, dtype, (b, h, tq, tk, dh), causal, bq, bk, scale in cases:
         with s.aspect(aspect):
             q, k, v = qkv(rng, b, h, tq, tk, dh, dtype, scale)
@@ -435,8 +535,10 @@ def flash_attention(s):
             bq, bk = bq or 64, bk or 64
             got = s.call("flash_attention", tensor(q), tensor(k), tensor(v), causal=causal, **blocks)
             want, cond = exact_attention(q, k, v, causal, dtype)
-            what = (f"flash_attention(q, k, v, causal={causal}{', block_q, block_k' if blocks else ''}) "
-                    f"in {np.dtype(dtype).name}")
+            what = (
+                f"flash_attention(q, k, v, causal={causal}{', block_q, block_k' if blocks else ''}) "
+                f"in {np.dtype(dtype).name}"
+            )
             mistakes = lambda: attention_mistakes(q, k, v, causal, [bk], getattr(torch, np.dtype(dtype).name))
             expect_attention(got, want, what, mistakes, tq, [bq], cond)
     with s.aspect("tiled"):  # with PyTorch's attention kernels off (lessons/06_gpu/lesson.toml)
@@ -445,9 +547,15 @@ def flash_attention(s):
         q, k, v = _dominant_key(rng)
         got = s.call("flash_attention", tensor(q), tensor(k), tensor(v), block_q=DOMINANT_BLOCK, block_k=DOMINANT_BLOCK)
         want, cond = exact_attention(q, k, v, False, np.float16)
-        expect_attention(got, want, f"flash_attention(q, k, v) in float16 with {k.shape[2]} keys",
-                         lambda: attention_mistakes(q, k, v, False, [DOMINANT_BLOCK], torch.float16), q.shape[2],
-                         [DOMINANT_BLOCK], cond)
+        expect_attention(
+            got,
+            want,
+            f"flash_attention(q, k, v) in float16 with {k.shape[2]} keys",
+            lambda: attention_mistakes(q, k, v, False, [DOMINANT_BLOCK], torch.float16),
+            q.shape[2],
+            [DOMINANT_BLOCK],
+            cond,
+        )
 
 
 # ---- fuse_qkv -----------------------------------------------------------------------------------
@@ -463,8 +571,11 @@ def _fused(shell, part):
 def _fuse_mistakes(shell, part):
     """[(message, Array)]: the `part` of the fused layer each defined mistake (autograder/lessons/gpu/mistakes.py)
     makes of `shell`."""
-    return [(m.message, reference(getattr(fused, part).detach())) for m, fused in mistakes.on(LESSON, "fuse_qkv", shell)
-            if getattr(fused, part, None) is not None]
+    return [
+        (m.message, reference(getattr(fused, part).detach()))
+        for m, fused in mistakes.on(LESSON, "fuse_qkv", shell)
+        if getattr(fused, part, None) is not None
+    ]
 
 
 def _expect_weights(s, attn, shell):
@@ -473,9 +584,13 @@ def _expect_weights(s, attn, shell):
     fused = s.call("fuse_qkv", attn)
     if not (isinstance(fused, Handle) and "torch.nn.modules.linear.Linear" in fused.mro):
         fail(f"fuse_qkv(attn) should return a torch.nn.Linear (D -> 3D), but it returned {kind_of(fused)}")
-    expect_array(s.get(fused, "weight"), _fused(shell, "weight"), "fuse_qkv(attn).weight",
-                 mistakes=lambda: _fuse_mistakes(shell, "weight"),
-                 hint="stack q_proj.weight, k_proj.weight and v_proj.weight along dim 0")
+    expect_array(
+        s.get(fused, "weight"),
+        _fused(shell, "weight"),
+        "fuse_qkv(attn).weight",
+        mistakes=lambda: _fuse_mistakes(shell, "weight"),
+        hint="stack q_proj.weight, k_proj.weight and v_proj.weight along dim 0",
+    )
     return fused
 
 
@@ -484,30 +599,47 @@ def _expect_biases(s, fused, shell, bias):
     fused_bias = s.get(fused, "bias")
     if bias:
         if fused_bias is None:
-            fail("fuse_qkv(attn): the biases are dropped. attn's projections have biases, so the fused layer "
-                 "needs them too, stacked in the same order (q, k, v)")
-        expect_array(fused_bias, _fused(shell, "bias"), "fuse_qkv(attn).bias",
-                     mistakes=lambda: _fuse_mistakes(shell, "bias"),
-                     hint="copy the three biases into the fused layer, stacked in the order q, k, v")
+            fail(
+                "fuse_qkv(attn): the biases are dropped. attn's projections have biases, so the fused layer "
+                "needs them too, stacked in the same order (q, k, v)"
+            )
+        expect_array(
+            fused_bias,
+            _fused(shell, "bias"),
+            "fuse_qkv(attn).bias",
+            mistakes=lambda: _fuse_mistakes(shell, "bias"),
+            hint="copy the three biases into the fused layer, stacked in the order q, k, v",
+        )
     elif fused_bias is not None:
-        fail("fuse_qkv(attn): attn's projections have no biases, so the fused layer must have none "
-             "(nn.Linear(..., bias=False))")
+        fail(
+            "fuse_qkv(attn): attn's projections have no biases, so the fused layer must have none "
+            "(nn.Linear(..., bias=False))"
+        )
 
 
 @CHECKS.add("fuse_qkv", aspects={"weights": 2, "biases": 1})
 def fuse_qkv(s):
     rng = s.rng
-    for dtype, d, n_heads, bias in [(np.float32, 16, 4, True), (np.float64, 24, 3, True), (np.float32, 12, 2, False),
-                                    (np.float64, 8, 2, False)]:
+    for dtype, d, n_heads, bias in [
+        (np.float32, 16, 4, True),
+        (np.float64, 24, 3, True),
+        (np.float32, 12, 2, False),
+        (np.float64, 8, 2, False),
+    ]:
         w = {n: rng.standard_normal((d, d)).astype(dtype) for n in (*QKV, "o")}
         b = {n: rng.standard_normal(d).astype(dtype) if bias else None for n in (*QKV, "o")}
         projs = {f"{n}_proj" if n != "o" else "out_proj": (w[n], b[n]) for n in (*QKV, "o")}
         sizes = dict(d_model=d, n_heads=n_heads, head_dim=d // n_heads)
-        attn = s.helper("AttentionShell", {p: (tensor(wp), None if bp is None else tensor(bp))
-                                           for p, (wp, bp) in projs.items()}, **sizes)
+        attn = s.helper(
+            "AttentionShell",
+            {p: (tensor(wp), None if bp is None else tensor(bp)) for p, (wp, bp) in projs.items()},
+            **sizes,
+        )
         # its twin here, for the reference and the defined mistakes
-        shell = helpers.AttentionShell({p: (torch.from_numpy(wp), None if bp is None else torch.from_numpy(bp))
-                                        for p, (wp, bp) in projs.items()}, **sizes)
+        shell = helpers.AttentionShell(
+            {p: (torch.from_numpy(wp), None if bp is None else torch.from_numpy(bp)) for p, (wp, bp) in projs.items()},
+            **sizes,
+        )
         with s.aspect("weights"):
             fused = _expect_weights(s, attn, shell)
         with s.aspect("biases"):
@@ -515,12 +647,16 @@ def fuse_qkv(s):
         with s.aspect("biases"):  # a bias where attn has none shows here too
             x = rng.standard_normal((2, 5, d)).astype(dtype)
             parts = {n: x @ w[n].T + (b[n] if bias else 0) for n in QKV}
-            expect_array(s.call(fused, tensor(x)),
-                         reference(torch.from_numpy(np.concatenate([parts[n] for n in QKV], -1))),
-                         "fuse_qkv(attn)(x)", hint="fused(x).split(D, dim=-1) must give q_proj(x), k_proj(x), v_proj(x)")
+            expect_array(
+                s.call(fused, tensor(x)),
+                reference(torch.from_numpy(np.concatenate([parts[n] for n in QKV], -1))),
+                "fuse_qkv(attn)(x)",
+                hint="fused(x).split(D, dim=-1) must give q_proj(x), k_proj(x), v_proj(x)",
+            )
 
 
 # ---- triton_attention ----------------------------------------------------------------------------
+
 
 def _on(array, device):
     array.device = device
@@ -534,10 +670,16 @@ def _triton_device():
 
 # One program per row in the interpreter: few rows. Every width but 64 leaves a masked tail (37, 1000,
 # 100 are not powers of two); scale 50 overflows exp without the max; "-inf": a third of the entries.
-SOFTMAX_CASES = [("float32", np.float32, (5, 37), 3.0, False), ("float32", np.float32, (3, 64), 50.0, False),
-                 ("float32", np.float32, (4, 1000), 5.0, True), ("float32", np.float32, (2, 4096), 2.0, False),
-                 ("float16", np.float16, (6, 100), 4.0, True), ("float16", np.float16, (3, 40), 8.0, False)]
+SOFTMAX_CASES = [
+    ("float32", np.float32, (5, 37), 3.0, False),
+    ("float32", np.float32, (3, 64), 50.0, False),
+    ("float32", np.float32, (4, 1000), 5.0, True),
+    ("float32", np.float32, (2, 4096), 2.0, False),
+    ("float16", np.float16, (6, 100), 4.0, True),
+    ("float16", np.float16, (3, 40), 8.0, False),
+]
 SOFTMAX_NO_MAX = mistakes.for_lesson(LESSON).SOFTMAX_NO_MAX  # also what the check says of NaN
+
 
 def softmax_input(rng, dtype, shape, scale, with_inf):
     """The rows one of SOFTMAX_CASES gives triton_softmax (numpy)."""
@@ -550,8 +692,13 @@ def softmax_input(rng, dtype, shape, scale, with_inf):
 # Where tests/harness/checks.py holds each mistake's model (autograder/lessons/gpu/mistakes.py: what the check runs in place
 # of the Triton kernel, too slow for the grader on a CPU) equal to its kernel in Triton's interpreter: the cases of
 # at most 100 columns (the interpreter's cost grows with the programs, one per column for the wrong-axis mistake).
-MODEL_INPUTS = {"triton_softmax": lambda rng: [(torch.from_numpy(softmax_input(rng, *case[1:])).to(_triton_device()),)
-                                               for case in SOFTMAX_CASES if case[2][1] <= 100]}
+MODEL_INPUTS = {
+    "triton_softmax": lambda rng: [
+        (torch.from_numpy(softmax_input(rng, *case[1:])).to(_triton_device()),)
+        for case in SOFTMAX_CASES
+        if case[2][1] <= 100
+    ]
+}
 
 
 def _expect_softmax(got, want, x, what):
@@ -563,14 +710,21 @@ def _expect_softmax(got, want, x, what):
             if close(got, wrong):
                 fail(f"{what}: {message}")
         t = torch.from_numpy(x).double()
-        for b in (2 ** i for i in range(12)):
-            if b < x.shape[1] and close(Array(got.kind, got.dtype, got.data[:, :b]),
-                                        reference(t[:, :b].softmax(-1), dtype=got.dtype)):
-                fail(f"{what}: only the first {b} columns are a softmax (of themselves): the block must hold the "
-                     "whole row, BLOCK = triton.next_power_of_2(cols)")
-        if x.shape[0] > 1 and close(Array(got.kind, got.dtype, got.data[:1]), Array(want.kind, want.dtype, want.data[:1])):
-            fail(f"{what}: only the first row is right: launch one program per row, grid = (rows,), and let "
-                 "tl.program_id(0) pick the row")
+        for b in (2**i for i in range(12)):
+            if b < x.shape[1] and close(
+                Array(got.kind, got.dtype, got.data[:, :b]), reference(t[:, :b].softmax(-1), dtype=got.dtype)
+            ):
+                fail(
+                    f"{what}: only the first {b} columns are a softmax (of themselves): the block must hold the "
+                    "whole row, BLOCK = triton.next_power_of_2(cols)"
+                )
+        if x.shape[0] > 1 and close(
+            Array(got.kind, got.dtype, got.data[:1]), Array(want.kind, want.dtype, want.data[:1])
+        ):
+            fail(
+                f"{what}: only the first row is right: launch one program per row, grid = (rows,), and let "
+                "tl.program_id(0) pick the row"
+            )
     expect_array(got, want, what, axes=("rows", "cols"), nan_hint=SOFTMAX_NO_MAX)
 
 
@@ -599,8 +753,11 @@ def triton_softmax(s):
 # Small sizes: on a CPU this runs in Triton's interpreter, whose cost grows with the programs launched
 # (query tiles x B*H) and the key tiles each walks. Every case has partial query and key tiles;
 # Dh = 24 is not a power of two; B and H above 1 exercise the strides.
-TRITON_CASES = [("float32", np.float32, (1, 2, 20, 33, 16), True), ("float32", np.float32, (2, 1, 18, 21, 24), False),
-                ("float16", np.float16, (1, 2, 18, 40, 16), True)]
+TRITON_CASES = [
+    ("float32", np.float32, (1, 2, 20, 33, 16), True),
+    ("float32", np.float32, (2, 1, 18, 21, 24), False),
+    ("float16", np.float16, (1, 2, 18, 40, 16), True),
+]
 
 
 @CHECKS.add("triton_attention", aspects={"float32": 2, "float16": 1})
@@ -621,10 +778,17 @@ def triton_attention(s):
             want, cond = exact_attention(q, k, v, causal, dtype)
             want = _on(want, device)
             blocks = [16, 32, 64, 128]
-            mistakes = lambda: attention_mistakes(q, k, v, causal, blocks, getattr(torch, np.dtype(dtype).name),
-                                                   triton=True)
+            mistakes = lambda: attention_mistakes(
+                q, k, v, causal, blocks, getattr(torch, np.dtype(dtype).name), triton=True
+            )
             expect_attention(got, want, what, mistakes, tq, blocks, cond)
             if not replayed:  # once, when right: the kernel, launched again by the grader, wrote what was returned
-                expect_kernel_did_the_work(s, "triton_attention", "_attention_kernel",
-                                           [_on(tensor(a), device) for a in (q, k, v)], what, causal=causal)
+                expect_kernel_did_the_work(
+                    s,
+                    "triton_attention",
+                    "_attention_kernel",
+                    [_on(tensor(a), device) for a in (q, k, v)],
+                    what,
+                    causal=causal,
+                )
                 replayed = True

@@ -1,5 +1,6 @@
 """Lesson 06_gpu's reference probes: each graded name of solutions/gpu.py (and the stand-ins its checks
 send into the sandbox) against PyTorch or its definition written out (autograder/selfcheck.py runs them)."""
+
 import math
 
 import torch
@@ -13,6 +14,7 @@ def attention_flops(fn):
     # (torch.utils.flop_counter agrees, but its first count costs a second and a half.)
     def matmul(m, k, n):  # an (m, k) @ (k, n) product: m*n dot products of k multiply-adds
         return 2 * m * n * k
+
     want = 2 * 3 * (matmul(5, 4, 7) + matmul(5, 7, 4))  # QK^T and PV, per batch and head
     agree(python_int(fn(2, 3, 5, 7, 4)), want, "two matrix products per batch and head")
     agree(fn(2, 3, 5, 7, 4, causal=True), want // 2, "half of them")
@@ -34,8 +36,12 @@ def flash_attention(fn):
     for causal in (False, True):
         want = F.scaled_dot_product_attention(q, k, v, attn_mask=lower_right(9, 13) if causal else None)
         agree(fn(q, k, v, causal=causal, block_q=4, block_k=5), want, "F.scaled_dot_product_attention")
-    agree(fn(q.half(), k.half(), v.half(), block_q=4, block_k=5), F.scaled_dot_product_attention(q, k, v).half(),
-          "F.scaled_dot_product_attention", tol=2e-3)
+    agree(
+        fn(q.half(), k.half(), v.half(), block_q=4, block_k=5),
+        F.scaled_dot_product_attention(q, k, v).half(),
+        "F.scaled_dot_product_attention",
+        tol=2e-3,
+    )
 
 
 @probe("06_gpu", "solutions.gpu.check_attention_inputs")
@@ -75,5 +81,9 @@ def triton_attention(fn):
     for causal in (False, True):  # sizes that are no multiple of the tiles, several key tiles
         want = F.scaled_dot_product_attention(q, k, v, attn_mask=lower_right(20, 27) if causal else None)
         agree(fn(q, k, v, causal=causal), want, "F.scaled_dot_product_attention", tol=1e-4)
-    agree(fn(q.half(), k.half(), v.half()), F.scaled_dot_product_attention(q, k, v).half(),
-          "F.scaled_dot_product_attention", tol=2e-3)
+    agree(
+        fn(q.half(), k.half(), v.half()),
+        F.scaled_dot_product_attention(q, k, v).half(),
+        "F.scaled_dot_product_attention",
+        tol=2e-3,
+    )

@@ -7,6 +7,7 @@ where it passed zeros, NaN in every other buffer (one the wrapper filled could h
 kernel). What the wrapper returned must be what that replay wrote into one of its buffers. A kernel that does
 nothing, or copies what the wrapper computed, writes NaN there or nothing at all.
 """
+
 import ast
 
 import numpy as np
@@ -50,8 +51,11 @@ def _constant(value):
     except RecursionError:  # an expression nested deeper than the interpreter's stack: no kernel constant
         return False
     except (ValueError, TypeError, SyntaxError, MemoryError):
-        return isinstance(value, ast.Call) and ast.unparse(value.func) in ("tl.constexpr", "triton.language.constexpr") \
+        return (
+            isinstance(value, ast.Call)
+            and ast.unparse(value.func) in ("tl.constexpr", "triton.language.constexpr")
             and all(_constant(a) for a in value.args)
+        )
 
 
 def _parsed(sources):
@@ -60,8 +64,9 @@ def _parsed(sources):
     cannot be launched on its own)."""
     kernels, imports, constants = [], [], []
     for source in sources:
-        text = "\n".join(line for line in str(source)[:MAX_CELL + 1].splitlines()
-                         if not line.lstrip().startswith(("%", "!")))
+        text = "\n".join(
+            line for line in str(source)[: MAX_CELL + 1].splitlines() if not line.lstrip().startswith(("%", "!"))
+        )
         if len(text) > MAX_CELL:
             continue
         try:
@@ -72,7 +77,8 @@ def _parsed(sources):
             if isinstance(node, ast.FunctionDef) and _jit(node):
                 kernels.append(node)
             elif isinstance(node, (ast.Import, ast.ImportFrom)) and all(
-                    (a.name if isinstance(node, ast.Import) else node.module or "") in MODULES for a in node.names):
+                (a.name if isinstance(node, ast.Import) else node.module or "") in MODULES for a in node.names
+            ):
                 imports.append(node)
             elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None and _constant(node.value):
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
@@ -86,8 +92,12 @@ def kernel_cells(sources):
     tl.constexpr of them), and those functions, a cell each after the PREAMBLE (see _parsed)."""
     kernels, imports, constants = _parsed(sources)
     read = {n.id for k in kernels for n in ast.walk(k) if isinstance(n, ast.Name)}
-    return [PREAMBLE] + [ast.unparse(n) for n in imports] + [ast.unparse(n) for n, names in constants if names & read] \
+    return (
+        [PREAMBLE]
+        + [ast.unparse(n) for n in imports]
+        + [ast.unparse(n) for n, names in constants if names & read]
         + [ast.unparse(n) for n in kernels]
+    )
 
 
 # What a kernel's body may name besides its parameters, its locals, Triton and math (the replay's names for them,
@@ -95,22 +105,50 @@ def kernel_cells(sources):
 # that reached numpy or torch (x.handle.data, a module) could compute the answer outside Triton; the AST says so
 # before the replay. (A determined attacker may still find a public chain of attributes from tl to a module; the
 # ahead-of-time GPU compile check is the deeper guard.)
-KERNEL_BUILTINS = {"range", "float", "int", "bool", "min", "max", "abs", "len", "print", "isinstance", "True",
-                   "False", "None"}
+KERNEL_BUILTINS = {
+    "range",
+    "float",
+    "int",
+    "bool",
+    "min",
+    "max",
+    "abs",
+    "len",
+    "print",
+    "isinstance",
+    "True",
+    "False",
+    "None",
+}
 TRITON_MODULES = {"math", "triton", "triton.language"}
 
 
 def _foreign_name(kernel, kernels, imports, constants):
     """The first name or attribute in a @triton.jit function's body that is none of those allowed (see
     KERNEL_BUILTINS), or None."""
-    modules = {"math", "triton", "tl"} | {a.asname or a.name.split(".")[0] for node in imports if isinstance(node, ast.Import)
-               for a in node.names if a.name in TRITON_MODULES}
-    modules |= {a.asname or a.name for node in imports if isinstance(node, ast.ImportFrom)
-                for a in node.names if f"{node.module}.{a.name}" in TRITON_MODULES or node.module in TRITON_MODULES}
+    modules = {"math", "triton", "tl"} | {
+        a.asname or a.name.split(".")[0]
+        for node in imports
+        if isinstance(node, ast.Import)
+        for a in node.names
+        if a.name in TRITON_MODULES
+    }
+    modules |= {
+        a.asname or a.name
+        for node in imports
+        if isinstance(node, ast.ImportFrom)
+        for a in node.names
+        if f"{node.module}.{a.name}" in TRITON_MODULES or node.module in TRITON_MODULES
+    }
     args = kernel.args
-    allowed = modules | KERNEL_BUILTINS | {k.name for k in kernels} | {n for _, names in constants for n in names} \
-        | {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg] if a} \
+    allowed = (
+        modules
+        | KERNEL_BUILTINS
+        | {k.name for k in kernels}
+        | {n for _, names in constants for n in names}
+        | {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg] if a}
         | {n.id for n in ast.walk(kernel) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    )
     for node in ast.walk(kernel):
         if isinstance(node, ast.Attribute) and (node.attr == "handle" or node.attr.startswith("_")):
             return f".{node.attr}"
@@ -135,8 +173,10 @@ def _kernel_is_triton(sources, kernel):
         node = by_name[name]
         foreign = _foreign_name(node, kernels, imports, constants)
         if foreign:
-            fail(f"{name} uses {foreign}, which is not Triton: a @triton.jit body may use only tl (triton.language), "
-                 "triton, math, its parameters and locals, other @triton.jit functions and constants")
+            fail(
+                f"{name} uses {foreign}, which is not Triton: a @triton.jit body may use only tl (triton.language), "
+                "triton, math, its parameters and locals, other @triton.jit functions and constants"
+            )
         todo += [n.id for n in ast.walk(node) if isinstance(n, ast.Name) and n.id in by_name]
 
 
@@ -147,16 +187,23 @@ def _replay_buffers(buffers, inputs):
     for key, buf in buffers.items():
         if not isinstance(buf, Array):
             fail("the kernel was launched with an argument that is not a tensor or a number")
-        same = next((a for a in inputs if a.shape == buf.shape and a.dtype == buf.dtype
-                     and np.array_equal(a.data, buf.data, equal_nan=True)), None)
+        same = next(
+            (
+                a
+                for a in inputs
+                if a.shape == buf.shape and a.dtype == buf.dtype and np.array_equal(a.data, buf.data, equal_nan=True)
+            ),
+            None,
+        )
         if same is not None:
             out[key] = same
         elif not np.any(buf.data):
             out[key] = buf
         else:
             fill = np.nan if np.issubdtype(np.asarray(buf.data).dtype, np.floating) or buf.dtype == "bfloat16" else -1
-            out[key] = Array(buf.kind, buf.dtype, np.full(buf.shape, fill, dtype=np.asarray(buf.data).dtype),
-                             device=buf.device)
+            out[key] = Array(
+                buf.kind, buf.dtype, np.full(buf.shape, fill, dtype=np.asarray(buf.data).dtype), device=buf.device
+            )
     return out
 
 
@@ -169,20 +216,29 @@ def _scalars(launches, buffers, got):
     flat = [v for launch in values for v in launch]
     plain = all(v is None or isinstance(v, (bool, int, float)) or (isinstance(v, str) and len(v) <= 16) for v in flat)
     if not plain or any(len(launch) > MAX_SCALARS for launch in values):
-        fail("the kernel was launched with more than a few sizes, strides and flags besides its tensors: pass the "
-             "kernel tensors, and let it compute the result from them")
+        fail(
+            "the kernel was launched with more than a few sizes, strides and flags besides its tensors: pass the "
+            "kernel tensors, and let it compute the result from them"
+        )
     largest = max([int(np.prod(b.shape)) for b in buffers.values() if isinstance(b, Array)] + [1])
     floats = [v for v in flat if isinstance(v, float)]
     ints = [v for v in flat if isinstance(v, int) and not isinstance(v, bool)]
     words = sum(len(v) for v in flat if isinstance(v, str))
-    if len(floats) > MAX_FLOATS * len(launches) or any(abs(v) > max(MAX_INT, 2 * largest) for v in ints) \
-            or words > MAX_WORDS:
-        fail("the kernel was launched with numbers that are not sizes, strides, flags or a scale (more than "
-             f"{MAX_FLOATS} floats a launch, or integers larger than any size): data must reach the kernel in tensors")
+    if (
+        len(floats) > MAX_FLOATS * len(launches)
+        or any(abs(v) > max(MAX_INT, 2 * largest) for v in ints)
+        or words > MAX_WORDS
+    ):
+        fail(
+            "the kernel was launched with numbers that are not sizes, strides, flags or a scale (more than "
+            f"{MAX_FLOATS} floats a launch, or integers larger than any size): data must reach the kernel in tensors"
+        )
     size = int(np.prod(got.shape)) if isinstance(got, Array) else 0
     if len(launches) > max(MAX_LAUNCHES, size // ELEMENTS_PER_LAUNCH):
-        fail(f"the kernel was launched {len(launches)} times for {size} outputs: launch it once, with a grid of "
-             "programs, rather than passing it the work a few numbers at a time")
+        fail(
+            f"the kernel was launched {len(launches)} times for {size} outputs: launch it once, with a grid of "
+            "programs, rather than passing it the work a few numbers at a time"
+        )
 
 
 def expect_kernel_did_the_work(s, wrapper, kernel, inputs, what, **kwargs):
@@ -191,8 +247,10 @@ def expect_kernel_did_the_work(s, wrapper, kernel, inputs, what, **kwargs):
     try:
         run = s.get(kernel, "run")
     except StudentError:
-        fail(f"{wrapper} must launch a @triton.jit kernel named {kernel}, which does the work; the notebook defines "
-             f"no such kernel")
+        fail(
+            f"{wrapper} must launch a @triton.jit kernel named {kernel}, which does the work; the notebook defines "
+            f"no such kernel"
+        )
     got, buffers, launches = s.helper("launches", run, s.get(wrapper, "__call__"), *inputs, **kwargs)
     if not launches:
         fail(f"{wrapper} never launched {kernel}: the work must happen in your @triton.jit kernel")
@@ -204,13 +262,20 @@ def expect_kernel_did_the_work(s, wrapper, kernel, inputs, what, **kwargs):
         except AssertionError:
             raise
         except Exception as e:  # noqa: BLE001 - a StudentError: the kernel could not run on its own
-            fail(f"{kernel} could not be launched on its own ({e}): the grader runs it again in a fresh process with "
-                 "only your @triton.jit functions, the imports of math, torch and triton, and constants you assign "
-                 "at the top level of a cell")
+            fail(
+                f"{kernel} could not be launched on its own ({e}): the grader runs it again in a fresh process with "
+                "only your @triton.jit functions, the imports of math, torch and triton, and constants you assign "
+                "at the top level of a cell"
+            )
     if not isinstance(got, Array) or not any(
-            isinstance(b, Array) and b.shape == got.shape and close(got, Array(b.kind, got.dtype, b.data.astype(
-                np.asarray(got.data).dtype), device=got.device)) for b in after.values()):
-        fail(f"{what}: what {wrapper} returned is not what {kernel} wrote when the grader launched it again the same "
-             f"way, from the inputs alone: the work must happen in your @triton.jit kernel, into the buffer you "
-             f"return (compute nothing in torch around the launch)")
+        isinstance(b, Array)
+        and b.shape == got.shape
+        and close(got, Array(b.kind, got.dtype, b.data.astype(np.asarray(got.data).dtype), device=got.device))
+        for b in after.values()
+    ):
+        fail(
+            f"{what}: what {wrapper} returned is not what {kernel} wrote when the grader launched it again the same "
+            f"way, from the inputs alone: the work must happen in your @triton.jit kernel, into the buffer you "
+            f"return (compute nothing in torch around the launch)"
+        )
     return got

@@ -1,7 +1,8 @@
 """Lesson 04 (grouped-query attention): known mistakes and correct variants (see autograder/lessons/<module>/mistakes.py)."""
+
 from autograder.checking.mistakes import Mistake, edited
 
-_GQA = '''
+_GQA = """
 class GroupedQueryAttention(nn.Module):
     def __init__(self, d_model, n_heads, n_kv_heads, bias=False):
         super().__init__()
@@ -23,7 +24,7 @@ class GroupedQueryAttention(nn.Module):
         k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
         return self.out_proj(out.transpose(1, 2).reshape(B, T, D))
-'''
+"""
 
 
 def gqa(*replacements):
@@ -31,7 +32,7 @@ def gqa(*replacements):
     return edited(_GQA, *replacements)
 
 
-_MHA_TO_GQA = '''
+_MHA_TO_GQA = """
 def mha_to_gqa(mha, n_kv_heads):
     D, H, Dh = mha.d_model, mha.n_heads, mha.head_dim
     bias = mha.q_proj.bias is not None
@@ -52,266 +53,553 @@ def mha_to_gqa(mha, n_kv_heads):
             gqa.k_proj.bias.copy_(pool(mha.k_proj.bias))
             gqa.v_proj.bias.copy_(pool(mha.v_proj.bias))
     return gqa
-'''
+"""
 
 
 def to_gqa(*replacements):
     return edited(_MHA_TO_GQA, *replacements)
 
 
-_KV = '''
+_KV = """
 def kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len, batch_size=1, bytes_per_element=2):
     return 2 * n_layers * n_kv_heads * head_dim * seq_len * batch_size * bytes_per_element
-'''
+"""
 
 MUTANTS = {
     "repeat_kv": [
-        ("constant: returns its input", "shape", '''
+        (
+            "constant: returns its input",
+            "shape",
+            """
 def repeat_kv(x, n_rep):
     return x
-'''),
-        Mistake("tiled with .repeat", "tiled", '''
+""",
+        ),
+        Mistake(
+            "tiled with .repeat",
+            "tiled",
+            """
 def repeat_kv(x, n_rep):
     return x.repeat(1, n_rep, 1, 1)
-''',
-            message=("you tiled the heads (h0, h1, h0, h1, ...), as .repeat does. Key/value head j must serve the "
-             "adjacent query heads j*n_rep ... (j+1)*n_rep - 1, so repeat each head in place (h0, h0, h1, h1, ...): "
-             "repeat_interleave along dim 1, or expand a new axis after the head axis and reshape")),
-        Mistake("repeated along the time axis", "head axis", '''
+""",
+            message=(
+                "you tiled the heads (h0, h1, h0, h1, ...), as .repeat does. Key/value head j must serve the "
+                "adjacent query heads j*n_rep ... (j+1)*n_rep - 1, so repeat each head in place (h0, h0, h1, h1, ...): "
+                "repeat_interleave along dim 1, or expand a new axis after the head axis and reshape"
+            ),
+        ),
+        Mistake(
+            "repeated along the time axis",
+            "head axis",
+            """
 def repeat_kv(x, n_rep):
     return torch.repeat_interleave(x, n_rep, dim=2)
-''',
-            message="repeat along the head axis (dim 1), not the time axis"),
-        Mistake("repeated along the feature axis", "head axis", '''
+""",
+            message="repeat along the head axis (dim 1), not the time axis",
+        ),
+        Mistake(
+            "repeated along the feature axis",
+            "head axis",
+            """
 def repeat_kv(x, n_rep):
     return torch.repeat_interleave(x, n_rep, dim=3)
-''',
-            message="repeat along the head axis (dim 1), not the feature axis"),
-        Mistake("repeated along the batch axis", "head axis", '''
+""",
+            message="repeat along the head axis (dim 1), not the feature axis",
+        ),
+        Mistake(
+            "repeated along the batch axis",
+            "head axis",
+            """
 def repeat_kv(x, n_rep):
     return torch.repeat_interleave(x, n_rep, dim=0)
-''',
-            message="repeat along the head axis (dim 1), not the batch axis"),
-        ("time and feature axes swapped inside (right only when T or Dh is 1)", "h // n_rep", '''
+""",
+            message="repeat along the head axis (dim 1), not the batch axis",
+        ),
+        (
+            "time and feature axes swapped inside (right only when T or Dh is 1)",
+            "h // n_rep",
+            """
 def repeat_kv(x, n_rep):
     B, Hkv, T, Dh = x.shape
     return x[:, :, None].expand(B, Hkv, n_rep, T, Dh).transpose(3, 4).reshape(B, Hkv * n_rep, T, Dh)
-'''),
-        Mistake("expanded but not merged", "reshape", '''
+""",
+        ),
+        Mistake(
+            "expanded but not merged",
+            "reshape",
+            """
 def repeat_kv(x, n_rep):
     return x[:, :, None].expand(-1, -1, n_rep, -1, -1)
-''',
-            message="merge the repeat axis into the head axis: reshape (B, Hkv, n_rep, T, Dh) to (B, Hkv*n_rep, T, Dh)"),
-        ("tiled by concatenation", "tiled", '''
+""",
+            message="merge the repeat axis into the head axis: reshape (B, Hkv, n_rep, T, Dh) to (B, Hkv*n_rep, T, Dh)",
+        ),
+        (
+            "tiled by concatenation",
+            "tiled",
+            """
 def repeat_kv(x, n_rep):
     return torch.cat([x] * n_rep, dim=1)
-'''),
-        ("float32 inside", "dtype", '''
+""",
+        ),
+        (
+            "float32 inside",
+            "dtype",
+            """
 def repeat_kv(x, n_rep):
     return torch.repeat_interleave(x.float(), n_rep, dim=1)
-'''),
+""",
+        ),
     ],
     "GroupedQueryAttention": [
-        ("constant: forward returns zeros", "differs", gqa(
-            ("        B, T, D = x.shape\n", "        return torch.zeros_like(x)\n"))),
-        ("constant: raises ValueError for every input", "ValueError", gqa(
-            ("        if d_model % n_heads or n_heads % n_kv_heads:\n",
-             "        if True:\n"))),
-        ("k_proj and v_proj sized D -> D", "D -> D", gqa(
-            ("self.k_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=bias)",
-             "self.k_proj = nn.Linear(d_model, d_model, bias=bias)"),
-            ("self.v_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=bias)",
-             "self.v_proj = nn.Linear(d_model, d_model, bias=bias)"),
-            ("k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)",
-             "k = self.k_proj(x).view(B, T, self.n_heads, self.head_dim)[:, :, ::self.n_heads // self.n_kv_heads]"),
-            ("v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim)",
-             "v = self.v_proj(x).view(B, T, self.n_heads, self.head_dim)[:, :, ::self.n_heads // self.n_kv_heads]"))),
-        ("no ValueError when n_heads % n_kv_heads != 0", "n_heads % n_kv_heads", gqa(
-            ("if d_model % n_heads or n_heads % n_kv_heads:", "if d_model % n_heads:"))),
-        ("no ValueError when d_model % n_heads != 0", "d_model % n_heads", gqa(
-            ("if d_model % n_heads or n_heads % n_kv_heads:", "if n_heads % n_kv_heads:"))),
-        Mistake("not causal when mask is None", "causal", gqa(
-            ("is_causal=mask is None", "is_causal=False")),
-            message=("with mask=None the layer must be causal: query i may see keys 0..i only "
-                     "(is_causal=True, or a lower-triangular boolean mask)")),
-        Mistake("a float 0/1 causal mask (added to the scores: hides nothing)", "float", gqa(
-            ("attn_mask=mask, is_causal=mask is None", "attn_mask=torch.ones(T, T).tril() if mask is None else mask")),
-            message=("the causal mask is a float tensor of 0s and 1s: scaled_dot_product_attention adds a float mask to "
-                     "the scores, so it hides nothing; build it as bool (dtype=torch.bool), True = may attend")),
-        Mistake("the keys to hide marked True: triu(diagonal=1) as the causal mask", "may attend", gqa(
-            ("attn_mask=mask, is_causal=mask is None",
-             "attn_mask=torch.ones(T, T, dtype=torch.bool).triu(diagonal=1) if mask is None else mask")),
-            message=("the causal mask marks the keys to hide: True in a mask means 'may attend', so token i's row is "
-                     "True at keys 0..i (tril()), not at the later keys (triu(diagonal=1))")),
-        Mistake("a given mask ignored", "ignored", gqa(
-            ("attn_mask=mask, is_causal=mask is None", "is_causal=True")),
-            message="a given mask must be used: you ignored it and kept the causal mask"),
-        Mistake("a given mask combined with the causal mask", "replaces", gqa(
-            ("out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)",
-             "causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()\n"
-             "        mask = causal if mask is None else mask & causal\n"
-             "        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)")),
-            message="a given mask replaces the causal mask: you applied both"),
-        Mistake("inverted mask", "may attend", gqa(
-            ("attn_mask=mask, is_causal", "attn_mask=None if mask is None else ~mask, is_causal")),
-            message="True in the mask means 'may attend': you hid the allowed keys instead"),
-        Mistake("key/value heads tiled in forward", "h // n_rep", gqa(
-            ("k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)", "k, v = k.repeat(1, n_rep, 1, 1), v.repeat(1, n_rep, 1, 1)")),
-            message=("query head h must use key/value head h // n_rep (adjacent query heads share a key/value "
-                     "head); yours used head h % n_kv_heads, as tiling with .repeat does: use repeat_kv")),
-        ("key/value heads never repeated (no repeat_kv)", "RuntimeError", gqa(
-            ("k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)", "pass"))),
-        ("bias defaults to True", "defaults to False", gqa(
-            ("n_kv_heads, bias=False):", "n_kv_heads, bias=True):"))),
-        Mistake("scaled by 1/sqrt(d_model)", "1/sqrt(head_dim)", gqa(
-            ("is_causal=mask is None)", "is_causal=mask is None, scale=D ** -0.5)")),
-            message="scale the scores by 1/sqrt(head_dim), the width of one head, not 1/sqrt(d_model)"),
-        Mistake("scores not scaled", "1/sqrt(head_dim)", gqa(
-            ("is_causal=mask is None)", "is_causal=mask is None, scale=1.0)")),
-            message="scale the scores by 1/sqrt(head_dim); they are not scaled"),
-        Mistake("out_proj left out", "out_proj", gqa(
-            ("return self.out_proj(out.transpose(1, 2).reshape(B, T, D))", "return out.transpose(1, 2).reshape(B, T, D)")),
-            message="apply out_proj to the merged heads"),
-        Mistake("a given mask ignored: causal only when mask is None", "ignored", gqa(
-            ("attn_mask=mask, is_causal=mask is None", "is_causal=mask is None")),
-            message="a given mask must be used: you ignored it"),
-        Mistake("heads merged without the transpose", "transpose", gqa(
-            ("out.transpose(1, 2).reshape(B, T, D)", "out.reshape(B, T, D)")),
-            message=("merge the heads back in order: transpose (B, H, T, Dh) to (B, T, H, Dh) before reshaping to "
-                     "(B, T, D)")),
-        Mistake("queries and keys split into heads without the transpose", "transpose", gqa(
-            ("q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)",
-             "q = self.q_proj(x).view(B, self.n_heads, T, self.head_dim)"),
-            ("k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)",
-             "k = self.k_proj(x).view(B, self.n_kv_heads, T, self.head_dim)")),
-            message=("split q and k into heads with .view(B, T, n, head_dim).transpose(1, 2): a view straight to "
-                     "(B, n, T, head_dim) mixes tokens and features")),
-        Mistake("values split into heads without the transpose", "transpose", gqa(
-            ("v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)",
-             "v = self.v_proj(x).view(B, self.n_kv_heads, T, self.head_dim)")),
-            message=("split the values into heads with .view(B, T, n_kv_heads, head_dim).transpose(1, 2): a view "
-                     "straight to (B, n_kv_heads, T, head_dim) mixes tokens and features")),
+        (
+            "constant: forward returns zeros",
+            "differs",
+            gqa(("        B, T, D = x.shape\n", "        return torch.zeros_like(x)\n")),
+        ),
+        (
+            "constant: raises ValueError for every input",
+            "ValueError",
+            gqa(("        if d_model % n_heads or n_heads % n_kv_heads:\n", "        if True:\n")),
+        ),
+        (
+            "k_proj and v_proj sized D -> D",
+            "D -> D",
+            gqa(
+                (
+                    "self.k_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=bias)",
+                    "self.k_proj = nn.Linear(d_model, d_model, bias=bias)",
+                ),
+                (
+                    "self.v_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=bias)",
+                    "self.v_proj = nn.Linear(d_model, d_model, bias=bias)",
+                ),
+                (
+                    "k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)",
+                    "k = self.k_proj(x).view(B, T, self.n_heads, self.head_dim)[:, :, ::self.n_heads // self.n_kv_heads]",
+                ),
+                (
+                    "v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim)",
+                    "v = self.v_proj(x).view(B, T, self.n_heads, self.head_dim)[:, :, ::self.n_heads // self.n_kv_heads]",
+                ),
+            ),
+        ),
+        (
+            "no ValueError when n_heads % n_kv_heads != 0",
+            "n_heads % n_kv_heads",
+            gqa(("if d_model % n_heads or n_heads % n_kv_heads:", "if d_model % n_heads:")),
+        ),
+        (
+            "no ValueError when d_model % n_heads != 0",
+            "d_model % n_heads",
+            gqa(("if d_model % n_heads or n_heads % n_kv_heads:", "if n_heads % n_kv_heads:")),
+        ),
+        Mistake(
+            "not causal when mask is None",
+            "causal",
+            gqa(("is_causal=mask is None", "is_causal=False")),
+            message=(
+                "with mask=None the layer must be causal: query i may see keys 0..i only "
+                "(is_causal=True, or a lower-triangular boolean mask)"
+            ),
+        ),
+        Mistake(
+            "a float 0/1 causal mask (added to the scores: hides nothing)",
+            "float",
+            gqa(
+                (
+                    "attn_mask=mask, is_causal=mask is None",
+                    "attn_mask=torch.ones(T, T).tril() if mask is None else mask",
+                )
+            ),
+            message=(
+                "the causal mask is a float tensor of 0s and 1s: scaled_dot_product_attention adds a float mask to "
+                "the scores, so it hides nothing; build it as bool (dtype=torch.bool), True = may attend"
+            ),
+        ),
+        Mistake(
+            "the keys to hide marked True: triu(diagonal=1) as the causal mask",
+            "may attend",
+            gqa(
+                (
+                    "attn_mask=mask, is_causal=mask is None",
+                    "attn_mask=torch.ones(T, T, dtype=torch.bool).triu(diagonal=1) if mask is None else mask",
+                )
+            ),
+            message=(
+                "the causal mask marks the keys to hide: True in a mask means 'may attend', so token i's row is "
+                "True at keys 0..i (tril()), not at the later keys (triu(diagonal=1))"
+            ),
+        ),
+        Mistake(
+            "a given mask ignored",
+            "ignored",
+            gqa(("attn_mask=mask, is_causal=mask is None", "is_causal=True")),
+            message="a given mask must be used: you ignored it and kept the causal mask",
+        ),
+        Mistake(
+            "a given mask combined with the causal mask",
+            "replaces",
+            gqa(
+                (
+                    "out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)",
+                    "causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()\n"
+                    "        mask = causal if mask is None else mask & causal\n"
+                    "        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)",
+                )
+            ),
+            message="a given mask replaces the causal mask: you applied both",
+        ),
+        Mistake(
+            "inverted mask",
+            "may attend",
+            gqa(("attn_mask=mask, is_causal", "attn_mask=None if mask is None else ~mask, is_causal")),
+            message="True in the mask means 'may attend': you hid the allowed keys instead",
+        ),
+        Mistake(
+            "key/value heads tiled in forward",
+            "h // n_rep",
+            gqa(
+                (
+                    "k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)",
+                    "k, v = k.repeat(1, n_rep, 1, 1), v.repeat(1, n_rep, 1, 1)",
+                )
+            ),
+            message=(
+                "query head h must use key/value head h // n_rep (adjacent query heads share a key/value "
+                "head); yours used head h % n_kv_heads, as tiling with .repeat does: use repeat_kv"
+            ),
+        ),
+        (
+            "key/value heads never repeated (no repeat_kv)",
+            "RuntimeError",
+            gqa(("k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)", "pass")),
+        ),
+        ("bias defaults to True", "defaults to False", gqa(("n_kv_heads, bias=False):", "n_kv_heads, bias=True):"))),
+        Mistake(
+            "scaled by 1/sqrt(d_model)",
+            "1/sqrt(head_dim)",
+            gqa(("is_causal=mask is None)", "is_causal=mask is None, scale=D ** -0.5)")),
+            message="scale the scores by 1/sqrt(head_dim), the width of one head, not 1/sqrt(d_model)",
+        ),
+        Mistake(
+            "scores not scaled",
+            "1/sqrt(head_dim)",
+            gqa(("is_causal=mask is None)", "is_causal=mask is None, scale=1.0)")),
+            message="scale the scores by 1/sqrt(head_dim); they are not scaled",
+        ),
+        Mistake(
+            "out_proj left out",
+            "out_proj",
+            gqa(
+                (
+                    "return self.out_proj(out.transpose(1, 2).reshape(B, T, D))",
+                    "return out.transpose(1, 2).reshape(B, T, D)",
+                )
+            ),
+            message="apply out_proj to the merged heads",
+        ),
+        Mistake(
+            "a given mask ignored: causal only when mask is None",
+            "ignored",
+            gqa(("attn_mask=mask, is_causal=mask is None", "is_causal=mask is None")),
+            message="a given mask must be used: you ignored it",
+        ),
+        Mistake(
+            "heads merged without the transpose",
+            "transpose",
+            gqa(("out.transpose(1, 2).reshape(B, T, D)", "out.reshape(B, T, D)")),
+            message=(
+                "merge the heads back in order: transpose (B, H, T, Dh) to (B, T, H, Dh) before reshaping to (B, T, D)"
+            ),
+        ),
+        Mistake(
+            "queries and keys split into heads without the transpose",
+            "transpose",
+            gqa(
+                (
+                    "q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)",
+                    "q = self.q_proj(x).view(B, self.n_heads, T, self.head_dim)",
+                ),
+                (
+                    "k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)",
+                    "k = self.k_proj(x).view(B, self.n_kv_heads, T, self.head_dim)",
+                ),
+            ),
+            message=(
+                "split q and k into heads with .view(B, T, n, head_dim).transpose(1, 2): a view straight to "
+                "(B, n, T, head_dim) mixes tokens and features"
+            ),
+        ),
+        Mistake(
+            "values split into heads without the transpose",
+            "transpose",
+            gqa(
+                (
+                    "v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)",
+                    "v = self.v_proj(x).view(B, self.n_kv_heads, T, self.head_dim)",
+                )
+            ),
+            message=(
+                "split the values into heads with .view(B, T, n_kv_heads, head_dim).transpose(1, 2): a view "
+                "straight to (B, n_kv_heads, T, head_dim) mixes tokens and features"
+            ),
+        ),
         ("no n_kv_heads attribute", "n_kv_heads", gqa(("self.n_kv_heads", "self.n_kv"))),
     ],
     "mha_to_gqa": [
-        ("constant: returns its input", "n_kv_heads", '''
+        (
+            "constant: returns its input",
+            "n_kv_heads",
+            """
 def mha_to_gqa(mha, n_kv_heads):
     return mha
-'''),
-        ("constant: raises ValueError for every input", "ValueError", '''
+""",
+        ),
+        (
+            "constant: raises ValueError for every input",
+            "ValueError",
+            """
 def mha_to_gqa(mha, n_kv_heads):
     raise ValueError(f"cannot convert to {n_kv_heads} key/value heads")
-'''),
-        ("q_proj and out_proj shared with mha, not copied", "shares", to_gqa(
-            ("        gqa.q_proj.weight.copy_(mha.q_proj.weight)\n        gqa.out_proj.weight.copy_(mha.out_proj.weight)\n",
-             "        gqa.q_proj, gqa.out_proj = mha.q_proj, mha.out_proj\n"),
-            ("            gqa.q_proj.bias.copy_(mha.q_proj.bias)\n            gqa.out_proj.bias.copy_(mha.out_proj.bias)\n", ""))),
-        ("mha's parameter tensors assigned through .data", "shares", to_gqa(
-            ("gqa.q_proj.weight.copy_(mha.q_proj.weight)", "gqa.q_proj.weight.data = mha.q_proj.weight.data"),
-            ("gqa.out_proj.weight.copy_(mha.out_proj.weight)", "gqa.out_proj.weight.data = mha.out_proj.weight.data"))),
-        Mistake("first head instead of the mean", "first head", to_gqa(
-            (".mean(1).reshape(n_kv_heads * Dh", "[:, 0].reshape(n_kv_heads * Dh")),
-            message=("you kept the first head of each group. Average (mean-pool) the group's heads instead: the mean is "
-                     "the single head closest to all of them, and the GQA paper found it the best start for uptraining")),
-        Mistake("pooled over the wrong axis (strided groups)", "wrong axis", to_gqa(
-            ("t.reshape(n_kv_heads, n_rep, Dh, *t.shape[1:]).mean(1)", "t.reshape(n_rep, n_kv_heads, Dh, *t.shape[1:]).mean(0)")),
-            message=("you pooled over the wrong axis: group j is the adjacent heads j*n_rep ... (j+1)*n_rep - 1, not "
-                     "every n_kv_heads-th head. View the rows as (n_kv_heads, n_rep, head_dim, ...) and average over n_rep")),
-        ("pooled over the wrong axis (mean over the group axis of the wrong view)", "wrong axis", to_gqa(
-            ("t.reshape(n_kv_heads, n_rep, Dh, *t.shape[1:]).mean(1)", "t.reshape(n_kv_heads, n_rep, Dh, *t.shape[1:]).mean(0)"))),
-        Mistake("pooled rows inside a head", "wrong axis", to_gqa(
-            ("return t.reshape(n_kv_heads, n_rep, Dh, *t.shape[1:]).mean(1).reshape(n_kv_heads * Dh, *t.shape[1:])",
-             "return t.reshape(n_kv_heads * Dh, n_rep, *t.shape[1:]).mean(1)")),
-            message=("you pooled over the wrong axis, mixing features inside a head: rows h*head_dim:(h+1)*head_dim "
-                     "belong to head h. View the rows as (n_kv_heads, n_rep, head_dim, ...) and average over n_rep")),
-        ("biases dropped", "dropped the biases", to_gqa(
-            ("gqa = GroupedQueryAttention(D, H, n_kv_heads, bias=bias)", "gqa = GroupedQueryAttention(D, H, n_kv_heads)"),
-            ("        if bias:\n", "        if False:\n"))),
-        Mistake("summed instead of averaged", "mean", to_gqa((".mean(1).reshape", ".sum(1).reshape")),
-            message="average the heads of each group (mean), do not sum them"),
-        Mistake("keys and values swapped", "swapped", to_gqa(
-            ("gqa.k_proj.weight.copy_(pool(mha.k_proj.weight))", "gqa.k_proj.weight.copy_(pool(mha.v_proj.weight))"),
-            ("gqa.v_proj.weight.copy_(pool(mha.v_proj.weight))", "gqa.v_proj.weight.copy_(pool(mha.k_proj.weight))"),
-            ("gqa.k_proj.bias.copy_(pool(mha.k_proj.bias))", "gqa.k_proj.bias.copy_(pool(mha.v_proj.bias))"),
-            ("gqa.v_proj.bias.copy_(pool(mha.v_proj.bias))", "gqa.v_proj.bias.copy_(pool(mha.k_proj.bias))")),
-            message="you swapped keys and values: pool k_proj from mha.k_proj and v_proj from mha.v_proj"),
+""",
+        ),
+        (
+            "q_proj and out_proj shared with mha, not copied",
+            "shares",
+            to_gqa(
+                (
+                    "        gqa.q_proj.weight.copy_(mha.q_proj.weight)\n        gqa.out_proj.weight.copy_(mha.out_proj.weight)\n",
+                    "        gqa.q_proj, gqa.out_proj = mha.q_proj, mha.out_proj\n",
+                ),
+                (
+                    "            gqa.q_proj.bias.copy_(mha.q_proj.bias)\n            gqa.out_proj.bias.copy_(mha.out_proj.bias)\n",
+                    "",
+                ),
+            ),
+        ),
+        (
+            "mha's parameter tensors assigned through .data",
+            "shares",
+            to_gqa(
+                ("gqa.q_proj.weight.copy_(mha.q_proj.weight)", "gqa.q_proj.weight.data = mha.q_proj.weight.data"),
+                (
+                    "gqa.out_proj.weight.copy_(mha.out_proj.weight)",
+                    "gqa.out_proj.weight.data = mha.out_proj.weight.data",
+                ),
+            ),
+        ),
+        Mistake(
+            "first head instead of the mean",
+            "first head",
+            to_gqa((".mean(1).reshape(n_kv_heads * Dh", "[:, 0].reshape(n_kv_heads * Dh")),
+            message=(
+                "you kept the first head of each group. Average (mean-pool) the group's heads instead: the mean is "
+                "the single head closest to all of them, and the GQA paper found it the best start for uptraining"
+            ),
+        ),
+        Mistake(
+            "pooled over the wrong axis (strided groups)",
+            "wrong axis",
+            to_gqa(
+                (
+                    "t.reshape(n_kv_heads, n_rep, Dh, *t.shape[1:]).mean(1)",
+                    "t.reshape(n_rep, n_kv_heads, Dh, *t.shape[1:]).mean(0)",
+                )
+            ),
+            message=(
+                "you pooled over the wrong axis: group j is the adjacent heads j*n_rep ... (j+1)*n_rep - 1, not "
+                "every n_kv_heads-th head. View the rows as (n_kv_heads, n_rep, head_dim, ...) and average over n_rep"
+            ),
+        ),
+        (
+            "pooled over the wrong axis (mean over the group axis of the wrong view)",
+            "wrong axis",
+            to_gqa(
+                (
+                    "t.reshape(n_kv_heads, n_rep, Dh, *t.shape[1:]).mean(1)",
+                    "t.reshape(n_kv_heads, n_rep, Dh, *t.shape[1:]).mean(0)",
+                )
+            ),
+        ),
+        Mistake(
+            "pooled rows inside a head",
+            "wrong axis",
+            to_gqa(
+                (
+                    "return t.reshape(n_kv_heads, n_rep, Dh, *t.shape[1:]).mean(1).reshape(n_kv_heads * Dh, *t.shape[1:])",
+                    "return t.reshape(n_kv_heads * Dh, n_rep, *t.shape[1:]).mean(1)",
+                )
+            ),
+            message=(
+                "you pooled over the wrong axis, mixing features inside a head: rows h*head_dim:(h+1)*head_dim "
+                "belong to head h. View the rows as (n_kv_heads, n_rep, head_dim, ...) and average over n_rep"
+            ),
+        ),
+        (
+            "biases dropped",
+            "dropped the biases",
+            to_gqa(
+                (
+                    "gqa = GroupedQueryAttention(D, H, n_kv_heads, bias=bias)",
+                    "gqa = GroupedQueryAttention(D, H, n_kv_heads)",
+                ),
+                ("        if bias:\n", "        if False:\n"),
+            ),
+        ),
+        Mistake(
+            "summed instead of averaged",
+            "mean",
+            to_gqa((".mean(1).reshape", ".sum(1).reshape")),
+            message="average the heads of each group (mean), do not sum them",
+        ),
+        Mistake(
+            "keys and values swapped",
+            "swapped",
+            to_gqa(
+                (
+                    "gqa.k_proj.weight.copy_(pool(mha.k_proj.weight))",
+                    "gqa.k_proj.weight.copy_(pool(mha.v_proj.weight))",
+                ),
+                (
+                    "gqa.v_proj.weight.copy_(pool(mha.v_proj.weight))",
+                    "gqa.v_proj.weight.copy_(pool(mha.k_proj.weight))",
+                ),
+                ("gqa.k_proj.bias.copy_(pool(mha.k_proj.bias))", "gqa.k_proj.bias.copy_(pool(mha.v_proj.bias))"),
+                ("gqa.v_proj.bias.copy_(pool(mha.v_proj.bias))", "gqa.v_proj.bias.copy_(pool(mha.k_proj.bias))"),
+            ),
+            message="you swapped keys and values: pool k_proj from mha.k_proj and v_proj from mha.v_proj",
+        ),
         ("dtype not kept", "dtype", to_gqa((".to(mha.q_proj.weight)", ""))),
         ("q_proj not copied", "q_proj", to_gqa(("gqa.q_proj.weight.copy_(mha.q_proj.weight)", "pass"))),
-        ("mha changed in place", "changed mha", to_gqa(
-            ("    return gqa\n", "        mha.k_proj.weight.zero_()\n    return gqa\n"))),
+        (
+            "mha changed in place",
+            "changed mha",
+            to_gqa(("    return gqa\n", "        mha.k_proj.weight.zero_()\n    return gqa\n")),
+        ),
     ],
     "kv_cache_bytes": [
-        ("constant: returns 0", "right count", '''
+        (
+            "constant: returns 0",
+            "right count",
+            """
 def kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len, batch_size=1, bytes_per_element=2):
     return 0
-'''),
-        ("constant: raises ValueError for every input", "ValueError", '''
+""",
+        ),
+        (
+            "constant: raises ValueError for every input",
+            "ValueError",
+            """
 def kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len, batch_size=1, bytes_per_element=2):
     raise ValueError("unknown model")
-'''),
-        Mistake("keys only (factor 2 forgotten)", "2 tensors", '''
+""",
+        ),
+        Mistake(
+            "keys only (factor 2 forgotten)",
+            "2 tensors",
+            """
 def kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len, batch_size=1, bytes_per_element=2):
     return n_layers * n_kv_heads * head_dim * seq_len * batch_size * bytes_per_element
-''',
-            message="keys and values are 2 tensors: every layer caches both"),
-        Mistake("bytes per element ignored", "bytes_per_element", '''
+""",
+            message="keys and values are 2 tensors: every layer caches both",
+        ),
+        Mistake(
+            "bytes per element ignored",
+            "bytes_per_element",
+            """
 def kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len, batch_size=1, bytes_per_element=2):
     return 2 * n_layers * n_kv_heads * head_dim * seq_len * batch_size
-''',
-            message="multiply by bytes_per_element: the cache size is in bytes, not in numbers"),
-        Mistake("batch ignored", "batch_size", '''
+""",
+            message="multiply by bytes_per_element: the cache size is in bytes, not in numbers",
+        ),
+        Mistake(
+            "batch ignored",
+            "batch_size",
+            """
 def kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len, batch_size=1, bytes_per_element=2):
     return 2 * n_layers * n_kv_heads * head_dim * seq_len * bytes_per_element
-''',
-            message="multiply by batch_size: every sequence of the batch has its own cache"),
-        Mistake("layers ignored", "n_layers", '''
+""",
+            message="multiply by batch_size: every sequence of the batch has its own cache",
+        ),
+        Mistake(
+            "layers ignored",
+            "n_layers",
+            """
 def kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len, batch_size=1, bytes_per_element=2):
     return 2 * n_kv_heads * head_dim * seq_len * batch_size * bytes_per_element
-''',
-            message="multiply by n_layers: every layer has its own cache"),
-        Mistake("bits, not bytes", "bits", '''
+""",
+            message="multiply by n_layers: every layer has its own cache",
+        ),
+        Mistake(
+            "bits, not bytes",
+            "bits",
+            """
 def kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len, batch_size=1, bytes_per_element=2):
     return 2 * n_layers * n_kv_heads * head_dim * seq_len * batch_size * bytes_per_element * 8
-''',
-            message="count bytes, not bits"),
-        Mistake("wrong default bytes_per_element", "defaults", '''
+""",
+            message="count bytes, not bits",
+        ),
+        Mistake(
+            "wrong default bytes_per_element",
+            "defaults",
+            """
 def kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len, batch_size=1, bytes_per_element=4):
     return 2 * n_layers * n_kv_heads * head_dim * seq_len * batch_size * bytes_per_element
-''',
-            message="the defaults are batch_size=1 and bytes_per_element=2 (float16/bfloat16)"),
-        ("a float result", "int", '''
+""",
+            message="the defaults are batch_size=1 and bytes_per_element=2 (float16/bfloat16)",
+        ),
+        (
+            "a float result",
+            "int",
+            """
 def kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len, batch_size=1, bytes_per_element=2):
     return 2.0 * n_layers * n_kv_heads * head_dim * seq_len * batch_size * bytes_per_element
-'''),
-        ("a numpy integer", "int", '''
+""",
+        ),
+        (
+            "a numpy integer",
+            "int",
+            """
 def kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len, batch_size=1, bytes_per_element=2):
     return np.prod([2, n_layers, n_kv_heads, head_dim, seq_len, batch_size, bytes_per_element])
-'''),
+""",
+        ),
     ],
 }
 
 VARIANTS = {
     "repeat_kv": [
-        ("repeat_interleave", '''
+        (
+            "repeat_interleave",
+            """
 def repeat_kv(x, n_rep):
     return torch.repeat_interleave(x, n_rep, dim=1)
-'''),
-        ("index_select with h // n_rep", '''
+""",
+        ),
+        (
+            "index_select with h // n_rep",
+            """
 def repeat_kv(x, n_rep):
     index = torch.arange(x.size(1) * n_rep, device=x.device) // n_rep
     return x.index_select(1, index)
-'''),
-        ("a loop over heads", '''
+""",
+        ),
+        (
+            "a loop over heads",
+            """
 def repeat_kv(x, n_rep):
     heads = []
     for j in range(x.shape[1]):
         for _ in range(n_rep):
             heads.append(x[:, j])
     return torch.stack(heads, dim=1)
-'''),
+""",
+        ),
     ],
     "GroupedQueryAttention": [
-        ("einsum over groups, no repeat_kv, float masks, float64 inside", '''
+        (
+            "einsum over groups, no repeat_kv, float masks, float64 inside",
+            """
 class GroupedQueryAttention(nn.Module):
     def __init__(self, d_model, n_heads, n_kv_heads, bias=False):
         super().__init__()
@@ -342,8 +630,11 @@ class GroupedQueryAttention(nn.Module):
         weights = scores.softmax(dim=-1)
         out = torch.einsum("bgrqk,bkgd->bqgrd", weights, v).reshape(B, T, D).to(x.dtype)
         return self.out_proj(out)
-'''),
-        ("manual attention per head with repeat_kv and masked_fill", '''
+""",
+        ),
+        (
+            "manual attention per head with repeat_kv and masked_fill",
+            """
 class GroupedQueryAttention(nn.Module):
     def __init__(self, d_model, n_heads, n_kv_heads, bias=False):
         super().__init__()
@@ -368,8 +659,11 @@ class GroupedQueryAttention(nn.Module):
         scores = scores.masked_fill(~mask, float("-inf"))
         out = scores.softmax(-1) @ v
         return self.out_proj(out.permute(0, 2, 1, 3).flatten(2))
-'''),
-        ("a registered causal-mask buffer (nanoGPT style) and enable_gqa", '''
+""",
+        ),
+        (
+            "a registered causal-mask buffer (nanoGPT style) and enable_gqa",
+            """
 class GroupedQueryAttention(nn.Module):
     def __init__(self, d_model, n_heads, n_kv_heads, bias=False):
         super().__init__()
@@ -392,8 +686,11 @@ class GroupedQueryAttention(nn.Module):
         v = self.v_proj(x).unflatten(-1, (self.n_kv_heads, self.head_dim)).transpose(1, 2)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
         return self.out_proj(out.transpose(1, 2).flatten(2))
-'''),
-        ("a loop over query heads in float32, each with its key/value head h // n_rep, masked_fill", '''
+""",
+        ),
+        (
+            "a loop over query heads in float32, each with its key/value head h // n_rep, masked_fill",
+            """
 class GroupedQueryAttention(nn.Module):
     def __init__(self, d_model, n_heads, n_kv_heads, bias=False):
         super().__init__()
@@ -421,10 +718,13 @@ class GroupedQueryAttention(nn.Module):
             weights = scores.masked_fill(~mask[:, h], float("-inf")).softmax(dim=-1)
             heads.append(weights @ vh)
         return self.out_proj(torch.cat(heads, dim=-1))
-'''),
+""",
+        ),
     ],
     "mha_to_gqa": [
-        ("a loop over groups and load_state_dict", '''
+        (
+            "a loop over groups and load_state_dict",
+            """
 def mha_to_gqa(mha, n_kv_heads):
     has_bias = mha.k_proj.bias is not None
     n_rep, Dh = mha.n_heads // n_kv_heads, mha.head_dim
@@ -443,8 +743,11 @@ def mha_to_gqa(mha, n_kv_heads):
     gqa = gqa.to(dtype=mha.q_proj.weight.dtype, device=mha.q_proj.weight.device)
     gqa.load_state_dict(state)
     return gqa
-'''),
-        ("pooling in float64 via einsum with an averaging matrix", '''
+""",
+        ),
+        (
+            "pooling in float64 via einsum with an averaging matrix",
+            """
 def mha_to_gqa(mha, n_kv_heads):
     H, Dh = mha.n_heads, mha.head_dim
     n_rep = H // n_kv_heads
@@ -465,15 +768,21 @@ def mha_to_gqa(mha, n_kv_heads):
                 b = src.bias.double().view(H, Dh)
                 dst.bias.copy_((avg @ b).reshape(-1).to(dtype))
     return gqa
-'''),
+""",
+        ),
     ],
     "kv_cache_bytes": [
-        ("math.prod", '''
+        (
+            "math.prod",
+            """
 def kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len, batch_size=1, bytes_per_element=2):
     import math
     return math.prod([2, n_layers, n_kv_heads, head_dim, seq_len, batch_size, bytes_per_element])
-'''),
-        ("per layer, then summed, int() at the end", '''
+""",
+        ),
+        (
+            "per layer, then summed, int() at the end",
+            """
 def kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len, batch_size=1, bytes_per_element=2):
     per_tensor = batch_size * n_kv_heads * seq_len * head_dim * bytes_per_element
     total = 0
@@ -481,6 +790,7 @@ def kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len, batch_size=1, bytes_
         total += per_tensor      # keys
         total += per_tensor      # values
     return int(total)
-'''),
+""",
+        ),
     ],
 }

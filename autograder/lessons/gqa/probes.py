@@ -1,9 +1,22 @@
 """Lesson 04_gqa's reference probes: each graded name of solutions/gqa.py (and the stand-ins its checks
 send into the sandbox) against PyTorch or its definition written out (autograder/selfcheck.py runs them)."""
+
 import torch
 
-from autograder.checking.probing import (agree, Disagrees, load, probe, python_int, randn, refuses, row_mask,
-                                         shares_memory, shell_module, STAND_INS, torch_attention)
+from autograder.checking.probing import (
+    STAND_INS,
+    Disagrees,
+    agree,
+    load,
+    probe,
+    python_int,
+    randn,
+    refuses,
+    row_mask,
+    shares_memory,
+    shell_module,
+    torch_attention,
+)
 
 
 @probe("04_gqa", "solutions.gqa.repeat_kv", f"{STAND_INS}.repeat_kv")
@@ -36,10 +49,16 @@ def mha_to_gqa(fn):
         agree(getattr(gqa, name).weight, getattr(mha, name).weight, f"mha's {name}")
     for name in ("k_proj", "v_proj"):  # key/value head j: the mean of query heads 2j and 2j+1's rows
         w, b = getattr(mha, name).weight.view(4, 3, 12), getattr(mha, name).bias.view(4, 3)
-        agree(getattr(gqa, name).weight, torch.cat([(w[2 * j] + w[2 * j + 1]) / 2 for j in range(2)]),
-              f"mean-pooled {name} weights")
-        agree(getattr(gqa, name).bias, torch.cat([(b[2 * j] + b[2 * j + 1]) / 2 for j in range(2)]),
-              f"mean-pooled {name} biases")
+        agree(
+            getattr(gqa, name).weight,
+            torch.cat([(w[2 * j] + w[2 * j + 1]) / 2 for j in range(2)]),
+            f"mean-pooled {name} weights",
+        )
+        agree(
+            getattr(gqa, name).bias,
+            torch.cat([(b[2 * j] + b[2 * j + 1]) / 2 for j in range(2)]),
+            f"mean-pooled {name} biases",
+        )
 
 
 @probe("04_gqa", f"{STAND_INS}.GroupedQueryAttention")

@@ -1,9 +1,10 @@
 """Lesson 10_head_roles's reference probes: each graded name of solutions/head_roles.py (and the stand-ins its checks
 send into the sandbox) against PyTorch or its definition written out (autograder/selfcheck.py runs them)."""
+
 import torch
 import torch.nn.functional as F
 
-from autograder.checking.probing import agree, Disagrees, probe, randn
+from autograder.checking.probing import Disagrees, agree, probe, randn
 
 
 def _role_pattern(H=3, T=7, seed=0):
@@ -21,8 +22,10 @@ def _first_largest(row):
 @probe("10_head_roles", "solutions.head_roles.relation_accuracy")
 def relation_accuracy(fn):
     p, pairs = _role_pattern(), torch.tensor([[3, 1], [6, 6], [4, 0], [2, 2], [5, 3]])
-    want = torch.tensor([sum(_first_largest(p[h, f]) == t for f, t in pairs.tolist()) / len(pairs)
-                         for h in range(p.shape[0])], dtype=torch.float64)
+    want = torch.tensor(
+        [sum(_first_largest(p[h, f]) == t for f, t in pairs.tolist()) / len(pairs) for h in range(p.shape[0])],
+        dtype=torch.float64,
+    )
     agree(fn(p, pairs), want, "the definition, pair by pair")
 
 
@@ -43,8 +46,10 @@ def rare_word_score(fn):
     p, tokens, counts = _role_pattern(seed=1), torch.tensor([4, 0, 2, 2, 1, 3, 0]), torch.tensor([5, 2, 9, 2, 7])
     want = []
     for h in range(p.shape[0]):
-        hits = [counts[tokens[_first_largest(p[h, i, :i + 1])]] == min(counts[tokens[:i + 1]].tolist())
-                for i in range(1, p.shape[-1])]
+        hits = [
+            counts[tokens[_first_largest(p[h, i, : i + 1])]] == min(counts[tokens[: i + 1]].tolist())
+            for i in range(1, p.shape[-1])
+        ]
         want.append(sum(bool(x) for x in hits) / len(hits))
     agree(fn(p, tokens, counts), torch.tensor(want, dtype=torch.float64), "the definition, query by query")
 
@@ -62,8 +67,9 @@ def head_importance(fn):
             step = torch.zeros(4, dtype=torch.float64)
             step[gate] = eps
             with torch.no_grad():
-                up, down = (F.cross_entropy(model(ids[b:b + 1], (1 + s * step).view(2, 2))[0], targets[b])
-                            for s in (1, -1))
+                up, down = (
+                    F.cross_entropy(model(ids[b : b + 1], (1 + s * step).view(2, 2))[0], targets[b]) for s in (1, -1)
+                )
             want.view(-1)[gate] += abs(up - down) / (2 * eps) / 3
     agree(fn(model, ids, targets), want, "finite differences of each sequence's loss", tol=1e-6)
     if not model.training or any(p.grad is not None for p in model.parameters()):
@@ -72,8 +78,10 @@ def head_importance(fn):
 
 @probe("10_head_roles", "solutions.head_roles.prune_heads")
 def prune_heads(fn):
-    for importance in (torch.tensor([[0.5, 0.1, 0.3], [0.1, 0.9, 0.2]], dtype=torch.float64),
-                       torch.tensor([[2, 0, 1], [0, 1, 0]])):
+    for importance in (
+        torch.tensor([[0.5, 0.1, 0.3], [0.1, 0.9, 0.2]], dtype=torch.float64),
+        torch.tensor([[2, 0, 1], [0, 1, 0]]),
+    ):
         flat = importance.flatten().tolist()
         order = sorted(range(len(flat)), key=lambda i: (flat[i], i))
         for n in range(len(flat) + 1):

@@ -8,25 +8,39 @@ namespace) with known weights and compared with solutions' model and ablate_head
 the with-block; its points are split: removing one head (the core), restoring the model, nested
 ablations, and the ValueError the notebook promises for a head outside 0..n_heads-1.
 """
+
 import contextlib
 import functools
 
 import numpy as np
 import torch
 
-from autograder.checking import mistakes
-from autograder.checking import Checks, StudentError, close, expect_array, expect_error, fail, kind_of, reference, tensor
+from autograder.checking import (
+    Checks,
+    StudentError,
+    close,
+    expect_array,
+    expect_error,
+    fail,
+    kind_of,
+    mistakes,
+    reference,
+    tensor,
+)
 from autograder.sandbox.wire import Array, Handle
 from solutions import head_specialization as ref
 
 CHECKS = Checks()
 LESSON = "07_head_specialization"
 DTYPES = (np.float32, np.float64)
-PER_HEAD = ("one score per head: average over the query positions (not over the heads, not over everything), "
-            "so the result has shape (H,)")
+PER_HEAD = (
+    "one score per head: average over the query positions (not over the heads, not over everything), "
+    "so the result has shape (H,)"
+)
 
 
 # ---- patterns -------------------------------------------------------------------------------
+
 
 def _causal_softmax(scores):
     T = scores.shape[-1]
@@ -52,8 +66,12 @@ def one_hot_pattern(T, target):
 def constructed_pattern(rng, T, period, dtype):
     """(5, T, T): an induction head, a duplicate-token head (the earlier copy), a previous-token head,
     a head on itself, and a mixture, for a sequence that repeats with `period`."""
-    heads = [one_hot_pattern(T, lambda i: i - period + 1), one_hot_pattern(T, lambda i: i - period),
-             one_hot_pattern(T, lambda i: i - 1), one_hot_pattern(T, lambda i: i)]
+    heads = [
+        one_hot_pattern(T, lambda i: i - period + 1),
+        one_hot_pattern(T, lambda i: i - period),
+        one_hot_pattern(T, lambda i: i - 1),
+        one_hot_pattern(T, lambda i: i),
+    ]
     heads.append(0.5 * heads[0] + 0.3 * heads[2] + 0.2 * _causal_softmax(rng.standard_normal((T, T))))
     return np.stack(heads).astype(dtype)
 
@@ -82,26 +100,38 @@ def expect_scores(got, want, what, H, T, mistakes=()):
 
 # ---- previous_token_score -------------------------------------------------------------------
 
+
 def _defined(name, p, *args):
     """[(message, what it returns)] of the known mistakes of `name` (autograder/lessons/head_specialization/mistakes.py)
     run on pattern p in float64, labelled with p's dtype, as _exact."""
-    return [(m.message, reference(out, dtype=p.dtype.name))
-            for m, out in mistakes.on(LESSON, name, _torch(p).double(), *args)]
+    return [
+        (m.message, reference(out, dtype=p.dtype.name))
+        for m, out in mistakes.on(LESSON, name, _torch(p).double(), *args)
+    ]
 
 
 @CHECKS.add("previous_token_score")
 def previous_token_score(s):
     rng = s.rng
-    cases = [(dtype, random_pattern(rng, H, T, dtype)) for dtype in DTYPES for H, T in [(3, 7), (4, 12), (2, 5), (6, 9)]]
+    cases = [
+        (dtype, random_pattern(rng, H, T, dtype)) for dtype in DTYPES for H, T in [(3, 7), (4, 12), (2, 5), (6, 9)]
+    ]
     cases += [(dtype, constructed_pattern(rng, 10, 4, dtype)) for dtype in DTYPES]
     for dtype, p in cases:
         H, T = p.shape[0], p.shape[-1]
         got = s.call("previous_token_score", tensor(p))
-        expect_scores(got, _exact(ref.previous_token_score, p), "previous_token_score(pattern)", H, T,
-                      functools.partial(_defined, "previous_token_score", p))
+        expect_scores(
+            got,
+            _exact(ref.previous_token_score, p),
+            "previous_token_score(pattern)",
+            H,
+            T,
+            functools.partial(_defined, "previous_token_score", p),
+        )
 
 
 # ---- duplicate_token_score ------------------------------------------------------------------
+
 
 def _tokens(rng, T, vocab):
     """Random tokens with at least one repeat and at least one later first occurrence."""
@@ -120,46 +150,77 @@ def _dup_mistakes(p, t):
 def duplicate_token_score(s):
     rng = s.rng
     for dtype in DTYPES:
-        for H, T, vocab, tok_dtype in [(3, 9, 4, np.int64), (4, 14, 6, np.int64), (2, 8, 3, np.int32), (5, 12, 5, np.int64)]:
+        for H, T, vocab, tok_dtype in [
+            (3, 9, 4, np.int64),
+            (4, 14, 6, np.int64),
+            (2, 8, 3, np.int32),
+            (5, 12, 5, np.int64),
+        ]:
             t = _tokens(rng, T, vocab).astype(tok_dtype)
             same = (t[:, None] == t[None, :]) & np.tril(np.ones((T, T), dtype=bool))
             # heads: random, one spread over every same-token position (itself included), one on itself
-            p = np.concatenate([random_pattern(rng, H, T, dtype),
-                                (same / same.sum(-1, keepdims=True))[None].astype(dtype),
-                                np.eye(T, dtype=dtype)[None]])
+            p = np.concatenate(
+                [
+                    random_pattern(rng, H, T, dtype),
+                    (same / same.sum(-1, keepdims=True))[None].astype(dtype),
+                    np.eye(T, dtype=dtype)[None],
+                ]
+            )
             got = s.call("duplicate_token_score", tensor(p), tensor(t))
             want = _exact(ref.duplicate_token_score, p, torch.from_numpy(t))
             expect_scores(got, want, "duplicate_token_score(pattern, tokens)", H + 2, T, _dup_mistakes(p, t))
     # a constructed sequence that repeats: the duplicate-token head scores 1, the induction head 0
     t = np.concatenate([rng.permutation(7)[:5]] * 2).astype(np.int64)
     p = constructed_pattern(rng, 10, 5, np.float64)
-    expect_scores(s.call("duplicate_token_score", tensor(p), tensor(t)),
-                  _exact(ref.duplicate_token_score, p, torch.from_numpy(t)),
-                  "duplicate_token_score on a repeated sequence", 5, 10, _dup_mistakes(p, t))
+    expect_scores(
+        s.call("duplicate_token_score", tensor(p), tensor(t)),
+        _exact(ref.duplicate_token_score, p, torch.from_numpy(t)),
+        "duplicate_token_score on a repeated sequence",
+        5,
+        10,
+        _dup_mistakes(p, t),
+    )
     # the pattern is left as it was given: the other scores read the same pattern
     p, t = random_pattern(rng, 3, 9, np.float64), _tokens(rng, 9, 4)
     _, kept = s.helper("keeps_argument", s.get("duplicate_token_score", "__call__"), tensor(p), tensor(t))
     if not kept:
-        fail("duplicate_token_score changed the pattern it was given in place (mul_, masked_fill_, *=): the "
-             "other scores read the same pattern, so compute on a new tensor (pattern * mask)")
-    with expect_error("ValueError", "duplicate_token_score with tokens that never repeat (every position would be "
-                                    "left out of the average: say so with a ValueError instead of returning NaN)"):
+        fail(
+            "duplicate_token_score changed the pattern it was given in place (mul_, masked_fill_, *=): the "
+            "other scores read the same pattern, so compute on a new tensor (pattern * mask)"
+        )
+    with expect_error(
+        "ValueError",
+        "duplicate_token_score with tokens that never repeat (every position would be "
+        "left out of the average: say so with a ValueError instead of returning NaN)",
+    ):
         s.call("duplicate_token_score", tensor(random_pattern(rng, 2, 6, np.float32)), tensor(np.arange(6)))
 
 
 # ---- induction_score ------------------------------------------------------------------------
 
+
 @CHECKS.add("induction_score")
 def induction_score(s):
     rng = s.rng
-    cases = [(random_pattern(rng, H, T, dtype), period) for dtype in DTYPES
-             for H, T, period in [(3, 10, 5), (4, 12, 4), (2, 11, 4), (5, 16, 8), (3, 9, 3)]]
-    cases += [(constructed_pattern(rng, T, period, dtype), period) for dtype in DTYPES for T, period in [(12, 6), (13, 4)]]
+    cases = [
+        (random_pattern(rng, H, T, dtype), period)
+        for dtype in DTYPES
+        for H, T, period in [(3, 10, 5), (4, 12, 4), (2, 11, 4), (5, 16, 8), (3, 9, 3)]
+    ]
+    cases += [
+        (constructed_pattern(rng, T, period, dtype), period) for dtype in DTYPES for T, period in [(12, 6), (13, 4)]
+    ]
     for p, period in cases:
         H, T = p.shape[0], p.shape[-1]
         got = s.call("induction_score", tensor(p), period)
-        expect_scores(got, _exact(ref.induction_score, p, period), "induction_score(pattern, period)",
-                      H, T, functools.partial(_defined, "induction_score", p, period))
+        expect_scores(
+            got,
+            _exact(ref.induction_score, p, period),
+            "induction_score(pattern, period)",
+            H,
+            T,
+            functools.partial(_defined, "induction_score", p, period),
+        )
 
 
 # ---- ablate_head ----------------------------------------------------------------------------
@@ -168,8 +229,11 @@ def induction_score(s):
 # head), float64, T below max_seq_len.
 ABLATIONS = [
     (dict(vocab_size=13, d_model=24, n_layers=2, n_heads=3, max_seq_len=12), np.float32, [(1, 1), (0, 0), (1, 2)]),
-    (dict(vocab_size=11, d_model=32, n_layers=3, n_heads=4, max_seq_len=14, n_kv_heads=2), np.float64,
-     [(1, 1), (2, 0), (0, 3)]),
+    (
+        dict(vocab_size=11, d_model=32, n_layers=3, n_heads=4, max_seq_len=14, n_kv_heads=2),
+        np.float64,
+        [(1, 1), (2, 0), (0, 3)],
+    ),
 ]
 
 
@@ -195,7 +259,7 @@ def _ref_model(config, state):
 def _run(config, state, ids, edit=None):
     """Reference logits and patterns, with `edit(model)` (a context manager) around the forward."""
     model = _ref_model(config, state)
-    with torch.no_grad(), (edit(model) if edit else contextlib.nullcontext()):
+    with torch.no_grad(), edit(model) if edit else contextlib.nullcontext():
         logits = model(torch.from_numpy(ids))
     return reference(logits), [reference(p) for p in model.patterns()]
 
@@ -205,12 +269,19 @@ def _ablation_mistakes(config, layer, head):
     (autograder/lessons/head_specialization/mistakes.py), and the reference itself on every other head or layer
     (the defined 'next head' and 'layer 0' are one of each), named by those mistakes' messages."""
     known = mistakes.for_lesson(LESSON)
-    out = [(known.WRONG_HEAD, lambda m, h2=h2: ref.ablate_head(m, layer, h2))
-           for h2 in range(config["n_heads"]) if h2 != head]
-    out += [(known.WRONG_LAYER, lambda m, l2=l2: ref.ablate_head(m, l2, head))
-            for l2 in range(config["n_layers"]) if l2 != layer]
-    defined = [(m.message, lambda model, fn=fn: fn(model, layer, head))
-               for m, fn in mistakes.defined(LESSON, "ablate_head")]
+    out = [
+        (known.WRONG_HEAD, lambda m, h2=h2: ref.ablate_head(m, layer, h2))
+        for h2 in range(config["n_heads"])
+        if h2 != head
+    ]
+    out += [
+        (known.WRONG_LAYER, lambda m, l2=l2: ref.ablate_head(m, l2, head))
+        for l2 in range(config["n_layers"])
+        if l2 != layer
+    ]
+    defined = [
+        (m.message, lambda model, fn=fn: fn(model, layer, head)) for m, fn in mistakes.defined(LESSON, "ablate_head")
+    ]
     # "nothing changed" is tried first: a wrong edit that changes nothing reads as that
     nothing = [d for d in defined if d[0] == known.NOTHING]
     return nothing + out + [d for d in defined if d[0] != known.NOTHING]
@@ -224,8 +295,12 @@ def _forward(s, model, ids):
 
 def _matches(got, want):
     logits, patterns = got
-    return (close(logits, want[0]) and isinstance(patterns, list) and len(patterns) == len(want[1])
-            and all(close(p, w) for p, w in zip(patterns, want[1])))
+    return (
+        close(logits, want[0])
+        and isinstance(patterns, list)
+        and len(patterns) == len(want[1])
+        and all(close(p, w) for p, w in zip(patterns, want[1]))
+    )
 
 
 def _expect_run(s, got, want, what, mistakes_runs):
@@ -237,19 +312,33 @@ def _expect_run(s, got, want, what, mistakes_runs):
         mistakes_runs = mistakes_runs()
     logits, patterns = got
     want_logits, want_patterns = want
-    expect_array(logits, want_logits, f"the logits {what}", [(m, r[0]) for m, r in mistakes_runs],
-                 axes=("B", "T", "vocab"), hint="only the head's output may change: zero its slice of out_proj's input")
+    expect_array(
+        logits,
+        want_logits,
+        f"the logits {what}",
+        [(m, r[0]) for m, r in mistakes_runs],
+        axes=("B", "T", "vocab"),
+        hint="only the head's output may change: zero its slice of out_proj's input",
+    )
     if not isinstance(patterns, list) or len(patterns) != len(want_patterns):
         fail(f"model.patterns() {what} should be one pattern per layer")
     for i, (p, wp) in enumerate(zip(patterns, want_patterns)):
-        expect_array(p, wp, f"the layer-{i} attention pattern {what}", [(m, r[1][i]) for m, r in mistakes_runs],
-                     axes=("B", "H", "Tq", "Tk"), hint="removing a head must not change its attention pattern, nor any pattern in its layer")
+        expect_array(
+            p,
+            wp,
+            f"the layer-{i} attention pattern {what}",
+            [(m, r[1][i]) for m, r in mistakes_runs],
+            axes=("B", "H", "Tq", "Tk"),
+            hint="removing a head must not change its attention pattern, nor any pattern in its layer",
+        )
 
 
 def _enter(s, cm, what):
     if not isinstance(cm, Handle):
-        fail(f"{what} should return a context manager (decorate a generator with @contextlib.contextmanager and "
-             f"yield), but it returned {kind_of(cm)}")
+        fail(
+            f"{what} should return a context manager (decorate a generator with @contextlib.contextmanager and "
+            f"yield), but it returned {kind_of(cm)}"
+        )
     try:
         s.get(cm, "__exit__")
     except StudentError:
@@ -271,16 +360,21 @@ def _expect_restored(s, model, state, ids, before):
     got_state = s.state(model)
     for name, value in state.items():
         if name not in got_state or not close(got_state[name], reference(torch.from_numpy(value))):
-            fail(f"after the with-block the weights ({name}) are not restored: keep a copy of what you change "
-                 f"(.clone(): a slice is a view, zeroed with the weights) and put it back when the block "
-                 f"ends (in a finally, so it happens even after an error)")
+            fail(
+                f"after the with-block the weights ({name}) are not restored: keep a copy of what you change "
+                f"(.clone(): a slice is a view, zeroed with the weights) and put it back when the block "
+                f"ends (in a finally, so it happens even after an error)"
+            )
     after = _forward(s, model, ids)
     for got, want_after, part in ((after[0], before[0], "logits"),) + tuple(
-            (p, wp, f"layer-{i} pattern") for i, (p, wp) in enumerate(zip(after[1], before[1]))):
+        (p, wp, f"layer-{i} pattern") for i, (p, wp) in enumerate(zip(after[1], before[1]))
+    ):
         if not close(got, want_after):
-            fail(f"after the with-block the model's {part} still differ from before: a hook is still "
-                 f"registered. Keep the handle register_forward_pre_hook returns and call handle.remove() "
-                 f"when the block ends (in a finally), so the model is restored")
+            fail(
+                f"after the with-block the model's {part} still differ from before: a hook is still "
+                f"registered. Keep the handle register_forward_pre_hook returns and call handle.remove() "
+                f"when the block ends (in a finally), so the model is restored"
+            )
 
 
 def _raise_in_block(s, cm):
@@ -290,8 +384,10 @@ def _raise_in_block(s, cm):
     builtins = s.get(exit_fn, "__builtins__")
     error = builtins.get("RuntimeError") if isinstance(builtins, dict) else None
     if not isinstance(error, Handle):
-        fail("the with-block of ablate_head(model, layer, head) could not be left with an error: its __exit__ "
-             "does not see Python's builtins")
+        fail(
+            "the with-block of ablate_head(model, layer, head) could not be left with an error: its __exit__ "
+            "does not see Python's builtins"
+        )
     try:
         s.call((cm, "__exit__"), error, None, None)
     except StudentError as e:
@@ -308,13 +404,14 @@ def _expect_restored_after_error(s, config, dtype, state, ids, before):
     try:
         _expect_restored(s, model, state, ids, before)
     except AssertionError:
-        raise AssertionError("after a with-block that raised an error the model is not restored: undo the ablation "
-                             "in a finally (try: yield model, then finally: remove the hook or put the weights "
-                             "back), so it runs whatever the block does") from None
+        raise AssertionError(
+            "after a with-block that raised an error the model is not restored: undo the ablation "
+            "in a finally (try: yield model, then finally: remove the hook or put the weights "
+            "back), so it runs whatever the block does"
+        ) from None
 
 
-@CHECKS.add("ablate_head", aspects={"removes one head": 3, "restores the model": 2, "nested ablations": 1,
-                                    "errors": 1})
+@CHECKS.add("ablate_head", aspects={"removes one head": 3, "restores the model": 2, "nested ablations": 1, "errors": 1})
 def ablate_head(s):
     rng = s.rng
     for config, dtype, heads in ABLATIONS:
@@ -324,8 +421,10 @@ def ablate_head(s):
         before = _run(config, state, ids)
         logits, _ = _forward(s, model, ids)
         if not close(logits, before[0]):
-            fail("AttentionOnlyTransformer does not compute what the lesson provides: run its provided cell again "
-                 "unchanged (ablate_head is checked on that model)")
+            fail(
+                "AttentionOnlyTransformer does not compute what the lesson provides: run its provided cell again "
+                "unchanged (ablate_head is checked on that model)"
+            )
         for layer, head in heads:
             with s.aspect("removes one head"):
                 what = f"inside `with ablate_head(model, {layer}, {head})`"
@@ -334,8 +433,16 @@ def ablate_head(s):
                 during = _forward(s, model, ids)
                 s.call((cm, "__exit__"), None, None, None)
                 want = _run(config, state, ids, lambda m: ref.ablate_head(m, layer, head))
-                _expect_run(s, during, want, what, lambda: [(message, _run(config, state, ids, edit)) for message, edit
-                                                            in _ablation_mistakes(config, layer, head)])
+                _expect_run(
+                    s,
+                    during,
+                    want,
+                    what,
+                    lambda: [
+                        (message, _run(config, state, ids, edit))
+                        for message, edit in _ablation_mistakes(config, layer, head)
+                    ],
+                )
             restored = False
             with s.aspect("restores the model"):
                 _expect_restored(s, model, state, ids, before)
@@ -356,19 +463,43 @@ def ablate_head(s):
             def two(m):
                 with ref.ablate_head(m, layer, 0), ref.ablate_head(m, layer, 1):
                     yield m
+
             want_outer = _run(config, state, ids, lambda m: ref.ablate_head(m, layer, 0))
-            _expect_run(s, both, _run(config, state, ids, two), "with two heads ablated at once (nested with-blocks)",
-                        lambda: [("with two nested ablations only one head was removed: each ablate_head must add its "
-                                  "own change to the model, not replace the other's", r)
-                                 for r in (want_outer, _run(config, state, ids, lambda m: ref.ablate_head(m, layer, 1)))])
+            _expect_run(
+                s,
+                both,
+                _run(config, state, ids, two),
+                "with two heads ablated at once (nested with-blocks)",
+                lambda: [
+                    (
+                        "with two nested ablations only one head was removed: each ablate_head must add its "
+                        "own change to the model, not replace the other's",
+                        r,
+                    )
+                    for r in (want_outer, _run(config, state, ids, lambda m: ref.ablate_head(m, layer, 1)))
+                ],
+            )
             s.call((inner, "__exit__"), None, None, None)
-            _expect_run(s, _forward(s, model, ids), want_outer, "after leaving the inner of two nested with-blocks", [
-                ("leaving the inner with-block also undid the outer one: remove only your own hook (or put back only "
-                 "the weights you changed), never all of them", before)])
+            _expect_run(
+                s,
+                _forward(s, model, ids),
+                want_outer,
+                "after leaving the inner of two nested with-blocks",
+                [
+                    (
+                        "leaving the inner with-block also undid the outer one: remove only your own hook (or put back only "
+                        "the weights you changed), never all of them",
+                        before,
+                    )
+                ],
+            )
             s.call((outer, "__exit__"), None, None, None)
         with s.aspect("errors"):
             for bad in (config["n_heads"], -1):  # the notebook promises a ValueError outside 0..n_heads-1
-                with expect_error("ValueError", f"ablate_head(model, layer, head) with head = {bad} and n_heads = "
-                                                f"{config['n_heads']} (the slice would be empty, or another head's, "
-                                                f"and nothing would say so)"):
+                with expect_error(
+                    "ValueError",
+                    f"ablate_head(model, layer, head) with head = {bad} and n_heads = "
+                    f"{config['n_heads']} (the slice would be empty, or another head's, "
+                    f"and nothing would say so)",
+                ):
                     _enter(s, s.call("ablate_head", model, 0, bad), "ablate_head(model, layer, head)")

@@ -1,5 +1,6 @@
 """Lesson 07_head_specialization's reference probes: each graded name of solutions/head_specialization.py (and the stand-ins its checks
 send into the sandbox) against PyTorch or its definition written out (autograder/selfcheck.py runs them)."""
+
 import copy
 import math
 
@@ -21,8 +22,9 @@ def previous_token_score(fn):
 @probe("07_head_specialization", "solutions.head_specialization.duplicate_token_score")
 def duplicate_token_score(fn):
     p, tokens = _pattern(3, 7), torch.tensor([4, 1, 4, 2, 1, 4, 3])
-    rows = [p[:, i, [j for j in range(i) if tokens[j] == tokens[i]]].sum(-1)
-            for i in range(7) if tokens[i] in tokens[:i]]
+    rows = [
+        p[:, i, [j for j in range(i) if tokens[j] == tokens[i]]].sum(-1) for i in range(7) if tokens[i] in tokens[:i]
+    ]
     agree(fn(p, tokens), torch.stack(rows, -1).mean(-1), "its definition")
     refuses(fn, p, torch.arange(7), against="tokens without a repeat")
 

@@ -1,11 +1,22 @@
 """Lesson 02_heads's reference probes: each graded name of solutions/heads.py (and the stand-ins its checks
 send into the sandbox) against PyTorch or its definition written out (autograder/selfcheck.py runs them)."""
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from autograder.checking.probing import (agree, heads_of, lower_right, merged, probe, randn, refuses, row_mask,
-                                         softmax_weights, STAND_INS)
+from autograder.checking.probing import (
+    STAND_INS,
+    agree,
+    heads_of,
+    lower_right,
+    merged,
+    probe,
+    randn,
+    refuses,
+    row_mask,
+    softmax_weights,
+)
 
 
 @probe("02_heads", "solutions.heads.split_heads", f"{STAND_INS}.split_heads")
@@ -37,5 +48,8 @@ def per_head_attention(fn):
     mha.in_proj_weight.copy_(torch.cat([wq.T, wk.T, wv.T]))
     mha.out_proj.weight.copy_(torch.eye(12, dtype=torch.float64))
     mask = lower_right(5, 5)
-    agree(merged(fn(x, wq, wk, wv, 3, mask)), mha(x, x, x, attn_mask=~mask, need_weights=False)[0],
-          "torch.nn.MultiheadAttention (output projection the identity)")
+    agree(
+        merged(fn(x, wq, wk, wv, 3, mask)),
+        mha(x, x, x, attn_mask=~mask, need_weights=False)[0],
+        "torch.nn.MultiheadAttention (output projection the identity)",
+    )

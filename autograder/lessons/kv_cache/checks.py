@@ -6,14 +6,25 @@ the student's KVCache or GroupedQueryAttention. generate runs on a HostDecoder, 
 whose every forward is computed here, in the grader (HostModel, through s.call_with_callbacks): the
 call log that shows whether the cache was used is kept where the student's code cannot reach it.
 """
+
 import copy
 import functools
 
 import numpy as np
 import torch
 
-from autograder.checking import mistakes
-from autograder.checking import Checks, StudentError, close, expect_array, expect_int, fail, kind_of, reference, tensor
+from autograder.checking import (
+    Checks,
+    StudentError,
+    close,
+    expect_array,
+    expect_int,
+    fail,
+    kind_of,
+    mistakes,
+    reference,
+    tensor,
+)
 from autograder.sandbox import helpers
 from autograder.sandbox.wire import Array, DType
 from solutions import gqa as ref_gqa
@@ -30,12 +41,15 @@ def _tensor(array):
 
 def _pair(got, what):
     if not isinstance(got, (tuple, list)) or len(got) != 2:
-        fail(f"{what} should return a pair (k_all, v_all), but returned {kind_of(got)}"
-             + (f" of length {len(got)}" if isinstance(got, (tuple, list)) else ""))
+        fail(
+            f"{what} should return a pair (k_all, v_all), but returned {kind_of(got)}"
+            + (f" of length {len(got)}" if isinstance(got, (tuple, list)) else "")
+        )
     return got
 
 
 # ---- KVCache ---------------------------------------------------------------------------------
+
 
 def _update(s, cache, k, v):
     return _pair(s.call((cache, "update"), tensor(k), tensor(v)), "update(k, v)")
@@ -48,14 +62,21 @@ def _expect_update(got, cached_k, cached_v, k, v, dtype, shadowed):
     got_k, got_v = got
     for part, name in ((got_k, "keys"), (got_v, "values")):
         if isinstance(part, Array) and part.kind == "tensor" and part.dtype != dtype:
-            fail(f"update returned {name} of dtype {part.dtype}, but the cache was made with dtype={dtype}: "
-                 "allocate the buffers with the dtype (and device) given to KVCache(...)")
+            fail(
+                f"update returned {name} of dtype {part.dtype}, but the cache was made with dtype={dtype}: "
+                "allocate the buffers with the dtype (and device) given to KVCache(...)"
+            )
     n = cached_k.shape[2] + k.shape[2]
     for i, (part, prev, new, name) in enumerate(((got_k, cached_k, k, "keys"), (got_v, cached_v, v, "values"))):
         want = np.concatenate([prev, new], axis=2)
-        expect_array(part, _tensor(want), f"the {name} returned by update",
-                     [(m, pair[i]) for m, pair, length in shadowed if length == n], axes=("B", "Hkv", "T", "Dh"),
-                     hint="update returns everything cached so far, (B, Hkv, len(cache), Dh), oldest first")
+        expect_array(
+            part,
+            _tensor(want),
+            f"the {name} returned by update",
+            [(m, pair[i]) for m, pair, length in shadowed if length == n],
+            axes=("B", "Hkv", "T", "Dh"),
+            hint="update returns everything cached so far, (B, Hkv, len(cache), Dh), oldest first",
+        )
 
 
 def _expect_len(s, cache, want, what, lengths):
@@ -69,21 +90,28 @@ def _expect_full(s, cache, k, v, n):
         s.call((cache, "update"), tensor(k), tensor(v))
     except StudentError as e:
         if not e.is_a("ValueError"):
-            fail(f"update on a full cache should raise a clear ValueError, but raised {e.type}: check "
-                 "len(cache) + T_new <= max_seq_len before writing, and raise ValueError if it does not fit")
+            fail(
+                f"update on a full cache should raise a clear ValueError, but raised {e.type}: check "
+                "len(cache) + T_new <= max_seq_len before writing, and raise ValueError if it does not fit"
+            )
         if not e.message.strip():
             fail("the ValueError raised on a full cache has no message: say that the cache is full")
     else:
-        fail("update should raise a ValueError when the new positions do not fit "
-             "(len(cache) + T_new > max_seq_len), but it returned normally")
+        fail(
+            "update should raise a ValueError when the new positions do not fit "
+            "(len(cache) + T_new > max_seq_len), but it returned normally"
+        )
     if s.helper("len", cache) != n:
-        fail("a failed update must leave the cache unchanged, but len(cache) changed: "
-             "check that the new positions fit before changing anything")
+        fail(
+            "a failed update must leave the cache unchanged, but len(cache) changed: "
+            "check that the new positions fit before changing anything"
+        )
 
 
 def _drawer(rng, B, Hkv, Dh, dtype):
     def draw(t):
         return (rng.standard_normal((B, Hkv, t, Dh)).astype(dtype), rng.standard_normal((B, Hkv, t, Dh)).astype(dtype))
+
     return draw
 
 
@@ -111,8 +139,12 @@ def _expect_reset(s, cache, shadows, draw):
     k, v = draw(2)
     got = _update(s, cache, k, v)
     shadowed = shadows.update(k, v)
-    expect_array(got[0], _tensor(k), "the keys returned by the first update after reset()",
-                 [(m, pair[0]) for m, pair, _ in shadowed])
+    expect_array(
+        got[0],
+        _tensor(k),
+        "the keys returned by the first update after reset()",
+        [(m, pair[0]) for m, pair, _ in shadowed],
+    )
     expect_array(got[1], _tensor(v), "the values returned by the first update after reset()")
 
 
@@ -126,11 +158,15 @@ def _expect_fill(s, cache, draw, max_len):
         got = _update(s, cache, k, v)
     except StudentError as e:
         if e.is_a("ValueError"):
-            fail("a cache may be filled to exactly max_seq_len positions: raise only when "
-                 "len(cache) + T_new > max_seq_len")
+            fail(
+                "a cache may be filled to exactly max_seq_len positions: raise only when "
+                "len(cache) + T_new > max_seq_len"
+            )
         raise
-    for part, want, name in ((got[0], np.concatenate([cached_k, k], 2), "keys"),
-                             (got[1], np.concatenate([cached_v, v], 2), "values")):
+    for part, want, name in (
+        (got[0], np.concatenate([cached_k, k], 2), "keys"),
+        (got[1], np.concatenate([cached_v, v], 2), "values"),
+    ):
         expect_array(part, _tensor(want), f"the {name} returned by the update that fills the cache")
     _expect_full(s, cache, *draw(1), max_len)
 
@@ -144,8 +180,10 @@ def _arrays(value, depth=0):
     return [a for item in items for a in _arrays(item, depth + 1)] if depth < 3 else []
 
 
-PREALLOCATE = ("KVCache must preallocate its key and value buffers in __init__, (batch_size, n_kv_heads, max_seq_len, "
-               "head_dim) each, and write each update into them in place (buffer[:, :, a:b] = k)")
+PREALLOCATE = (
+    "KVCache must preallocate its key and value buffers in __init__, (batch_size, n_kv_heads, max_seq_len, "
+    "head_dim) each, and write each update into them in place (buffer[:, :, a:b] = k)"
+)
 
 
 def _buffers(s, cache, full):
@@ -167,16 +205,20 @@ def _expect_preallocated(s):
     cache = s.call("KVCache", B, max_len, Hkv, Dh)
     buffers = _buffers(s, cache, full)
     if buffers is not None and sum(a.size for a in buffers) < 2 * full:
-        fail(f"{PREALLOCATE}: a new cache keeps no full-size buffers, and growing the cache with torch.cat in "
-             "update copies all of it at every step")
+        fail(
+            f"{PREALLOCATE}: a new cache keeps no full-size buffers, and growing the cache with torch.cat in "
+            "update copies all of it at every step"
+        )
     for t, key in ((5, 7.0), (1, 5.0)):
         _update(s, cache, np.full((B, Hkv, t, Dh), key, np.float32), np.full((B, Hkv, t, Dh), -key, np.float32))
     buffers = _buffers(s, cache, full)
     for t, key in ((5, 7.0), (1, 5.0)) if buffers is not None else ():
         for value in (key, -key):
             if sum(int((a == value).sum()) for a in buffers) < B * Hkv * t * Dh:
-                fail(f"{PREALLOCATE}: after two updates the full-size buffers do not hold what was written, so update "
-                     "builds new tensors instead (torch.cat, a copy), moving the whole cache at every step")
+                fail(
+                    f"{PREALLOCATE}: after two updates the full-size buffers do not hold what was written, so update "
+                    "builds new tensors instead (torch.cat, a copy), moving the whole cache at every step"
+                )
 
 
 @CHECKS.add("KVCache", aspects={"update and len": 3, "reset": 1, "full cache": 1, "dtype": 1, "preallocated": 1})
@@ -203,12 +245,17 @@ def KVCache(s):
 
 # ---- attend_with_cache ---------------------------------------------------------------------
 
+
 def _shell_parts(rng, D, H, Hkv, bias, dtype):
     """{name: (weight, bias or None)} of the four projections, as numpy arrays."""
     Dh = D // H
     parts = {}
-    for name, (out_f, scale) in {"q_proj": (D, 2.0), "k_proj": (Hkv * Dh, 2.0), "v_proj": (Hkv * Dh, 1.0),
-                                 "out_proj": (D, 1.0)}.items():
+    for name, (out_f, scale) in {
+        "q_proj": (D, 2.0),
+        "k_proj": (Hkv * Dh, 2.0),
+        "v_proj": (Hkv * Dh, 1.0),
+        "out_proj": (D, 1.0),
+    }.items():
         w = (rng.standard_normal((out_f, D)) * scale / np.sqrt(D)).astype(dtype)
         b = (rng.standard_normal(out_f) * 0.2).astype(dtype) if bias else None
         parts[name] = (w, b)
@@ -220,8 +267,10 @@ def _cached_mistakes(shell, x, cache, dtype):
     """(message, output) of the known mistakes (autograder/lessons/kv_cache/mistakes.py) for new tokens x, cache
     holding what came before (all float64), each run on a copy of the cache and labelled with the dtype the
     student computes in."""
-    return [(m.message, reference(out, dtype=dtype))
-            for m, out in mistakes.on(LESSON, "attend_with_cache", shell, x, cache, fresh=True)]
+    return [
+        (m.message, reference(out, dtype=dtype))
+        for m, out in mistakes.on(LESSON, "attend_with_cache", shell, x, cache, fresh=True)
+    ]
 
 
 @torch.no_grad()
@@ -247,17 +296,19 @@ def _expect_cached_run(s, rng, dtype, B, D, H, Hkv, bias, chunks):
     Dh = D // H
     parts = _shell_parts(rng, D, H, Hkv, bias, dtype)
     sizes = dict(d_model=D, n_heads=H, n_kv_heads=Hkv, head_dim=Dh)
-    shell = s.helper("AttentionShell", {n: (tensor(w), None if b is None else tensor(b))
-                                        for n, (w, b) in parts.items()}, **sizes)
+    shell = s.helper(
+        "AttentionShell", {n: (tensor(w), None if b is None else tensor(b)) for n, (w, b) in parts.items()}, **sizes
+    )
     cache = s.helper("ListCache")
     as64 = lambda a: torch.from_numpy(a.astype(np.float64))  # noqa: E731
-    ref_shell = helpers.AttentionShell({n: (as64(w), None if b is None else as64(b)) for n, (w, b) in parts.items()},
-                                       **sizes)
+    ref_shell = helpers.AttentionShell(
+        {n: (as64(w), None if b is None else as64(b)) for n, (w, b) in parts.items()}, **sizes
+    )
     ref_cache = helpers.ListCache()
     x_all = rng.standard_normal((B, sum(chunks), D)).astype(dtype)
     outs, start = [], 0
     for T in chunks:
-        x = x_all[:, start:start + T]
+        x = x_all[:, start : start + T]
         # the known mistakes run only when the answer is wrong, on the cache as it is before this call
         known = functools.partial(_cached_mistakes, ref_shell, as64(x), copy.deepcopy(ref_cache), dtype)
         with torch.no_grad():
@@ -266,31 +317,48 @@ def _expect_cached_run(s, rng, dtype, B, D, H, Hkv, bias, chunks):
             got = s.call("attend_with_cache", shell, tensor(x), cache)
         except StudentError as e:
             if start > 0 and T > 1:
-                fail(f"your code raised {e.type} on a chunk of several new tokens with earlier tokens cached: "
-                     f"{e.message}. The mask must have shape (T, Tk), new queries x all cached keys, aligned "
-                     "bottom-right; a square (T, T) mask does not fit once the cache holds earlier keys")
+                fail(
+                    f"your code raised {e.type} on a chunk of several new tokens with earlier tokens cached: "
+                    f"{e.message}. The mask must have shape (T, Tk), new queries x all cached keys, aligned "
+                    "bottom-right; a square (T, T) mask does not fit once the cache holds earlier keys"
+                )
             raise
-        expect_array(got, want, "attend_with_cache(attn, x, cache)", known, axes=("B", "T", "D"),
-                     hint="project the new tokens, append their keys and values to the cache, and let the new "
-                          "queries attend to all cached keys with the bottom-right causal mask")
+        expect_array(
+            got,
+            want,
+            "attend_with_cache(attn, x, cache)",
+            known,
+            axes=("B", "T", "D"),
+            hint="project the new tokens, append their keys and values to the cache, and let the new "
+            "queries attend to all cached keys with the bottom-right causal mask",
+        )
         start += T
         if s.helper("len", cache) != start:
-            fail("attend_with_cache must append the new keys and values to the cache (cache.update(k, v)) "
-                 "once per call: after a call with T new tokens, len(cache) should have grown by T")
+            fail(
+                "attend_with_cache must append the new keys and values to the cache (cache.update(k, v)) "
+                "once per call: after a call with T new tokens, len(cache) should have grown by T"
+            )
         outs.append(got.data)
-    xs = [as64(x_all[:, start - T:start]) for start, T in zip(np.cumsum(chunks), chunks)]
-    expect_array(s.get(cache, "k"), reference(ref_cache.k, dtype=dtype), "the keys appended to the cache",
-                 mistakes=functools.partial(_appended_mistakes, ref_shell, xs, dtype),
-                 hint="append keys of shape (B, Hkv, T, Dh): view the projection as (B, T, Hkv, Dh), "
-                      "then transpose(1, 2)")
+    xs = [as64(x_all[:, start - T : start]) for start, T in zip(np.cumsum(chunks), chunks)]
+    expect_array(
+        s.get(cache, "k"),
+        reference(ref_cache.k, dtype=dtype),
+        "the keys appended to the cache",
+        mistakes=functools.partial(_appended_mistakes, ref_shell, xs, dtype),
+        hint="append keys of shape (B, Hkv, T, Dh): view the projection as (B, T, Hkv, Dh), then transpose(1, 2)",
+    )
     # prefill + decode equals causal attention over the whole sequence at once
     full = ref_gqa.GroupedQueryAttention(D, H, Hkv, bias=bias).double()
     full.load_state_dict(ref_shell.state_dict())
     with torch.no_grad():
         want_full = reference(full(as64(x_all)), dtype=dtype)
-    expect_array(_tensor(np.concatenate(outs, axis=1)), want_full,
-                 "the outputs of a prefill followed by decode steps, put together,", axes=("B", "T", "D"),
-                 hint="they must equal causal attention over the whole sequence at once")
+    expect_array(
+        _tensor(np.concatenate(outs, axis=1)),
+        want_full,
+        "the outputs of a prefill followed by decode steps, put together,",
+        axes=("B", "T", "D"),
+        hint="they must equal causal attention over the whole sequence at once",
+    )
 
 
 @CHECKS.add("attend_with_cache", isolate=["repeat_kv"], aspects={"prefill and decode steps": 3, "chunks": 1})
@@ -298,8 +366,11 @@ def attend_with_cache(s):
     rng = s.rng
     # (dtype, B, D, H, Hkv, bias, sizes of the successive calls: a prefill, then decode steps or chunks)
     with s.aspect("prefill and decode steps"):
-        for config in (("float32", 2, 16, 4, 2, True, (5, 1, 1, 1)), ("float64", 1, 16, 2, 2, True, (6, 1, 1)),
-                       ("float32", 2, 16, 4, 1, False, (1, 1, 1, 1))):
+        for config in (
+            ("float32", 2, 16, 4, 2, True, (5, 1, 1, 1)),
+            ("float64", 1, 16, 2, 2, True, (6, 1, 1)),
+            ("float32", 2, 16, 4, 1, False, (1, 1, 1, 1)),
+        ):
             _expect_cached_run(s, rng, *config)
     with s.aspect("chunks"):  # several new tokens with earlier ones cached (chunked prefill, speculative decoding)
         for config in (("float64", 3, 24, 6, 3, False, (4, 3, 1, 2)), ("float32", 2, 16, 4, 1, False, (2, 1, 4))):
@@ -307,6 +378,7 @@ def attend_with_cache(s):
 
 
 # ---- generate ------------------------------------------------------------------------------
+
 
 class ProbeModel(torch.nn.Module):
     """The grader's stand-in language model. The logits at position t are a fixed function of
@@ -387,8 +459,13 @@ class HostModel:
         if op != "forward":
             raise ValueError("unknown request")
         ids, numbers = request.get("ids"), request.get("caches")
-        if not (isinstance(ids, Array) and ids.kind == "tensor" and ids.dtype == "int64" and len(ids.shape) == 2
-                and 0 < ids.shape[0] <= 64):
+        if not (
+            isinstance(ids, Array)
+            and ids.kind == "tensor"
+            and ids.dtype == "int64"
+            and len(ids.shape) == 2
+            and 0 < ids.shape[0] <= 64
+        ):
             raise ValueError("expected ids (B, T) of dtype torch.long")
         if ids.data.size and not (0 <= ids.data.min() and ids.data.max() < self.model.emb.size(0)):
             raise IndexError("token ids must be in 0 .. vocab_size - 1")
@@ -411,29 +488,39 @@ def _diagnose_calls(calls, T0, N, use_cache):
         return
     if use_cache:
         if calls and all(c[1] is None for c in calls):
-            fail("with use_cache=True the model was never given caches: make them once with "
-                 "model.make_caches(batch_size) and pass them to every call, model(ids, caches)")
+            fail(
+                "with use_cache=True the model was never given caches: make them once with "
+                "model.make_caches(batch_size) and pass them to every call, model(ids, caches)"
+            )
         if calls and calls[0] != [T0, 0]:
-            fail("with the cache, the first call is the prefill: the whole prompt (B, T0) in one call, with "
-                 "the empty caches from model.make_caches")
+            fail(
+                "with the cache, the first call is the prefill: the whole prompt (B, T0) in one call, with "
+                "the empty caches from model.make_caches"
+            )
         for n, cached in calls[1:]:
             if cached is None:
                 fail("with use_cache=True, pass the caches to every call of the model")
             if cached == 0:
                 fail("a later step got fresh, empty caches: make the caches once, before the loop")
             if n > 1:
-                fail("after the prefill, feed only the newest token, shape (B, 1), to the cached model: the "
-                     "cache already holds the earlier positions, and feeding the whole sequence again appends "
-                     "it to the cache a second time")
+                fail(
+                    "after the prefill, feed only the newest token, shape (B, 1), to the cached model: the "
+                    "cache already holds the earlier positions, and feeding the whole sequence again appends "
+                    "it to the cache a second time"
+                )
     else:
         if any(c[1] is not None for c in calls):
-            fail("with use_cache=False the model must run without caches: rerun the whole sequence, model(ids), "
-                 "at every step")
+            fail(
+                "with use_cache=False the model must run without caches: rerun the whole sequence, model(ids), "
+                "at every step"
+            )
         if [c[0] for c in calls[:N]] != [T0 + i for i in range(min(N, len(calls)))]:
             fail("without the cache, each step reruns the whole sequence so far (the prompt and the new tokens)")
     if len(calls) == N + 1:
-        fail("the model ran one time too many: each call gives one new token, and the last new token is "
-             "returned, never fed back (a generation may fill the model's max_seq_len exactly)")
+        fail(
+            "the model ran one time too many: each call gives one new token, and the last new token is "
+            "returned, never fed back (a generation may fill the model's max_seq_len exactly)"
+        )
     if len(calls) < N:
         fail("the model ran too few times: one call per new token")
     fail("the model's calls are not one per new token (prefill first when caching)")
@@ -479,20 +566,26 @@ def _expect_generate(s, case, use_cache):
     if isinstance(got, Array) and got.kind == "tensor" and got.shape == want.shape and not close(got, want):
         second = _generate(s, case, use_cache)[1]
         if not (isinstance(second, Array) and second.shape == got.shape and np.array_equal(second.data, got.data)):
-            fail("generate gave different tokens on the same input: greedy decoding is deterministic, each new "
-                 "token is the argmax of the last position's logits (no sampling)")
-    expect_array(got, want, "the output of generate(model, prompt_ids, max_new_tokens"
-                 + (")" if use_cache else ", use_cache=False)"),
-                 hint="the prompt, then each new token = the argmax of the logits at the last position, "
-                      "logits[:, -1]")
+            fail(
+                "generate gave different tokens on the same input: greedy decoding is deterministic, each new "
+                "token is the argmax of the last position's logits (no sampling)"
+            )
+    expect_array(
+        got,
+        want,
+        "the output of generate(model, prompt_ids, max_new_tokens" + (")" if use_cache else ", use_cache=False)"),
+        hint="the prompt, then each new token = the argmax of the logits at the last position, logits[:, -1]",
+    )
 
 
 @CHECKS.add("generate", aspects={"greedy decoding with the cache": 2, "without the cache": 1})
 def generate(s):
     rng = s.rng
     # (vocab_size, max_seq_len, seed, prompt, max_new_tokens); the second fills max_seq_len exactly (T0 + N - 1)
-    cases = [(vocab, max_len, int(rng.integers(1 << 30)), rng.integers(vocab, size=(B, T0)).astype(np.int64), N)
-             for vocab, max_len, B, T0, N in ((13, 32, 3, 4, 6), (9, 11, 2, 5, 7), (17, 16, 1, 1, 5), (11, 16, 2, 3, 0))]
+    cases = [
+        (vocab, max_len, int(rng.integers(1 << 30)), rng.integers(vocab, size=(B, T0)).astype(np.int64), N)
+        for vocab, max_len, B, T0, N in ((13, 32, 3, 4, 6), (9, 11, 2, 5, 7), (17, 16, 1, 1, 5), (11, 16, 2, 3, 0))
+    ]
     with s.aspect("greedy decoding with the cache"):
         for case in cases:
             _expect_generate(s, case, use_cache=True)

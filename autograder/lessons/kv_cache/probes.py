@@ -1,9 +1,9 @@
 """Lesson 05_kv_cache's reference probes: each graded name of solutions/kv_cache.py (and the stand-ins its checks
 send into the sandbox) against PyTorch or its definition written out (autograder/selfcheck.py runs them)."""
+
 import torch
 
-from autograder.checking.probing import (agree, ListCache, probe, randn, refuses, shell_module,
-                                         torch_attention)
+from autograder.checking.probing import ListCache, agree, probe, randn, refuses, shell_module, torch_attention
 
 
 @probe("05_kv_cache", "solutions.kv_cache.KVCache")

@@ -8,14 +8,28 @@ student's process), so a cache whose memory grows runs out; absorbed_attention r
 MultiHeadLatentAttention runs with a correct latent cache built next to the student's code
 (helpers.ListLatentCache), absorbed_attention on an AttentionShell holding the five projections.
 """
+
 import math
 
 import numpy as np
 import torch
 
-from autograder.checking import mistakes
-from autograder.checking import (HEADROOM_MB, Checks, StudentError, evidence_times, expect_array, expect_error,
-                               expect_int, expect_int_attributes, fail, kind_of, reference, tensor, within_memory)
+from autograder.checking import (
+    HEADROOM_MB,
+    Checks,
+    StudentError,
+    evidence_times,
+    expect_array,
+    expect_error,
+    expect_int,
+    expect_int_attributes,
+    fail,
+    kind_of,
+    mistakes,
+    reference,
+    tensor,
+    within_memory,
+)
 from autograder.sandbox import helpers
 from autograder.sandbox.wire import Array, DType
 from solutions import kv_compression as ref
@@ -25,8 +39,10 @@ LESSON = "08_kv_compression"
 # What the checks say of the mistakes only evidence shows, whose definitions carry these messages: the mask's device,
 # RollingKVCache's memory and prefill, MLA's biases and a latent cache holding keys and values, absorbed_attention's
 # keys formed and (Tk, Tk) mask.
-DEVICE, MEMORY, PREFILL, BIAS, LATENTS, FORMS_KEYS, SQUARE_MASK = (getattr(mistakes.for_lesson(LESSON), n) for n in (
-    "DEVICE", "MEMORY", "PREFILL", "BIAS", "LATENTS", "FORMS_KEYS", "SQUARE_MASK"))
+DEVICE, MEMORY, PREFILL, BIAS, LATENTS, FORMS_KEYS, SQUARE_MASK = (
+    getattr(mistakes.for_lesson(LESSON), n)
+    for n in ("DEVICE", "MEMORY", "PREFILL", "BIAS", "LATENTS", "FORMS_KEYS", "SQUARE_MASK")
+)
 
 
 def _bool(mask):
@@ -34,6 +50,7 @@ def _bool(mask):
 
 
 # ---- sliding_window_mask -------------------------------------------------------------------
+
 
 def _band(n_queries, n_keys, window):
     """Bool (n_queries, n_keys): row i sees keys p - window < j <= p, p = i + n_keys - n_queries."""
@@ -49,14 +66,17 @@ def _expect_mask(s, n_queries, window, n_keys=None):
     tk = n_queries if n_keys is None else n_keys
     what = f"sliding_window_mask({n_queries}, window, n_keys={tk})" if n_keys else "sliding_window_mask(n, window)"
     # the known mistakes (autograder/lessons/kv_compression/mistakes.py) run on the same arguments
-    expect_array(got, _bool(_band(n_queries, tk, window)), what,
-                 lambda: mistakes.compared(LESSON, "sliding_window_mask", n_queries, window, n_keys),
-                 axes=("query", "key"),
-                 hint="query i, at position p = i + n_keys - n_queries, may see key j iff p - window < j <= p")
+    expect_array(
+        got,
+        _bool(_band(n_queries, tk, window)),
+        what,
+        lambda: mistakes.compared(LESSON, "sliding_window_mask", n_queries, window, n_keys),
+        axes=("query", "key"),
+        hint="query i, at position p = i + n_keys - n_queries, may see key j iff p - window < j <= p",
+    )
 
 
-@CHECKS.add("sliding_window_mask", aspects={"square masks": 3, "more keys than queries": 2, "errors": 1,
-                                             "device": 1})
+@CHECKS.add("sliding_window_mask", aspects={"square masks": 3, "more keys than queries": 2, "errors": 1, "device": 1})
 def sliding_window_mask(s):
     with s.aspect("square masks"):
         for n, window in ((7, 3), (6, 1), (5, 5), (4, 9), (9, 4)):
@@ -79,6 +99,7 @@ def sliding_window_mask(s):
 
 # ---- RollingKVCache ------------------------------------------------------------------------
 
+
 def _ctx(seen, window, n_new):
     """The positions update must return: the last min(window, kept) before the call, then the new ones."""
     kept = min(window, seen)
@@ -94,15 +115,22 @@ def _expect_context(got, k_all, v_all, seen, window, n_new, dtype, shadowed):
     want = _ctx(seen, window, n_new)
     for i, (part, full, name) in enumerate(((got[0], k_all, "keys"), (got[1], v_all, "values"))):
         if isinstance(part, Array) and part.kind == "tensor" and part.dtype != dtype:
-            fail(f"update returned {name} of dtype {part.dtype}, but the cache was made with dtype={dtype}: "
-                 "allocate the buffers with the dtype (and device) given to RollingKVCache(...)")
+            fail(
+                f"update returned {name} of dtype {part.dtype}, but the cache was made with dtype={dtype}: "
+                "allocate the buffers with the dtype (and device) given to RollingKVCache(...)"
+            )
         # a cache copies numbers, it computes nothing: what it returns must be exactly what it was given
-        expect_array(part, reference(torch.from_numpy(np.ascontiguousarray(full[:, :, want]))),
-                     f"the {name} returned by update",
-                     [(m, pair[i]) for m, pair, length in shadowed if length == seen + n_new],
-                     axes=("B", "Hkv", "T", "Dh"), rtol=1e-300, atol=1e-300,
-                     hint="update returns the last min(window, len(cache)) positions seen before the call, "
-                          "followed by the T_new new ones, in time order (oldest first)")
+        expect_array(
+            part,
+            reference(torch.from_numpy(np.ascontiguousarray(full[:, :, want]))),
+            f"the {name} returned by update",
+            [(m, pair[i]) for m, pair, length in shadowed if length == seen + n_new],
+            axes=("B", "Hkv", "T", "Dh"),
+            rtol=1e-300,
+            atol=1e-300,
+            hint="update returns the last min(window, len(cache)) positions seen before the call, "
+            "followed by the T_new new ones, in time order (oldest first)",
+        )
 
 
 def _expect_len(s, cache, want, lengths, what="len(cache)"):
@@ -114,8 +142,10 @@ def _made(s, *args, dtype=None):
     """The student's RollingKVCache and the defined mistakes' (mistakes.Shadows), made with the same arguments."""
     if dtype is None:
         return s.call("RollingKVCache", *args), mistakes.Shadows(LESSON, "RollingKVCache", *args)
-    return (s.call("RollingKVCache", *args, dtype=DType(dtype), device="cpu"),
-            mistakes.Shadows(LESSON, "RollingKVCache", *args, dtype=getattr(torch, dtype), device="cpu"))
+    return (
+        s.call("RollingKVCache", *args, dtype=DType(dtype), device="cpu"),
+        mistakes.Shadows(LESSON, "RollingKVCache", *args, dtype=getattr(torch, dtype), device="cpu"),
+    )
 
 
 def _run_cache(s, cache, shadows, rng, shape, window, steps, dtype, seen=0, k_all=None, v_all=None):
@@ -168,8 +198,11 @@ def _expect_fixed_memory(s):
     with within_memory(s, STREAM_MB, MEMORY, HEADROOM_MB):
         steps, chunk = _stream_size(s)
         for i in range(steps):
-            k = np.ascontiguousarray(np.broadcast_to(
-                np.arange(i * chunk, (i + 1) * chunk, dtype=np.float32)[None, None, :, None], (B, Hkv, chunk, Dh)))
+            k = np.ascontiguousarray(
+                np.broadcast_to(
+                    np.arange(i * chunk, (i + 1) * chunk, dtype=np.float32)[None, None, :, None], (B, Hkv, chunk, Dh)
+                )
+            )
             if i < steps - 1:  # only the last contexts come back: the stream is about memory
                 s.call_for_effect((cache, "update"), tensor(k), tensor(-k))
             else:
@@ -183,14 +216,28 @@ def _expect_fixed_memory(s):
     if not isinstance(got, (tuple, list)) or len(got) != 2:
         fail("update(k, v) should return a pair (k_ctx, v_ctx)")
     for part, sign, name in ((got[0], 1, "keys"), (got[1], -1, "values")):
-        expect_array(part, reference(torch.from_numpy(np.ascontiguousarray(sign * want))),
-                     f"the {name} update returned after many updates", axes=("B", "Hkv", "T", "Dh"),
-                     hint="the last min(window, len(cache)) positions seen before the call, then the new ones")
+        expect_array(
+            part,
+            reference(torch.from_numpy(np.ascontiguousarray(sign * want))),
+            f"the {name} update returned after many updates",
+            axes=("B", "Hkv", "T", "Dh"),
+            hint="the last min(window, len(cache)) positions seen before the call, then the new ones",
+        )
 
 
-@CHECKS.add("RollingKVCache", aspects={"before the window fills": 3, "after the window fills": 2,
-                                       "prefill longer than the window": 1, "fixed memory": 2,
-                                       "dtype and reset": 1, "errors": 1, "window attribute": 1}, memory_bound=True)
+@CHECKS.add(
+    "RollingKVCache",
+    aspects={
+        "before the window fills": 3,
+        "after the window fills": 2,
+        "prefill longer than the window": 1,
+        "fixed memory": 2,
+        "dtype and reset": 1,
+        "errors": 1,
+        "window attribute": 1,
+    },
+    memory_bound=True,
+)
 def RollingKVCache(s):
     rng = s.rng
     shape, window = (2, 3, 4), 6
@@ -291,15 +338,22 @@ def _make_mla(s, D, H, L, bias, params, dtype):
     want = set(params)
     if set(state) != want:
         missing, extra = sorted(want - set(state)), sorted(set(state) - want)
-        if any(n.endswith(".bias") for n in missing + extra) and not {n for n in missing + extra if n.endswith(".weight")}:
+        if any(n.endswith(".bias") for n in missing + extra) and not {
+            n for n in missing + extra if n.endswith(".weight")
+        }:
             fail(BIAS.format(bias=bias, which="every one" if bias else "none"))
-        fail("MultiHeadLatentAttention's parameters should be exactly those of its five nn.Linear members q_proj, "
-             "kv_down, k_up, v_up, out_proj" + (f" (missing: {', '.join(missing)})" if missing else "")
-             + (f" (unexpected: {', '.join(extra)})" if extra else ""))
+        fail(
+            "MultiHeadLatentAttention's parameters should be exactly those of its five nn.Linear members q_proj, "
+            "kv_down, k_up, v_up, out_proj"
+            + (f" (missing: {', '.join(missing)})" if missing else "")
+            + (f" (unexpected: {', '.join(extra)})" if extra else "")
+        )
     for name, value in params.items():
         if state[name].shape != value.shape:
-            fail(f"{name} has shape {state[name].shape}, but should be {value.shape}: q_proj D -> D, kv_down "
-                 "D -> d_latent, k_up and v_up d_latent -> D, out_proj D -> D (nn.Linear(in, out) stores (out, in))")
+            fail(
+                f"{name} has shape {state[name].shape}, but should be {value.shape}: q_proj D -> D, kv_down "
+                "D -> d_latent, k_up and v_up d_latent -> D, out_proj D -> D (nn.Linear(in, out) stores (out, in))"
+            )
     s.load(mla, params)
     return mla
 
@@ -315,9 +369,9 @@ def _expect_forward(s, rng, dtype, B, D, H, L, bias, chunks, mask=None):
     cache = s.helper("ListLatentCache") if with_cache else None
     prev, start = torch.zeros(B, 0, L, dtype=torch.float64), 0
     for T in chunks:
-        x = x_all[:, start:start + T]
+        x = x_all[:, start : start + T]
         x64 = torch.from_numpy(x.astype(np.float64))
-        m = None if mask is None else mask[..., start:start + T, :start + T]
+        m = None if mask is None else mask[..., start : start + T, : start + T]
         m64 = None if m is None else torch.from_numpy(m)
         kwargs = {} if m is None else {"mask": tensor(m)}
         if with_cache:
@@ -326,16 +380,23 @@ def _expect_forward(s, rng, dtype, B, D, H, L, bias, chunks, mask=None):
             got = s.call((mla, "forward"), tensor(x), **kwargs)
         except StudentError as e:
             if with_cache and start > 0:
-                fail(f"your forward raised {e.type} with a cache holding earlier tokens: {e.message}. With a "
-                     "cache, c = cache.update(kv_down(x)) is every cached latent (B, Tk, d_latent); the mask is "
-                     "(T, Tk), bottom-right aligned")
+                fail(
+                    f"your forward raised {e.type} with a cache holding earlier tokens: {e.message}. With a "
+                    "cache, c = cache.update(kv_down(x)) is every cached latent (B, Tk, d_latent); the mask is "
+                    "(T, Tk), bottom-right aligned"
+                )
             raise
         want = reference(_forward(mla64, x64, prev, m64, with_cache), dtype=dtype)
-        expect_array(got, want, "MultiHeadLatentAttention's forward" + (" with a cache" if with_cache else ""),
-                     lambda: _forward_mistakes(defined, x64, prev, m64, with_cache, dtype), axes=("B", "T", "D"),
-                     hint="c = kv_down(x); keys k_up(c) and values v_up(c), split into heads (B, H, Tk, Dh); "
-                          "attention with the queries, scale 1/sqrt(head_dim), the causal mask when mask is None; "
-                          "merge the heads and apply out_proj")
+        expect_array(
+            got,
+            want,
+            "MultiHeadLatentAttention's forward" + (" with a cache" if with_cache else ""),
+            lambda: _forward_mistakes(defined, x64, prev, m64, with_cache, dtype),
+            axes=("B", "T", "D"),
+            hint="c = kv_down(x); keys k_up(c) and values v_up(c), split into heads (B, H, Tk, Dh); "
+            "attention with the queries, scale 1/sqrt(head_dim), the causal mask when mask is None; "
+            "merge the heads and apply out_proj",
+        )
         with torch.no_grad():
             prev = torch.cat([prev, mla64.kv_down(x64)], 1)
         start += T
@@ -347,12 +408,18 @@ def _expect_forward(s, rng, dtype, B, D, H, L, bias, chunks, mask=None):
                 fail(LATENTS)
             if stored.shape[1] != start:
                 fail("forward must append the new tokens' latents to the cache once per call (cache.update(c))")
-            expect_array(stored, reference(prev, dtype=dtype), "the latents in the cache",
-                         hint="cache.update(kv_down(x)): the latents of the new tokens, before any up-projection")
+            expect_array(
+                stored,
+                reference(prev, dtype=dtype),
+                "the latents in the cache",
+                hint="cache.update(kv_down(x)): the latents of the new tokens, before any up-projection",
+            )
 
 
-@CHECKS.add("MultiHeadLatentAttention", aspects={"forward": 3, "cache": 2, "mask": 1, "bias": 1,
-                                                 "shapes and attributes": 1, "errors": 1})
+@CHECKS.add(
+    "MultiHeadLatentAttention",
+    aspects={"forward": 3, "cache": 2, "mask": 1, "bias": 1, "shapes and attributes": 1, "errors": 1},
+)
 def MultiHeadLatentAttention(s):
     rng = s.rng
     with s.aspect("forward"):
@@ -371,9 +438,17 @@ def MultiHeadLatentAttention(s):
         _expect_forward(s, rng, "float64", 1, 16, 4, 6, True, (3, 2))
     with s.aspect("shapes and attributes"):
         mla = s.call("MultiHeadLatentAttention", 30, 5, 7)
-        expect_int_attributes(s, mla, {"d_model": (30, "d_model"), "n_heads": (5, "n_heads"),
-                                       "head_dim": (6, "d_model // n_heads"), "d_latent": (7, "d_latent")},
-                              "MultiHeadLatentAttention")
+        expect_int_attributes(
+            s,
+            mla,
+            {
+                "d_model": (30, "d_model"),
+                "n_heads": (5, "n_heads"),
+                "head_dim": (6, "d_model // n_heads"),
+                "d_latent": (7, "d_latent"),
+            },
+            "MultiHeadLatentAttention",
+        )
     with s.aspect("errors"):
         with expect_error("ValueError", "MultiHeadLatentAttention with d_model % n_heads != 0"):
             s.call("MultiHeadLatentAttention", 10, 4, 3)
@@ -381,9 +456,12 @@ def MultiHeadLatentAttention(s):
 
 # ---- absorbed_attention --------------------------------------------------------------------
 
+
 def _shell(s, params, D, H, L):
-    linears = {n: (tensor(params[f"{n}.weight"]), tensor(params[f"{n}.bias"]) if f"{n}.bias" in params else None)
-               for n in NAMES}
+    linears = {
+        n: (tensor(params[f"{n}.weight"]), tensor(params[f"{n}.bias"]) if f"{n}.bias" in params else None)
+        for n in NAMES
+    }
     return s.helper("AttentionShell", linears, d_model=D, n_heads=H, head_dim=D // H, d_latent=L)
 
 
@@ -391,13 +469,16 @@ def _shell(s, params, D, H, L):
 def _absorbed_mistakes(mla64, x, c, dtype):
     """What the known mistakes of the absorption (autograder/lessons/kv_compression/mistakes.py) return on these inputs
     (float64, labelled dtype)."""
-    return [(m.message, reference(out, dtype=dtype))
-            for m, out in mistakes.on(LESSON, "absorbed_attention", mla64, x, c)]
+    return [
+        (m.message, reference(out, dtype=dtype)) for m, out in mistakes.on(LESSON, "absorbed_attention", mla64, x, c)
+    ]
 
 
-SHAPE_HINT = ("check the shapes and the order of the folds: q_h (T, Dh) @ W_uk^h (Dh, d_latent), where W_uk^h = "
-              "k_up.weight[h*Dh:(h+1)*Dh] (nn.Linear stores the transpose); then o_latent_h @ W_uv^h.T (v_up first) "
-              "@ out_proj.weight[:, h*Dh:(h+1)*Dh].T (then out_proj)")
+SHAPE_HINT = (
+    "check the shapes and the order of the folds: q_h (T, Dh) @ W_uk^h (Dh, d_latent), where W_uk^h = "
+    "k_up.weight[h*Dh:(h+1)*Dh] (nn.Linear stores the transpose); then o_latent_h @ W_uv^h.T (v_up first) "
+    "@ out_proj.weight[:, h*Dh:(h+1)*Dh].T (then out_proj)"
+)
 
 
 def _expect_absorbed(s, rng, dtype, B, D, H, L, T, Tk, bias):
@@ -415,10 +496,15 @@ def _expect_absorbed(s, rng, dtype, B, D, H, L, T, Tk, bias):
         raise
     with torch.no_grad():
         want = reference(ref.absorbed_attention(mla64, x64, c64), dtype=dtype)
-    expect_array(got, want, "absorbed_attention(mla, x, latents)", lambda: _absorbed_mistakes(mla64, x64, c64, dtype),
-                 axes=("B", "T", "D"),
-                 hint="it must equal mla's output for x attending (bottom-right causal) to the keys and values "
-                      "up-projected from latents")
+    expect_array(
+        got,
+        want,
+        "absorbed_attention(mla, x, latents)",
+        lambda: _absorbed_mistakes(mla64, x64, c64, dtype),
+        axes=("B", "T", "D"),
+        hint="it must equal mla's output for x attending (bottom-right causal) to the keys and values "
+        "up-projected from latents",
+    )
 
 
 # One head's keys for every cached position, (B, Tk, Dh) in float32, take 128 MiB; the absorbed form needs a few
@@ -432,7 +518,7 @@ BOUND_MB = 64
 # scratch tensor) keeps what it holds on top of BOUND_MB, up to HEADROOM_MB: then the cached latents grow until
 # one head's keys take more than that, glibc's slack included (evidence_times), so that no buffer reserved
 # before the bound can hold them (4 times as many at most, where the absorbed form needs some 25 MiB).
-FLOAT32_UNIT = 2.0 ** -24  # float32's unit roundoff: a float32 sum of n terms is off by at most n of it times their |sum|
+FLOAT32_UNIT = 2.0**-24  # float32's unit roundoff: a float32 sum of n terms is off by at most n of it times their |sum|
 SHORT_COND = 30.0  # the rounding of a short case's scores and projections, in units of float32's tolerance
 
 
@@ -447,8 +533,9 @@ def _length_bound(mla64, x64, c64):
     scores = (heads @ mla64.k_up.weight.view(H, Dh, L)) @ c64.transpose(1, 2)[:, None] / math.sqrt(Dh)
     causal = torch.ones(T, Tk, dtype=torch.bool).tril(diagonal=Tk - T)
     weights = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)  # (B, H, T, Tk)
-    folded = torch.einsum("hdl,ehd->hle", mla64.v_up.weight.view(H, Dh, L).abs(),
-                          mla64.out_proj.weight.view(D, H, Dh).abs())  # (H, L, D)
+    folded = torch.einsum(
+        "hdl,ehd->hle", mla64.v_up.weight.view(H, Dh, L).abs(), mla64.out_proj.weight.view(D, H, Dh).abs()
+    )  # (H, L, D)
     terms = torch.einsum("bhtl,hle->bte", weights @ c64.abs()[:, None], folded)  # (B, T, D)
     return (Tk + 4) * FLOAT32_UNIT * terms.max().item()
 
@@ -490,8 +577,14 @@ def _expect_never_forms_keys(s, rng):
     with torch.no_grad():
         want = reference(ref.absorbed_attention(mla64, x64, c64), dtype="float32")
         atol = _length_bound(mla64, x64, c64)
-    expect_array(got, want, f"absorbed_attention with {Tk} cached latents", axes=("B", "T", "D"), cond=SHORT_COND,
-                 atol=1e-5 + atol / SHORT_COND)
+    expect_array(
+        got,
+        want,
+        f"absorbed_attention with {Tk} cached latents",
+        axes=("B", "T", "D"),
+        cond=SHORT_COND,
+        atol=1e-5 + atol / SHORT_COND,
+    )
 
 
 # Keys or values formed a few positions at a time never hold every position at once: no memory bound sees them, and
@@ -532,8 +625,14 @@ def _expect_never_forms_keys_in_chunks(s, rng):
     with torch.no_grad():
         want = reference(ref.absorbed_attention(mla64, torch.from_numpy(x).double(), c), dtype="float32")
         atol = _length_bound(mla64, torch.from_numpy(x).double(), c)
-    expect_array(got, want, f"absorbed_attention with {Tk} cached latents", axes=("B", "T", "D"), cond=SHORT_COND,
-                 atol=1e-5 + atol / SHORT_COND)
+    expect_array(
+        got,
+        want,
+        f"absorbed_attention with {Tk} cached latents",
+        axes=("B", "T", "D"),
+        cond=SHORT_COND,
+        atol=1e-5 + atol / SHORT_COND,
+    )
 
 
 # "never forms keys or values" is the exercise's point: half of its points (a notebook that forms them keeps the rest).
@@ -542,8 +641,12 @@ def absorbed_attention(s):
     rng = s.rng
     with s.aspect("values"):
         # (dtype, B, D, H, L, T, Tk, bias); the first is square (D = Dh = L) so that every fold mistake has a shape
-        for case in (("float64", 2, 6, 1, 6, 3, 8, False), ("float32", 2, 24, 4, 5, 3, 11, False),
-                     ("float64", 1, 16, 2, 8, 1, 9, False), ("float32", 3, 32, 4, 8, 4, 4, False)):
+        for case in (
+            ("float64", 2, 6, 1, 6, 3, 8, False),
+            ("float32", 2, 24, 4, 5, 3, 11, False),
+            ("float64", 1, 16, 2, 8, 1, 9, False),
+            ("float32", 3, 32, 4, 8, 4, 4, False),
+        ):
             _expect_absorbed(s, rng, *case)
     with s.aspect("bias"):
         for case in (("float64", 2, 24, 4, 5, 2, 7, True), ("float32", 1, 6, 1, 6, 3, 8, True)):

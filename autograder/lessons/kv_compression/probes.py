@@ -1,17 +1,19 @@
 """Lesson 08_kv_compression's reference probes: each graded name of solutions/kv_compression.py (and the stand-ins its checks
 send into the sandbox) against PyTorch or its definition written out (autograder/selfcheck.py runs them)."""
+
 import torch
 from torch import nn
 
-from autograder.checking.probing import agree, ListCache, probe, randn, refuses, torch_attention
+from autograder.checking.probing import ListCache, agree, probe, randn, refuses, torch_attention
 
 
 @probe("08_kv_compression", "solutions.kv_compression.sliding_window_mask")
 def sliding_window_mask(fn):
     for n_q, window, n_k in ((5, 2, None), (3, 3, 8)):
         n_keys = n_q if n_k is None else n_k
-        want = torch.tensor([[i + n_keys - n_q - window < j <= i + n_keys - n_q for j in range(n_keys)]
-                             for i in range(n_q)])
+        want = torch.tensor(
+            [[i + n_keys - n_q - window < j <= i + n_keys - n_q for j in range(n_keys)] for i in range(n_q)]
+        )
         agree(fn(n_q, window, n_k), want, "its definition")
     refuses(fn, 4, 0, against="a window of 0")
 
@@ -25,7 +27,7 @@ def rolling_kv_cache(cls):
         vals.append(randn(2, 2, t, 2, seed=10 + i))
         got = cache.update(keys[-1], vals[-1])
         for j, parts in enumerate((keys, vals)):  # the last 3 positions seen before, then the new ones
-            agree(got[j], torch.cat(parts, dim=2)[:, :, max(0, seen - 3):], "the last window positions and the new")
+            agree(got[j], torch.cat(parts, dim=2)[:, :, max(0, seen - 3) :], "the last window positions and the new")
         agree(len(cache), seen + t, "the positions seen")
     cache.reset()
     agree(len(cache), 0, "no position after reset()")
@@ -67,5 +69,8 @@ def absorbed_attention(fn):
     for bias in (True, False):
         mla, x = MultiHeadLatentAttention(12, 3, 5, bias=bias).double(), randn(2, 7, 12, seed=1)
         latents = mla.kv_down(x)
-        agree(fn(mla, x[:, -3:], latents), torch_attention(_mla_shell(mla), x[:, -3:], causal=True, keys=latents),
-              "causal F.scaled_dot_product_attention over the up-projected latents")
+        agree(
+            fn(mla, x[:, -3:], latents),
+            torch_attention(_mla_shell(mla), x[:, -3:], causal=True, keys=latents),
+            "causal F.scaled_dot_product_attention over the up-projected latents",
+        )

@@ -1,15 +1,28 @@
 """Hidden checks of lesson 03 (torch): concat_and_project, MultiHeadAttention, load_torch_mha, mha_param_count."""
+
 import functools
 import math
 
 import numpy as np
 import torch
 
-from autograder.checking import (as_torch, call_named, Checks, expect_array, expect_int, expect_int_attributes,
-                               expect_pair, fail, kind_of, reference, StudentError, tensor)
-from autograder.sandbox.wire import Array, Handle
-from autograder.checking import mistakes
+from autograder.checking import (
+    Checks,
+    StudentError,
+    as_torch,
+    call_named,
+    expect_array,
+    expect_int,
+    expect_int_attributes,
+    expect_pair,
+    fail,
+    kind_of,
+    mistakes,
+    reference,
+    tensor,
+)
 from autograder.sandbox import helpers
+from autograder.sandbox.wire import Array, Handle
 from solutions import multi_head as ref
 
 CHECKS = Checks()
@@ -30,6 +43,7 @@ def _expect_value_error(s, what, *args, **kwargs):
 
 # ---- concat_and_project ---------------------------------------------------------------------
 
+
 def _concat_mistakes(heads, w_o):
     """The known mistakes (autograder/lessons/multi_head/mistakes.py) on these inputs."""
     return mistakes.compared("03_multi_head", "concat_and_project", as_torch(heads), as_torch(w_o))
@@ -44,12 +58,18 @@ def concat_and_project(s):
             w_o = rng.standard_normal((H * Dh, H * Dh)).astype(dtype)
             got = call_named(s, "concat_and_project(heads, w_o)", "concat_and_project", tensor(heads), tensor(w_o))
             h64, w64 = as_torch(heads.astype(np.float64)), as_torch(w_o.astype(np.float64))
-            expect_array(got, reference(ref.concat_and_project(h64, w64), dtype=heads.dtype.name),
-                         "concat_and_project(heads, w_o)", lambda: _concat_mistakes(heads, w_o), axes=("B", "T", "D"),
-                         hint="out = concat(heads) @ w_o, head h's output in features h*Dh:(h+1)*Dh of the concatenation")
+            expect_array(
+                got,
+                reference(ref.concat_and_project(h64, w64), dtype=heads.dtype.name),
+                "concat_and_project(heads, w_o)",
+                lambda: _concat_mistakes(heads, w_o),
+                axes=("B", "T", "D"),
+                hint="out = concat(heads) @ w_o, head h's output in features h*Dh:(h+1)*Dh of the concatenation",
+            )
 
 
 # ---- MultiHeadAttention ---------------------------------------------------------------------
+
 
 def _random_state(rng, D, bias, dtype):
     """Weights that give non-uniform attention, and non-zero biases (PyTorch starts them at zero)."""
@@ -63,8 +83,9 @@ def _random_state(rng, D, bias, dtype):
 
 
 def _reference_module(D, H, bias, state):
-    m = ref.MultiHeadAttention(D, H, bias=bias).to(torch.float64 if state["q_proj.weight"].dtype == np.float64
-                                                   else torch.float32)
+    m = ref.MultiHeadAttention(D, H, bias=bias).to(
+        torch.float64 if state["q_proj.weight"].dtype == np.float64 else torch.float32
+    )
     m.load_state_dict({k: as_torch(v) for k, v in state.items()})
     return m
 
@@ -101,16 +122,34 @@ def _forward_cases(rng, D, H, dtype):
         return m
 
     return x, {
-        "weights": [("mha(x, need_weights=True)", x, None, None, None, True),
-                    ("mha(query, key, value, need_weights=True) with Tq != Tk", x, memory, value, None, True)],
-        "cross-attention": [("mha(x, memory) (cross-attention)", x, same_len, None, None, False),
-                            ("mha(x, memory) (cross-attention, Tq != Tk)", x, memory, None, None, False)],
-        "masks": [("mha(query, key, value, mask=mask) with a (Tq, Tk) mask", x, memory, value, random_mask((T, Tk)), False),
-                  ("mha(x, mask=causal_mask) (self-attention)", x, None, None, np.tril(np.ones((T, T), dtype=bool)), False),
-                  ("mha(query, key, value, mask=mask) with a per-head (B, H, Tq, Tk) mask",
-                   x, memory, value, random_mask((B, H, T, Tk)), False),
-                  ("mha(query, key, value, mask=mask, need_weights=True) with a (B, 1, Tq, Tk) mask",
-                   x, memory, value, random_mask((B, 1, T, Tk)), True)],
+        "weights": [
+            ("mha(x, need_weights=True)", x, None, None, None, True),
+            ("mha(query, key, value, need_weights=True) with Tq != Tk", x, memory, value, None, True),
+        ],
+        "cross-attention": [
+            ("mha(x, memory) (cross-attention)", x, same_len, None, None, False),
+            ("mha(x, memory) (cross-attention, Tq != Tk)", x, memory, None, None, False),
+        ],
+        "masks": [
+            ("mha(query, key, value, mask=mask) with a (Tq, Tk) mask", x, memory, value, random_mask((T, Tk)), False),
+            ("mha(x, mask=causal_mask) (self-attention)", x, None, None, np.tril(np.ones((T, T), dtype=bool)), False),
+            (
+                "mha(query, key, value, mask=mask) with a per-head (B, H, Tq, Tk) mask",
+                x,
+                memory,
+                value,
+                random_mask((B, H, T, Tk)),
+                False,
+            ),
+            (
+                "mha(query, key, value, mask=mask, need_weights=True) with a (B, 1, Tq, Tk) mask",
+                x,
+                memory,
+                value,
+                random_mask((B, 1, T, Tk)),
+                True,
+            ),
+        ],
     }
 
 
@@ -131,51 +170,84 @@ def _check_forward(s, mha, module, state, H, case, weights=True):
     elif key is None:
         hint = "mha(x) is self-attention: key defaults to query and value to key"
     if key is not None and key.shape[1] != query.shape[1]:
-        hint = "; ".join(filter(None, [hint, "split the keys and values into heads with their own length Tk, "
-                                             "not the query's Tq"]))
+        hint = "; ".join(
+            filter(None, [hint, "split the keys and values into heads with their own length Tk, not the query's Tq"])
+        )
     got = call_named(s, what, mha, *args, **kwargs, hint=hint)
     k = query if key is None else key
     v = k if value is None else value
     with torch.no_grad():  # the exact answer: the reference module in float64
-        want_out, want_w = module(*(as_torch(t.astype(np.float64)) for t in (query, k, v)),
-                                  mask=None if mask is None else as_torch(mask), need_weights=True)
+        want_out, want_w = module(
+            *(as_torch(t.astype(np.float64)) for t in (query, k, v)),
+            mask=None if mask is None else as_torch(mask),
+            need_weights=True,
+        )
     want_out, want_w = reference(want_out, dtype=query.dtype.name), reference(want_w, dtype=query.dtype.name)
     as64 = [as_torch(t.astype(np.float64)) for t in (query, key, value) if t is not None]
-    mistakes = functools.cache(lambda: _mha_mistakes(state, H, as64, {} if mask is None else {"mask": as_torch(mask)},
-                                                      query.dtype.name))
+    mistakes = functools.cache(
+        lambda: _mha_mistakes(state, H, as64, {} if mask is None else {"mask": as_torch(mask)}, query.dtype.name)
+    )
     regions = None if mask is None else {"masked keys": ~np.broadcast_to(mask, want_w.shape)}
     if not need_weights:
         if isinstance(got, (tuple, list)):
             fail(f"{what} returned {kind_of(got)}: with need_weights=False (the default) return only out")
-        expect_array(got, want_out, f"the output of {what}", lambda: [(m, o) for m, (o, w) in mistakes()],
-                     axes=("B", "Tq", "D"), hint=OUT_HINT)
+        expect_array(
+            got,
+            want_out,
+            f"the output of {what}",
+            lambda: [(m, o) for m, (o, w) in mistakes()],
+            axes=("B", "Tq", "D"),
+            hint=OUT_HINT,
+        )
         return
     if not weights and not (isinstance(got, (tuple, list)) and len(got) == 2):
         return  # need_weights=True that gives no pair fails the "weights" aspect, not this one
     out, w = expect_pair(got, what)
     if weights:
         if isinstance(w, Array) and w.shape == want_w.shape[:1] + want_w.shape[2:]:
-            fail(f"the weights of {what} have shape (B, Tq, Tk): return one pattern per head, (B, H, Tq, Tk), "
-                 "and do not average over the heads (nn.MultiheadAttention averages by default; we don't)")
-        expect_array(w, want_w, f"the weights of {what}", lambda: [(m, w) for m, (o, w) in mistakes()],
-                     hint="softmax(q k^T / sqrt(head_dim)) per head, masked where mask is False",
-                     axes=("B", "H", "Tq", "Tk"), regions=regions)
-    expect_array(out, want_out, f"the output of {what}", lambda: [(m, o) for m, (o, w) in mistakes()],
-                 axes=("B", "Tq", "D"), hint=OUT_HINT)
+            fail(
+                f"the weights of {what} have shape (B, Tq, Tk): return one pattern per head, (B, H, Tq, Tk), "
+                "and do not average over the heads (nn.MultiheadAttention averages by default; we don't)"
+            )
+        expect_array(
+            w,
+            want_w,
+            f"the weights of {what}",
+            lambda: [(m, w) for m, (o, w) in mistakes()],
+            hint="softmax(q k^T / sqrt(head_dim)) per head, masked where mask is False",
+            axes=("B", "H", "Tq", "Tk"),
+            regions=regions,
+        )
+    expect_array(
+        out,
+        want_out,
+        f"the output of {what}",
+        lambda: [(m, o) for m, (o, w) in mistakes()],
+        axes=("B", "Tq", "D"),
+        hint=OUT_HINT,
+    )
 
 
 def _check_structure(s, mha, D, H):
     """The attributes and the four projections' weights (biases are the "bias" aspect's)."""
-    expect_int_attributes(s, mha, {"d_model": (D, "d_model"), "n_heads": (H, "n_heads"),
-                                   "head_dim": (D // H, "d_model // n_heads")}, "MultiHeadAttention")
+    expect_int_attributes(
+        s,
+        mha,
+        {"d_model": (D, "d_model"), "n_heads": (H, "n_heads"), "head_dim": (D // H, "d_model // n_heads")},
+        "MultiHeadAttention",
+    )
     state = s.state(mha)
     missing = [p for p in PROJ if f"{p}.weight" not in state]
     if missing:
-        fail(f"MultiHeadAttention needs nn.Linear members q_proj, k_proj, v_proj, out_proj; missing: {', '.join(missing)}")
+        fail(
+            f"MultiHeadAttention needs nn.Linear members q_proj, k_proj, v_proj, out_proj; missing: {', '.join(missing)}"
+        )
     extra = sorted(k for k in state if k not in {f"{p}.{n}" for p in PROJ for n in ("weight", "bias")})
     if extra:
-        fail(f"MultiHeadAttention's state_dict has unexpected entries {extra}: keep only the four projections "
-             "(register helper buffers with persistent=False)")
+        fail(
+            f"MultiHeadAttention's state_dict has unexpected entries {extra}: keep only the four projections "
+            "(register helper buffers with persistent=False)"
+        )
     for key in sorted(state):
         want = (D, D) if key.endswith("weight") else (D,)
         if state[key].shape != want:
@@ -186,7 +258,9 @@ def _check_biases(s, mha, bias):
     state = s.state(mha)
     biases = [p for p in PROJ if f"{p}.bias" in state]
     if bias and len(biases) < 4:
-        fail("with bias=True (the default) each of the four projections has a bias: nn.Linear(d_model, d_model, bias=bias)")
+        fail(
+            "with bias=True (the default) each of the four projections has a bias: nn.Linear(d_model, d_model, bias=bias)"
+        )
     if not bias and biases:
         fail("with bias=False the projections must have no bias: pass bias=bias to each nn.Linear")
 
@@ -210,15 +284,30 @@ def _load(s, mha, state):
 CONFIGS = [(24, 6, False, np.float32), (16, 2, False, np.float64), (16, 4, True, np.float32), (12, 3, True, np.float64)]
 
 
-@CHECKS.add("MultiHeadAttention", isolate=["concat_and_project"],
-            aspects={"self-attention": 3, "cross-attention": 1, "masks": 1, "weights": 1, "bias": 1,
-                     "shapes and attributes": 1, "errors": 1})
+@CHECKS.add(
+    "MultiHeadAttention",
+    isolate=["concat_and_project"],
+    aspects={
+        "self-attention": 3,
+        "cross-attention": 1,
+        "masks": 1,
+        "weights": 1,
+        "bias": 1,
+        "shapes and attributes": 1,
+        "errors": 1,
+    },
+)
 def MultiHeadAttention(s):
     rng = s.rng
     with s.aspect("errors"):
         for D, H in [(10, 3), (12, 5), (16, 3)]:
-            _expect_value_error(s, "MultiHeadAttention(d_model, n_heads) with d_model not divisible by n_heads",
-                                "MultiHeadAttention", D, H)
+            _expect_value_error(
+                s,
+                "MultiHeadAttention(d_model, n_heads) with d_model not divisible by n_heads",
+                "MultiHeadAttention",
+                D,
+                H,
+            )
     for D, H, bias, dtype in CONFIGS:
         kwargs = {} if bias else {"bias": False}  # the default must be bias=True
         mha = call_named(s, "MultiHeadAttention(d_model, n_heads, bias)", "MultiHeadAttention", D, H, **kwargs)
@@ -256,22 +345,30 @@ def MultiHeadAttention(s):
 
 # ---- load_torch_mha -------------------------------------------------------------------------
 
+
 def _loaded(linears, sizes, bias, src):
     """The module's state_dict after the reference's load_torch_mha, and a function giving [(message, state_dict)]:
     what each defined mistake of load_torch_mha (autograder/lessons/multi_head/mistakes.py) leaves in the module. Both
     run here, on twins of the student's module (an AttentionShell holding `linears`) and of torch_mha (holding
     `src`), each mistake on its own copy; the mistakes run on the first call only, when a parameter is wrong."""
+
     def shell():
-        return helpers.AttentionShell({p: (torch.from_numpy(w), None if b is None else torch.from_numpy(b))
-                                       for p, (w, b) in linears.items()}, **sizes)
+        return helpers.AttentionShell(
+            {p: (torch.from_numpy(w), None if b is None else torch.from_numpy(b)) for p, (w, b) in linears.items()},
+            **sizes,
+        )
+
     tmha = helpers.torch_mha(sizes["d_model"], sizes["n_heads"], bias, {k: torch.from_numpy(v) for k, v in src.items()})
     right = ref.load_torch_mha(shell(), tmha).state_dict()
 
     @functools.lru_cache(maxsize=None)
     def wrong():
-        return [(m.message, got.state_dict()) for m, got in
-                mistakes.on("03_multi_head", "load_torch_mha", shell(), tmha, fresh=True)
-                if isinstance(got, torch.nn.Module)]
+        return [
+            (m.message, got.state_dict())
+            for m, got in mistakes.on("03_multi_head", "load_torch_mha", shell(), tmha, fresh=True)
+            if isinstance(got, torch.nn.Module)
+        ]
+
     return right, wrong
 
 
@@ -287,14 +384,18 @@ def _expect_in_place(s, shell, tmha, src, state, marked):
         for p, kind in ((p, kind) for p in PROJ for kind in ("weight", "bias")):
             got = params.get(f"{p}.{kind}") if isinstance(params, dict) else None
             if isinstance(got, Array) and got.requires_grad:
-                fail(f"{IN_PLACE}, not assign new ones: module.{p}.{kind} is a new nn.Parameter (or {p} a new "
-                     "layer), so whatever held the module's parameters (an optimizer, a hook) no longer sees them")
+                fail(
+                    f"{IN_PLACE}, not assign new ones: module.{p}.{kind} is a new nn.Parameter (or {p} a new "
+                    "layer), so whatever held the module's parameters (an optimizer, a hook) no longer sees them"
+                )
     s.load(tmha, {k: v + 1 for k, v in src.items()})
     after = s.state(shell)
     for key in sorted(state):
         if key in after and not np.array_equal(after[key].data, state[key].data):
-            fail(f"{IN_PLACE}, not assign torch_mha's tensors: module.{key} shares memory with torch_mha, so a "
-                 "change to one changes the other")
+            fail(
+                f"{IN_PLACE}, not assign torch_mha's tensors: module.{key} shares memory with torch_mha, so a "
+                "change to one changes the other"
+            )
 
 
 @CHECKS.add("load_torch_mha", aspects={"weights": 2, "biases": 1, "returns the module": 1, "copied in place": 1})
@@ -302,8 +403,10 @@ def load_torch_mha(s):
     rng = s.rng
     failed = set()
     for i, (D, H, bias) in enumerate([(12, 3, True), (16, 4, False), (20, 5, True), (8, 2, True)]):
+
         def rand(*shape):
             return rng.standard_normal(shape).astype(np.float32)
+
         src = {"in_proj_weight": rand(3 * D, D), "out_proj.weight": rand(D, D)}
         if bias:
             src.update({"in_proj_bias": rand(3 * D), "out_proj.bias": rand(D)})
@@ -315,8 +418,11 @@ def load_torch_mha(s):
                 init[f"{p}.bias"] = rand(D)
         linears = {p: (init[f"{p}.weight"], init[f"{p}.bias"] if bias else None) for p in PROJ}
         sizes = dict(d_model=D, n_heads=H, head_dim=D // H)
-        shell = s.helper("AttentionShell", {p: (tensor(w), None if b is None else tensor(b))
-                                            for p, (w, b) in linears.items()}, **sizes)
+        shell = s.helper(
+            "AttentionShell",
+            {p: (tensor(w), None if b is None else tensor(b)) for p, (w, b) in linears.items()},
+            **sizes,
+        )
         right, wrong = _loaded(linears, sizes, bias, src)
         # The last case only: on parameters without requires_grad a copy_ outside torch.no_grad() does not
         # raise (it makes them require grad), so the other cases still show that mistake as it is.
@@ -327,18 +433,28 @@ def load_torch_mha(s):
             got = call_named(s, "load_torch_mha(module, torch_mha)", "load_torch_mha", shell, tmha)
             state = s.state(shell)
             if set(state) != set(init):
-                fail(f"after load_torch_mha the module's state_dict has entries {sorted(state)}: copy the weights into "
-                     "the existing projections, don't add or remove any")
+                fail(
+                    f"after load_torch_mha the module's state_dict has entries {sorted(state)}: copy the weights into "
+                    "the existing projections, don't add or remove any"
+                )
         for key in sorted(init, key=lambda k: (k.endswith("bias"), PROJ.index(k.split(".")[0]))):  # weights first
             aspect = "biases" if key.endswith("bias") else "weights"
             # an aspect keeps its first message: once it failed, the mistakes need not run again
-            known = () if aspect in failed else \
-                lambda key=key: [(m, reference(loaded[key].detach())) for m, loaded in wrong() if key in loaded]
+            known = (
+                ()
+                if aspect in failed
+                else lambda key=key: [(m, reference(loaded[key].detach())) for m, loaded in wrong() if key in loaded]
+            )
             with s.aspect(aspect):
                 try:
-                    expect_array(state[key], reference(right[key].detach()), f"module.{key} after load_torch_mha",
-                                 known, hint="in_proj_weight = [W_q; W_k; W_v] (3D, D), "
-                                             "in_proj_bias = [b_q; b_k; b_v]; out_proj is an nn.Linear")
+                    expect_array(
+                        state[key],
+                        reference(right[key].detach()),
+                        f"module.{key} after load_torch_mha",
+                        known,
+                        hint="in_proj_weight = [W_q; W_k; W_v] (3D, D), "
+                        "in_proj_bias = [b_q; b_k; b_v]; out_proj is an nn.Linear",
+                    )
                 except AssertionError:
                     failed.add(aspect)
                     raise
@@ -350,6 +466,7 @@ def load_torch_mha(s):
 
 
 # ---- mha_param_count ------------------------------------------------------------------------
+
 
 def _count_mistakes(*args, **kwargs):
     """What the known mistakes (autograder/lessons/multi_head/mistakes.py) count for these arguments: expect_int's
@@ -367,13 +484,22 @@ def mha_param_count(s):
     for D, H, bias in sorted(cases, key=lambda c: not c[2]):  # the core (bias=True) first
         with s.aspect("count" if bias else "bias=False"):
             got = call_named(s, "mha_param_count(d_model, n_heads, bias)", "mha_param_count", D, H, bias=bias)
-            expect_int(got, ref.mha_param_count(D, H, bias), "mha_param_count(d_model, n_heads, bias)",
-                       mistakes=_count_mistakes(D, H, bias=bias))
+            expect_int(
+                got,
+                ref.mha_param_count(D, H, bias),
+                "mha_param_count(d_model, n_heads, bias)",
+                mistakes=_count_mistakes(D, H, bias=bias),
+            )
     with s.aspect("count"):
         got = call_named(s, "mha_param_count(d_model, n_heads)", "mha_param_count", 80, 4)
-        expect_int(got, ref.mha_param_count(80, 4), "mha_param_count(d_model, n_heads) with bias left out",
-                   mistakes=_count_mistakes(80, 4))
+        expect_int(
+            got,
+            ref.mha_param_count(80, 4),
+            "mha_param_count(d_model, n_heads) with bias left out",
+            mistakes=_count_mistakes(80, 4),
+        )
     with s.aspect("errors"):
         for D, H in [(10, 3), (100, 7), (64, 5)]:
-            _expect_value_error(s, "mha_param_count(d_model, n_heads) with d_model not divisible by n_heads",
-                                "mha_param_count", D, H)
+            _expect_value_error(
+                s, "mha_param_count(d_model, n_heads) with d_model not divisible by n_heads", "mha_param_count", D, H
+            )

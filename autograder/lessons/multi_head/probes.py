@@ -1,10 +1,23 @@
 """Lesson 03_multi_head's reference probes: each graded name of solutions/multi_head.py (and the stand-ins its checks
 send into the sandbox) against PyTorch or its definition written out (autograder/selfcheck.py runs them)."""
+
 import torch
 from torch import nn
 
-from autograder.checking.probing import (agree, Disagrees, load, merged, probe, python_int, randn, refuses, row_mask,
-                                         shares_memory, shell_module, STAND_INS)
+from autograder.checking.probing import (
+    STAND_INS,
+    Disagrees,
+    agree,
+    load,
+    merged,
+    probe,
+    python_int,
+    randn,
+    refuses,
+    row_mask,
+    shares_memory,
+    shell_module,
+)
 
 
 @probe("03_multi_head", "solutions.multi_head.concat_and_project", f"{STAND_INS}.concat_and_project")
@@ -35,9 +48,11 @@ def multi_head_attention(cls):
     agree(out, want, "torch.nn.MultiheadAttention")
     agree(weights, want_weights, "torch.nn.MultiheadAttention's weights")
     for bias in (True, False):
-        agree(sum(p.numel() for p in cls(24, 4, bias=bias).parameters()),
-              sum(p.numel() for p in nn.MultiheadAttention(24, 4, bias=bias).parameters()),
-              "torch.nn.MultiheadAttention's parameter count")
+        agree(
+            sum(p.numel() for p in cls(24, 4, bias=bias).parameters()),
+            sum(p.numel() for p in nn.MultiheadAttention(24, 4, bias=bias).parameters()),
+            "torch.nn.MultiheadAttention's parameter count",
+        )
     refuses(cls, 10, 3, against="d_model not divisible by n_heads")
 
 
@@ -54,8 +69,8 @@ def load_torch_mha(fn):
     if fn(module, mha) is not module or list(module.parameters()) != params or shares_memory(module, mha):
         raise Disagrees("it does not copy in place into the module's own parameters")
     for i, name in enumerate(("q_proj", "k_proj", "v_proj")):
-        agree(getattr(module, name).weight, mha.in_proj_weight[12 * i:12 * (i + 1)], "in_proj_weight's rows")
-        agree(getattr(module, name).bias, mha.in_proj_bias[12 * i:12 * (i + 1)], "in_proj_bias")
+        agree(getattr(module, name).weight, mha.in_proj_weight[12 * i : 12 * (i + 1)], "in_proj_weight's rows")
+        agree(getattr(module, name).bias, mha.in_proj_bias[12 * i : 12 * (i + 1)], "in_proj_bias")
     agree(module.out_proj.weight, mha.out_proj.weight, "out_proj.weight")
     agree(module.out_proj.bias, mha.out_proj.bias, "out_proj.bias")
 
