@@ -165,19 +165,32 @@ def test_without_the_paths_off_every_attack_reaches_its_path():
     assert {name: r for name, r in results.items() if r != "reached"} == {}
 
 
-def test_a_tripwire_reset_through_the_heap_is_seen():
-    """A cell that finds the leaked registration's handle by scanning the heap and resets it: the probe the grader
-    runs after its calls (Subject.forbidding) names what came back."""
+@pytest.mark.parametrize("handle", ["orphaned", "leaked"])
+def test_a_scan_of_the_heap_finds_no_handle_to_reset(handle):
+    """A cell that scans the heap for our registration's handle, to reset() it and reach the kernels: the sandbox's
+    registration has no handle left to find, and the paths stay off. "leaked": the handle kept alive by a reference
+    nobody holds instead (as before issue 33), which the scan finds, so that this test can fail."""
+    leak = "tripwires._orphan = lambda h: ctypes.pythonapi.Py_IncRef(ctypes.py_object(h))\n" * (handle == "leaked")
     script = f"""
-from autograder.sandbox import tripwires
-tripwires.install(['attention kernels', 'softmax'])
-print(tripwires.probe(['attention kernels', 'softmax']))
 {RESET_THROUGH_THE_HEAP}
-print(_reset() > 0, tripwires.probe(['attention kernels', 'softmax'])[:1])
+from autograder.sandbox import tripwires
+{leak}tripwires.install(['attention kernels', 'softmax'])
+print(tripwires.probe(['attention kernels', 'softmax']))
+print(_reset())
+q = torch.ones(1, 1, 2, 2)
+try:
+    torch.nn.functional.scaled_dot_product_attention(q, q, q)
+    print("reached", tripwires.probe(['attention kernels', 'softmax'])[:1])
+except tripwires.ForbiddenPath:
+    print("off", tripwires.probe(['attention kernels', 'softmax']))
 """
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-    before, after = out.stdout.splitlines()[-2:]
-    assert before == "[]" and after.startswith("True ['aten::"), out.stderr[-2000:]
+    before, found, after = out.stdout.splitlines()[-3:]
+    assert before == "[]", out.stderr[-2000:]
+    if handle == "orphaned":
+        assert (found, after) == ("0", "off []")
+    else:  # the probe, the second layer, still names what came back
+        assert int(found) > 0 and after.startswith("reached ['aten::"), (found, after)
 
 
 RESET_THROUGH_THE_HEAP = """
