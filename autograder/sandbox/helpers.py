@@ -129,8 +129,9 @@ _GRAD, _REQUIRES_GRAD = torch._C.TensorBase.grad, torch._C.TensorBase.requires_g
 
 class ModelRecord:
     """The parameters and submodules of a model the grader just built, found through each module's own __dict__ (as
-    nn.Module keeps them), not through its methods, which a subclass may override: what the grader reads of the model
-    after a call (its weights, .grad, requires_grad and mode) comes from these objects."""
+    nn.Module keeps them), not through its methods, which a subclass may override. What the grader reads of the model
+    after a call (its weights, .grad, requires_grad and mode) comes from these objects, as data the grader compares
+    with what it set: no verdict is made here, where the student's code may have replaced this class's methods."""
 
     def __init__(self, model):
         self.modules, self.params, todo = [], {}, [("", model)]
@@ -143,18 +144,15 @@ class ModelRecord:
                     self.params[prefix + name] = p
             todo += [(f"{prefix}{name}.", m) for name, m in own.get("_modules", {}).items() if m is not None]
 
-    def give_grads(self):
-        """Every other parameter (the 1st, 3rd, ...) a .grad of 0.5s and the rest none, as a caller in the middle of
-        its own backward would leave them."""
-        for i, p in enumerate(self.params.values()):
-            _GRAD.__set__(p, torch.full_like(p.detach(), 0.5) if i % 2 == 0 else None)
+    def give_grads(self, grads):
+        """Each parameter's .grad set to grads[name] (a tensor, or None: absent names too), as a caller in the middle
+        of its own backward would leave them; the grader chooses the values."""
+        for name, p in self.params.items():
+            _GRAD.__set__(p, None if grads.get(name) is None else grads[name].to(p.dtype))
 
-    def grads_as_given(self):
-        """Whether the .grad are still as give_grads left them (values included), and every parameter requires grad."""
-        grads = [_GRAD.__get__(p) for p in self.params.values()]
-        return all(_REQUIRES_GRAD.__get__(p) for p in self.params.values()) and all(
-            (g is not None and bool((g == 0.5).all())) if i % 2 == 0 else g is None for i, g in enumerate(grads)
-        )
+    def grads(self):
+        """{name: [requires_grad, .grad (None when unset)]}."""
+        return {name: [bool(_REQUIRES_GRAD.__get__(p)), _GRAD.__get__(p)] for name, p in self.params.items()}
 
     def weights(self):
         """{name: a copy of the parameter's values}."""
@@ -176,10 +174,10 @@ def without_grad(fn, *args):
         return fn(*args)
 
 
-def keeps_argument(fn, x, *args):
-    """(fn(x, *args), whether the tensor x is unchanged after the call)."""
-    before = x.clone()
-    return fn(x, *args), bool(torch.equal(before, x))
+def with_argument(fn, x, *args):
+    """(fn(x, *args), x as the call left it): the grader compares x with its own copy of what it sent
+    (checking.keeps_argument)."""
+    return fn(x, *args), x
 
 
 def device_used(fn, *args, **kwargs):
@@ -350,7 +348,7 @@ HELPERS = {
     "Graph": Graph,
     "gradcheck": gradcheck,
     "without_grad": without_grad,
-    "keeps_argument": keeps_argument,
+    "with_argument": with_argument,
     "device_used": device_used,
     "tensor_bytes": tensor_bytes,
     "compile_kernels": compile_kernels,

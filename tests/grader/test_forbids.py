@@ -5,6 +5,7 @@ in its own process afterwards turns the path back on."""
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -324,6 +325,66 @@ def test_a_model_that_shows_stand_ins_loses_model_as_found_only():
         verify(lesson, name, fresh_namespace(lesson, {name: trick.code}))
     assert {r["aspect"] for r in caught.value.rows if not r["passed"]} == {"model as found"}
     assert ".grad" in str(caught.value)
+
+
+# Forgeries of the evidence gathered next to the student's code (issue 33): each rides on a known wrong answer that
+# loses the aspect, with a cell that rewrites what the grader's helpers in that process report. The helpers send data
+# (the argument after the call, the .grad the model holds) that the grader compares with its own copy of what it sent:
+# a verdict a cell can replace with "yes" is never made there. Run in a fresh process (the cell changes its helpers).
+_HELPERS = "import sys\nhelpers = sys.modules['autograder.sandbox.helpers']\n"
+FORGERIES = {  # id: (lesson, graded name, the wrong answer (a mutant's what), the forging cell, the aspect it costs)
+    "grads_as_given says yes": (
+        "10_head_roles",
+        "head_importance",
+        "loss.backward() fills the parameters' .grad",
+        _HELPERS + "helpers.ModelRecord.grads_as_given = lambda self: True\n",
+        "model as found",
+    ),
+    "the .grad reported as a constant": (
+        "10_head_roles",
+        "head_importance",
+        "loss.backward() fills the parameters' .grad",
+        _HELPERS + "helpers.ModelRecord.grads = lambda self: {n: [True, torch.full_like(p, 0.5) if i % 2 == 0 else "
+        "None] for i, (n, p) in enumerate(self.params.items())}\n",
+        "model as found",
+    ),
+    "keeps_argument says yes": (
+        "02_heads",
+        "attention",
+        "q scaled in place (q /= sqrt(d_k))",
+        _HELPERS + "helpers.HELPERS['keeps_argument'] = lambda fn, x, *a: (fn(x, *a), True)\n",
+        "scaled attention",
+    ),
+}
+_LOST = """
+import json, sys
+from autograder.checking import PartialCredit, checks_for, verify
+from tests.harness.lessons import fresh_namespace
+lesson, name, code = json.loads(sys.argv[1])
+try:
+    verify(lesson, name, fresh_namespace(lesson, {name: code}))
+    lost = []
+except PartialCredit as e:
+    lost = sorted(r["aspect"] for r in e.rows if not r["passed"])
+except AssertionError:
+    lost = [next(iter(checks_for(lesson)[name].aspects))]
+print(json.dumps(lost))
+"""
+
+
+@pytest.mark.parametrize("forgery", sorted(FORGERIES))
+def test_forged_evidence_costs_its_aspect(forgery):
+    lesson, name, what, cell, aspect = FORGERIES[forgery]
+    [wrong] = [m.code for m in mistakes.mutants(lesson)[name] if m.what == what]
+    out = subprocess.run(
+        [sys.executable, "-c", _LOST, json.dumps([lesson, name, cell + wrong])],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [aspect]
 
 
 def test_the_visible_tests_switch_off_what_the_manifest_forbids_in_its_words():

@@ -35,6 +35,7 @@ from autograder.checking import (
     evidence_times,
     expect_array,
     fail,
+    keeps_argument,
     kind_of,
     mistakes,
     reference,
@@ -369,9 +370,7 @@ def flash_attention_forward(s):
             _expect_lse(lse, want_lse, largest, what, name, tk, dh, lse_mistaken, slips)
     with s.aspect("inputs kept"):
         q, k, v = qkv(rng, 2, 2, 20, 30, 8, np.float32)
-        _, kept = s.helper(
-            "keeps_argument", s.get("flash_attention_forward", "__call__"), tensor(q), tensor(k), tensor(v), True, 8, 8
-        )
+        _, kept = keeps_argument(s, s.get("flash_attention_forward", "__call__"), q, tensor(k), tensor(v), True, 8, 8)
         if not kept:
             fail(f"flash_attention_forward(q, k, v) in float32: {IN_PLACE}")
     with s.aspect("lse dtype"):
