@@ -109,18 +109,13 @@ class Graph:
         return tuple(t.grad for t in self.leaves)
 
     def saved(self):
-        """Before backward: the shapes of what fn's ctx.save_for_backward saved, and the names of the tensors kept
-        as attributes of ctx (what the student's process reports: it catches the honest slip, not a forgery)."""
+        """Before backward: the tensors fn's ctx.save_for_backward saved, as data the grader compares with its own,
+        and the names of the tensors kept as attributes of ctx."""
         ctx = self.out.grad_fn
         return (
-            [list(t.shape) for t in getattr(ctx, "saved_tensors", ())],
+            list(getattr(ctx, "saved_tensors", ())),
             sorted(n for n, x in vars(ctx).items() if isinstance(x, torch.Tensor)),
         )
-
-
-def gradcheck(fn, q, k, v, *args):
-    """torch.autograd.gradcheck of fn(q, k, v, *args) in q's dtype (float64): True, or it raises why not."""
-    return torch.autograd.gradcheck(fn, (*(t.detach().requires_grad_() for t in (q, k, v)), *args))
 
 
 # .grad and .requires_grad as torch's C type defines them: a cell may rebind torch.Tensor's, not these (an immutable type)
@@ -346,7 +341,6 @@ HELPERS = {
     "ListLatentCache": ListLatentCache,
     "len": len,
     "Graph": Graph,
-    "gradcheck": gradcheck,
     "without_grad": without_grad,
     "with_argument": with_argument,
     "device_used": device_used,

@@ -2,6 +2,7 @@
 forbidden path costs exactly its declared aspect, with a message naming the path, and nothing a student's code does
 in its own process afterwards turns the path back on."""
 
+import inspect
 import json
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import pytest
 from autograder import lessons
 from autograder.checking import PartialCredit, checks_for, mistakes, verify
 from autograder.sandbox import tripwires
+from solutions import flash_backward
 from tests.harness.lessons import LESSONS, fresh_namespace
 
 
@@ -332,7 +334,11 @@ def test_a_model_that_shows_stand_ins_loses_model_as_found_only():
 # (the argument after the call, the .grad the model holds) that the grader compares with its own copy of what it sent:
 # a verdict a cell can replace with "yes" is never made there. Run in a fresh process (the cell changes its helpers).
 _HELPERS = "import sys\nhelpers = sys.modules['autograder.sandbox.helpers']\n"
-FORGERIES = {  # id: (lesson, graded name, the wrong answer (a mutant's what), the forging cell, the aspect it costs)
+# A FlashAttention right at the lesson's sizes whose dq is wrong for fewer than 8 keys (gradcheck's sizes)
+_WRONG_FOR_FEW_KEYS = inspect.getsource(flash_backward.FlashAttention).replace(
+    "return dq, dk, dv, None", "return dq * (2 if k.size(2) < 8 else 1), dk, dv, None"
+)
+FORGERIES = {  # id: (lesson, graded name, the wrong answer (a mutant's what, or code), the forging cell, aspect lost)
     "grads_as_given says yes": (
         "10_head_roles",
         "head_importance",
@@ -355,6 +361,21 @@ FORGERIES = {  # id: (lesson, graded name, the wrong answer (a mutant's what), t
         _HELPERS + "helpers.HELPERS['keeps_argument'] = lambda fn, x, *a: (fn(x, *a), True)\n",
         "scaled attention",
     ),
+    "Graph.saved reports the shapes of q, k, v, out, lse": (
+        "09_flash_backward",
+        "FlashAttention",
+        "only q, k, v saved, the forward rerun in the backward",
+        _HELPERS + "helpers.Graph.saved = lambda self: ([[1, 2, 5, 4], [1, 2, 7, 4], [1, 2, 7, 4], [1, 2, 5, 4], "
+        "[1, 2, 5]], [])\n",
+        "saves q, k, v, out, lse",
+    ),
+    "gradcheck says yes": (
+        "09_flash_backward",
+        "FlashAttention",
+        _WRONG_FOR_FEW_KEYS,
+        _HELPERS + "helpers.HELPERS['gradcheck'] = lambda *a: True\n",
+        "gradcheck",
+    ),
 }
 _LOST = """
 import json, sys
@@ -375,7 +396,7 @@ print(json.dumps(lost))
 @pytest.mark.parametrize("forgery", sorted(FORGERIES))
 def test_forged_evidence_costs_its_aspect(forgery):
     lesson, name, what, cell, aspect = FORGERIES[forgery]
-    [wrong] = [m.code for m in mistakes.mutants(lesson)[name] if m.what == what]
+    wrong = next((m.code for m in mistakes.mutants(lesson)[name] if m.what == what), what)
     out = subprocess.run(
         [sys.executable, "-c", _LOST, json.dumps([lesson, name, cell + wrong])],
         capture_output=True,
