@@ -283,7 +283,8 @@ def drawn_calls(fn, seed, specs, calls):
 def form_latent_kv(mla, seed, specs, chunk=2048):
     """What absorbed_attention must never do, done here to price it: apply mla.k_up and mla.v_up to every latent
     (B, Tk, d_latent) of draw(seed, specs), chunk positions at a time, keeping nothing. The grader compares the CPU
-    time of a student's call with this one's, in the same process (checks/kv_compression.py)."""
+    time of a student's call with this one's, made in a process that ran none of the notebook's code
+    (lessons/kv_compression/checks.py)."""
     latents = draw(seed, specs)[0]
     with torch.no_grad():
         for s in range(0, latents.size(1), chunk):

@@ -333,7 +333,7 @@ def test_a_model_that_shows_stand_ins_loses_model_as_found_only():
 # loses the aspect, with a cell that rewrites what the grader's helpers in that process report. The helpers send data
 # (the argument after the call, the .grad the model holds) that the grader compares with its own copy of what it sent:
 # a verdict a cell can replace with "yes" is never made there. Run in a fresh process (the cell changes its helpers).
-_HELPERS = "import sys\nhelpers = sys.modules['autograder.sandbox.helpers']\n"
+_HELPERS = "import sys\nhelpers = next(m for n, m in list(sys.modules.items()) if n.endswith('sandbox.helpers'))\n"
 # A FlashAttention right at the lesson's sizes whose dq is wrong for fewer than 8 keys (gradcheck's sizes)
 _WRONG_FOR_FEW_KEYS = inspect.getsource(flash_backward.FlashAttention).replace(
     "return dq, dk, dv, None", "return dq * (2 if k.size(2) < 8 else 1), dk, dv, None"
@@ -406,6 +406,38 @@ def test_forged_evidence_costs_its_aspect(forgery):
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(out.stdout.strip().splitlines()[-1]) == [aspect]
+
+
+@pytest.mark.slow
+def test_the_price_of_forming_keys_cannot_be_raised_from_a_cell(tmp_path):
+    """Lesson 08 prices forming every key and value (helpers.form_latent_kv) to judge "never forms keys or values"
+    by CPU time: a cell that makes that helper slower in its own process (here ten times over) does not raise the price
+    the grader compares with, which it reads in a process that ran none of the notebook's code."""
+    from autograder import notebook as nbk
+    from autograder.release import release
+    from tests.harness.grading import read_grades, run
+    from tests.harness.lessons import fill
+
+    lesson, name = "08_kv_compression", "absorbed_attention"
+    [wrong] = [
+        m.code for m in mistakes.mutants(lesson)[name] if m.what == "keys and values formed 2048 positions at a time"
+    ]
+    slower = (  # in every copy of the helpers the process holds: the server's is the sandbox package's
+        "import sys\nfor _m in [m for n, m in list(sys.modules.items()) if n.endswith('sandbox.helpers')]:\n"
+        "    _m.HELPERS['form_latent_kv'] = lambda *a, _form=_m.form_latent_kv: [_form(*a) for _ in range(10)]\n"
+    )
+    release(tmp_path / "release", [lesson])
+    rel = nbk.read(tmp_path / "release" / lesson / f"{lesson}.ipynb")
+    nbk.write(fill(rel, lesson, {name: slower + wrong}), tmp_path / "subs" / "slower" / lesson / f"{lesson}.ipynb")
+    run("grade", str(tmp_path / "subs"), "--out", str(tmp_path / "results"), "--jobs", "1", "--quiet")
+    grades = read_grades(tmp_path / "results")
+    row = grades["slower", lesson, f"test_{name}"]
+    others = {n: grades["slower", lesson, f"test_{n}"]["status"] for n in checks_for(lesson) if n != name}
+    assert set(others.values()) == {"passed"}, others
+    aspects = checks_for(lesson)[name].aspects
+    share = 1 - aspects["never forms keys or values"] / sum(aspects.values())
+    assert float(row["points"]) == pytest.approx(float(row["max_points"]) * share, abs=0.01), row["message"]
+    assert "forms keys or values" in row["message"], row["message"]
 
 
 def test_the_visible_tests_switch_off_what_the_manifest_forbids_in_its_words():
