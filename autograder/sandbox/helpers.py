@@ -1,6 +1,13 @@
 """Objects the grader builds next to student code, so that one function can be checked
 without depending on the student's other answers (a correct cache for attend_with_cache, a
 stand-in model for generate, ...). Nothing here is a lesson's answer.
+
+Everything here runs in the student's process, where a cell may have replaced it (sys.modules reaches this module):
+a helper sends data (a tensor as a call left it, a model's .grad), never a verdict, and the grader compares the data
+with its own copy of what it sent, so that forging it means producing the state the exercise asks for. What only
+this process can tell (a CPU time to compare with) is measured in a process that ran none of the notebook's code
+(Subject.elsewhere). Two still report what they saw as a word or a number (device_used, tensor_bytes): forging them
+spares no more work than passing the device on, or than dropping a log kept beside a correct window.
 """
 
 import types
