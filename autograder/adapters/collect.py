@@ -683,16 +683,25 @@ def collect(download, out, roster=None, lesson=None, times=(), zone="UTC", allow
 
     chosen = pick(candidates)
     have_times = bool(stamps or worksheet or given_times)
+    zoneless = defaultdict(int)  # source: how many of its times named no zone, so were read in `zone`
     for cand in chosen.values():
         moment, source = submission_time(cand, stamps, worksheet, given_times, students)
         row = next(r for r, c in candidates if c is cand)
         if moment:
+            if not moment.tzinfo:
+                zoneless[source] += 1
             cand.submitted = moment if moment.tzinfo else moment.replace(tzinfo=zone)
             row.submitted_at, row.time_source = cand.submitted.isoformat(), source
     write(out, chosen, rows, download, have_times, {lsn for _, lsn in chosen} | ({lesson} if lesson else set()))
     if roster:  # export and report read it from SUBMISSIONS when no --roster is given
         write_atomic(out / STORED, Path(roster.path).read_text(encoding="utf-8-sig"))
     report(rows, chosen, stream or sys.stdout, out, roster)
+    if zoneless:  # a wrong zone moves every time, silently, and a later collect keeps an earlier time (keep_time)
+        print(
+            f"times without a zone ({', '.join(f'{n} from {s}' for s, n in sorted(zoneless.items()))}): read in "
+            f"{zone.key}; if the LMS shows them in another zone, give --timezone (see the README)",
+            file=stream or sys.stdout,
+        )
     return rows
 
 
