@@ -553,7 +553,7 @@ def _export(args, roster):
         )
         return 1 if term.refused else 0
     report_path = _class_report(args, term.results, term.refused, roster, term.lines, reviews, rule)
-    print(f"wrote {args.out} and {report_path}")
+    print(f"wrote {args.out}, {args.results}/totals.csv, feedback/ and {report_path}")
     return 1 if term.refused else 0
 
 

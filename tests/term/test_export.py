@@ -960,6 +960,13 @@ def test_a_trial_export_writes_only_its_file_and_grade_refuses_another_rule(term
         assert "counts otherwise than these flags say" in err and "\n" not in err
 
 
+def test_an_export_by_the_rule_says_what_it_rewrote(term, capsys):
+    """Not a trial: the export rewrites totals.csv, the pages and the report by RESULTS's rule, and says so."""
+    out = term / "RESULTS"
+    assert main(["export", str(out), "--format", "csv", "--out", str(term / "scores.csv")]) == 0
+    assert f"wrote {term / 'scores.csv'}, {out}/totals.csv, feedback/ and {out}/report.html" in capsys.readouterr().out
+
+
 def test_a_wrong_key_writes_nothing(term, capsys, monkeypatch):
     out = term / "RESULTS"
     assert main(["export", str(out), "--format", "csv", "--out", str(term / "a.csv")]) == 0
