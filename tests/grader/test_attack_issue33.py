@@ -88,6 +88,21 @@ def absorbed_attention(mla, x, latents, chunk=2048):
                 for i in range(0, Tk, chunk))
         return mla.out_proj(o.transpose(1, 2).reshape(B, T, H * Dh))
 """
+# In the student's own process: PyTorch's NNC (torch._C._te) compiles aten::softmax from its own lowering, never
+# calling aten's softmax kernel, so the tripwire never fires (no subprocess needed: a memory bound would not stop it).
+NNC_SOFTMAX = r"""
+torch._C._jit_set_te_must_use_llvm_cpu(False)
+
+
+def online_softmax(x, block_size):
+    x = x.contiguous()
+    ty = f"{ {torch.float32: 'Float', torch.float64: 'Double'}[x.dtype]}({', '.join(map(str, x.shape))}, strides=[{', '.join(map(str, x.stride()))}], device=cpu)"
+    graph = torch._C.parse_ir(
+        f"graph(%x : {ty}):\n  %d : int = prim::Constant[value=-1]()\n  %n : NoneType = prim::Constant()\n"
+        f"  %y : {ty} = aten::softmax(%x, %d, %n)\n  return (%y)"
+    )
+    return torch._C._te.TensorExprKernel(graph).run((x,))
+"""
 TRICKS = {  # lesson: {student: ({grade id: code}, the graded name, the aspect it must lose)}
     "09_flash_backward": {
         "autograd-in-a-subprocess": (
@@ -112,6 +127,7 @@ TRICKS = {  # lesson: {student: ({grade id: code}, the graded name, the aspect i
             "online_softmax",
             "values",
         ),
+        "nnc-softmax": ({"online_softmax": NNC_SOFTMAX}, "online_softmax", "values"),
         "torch-in-the-kernel": (
             {"_attention_kernel": TORCH_IN_KERNEL, "triton_attention": TORCH_IN_KERNEL_WRAPPER},
             "triton_attention",
