@@ -103,6 +103,34 @@ def online_softmax(x, block_size):
     )
     return torch._C._te.TensorExprKernel(graph).run((x,))
 """
+# In the student's own process: TorchScript's legacy executor differentiates its DifferentiableGraph with its own
+# symbolic formulas and gives the outputs a grad_fn itself, so torch.autograd.grad works with autograd's kernels off.
+JIT_AUTODIFF = r"""
+# TorchScript's own autodiff (the legacy executor's DifferentiableGraph), not autograd's kernels
+torch._C._jit_set_profiling_executor(False)
+torch._C._get_graph_executor_optimize(True)
+torch._C._debug_set_autodiff_subgraph_inlining(False)
+
+
+@torch.jit.script
+def _forward(q, kt, v, mask, shift, scale: float):
+    e = torch.exp(torch.matmul(q, kt) * scale + mask - shift)
+    return torch.matmul(e / torch.matmul(e, torch.ones_like(mask[0]).unsqueeze(-1)), v)
+
+
+def attention_backward(q, k, v, dout, causal=False):
+    work = torch.promote_types(q.dtype, torch.float32)
+    q32, k32, v32, do32 = (t.detach().to(work) for t in (q, k, v, dout))
+    tq, tk = q.size(2), k.size(2)
+    mask = torch.zeros(tq, tk, dtype=work)
+    if causal:
+        mask = mask.masked_fill(~torch.ones(tq, tk, dtype=torch.bool).tril(tk - tq), float("-inf"))
+    scale = q.size(-1) ** -0.5
+    shift = (q32 @ k32.transpose(-2, -1) * scale + mask).amax(-1, keepdim=True)
+    qq, kt, vv = q32.clone().requires_grad_(), k32.transpose(-2, -1).contiguous().requires_grad_(), v32.clone().requires_grad_()
+    dq, dkt, dv = torch.autograd.grad(_forward(qq, kt, vv, mask, shift, scale), (qq, kt, vv), do32)
+    return dq.to(q.dtype), dkt.transpose(-2, -1).to(k.dtype), dv.to(v.dtype)
+"""
 TRICKS = {  # lesson: {student: ({grade id: code}, the graded name, the aspect it must lose)}
     "09_flash_backward": {
         "autograd-in-a-subprocess": (
@@ -115,7 +143,8 @@ TRICKS = {  # lesson: {student: ({grade id: code}, the graded name, the aspect i
             },
             "attention_backward",
             "by hand",
-        )
+        ),
+        "torchscript-autodiff": ({"attention_backward": JIT_AUTODIFF}, "attention_backward", "by hand"),
     },
     "06_gpu": {
         "softmax-in-a-subprocess": (
