@@ -18,9 +18,9 @@ report.results_json, grade.grade):
 The core never imports an adapter: `python -m autograder` dispatches to them lazily, and hands grade
 and merge the writers of report_outputs() below, which report.write_all calls after the core's files.
 Adapters import one another only where one outside system spans two modules (roster.py, shared by the
-LMS's collect and export; canvas.py, moodle.py and exchange.py, read by collect, and canvas.py's import, written by export; formgrader.py, written by
-the gradebook's update). tests/grader/test_layout.py
-checks the imports.
+LMS's collect and export; canvas.py, moodle.py and exchange.py, read by collect, and canvas.py's
+import, written by export; formgrader.py, written by the gradebook's update).
+tests/grader/test_layout.py checks the imports.
 """
 
 import sys

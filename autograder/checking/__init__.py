@@ -1,4 +1,5 @@
-"""The machinery every lesson's hidden checks share; the checks themselves live in autograder/lessons/<module>/checks.py.
+"""The machinery every lesson's hidden checks share; the checks themselves live in
+autograder/lessons/<module>/checks.py.
 
 A check draws inputs, runs the student's code through a Subject and compares the result with
 solutions/ in this process. It raises AssertionError with a message that names the likely

@@ -126,8 +126,8 @@ attempt("math op", lambda: torch.ops.aten._scaled_dot_product_attention_math(q, 
 attempt("kernel looked up", lambda: torch._C._dispatch_get_computed_kernel_for_dispatch_key(
     "aten::_scaled_dot_product_flash_attention_for_cpu", torch._C.DispatchKey.CPU).call_boxed(
     torch._C._dispatch_keyset_full(), q, q, q))
-attempt("multi_head_attention_forward", lambda: torch.nn.MultiheadAttention(4, 1, dtype=torch.float64).eval()(q[0, 0], q[0, 0], q[0, 0],
-                                                                                    need_weights=False))
+attempt("multi_head_attention_forward", lambda: torch.nn.MultiheadAttention(4, 1, dtype=torch.float64).eval()(
+    q[0, 0], q[0, 0], q[0, 0], need_weights=False))
 attempt("vmap", lambda: torch.vmap(F.scaled_dot_product_attention)(q, q, q))
 attempt("softmax", lambda: q.softmax(-1))
 attempt("distribution", lambda: torch.distributions.Categorical(logits=q).probs)

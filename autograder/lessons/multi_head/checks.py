@@ -240,7 +240,8 @@ def _check_structure(s, mha, D, H):
     missing = [p for p in PROJ if f"{p}.weight" not in state]
     if missing:
         fail(
-            f"MultiHeadAttention needs nn.Linear members q_proj, k_proj, v_proj, out_proj; missing: {', '.join(missing)}"
+            "MultiHeadAttention needs nn.Linear members q_proj, k_proj, v_proj, out_proj; "
+            f"missing: {', '.join(missing)}"
         )
     extra = sorted(k for k in state if k not in {f"{p}.{n}" for p in PROJ for n in ("weight", "bias")})
     if extra:
@@ -259,7 +260,8 @@ def _check_biases(s, mha, bias):
     biases = [p for p in PROJ if f"{p}.bias" in state]
     if bias and len(biases) < 4:
         fail(
-            "with bias=True (the default) each of the four projections has a bias: nn.Linear(d_model, d_model, bias=bias)"
+            "with bias=True (the default) each of the four projections has a bias: "
+            "nn.Linear(d_model, d_model, bias=bias)"
         )
     if not bias and biases:
         fail("with bias=False the projections must have no bias: pass bias=bias to each nn.Linear")
