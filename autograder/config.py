@@ -11,6 +11,15 @@ command that does. grade, merge and report read it, and refuse flags that disagr
 (RuleFlags.refuse); an export given flags that disagree counts them as a trial, written only to its own file
 (RuleFlags.rule_over). A folder without settings counts by the default rule (Counting()); its first grade or merge
 records it, with --written when given.
+
+The other files of RESULTS/.results are not settings, and stay apart on purpose:
+    run.json    the grading's record of what the folder holds (results.Run: shard, manifest, lessons, a partial
+                merge's gaps), rewritten by each grade and merge from what it did, never set by a person. Its life
+                is the results': deleting it starts the folder afresh (grade says so), which must not drop the rule.
+    cache.json  what grade computes again when it is gone (grade.Cache: source files' hashes, the reference
+                self-checks passed): losing it costs time, never a setting or a verdict, so it is written without
+                fsync and an unreadable one counts as empty; settings are written durably and refused when damaged.
+    roster.csv  a copy of the class's roster (roster.remember_roster): data a later export counts, not a choice.
 """
 
 import json
@@ -192,3 +201,4 @@ class RunConfig:
     gradescope: bool = False  # grade, merge: also RESULTS/gradescope/<student>/results.json
     progress: bool = True  # grade: a progress line per submission
     kernels: bool = False  # grade: also compile each submission's Triton kernels (a feedback note)
+    names: bool = True  # report: name who made each mistake (report --no-names leaves them out, for a projector)
