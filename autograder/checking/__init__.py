@@ -16,6 +16,7 @@ stand_ins (correct helpers sent into the sandbox, as text).
 
 from autograder.checking.comparators import (
     TOLERANCE,
+    Expect,
     as_torch,
     call_named,
     call_within_memory,
@@ -50,6 +51,7 @@ from autograder.checking.subject import (
 
 __all__ = [
     "TOLERANCE",
+    "Expect",
     "as_torch",
     "call_named",
     "call_within_memory",
