@@ -8,6 +8,7 @@ import torch
 
 from autograder.checking import (
     Checks,
+    Expect,
     StudentError,
     as_torch,
     call_named,
@@ -153,7 +154,9 @@ def _forward_cases(rng, D, H, dtype):
     }
 
 
-OUT_HINT = "out = out_proj(concat over heads of softmax(q_h k_h^T / sqrt(head_dim)) v_h)"
+OUTPUT = Expect(
+    axes=("B", "Tq", "D"), hint="out = out_proj(concat over heads of softmax(q_h k_h^T / sqrt(head_dim)) v_h)"
+)
 
 
 def _check_forward(s, mha, module, state, H, case, weights=True):
@@ -196,8 +199,7 @@ def _check_forward(s, mha, module, state, H, case, weights=True):
             want_out,
             f"the output of {what}",
             lambda: [(m, o) for m, (o, w) in mistakes()],
-            axes=("B", "Tq", "D"),
-            hint=OUT_HINT,
+            OUTPUT,
         )
         return
     if not weights and not (isinstance(got, (tuple, list)) and len(got) == 2):
@@ -223,8 +225,7 @@ def _check_forward(s, mha, module, state, H, case, weights=True):
         want_out,
         f"the output of {what}",
         lambda: [(m, o) for m, (o, w) in mistakes()],
-        axes=("B", "Tq", "D"),
-        hint=OUT_HINT,
+        OUTPUT,
     )
 
 
