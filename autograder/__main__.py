@@ -405,16 +405,8 @@ def _outputs(config):
 def _merge(args):
     from autograder.merge import merge
 
-    config = _config(args, manifest=args.manifest)
-    results = merge(
-        args.results,
-        args.out,
-        args.gradescope,
-        _outputs(config),
-        args.manifest,
-        args.allow_partial,
-        config.rule.written,
-    )
+    config = _config(args, manifest=args.manifest, allow_partial=args.allow_partial)
+    results = merge(config, args.results, _outputs(config))
     _summary(args.out, results)
     return 0
 

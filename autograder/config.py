@@ -192,13 +192,14 @@ class RunConfig:
     all_lessons: bool = False  # grade: every lesson, handed in or not
     students: tuple | None = None  # grade: these students only
     shard: tuple | None = None  # grade: (i, N), the i-th of N slices of the students
-    manifest: str | None = None  # grade: the class list every shard splits
+    manifest: str | None = None  # grade: the class list every shard splits; merge: the one the shards must cover
     jobs: int = 1  # grade: submissions graded at once
     resume: bool = False  # grade: reuse each stored result whose fingerprint still matches
     force: bool = False  # grade: with resume, regrade those too
     mode: str = "bwrap"  # grade: the sandbox (worker.choose_mode)
     limits: dict | None = None  # grade: {Limits field: value} over the lessons' own
     gradescope: bool = False  # grade, merge: also RESULTS/gradescope/<student>/results.json
+    allow_partial: bool = False  # merge: an incomplete shard set too, its gaps marked for regrading
     progress: bool = True  # grade: a progress line per submission
     kernels: bool = False  # grade: also compile each submission's Triton kernels (a feedback note)
     names: bool = True  # report: name who made each mistake (report --no-names leaves them out, for a projector)
