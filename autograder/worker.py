@@ -414,10 +414,18 @@ class _Cgroups:
     def path(self):
         return self.paths.get("pids")
 
-    def join(self):
-        """In the new process, before exec: move it into the cgroups."""
-        for path in dict.fromkeys(self.paths.values()):
-            Path(path, "cgroup.procs").write_text(str(os.getpid()))
+    def joining(self, cmd):
+        """cmd, started inside the cgroups: a shell moves itself into each, then execs cmd (exit status 125, and
+        nothing run, when one refuses it). Not a preexec_fn: that makes subprocess fork the grader and run Python
+        in the child, and grade starts sandboxes from threads (grade.Warm, --jobs) while others import: a fork
+        racing an import that registers at-fork hooks (logging's) breaks them ("Exception ignored in
+        <function _releaseLock>"), and a lock another thread held stays held in the child. Without one,
+        subprocess runs no Python between fork and exec."""
+        groups = list(dict.fromkeys(self.paths.values()))
+        if not groups:
+            return cmd
+        join = 'while [ "$1" != -- ]; do echo $$ > "$1/cgroup.procs" || exit 125; shift; done; shift; exec "$@"'
+        return ["/bin/sh", "-c", join, "sh", *groups, "--", *cmd]
 
     def limit_memory(self, extra_mb):
         """Once the worker has imported everything: what it uses now plus extra_mb, for everything."""
@@ -508,7 +516,7 @@ class Sandbox:
         if self.cgroup.path and mode != "bwrap":
             cmd.append(f"--cgroup={self.cgroup.path}")
         self.proc = subprocess.Popen(
-            cmd + flags,
+            self.cgroup.joining(cmd + flags),
             pass_fds=[fd],
             env=popen_env,
             cwd=self._tmp,
@@ -516,7 +524,6 @@ class Sandbox:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             start_new_session=True,
-            preexec_fn=self.cgroup.join,
         )
         child_end.close()
         reply = self._recv(120)

@@ -88,6 +88,26 @@ def test_the_worker_notices_a_change_to_itself():
     assert runner.fingerprint(shell) == before
 
 
+def test_a_sandbox_starts_with_no_python_run_in_a_forked_grader():
+    """grade starts sandboxes from threads (grade.Warm, --jobs) while others import: a fork that runs Python in the
+    child (a preexec_fn) raced an import that registers at-fork hooks and broke logging's ("Exception ignored in:
+    <function _releaseLock>"). No at-fork hook runs as a sandbox starts, and it still starts inside its cgroups."""
+    forks, watching = [], [True]
+    os.register_at_fork(before=lambda: watching[0] and forks.append(os.getpid()))  # stays registered: made inert
+    try:
+        sandbox = Sandbox(choose_mode("auto"), replace(DEFAULT_LIMITS, memory_mb=512))
+    except SandboxError as e:
+        pytest.skip(f"no sandbox here: {e}")
+    finally:
+        watching[0] = False
+    try:
+        assert not forks, "the grader forked with Python run in the child"
+        for path in sandbox.cgroup.paths.values():
+            assert str(sandbox.proc.pid) in Path(path, "cgroup.procs").read_text().split()
+    finally:
+        sandbox.close()
+
+
 CELL = """
 import os, time
 from sandbox.server import host_callback
