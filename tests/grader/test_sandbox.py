@@ -20,7 +20,7 @@ import pytest
 
 from autograder import notebook as nbk
 from autograder.checking import PartialCredit, Subject, checks_for
-from autograder.grade import submission_cells
+from autograder.grade import imports_triton, submission_cells
 from autograder.release import release
 from autograder.sandbox import runner, wire
 from autograder.worker import DEFAULT_LIMITS, Malformed, Sandbox, SandboxError, Session, choose_mode
@@ -106,6 +106,28 @@ def test_a_sandbox_starts_with_no_python_run_in_a_forked_grader():
             assert str(sandbox.proc.pid) in Path(path, "cgroup.procs").read_text().split()
     finally:
         sandbox.close()
+
+
+def test_a_worker_without_triton_preloaded_still_runs_a_cell_that_imports_it():
+    """grade preloads Triton only for lessons whose cells import it (imports_triton): a student's cell of another
+    lesson that imports it gets it in its own child, not an error."""
+    pytest.importorskip("triton")
+    assert [lesson for lesson in nbk.lesson_names() if imports_triton([lesson])] == ["06_gpu", "09_flash_backward"]
+    cell = (
+        "import sys\nbefore = 'triton' in sys.modules\nimport triton\ndef seen():\n    return [before, triton.__name__]"
+    )
+    for triton in (False, True):
+        try:
+            sandbox = Sandbox(choose_mode("auto"), replace(DEFAULT_LIMITS, memory_mb=1024), triton=triton)
+        except SandboxError as e:
+            pytest.skip(f"no sandbox here: {e}")
+        s = Session(sandbox, "01_attention", [cell])
+        try:
+            s.open()
+            assert s.transport(call("seen")) == {"ok": [triton, "triton"]}
+        finally:
+            s.close()
+            sandbox.close()
 
 
 CELL = """
