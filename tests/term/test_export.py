@@ -881,6 +881,11 @@ def test_an_extension_for_a_student_nobody_knows_stops_grade_and_merge_on_a_fres
             assert "no notebook of any lesson" in capsys.readouterr().err
         else:
             assert main(command + late) == 0 and (term / "MERGED" / "totals.csv").is_file()
+            capsys.readouterr()
+    (term / "ext.csv").write_text("student,lesson,deadline\ndana,02_head,2025-10-09T23:59:00+00:00\n")  # no such lesson
+    assert main(grade + late) == 2
+    err = capsys.readouterr().err.strip()
+    assert "line 2: '02_head' has no --deadline" in err and "\n" not in err, err
 
 
 def test_a_canvas_column_worth_other_points_stops_the_export(term, capsys):
