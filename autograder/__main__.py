@@ -573,7 +573,7 @@ def _export(args, roster):
         )
         return 1 if term.refused else 0
     report_path = _class_report(args, term.results, term.refused, roster, term.lines, reviews, rule)
-    print(f"wrote {args.out} and {report_path}")
+    print(f"wrote {args.out}, {args.results}/totals.csv, feedback/ and {report_path}")
     return 1 if term.refused else 0
 
 
@@ -599,11 +599,13 @@ def _rule(args, roster):
     term, students, reviews = _load(args, roster)
     rule = _flags(args).rule_over(read_settings(args.results).rule, list(LESSONS), students, args.allow_mismatch)
     changed = set_rule(args.results, rule)
+    # Everything counted by the new rule is written before a word is printed: output cut off (a closed pipe)
+    # never leaves the rule saved and totals.csv counted by the old one.
+    write_final(args.results, term.results, term.refused, roster, reviews, rule)
+    path = _class_report(args, term.results, term.refused, roster, term.lines, reviews, rule)
     for line in changed:
         print(f"changed: {line}")
     print(f"{args.results} counts: {rule.said()}" + ("" if changed else " (unchanged)"))
-    write_final(args.results, term.results, term.refused, roster, reviews, rule)
-    path = _class_report(args, term.results, term.refused, roster, term.lines, reviews, rule)
     print(f"wrote {args.results}/totals.csv, feedback/ and {path}")
     return 1 if term.refused else 0
 

@@ -33,7 +33,7 @@ from collections import Counter, defaultdict
 from importlib import metadata
 from pathlib import Path
 
-from autograder import check_submission
+from autograder import check_submission, counting
 from autograder import lessons as manifests
 from autograder import notebook as nbk
 from autograder import results as store
@@ -168,7 +168,7 @@ def locate(submissions: str | Path, student: str, lesson: str, student_refused: 
     if folder is None:
         loose = next((e for n, e in entries.items() if n.lower() == f"{lesson}.ipynb"), None)
         if loose is None:
-            return Submission(notes=[f"no {lesson}.ipynb submitted"], anomalies=["missing lesson"])
+            return Submission(notes=[f"no {lesson}.ipynb submitted"], anomalies=[counting.MISSING])
         return Submission(
             home / loose.name,
             notes=[f"graded {loose.name} from your folder: it belongs in {lesson}/"],
@@ -185,7 +185,7 @@ def locate(submissions: str | Path, student: str, lesson: str, student_refused: 
             anomalies=kinds + ["refused file or folder"],
         )
     if not _is_dir(folder):
-        return Submission(notes=[f"{folder.name} is a file, not a folder"], anomalies=["missing lesson"])
+        return Submission(notes=[f"{folder.name} is a file, not a folder"], anomalies=[counting.MISSING])
     path = Path(folder.path)
     when, problem = store.read_timestamp(path)
     if problem:
@@ -203,7 +203,7 @@ def locate(submissions: str | Path, student: str, lesson: str, student_refused: 
             + [f"{len(others)} notebooks in {folder.name}/ and none named {lesson}.ipynb: which one to grade?"],
             anomalies=kinds + ["several notebooks, none by name"],
         )
-    return Submission(notes=notes + [f"no {lesson}.ipynb submitted"], anomalies=kinds + ["missing lesson"])
+    return Submission(notes=notes + [f"no {lesson}.ipynb submitted"], anomalies=kinds + [counting.MISSING])
 
 
 def parse_shard(text: str) -> tuple:

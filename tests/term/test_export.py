@@ -987,6 +987,13 @@ def test_a_trial_export_writes_only_its_file_and_grade_refuses_another_rule(term
         assert "counts otherwise than these flags say" in err and "\n" not in err
 
 
+def test_an_export_by_the_rule_says_what_it_rewrote(term, capsys):
+    """Not a trial: the export rewrites totals.csv, the pages and the report by RESULTS's rule, and says so."""
+    out = term / "RESULTS"
+    assert main(["export", str(out), "--format", "csv", "--out", str(term / "scores.csv")]) == 0
+    assert f"wrote {term / 'scores.csv'}, {out}/totals.csv, feedback/ and {out}/report.html" in capsys.readouterr().out
+
+
 def test_a_wrong_key_writes_nothing(term, capsys, monkeypatch):
     out = term / "RESULTS"
     assert main(["export", str(out), "--format", "csv", "--out", str(term / "a.csv")]) == 0
@@ -1061,3 +1068,19 @@ def test_a_manual_score_for_a_student_results_does_not_know_stops_the_export(ter
     err = capsys.readouterr().err.strip()
     assert "has a manual score for student 'zed'" in err and "\n" not in err and not (term / "scores.csv").exists()
     assert main(args + ["--allow-mismatch"]) == 0
+
+
+def test_a_rule_whose_output_is_cut_off_has_counted_totals_by_it(term, monkeypatch):
+    """`rule ... | head` closes stdout early: the rule it saved and totals.csv agree all the same (everything is
+    written before a word is printed)."""
+    out, roster = term / "RESULTS", ["--roster", str(term / "roster.csv")]
+
+    def closed_pipe(*args, **kwargs):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr("builtins.print", closed_pipe)
+    with pytest.raises(BrokenPipeError):
+        main(["rule", str(out), *roster, "--missing-blank"])
+    monkeypatch.undo()
+    rows = {r["student"]: r for r in csv.DictReader(open(out / "totals.csv", newline=""))}
+    assert rows["carol"]["02_heads"] == ""  # left blank, as the saved rule says
