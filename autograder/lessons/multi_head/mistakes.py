@@ -175,7 +175,7 @@ def concat_and_project(heads, w_o):
             "biases ignored in forward",
             "bias",
             _mha(
-                ("q, k, v = (proj(t)", "q, k, v = (F.linear(t, proj.weight)"),
+                ("proj(t).view(", "F.linear(t, proj.weight).view("),
                 (
                     "out = self.out_proj(out.transpose(1, 2).reshape(B, Tq, self.d_model))",
                     "out = F.linear(out.transpose(1, 2).reshape(B, Tq, self.d_model), self.out_proj.weight)",
