@@ -1,7 +1,9 @@
 """python -m autograder COMMAND: a thin face over the stages (`--help` lists the commands)."""
 
 import argparse
+import os
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 
 from autograder.lessons import solutions_modules
@@ -383,17 +385,35 @@ def _config(args, **grading):
     check_same_gradebook(args.out, args.gradebook)
     submissions = getattr(args, "submissions", None)
     roster = load_roster(args.roster) if args.roster else stored_roster(submissions) or kept_roster(args.out)
+    students = _class(roster, args.out, submissions, getattr(args, "results", ()), args.manifest)
     return RunConfig(
         Path(args.out),
         submissions and Path(submissions),
         roster,
         args.gradebook,
         args.course_root,
-        _stored_rule(args, args.out),
+        _stored_rule(args, args.out, students),
         args.allow_mismatch,
         gradescope=args.gradescope,
         **grading,
     )
+
+
+def _class(roster, out, submissions=None, merged=(), manifest=None) -> set:
+    """The students a file given to grade or merge may name (an extension): the roster's, the manifest's, SUBMISSIONS's
+    student folders and those RESULTS (out) and the folders merged into it hold results of. A folder with no results
+    yet still knows its class, so a typo is refused there too."""
+    from autograder.results import check_student, read_manifest, stored_pairs
+
+    names = {r["student"] for r in (roster.rows if roster else ())}
+    names |= set(read_manifest(manifest)["students"]) if manifest else set()
+    names |= {s for folder in (out, *merged) if Path(folder).is_dir() for s, _ in stored_pairs(folder)}
+    try:
+        with os.scandir(submissions) if submissions else nullcontext(()) as entries:  # merge has none
+            names |= {e.name for e in entries if e.is_dir(follow_symlinks=False) and not check_student(e.name)}
+    except OSError:  # unreadable: grade says so in its own words
+        pass
+    return names
 
 
 def _outputs(config):
@@ -554,7 +574,7 @@ def _export(args, roster):
         )
         return 1 if term.refused else 0
     report_path = _class_report(config, term, term.lines, reviews)
-    print(f"wrote {args.out} and {report_path}")
+    print(f"wrote {args.out}, {args.results}/totals.csv, feedback/ and {report_path}")
     return 1 if term.refused else 0
 
 
@@ -580,12 +600,13 @@ def _rule(args, roster):
     term, students, reviews = _load(args, roster)
     rule = _flags(args).rule_over(read_settings(args.results).rule, list(LESSONS), students, args.allow_mismatch)
     changed = set_rule(args.results, rule)
+    # Everything counted by the new rule is written before a word is printed: output cut off (a closed pipe)
+    # never leaves the rule saved and totals.csv counted by the old one.
+    write_final(args.results, term.results, term.refused, roster, reviews, rule)
+    path = _class_report(_term_config(args, roster, rule), term, term.lines, reviews)
     for line in changed:
         print(f"changed: {line}")
     print(f"{args.results} counts: {rule.said()}" + ("" if changed else " (unchanged)"))
-    write_final(args.results, term.results, term.refused, roster, reviews, rule)
-    config = _term_config(args, roster, rule)
-    path = _class_report(config, term, term.lines, reviews)
     print(f"wrote {args.results}/totals.csv, feedback/ and {path}")
     return 1 if term.refused else 0
 
@@ -662,4 +683,9 @@ def _summary(out, results):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    # Every file is written and closed by now: the interpreter's own teardown of what grade imported (torch's
+    # modules) would only add about half a second to every run, a regrade of one notebook included.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)

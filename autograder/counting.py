@@ -249,19 +249,43 @@ class Late:
 
     def said(self):
         """One line for people: the policy, each deadline, how many extensions, the grace (as --grace takes it)."""
+        deadlines = ", ".join(f"{lsn} {d.isoformat()}" for lsn, d in sorted(self.deadlines.items()))
+        return (
+            f"{self.policy} after {deadlines}"
+            + (f", {len(self.extensions)} extension(s)" if self.extensions else "")
+            + (f", {self.grace_said()}" if self.grace else "")
+        )
+
+    def grace_said(self):
+        """The grace as --grace takes it ('grace 15m', '2h', '1d'), or 'no grace'."""
         minutes = self.grace.total_seconds() / 60
-        grace = (
+        if not minutes:
+            return "no grace"
+        return "grace " + (
             f"{minutes / 1440:g}d"
             if minutes % 1440 == 0
             else f"{minutes / 60:g}h"
             if minutes % 60 == 0
             else f"{minutes:g}m"
         )
-        deadlines = ", ".join(f"{lsn} {d.isoformat()}" for lsn, d in sorted(self.deadlines.items()))
+
+    def changes(self, before: "Late", then: str) -> list:
+        """What differs from `before`, item by item: the policy, each lesson's deadline, the grace, each student's
+        extension (see Counting.changes)."""
+
+        def each(kind, mine, theirs):
+            return [
+                f"{kind} {' '.join(key) if isinstance(key, tuple) else key}: {_moment(mine.get(key))} "
+                f"({then}{_moment(theirs.get(key))})"
+                for key in sorted(set(mine) | set(theirs))
+                if mine.get(key) != theirs.get(key)
+            ]
+
         return (
-            f"{self.policy} after {deadlines}"
-            + (f", {len(self.extensions)} extension(s)" if self.extensions else "")
-            + (f", grace {grace}" if self.grace else "")
+            ([f"late policy {self.policy} ({then}{before.policy})"] if self.policy != before.policy else [])
+            + each("deadline of", self.deadlines, before.deadlines)
+            + ([f"{self.grace_said()} ({then}{before.grace_said()})"] if self.grace != before.grace else [])
+            + each("extension of", self.extensions, before.extensions)
         )
 
 
@@ -319,18 +343,16 @@ class Counting:
         return "; ".join(self.parts())
 
     def changes(self, before: "Counting", then: str = "before: ") -> list:
-        """What differs from `before`, each "<now> (before: <then>)": a part of parts(), or one lesson's deadline,
-        one student's extension, the policy or the grace (a rule that names the same number of extensions but other
-        ones differs too). then names `before` in the text."""
-        said = [f"{mine} ({then}{theirs})" for mine, theirs in zip(self.parts(), before.parts()) if mine != theirs]
-        if self.late and before.late and self.late.said() == before.late.said():
-            mine, theirs = self.late.extensions, before.late.extensions
-            said += [
-                f"extension of {s} {lsn}: {_moment(mine.get((s, lsn)))} ({then}{_moment(theirs.get((s, lsn)))})"
-                for s, lsn in sorted(set(mine) | set(theirs))
-                if mine.get((s, lsn)) != theirs.get((s, lsn))
-            ]
-        return said
+        """What differs from `before`, each "<now> (before: <then>)": a part of parts(), or, where both have late
+        penalties, the policy, one lesson's deadline, the grace or one student's extension (Late.changes; a rule
+        that names the same number of extensions but other ones differs too). then names `before` in the text."""
+        late = self.late and before.late
+        said = [
+            f"{mine} ({then}{theirs})"
+            for i, (mine, theirs) in enumerate(zip(self.parts(), before.parts()))
+            if mine != theirs and not (late and i == 0)  # parts()[0]: the late penalties, itemised below
+        ]
+        return said + (self.late.changes(before.late, then) if late else [])
 
 
 def _moment(when) -> str:

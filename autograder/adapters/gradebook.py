@@ -119,7 +119,7 @@ def update_gradebook(db_path, results, tests, course_root=None, roster=None):
     """Create the lessons' structure (assignment, notebook, grade and solution cells), set every
     auto_score, and write the autograded notebooks under course_root (default: the gradebook's folder), with
     formgrader's nbgrader_config.py there (formgrader.write_config) when it has none. With a roster, every roster
-    student is in the gradebook with their name and email, as formgrader shows them."""
+    student is in the gradebook with their name, email and LMS id, as formgrader shows them."""
     from sqlalchemy.exc import SAWarning
 
     from autograder.adapters.formgrader import changed_answers, write_autograded, write_config
@@ -130,7 +130,13 @@ def update_gradebook(db_path, results, tests, course_root=None, roster=None):
         warnings.simplefilter("ignore", SAWarning)
         for row in roster.rows if roster else ():
             first, last = split_name(row["name"])
-            gb.update_or_create_student(row["student"], first_name=first, last_name=last, email=row["email"] or None)
+            gb.update_or_create_student(
+                row["student"],
+                first_name=first,
+                last_name=last,
+                email=row["email"] or None,
+                lms_user_id=row.get("lms_id") or None,
+            )
         for lesson, cells in tests.items():
             gb.update_or_create_assignment(lesson)
             gb.update_or_create_notebook(lesson, lesson)

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from autograder.checking.memory import held_note
-from autograder.checking.subject import OverBudget, StudentError
+from autograder.checking.subject import OverBudget, StudentError, tensor
 from autograder.sandbox import wire
 from autograder.sandbox.server import ObjectServer
 from autograder.sandbox.wire import Array, Handle
@@ -25,6 +25,14 @@ def call_named(s, what, *args, hint="", **kwargs):
         return s.call(*args, **kwargs)
     except StudentError as e:
         fail(f"{what} raised {e.type}: {e.message}" + (f" ({hint})" if hint else ""))
+
+
+def keeps_argument(s, target, x, *args):
+    """(target(x, *args), whether the call left x, a numpy array sent as a tensor, as it was). The student's process
+    sends x back as the call left it (helpers.with_argument) and this process compares it with its own copy: where
+    the student's code runs, nothing says whether x was kept, so forging it means leaving x as it was."""
+    got, after = s.helper("with_argument", target, tensor(x), *args)
+    return got, isinstance(after, Array) and after.shape == np.shape(x) and np.array_equal(after.data, x)
 
 
 def call_within_memory(s, memory_mb, message, target, *args, **kwargs):

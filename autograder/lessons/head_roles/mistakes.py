@@ -434,7 +434,7 @@ def head_importance(model, ids, targets):
             aspect="values",
         ),
         ("model.eval() inside, the mode not restored", "mode", _importance(prelude="model.eval()\n    ")),
-        # the check's message on the model's .grad names requires_grad too (ModelRecord.grads_as_given reads both)
+        # the check's message on the model's .grad names requires_grad too (ModelRecord.grads reports both)
         Mistake(
             "requires_grad turned off on the parameters and left off",
             "requires_grad",

@@ -13,6 +13,7 @@ from autograder.checking import (
     expect_array,
     expect_pair,
     fail,
+    keeps_argument,
     kind_of,
     mistakes,
     reference,
@@ -226,7 +227,7 @@ def attention(s):
             )
     with s.aspect("scaled attention"):  # the caller's q is left as it was given
         q, k, v = (s.rng.standard_normal(shape).astype("float32") for shape in ((2, 4, 8), (2, 6, 8), (2, 6, 5)))
-        _, kept = s.helper("keeps_argument", s.get("attention", "__call__"), tensor(q), tensor(k), tensor(v))
+        _, kept = keeps_argument(s, s.get("attention", "__call__"), q, tensor(k), tensor(v))
         if not kept:
             fail(
                 "attention changed its input q in place (q /= ..., q.mul_(...)): the caller still needs q, so "
