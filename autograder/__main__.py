@@ -425,16 +425,8 @@ def _outputs(config):
 def _merge(args):
     from autograder.merge import merge
 
-    config = _config(args, manifest=args.manifest)
-    results = merge(
-        args.results,
-        args.out,
-        args.gradescope,
-        _outputs(config),
-        args.manifest,
-        args.allow_partial,
-        config.rule.written,
-    )
+    config = _config(args, manifest=args.manifest, allow_partial=args.allow_partial)
+    results = merge(config, args.results, _outputs(config))
     _summary(args.out, results)
     return 0
 
@@ -535,22 +527,31 @@ def _load(args, roster):
     return term, students, reviews
 
 
-def _export(args, roster):
-    from autograder.adapters.export import export
-    from autograder.config import RunConfig, read_settings
+def _term_config(args, roster, rule, **more):
+    """The RunConfig of export, report or rule, from their flags: RESULTS (their first argument), --submissions,
+    the roster (_term's), --gradebook and --allow-mismatch; rule: the counting rule the command counts by."""
+    from autograder.config import RunConfig
 
-    term, students, reviews = _load(args, roster)
-    stored = read_settings(args.results).rule
-    rule = _flags(args).rule_over(stored, list(LESSONS), students, args.allow_mismatch)
-    trial = rule.changes(stored, f"{args.results}: ")
-    config = RunConfig(
+    return RunConfig(
         Path(args.results),
         args.submissions and Path(args.submissions),
         roster,
         args.gradebook,
         rule=rule,
         allow_mismatch=args.allow_mismatch,
+        **more,
     )
+
+
+def _export(args, roster):
+    from autograder.adapters.export import export
+    from autograder.config import read_settings
+
+    term, students, reviews = _load(args, roster)
+    stored = read_settings(args.results).rule
+    rule = _flags(args).rule_over(stored, list(LESSONS), students, args.allow_mismatch)
+    trial = rule.changes(stored, f"{args.results}: ")
+    config = _term_config(args, roster, rule)
     warnings = export(
         config,
         term.results,
@@ -572,7 +573,7 @@ def _export(args, roster):
             file=sys.stderr,
         )
         return 1 if term.refused else 0
-    report_path = _class_report(args, term.results, term.refused, roster, term.lines, reviews, rule)
+    report_path = _class_report(config, term, term.lines, reviews)
     print(f"wrote {args.out}, {args.results}/totals.csv, feedback/ and {report_path}")
     return 1 if term.refused else 0
 
@@ -581,11 +582,11 @@ def _report(args, roster):
     from autograder.adapters.classreport import submission_mismatches
 
     term, students, reviews = _load(args, roster)
-    rule = _stored_rule(args, args.results, students)
-    stale = submission_mismatches(term.results, args.submissions)
+    config = _term_config(args, roster, _stored_rule(args, args.results, students), names=not args.no_names)
+    stale = submission_mismatches(term.results, config.submissions)
     for line in stale:
         print(f"error: {line}", file=sys.stderr)
-    path = _class_report(args, term.results, term.refused, roster, term.lines + stale, reviews, rule, not args.no_names)
+    path = _class_report(config, term, term.lines + stale, reviews)
     print(f"wrote {path}")
     return 1 if term.refused or stale else 0
 
@@ -602,7 +603,7 @@ def _rule(args, roster):
     # Everything counted by the new rule is written before a word is printed: output cut off (a closed pipe)
     # never leaves the rule saved and totals.csv counted by the old one.
     write_final(args.results, term.results, term.refused, roster, reviews, rule)
-    path = _class_report(args, term.results, term.refused, roster, term.lines, reviews, rule)
+    path = _class_report(_term_config(args, roster, rule), term, term.lines, reviews)
     for line in changed:
         print(f"changed: {line}")
     print(f"{args.results} counts: {rule.said()}" + ("" if changed else " (unchanged)"))
@@ -610,29 +611,18 @@ def _rule(args, roster):
     return 1 if term.refused else 0
 
 
-def _class_report(args, results, refused, roster, warnings, reviews, counting, names=True):
-    """RESULTS/report.html (classreport.write_report) of report, export and rule: the results, each refused one as
-    a placeholder naming why, the roster's students and sections. Returns its path."""
+def _class_report(config, term, warnings, reviews):
+    """RESULTS/report.html (classreport.write_report) of report, export and rule, by their RunConfig: the term's
+    results, each refused one as a placeholder naming why. Returns its path."""
     from autograder import report
     from autograder.adapters.classreport import write_report
 
-    results = results + [
+    results = term.results + [
         report.placeholder(s, lsn, "not graded: " + report.refused_message(why))
-        for (s, lsn), why in sorted(refused.items())
+        for (s, lsn), why in sorted(term.refused.items())
         if lsn in LESSONS
     ]
-    sections = {r["student"]: r["section"] for r in roster.rows} if roster and "section" in roster.columns else None
-    return write_report(
-        args.results,
-        results,
-        args.submissions,
-        warnings,
-        names,
-        sections,
-        [r["student"] for r in roster.rows] if roster else None,
-        reviews,
-        counting,
-    )
+    return write_report(config, results, warnings, reviews)
 
 
 def _reviews(gradebook, out, results=(), students=(), allow_mismatch=False):

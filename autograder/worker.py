@@ -589,10 +589,10 @@ class Sandbox:
         """Before a bounded block of calls: the worker kills every process of the sandbox but itself
         and the serving child, then lowers the child's address-space limit (soft and hard, from
         outside the child: nothing in the student's process takes part) to what a fresh worker maps
-        plus mb MiB (plus what it holds, up to headroom MiB, and the grader's own inputs: runner.bound), and its process limit to
-        none. Returns {"held_mb": what the child mapped beyond a fresh worker}, with "refused": why
-        when refused (a student's process that already holds the whole bound, see runner.bound();
-        held_mb is absent when it ended first)."""
+        plus mb MiB (plus what it holds, up to headroom MiB, and the grader's own inputs: runner.bound), and
+        its process limit to none. Returns {"held_mb": what the child mapped beyond a fresh worker}, with
+        "refused": why when refused (a student's process that already holds the whole bound, see
+        runner.bound(); held_mb is absent when it ended first)."""
         try:
             self.ctl.send(
                 json.dumps({"op": "bound", "mb": int(mb), "headroom": int(headroom), "inputs": int(inputs)}).encode()

@@ -331,9 +331,9 @@ print(t1 - t0, t2 - t1, t3 - t2, t4 - t3)
 
 def regrade(root, baseline=None, runs=5):
     """{checkout: {wall, cpu, imports, fingerprints, self_check, sandbox_start}} in seconds: the least of `runs`
-    regrades with --resume (the checkouts taken in turn) after one notebook (a student's lesson 03, solved and blank in turn) changed, in
-    a class of 3 students x lessons 01-05 graded before; the parts are measured alone in a fresh interpreter, in
-    the same RESULTS (so with what that checkout caches there)."""
+    regrades with --resume (the checkouts taken in turn) after one notebook (a student's lesson 03, solved and
+    blank in turn) changed, in a class of 3 students x lessons 01-05 graded before; the parts are measured alone
+    in a fresh interpreter, in the same RESULTS (so with what that checkout caches there)."""
     subs = make_class(root, REGRADE_LESSONS, 3)
     changed = subs / "student000" / "03_multi_head" / "03_multi_head.ipynb"
     versions = [changed.read_bytes(), (root / "release" / "03_multi_head" / "03_multi_head.ipynb").read_bytes()]
@@ -343,9 +343,8 @@ def regrade(root, baseline=None, runs=5):
         base.mkdir()
         archive = subprocess.run(["git", "-C", str(REPO), "archive", baseline], capture_output=True, check=True)
         subprocess.run(["tar", "-x", "-C", str(base)], input=archive.stdout, check=True)
-        checkouts[
-            f"{baseline} ({subprocess.check_output(['git', '-C', str(REPO), 'rev-parse', '--short', baseline], text=True).strip()})"
-        ] = base
+        short = subprocess.check_output(["git", "-C", str(REPO), "rev-parse", "--short", baseline], text=True)
+        checkouts[f"{baseline} ({short.strip()})"] = base
     outs = {name: root / f"results-{i}" for i, name in enumerate(checkouts)}
     grades = {
         name: [sys.executable, "-m", "autograder", "grade", str(subs), "--out", str(outs[name]), "--quiet"]

@@ -328,8 +328,8 @@ def test_a_stale_override_is_named_and_the_flag_chooses_whether_it_wins(term, ca
     page = (term / "RESULTS/report.html").read_text()
     assert "Scored by hand in the gradebook: 2 tests (bob test_scaled_dot_product_attention, carol " in page
     assert (
-        "Stale manual scores (the autograded result or the written answer changed since): carol test_scaled_dot_product_attention"
-        in page
+        "Stale manual scores (the autograded result or the written answer changed since): "
+        "carol test_scaled_dot_product_attention" in page
     )
     assert "Extra credit: 1 test (alice test_merge_heads)" in page
     # A TA who saves the score again in formgrader (which clears needs_manual_grade) makes it fresh.
