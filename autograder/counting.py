@@ -210,17 +210,22 @@ def stale_warning(stale: list, drop_stale: bool = False) -> list:
     """[the warning line] naming the stale manual scores ("student lesson test" each), or [] when there are none."""
     if not stale:
         return []
+    fate = (
+        "dropped: the new result counts"
+        if drop_stale
+        else "kept: they still win (rule RESULTS --stale-overrides drop uses the new result)"
+    )
     return [
-        f"stale manual scores (the autograded result or the written answer changed since they were made; review "
-        f"them in formgrader), {'dropped: the new result counts' if drop_stale else 'kept: they still win (rule RESULTS --stale-overrides drop uses the new result)'}: "
-        f"{', '.join(stale)}"
+        "stale manual scores (the autograded result or the written answer changed since they were made; review "
+        f"them in formgrader), {fate}: {', '.join(stale)}"
     ]
 
 
 def grouped(cause: str, items) -> list:
     """Warning lines for many results with one cause, readable at 600: one line per cause (and detail, when items
     carry a third element, e.g. why a result was refused), with its count, each student named once with their
-    lessons: "cause[: detail] (3): bob 01_attention, 02_heads; carol 01_attention". items: (student, lesson[, detail])."""
+    lessons: "cause[: detail] (3): bob 01_attention, 02_heads; carol 01_attention".
+    items: (student, lesson[, detail])."""
     by_detail = {}
     for student, lesson, *detail in sorted(items):
         by_detail.setdefault(detail[0] if detail else "", {}).setdefault(student, []).append(lesson)
@@ -389,8 +394,8 @@ def write_final(
     (what must be graded again, never counted; refused {(student, lesson): why} too) and, where a score is
     flagged (a lesson never handed in, a manual score from the gradebook's reviews, written questions still to
     grade: NEEDS_GRADING in the lesson's column, a submission without a time), flags. counting: RESULTS's rule
-    (config.read_settings(out).rule; default: Counting()). With late penalties, RESULTS/late-penalties.csv beside it (else
-    none). Returns totals.csv's path."""
+    (config.read_settings(out).rule; default: Counting()). With late penalties, RESULTS/late-penalties.csv beside
+    it (else none). Returns totals.csv's path."""
     from autograder.report import write_feedback  # not at import: report loads the checks (torch)
 
     counting = counting or Counting()
@@ -553,8 +558,8 @@ def apply_penalties(results: list, scores: dict, late: "Late") -> tuple:
                     ""
                     if s.points is None
                     else (
-                        f"Handed in {late_units} after your deadline ({deadline.isoformat()}): {100 * s.penalty:g}% off "
-                        f"the points earned, so {s.points:g} of {s.raw:g} count."
+                        f"Handed in {late_units} after your deadline ({deadline.isoformat()}): "
+                        f"{100 * s.penalty:g}% off the points earned, so {s.points:g} of {s.raw:g} count."
                     )
                 )
         rows.append(

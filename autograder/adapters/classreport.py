@@ -30,6 +30,7 @@ from pathlib import Path
 
 from autograder import notebook as nbk
 from autograder.adapters.roster import Roster
+from autograder.config import RunConfig
 from autograder.counting import Counting, final_scores
 from autograder.results import NEEDS_GRADING, UNANSWERED, write_atomic
 
@@ -446,11 +447,16 @@ def render(results, submissions=None, warnings=(), names=True, sections=None, ro
     return "".join(parts)
 
 
-def write_report(
-    out, results, submissions=None, warnings=(), names=True, sections=None, roster=None, reviews=None, counting=None
-):
-    """Write RESULTS/report.html (warnings: lines shown first; the rest as render; counting: RESULTS's rule,
-    config.read_settings); returns its path."""
-    path = Path(out) / REPORT
-    write_atomic(path, render(results, submissions, warnings, names, sections, roster, reviews, counting))
+def write_report(config: RunConfig, results: list, warnings=(), reviews: dict | None = None) -> Path:
+    """Write RESULTS/report.html (RESULTS is config.results) of results ([Result]), as render makes it: counted by
+    config.rule (RESULTS's, config.read_settings), with config.roster's students and sections, the notebooks
+    under config.submissions (identical answers; else each result's own), students named unless not
+    config.names. warnings: lines shown first; reviews: the gradebook's {(student, lesson): Review}. Returns its
+    path."""
+    roster = config.roster
+    sections = {r["student"]: r["section"] for r in roster.rows} if roster and "section" in roster.columns else None
+    students = [r["student"] for r in roster.rows] if roster else None
+    page = render(results, config.submissions, warnings, config.names, sections, students, reviews, config.rule)
+    path = Path(config.results) / REPORT
+    write_atomic(path, page)
     return path

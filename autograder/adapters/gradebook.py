@@ -3,9 +3,10 @@ formgrader show the scores the grader decided; and the autograded notebooks form
 (formgrader.py). Student code never touches either.
 
 The grader owns every grade's auto_score; a written question (a markdown answer) has none: it needs a
-manual grade until a TA saves one in formgrader (one left unanswered scores an auto_score of 0 and needs none), and read_reviews reads that score like any other. An
-instructor's review (manual_score, extra credit, comments, made in formgrader or through nbgrader.api) is
-never touched: a regrade or a --resume keeps it, and nbgrader shows it in place of the auto_score.
+manual grade until a TA saves one in formgrader (one left unanswered scores an auto_score of 0 and needs
+none), and read_reviews reads that score like any other. An instructor's review (manual_score, extra
+credit, comments, made in formgrader or through nbgrader.api) is never touched: a regrade or a --resume
+keeps it, and nbgrader shows it in place of the auto_score.
 
 An override is stale when a regrade changes the autograded score it was made against, or, for a written
 question, a resubmission changes the answer its autograded notebook showed the TA: the update
@@ -166,7 +167,8 @@ def update_gradebook(db_path, results, tests, course_root=None, roster=None):
             changed = changed_answers(course_root, r, nbk.read(nbk.lesson_path(r.lesson))) if r.written else set()
             for w in r.written:  # formgrader lists it until a TA saves a score (which clears the mark)
                 grade = next(g for g in notebook.grades if g.name == w.question)
-                # Unanswered: 0 without a TA, as nbgrader's autograde scores an unchanged answer; a TA may still score it.
+                # Unanswered: 0 without a TA, as nbgrader's autograde scores an unchanged answer; a TA may still
+                # score it.
                 grade.auto_score = 0.0 if w.status == UNANSWERED else None
                 if grade.manual_score is None:
                     grade.needs_manual_grade = w.status != UNANSWERED

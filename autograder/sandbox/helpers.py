@@ -125,7 +125,8 @@ class Graph:
         )
 
 
-# .grad and .requires_grad as torch's C type defines them: a cell may rebind torch.Tensor's, not these (an immutable type)
+# .grad and .requires_grad as torch's C type defines them: a cell may rebind torch.Tensor's, not these (an
+# immutable type)
 _GRAD, _REQUIRES_GRAD = torch._C.TensorBase.grad, torch._C.TensorBase.requires_grad
 
 
@@ -185,11 +186,11 @@ def with_argument(fn, x, *args):
 def device_used(fn, *args, **kwargs):
     """Whether fn(*args, **kwargs, device=...) makes its tensor on the device it is asked for: "used",
     "ignored", "unseen" (no verdict) or "broken" (with device="cpu" it raises, a device argument it
-    lacks included, or returns no tensor). The device asked for is one that costs nothing here: "cuda" where this torch cannot use
-    one (code that uses it raises; code that ignores it returns a CPU tensor), else "meta", which every
-    torch has but whose first use imports PyTorch's meta kernels (about 1 s and 250 MiB, which would
-    count as the notebook's own memory in the later memory bounds); code that uses a meta device may
-    still call an operation meta tensors lack: unseen."""
+    lacks included, or returns no tensor). The device asked for is one that costs nothing here: "cuda" where
+    this torch cannot use one (code that uses it raises; code that ignores it returns a CPU tensor), else
+    "meta", which every torch has but whose first use imports PyTorch's meta kernels (about 1 s and 250 MiB,
+    which would count as the notebook's own memory in the later memory bounds); code that uses a meta device
+    may still call an operation meta tensors lack: unseen."""
     try:
         if not torch.is_tensor(fn(*args, device="cpu", **kwargs)):
             return "broken"
@@ -247,8 +248,9 @@ def compile_kernels(jobs_json, timeout):
 
 def draw(seed, specs):
     """Tensors, one per (shape, scale) or (shape, scale, dtype name) of specs, uniform in [-scale, scale] (float64
-    unless named), from a generator seeded with seed, in order. The grader draws the same on its side (same torch, same CPU generator), so that inputs too large
-    to send are made where they are used, and no wire buffer counts against a memory bound."""
+    unless named), from a generator seeded with seed, in order. The grader draws the same on its side (same
+    torch, same CPU generator), so that inputs too large to send are made where they are used, and no wire
+    buffer counts against a memory bound."""
     generator = torch.Generator().manual_seed(int(seed))
     return [
         torch.empty([int(n) for n in shape], dtype=getattr(torch, dtype[0]) if dtype else torch.float64).uniform_(
@@ -305,10 +307,11 @@ host_callback = None
 
 
 def launches(run, fn, *args, **kwargs):
-    """(fn(*args, **kwargs), buffers, [(grid, args, kwargs)]): fn's result and each launch of the Triton kernel whose `run` is
-    given, as it was launched, a tensor argument as the key of `buffers` {key: its contents when first launched}
-    (the same storage, shape and strides: the same key). What the grader launches again on its own (Subject.elsewhere,
-    checks/triton_replay.py): evidence recorded here may be forged, and is worth only what its replay gives."""
+    """(fn(*args, **kwargs), buffers, [(grid, args, kwargs)]): fn's result and each launch of the Triton kernel
+    whose `run` is given, as it was launched, a tensor argument as the key of `buffers` {key: its contents when
+    first launched} (the same storage, shape and strides: the same key). What the grader launches again on its
+    own (Subject.elsewhere, checks/triton_replay.py): evidence recorded here may be forged, and is worth only
+    what its replay gives."""
     kernel, buffers, seen = run.__self__, {}, []
 
     def key(t):

@@ -129,8 +129,8 @@ attempt("math op", lambda: torch.ops.aten._scaled_dot_product_attention_math(q, 
 attempt("kernel looked up", lambda: torch._C._dispatch_get_computed_kernel_for_dispatch_key(
     "aten::_scaled_dot_product_flash_attention_for_cpu", torch._C.DispatchKey.CPU).call_boxed(
     torch._C._dispatch_keyset_full(), q, q, q))
-attempt("multi_head_attention_forward", lambda: torch.nn.MultiheadAttention(4, 1, dtype=torch.float64).eval()(q[0, 0], q[0, 0], q[0, 0],
-                                                                                    need_weights=False))
+attempt("multi_head_attention_forward", lambda: torch.nn.MultiheadAttention(4, 1, dtype=torch.float64).eval()(
+    q[0, 0], q[0, 0], q[0, 0], need_weights=False))
 attempt("vmap", lambda: torch.vmap(F.scaled_dot_product_attention)(q, q, q))
 attempt("softmax", lambda: q.softmax(-1))
 attempt("distribution", lambda: torch.distributions.Categorical(logits=q).probs)
@@ -411,8 +411,8 @@ def test_forged_evidence_costs_its_aspect(forgery):
 @pytest.mark.slow
 def test_the_price_of_forming_keys_cannot_be_raised_from_a_cell(tmp_path):
     """Lesson 08 prices forming every key and value (helpers.form_latent_kv) to judge "never forms keys or values"
-    by CPU time: a cell that makes that helper slower in its own process (here a hundred times over) does not raise the price
-    the grader compares with, which it reads in a process that ran none of the notebook's code."""
+    by CPU time: a cell that makes that helper slower in its own process (here a hundred times over) does not raise
+    the price the grader compares with, which it reads in a process that ran none of the notebook's code."""
     from autograder import notebook as nbk
     from autograder.release import release
     from tests.harness.grading import read_grades, run

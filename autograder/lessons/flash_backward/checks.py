@@ -893,7 +893,8 @@ def FlashAttention(s):
         _expect_function(s, rng, "float64", (1, 2, 9, 23, 8), True)
         _expect_function(s, rng, "float32", (2, 2, 30, 30, 16), True)
     with s.aspect("gradcheck"):  # what torch.autograd.gradcheck certifies, judged here (its verdict, made where the
-        # student's code runs, could be replaced): at its small float64 sizes, the backward's gradients are the forward's
+        # student's code runs, could be replaced): at its small float64 sizes, the backward's gradients are the
+        # forward's
         for causal in (False, True):
             _expect_function(s, rng, "float64", (1, 2, 3, 5, 4), causal)
     with s.aspect("saves q, k, v, out, lse"):

@@ -488,8 +488,8 @@ def ablate_head(s):
                 "after leaving the inner of two nested with-blocks",
                 [
                     (
-                        "leaving the inner with-block also undid the outer one: remove only your own hook (or put back only "
-                        "the weights you changed), never all of them",
+                        "leaving the inner with-block also undid the outer one: remove only your own hook (or put "
+                        "back only the weights you changed), never all of them",
                         before,
                     )
                 ],

@@ -3,8 +3,9 @@ MultiHeadLatentAttention, absorbed_attention.
 
 Evidence the student's code cannot forge: the grader streams many updates through a RollingKVCache,
 one call each, inside one memory bound (Subject.memory_bound: a hard limit set from outside the
-student's process), so a cache whose memory grows runs out; absorbed_attention runs once on so many cached latents that one head's keys
-(or values) for every cached position would not fit its memory bound, while the absorbed form does.
+student's process), so a cache whose memory grows runs out; absorbed_attention runs once on so many
+cached latents that one head's keys (or values) for every cached position would not fit its memory
+bound, while the absorbed form does.
 MultiHeadLatentAttention runs with a correct latent cache built next to the student's code
 (helpers.ListLatentCache), absorbed_attention on an AttentionShell holding the five projections.
 """
@@ -305,8 +306,9 @@ def _forward(mla, x, prev, mask, with_cache):
 
 
 def _mla_mistakes(params, D, H, L, bias):
-    """[(Mistake, its module)] of the defined mistakes of MultiHeadLatentAttention (autograder/lessons/<module>/mistakes.py), made
-    with the check's arguments and weights in float64. One these cannot make is not what the student wrote."""
+    """[(Mistake, its module)] of the defined mistakes of MultiHeadLatentAttention
+    (autograder/lessons/<module>/mistakes.py), made with the check's arguments and weights in float64. One these
+    cannot make is not what the student wrote."""
     out = []
     for mistake, cls in mistakes.defined(LESSON, "MultiHeadLatentAttention"):
         try:
