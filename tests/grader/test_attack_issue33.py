@@ -73,8 +73,9 @@ def triton_attention(q, k, v, causal=False):
                                 BD=p2(Dh))
     return out
 """
-# Keys and values formed 2,048 positions at a time cost some 0.15 CPU s on a fast grader, under COST_FLOOR_S (0.2 s):
-# the price is never compared.
+# Keys and values formed 2,048 positions at a time cost 0.15 to 0.2 CPU s on this grader, about COST_FLOOR_S (0.2 s):
+# the price is compared only above it, so the verdict flips with the machine (3/3 in 2 of 3 runs here; 8,192 at a
+# time costs more and is caught).
 FORMED_IN_CHUNKS = """
 def absorbed_attention(mla, x, latents, chunk=2048):
     with torch.no_grad():
@@ -96,7 +97,8 @@ torch._C._jit_set_te_must_use_llvm_cpu(False)
 
 def online_softmax(x, block_size):
     x = x.contiguous()
-    ty = f"{ {torch.float32: 'Float', torch.float64: 'Double'}[x.dtype]}({', '.join(map(str, x.shape))}, strides=[{', '.join(map(str, x.stride()))}], device=cpu)"
+    name = {torch.float32: "Float", torch.float64: "Double"}[x.dtype]
+    ty = f"{name}({', '.join(map(str, x.shape))}, strides=[{', '.join(map(str, x.stride()))}], device=cpu)"
     graph = torch._C.parse_ir(
         f"graph(%x : {ty}):\n  %d : int = prim::Constant[value=-1]()\n  %n : NoneType = prim::Constant()\n"
         f"  %y : {ty} = aten::softmax(%x, %d, %n)\n  return (%y)"
@@ -127,7 +129,8 @@ def attention_backward(q, k, v, dout, causal=False):
         mask = mask.masked_fill(~torch.ones(tq, tk, dtype=torch.bool).tril(tk - tq), float("-inf"))
     scale = q.size(-1) ** -0.5
     shift = (q32 @ k32.transpose(-2, -1) * scale + mask).amax(-1, keepdim=True)
-    qq, kt, vv = q32.clone().requires_grad_(), k32.transpose(-2, -1).contiguous().requires_grad_(), v32.clone().requires_grad_()
+    qq, vv = q32.clone().requires_grad_(), v32.clone().requires_grad_()
+    kt = k32.transpose(-2, -1).contiguous().requires_grad_()
     dq, dkt, dv = torch.autograd.grad(_forward(qq, kt, vv, mask, shift, scale), (qq, kt, vv), do32)
     return dq.to(q.dtype), dkt.transpose(-2, -1).to(k.dtype), dv.to(v.dtype)
 """
