@@ -853,7 +853,7 @@ def triton_softmax(x):
             aspect="float32",
             evidence=True,
         ),
-        # Python inside the kernel's body, which the interpreter runs (triton_replay._kernel_is_triton)
+        # Python inside the kernel's body, which the interpreter runs (triton_fit.not_triton)
         Mistake(
             "torch's softmax inside the kernel, through x.handle",
             "not Triton",
