@@ -53,6 +53,11 @@ def _common(lesson, answers, scratch):
     return {
         **{f"magic_{name}": (cells, {}, []) for name, cells in MAGICS.items()},
         "reimport_in_every_answer": ([], {gid: IMPORTS + code for gid, code in answers.items()}, []),
+        "matplotlib_inline_atop_every_answer": (
+            [],
+            {gid: "%matplotlib inline\n" + code for gid, code in answers.items()},
+            [],
+        ),
         "scratch_copy": ([], {}, [scratch]),
         "redefined_in_a_later_cell": ([], {}, [answers[g] for g in answers]),
         "print_in_an_answer": ([], {g: c + "\n\nprint('defined', " + repr(g) + ")\n" for g, c in answers.items()}, []),
