@@ -748,7 +748,7 @@ def flash_attention_backward(s):
                 ):
                     fail(f"{what}: {DQ_KEPT}")
     with s.aspect("D once"):
-        if s.sources and d_per_pair(s.sources):
+        if s.sources and d_per_pair(s.readable_sources()):
             fail(D_PER_PAIR)
     with s.aspect("tiled"):
         _expect_backward_tiled(s, rng)
