@@ -9,6 +9,7 @@ nothing, or copies what the wrapper computed, writes NaN there or nothing at all
 """
 
 import ast
+import threading
 
 import numpy as np
 
@@ -58,10 +59,21 @@ def _constant(value):
         )
 
 
+_LAST = threading.local()  # the last cells _parsed read and its reading, per grading thread: nothing shared
+
+
 def _parsed(sources):
     """([@triton.jit FunctionDef], [import of MODULES], [(constant assignment, names)]) at the top level of the cells.
     Magic lines are left out; a cell longer than MAX_CELL_CHARS, or that does not parse, gives nothing (a kernel there
-    cannot be launched on its own)."""
+    cannot be launched on its own). The same cells again (the next Triton check of one submission) are read once."""
+    sources = tuple(sources)
+    if getattr(_LAST, "sources", None) != sources:
+        _LAST.sources, _LAST.parsed = sources, _read(sources)
+    return _LAST.parsed
+
+
+def _read(sources):
+    """_parsed, not remembered."""
     kernels, imports, constants = [], [], []
     for source in sources:
         text = "\n".join(
