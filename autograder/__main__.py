@@ -1,7 +1,9 @@
 """python -m autograder COMMAND: a thin face over the stages (`--help` lists the commands)."""
 
 import argparse
+import os
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 
 from autograder.lessons import solutions_modules
@@ -383,17 +385,35 @@ def _config(args, **grading):
     check_same_gradebook(args.out, args.gradebook)
     submissions = getattr(args, "submissions", None)
     roster = load_roster(args.roster) if args.roster else stored_roster(submissions) or kept_roster(args.out)
+    students = _class(roster, args.out, submissions, getattr(args, "results", ()), args.manifest)
     return RunConfig(
         Path(args.out),
         submissions and Path(submissions),
         roster,
         args.gradebook,
         args.course_root,
-        _stored_rule(args, args.out),
+        _stored_rule(args, args.out, students),
         args.allow_mismatch,
         gradescope=args.gradescope,
         **grading,
     )
+
+
+def _class(roster, out, submissions=None, merged=(), manifest=None) -> set:
+    """The students a file given to grade or merge may name (an extension): the roster's, the manifest's, SUBMISSIONS's
+    student folders and those RESULTS (out) and the folders merged into it hold results of. A folder with no results
+    yet still knows its class, so a typo is refused there too."""
+    from autograder.results import check_student, read_manifest, stored_pairs
+
+    names = {r["student"] for r in (roster.rows if roster else ())}
+    names |= set(read_manifest(manifest)["students"]) if manifest else set()
+    names |= {s for folder in (out, *merged) if Path(folder).is_dir() for s, _ in stored_pairs(folder)}
+    try:
+        with os.scandir(submissions) if submissions else nullcontext(()) as entries:  # merge has none
+            names |= {e.name for e in entries if e.is_dir(follow_symlinks=False) and not check_student(e.name)}
+    except OSError:  # unreadable: grade says so in its own words
+        pass
+    return names
 
 
 def _outputs(config):
@@ -405,16 +425,8 @@ def _outputs(config):
 def _merge(args):
     from autograder.merge import merge
 
-    config = _config(args, manifest=args.manifest)
-    results = merge(
-        args.results,
-        args.out,
-        args.gradescope,
-        _outputs(config),
-        args.manifest,
-        args.allow_partial,
-        config.rule.written,
-    )
+    config = _config(args, manifest=args.manifest, allow_partial=args.allow_partial)
+    results = merge(config, args.results, _outputs(config))
     _summary(args.out, results)
     return 0
 
@@ -515,22 +527,31 @@ def _load(args, roster):
     return term, students, reviews
 
 
-def _export(args, roster):
-    from autograder.adapters.export import export
-    from autograder.config import RunConfig, read_settings
+def _term_config(args, roster, rule, **more):
+    """The RunConfig of export, report or rule, from their flags: RESULTS (their first argument), --submissions,
+    the roster (_term's), --gradebook and --allow-mismatch; rule: the counting rule the command counts by."""
+    from autograder.config import RunConfig
 
-    term, students, reviews = _load(args, roster)
-    stored = read_settings(args.results).rule
-    rule = _flags(args).rule_over(stored, list(LESSONS), students, args.allow_mismatch)
-    trial = rule.changes(stored, f"{args.results}: ")
-    config = RunConfig(
+    return RunConfig(
         Path(args.results),
         args.submissions and Path(args.submissions),
         roster,
         args.gradebook,
         rule=rule,
         allow_mismatch=args.allow_mismatch,
+        **more,
     )
+
+
+def _export(args, roster):
+    from autograder.adapters.export import export
+    from autograder.config import read_settings
+
+    term, students, reviews = _load(args, roster)
+    stored = read_settings(args.results).rule
+    rule = _flags(args).rule_over(stored, list(LESSONS), students, args.allow_mismatch)
+    trial = rule.changes(stored, f"{args.results}: ")
+    config = _term_config(args, roster, rule)
     warnings = export(
         config,
         term.results,
@@ -552,8 +573,8 @@ def _export(args, roster):
             file=sys.stderr,
         )
         return 1 if term.refused else 0
-    report_path = _class_report(args, term.results, term.refused, roster, term.lines, reviews, rule)
-    print(f"wrote {args.out} and {report_path}")
+    report_path = _class_report(config, term, term.lines, reviews)
+    print(f"wrote {args.out}, {args.results}/totals.csv, feedback/ and {report_path}")
     return 1 if term.refused else 0
 
 
@@ -561,11 +582,11 @@ def _report(args, roster):
     from autograder.adapters.classreport import submission_mismatches
 
     term, students, reviews = _load(args, roster)
-    rule = _stored_rule(args, args.results, students)
-    stale = submission_mismatches(term.results, args.submissions)
+    config = _term_config(args, roster, _stored_rule(args, args.results, students), names=not args.no_names)
+    stale = submission_mismatches(term.results, config.submissions)
     for line in stale:
         print(f"error: {line}", file=sys.stderr)
-    path = _class_report(args, term.results, term.refused, roster, term.lines + stale, reviews, rule, not args.no_names)
+    path = _class_report(config, term, term.lines + stale, reviews)
     print(f"wrote {path}")
     return 1 if term.refused or stale else 0
 
@@ -579,38 +600,29 @@ def _rule(args, roster):
     term, students, reviews = _load(args, roster)
     rule = _flags(args).rule_over(read_settings(args.results).rule, list(LESSONS), students, args.allow_mismatch)
     changed = set_rule(args.results, rule)
+    # Everything counted by the new rule is written before a word is printed: output cut off (a closed pipe)
+    # never leaves the rule saved and totals.csv counted by the old one.
+    write_final(args.results, term.results, term.refused, roster, reviews, rule)
+    path = _class_report(_term_config(args, roster, rule), term, term.lines, reviews)
     for line in changed:
         print(f"changed: {line}")
     print(f"{args.results} counts: {rule.said()}" + ("" if changed else " (unchanged)"))
-    write_final(args.results, term.results, term.refused, roster, reviews, rule)
-    path = _class_report(args, term.results, term.refused, roster, term.lines, reviews, rule)
     print(f"wrote {args.results}/totals.csv, feedback/ and {path}")
     return 1 if term.refused else 0
 
 
-def _class_report(args, results, refused, roster, warnings, reviews, counting, names=True):
-    """RESULTS/report.html (classreport.write_report) of report, export and rule: the results, each refused one as
-    a placeholder naming why, the roster's students and sections. Returns its path."""
+def _class_report(config, term, warnings, reviews):
+    """RESULTS/report.html (classreport.write_report) of report, export and rule, by their RunConfig: the term's
+    results, each refused one as a placeholder naming why. Returns its path."""
     from autograder import report
     from autograder.adapters.classreport import write_report
 
-    results = results + [
+    results = term.results + [
         report.placeholder(s, lsn, "not graded: " + report.refused_message(why))
-        for (s, lsn), why in sorted(refused.items())
+        for (s, lsn), why in sorted(term.refused.items())
         if lsn in LESSONS
     ]
-    sections = {r["student"]: r["section"] for r in roster.rows} if roster and "section" in roster.columns else None
-    return write_report(
-        args.results,
-        results,
-        args.submissions,
-        warnings,
-        names,
-        sections,
-        [r["student"] for r in roster.rows] if roster else None,
-        reviews,
-        counting,
-    )
+    return write_report(config, results, warnings, reviews)
 
 
 def _reviews(gradebook, out, results=(), students=(), allow_mismatch=False):
@@ -671,4 +683,9 @@ def _summary(out, results):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    # Every file is written and closed by now: the interpreter's own teardown of what grade imported (torch's
+    # modules) would only add about half a second to every run, a regrade of one notebook included.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)

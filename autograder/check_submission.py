@@ -431,8 +431,8 @@ def run_tests(nb, folder, timeout, lesson=None):
                 slow,
                 f"{name} at the size it is graded: {seconds:.1f} s of CPU time"
                 + (
-                    f", more than the {limit} s a graded call may use: correct but too slow for the graded sizes (keep the "
-                    "block sizes you are given, and let torch work on whole tiles)"
+                    f", more than the {limit} s a graded call may use: correct but too slow for the graded sizes "
+                    "(keep the block sizes you are given, and let torch work on whole tiles)"
                     if slow
                     else f", within the {limit} s a graded call may use"
                     if limit is not None

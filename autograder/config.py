@@ -11,6 +11,15 @@ command that does. grade, merge and report read it, and refuse flags that disagr
 (RuleFlags.refuse); an export given flags that disagree counts them as a trial, written only to its own file
 (RuleFlags.rule_over). A folder without settings counts by the default rule (Counting()); its first grade or merge
 records it, with --written when given.
+
+The other files of RESULTS/.results are not settings, and stay apart on purpose:
+    run.json    the grading's record of what the folder holds (results.Run: shard, manifest, lessons, a partial
+                merge's gaps), rewritten by each grade and merge from what it did, never set by a person. Its life
+                is the results': deleting it starts the folder afresh (grade says so), which must not drop the rule.
+    cache.json  what grade computes again when it is gone (grade.Cache: source files' hashes, the reference
+                self-checks passed): losing it costs time, never a setting or a verdict, so it is written without
+                fsync and an unreadable one counts as empty; settings are written durably and refused when damaged.
+    roster.csv  a copy of the class's roster (roster.remember_roster): data a later export counts, not a choice.
 """
 
 import json
@@ -183,12 +192,14 @@ class RunConfig:
     all_lessons: bool = False  # grade: every lesson, handed in or not
     students: tuple | None = None  # grade: these students only
     shard: tuple | None = None  # grade: (i, N), the i-th of N slices of the students
-    manifest: str | None = None  # grade: the class list every shard splits
+    manifest: str | None = None  # grade: the class list every shard splits; merge: the one the shards must cover
     jobs: int = 1  # grade: submissions graded at once
     resume: bool = False  # grade: reuse each stored result whose fingerprint still matches
     force: bool = False  # grade: with resume, regrade those too
     mode: str = "bwrap"  # grade: the sandbox (worker.choose_mode)
     limits: dict | None = None  # grade: {Limits field: value} over the lessons' own
     gradescope: bool = False  # grade, merge: also RESULTS/gradescope/<student>/results.json
+    allow_partial: bool = False  # merge: an incomplete shard set too, its gaps marked for regrading
     progress: bool = True  # grade: a progress line per submission
     kernels: bool = False  # grade: also compile each submission's Triton kernels (a feedback note)
+    names: bool = True  # report: name who made each mistake (report --no-names leaves them out, for a projector)

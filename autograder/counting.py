@@ -210,17 +210,22 @@ def stale_warning(stale: list, drop_stale: bool = False) -> list:
     """[the warning line] naming the stale manual scores ("student lesson test" each), or [] when there are none."""
     if not stale:
         return []
+    fate = (
+        "dropped: the new result counts"
+        if drop_stale
+        else "kept: they still win (rule RESULTS --stale-overrides drop uses the new result)"
+    )
     return [
-        f"stale manual scores (the autograded result or the written answer changed since they were made; review "
-        f"them in formgrader), {'dropped: the new result counts' if drop_stale else 'kept: they still win (rule RESULTS --stale-overrides drop uses the new result)'}: "
-        f"{', '.join(stale)}"
+        "stale manual scores (the autograded result or the written answer changed since they were made; review "
+        f"them in formgrader), {fate}: {', '.join(stale)}"
     ]
 
 
 def grouped(cause: str, items) -> list:
     """Warning lines for many results with one cause, readable at 600: one line per cause (and detail, when items
     carry a third element, e.g. why a result was refused), with its count, each student named once with their
-    lessons: "cause[: detail] (3): bob 01_attention, 02_heads; carol 01_attention". items: (student, lesson[, detail])."""
+    lessons: "cause[: detail] (3): bob 01_attention, 02_heads; carol 01_attention".
+    items: (student, lesson[, detail])."""
     by_detail = {}
     for student, lesson, *detail in sorted(items):
         by_detail.setdefault(detail[0] if detail else "", {}).setdefault(student, []).append(lesson)
@@ -244,19 +249,43 @@ class Late:
 
     def said(self):
         """One line for people: the policy, each deadline, how many extensions, the grace (as --grace takes it)."""
+        deadlines = ", ".join(f"{lsn} {d.isoformat()}" for lsn, d in sorted(self.deadlines.items()))
+        return (
+            f"{self.policy} after {deadlines}"
+            + (f", {len(self.extensions)} extension(s)" if self.extensions else "")
+            + (f", {self.grace_said()}" if self.grace else "")
+        )
+
+    def grace_said(self):
+        """The grace as --grace takes it ('grace 15m', '2h', '1d'), or 'no grace'."""
         minutes = self.grace.total_seconds() / 60
-        grace = (
+        if not minutes:
+            return "no grace"
+        return "grace " + (
             f"{minutes / 1440:g}d"
             if minutes % 1440 == 0
             else f"{minutes / 60:g}h"
             if minutes % 60 == 0
             else f"{minutes:g}m"
         )
-        deadlines = ", ".join(f"{lsn} {d.isoformat()}" for lsn, d in sorted(self.deadlines.items()))
+
+    def changes(self, before: "Late", then: str) -> list:
+        """What differs from `before`, item by item: the policy, each lesson's deadline, the grace, each student's
+        extension (see Counting.changes)."""
+
+        def each(kind, mine, theirs):
+            return [
+                f"{kind} {' '.join(key) if isinstance(key, tuple) else key}: {_moment(mine.get(key))} "
+                f"({then}{_moment(theirs.get(key))})"
+                for key in sorted(set(mine) | set(theirs))
+                if mine.get(key) != theirs.get(key)
+            ]
+
         return (
-            f"{self.policy} after {deadlines}"
-            + (f", {len(self.extensions)} extension(s)" if self.extensions else "")
-            + (f", grace {grace}" if self.grace else "")
+            ([f"late policy {self.policy} ({then}{before.policy})"] if self.policy != before.policy else [])
+            + each("deadline of", self.deadlines, before.deadlines)
+            + ([f"{self.grace_said()} ({then}{before.grace_said()})"] if self.grace != before.grace else [])
+            + each("extension of", self.extensions, before.extensions)
         )
 
 
@@ -314,18 +343,16 @@ class Counting:
         return "; ".join(self.parts())
 
     def changes(self, before: "Counting", then: str = "before: ") -> list:
-        """What differs from `before`, each "<now> (before: <then>)": a part of parts(), or one lesson's deadline,
-        one student's extension, the policy or the grace (a rule that names the same number of extensions but other
-        ones differs too). then names `before` in the text."""
-        said = [f"{mine} ({then}{theirs})" for mine, theirs in zip(self.parts(), before.parts()) if mine != theirs]
-        if self.late and before.late and self.late.said() == before.late.said():
-            mine, theirs = self.late.extensions, before.late.extensions
-            said += [
-                f"extension of {s} {lsn}: {_moment(mine.get((s, lsn)))} ({then}{_moment(theirs.get((s, lsn)))})"
-                for s, lsn in sorted(set(mine) | set(theirs))
-                if mine.get((s, lsn)) != theirs.get((s, lsn))
-            ]
-        return said
+        """What differs from `before`, each "<now> (before: <then>)": a part of parts(), or, where both have late
+        penalties, the policy, one lesson's deadline, the grace or one student's extension (Late.changes; a rule
+        that names the same number of extensions but other ones differs too). then names `before` in the text."""
+        late = self.late and before.late
+        said = [
+            f"{mine} ({then}{theirs})"
+            for i, (mine, theirs) in enumerate(zip(self.parts(), before.parts()))
+            if mine != theirs and not (late and i == 0)  # parts()[0]: the late penalties, itemised below
+        ]
+        return said + (self.late.changes(before.late, then) if late else [])
 
 
 def _moment(when) -> str:
@@ -367,8 +394,8 @@ def write_final(
     (what must be graded again, never counted; refused {(student, lesson): why} too) and, where a score is
     flagged (a lesson never handed in, a manual score from the gradebook's reviews, written questions still to
     grade: NEEDS_GRADING in the lesson's column, a submission without a time), flags. counting: RESULTS's rule
-    (config.read_settings(out).rule; default: Counting()). With late penalties, RESULTS/late-penalties.csv beside it (else
-    none). Returns totals.csv's path."""
+    (config.read_settings(out).rule; default: Counting()). With late penalties, RESULTS/late-penalties.csv beside
+    it (else none). Returns totals.csv's path."""
     from autograder.report import write_feedback  # not at import: report loads the checks (torch)
 
     counting = counting or Counting()
@@ -531,8 +558,8 @@ def apply_penalties(results: list, scores: dict, late: "Late") -> tuple:
                     ""
                     if s.points is None
                     else (
-                        f"Handed in {late_units} after your deadline ({deadline.isoformat()}): {100 * s.penalty:g}% off "
-                        f"the points earned, so {s.points:g} of {s.raw:g} count."
+                        f"Handed in {late_units} after your deadline ({deadline.isoformat()}): "
+                        f"{100 * s.penalty:g}% off the points earned, so {s.points:g} of {s.raw:g} count."
                     )
                 )
         rows.append(

@@ -33,7 +33,7 @@ from collections import Counter, defaultdict
 from importlib import metadata
 from pathlib import Path
 
-from autograder import check_submission
+from autograder import check_submission, counting
 from autograder import lessons as manifests
 from autograder import notebook as nbk
 from autograder import results as store
@@ -168,7 +168,7 @@ def locate(submissions: str | Path, student: str, lesson: str, student_refused: 
     if folder is None:
         loose = next((e for n, e in entries.items() if n.lower() == f"{lesson}.ipynb"), None)
         if loose is None:
-            return Submission(notes=[f"no {lesson}.ipynb submitted"], anomalies=["missing lesson"])
+            return Submission(notes=[f"no {lesson}.ipynb submitted"], anomalies=[counting.MISSING])
         return Submission(
             home / loose.name,
             notes=[f"graded {loose.name} from your folder: it belongs in {lesson}/"],
@@ -185,7 +185,7 @@ def locate(submissions: str | Path, student: str, lesson: str, student_refused: 
             anomalies=kinds + ["refused file or folder"],
         )
     if not _is_dir(folder):
-        return Submission(notes=[f"{folder.name} is a file, not a folder"], anomalies=["missing lesson"])
+        return Submission(notes=[f"{folder.name} is a file, not a folder"], anomalies=[counting.MISSING])
     path = Path(folder.path)
     when, problem = store.read_timestamp(path)
     if problem:
@@ -203,7 +203,7 @@ def locate(submissions: str | Path, student: str, lesson: str, student_refused: 
             + [f"{len(others)} notebooks in {folder.name}/ and none named {lesson}.ipynb: which one to grade?"],
             anomalies=kinds + ["several notebooks, none by name"],
         )
-    return Submission(notes=notes + [f"no {lesson}.ipynb submitted"], anomalies=kinds + ["missing lesson"])
+    return Submission(notes=notes + [f"no {lesson}.ipynb submitted"], anomalies=kinds + [counting.MISSING])
 
 
 def parse_shard(text: str) -> tuple:
@@ -327,6 +327,16 @@ def lesson_fingerprint(
         for p, name in named.items()
     ]
     return store.sha256_text(*parts)
+
+
+def imports_triton(lessons: list) -> bool:
+    """Whether a code cell of one of these lessons' notebooks imports Triton: only then do the run's sandboxes import
+    it before their children fork (Sandbox(triton=...)), which costs every start-up about a third of a second."""
+    return any(
+        re.search(r"^\s*(import|from)\s+triton\b", nbk.source(cell), re.M)
+        for lesson in lessons
+        for cell in nbk.code_cells(nbk.read(nbk.lesson_path(lesson)))
+    )
 
 
 def check_references(lessons: list, cache: Cache) -> None:
@@ -766,7 +776,7 @@ def grade(config: RunConfig, outputs=()) -> dict:
     old_tempdir, tempfile.tempdir = tempfile.tempdir, str(run_tmp)  # every sandbox folder lands in run_tmp
     try:
         data_files = stage_data(lessons, run_tmp / "data")
-        warm = Warm(c.mode, lesson_limits(lessons[0], c.limits), run_tmp / "data")
+        warm = Warm(c.mode, lesson_limits(lessons[0], c.limits), run_tmp / "data", imports_triton(lessons))
         try:
             return _grade(
                 c.submissions,
@@ -786,7 +796,6 @@ def grade(config: RunConfig, outputs=()) -> dict:
                 manifest_id,
                 anomalies,
                 shard_text,
-                run_tmp,
                 data_files,
                 warm,
                 c.kernels,
@@ -816,12 +825,11 @@ def _grade(
     manifest_id,
     anomalies,
     shard_text,
-    run_tmp,
     data_files,
     warm,
     kernels=False,
 ):
-    """grade's work once its plan is made and a sandbox is starting (warm, in run_tmp with data_files)."""
+    """grade's work once its plan is made and a sandbox is starting (warm, with data_files in its data folder)."""
     cache = Cache(out)
     check_references(lessons, cache)  # a reference changed by mistake would grade the whole class wrong
     tests = {lesson: nbk.lesson_tests(lesson) for lesson in lessons}
@@ -872,9 +880,7 @@ def _grade(
                 reasons[why] += 1
             else:
                 reused += 1
-    kept = _run(
-        todo, out, tests, graders, lessons, mode, limits, jobs, progress, anomalies, run_tmp, data_files, warm, kernels
-    )
+    kept = _run(todo, out, tests, graders, lessons, limits, jobs, progress, anomalies, data_files, warm, kernels)
     store.write_run(out, shard_text, manifest_id, set(store.read_run(out).lessons) | set(lessons))
 
     from autograder import report
@@ -904,24 +910,30 @@ def _grade(
 class Warm:
     """A sandbox started in the background (its worker imports torch) while the grader loads its own checks and
     decides what to grade: on two cores, a regrade pays for one start-up, not two in a row. take(limits) hands it
-    to the first worker thread whose lesson has those limits; close() ends it when none took it. A sandbox that
+    to the first worker thread whose lesson has those limits, and new(limits) starts another of the run's (its mode,
+    data folder and preloads) for the others; close() ends it when none took it. A sandbox that
     failed to start is left to the worker, which starts its own and reports why. The thread that started it lives
     until close(): bwrap's --die-with-parent ends the sandbox with the thread that started it, not the process."""
 
-    def __init__(self, mode: str, limits: Limits, data_dir: Path) -> None:
+    def __init__(self, mode: str, limits: Limits, data_dir: Path, triton: bool) -> None:
+        self.mode, self.data_dir, self.triton = mode, data_dir, triton
         self.limits, self.sandbox, self.lock = limits, None, threading.Lock()
         self.started, self.done = threading.Event(), threading.Event()
-        self.thread = threading.Thread(target=self._hold, args=(mode, limits, data_dir), daemon=True)
+        self.thread = threading.Thread(target=self._hold, daemon=True)
         self.thread.start()
 
-    def _hold(self, mode, limits, data_dir):
+    def _hold(self):
         try:
-            self.sandbox = Sandbox(mode, limits, data_dir)
+            self.sandbox = self.new(self.limits)
         except SandboxError:
             pass
         finally:
             self.started.set()
         self.done.wait()
+
+    def new(self, limits: Limits) -> Sandbox:
+        """A sandbox of the run (its mode, data and preloads) under `limits`, started now; SandboxError."""
+        return Sandbox(self.mode, limits, self.data_dir, self.triton)
 
     def take(self, limits: Limits) -> Sandbox | None:
         with self.lock:
@@ -948,19 +960,17 @@ def _run(
     tests,
     graders,
     lessons,
-    mode,
     limits,
     jobs,
     progress,
     anomalies,
-    run_tmp,
     data_files,
     warm,
     kernels=False,
 ):
-    """Grade todo in `jobs` threads, one sandbox each (the first may be warm's), started under the limits of the
-    lesson it grades (lesson_limits; todo is taken lesson limits by lesson limits, so a thread rarely starts another),
-    their folders in run_tmp (grade removes it); returns how many results were written.
+    """Grade todo in `jobs` threads, one sandbox each (the first may be warm's, the others warm.new's), started under
+    the limits of the lesson it grades (lesson_limits; todo is taken lesson limits by lesson limits, so a thread
+    rarely starts another); returns how many results were written.
     SIGTERM/SIGINT: stop, kill the sandboxes, raise Interrupted."""
     if not todo:
         return 0
@@ -1008,7 +1018,7 @@ def _run(
                             sandbox.close()
                             sandbox = None
                         if sandbox is None or not sandbox.alive():
-                            sandbox = warm.take(limits_of[lesson]) or Sandbox(mode, limits_of[lesson], run_tmp / "data")
+                            sandbox = warm.take(limits_of[lesson]) or warm.new(limits_of[lesson])
                             with lock:
                                 live.add(sandbox)
                         result = grade_one(

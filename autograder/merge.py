@@ -10,6 +10,7 @@ from pathlib import Path
 from autograder import report
 from autograder import results as store
 from autograder.checking import LESSONS
+from autograder.config import RunConfig
 
 
 class MergeError(store.UsageError):
@@ -73,12 +74,13 @@ def shard_set_problems(runs, stored, manifest) -> list:
     return list(dict.fromkeys(problems))
 
 
-def merge(dirs, out, gradescope=False, outputs=(), manifest=None, allow_partial=False, written=False) -> list:
-    """Copy every shard's results into OUT (its other lessons are kept) and rewrite its reports (and
-    the adapters' `outputs`, as report.write_all). Returns the results; MergeError when the shard set
-    is not whole, unless allow_partial."""
-    out = store.prepare_out(out)
-    m = store.read_manifest(manifest) if manifest else None
+def merge(config: RunConfig, dirs, outputs=()) -> list:
+    """Copy every shard's results (the RESULTS folders `dirs`) into config.results (its other lessons are kept) and
+    rewrite its reports (and the adapters' `outputs`, as report.write_all), with config.gradescope's files and the
+    rule's written questions. Returns the results; MergeError when the shard set is not whole (checked against
+    config.manifest, when given), unless config.allow_partial."""
+    out = store.prepare_out(config.results)
+    m = store.read_manifest(config.manifest) if config.manifest else None
     if len({Path(d).resolve() for d in dirs}) < len(dirs):
         raise MergeError("a RESULTS folder is given twice")
     runs, stored, refused, damaged, tests = {}, {}, {}, [], report.lesson_tests()
@@ -91,7 +93,7 @@ def merge(dirs, out, gradescope=False, outputs=(), manifest=None, allow_partial=
         runs[d], stored[d], refused[d] = store.read_run(d), term.results, term.refused
         damaged += term.lines
     problems = shard_set_problems(runs, stored, m) + damaged  # each names its file and why
-    if problems and not allow_partial:
+    if problems and not config.allow_partial:
         raise MergeError(
             "refusing an incomplete or inconsistent shard set: "
             + "; ".join(problems)
@@ -137,4 +139,4 @@ def merge(dirs, out, gradescope=False, outputs=(), manifest=None, allow_partial=
         problems,
     )
     expected = {(s, x) for s in (m["students"] if m else []) for x in lessons}
-    return report.write_all(out, expected, gradescope, outputs, written=written)
+    return report.write_all(out, expected, config.gradescope, outputs, written=config.rule.written)

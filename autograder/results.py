@@ -7,7 +7,8 @@ A RESULTS folder holds a term:
 
     RESULTS/.results/<lesson>/<student>.json   one result per (student, lesson): save_result, load_result,
                                                load_results, result_path
-    RESULTS/.results/run.json                  what the folder holds (Run: shard, manifest, lessons): read_run, write_run
+    RESULTS/.results/run.json                  what the folder holds (Run: shard, manifest, lessons): read_run,
+                                               write_run
     RESULTS/.results/index.json                the folder's nonce and the digest of the result it holds last for each
                                                (student, lesson), signed: what save_result wrote, nothing older
     RESULTS/grades.csv                         one row per (student, lesson, test): write_grades, read_grades

@@ -22,6 +22,7 @@ per cell, per call and per notebook, enforced from here by killing. Every frame 
 sandbox is validated, and capped in size and item count, before use.
 """
 
+import importlib.machinery
 import importlib.util
 import itertools
 import json
@@ -317,46 +318,61 @@ def _unshare_base():
     return cmd + ([] if os.geteuid() == 0 else ["--user", "--map-root-user"])
 
 
+# Run as the uid: "bad PATH" for a needed path it cannot read (or enter), "seen PATH" for a course path it can read.
+_UID_CHECK = (
+    'while [ "$1" != -- ]; do [ -r "$1" ] && [ -x "$1" ] || echo "bad $1"; shift; done; shift; '
+    'for p do [ -r "$p" ] && echo "seen $p"; done; exit 0'
+)
+
+
+def _course_paths():
+    """Where the worker's Python would find the course: the lessons, and our packages wherever it would import
+    them from (an editable install, site-packages), found as it finds them: not in our working folder."""
+    path = [p for p in sys.path if p not in ("", os.getcwd())]
+    found = [str(Path(_package_dirs()[-1]).parent / "lessons")]
+    for name in ("solutions", "autograder"):
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            spec = find and find(name, path if finder is importlib.machinery.PathFinder else None)
+            found += [spec.origin] + list(spec.submodule_search_locations or []) if spec else []
+    return [p for p in dict.fromkeys(found) if p]
+
+
 def _uid_refusal(uid=None):
     """Why the uid mode cannot be used here ('' when it can): it needs root, and a uid that can
     read the Python install (a child imports lazily) but not the course: the lessons, and our
-    packages wherever the worker's Python would find them (an editable install, site-packages)."""
+    packages wherever the worker's Python would find them (an editable install, site-packages).
+    Asked of a shell run as that uid by subprocess itself (no preexec_fn, no os.fork: grade starts sandboxes from
+    threads, and a fork that runs Python there races imports; see _Cgroups.joining)."""
     if os.geteuid() != 0:
         return "the uid mode needs the grader to run as root"
     uid = uid or _free_uid()
     needed = [sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")]
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # try as that uid, with the worker's view of the packages (not our working folder)
-        try:
-            sys.path[:] = [p for p in sys.path if p not in ("", os.getcwd())]
-            secret = [str(Path(_package_dirs()[-1]).parent / "lessons")]
-            for name in ("solutions", "autograder"):
-                for finder in sys.meta_path:
-                    spec = getattr(finder, "find_spec", lambda *a: None)(name, None)
-                    secret += [spec.origin] + list(spec.submodule_search_locations or []) if spec else []
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-            bad = [p for p in needed if not os.access(p, os.R_OK | os.X_OK)]
-            seen = [p for p in dict.fromkeys(secret) if p and os.access(p, os.R_OK)]
-            os.write(
-                w,
-                (
-                    f"uid {uid} cannot read the Python install at {', '.join(bad)}"
-                    if bad
-                    else f"uid {uid} can read {', '.join(seen)}: make the course owned by root with mode 0700"
-                    if seen
-                    else ""
-                ).encode()[:4000],
-            )
-        finally:
-            os._exit(0)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        why = f.read().decode()
-    os.waitpid(pid, 0)
-    return f"the uid mode needs the course unreadable to other users and Python readable: {why}" if why else ""
+    try:
+        lines = subprocess.run(
+            ["/bin/sh", "-c", _UID_CHECK, "sh", *needed, "--", *_course_paths()],
+            user=uid,
+            group=uid,
+            extra_groups=[],
+            cwd="/",
+            env={},
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout.splitlines()
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"the uid mode could not be checked as uid {uid}: {e}"
+    bad, seen = ([line.split(" ", 1)[1] for line in lines if line.startswith(word)] for word in ("bad ", "seen "))
+    why = (
+        f"uid {uid} cannot read the Python install at {', '.join(bad)}"
+        if bad
+        else f"uid {uid} can read {', '.join(seen)}: make the course owned by root with mode 0700"
+        if seen
+        else ""
+    )
+    return f"the uid mode needs the course unreadable to other users and Python readable: {why[:4000]}" if why else ""
 
 
 def _free_uid():
@@ -414,10 +430,18 @@ class _Cgroups:
     def path(self):
         return self.paths.get("pids")
 
-    def join(self):
-        """In the new process, before exec: move it into the cgroups."""
-        for path in dict.fromkeys(self.paths.values()):
-            Path(path, "cgroup.procs").write_text(str(os.getpid()))
+    def joining(self, cmd):
+        """cmd, started inside the cgroups: a shell moves itself into each, then execs cmd (exit status 125, and
+        nothing run, when one refuses it). Not a preexec_fn: that makes subprocess fork the grader and run Python
+        in the child, and grade starts sandboxes from threads (grade.Warm, --jobs) while others import: a fork
+        racing an import that registers at-fork hooks (logging's) breaks them ("Exception ignored in
+        <function _releaseLock>"), and a lock another thread held stays held in the child. Without one,
+        subprocess runs no Python between fork and exec."""
+        groups = list(dict.fromkeys(self.paths.values()))
+        if not groups:
+            return cmd
+        join = 'while [ "$1" != -- ]; do echo $$ > "$1/cgroup.procs" || exit 125; shift; done; shift; exec "$@"'
+        return ["/bin/sh", "-c", join, "sh", *groups, "--", *cmd]
 
     def limit_memory(self, extra_mb):
         """Once the worker has imported everything: what it uses now plus extra_mb, for everything."""
@@ -452,7 +476,8 @@ class _Cgroups:
 class Sandbox:
     """One sandboxed worker. start() gives a fresh child per submission (see runner.py)."""
 
-    def __init__(self, mode, limits: Limits = DEFAULT_LIMITS, data_dir=None) -> None:
+    def __init__(self, mode, limits: Limits = DEFAULT_LIMITS, data_dir=None, triton=True) -> None:
+        """triton: the worker imports Triton before its children fork (grade: where a lesson graded imports it)."""
         self.mode, self.limits = mode, limits
         self.uid = None  # the uid mode's children's
         self._exited = None  # an "exited" that came in answer to cpu(), for stop_child
@@ -464,7 +489,7 @@ class Sandbox:
         self.ctl, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         fd = child_end.fileno()
         runner = [sys.executable, "-m", "sandbox.runner", str(fd)]
-        flags = [] if self.protect else ["--unprotected"]
+        flags = ([] if self.protect else ["--unprotected"]) + ([] if triton else ["--no-triton"])
         popen_env = None
         if mode == "bwrap":
             cmd = _bwrap_base(self.limits.memory_mb, self.protect)
@@ -508,7 +533,7 @@ class Sandbox:
         if self.cgroup.path and mode != "bwrap":
             cmd.append(f"--cgroup={self.cgroup.path}")
         self.proc = subprocess.Popen(
-            cmd + flags,
+            self.cgroup.joining(cmd + flags),
             pass_fds=[fd],
             env=popen_env,
             cwd=self._tmp,
@@ -516,7 +541,6 @@ class Sandbox:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             start_new_session=True,
-            preexec_fn=self.cgroup.join,
         )
         child_end.close()
         reply = self._recv(120)
@@ -565,10 +589,10 @@ class Sandbox:
         """Before a bounded block of calls: the worker kills every process of the sandbox but itself
         and the serving child, then lowers the child's address-space limit (soft and hard, from
         outside the child: nothing in the student's process takes part) to what a fresh worker maps
-        plus mb MiB (plus what it holds, up to headroom MiB, and the grader's own inputs: runner.bound), and its process limit to
-        none. Returns {"held_mb": what the child mapped beyond a fresh worker}, with "refused": why
-        when refused (a student's process that already holds the whole bound, see runner.bound();
-        held_mb is absent when it ended first)."""
+        plus mb MiB (plus what it holds, up to headroom MiB, and the grader's own inputs: runner.bound), and
+        its process limit to none. Returns {"held_mb": what the child mapped beyond a fresh worker}, with
+        "refused": why when refused (a student's process that already holds the whole bound, see
+        runner.bound(); held_mb is absent when it ended first)."""
         try:
             self.ctl.send(
                 json.dumps({"op": "bound", "mb": int(mb), "headroom": int(headroom), "inputs": int(inputs)}).encode()

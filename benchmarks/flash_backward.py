@@ -1,7 +1,8 @@
 """Lesson 09: one training step of causal attention (forward, then backward) on the CPU, autograd through naive
 attention against the tiled forward and backward of solutions.flash_backward, as T grows.
 
-    python benchmarks/flash_backward.py [--lengths 256 512 ... 8192] [--budget 240] [--json benchmarks/results/flash_backward_cpu.json]
+    python benchmarks/flash_backward.py [--lengths 256 512 ... 8192] [--budget 240]
+        [--json benchmarks/results/flash_backward_cpu.json]
     python benchmarks/flash_backward.py --cuda [--json ...]   # on a GPU: the step of each method there (see gpu_step)
 
 For each T and method, in a fresh process (Linux only): the peak extra memory of one step, the peak resident set
@@ -193,7 +194,8 @@ def main():
         f"float32, tiles of {args.block}; one forward + backward step\n"
     )
     print(
-        f"{'T':>6} {'naive MiB':>10} {'tiled MiB':>10} {'naive/tiled':>12} {'naive s':>9} {'tiled s':>9} {'tiled/naive':>12}"
+        f"{'T':>6} {'naive MiB':>10} {'tiled MiB':>10} {'naive/tiled':>12} "
+        f"{'naive s':>9} {'tiled s':>9} {'tiled/naive':>12}"
     )
     start, rows, skipped = time.perf_counter(), [], []
     for T in args.lengths:

@@ -444,7 +444,8 @@ else:
     from autograder.selfcheck import check_reference
     check_reference(lessons)
 t3 = time.perf_counter()
-Sandbox(choose_mode("auto"), g.lesson_limits(lessons[0])).close()
+preloads = [None, g.imports_triton(lessons)] if hasattr(g, "imports_triton") else []  # as grade starts it
+Sandbox(choose_mode("auto"), g.lesson_limits(lessons[0]), *preloads).close()
 t4 = time.perf_counter()
 print(t1 - t0, t2 - t1, t3 - t2, t4 - t3)
 """
@@ -452,9 +453,9 @@ print(t1 - t0, t2 - t1, t3 - t2, t4 - t3)
 
 def regrade(root, baseline=None, runs=5):
     """{checkout: {wall, cpu, imports, fingerprints, self_check, sandbox_start}} in seconds: the least of `runs`
-    regrades with --resume (the checkouts taken in turn) after one notebook (a student's lesson 03, solved and blank in turn) changed, in
-    a class of 3 students x lessons 01-05 graded before; the parts are measured alone in a fresh interpreter, in
-    the same RESULTS (so with what that checkout caches there)."""
+    regrades with --resume (the checkouts taken in turn) after one notebook (a student's lesson 03, solved and
+    blank in turn) changed, in a class of 3 students x lessons 01-05 graded before; the parts are measured alone
+    in a fresh interpreter, in the same RESULTS (so with what that checkout caches there)."""
     subs = make_class(root, REGRADE_LESSONS, 3)
     changed = subs / "student000" / "03_multi_head" / "03_multi_head.ipynb"
     versions = [changed.read_bytes(), (root / "release" / "03_multi_head" / "03_multi_head.ipynb").read_bytes()]
@@ -464,9 +465,8 @@ def regrade(root, baseline=None, runs=5):
         base.mkdir()
         archive = subprocess.run(["git", "-C", str(REPO), "archive", baseline], capture_output=True, check=True)
         subprocess.run(["tar", "-x", "-C", str(base)], input=archive.stdout, check=True)
-        checkouts[
-            f"{baseline} ({subprocess.check_output(['git', '-C', str(REPO), 'rev-parse', '--short', baseline], text=True).strip()})"
-        ] = base
+        short = subprocess.check_output(["git", "-C", str(REPO), "rev-parse", "--short", baseline], text=True)
+        checkouts[f"{baseline} ({short.strip()})"] = base
     outs = {name: root / f"results-{i}" for i, name in enumerate(checkouts)}
     grades = {
         name: [sys.executable, "-m", "autograder", "grade", str(subs), "--out", str(outs[name]), "--quiet"]
@@ -509,20 +509,25 @@ def regrade(root, baseline=None, runs=5):
             cpu=round(min(cpus[name]), 2),
             **{k: round(v, 2) for k, v in zip(("imports", "fingerprints", "self_check", "sandbox_start"), parts)},
         )
+    first = next(iter(figures.values()))
+    for f in figures.values():  # this checkout's wall time over each one's, measured in the same run
+        f["wall_vs_this"] = round(first["wall"] / f["wall"], 2)
+    load = os.getloadavg()[0]  # a busy machine slows every figure: the ratios hold better than the seconds
     print(
         f"\nOne regrade (grade --resume, 1 of 15 notebooks changed, lessons 01-05), least of {runs}, "
-        f"{os.cpu_count()} CPUs; parts measured alone, least of 3"
+        f"{os.cpu_count()} CPUs, load average {load:.1f}; parts measured alone, least of 3"
     )
     print(
-        f"{'':28s} {'wall s':>7s} {'CPU s':>6s} {'imports':>8s} {'fingerprints':>13s} {'self-check':>11s} "
-        f"{'sandbox':>8s}"
+        f"{'':28s} {'wall s':>7s} {'this/it':>8s} {'CPU s':>6s} {'imports':>8s} {'fingerprints':>13s} "
+        f"{'self-check':>11s} {'sandbox':>8s}"
     )
     for name, f in figures.items():
         print(
-            f"{name:28s} {f['wall']:7.2f} {f['cpu']:6.2f} {f['imports']:8.2f} {f['fingerprints']:13.2f} "
-            f"{f['self_check']:11.2f} {f['sandbox_start']:8.2f}"
+            f"{name:28s} {f['wall']:7.2f} {f['wall_vs_this']:8.2f} {f['cpu']:6.2f} {f['imports']:8.2f} "
+            f"{f['fingerprints']:13.2f} {f['self_check']:11.2f} {f['sandbox_start']:8.2f}"
         )
-    return {"date": datetime.date.today().isoformat(), "runs": runs, "seconds": figures}
+    print("this/it: this checkout's wall time over the row's, measured in the same run (below 1: this one is faster)")
+    return {"date": datetime.date.today().isoformat(), "runs": runs, "load_average": round(load, 1), "seconds": figures}
 
 
 if __name__ == "__main__":

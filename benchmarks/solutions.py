@@ -101,7 +101,8 @@ def main():
     mha = mha_vs_torch(threads)
     for mode, ours, ref in mha:
         print(
-            f"   {mode:27s} ours {ours * 1e3:7.2f} ms   torch {ref * 1e3:7.2f} ms   ratio {ours / ref:.2f}x (target <= 0.6x)"
+            f"   {mode:27s} ours {ours * 1e3:7.2f} ms   torch {ref * 1e3:7.2f} ms   "
+            f"ratio {ours / ref:.2f}x (target <= 0.6x)"
         )
     print("\n2. generate(), 512 new tokens after a 16-token prompt (8 heads, 2 KV heads); tokens identical")
     gen = {name: generation(*size) for name, size in SIZES.items()}

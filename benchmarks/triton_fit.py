@@ -126,7 +126,8 @@ def print_table(rows):
     for kernel in sorted({(r["kernel"], r["where"]) for r in rows}):
         print(f"{kernel[0]}: {kernel[1]}")
     print(
-        f"\n{'kernel':22} {'config':22} {'card':11} {'tiles':16} {'shared':>8} {'limit':>7} {'regs':>5} {'spills':>7}  verdict"
+        f"\n{'kernel':22} {'config':22} {'card':11} {'tiles':16} "
+        f"{'shared':>8} {'limit':>7} {'regs':>5} {'spills':>7}  verdict"
     )
     for r in rows:
         card = f"{r['card']} sm_{r['arch']}"

@@ -18,20 +18,21 @@ report.results_json, grade.grade):
 The core never imports an adapter: `python -m autograder` dispatches to them lazily, and hands grade
 and merge the writers of report_outputs() below, which report.write_all calls after the core's files.
 Adapters import one another only where one outside system spans two modules (roster.py, shared by the
-LMS's collect and export; canvas.py, moodle.py and exchange.py, read by collect, and canvas.py's import, written by export; formgrader.py, written by
-the gradebook's update). tests/grader/test_layout.py
-checks the imports.
+LMS's collect and export; canvas.py, moodle.py and exchange.py, read by collect, and canvas.py's
+import, written by export; formgrader.py, written by the gradebook's update).
+tests/grader/test_layout.py checks the imports.
 """
 
 import sys
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 
 from autograder import notebook as nbk
 from autograder.adapters.classreport import write_report
 from autograder.adapters.gradebook import read_reviews, remember_gradebook, update_gradebook
 from autograder.adapters.roster import remember_roster
-from autograder.config import set_rule
+from autograder.config import RunConfig, set_rule
 from autograder.counting import Counting, score, stale_warning, write_final
 
 HOOKS = []  # [(writer, needs a gradebook)], in the order report.write_all calls them: registered by after_grading
@@ -92,17 +93,7 @@ def to_totals(w: Writing, out, results, warnings) -> None:
 @after_grading()
 def to_report(w: Writing, out, results, warnings) -> None:
     """report.html, with the roster's students and sections and the gradebook's scores."""
-    roster = w.roster
-    sections = {r["student"]: r["section"] for r in roster.rows} if roster and "section" in roster.columns else None
-    write_report(
-        out,
-        results,
-        warnings=warnings,
-        sections=sections,
-        roster=[r["student"] for r in roster.rows] if roster else None,
-        reviews=w.reviews,
-        counting=w.rule,
-    )
+    write_report(RunConfig(Path(out), roster=w.roster, rule=w.rule), results, warnings, w.reviews)
 
 
 def report_outputs(gradebook=None, course_root=None, roster=None, rule: Counting | None = None) -> list:

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from autograder import notebook as nbk
 from autograder.adapters.roster import Roster
+from autograder.config import RunConfig
 from autograder.counting import Counting, final_scores
 from autograder.results import NEEDS_GRADING, UNANSWERED, write_atomic
 
@@ -62,14 +63,15 @@ def mistakes(test):
 
 
 def function_stats(results, reviews=None, drop_stale=False):
-    """{(lesson, test): {passed, counted, missing, regrade, points, max_points, mistakes: Counter,
+    """{(lesson, test): {passed, counted, regrade, points, max_points, mistakes: Counter,
     who: {mistake: {students}}}} of [Result]; a test's points are its manual score where the gradebook's
-    reviews ({(student, lesson): Review}) have one (a stale one too, unless drop_stale), as the export counts."""
+    reviews ({(student, lesson): Review}) have one (a stale one too, unless drop_stale), as the export counts.
+    A test never handed in is not counted: the lesson names who never handed it in (never_submitted), with or
+    without a stored result, one count."""
     stats = defaultdict(
         lambda: {
             "passed": 0,
             "counted": 0,
-            "missing": 0,
             "regrade": 0,
             "points": 0.0,
             "max_points": 0.0,
@@ -83,8 +85,8 @@ def function_stats(results, reviews=None, drop_stale=False):
         for t in r.tests:
             s = stats[(r.lesson, t.test)]
             if t.status == "missing":
-                s["missing"] += 1
-            elif t.needs_regrade:
+                continue
+            if t.needs_regrade:
                 s["regrade"] += 1
             else:
                 s["counted"] += 1
@@ -380,9 +382,7 @@ def render(results, submissions=None, warnings=(), names=True, sections=None, ro
                 continue
             rate = pass_rate(s)
             mean = f"{s['points'] / s['counted']:.2f} / {s['max_points'] / s['counted']:g}" if s["counted"] else "-"
-            extra = [f"{n} not submitted" for n in [s["missing"]] if n] + [
-                f"{n} to grade again" for n in [s["regrade"]] if n
-            ]
+            extra = [f"{n} to grade again" for n in [s["regrade"]] if n]
             common = "".join(
                 f"<li>{count} &times; {e(m)}"
                 + (f"<br><span class='muted'>{e(', '.join(sorted(s['who'][m])))}</span>" if names else "")
@@ -447,11 +447,16 @@ def render(results, submissions=None, warnings=(), names=True, sections=None, ro
     return "".join(parts)
 
 
-def write_report(
-    out, results, submissions=None, warnings=(), names=True, sections=None, roster=None, reviews=None, counting=None
-):
-    """Write RESULTS/report.html (warnings: lines shown first; the rest as render; counting: RESULTS's rule,
-    config.read_settings); returns its path."""
-    path = Path(out) / REPORT
-    write_atomic(path, render(results, submissions, warnings, names, sections, roster, reviews, counting))
+def write_report(config: RunConfig, results: list, warnings=(), reviews: dict | None = None) -> Path:
+    """Write RESULTS/report.html (RESULTS is config.results) of results ([Result]), as render makes it: counted by
+    config.rule (RESULTS's, config.read_settings), with config.roster's students and sections, the notebooks
+    under config.submissions (identical answers; else each result's own), students named unless not
+    config.names. warnings: lines shown first; reviews: the gradebook's {(student, lesson): Review}. Returns its
+    path."""
+    roster = config.roster
+    sections = {r["student"]: r["section"] for r in roster.rows} if roster and "section" in roster.columns else None
+    students = [r["student"] for r in roster.rows] if roster else None
+    page = render(results, config.submissions, warnings, config.names, sections, students, reviews, config.rule)
+    path = Path(config.results) / REPORT
+    write_atomic(path, page)
     return path

@@ -683,16 +683,25 @@ def collect(download, out, roster=None, lesson=None, times=(), zone="UTC", allow
 
     chosen = pick(candidates)
     have_times = bool(stamps or worksheet or given_times)
+    zoneless = defaultdict(int)  # source: how many of its times named no zone, so were read in `zone`
     for cand in chosen.values():
         moment, source = submission_time(cand, stamps, worksheet, given_times, students)
         row = next(r for r, c in candidates if c is cand)
         if moment:
+            if not moment.tzinfo:
+                zoneless[source] += 1
             cand.submitted = moment if moment.tzinfo else moment.replace(tzinfo=zone)
             row.submitted_at, row.time_source = cand.submitted.isoformat(), source
-    write(out, chosen, rows, download, have_times)
+    write(out, chosen, rows, download, have_times, {lsn for _, lsn in chosen} | ({lesson} if lesson else set()))
     if roster:  # export and report read it from SUBMISSIONS when no --roster is given
         write_atomic(out / STORED, Path(roster.path).read_text(encoding="utf-8-sig"))
     report(rows, chosen, stream or sys.stdout, out, roster)
+    if zoneless:  # a wrong zone moves every time, silently, and a later collect keeps an earlier time (keep_time)
+        print(
+            f"times without a zone ({', '.join(f'{n} from {s}' for s, n in sorted(zoneless.items()))}): read in "
+            f"{zone.key}; if the LMS shows them in another zone, give --timezone (see the README)",
+            file=stream or sys.stdout,
+        )
     return rows
 
 
@@ -802,10 +811,11 @@ def submission_time(cand, stamps, worksheet, given_times, students):
     return None, ""
 
 
-def write(out, chosen, rows, download, have_times):
+def write(out, chosen, rows, download, have_times, lessons):
     """The notebooks, their timestamp.txt and collection.csv. Cumulative: other lessons' and other
-    downloads' lines are kept, and so is a stored submission time (keep_time). have_times: the download
-    came with time sources, so a submission they do not list and that has no stored time is an anomaly."""
+    downloads' lines are kept (merged_log), and so is a stored submission time (keep_time). have_times: the
+    download came with time sources, so a submission they do not list and that has no stored time is an
+    anomaly. lessons: those this run collects (the --lesson, and every lesson it filed)."""
     out.mkdir(parents=True, exist_ok=True)
     by_file = {r.file: r for r in rows}
     for (student, lesson), cand in sorted(chosen.items()):
@@ -818,8 +828,25 @@ def write(out, chosen, rows, download, have_times):
         if keep_time(dest.parent, cand.submitted, row, changed, have_times):
             write_timestamp(dest.parent, cand.submitted)
     log = out / LOG_FILE
-    kept = [r for r in read_csv(log) if r.get("download") != str(download)] if log.is_file() else []
-    write_atomic(log, csv_text(kept + [r.csv(download) for r in rows], LOG_COLUMNS))
+    old = read_csv(log) if log.is_file() else []
+    write_atomic(log, csv_text(merged_log(old, [r.csv(download) for r in rows], str(download), lessons), LOG_COLUMNS))
+
+
+def merged_log(old, new, download, lessons):
+    """collection.csv's rows after this run: the earlier ones of other downloads, then this run's (new), which
+    replace the earlier ones of the same download, but for an upload an earlier run filed under a lesson this run
+    does not collect: that one stays collected. Canvas names every assignment's download submissions.zip, so one
+    path may hold each lesson's in turn, and a download is collected again with another --lesson to file a
+    notebook uploaded to the wrong assignment; feedback-upload finds an upload only by its collected row."""
+    earlier = {
+        r["file"]: r
+        for r in old
+        if r.get("download") == download and r["action"] == "collected" and r["lesson"] not in lessons
+    }
+    new = [r for r in new if r["action"] == "collected" or r["file"] not in earlier]
+    listed = {r["file"] for r in new}
+    others = [r for r in old if r.get("download") != download]
+    return others + [r for file, r in earlier.items() if file not in listed] + new
 
 
 def keep_time(folder, new, row, changed, have_times):

@@ -93,9 +93,10 @@ def _nothing_written(kind, latest, lines, lessons):
     unnamed = [file for (lesson, student), file in latest.items() if upload_name(kind, file) is None]
     if len(unnamed) == len(latest):
         other = [k for k in FORMATS if k != kind and all(upload_name(k, f) for f in unnamed)]
+        n = len(unnamed)
+        which = f"none of the {n} uploads collected was" if n > 1 else "the upload collected is not"
         return (
-            f"{'none of the ' + str(len(unnamed)) + ' uploads collected was' if len(unnamed) > 1 else 'the upload collected is not'}"
-            f" named the way {kind.capitalize()} names one"
+            f"{which} named the way {kind.capitalize()} names one"
             + (
                 f" (a {other[0].capitalize()} download: give --format {other[0]})"
                 if other

@@ -3,9 +3,10 @@ formgrader show the scores the grader decided; and the autograded notebooks form
 (formgrader.py). Student code never touches either.
 
 The grader owns every grade's auto_score; a written question (a markdown answer) has none: it needs a
-manual grade until a TA saves one in formgrader (one left unanswered scores an auto_score of 0 and needs none), and read_reviews reads that score like any other. An
-instructor's review (manual_score, extra credit, comments, made in formgrader or through nbgrader.api) is
-never touched: a regrade or a --resume keeps it, and nbgrader shows it in place of the auto_score.
+manual grade until a TA saves one in formgrader (one left unanswered scores an auto_score of 0 and needs
+none), and read_reviews reads that score like any other. An instructor's review (manual_score, extra
+credit, comments, made in formgrader or through nbgrader.api) is never touched: a regrade or a --resume
+keeps it, and nbgrader shows it in place of the auto_score.
 
 An override is stale when a regrade changes the autograded score it was made against, or, for a written
 question, a resubmission changes the answer its autograded notebook showed the TA: the update
@@ -118,7 +119,7 @@ def update_gradebook(db_path, results, tests, course_root=None, roster=None):
     """Create the lessons' structure (assignment, notebook, grade and solution cells), set every
     auto_score, and write the autograded notebooks under course_root (default: the gradebook's folder), with
     formgrader's nbgrader_config.py there (formgrader.write_config) when it has none. With a roster, every roster
-    student is in the gradebook with their name and email, as formgrader shows them."""
+    student is in the gradebook with their name, email and LMS id, as formgrader shows them."""
     from sqlalchemy.exc import SAWarning
 
     from autograder.adapters.formgrader import changed_answers, write_autograded, write_config
@@ -129,7 +130,13 @@ def update_gradebook(db_path, results, tests, course_root=None, roster=None):
         warnings.simplefilter("ignore", SAWarning)
         for row in roster.rows if roster else ():
             first, last = split_name(row["name"])
-            gb.update_or_create_student(row["student"], first_name=first, last_name=last, email=row["email"] or None)
+            gb.update_or_create_student(
+                row["student"],
+                first_name=first,
+                last_name=last,
+                email=row["email"] or None,
+                lms_user_id=row.get("lms_id") or None,
+            )
         for lesson, cells in tests.items():
             gb.update_or_create_assignment(lesson)
             gb.update_or_create_notebook(lesson, lesson)
@@ -160,7 +167,8 @@ def update_gradebook(db_path, results, tests, course_root=None, roster=None):
             changed = changed_answers(course_root, r, nbk.read(nbk.lesson_path(r.lesson))) if r.written else set()
             for w in r.written:  # formgrader lists it until a TA saves a score (which clears the mark)
                 grade = next(g for g in notebook.grades if g.name == w.question)
-                # Unanswered: 0 without a TA, as nbgrader's autograde scores an unchanged answer; a TA may still score it.
+                # Unanswered: 0 without a TA, as nbgrader's autograde scores an unchanged answer; a TA may still
+                # score it.
                 grade.auto_score = 0.0 if w.status == UNANSWERED else None
                 if grade.manual_score is None:
                     grade.needs_manual_grade = w.status != UNANSWERED

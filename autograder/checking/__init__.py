@@ -1,4 +1,5 @@
-"""The machinery every lesson's hidden checks share; the checks themselves live in autograder/lessons/<module>/checks.py.
+"""The machinery every lesson's hidden checks share; the checks themselves live in
+autograder/lessons/<module>/checks.py.
 
 A check draws inputs, runs the student's code through a Subject and compares the result with
 solutions/ in this process. It raises AssertionError with a message that names the likely
@@ -15,6 +16,7 @@ stand_ins (correct helpers sent into the sandbox, as text).
 
 from autograder.checking.comparators import (
     TOLERANCE,
+    Expect,
     as_torch,
     call_named,
     call_within_memory,
@@ -26,6 +28,7 @@ from autograder.checking.comparators import (
     expect_int_attributes,
     expect_pair,
     fail,
+    keeps_argument,
     kind_of,
     reference,
     where_it_differs,
@@ -49,6 +52,7 @@ from autograder.checking.subject import (
 
 __all__ = [
     "TOLERANCE",
+    "Expect",
     "as_torch",
     "call_named",
     "call_within_memory",
@@ -60,6 +64,7 @@ __all__ = [
     "expect_int_attributes",
     "expect_pair",
     "fail",
+    "keeps_argument",
     "kind_of",
     "reference",
     "where_it_differs",

@@ -2,12 +2,13 @@
 (reference, as_torch), and the expect_* verdicts that name the likely mistake, never a hidden value."""
 
 import contextlib
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
 from autograder.checking.memory import held_note
-from autograder.checking.subject import OverBudget, StudentError
+from autograder.checking.subject import OverBudget, StudentError, tensor
 from autograder.sandbox import wire
 from autograder.sandbox.server import ObjectServer
 from autograder.sandbox.wire import Array, Handle
@@ -24,6 +25,14 @@ def call_named(s, what, *args, hint="", **kwargs):
         return s.call(*args, **kwargs)
     except StudentError as e:
         fail(f"{what} raised {e.type}: {e.message}" + (f" ({hint})" if hint else ""))
+
+
+def keeps_argument(s, target, x, *args):
+    """(target(x, *args), whether the call left x, a numpy array sent as a tensor, as it was). The student's process
+    sends x back as the call left it (helpers.with_argument) and this process compares it with its own copy: where
+    the student's code runs, nothing says whether x was kept, so forging it means leaving x as it was."""
+    got, after = s.helper("with_argument", target, tensor(x), *args)
+    return got, isinstance(after, Array) and after.shape == np.shape(x) and np.array_equal(after.data, x)
 
 
 def call_within_memory(s, memory_mb, message, target, *args, **kwargs):
@@ -147,28 +156,41 @@ def where_it_differs(bad, axes=None, regions=None):
     return "; ".join(parts) or "in scattered entries"
 
 
-def expect_array(
-    got,
-    want,
-    what,
-    mistakes=(),
-    nan_hint="",
-    hint="",
-    rtol=None,
-    atol=None,
-    upcast_ok=False,
-    cond=1.0,
-    axes=None,
-    regions=None,
-):
-    """Check a returned array against the reference `want` (an Array from reference()).
+@dataclass(frozen=True)
+class Expect:
+    """How expect_array judges one result and what its failure says, in the spirit of PrairieLearn's
+    Feedback.check_* options: a lesson names the few it uses once (e.g. HEADS = Expect(axes=("B", "H", "T", "Dh")))
+    and varies one per call (expect_array's keywords, or .but(hint=...)).
+
+    hint: said after a value mismatch; nan_hint: said when NaN or inf stands where the answer is finite;
+    rtol, atol: the tolerance (None: the dtype's, TOLERANCE), scaled by cond (the problem's conditioning);
+    upcast_ok: float64 passes for float32 (dtype_ok); axes, regions: where a mismatch is said to be
+    (where_it_differs)."""
+
+    hint: str = ""
+    nan_hint: str = ""
+    rtol: float | None = None
+    atol: float | None = None
+    upcast_ok: bool = False
+    cond: float = 1.0
+    axes: tuple | None = None
+    regions: dict | None = None
+
+    def but(self, **changes) -> "Expect":
+        """These options with `changes` (Expect's fields) made; TypeError naming one it lacks."""
+        return replace(self, **changes)
+
+
+def expect_array(got, want, what, mistakes=(), how: Expect | None = None, **changes):
+    """Check a returned array against the reference `want` (an Array from reference()), judged and worded as `how`
+    (an Expect; default Expect()) with `changes` (Expect's fields) made.
 
     mistakes: [(message, Array)] of what known mistakes would return on the same inputs, or a
     function returning them (called only when the result is wrong); a match fails with that
-    message. Then kind, dtype, shape, device, NaN and values; a value mismatch says where it is
-    (axes and regions: see where_it_differs). cond scales the tolerance (the problem's conditioning).
+    message. Then kind, dtype, shape, device, NaN and values; a value mismatch says where it is.
     """
-    tol = dict(rtol=rtol, atol=atol, upcast_ok=upcast_ok, cond=cond)
+    how = (how or Expect()).but(**changes)
+    tol = dict(rtol=how.rtol, atol=how.atol, upcast_ok=how.upcast_ok, cond=how.cond)
     if callable(mistakes):
         mistakes = [] if close(got, want, **tol) else mistakes()
     for message, wrong in mistakes:
@@ -178,7 +200,7 @@ def expect_array(
         fail(f"{what} should be {kind_of(want)}, but it is {kind_of(got)}")
     if got.subclass:
         fail(f"{what} should be a plain {kind_of(want)[2:]}, not a subclass ({got.subclass})")
-    if not dtype_ok(got, want, upcast_ok):
+    if not dtype_ok(got, want, how.upcast_ok):
         fail(f"{what} has dtype {got.dtype}, but should have {want.dtype}: keep the inputs' dtype")
     if got.shape != want.shape:
         fail(f"{what} has shape {got.shape}, but should have shape {want.shape}")
@@ -188,14 +210,17 @@ def expect_array(
         bad = ~np.isfinite(got.data) & np.isfinite(want.data)
         if bad.any():
             fail(
-                f"{what} contains NaN or inf where the correct result is finite" + (f": {nan_hint}" if nan_hint else "")
+                f"{what} contains NaN or inf where the correct result is finite"
+                + (f": {how.nan_hint}" if how.nan_hint else "")
             )
     if not close(got, want, **tol):
-        where = (
-            where_it_differs(~_near(got, want, rtol, atol, cond), axes, regions) if want.data.dtype.kind == "f" else ""
-        )
+        where = ""
+        if want.data.dtype.kind == "f":
+            where = where_it_differs(~_near(got, want, how.rtol, how.atol, how.cond), how.axes, how.regions)
         fail(
-            f"{what} differs from the correct result" + (f" ({where})" if where else "") + (f": {hint}" if hint else "")
+            f"{what} differs from the correct result"
+            + (f" ({where})" if where else "")
+            + (f": {how.hint}" if how.hint else "")
         )
 
 

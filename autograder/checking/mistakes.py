@@ -51,9 +51,12 @@ class Mistake(tuple):
 
 def edited(code, *replacements):
     """code with each (old, new) text replacement made; old must occur (a mutant that changes nothing would
-    silently be the correct answer)."""
+    silently be the correct answer). LookupError, not an AssertionError, where it does not: the grader takes an
+    AssertionError for the student's failure and shows its text, while this is a bug of ours (a reformatted
+    reference), an error flagged for regrading."""
     for old, new in replacements:
-        assert old in code, old
+        if old not in code:
+            raise LookupError(f"a mistake's edit no longer applies (the reference changed?): {old!r} not in its code")
         code = code.replace(old, new)
     return code
 

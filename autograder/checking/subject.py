@@ -249,9 +249,8 @@ class Subject:
                 self.isolate(self._isolated)
 
     def _still_forbidding(self, paths):
-        """Fail unless the paths are still off where the block's calls ran: a cell can find our registration's handle
-        and reset() it (tripwires.probe says what a determined attacker can still do). The probe is not counted as a
-        call of the block."""
+        """Fail unless the paths are still off where the block's calls ran (tripwires.probe says what turning them
+        back on takes, and what this second layer is worth). The probe is not counted as a call of the block."""
         calls = self._calls
         try:
             lost = self.helper("tripwires_probe", list(paths))

@@ -28,8 +28,9 @@ A manifest holds what the course knows about a lesson beyond its notebook and co
 
 `LESSONS` (autograder.checking), Gradescope's extras, the book's lesson list, the tests' lesson list, the
 files a release and a grading run give the notebook, and each lesson's limits are derived from these files;
-title, summary and contract are the book's text, and editing them regrades nobody (grading_keys). Python 3.10 has no tomllib: there a small reader takes the subset above
-(tables, and strings, numbers and lists of strings on one line each).
+title, summary and contract are the book's text, and editing them regrades nobody (grading_keys). Python 3.10
+has no tomllib: there a small reader takes the subset above (tables, and strings, numbers and lists of strings
+on one line each).
 """
 
 import ast

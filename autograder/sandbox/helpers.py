@@ -1,6 +1,13 @@
 """Objects the grader builds next to student code, so that one function can be checked
 without depending on the student's other answers (a correct cache for attend_with_cache, a
 stand-in model for generate, ...). Nothing here is a lesson's answer.
+
+Everything here runs in the student's process, where a cell may have replaced it (sys.modules reaches this module):
+a helper sends data (a tensor as a call left it, a model's .grad), never a verdict, and the grader compares the data
+with its own copy of what it sent, so that forging it means producing the state the exercise asks for. What only
+this process can tell (a CPU time to compare with) is measured in a process that ran none of the notebook's code
+(Subject.elsewhere). Two still report what they saw as a word or a number (device_used, tensor_bytes): forging them
+spares no more work than passing the device on, or than dropping a log kept beside a correct window.
 """
 
 import math
@@ -110,28 +117,25 @@ class Graph:
         return tuple(t.grad for t in self.leaves)
 
     def saved(self):
-        """Before backward: the shapes of what fn's ctx.save_for_backward saved, and the names of the tensors kept
-        as attributes of ctx (what the student's process reports: it catches the honest slip, not a forgery)."""
+        """Before backward: the tensors fn's ctx.save_for_backward saved, as data the grader compares with its own,
+        and the names of the tensors kept as attributes of ctx."""
         ctx = self.out.grad_fn
         return (
-            [list(t.shape) for t in getattr(ctx, "saved_tensors", ())],
+            list(getattr(ctx, "saved_tensors", ())),
             sorted(n for n, x in vars(ctx).items() if isinstance(x, torch.Tensor)),
         )
 
 
-def gradcheck(fn, q, k, v, *args):
-    """torch.autograd.gradcheck of fn(q, k, v, *args) in q's dtype (float64): True, or it raises why not."""
-    return torch.autograd.gradcheck(fn, (*(t.detach().requires_grad_() for t in (q, k, v)), *args))
-
-
-# .grad and .requires_grad as torch's C type defines them: a cell may rebind torch.Tensor's, not these (an immutable type)
+# .grad and .requires_grad as torch's C type defines them: a cell may rebind torch.Tensor's, not these (an
+# immutable type)
 _GRAD, _REQUIRES_GRAD = torch._C.TensorBase.grad, torch._C.TensorBase.requires_grad
 
 
 class ModelRecord:
     """The parameters and submodules of a model the grader just built, found through each module's own __dict__ (as
-    nn.Module keeps them), not through its methods, which a subclass may override: what the grader reads of the model
-    after a call (its weights, .grad, requires_grad and mode) comes from these objects."""
+    nn.Module keeps them), not through its methods, which a subclass may override. What the grader reads of the model
+    after a call (its weights, .grad, requires_grad and mode) comes from these objects, as data the grader compares
+    with what it set: no verdict is made here, where the student's code may have replaced this class's methods."""
 
     def __init__(self, model):
         self.modules, self.params, todo = [], {}, [("", model)]
@@ -144,18 +148,15 @@ class ModelRecord:
                     self.params[prefix + name] = p
             todo += [(f"{prefix}{name}.", m) for name, m in own.get("_modules", {}).items() if m is not None]
 
-    def give_grads(self):
-        """Every other parameter (the 1st, 3rd, ...) a .grad of 0.5s and the rest none, as a caller in the middle of
-        its own backward would leave them."""
-        for i, p in enumerate(self.params.values()):
-            _GRAD.__set__(p, torch.full_like(p.detach(), 0.5) if i % 2 == 0 else None)
+    def give_grads(self, grads):
+        """Each parameter's .grad set to grads[name] (a tensor, or None: absent names too), as a caller in the middle
+        of its own backward would leave them; the grader chooses the values."""
+        for name, p in self.params.items():
+            _GRAD.__set__(p, None if grads.get(name) is None else grads[name].to(p.dtype))
 
-    def grads_as_given(self):
-        """Whether the .grad are still as give_grads left them (values included), and every parameter requires grad."""
-        grads = [_GRAD.__get__(p) for p in self.params.values()]
-        return all(_REQUIRES_GRAD.__get__(p) for p in self.params.values()) and all(
-            (g is not None and bool((g == 0.5).all())) if i % 2 == 0 else g is None for i, g in enumerate(grads)
-        )
+    def grads(self):
+        """{name: [requires_grad, .grad (None when unset)]}."""
+        return {name: [bool(_REQUIRES_GRAD.__get__(p)), _GRAD.__get__(p)] for name, p in self.params.items()}
 
     def weights(self):
         """{name: a copy of the parameter's values}."""
@@ -177,20 +178,20 @@ def without_grad(fn, *args):
         return fn(*args)
 
 
-def keeps_argument(fn, x, *args):
-    """(fn(x, *args), whether the tensor x is unchanged after the call)."""
-    before = x.clone()
-    return fn(x, *args), bool(torch.equal(before, x))
+def with_argument(fn, x, *args):
+    """(fn(x, *args), x as the call left it): the grader compares x with its own copy of what it sent
+    (checking.keeps_argument)."""
+    return fn(x, *args), x
 
 
 def device_used(fn, *args, **kwargs):
     """Whether fn(*args, **kwargs, device=...) makes its tensor on the device it is asked for: "used",
     "ignored", "unseen" (no verdict) or "broken" (with device="cpu" it raises, a device argument it
-    lacks included, or returns no tensor). The device asked for is one that costs nothing here: "cuda" where this torch cannot use
-    one (code that uses it raises; code that ignores it returns a CPU tensor), else "meta", which every
-    torch has but whose first use imports PyTorch's meta kernels (about 1 s and 250 MiB, which would
-    count as the notebook's own memory in the later memory bounds); code that uses a meta device may
-    still call an operation meta tensors lack: unseen."""
+    lacks included, or returns no tensor). The device asked for is one that costs nothing here: "cuda" where
+    this torch cannot use one (code that uses it raises; code that ignores it returns a CPU tensor), else
+    "meta", which every torch has but whose first use imports PyTorch's meta kernels (about 1 s and 250 MiB,
+    which would count as the notebook's own memory in the later memory bounds); code that uses a meta device
+    may still call an operation meta tensors lack: unseen."""
     try:
         if not torch.is_tensor(fn(*args, device="cpu", **kwargs)):
             return "broken"
@@ -346,7 +347,8 @@ def drawn_calls(fn, seed, specs, calls):
 def form_latent_kv(mla, seed, specs, chunk=2048):
     """What absorbed_attention must never do, done here to price it: apply mla.k_up and mla.v_up to every latent
     (B, Tk, d_latent) of draw(seed, specs), chunk positions at a time, keeping nothing. The grader compares the CPU
-    time of a student's call with this one's, in the same process (checks/kv_compression.py)."""
+    time of a student's call with this one's, made in a process that ran none of the notebook's code
+    (lessons/kv_compression/checks.py)."""
     latents = draw(seed, specs)[0]
     with torch.no_grad():
         for s in range(0, latents.size(1), chunk):
@@ -360,10 +362,11 @@ host_callback = None
 
 
 def launches(run, fn, *args, **kwargs):
-    """(fn(*args, **kwargs), buffers, [(grid, args, kwargs)]): fn's result and each launch of the Triton kernel whose `run` is
-    given, as it was launched, a tensor argument as the key of `buffers` {key: its contents when first launched}
-    (the same storage, shape and strides: the same key). What the grader launches again on its own (Subject.elsewhere,
-    checks/triton_replay.py): evidence recorded here may be forged, and is worth only what its replay gives."""
+    """(fn(*args, **kwargs), buffers, [(grid, args, kwargs)]): fn's result and each launch of the Triton kernel
+    whose `run` is given, as it was launched, a tensor argument as the key of `buffers` {key: its contents when
+    first launched} (the same storage, shape and strides: the same key). What the grader launches again on its
+    own (Subject.elsewhere, checks/triton_replay.py): evidence recorded here may be forged, and is worth only
+    what its replay gives."""
     kernel, buffers, seen = run.__self__, {}, []
 
     def key(t):
@@ -404,9 +407,8 @@ HELPERS = {
     "ListLatentCache": ListLatentCache,
     "len": len,
     "Graph": Graph,
-    "gradcheck": gradcheck,
     "without_grad": without_grad,
-    "keeps_argument": keeps_argument,
+    "with_argument": with_argument,
     "device_used": device_used,
     "tensor_bytes": tensor_bytes,
     "compile_kernels": compile_kernels,

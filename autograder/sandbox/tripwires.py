@@ -6,10 +6,12 @@ A path's operators get a kernel of ours at every dispatch key that has one (CPU,
 tensors, autocast, ...): it raises ForbiddenPath naming the operator. Autograd's kernels are replaced by
 fallthroughs for every operator: nothing is recorded, so autograd, .backward(), torch.func and forward-mode AD
 give no gradient (an error, or zeros). The original kernels stay registered underneath ours, reachable only
-through our registration's handle; in the sandbox (install(..., for_good=True)) that handle is a pybind object
-the garbage collector does not track, whose only reference is leaked: the garbage collector cannot find it, but a
-scan of the heap (ctypes over /proc/self/maps) can, and reset() it. So the grader asks, after its calls, whether
-every path is still off (probe(); Subject.forbidding), and a path switched back on costs the aspect.
+through our registration, a C++ torch::Library whose destruction or reset() removes our kernels. In the sandbox
+(install(..., for_good=True)) no Python object owns it: its pybind handle is emptied (_orphan) and freed before
+any cell runs, so neither the garbage collector nor a scan of the heap for handles (ctypes over /proc/self/maps)
+finds one to reset; undoing it means finding the C++ object in memory and running its registrations' C++
+callbacks by hand. The grader still asks, after its calls, whether every path is still off (probe();
+Subject.forbidding), and a path switched back on costs the aspect.
 
 Where torch computes the same in Python (torch._refs, torch._decomp's tables, F.multi_head_attention_forward,
 eager flex_attention's Python kernels: routes()), the functions' code is replaced in place by code that raises
@@ -225,8 +227,9 @@ def install(paths, for_good=True):
         for op in torch._ops._higher_order_ops.values() if hasattr(torch._ops, "_higher_order_ops") else ():
             getattr(op, "_dispatch_cache", {}).clear()  # kernels it looked up before
     if for_good:
-        for handle in libraries.values():  # kept alive by a reference nobody holds (see the module's docstring)
-            ctypes.pythonapi.Py_IncRef(ctypes.py_object(handle))
+        for handle in libraries.values():
+            _orphan(handle)
+        libraries.clear()
         return None
 
     def remove():
@@ -244,17 +247,31 @@ def install(paths, for_good=True):
     return remove
 
 
+def _orphan(handle):
+    """Leave handle's torch::Library (our kernels' registration) alive with no Python object owning it: pybind's
+    simple instance layout holds [refcount, type, value pointer, holder (the unique_ptr), ..., flags]; the holder
+    emptied, freeing the handle destroys nothing. Where the layout is not that one (another pybind), the handle is
+    kept alive by a reference nobody holds instead: out of the garbage collector's reach, not a heap scan's."""
+    words = (ctypes.c_uint64 * (type(handle).__basicsize__ // 8)).from_address(id(handle))
+    simple_and_constructed = 0b110  # pybind's instance flags: simple_layout, simple_holders_constructed
+    if len(words) >= 5 and words[2] and words[2] == words[3] and words[-1] & simple_and_constructed == 0b110:
+        words[3] = 0
+    else:
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(handle))
+
+
 def probe(paths):
     """The parts of the paths switched back on since install(paths) (empty while every route still ends in a
     tripwire): an operator with an active kernel that is not ours, a Python route whose code is not the tripwire, or
     a fresh call per path that does not raise ForbiddenPath (autograd: a product that records a grad_fn). The grader
-    asks after each call with the paths off (Subject.forbidding), so a cell that found our registration's handle
-    (the heap holds it: ctypes over /proc/self/maps) and reset() it loses the aspect.
+    asks after each call with the paths off (Subject.forbidding), so a cell that undid our registration loses the
+    aspect.
 
-    What a determined attacker can still do, in a process it owns: switch the paths back on for the call and off
-    again before returning (registering kernels and code of its own that raise a ForbiddenPath of the same name), or
-    replace this function. The probe only makes undoing the guard take that much more work; the Triton answers'
-    replay and the lessons' evidence checks are the other layers."""
+    It runs next to the student's code, which may replace it: it is a second layer. The first is that the paths are
+    off before any cell runs and no Python object holds the registration (_orphan): turning them back on takes
+    finding a C++ object in the process's memory and running its C++ callbacks by hand, far more work than the
+    exercise; only then is this function worth replacing. The Triton answers' replay and the lessons' evidence
+    checks are the other layers."""
     import torch
 
     lost = [

@@ -59,7 +59,8 @@ TRICKS = {
 import os
 found = [p for p in ["../../../source/01_attention/01_attention.ipynb", "../source/01_attention/01_attention.ipynb",
                      "{REPO}/lessons/01_attention/01_attention.ipynb", "{REPO}/solutions/attention.py",
-                     "{REPO}/autograder/lessons/attention/checks.py", "{ROOT}/submissions/honest-0/01_attention/01_attention.ipynb"]
+                     "{REPO}/autograder/lessons/attention/checks.py",
+                     "{ROOT}/submissions/honest-0/01_attention/01_attention.ipynb"]
          if os.path.exists(p)]
 for module in ("solutions.attention", "autograder.lessons.attention.checks"):
     try:
@@ -410,7 +411,10 @@ def test_gradebook_holds_the_trusted_scores(attack):
             assert gb.find_submission(LESSON, student).score == points(attack, student)
 
 
-PLACES = '["planted", os.path.expanduser("~/planted"), os.path.join(tempfile.gettempdir(), "planted"), "/tmp/planted", "/dev/shm/planted", "/scratch/planted", "/planted", "/opt/grader/planted", "/course/planted", "../planted"]'
+PLACES = (
+    '["planted", os.path.expanduser("~/planted"), os.path.join(tempfile.gettempdir(), "planted"), "/tmp/planted", '
+    '"/dev/shm/planted", "/scratch/planted", "/planted", "/opt/grader/planted", "/course/planted", "../planted"]'
+)
 WRITER = f"""
 import os, tempfile, time
 for path in {PLACES}:

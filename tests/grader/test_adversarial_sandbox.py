@@ -80,7 +80,8 @@ if libc.process_vm_readv(os.getppid(), ctypes.byref(local), 1, ctypes.byref(remo
     "takeover-debugger": [
         """
 import os
-debuggers = [p for p in ("/usr/bin/gdb", "/usr/bin/strace", "/usr/bin/gcore") if os.path.isfile(p) and os.path.getsize(p)]
+debuggers = [p for p in ("/usr/bin/gdb", "/usr/bin/strace", "/usr/bin/gcore")
+             if os.path.isfile(p) and os.path.getsize(p)]
 if debuggers:
 """
         + IF_IT_WORKED
@@ -251,7 +252,8 @@ FORGED_FRAMES = [
     SEND_FRAME
     + """
 import json
-for frame in ({"cell": -1000, "state": "start"}, {"cell": "0", "state": "done"}, {"cell": 0, "state": "done", "error": "x"}):
+for frame in ({"cell": -1000, "state": "start"}, {"cell": "0", "state": "done"},
+              {"cell": 0, "state": "done", "error": "x"}):
     send_frame(json.dumps(frame).encode())
 """
 ]
@@ -506,7 +508,10 @@ def _course_as_in_a_container():
     closed = [p for p in reversed(stdlib.parents) if not os.stat(p).st_mode & stat.S_IXOTH]
     if len(closed) > 1 or not shutil.which("unshare"):
         return None
-    find = "import importlib.util as u\nfor n in ('solutions', 'autograder'):\n print(*u.find_spec(n).submodule_search_locations)"
+    find = (
+        "import importlib.util as u\nfor n in ('solutions', 'autograder'):\n"
+        " print(*u.find_spec(n).submodule_search_locations)"
+    )
     installed = subprocess.run([sys.executable, "-c", find], cwd="/", capture_output=True, text=True).stdout.split()
     hidden = dict.fromkeys([str(REPO / d) for d in ("solutions", "autograder", "lessons")] + installed)
     script = "set -e; " + "".join(f"mount -t tmpfs -o mode=700 tmpfs {d}; " for d in hidden)

@@ -2,15 +2,18 @@
 forbidden path costs exactly its declared aspect, with a message naming the path, and nothing a student's code does
 in its own process afterwards turns the path back on."""
 
+import inspect
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from autograder import lessons
 from autograder.checking import PartialCredit, checks_for, mistakes, verify
 from autograder.sandbox import tripwires
+from solutions import flash_backward
 from tests.harness.lessons import LESSONS, fresh_namespace
 
 
@@ -126,8 +129,8 @@ attempt("math op", lambda: torch.ops.aten._scaled_dot_product_attention_math(q, 
 attempt("kernel looked up", lambda: torch._C._dispatch_get_computed_kernel_for_dispatch_key(
     "aten::_scaled_dot_product_flash_attention_for_cpu", torch._C.DispatchKey.CPU).call_boxed(
     torch._C._dispatch_keyset_full(), q, q, q))
-attempt("multi_head_attention_forward", lambda: torch.nn.MultiheadAttention(4, 1, dtype=torch.float64).eval()(q[0, 0], q[0, 0], q[0, 0],
-                                                                                    need_weights=False))
+attempt("multi_head_attention_forward", lambda: torch.nn.MultiheadAttention(4, 1, dtype=torch.float64).eval()(
+    q[0, 0], q[0, 0], q[0, 0], need_weights=False))
 attempt("vmap", lambda: torch.vmap(F.scaled_dot_product_attention)(q, q, q))
 attempt("softmax", lambda: q.softmax(-1))
 attempt("distribution", lambda: torch.distributions.Categorical(logits=q).probs)
@@ -165,19 +168,32 @@ def test_without_the_paths_off_every_attack_reaches_its_path():
     assert {name: r for name, r in results.items() if r != "reached"} == {}
 
 
-def test_a_tripwire_reset_through_the_heap_is_seen():
-    """A cell that finds the leaked registration's handle by scanning the heap and resets it: the probe the grader
-    runs after its calls (Subject.forbidding) names what came back."""
+@pytest.mark.parametrize("handle", ["orphaned", "leaked"])
+def test_a_scan_of_the_heap_finds_no_handle_to_reset(handle):
+    """A cell that scans the heap for our registration's handle, to reset() it and reach the kernels: the sandbox's
+    registration has no handle left to find, and the paths stay off. "leaked": the handle kept alive by a reference
+    nobody holds instead (as before issue 33), which the scan finds, so that this test can fail."""
+    leak = "tripwires._orphan = lambda h: ctypes.pythonapi.Py_IncRef(ctypes.py_object(h))\n" * (handle == "leaked")
     script = f"""
-from autograder.sandbox import tripwires
-tripwires.install(['attention kernels', 'softmax'])
-print(tripwires.probe(['attention kernels', 'softmax']))
 {RESET_THROUGH_THE_HEAP}
-print(_reset() > 0, tripwires.probe(['attention kernels', 'softmax'])[:1])
+from autograder.sandbox import tripwires
+{leak}tripwires.install(['attention kernels', 'softmax'])
+print(tripwires.probe(['attention kernels', 'softmax']))
+print(_reset())
+q = torch.ones(1, 1, 2, 2)
+try:
+    torch.nn.functional.scaled_dot_product_attention(q, q, q)
+    print("reached", tripwires.probe(['attention kernels', 'softmax'])[:1])
+except tripwires.ForbiddenPath:
+    print("off", tripwires.probe(['attention kernels', 'softmax']))
 """
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-    before, after = out.stdout.splitlines()[-2:]
-    assert before == "[]" and after.startswith("True ['aten::"), out.stderr[-2000:]
+    before, found, after = out.stdout.splitlines()[-3:]
+    assert before == "[]", out.stderr[-2000:]
+    if handle == "orphaned":
+        assert (found, after) == ("0", "off []")
+    else:  # the probe, the second layer, still names what came back
+        assert int(found) > 0 and after.startswith("reached ['aten::"), (found, after)
 
 
 RESET_THROUGH_THE_HEAP = """
@@ -311,6 +327,117 @@ def test_a_model_that_shows_stand_ins_loses_model_as_found_only():
         verify(lesson, name, fresh_namespace(lesson, {name: trick.code}))
     assert {r["aspect"] for r in caught.value.rows if not r["passed"]} == {"model as found"}
     assert ".grad" in str(caught.value)
+
+
+# Forgeries of the evidence gathered next to the student's code (issue 33): each rides on a known wrong answer that
+# loses the aspect, with a cell that rewrites what the grader's helpers in that process report. The helpers send data
+# (the argument after the call, the .grad the model holds) that the grader compares with its own copy of what it sent:
+# a verdict a cell can replace with "yes" is never made there. Run in a fresh process (the cell changes its helpers).
+_HELPERS = "import sys\nhelpers = next(m for n, m in list(sys.modules.items()) if n.endswith('sandbox.helpers'))\n"
+# A FlashAttention right at the lesson's sizes whose dq is wrong for fewer than 8 keys (gradcheck's sizes)
+_WRONG_FOR_FEW_KEYS = inspect.getsource(flash_backward.FlashAttention).replace(
+    "return dq, dk, dv, None", "return dq * (2 if k.size(2) < 8 else 1), dk, dv, None"
+)
+FORGERIES = {  # id: (lesson, graded name, the wrong answer (a mutant's what, or code), the forging cell, aspect lost)
+    "grads_as_given says yes": (
+        "10_head_roles",
+        "head_importance",
+        "loss.backward() fills the parameters' .grad",
+        _HELPERS + "helpers.ModelRecord.grads_as_given = lambda self: True\n",
+        "model as found",
+    ),
+    "the .grad reported as a constant": (
+        "10_head_roles",
+        "head_importance",
+        "loss.backward() fills the parameters' .grad",
+        _HELPERS + "helpers.ModelRecord.grads = lambda self: {n: [True, torch.full_like(p, 0.5) if i % 2 == 0 else "
+        "None] for i, (n, p) in enumerate(self.params.items())}\n",
+        "model as found",
+    ),
+    "keeps_argument says yes": (
+        "02_heads",
+        "attention",
+        "q scaled in place (q /= sqrt(d_k))",
+        _HELPERS + "helpers.HELPERS['keeps_argument'] = lambda fn, x, *a: (fn(x, *a), True)\n",
+        "scaled attention",
+    ),
+    "Graph.saved reports the shapes of q, k, v, out, lse": (
+        "09_flash_backward",
+        "FlashAttention",
+        "only q, k, v saved, the forward rerun in the backward",
+        _HELPERS + "helpers.Graph.saved = lambda self: ([[1, 2, 5, 4], [1, 2, 7, 4], [1, 2, 7, 4], [1, 2, 5, 4], "
+        "[1, 2, 5]], [])\n",
+        "saves q, k, v, out, lse",
+    ),
+    "gradcheck says yes": (
+        "09_flash_backward",
+        "FlashAttention",
+        _WRONG_FOR_FEW_KEYS,
+        _HELPERS + "helpers.HELPERS['gradcheck'] = lambda *a: True\n",
+        "gradcheck",
+    ),
+}
+_LOST = """
+import json, sys
+from autograder.checking import PartialCredit, checks_for, verify
+from tests.harness.lessons import fresh_namespace
+lesson, name, code = json.loads(sys.argv[1])
+try:
+    verify(lesson, name, fresh_namespace(lesson, {name: code}))
+    lost = []
+except PartialCredit as e:
+    lost = sorted(r["aspect"] for r in e.rows if not r["passed"])
+except AssertionError:
+    lost = [next(iter(checks_for(lesson)[name].aspects))]
+print(json.dumps(lost))
+"""
+
+
+@pytest.mark.parametrize("forgery", sorted(FORGERIES))
+def test_forged_evidence_costs_its_aspect(forgery):
+    lesson, name, what, cell, aspect = FORGERIES[forgery]
+    wrong = next((m.code for m in mistakes.mutants(lesson)[name] if m.what == what), what)
+    out = subprocess.run(
+        [sys.executable, "-c", _LOST, json.dumps([lesson, name, cell + wrong])],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [aspect]
+
+
+@pytest.mark.slow
+def test_the_price_of_forming_keys_cannot_be_raised_from_a_cell(tmp_path):
+    """Lesson 08 prices forming every key and value (helpers.form_latent_kv) to judge "never forms keys or values"
+    by CPU time: a cell that makes that helper slower in its own process (here a hundred times over) does not raise
+    the price the grader compares with, which it reads in a process that ran none of the notebook's code."""
+    from autograder import notebook as nbk
+    from autograder.release import release
+    from tests.harness.grading import read_grades, run
+    from tests.harness.lessons import fill
+
+    lesson, name = "08_kv_compression", "absorbed_attention"
+    [wrong] = [
+        m.code for m in mistakes.mutants(lesson)[name] if m.what == "keys and values formed 16 positions at a time"
+    ]
+    slower = (  # in every copy of the helpers the process holds: the server's is the sandbox package's
+        "import sys\nfor _m in [m for n, m in list(sys.modules.items()) if n.endswith('sandbox.helpers')]:\n"
+        "    _m.HELPERS['form_latent_kv'] = lambda *a, _form=_m.form_latent_kv: [_form(*a) for _ in range(100)]\n"
+    )
+    release(tmp_path / "release", [lesson])
+    rel = nbk.read(tmp_path / "release" / lesson / f"{lesson}.ipynb")
+    nbk.write(fill(rel, lesson, {name: slower + wrong}), tmp_path / "subs" / "slower" / lesson / f"{lesson}.ipynb")
+    run("grade", str(tmp_path / "subs"), "--out", str(tmp_path / "results"), "--jobs", "1", "--quiet")
+    grades = read_grades(tmp_path / "results")
+    row = grades["slower", lesson, f"test_{name}"]
+    others = {n: grades["slower", lesson, f"test_{n}"]["status"] for n in checks_for(lesson) if n != name}
+    assert set(others.values()) == {"passed"}, others
+    aspects = checks_for(lesson)[name].aspects
+    share = 1 - aspects["never forms keys or values"] / sum(aspects.values())
+    assert float(row["points"]) == pytest.approx(float(row["max_points"]) * share, abs=0.01), row["message"]
+    assert "forms keys or values" in row["message"], row["message"]
 
 
 def test_the_visible_tests_switch_off_what_the_manifest_forbids_in_its_words():

@@ -1,8 +1,8 @@
 """The package's shape, from its imports (stdlib ast only, no module is imported): no import circles,
 the sandbox imports nothing of the grader's (autograder/sandbox/__init__.py states the rule), the
 core imports no adapter (autograder/adapters/__init__.py), except `python -m autograder`'s lazy dispatch,
-the checking machinery every lesson shares imports no lesson's package, and no module takes another's internals (a `_name`).
-Imports inside functions count: a lazy import still makes a circle."""
+the checking machinery every lesson shares imports no lesson's package, and no module takes another's
+internals (a `_name`). Imports inside functions count: a lazy import still makes a circle."""
 
 import ast
 import sys
@@ -244,7 +244,8 @@ def test_the_checks_see_planted_breaches(tmp_path):
         {
             "__init__.py": "",
             "results.py": "def _check(): pass\n",
-            "export.py": "from autograder.results import _check\nfrom autograder import results as store\nstore._check()\n",
+            "export.py": "from autograder.results import _check\n"
+            "from autograder import results as store\nstore._check()\n",
         },
     )
     assert private_uses(tmp_path / "internals" / "autograder") == [

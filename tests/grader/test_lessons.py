@@ -247,7 +247,8 @@ def test_a_new_lesson_is_picked_up_everywhere(tmp_path):
             "graded.f.points: should be a positive number",
         ),
         (
-            'title = "T"\nsummary = "S"\nsolutions = "toy"\ndata = ["gone.npz"]\n[graded.f]\npoints = 1\ncontract = "c"\n',
+            'title = "T"\nsummary = "S"\nsolutions = "toy"\ndata = ["gone.npz"]\n'
+            '[graded.f]\npoints = 1\ncontract = "c"\n',
             "data: gone.npz is not a file",
         ),
         (
@@ -257,11 +258,13 @@ def test_a_new_lesson_is_picked_up_everywhere(tmp_path):
         ),
         ('title = "T\nsummary = "S"\n', "not valid TOML"),
         (
-            'title = "T"\nsummary = "S"\nsolutions = "toy"\n[graded.f]\npoints = 1\ncontract = "c"\n[limits]\nseconds = 5\n',
+            'title = "T"\nsummary = "S"\nsolutions = "toy"\n[graded.f]\npoints = 1\ncontract = "c"\n'
+            "[limits]\nseconds = 5\n",
             "limits.seconds: unknown limit; a lesson may set memory_mb, cpu_seconds",
         ),
         (
-            'title = "T"\nsummary = "S"\nsolutions = "toy"\n[graded.f]\npoints = 1\ncontract = "c"\n[limits]\nmemory_mb = 0\n',
+            'title = "T"\nsummary = "S"\nsolutions = "toy"\n[graded.f]\npoints = 1\ncontract = "c"\n'
+            "[limits]\nmemory_mb = 0\n",
             "limits.memory_mb: should be a positive whole number, not 0",
         ),
         (

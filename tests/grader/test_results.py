@@ -383,6 +383,7 @@ def test_the_key_is_outside_everything_the_sandbox_sees(monkeypatch, tmp_path):
 
 
 def test_merge_refuses_a_shard_whose_result_was_edited(tmp_path):
+    from autograder.config import RunConfig
     from autograder.merge import MergeError, merge
 
     tests = nbk.lesson_tests("01_attention")
@@ -396,12 +397,12 @@ def test_merge_refuses_a_shard_whose_result_was_edited(tmp_path):
             ),
         )
         store.write_run(out, f"{i}/2", None, ["01_attention"])
-    assert len(merge(shards, tmp_path / "merged")) == 2  # honest shards merge
+    assert len(merge(RunConfig(tmp_path / "merged"), shards)) == 2  # honest shards merge
     _edit(store.result_path(shards[1], "bob", "01_attention"), _inflate)
     with pytest.raises(MergeError, match="bob.json: refused: its verdict was changed after grading"):
-        merge(shards, tmp_path / "again")
+        merge(RunConfig(tmp_path / "again"), shards)
     assert not (tmp_path / "again" / "grades.csv").exists()
-    merged = {r.student: r for r in merge(shards, tmp_path / "partial", allow_partial=True)}
+    merged = {r.student: r for r in merge(RunConfig(tmp_path / "partial", allow_partial=True), shards)}
     assert all(t.needs_regrade for t in merged["bob"].tests)  # left out, flagged for regrading
 
 
@@ -515,13 +516,14 @@ def test_a_key_other_users_can_read_gets_a_warning(tmp_path, monkeypatch, capsys
 
 
 def test_merge_carries_results_into_its_folder_and_refuses_one_copied_between_shards(tmp_path):
+    from autograder.config import RunConfig
     from autograder.merge import MergeError, merge
 
     shards = [tmp_path / f"shard{i}" for i in range(2)]
     for i, (out, student) in enumerate(zip(shards, ("alice", "bob"))):
         store.save_result(out, _fitting(student, points=0.0))
         store.write_run(out, f"{i}/2", None, ["01_attention"])
-    merge(shards, tmp_path / "merged")
+    merge(RunConfig(tmp_path / "merged"), shards)
     term = store.load_term(tmp_path / "merged", report.lesson_tests())  # signed again for the merged folder
     assert [r.student for r in term.results] == ["alice", "bob"] and not term.refused
     store.save_result(tmp_path / "elsewhere", _fitting("bob"))  # bob's full marks from another folder
@@ -529,7 +531,7 @@ def test_merge_carries_results_into_its_folder_and_refuses_one_copied_between_sh
         store.result_path(tmp_path / "elsewhere", "bob", "01_attention").read_bytes()
     )
     with pytest.raises(MergeError, match="bob.json: refused: it is not the result this folder recorded last"):
-        merge(shards, tmp_path / "again")
+        merge(RunConfig(tmp_path / "again"), shards)
 
 
 @pytest.mark.parametrize(

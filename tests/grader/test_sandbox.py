@@ -20,10 +20,10 @@ import pytest
 
 from autograder import notebook as nbk
 from autograder.checking import PartialCredit, Subject, checks_for
-from autograder.grade import submission_cells
+from autograder.grade import imports_triton, submission_cells
 from autograder.release import release
 from autograder.sandbox import runner, wire
-from autograder.worker import DEFAULT_LIMITS, Malformed, Sandbox, SandboxError, Session, choose_mode
+from autograder.worker import DEFAULT_LIMITS, Malformed, Sandbox, SandboxError, Session, _uid_refusal, choose_mode
 from tests.harness.lessons import fill
 
 
@@ -86,6 +86,50 @@ def test_the_worker_notices_a_change_to_itself():
     finally:
         wire.dumps = original
     assert runner.fingerprint(shell) == before
+
+
+def test_a_sandbox_starts_with_no_python_run_in_a_forked_grader():
+    """grade starts sandboxes from threads (grade.Warm, --jobs) while others import: a fork that runs Python in the
+    child (a preexec_fn) raced an import that registers at-fork hooks and broke logging's ("Exception ignored in:
+    <function _releaseLock>"). No at-fork hook runs as a sandbox starts (nor as the uid mode's check runs, a
+    sandbox's first step there), and it still starts inside its cgroups."""
+    forks, watching = [], [True]
+    os.register_at_fork(before=lambda: watching[0] and forks.append(os.getpid()))  # stays registered: made inert
+    try:
+        _uid_refusal()
+        sandbox = Sandbox(choose_mode("auto"), replace(DEFAULT_LIMITS, memory_mb=512))
+    except SandboxError as e:
+        pytest.skip(f"no sandbox here: {e}")
+    finally:
+        watching[0] = False
+    try:
+        assert not forks, "the grader forked with Python run in the child"
+        for path in sandbox.cgroup.paths.values():
+            assert str(sandbox.proc.pid) in Path(path, "cgroup.procs").read_text().split()
+    finally:
+        sandbox.close()
+
+
+def test_a_worker_without_triton_preloaded_still_runs_a_cell_that_imports_it():
+    """grade preloads Triton only for lessons whose cells import it (imports_triton): a student's cell of another
+    lesson that imports it gets it in its own child, not an error."""
+    pytest.importorskip("triton")
+    assert [lesson for lesson in nbk.lesson_names() if imports_triton([lesson])] == ["06_gpu", "09_flash_backward"]
+    cell = (
+        "import sys\nbefore = 'triton' in sys.modules\nimport triton\ndef seen():\n    return [before, triton.__name__]"
+    )
+    for triton in (False, True):
+        try:
+            sandbox = Sandbox(choose_mode("auto"), replace(DEFAULT_LIMITS, memory_mb=1024), triton=triton)
+        except SandboxError as e:
+            pytest.skip(f"no sandbox here: {e}")
+        s = Session(sandbox, "01_attention", [cell])
+        try:
+            s.open()
+            assert s.transport(call("seen")) == {"ok": [triton, "triton"]}
+        finally:
+            s.close()
+            sandbox.close()
 
 
 CELL = """
@@ -356,6 +400,28 @@ def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the uid mode's clean-up runs as root")
+def test_the_uid_modes_check_asks_as_that_uid(tmp_path, monkeypatch):
+    """The uid mode is taken only where its uid reads the Python install and nothing of the course."""
+    from autograder import worker
+
+    if os.geteuid() != 0:
+        pytest.skip("the uid mode needs root")
+    private = tmp_path / "course"  # pytest's folders are mode 0700: no other uid may enter
+    private.mkdir()
+    shared = Path(tempfile.mkdtemp(prefix="mha-uid-check-"))  # mode 0700 too, until opened below
+    try:
+        python = {k: "/usr/lib" for k in ("stdlib", "purelib", "platlib")}
+        monkeypatch.setattr(worker.sysconfig, "get_paths", lambda: python)
+        monkeypatch.setattr(worker, "_course_paths", lambda: [str(private), str(shared)])
+        assert _uid_refusal() == ""
+        shared.chmod(0o755)
+        assert f"can read {shared}: make the course owned by root" in _uid_refusal()
+        python["purelib"] = str(private)
+        assert f"cannot read the Python install at {private}" in _uid_refusal()
+    finally:
+        shared.rmdir()
+
+
 def test_the_uid_mode_cleans_what_the_childs_uid_left(tmp_path):
     """Where a child cannot have its own IPC namespace, the worker removes its uid's SysV
     segments and its files in the shared /dev/shm."""

@@ -220,8 +220,9 @@ def test_a_defined_mistake_costs_the_aspect_it_names(lesson, name, mutant):
 
 @each("lesson, name, mutant", lambda lesson: cases("MUTANTS", lesson, lambda c: getattr(c.values[2], "model", "")))
 def test_a_mistake_model_returns_what_its_code_returns(lesson, name, mutant):
-    """A mistake's model (autograder/lessons/<module>/mistakes.py: what its check runs in place of a code too slow for the grader, a
-    Triton kernel) returns what the code returns, on the check's inputs named in its module's MODEL_INPUTS."""
+    """A mistake's model (autograder/lessons/<module>/mistakes.py: what its check runs in place of a code too slow
+    for the grader, a Triton kernel) returns what the code returns, on the check's inputs named in its module's
+    MODEL_INPUTS."""
     import importlib
 
     import numpy as np
@@ -242,8 +243,8 @@ def test_a_mistake_model_returns_what_its_code_returns(lesson, name, mutant):
 
 
 def assert_costs_its_aspect(lesson, name, mutant, error):
-    """A mistake's definition names the aspect it costs (autograder/lessons/<module>/mistakes.py): that aspect fails. A plain
-    AssertionError means the core failed, and with it every aspect."""
+    """A mistake's definition names the aspect it costs (autograder/lessons/<module>/mistakes.py): that aspect
+    fails. A plain AssertionError means the core failed, and with it every aspect."""
     from autograder.checking import checks_for
 
     rows = getattr(error, "rows", None)

@@ -233,8 +233,8 @@ def _lesson_06(answers):
             [
                 "import timeit\nx = torch.randn(1, 1, 8, 16)\n"
                 "print(timeit.timeit(lambda: flash_attention(x, x, x), number=2))\n"
-                "print(timeit.repeat('flash_attention(x, x, x)', globals={'flash_attention': flash_attention, 'x': x},\n"
-                "                    number=1, repeat=2))",
+                "print(timeit.repeat('flash_attention(x, x, x)',\n"
+                "                    globals={'flash_attention': flash_attention, 'x': x}, number=1, repeat=2))",
                 "%timeit -n 1 -r 1 flash_attention(x, x, x)",
             ],
         ),
@@ -347,8 +347,10 @@ def _lesson_10(answers):
                 "m, h = load_checkpoint('role_model.npz')\nstories = make_corpus(20, seed=5)\n"
                 "imp = head_importance(m, stories.ids[:, :-1], stories.ids[:, 1:])\nmask = prune_heads(imp, 4)\n"
                 "print(imp, mask)",
-                "m.train()\nloss = F.cross_entropy(m(stories.ids[:, :-1]).flatten(0, 1), stories.ids[:, 1:].flatten())\n"
-                "loss.backward()\nprint(relation_accuracy(attention_patterns(m, stories.ids)[1, 0], stories.agreement[:1, 1:]))",
+                "m.train()\n"
+                "loss = F.cross_entropy(m(stories.ids[:, :-1]).flatten(0, 1), stories.ids[:, 1:].flatten())\n"
+                "loss.backward()\n"
+                "print(relation_accuracy(attention_patterns(m, stories.ids)[1, 0], stories.agreement[:1, 1:]))",
             ],
         ),
     }

@@ -203,7 +203,8 @@ FLASH_IMITATIONS = {  # flash_attention that reaches PyTorch's attention kernel,
     "    return F.scaled_dot_product_attention(q, k, v)\n",
     "through a helper": "def _fast(q, k, v):\n    return torch.nn.functional.scaled_dot_product_attention(q, k, v)\n\n"
     "def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):\n    return _fast(q, k, v)\n",
-    "through a decorator": "def _fast(fn):\n    return lambda q, k, v, **kw: F.scaled_dot_product_attention(q, k, v)\n\n"
+    "through a decorator": "def _fast(fn):\n"
+    "    return lambda q, k, v, **kw: F.scaled_dot_product_attention(q, k, v)\n\n"
     "@_fast\ndef flash_attention(q, k, v, causal=False, block_q=64, block_k=64):\n    return q\n",
     "through torch.ops": "def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):\n"
     "    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v)[0]\n",

@@ -307,6 +307,20 @@ def test_report_roster_names_who_never_submitted(graded):
     assert "Never handed in" not in classreport.render(store.load_term(graded / "RESULTS").results)
 
 
+def test_never_handed_in_is_one_count_whether_or_not_a_result_was_stored(graded):
+    """kim's lesson is a stored result whose every test is missing (grade --lesson wrote it), ivan has no result:
+    both never handed it in, and the lesson says so once, with no per-function count of only one of them."""
+    missing = result("kim", False)
+    missing["tests"] = [dict(t, points=0.0, status="missing", message="not submitted") for t in missing["tests"]]
+    save_result(graded / "RESULTS", missing)
+    roster = graded / "roster.csv"
+    roster.write_text("student\n" + "".join(f"{s}\n" for s in ("alice", "bob", "ivan", "kim")))
+    assert main(["report", str(graded / "RESULTS"), "--roster", str(roster)]) == 0
+    page = (graded / "RESULTS" / "report.html").read_text()
+    assert "Never handed in: 2 students: ivan, kim</p>" in page
+    assert "not submitted" not in page
+
+
 def test_report_in_headless_chromium(graded):
     if CHROMIUM is None:
         pytest.skip("Chromium is not installed (/usr/bin/chromium): `make setup` installs it as root")

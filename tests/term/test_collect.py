@@ -133,6 +133,25 @@ def test_moodle_zip_with_grading_worksheet(tmp_path, roster):
     assert "not a notebook" in found["moodle.zip/Bob Stone_502_assignsubmission_onlinetext_/onlinetext.html"]
 
 
+def test_times_without_a_zone_say_which_zone_they_were_read_in(tmp_path, roster, capsys):
+    """Moodle's worksheet names no zone: a forgotten --timezone moves every time by hours, so collect says the zone."""
+    put(tmp_path, "moodle/Alice Liddell_501_assignsubmission_file_/01_attention.ipynb", notebook("01_attention"))
+    worksheet = (
+        '"Identifier","Full name","Last modified (submission)"\n'
+        '"Participant 501","Alice Liddell","Wednesday, 1 October 2025, 11:30 PM"\n'
+    )
+    times = put(tmp_path, "worksheet.csv", worksheet.encode())
+    args = ["collect", str(tmp_path / "moodle"), "--roster", str(roster), "--times", str(times)]
+    assert main(args + ["--out", str(tmp_path / "A")]) == 0
+    said = capsys.readouterr().out
+    assert "times without a zone (1 from Moodle grading worksheet): read in UTC; if the LMS shows" in said
+    assert main(args + ["--out", str(tmp_path / "B"), "--timezone", "Europe/Berlin"]) == 0
+    assert "read in Europe/Berlin" in capsys.readouterr().out
+    put(tmp_path, "times.csv", b"student,lesson,submitted_at\nalice,01_attention,2025-10-01T21:30:00Z\n")
+    assert main(args[:-1] + [str(tmp_path / "times.csv"), "--out", str(tmp_path / "C")]) == 0
+    assert "without a zone" not in capsys.readouterr().out
+
+
 def test_nbgrader_exchange_and_submitted(tmp_path):
     dl = tmp_path / "exchange"
     for when, variant in (("2025-10-01 10:00:00.000000 UTC", 0), ("2025-10-02 09:00:00.000000 UTC", 1)):

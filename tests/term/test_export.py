@@ -328,8 +328,8 @@ def test_a_stale_override_is_named_and_the_flag_chooses_whether_it_wins(term, ca
     page = (term / "RESULTS/report.html").read_text()
     assert "Scored by hand in the gradebook: 2 tests (bob test_scaled_dot_product_attention, carol " in page
     assert (
-        "Stale manual scores (the autograded result or the written answer changed since): carol test_scaled_dot_product_attention"
-        in page
+        "Stale manual scores (the autograded result or the written answer changed since): "
+        "carol test_scaled_dot_product_attention" in page
     )
     assert "Extra credit: 1 test (alice test_merge_heads)" in page
     # A TA who saves the score again in formgrader (which clears needs_manual_grade) makes it fresh.
@@ -861,6 +861,33 @@ def test_an_extension_for_a_student_nobody_knows_stops_the_rule(term, capsys):
     assert "1 extension(s)" in capsys.readouterr().out
 
 
+def test_an_extension_for_a_student_nobody_knows_stops_grade_and_merge_on_a_fresh_folder(term, capsys):
+    """A RESULTS folder with no results yet still knows the class: the roster, SUBMISSIONS's student folders and the
+    results merged into it. `ghoper` there was once kept silently, and the student it was meant for lost 20%."""
+    (term / "SUBMISSIONS" / "dana" / "02_heads").mkdir(parents=True)  # a student folder, on no roster; no notebook
+    late = ["--deadline", "02_heads=2025-10-01T23:59:00+00:00", "--late-policy", "10%/day"]
+    late += ["--extensions", str(term / "ext.csv")]
+    grade = ["grade", str(term / "SUBMISSIONS"), "--out", str(term / "FRESH"), "--roster", str(term / "roster.csv")]
+    merge = ["merge", str(term / "RESULTS"), "--out", str(term / "MERGED"), "--allow-partial"]
+    for command, known in ((grade, "dana"), (grade, "bob"), (merge, "carol")):
+        (term / "ext.csv").write_text("student,lesson,deadline\nghoper,02_heads,2025-10-09T23:59:00+00:00\n")
+        assert main(command + late) == 2
+        err = capsys.readouterr().err.strip()
+        assert "line 2: no student 'ghoper' in the roster or the results" in err and "\n" not in err, err
+        assert not (term / "FRESH").exists() and not (term / "MERGED").exists(), "nothing written"
+        (term / "ext.csv").write_text(f"student,lesson,deadline\n{known},02_heads,2025-10-09T23:59:00+00:00\n")
+        if command is grade:  # past the extensions, grade stops at the class (no notebook): nothing is graded here
+            assert main(command + late) == 2
+            assert "no notebook of any lesson" in capsys.readouterr().err
+        else:
+            assert main(command + late) == 0 and (term / "MERGED" / "totals.csv").is_file()
+            capsys.readouterr()
+    (term / "ext.csv").write_text("student,lesson,deadline\ndana,02_head,2025-10-09T23:59:00+00:00\n")  # no such lesson
+    assert main(grade + late) == 2
+    err = capsys.readouterr().err.strip()
+    assert "line 2: '02_head' has no --deadline" in err and "\n" not in err, err
+
+
 def test_a_canvas_column_worth_other_points_stops_the_export(term, capsys):
     gradebook = term / "export.csv"
     gradebook.write_text(
@@ -960,6 +987,13 @@ def test_a_trial_export_writes_only_its_file_and_grade_refuses_another_rule(term
         assert "counts otherwise than these flags say" in err and "\n" not in err
 
 
+def test_an_export_by_the_rule_says_what_it_rewrote(term, capsys):
+    """Not a trial: the export rewrites totals.csv, the pages and the report by RESULTS's rule, and says so."""
+    out = term / "RESULTS"
+    assert main(["export", str(out), "--format", "csv", "--out", str(term / "scores.csv")]) == 0
+    assert f"wrote {term / 'scores.csv'}, {out}/totals.csv, feedback/ and {out}/report.html" in capsys.readouterr().out
+
+
 def test_a_wrong_key_writes_nothing(term, capsys, monkeypatch):
     out = term / "RESULTS"
     assert main(["export", str(out), "--format", "csv", "--out", str(term / "a.csv")]) == 0
@@ -1034,3 +1068,19 @@ def test_a_manual_score_for_a_student_results_does_not_know_stops_the_export(ter
     err = capsys.readouterr().err.strip()
     assert "has a manual score for student 'zed'" in err and "\n" not in err and not (term / "scores.csv").exists()
     assert main(args + ["--allow-mismatch"]) == 0
+
+
+def test_a_rule_whose_output_is_cut_off_has_counted_totals_by_it(term, monkeypatch):
+    """`rule ... | head` closes stdout early: the rule it saved and totals.csv agree all the same (everything is
+    written before a word is printed)."""
+    out, roster = term / "RESULTS", ["--roster", str(term / "roster.csv")]
+
+    def closed_pipe(*args, **kwargs):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr("builtins.print", closed_pipe)
+    with pytest.raises(BrokenPipeError):
+        main(["rule", str(out), *roster, "--missing-blank"])
+    monkeypatch.undo()
+    rows = {r["student"]: r for r in csv.DictReader(open(out / "totals.csv", newline=""))}
+    assert rows["carol"]["02_heads"] == ""  # left blank, as the saved rule says

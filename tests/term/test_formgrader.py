@@ -237,12 +237,12 @@ def test_formgrader_lists_the_lessons_and_the_roster_from_the_config_grade_wrote
     status, body = get(*server, "/formgrader/api/assignments")
     assert status == 200 and LESSON in {a["name"] for a in json.loads(body)}, body[:2000]
     status, body = get(*server, "/formgrader/api/students")
-    names = {s["id"]: (s["first_name"], s["last_name"], s["email"]) for s in json.loads(body)}
+    names = {s["id"]: (s["first_name"], s["last_name"], s["email"], s["lms_user_id"]) for s in json.loads(body)}
     assert names == {
-        "ann": ("Ann", "Lee", "ann@x.org"),
-        "ben": ("Ben", "Okri", "ben@x.org"),
-        "cat": ("Cat", "Stevens", None),
-        "dan": ("Dan", "Brown", "dan@x.org"),
+        "ann": ("Ann", "Lee", "ann@x.org", "1"),
+        "ben": ("Ben", "Okri", "ben@x.org", "2"),
+        "cat": ("Cat", "Stevens", None, "3"),
+        "dan": ("Dan", "Brown", "dan@x.org", "4"),
     }
     status, body = get(*server, f"/formgrader/api/submissions/{LESSON}")
     assert status == 200 and {s["student"] for s in json.loads(body) if s["autograded"]} >= {"ann", "ben"}, body[:2000]

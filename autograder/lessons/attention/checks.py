@@ -4,13 +4,12 @@ from functools import cache, partial
 
 import numpy as np
 
-from autograder.checking import Checks, expect_pair, fail, mistakes, reference
-from autograder.checking import expect_array as _expect_array
+from autograder.checking import Checks, Expect, expect_array, expect_pair, fail, mistakes, reference
 from autograder.sandbox.wire import Array
 from solutions import attention as ref
 
-# numpy widens float32 / np.sqrt(d) to float64; that is not what this lesson is about.
-expect_array = partial(_expect_array, upcast_ok=True)
+# numpy widens float32 / np.sqrt(d) to float64; that is not what this lesson is about: every comparison allows it.
+NUMPY = Expect(upcast_ok=True)
 
 CHECKS = Checks()
 DTYPES = (np.float64, np.float32)
@@ -28,7 +27,9 @@ def _softmax_mistakes(x, axis):
     return lambda: _known("softmax", x, axis, dtype=x.dtype)
 
 
-SOFTMAX_HINT = "softmax(x) = e^x / sum of e^x along `axis`: the entries along `axis` are positive and sum to 1"
+SOFTMAX = NUMPY.but(
+    hint="softmax(x) = e^x / sum of e^x along `axis`: the entries along `axis` are positive and sum to 1"
+)
 STABLE_HINT = (
     "subtract each row's max before exp() (softmax(x) = softmax(x - max)), or exp() overflows for large inputs"
 )
@@ -38,7 +39,7 @@ def _expect_softmax(s, x, axis, what, mistakes):
     """The student's softmax(x, axis) against the exact answer (float64) in x's dtype."""
     got = s.call("softmax", x, axis=axis)
     want = reference(ref.softmax(x.astype(np.float64), axis=axis), dtype=x.dtype.name)
-    expect_array(got, want, what, mistakes=mistakes, nan_hint=STABLE_HINT, hint=SOFTMAX_HINT)
+    expect_array(got, want, what, mistakes, SOFTMAX, nan_hint=STABLE_HINT)
 
 
 @CHECKS.add("softmax", aspects={"values along axis": 2, "large and -inf entries": 1})
@@ -58,11 +59,7 @@ def softmax(s):
         x = rng.standard_normal((3, 5))
         got = s.call("softmax", x)
         expect_array(
-            got,
-            reference(ref.softmax(x)),
-            "softmax(x) with the default axis",
-            mistakes=_softmax_mistakes(x, -1),
-            hint=SOFTMAX_HINT,
+            got, reference(ref.softmax(x)), "softmax(x) with the default axis", _softmax_mistakes(x, -1), SOFTMAX
         )
     with s.aspect("large and -inf entries"):
         for dtype in DTYPES:
@@ -78,7 +75,7 @@ def softmax(s):
         _expect_softmax(s, x, -1, "softmax of a row with -inf entries", _softmax_mistakes(x, -1))
 
 
-MASK_RULE = "query i may see key j iff j <= i + (n_keys - n_queries)"
+MASK = NUMPY.but(hint="query i may see key j iff j <= i + (n_keys - n_queries)")
 
 
 @CHECKS.add("causal_mask", aspects={"lower triangle": 1, "more keys than queries": 1})
@@ -96,14 +93,13 @@ def causal_mask(s):
                         f"causal_mask(n_queries, n_keys) has dtype {got.dtype}: return a boolean mask (dtype bool, "
                         "True = may attend), e.g. np.ones(..., dtype=bool)"
                     )
-                expect_array(
-                    got, want, "causal_mask(n_queries, n_keys)", mistakes=_known("causal_mask", nq, nk), hint=MASK_RULE
-                )
+                expect_array(got, want, "causal_mask(n_queries, n_keys)", _known("causal_mask", nq, nk), MASK)
     with s.aspect("lower triangle"):
         expect_array(
             s.call("causal_mask", 5),
             reference(ref.causal_mask(5)),
             "causal_mask(n) with n_keys left out",
+            how=NUMPY,
             hint="n_keys defaults to n_queries",
         )
 
@@ -158,6 +154,7 @@ def scaled_dot_product_attention(s):
                 want_w,
                 "the attention weights",
                 lambda: [(m, w) for m, (o, w) in known()],
+                NUMPY,
                 nan_hint="subtract the row max inside the softmax",
                 hint=WEIGHTS_HINT,
                 cond=cond,
@@ -169,6 +166,7 @@ def scaled_dot_product_attention(s):
                 want_out,
                 "the attention output",
                 lambda: [(m, o) for m, (o, w) in known()],
+                NUMPY,
                 hint="out = weights @ v",
                 cond=cond,
                 axes=("B", "H", "Tq", "Dv")[-q.ndim :],

@@ -82,8 +82,8 @@ def softmax(x, axis=-1):
             aspect="large and -inf entries",
             message=(
                 "subtract each row's own max (np.max(x, axis=axis, keepdims=True)), not the global max x.max(): a "
-                "row far below the global max underflows to 0/0 = NaN, and a row whose finite entries all sit far below "
-                "it (next to -inf entries) loses every weight. The shift must be per row along `axis`"
+                "row far below the global max underflows to 0/0 = NaN, and a row whose finite entries all sit far "
+                "below it (next to -inf entries) loses every weight. The shift must be per row along `axis`"
             ),
         ),
         (

@@ -35,6 +35,7 @@ from autograder.checking import (
     evidence_times,
     expect_array,
     fail,
+    keeps_argument,
     kind_of,
     mistakes,
     reference,
@@ -367,9 +368,7 @@ def flash_attention_forward(s):
             _expect_lse(lse, want_lse, largest, what, name, tk, dh, lse_mistaken, slips)
     with s.aspect("inputs kept"):
         q, k, v = qkv(rng, 2, 2, 20, 30, 8, np.float32)
-        _, kept = s.helper(
-            "keeps_argument", s.get("flash_attention_forward", "__call__"), tensor(q), tensor(k), tensor(v), True, 8, 8
-        )
+        _, kept = keeps_argument(s, s.get("flash_attention_forward", "__call__"), q, tensor(k), tensor(v), True, 8, 8)
         if not kept:
             fail(f"flash_attention_forward(q, k, v) in float32: {IN_PLACE}")
     with s.aspect("lse dtype"):
@@ -858,14 +857,21 @@ def _expect_never_keeps_p(s, rng):
 
 
 def _expect_saved(s, rng):
-    """What the forward saved, as the student's process reports it (helpers.Graph.saved): exactly q, k, v, out, lse."""
+    """What the forward saved (helpers.Graph.saved sends the tensors): exactly q, k, v, out, lse, in any order, each
+    compared with this process's own."""
     q, k, v, _ = _inputs(rng, 1, 2, 5, 7, 4, "float64")
     graph = s.helper("Graph", s.get("FlashAttention", "apply"), tensor(q), tensor(k), tensor(v), True)
-    shapes, on_ctx = s.call((graph, "saved"))
-    want = [list(q.shape), list(k.shape), list(v.shape), list(q.shape), list(q.shape[:3])]
-    if [list(x) for x in shapes] != want or on_ctx:
+    saved, on_ctx = s.call((graph, "saved"))
+    out, lse = (t.numpy() for t in ref.flash_attention_forward(*_as64(q, k, v), True, *_big_blocks(5, 7)))
+    left = [a for a in saved if isinstance(a, Array)]
+    for want in (q, k, v, out, lse):
+        match = next((a for a in left if a.shape == want.shape and np.allclose(a.data, want, atol=1e-9)), None)
+        left = [a for a in left if a is not match]
+        if match is None:
+            break
+    if len(saved) != 5 or left or match is None or on_ctx:
         fail(
-            f"{SAVED}; it saved shapes {[tuple(x) for x in shapes]}"
+            f"{SAVED}; it saved {len(saved)} tensors of shapes {[getattr(a, 'shape', None) for a in saved]}"
             + (f" and kept {', '.join(map(str, on_ctx))} on ctx" if on_ctx else "")
         )
 
@@ -884,17 +890,11 @@ def FlashAttention(s):
     with s.aspect("causal"):
         _expect_function(s, rng, "float64", (1, 2, 9, 23, 8), True)
         _expect_function(s, rng, "float32", (2, 2, 30, 30, 16), True)
-    with s.aspect("gradcheck"):
+    with s.aspect("gradcheck"):  # what torch.autograd.gradcheck certifies, judged here (its verdict, made where the
+        # student's code runs, could be replaced): at its small float64 sizes, the backward's gradients are the
+        # forward's
         for causal in (False, True):
-            q, k, v, _ = _inputs(rng, 1, 2, 3, 5, 4, "float64")
-            try:
-                s.helper("gradcheck", s.get("FlashAttention", "apply"), tensor(q), tensor(k), tensor(v), causal)
-            except StudentError as e:
-                first = e.message.strip().splitlines()[0] if e.message.strip() else ""  # not its tensors
-                fail(
-                    f"torch.autograd.gradcheck(FlashAttention.apply, (q, k, v, {causal})) in float64 failed "
-                    f"({e.type}: {first}): the backward's gradients must be those of the forward"
-                )
+            _expect_function(s, rng, "float64", (1, 2, 3, 5, 4), causal)
     with s.aspect("saves q, k, v, out, lse"):
         _expect_saved(s, rng)
     with s.aspect("never keeps P"):

@@ -688,7 +688,8 @@ def flash_attention_backward(q, k, v, out, lse, dout, causal=False, block_q=64, 
             "exactly",
             _function(keep="        ctx.save_for_backward(q, k, v)").replace(
                 "        q, k, v, out, lse = ctx.saved_tensors[:5]\n",
-                "        q, k, v = ctx.saved_tensors\n        out, lse = flash_attention_forward(q, k, v, ctx.causal)\n",
+                "        q, k, v = ctx.saved_tensors\n"
+                "        out, lse = flash_attention_forward(q, k, v, ctx.causal)\n",
             ),
             message=SAVED,
             aspect="saves q, k, v, out, lse",

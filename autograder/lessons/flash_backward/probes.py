@@ -1,5 +1,5 @@
-"""Lesson 09_flash_backward's reference probes: each graded name of solutions/flash_backward.py (and the stand-ins its checks
-send into the sandbox) against PyTorch or its definition written out (autograder/selfcheck.py runs them)."""
+"""Lesson 09_flash_backward's reference probes: each graded name of solutions/flash_backward.py (and the stand-ins its
+checks send into the sandbox) against PyTorch or its definition written out (autograder/selfcheck.py runs them)."""
 
 import math
 

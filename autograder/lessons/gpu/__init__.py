@@ -1,1 +1,2 @@
-"""Lesson 06_gpu's grader: its hidden checks (checks.py), known mistakes (mistakes.py) and reference probes (probes.py)."""
+"""Lesson 06_gpu's grader: its hidden checks (checks.py), known mistakes (mistakes.py) and reference
+probes (probes.py)."""

@@ -114,8 +114,8 @@ def attention_flops(s):
 
 
 def _online_mistakes(x, block):
-    """The known mistakes' definitions (autograder/lessons/gpu/mistakes.py) on x, cast to x's dtype: run in float64, then
-    in x's own dtype, where exp without the max overflows."""
+    """The known mistakes' definitions (autograder/lessons/gpu/mistakes.py) on x, cast to x's dtype: run in
+    float64, then in x's own dtype, where exp without the max overflows."""
     own = getattr(torch, x.dtype.name)
     return [
         (m.message, reference(got.to(own)))
@@ -717,9 +717,10 @@ def softmax_input(rng, dtype, shape, scale, with_inf):
     return x.astype(dtype)
 
 
-# Where tests/harness/checks.py holds each mistake's model (autograder/lessons/gpu/mistakes.py: what the check runs in place
-# of the Triton kernel, too slow for the grader on a CPU) equal to its kernel in Triton's interpreter: the cases of
-# at most 100 columns (the interpreter's cost grows with the programs, one per column for the wrong-axis mistake).
+# Where tests/harness/checks.py holds each mistake's model (autograder/lessons/gpu/mistakes.py: what the check runs
+# in place of the Triton kernel, too slow for the grader on a CPU) equal to its kernel in Triton's interpreter: the
+# cases of at most 100 columns (the interpreter's cost grows with the programs, one per column for the wrong-axis
+# mistake).
 MODEL_INPUTS = {
     "triton_softmax": lambda rng: [
         (torch.from_numpy(softmax_input(rng, *case[1:])).to(_triton_device()),)

@@ -342,7 +342,8 @@ def attention_flops(batch, n_heads, seq_q, seq_k, head_dim, causal=False):
             "rescaled the wrong way",
             "wrong way",
             _online(
-                s_update="s * torch.exp(shift - m.clamp(min=torch.finfo(x.dtype).min)) + torch.exp(block - shift).sum(dim=-1, keepdim=True)"
+                s_update="s * torch.exp(shift - m.clamp(min=torch.finfo(x.dtype).min))"
+                " + torch.exp(block - shift).sum(dim=-1, keepdim=True)"
             ),
             message="the running sum is rescaled the wrong way: multiply it by exp(m_old - m_new), which is <= 1",
         ),
@@ -820,7 +821,9 @@ def _softmax_kernel(X, Y, n_cols, stride_x, stride_y, BLOCK: tl.constexpr):
 
 def triton_softmax(x):
     out = torch.softmax(x.float(), dim=-1).to(x.dtype)
-    _softmax_kernel[(x.size(0),)](x, out, x.size(1), x.stride(0), out.stride(0), BLOCK=triton.next_power_of_2(x.size(1)))
+    _softmax_kernel[(x.size(0),)](
+        x, out, x.size(1), x.stride(0), out.stride(0), BLOCK=triton.next_power_of_2(x.size(1))
+    )
     return out
 """,
             aspect="float32",

@@ -113,10 +113,10 @@ def kernel_cells(parsed):
 
 
 # What a kernel's body may name besides its parameters, its locals, Triton and math (the replay's names for them,
-# or the cells' own), other @triton.jit functions and constants: the builtins Triton's compiler understands. Under TRITON_INTERPRET a kernel is plain Python, so a body
-# that reached numpy or torch (x.handle.data, a module) could compute the answer outside Triton; the AST says so
-# before the replay. (A determined attacker may still find a public chain of attributes from tl to a module; the
-# ahead-of-time GPU compile check is the deeper guard.)
+# or the cells' own), other @triton.jit functions and constants: the builtins Triton's compiler understands. Under
+# TRITON_INTERPRET a kernel is plain Python, so a body that reached numpy or torch (x.handle.data, a module) could
+# compute the answer outside Triton; the AST says so before the replay. (A determined attacker may still find a
+# public chain of attributes from tl to a module; the ahead-of-time GPU compile check is the deeper guard.)
 KERNEL_BUILTINS = {
     "range",
     "float",

@@ -1,4 +1,5 @@
-"""Lesson 04 (grouped-query attention): known mistakes and correct variants (see autograder/lessons/<module>/mistakes.py)."""
+"""Lesson 04 (grouped-query attention): known mistakes and correct variants (see
+autograder/lessons/<module>/mistakes.py)."""
 
 from autograder.checking.mistakes import Mistake, edited
 
@@ -175,11 +176,13 @@ def repeat_kv(x, n_rep):
                 ),
                 (
                     "k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)",
-                    "k = self.k_proj(x).view(B, T, self.n_heads, self.head_dim)[:, :, ::self.n_heads // self.n_kv_heads]",
+                    "k = self.k_proj(x).view(B, T, self.n_heads, self.head_dim)"
+                    "[:, :, ::self.n_heads // self.n_kv_heads]",
                 ),
                 (
                     "v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim)",
-                    "v = self.v_proj(x).view(B, T, self.n_heads, self.head_dim)[:, :, ::self.n_heads // self.n_kv_heads]",
+                    "v = self.v_proj(x).view(B, T, self.n_heads, self.head_dim)"
+                    "[:, :, ::self.n_heads // self.n_kv_heads]",
                 ),
             ),
         ),
@@ -368,11 +371,13 @@ def mha_to_gqa(mha, n_kv_heads):
             "shares",
             to_gqa(
                 (
-                    "        gqa.q_proj.weight.copy_(mha.q_proj.weight)\n        gqa.out_proj.weight.copy_(mha.out_proj.weight)\n",
+                    "        gqa.q_proj.weight.copy_(mha.q_proj.weight)\n"
+                    "        gqa.out_proj.weight.copy_(mha.out_proj.weight)\n",
                     "        gqa.q_proj, gqa.out_proj = mha.q_proj, mha.out_proj\n",
                 ),
                 (
-                    "            gqa.q_proj.bias.copy_(mha.q_proj.bias)\n            gqa.out_proj.bias.copy_(mha.out_proj.bias)\n",
+                    "            gqa.q_proj.bias.copy_(mha.q_proj.bias)\n"
+                    "            gqa.out_proj.bias.copy_(mha.out_proj.bias)\n",
                     "",
                 ),
             ),
@@ -426,7 +431,8 @@ def mha_to_gqa(mha, n_kv_heads):
             "wrong axis",
             to_gqa(
                 (
-                    "return t.reshape(n_kv_heads, n_rep, Dh, *t.shape[1:]).mean(1).reshape(n_kv_heads * Dh, *t.shape[1:])",
+                    "return t.reshape(n_kv_heads, n_rep, Dh, *t.shape[1:]).mean(1)"
+                    ".reshape(n_kv_heads * Dh, *t.shape[1:])",
                     "return t.reshape(n_kv_heads * Dh, n_rep, *t.shape[1:]).mean(1)",
                 )
             ),

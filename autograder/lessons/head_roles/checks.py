@@ -12,7 +12,17 @@ integer importances and float64 ones, and every n_prune from 0 to all heads.
 import numpy as np
 import torch
 
-from autograder.checking import Checks, StudentError, expect_array, expect_error, fail, mistakes, reference, tensor
+from autograder.checking import (
+    Checks,
+    StudentError,
+    expect_array,
+    expect_error,
+    fail,
+    keeps_argument,
+    mistakes,
+    reference,
+    tensor,
+)
 from autograder.sandbox.wire import Array
 from solutions import head_roles as ref
 
@@ -158,6 +168,35 @@ def _ref_model(config, state):
     return model.eval()
 
 
+def _grads(rng, model):
+    """{name: .grad} for the model's parameters, every other one (the 1st, 3rd, ...) random values and the rest None,
+    as a caller in the middle of its own backward would leave them: the grader's own copy of what it gives."""
+    return {
+        name: rng.standard_normal(tuple(p.shape)).astype(p.detach().numpy().dtype) if i % 2 == 0 else None
+        for i, (name, p) in enumerate(model.named_parameters())
+    }
+
+
+def _as_given(got, given):
+    """Whether ModelRecord.grads() (got: {name: [requires_grad, .grad or None]}) says every parameter requires grad
+    and holds the .grad it was given, values included."""
+    return (
+        isinstance(got, dict)
+        and set(got) == set(given)
+        and all(
+            isinstance(got[k], (list, tuple))
+            and len(got[k]) == 2
+            and got[k][0] is True
+            and (
+                got[k][1] is None
+                if g is None
+                else isinstance(got[k][1], Array) and got[k][1].kind == "tensor" and np.array_equal(got[k][1].data, g)
+            )
+            for k, g in given.items()
+        )
+    )
+
+
 @CHECKS.add("head_importance", aspects={"values": 3, "model as found": 1})
 def head_importance(s):
     rng = s.rng
@@ -200,9 +239,11 @@ def head_importance(s):
             )
         with s.aspect("model as found"):  # read from the objects the model was built with, not its methods
             record = s.helper("ModelRecord", model)
-            s.call((record, "give_grads"))
+            given = _grads(rng, _ref_model(config, state))
+            s.call((record, "give_grads"), {k: None if g is None else tensor(g) for k, g in given.items()})
+            s.call((record, "set_mode"), False)
             s.call("head_importance", model, tensor(ids), tensor(targets))
-            if not s.call((record, "grads_as_given")):
+            if not _as_given(s.call((record, "grads")), given):
                 fail(
                     "head_importance changed the .grad of the model's parameters (filled, wiped or added to) or "
                     "their requires_grad: take the gradient of the mask alone (torch.autograd.grad(loss, mask)) and "
@@ -236,7 +277,7 @@ def prune_heads(s):
     with s.aspect("mask"):
         for importance in cases:
             for n in range(importance.size + 1):
-                got, kept = s.helper("keeps_argument", s.get("prune_heads", "__call__"), tensor(importance), n)
+                got, kept = keeps_argument(s, s.get("prune_heads", "__call__"), importance, n)
                 if not kept:
                     fail(
                         "prune_heads changed `importance` in place: build the mask in a new tensor (clone first "

@@ -321,8 +321,8 @@ def rare_word_score(pattern, tokens, counts):
     hit = tokens[top] == rarest
     return hit[:, 1:].to(pattern.dtype).mean(dim=-1)
 """,
-            message="two different tokens may share the lowest count: a key qualifies when its token's count equals the "
-            "lowest count among tokens[0..i], whatever its token id (compare counts, not token ids)",
+            message="two different tokens may share the lowest count: a key qualifies when its token's count equals "
+            "the lowest count among tokens[0..i], whatever its token id (compare counts, not token ids)",
         ),
         ("averaged over the heads", "per head", _rare(mean="hit[:, 1:].to(pattern.dtype).mean(dim=0)")),
         ("float32 always", "dtype", _rare(mean="hit[:, 1:].float().mean(dim=-1)")),
@@ -434,7 +434,7 @@ def head_importance(model, ids, targets):
             aspect="values",
         ),
         ("model.eval() inside, the mode not restored", "mode", _importance(prelude="model.eval()\n    ")),
-        # the check's message on the model's .grad names requires_grad too (ModelRecord.grads_as_given reads both)
+        # the check's message on the model's .grad names requires_grad too (ModelRecord.grads reports both)
         Mistake(
             "requires_grad turned off on the parameters and left off",
             "requires_grad",
@@ -516,7 +516,9 @@ def prune_heads(importance, n_prune):
 }
 
 HIDDEN_ONLY = {
-    "a RoleModel whose parameters() shows stand-ins, loss.backward() filling the real .grad": "the visible test reads the model through its methods; the grader reads the parameters it built"
+    "a RoleModel whose parameters() shows stand-ins, loss.backward() filling the real .grad": (
+        "the visible test reads the model through its methods; the grader reads the parameters it built"
+    )
 }
 
 VARIANTS = {

@@ -1,1 +1,2 @@
-"""Lesson 07_head_specialization's grader: its hidden checks (checks.py), known mistakes (mistakes.py) and reference probes (probes.py)."""
+"""Lesson 07_head_specialization's grader: its hidden checks (checks.py), known mistakes (mistakes.py) and reference
+probes (probes.py)."""

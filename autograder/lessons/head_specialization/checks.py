@@ -22,6 +22,7 @@ from autograder.checking import (
     expect_array,
     expect_error,
     fail,
+    keeps_argument,
     kind_of,
     mistakes,
     reference,
@@ -182,7 +183,7 @@ def duplicate_token_score(s):
     )
     # the pattern is left as it was given: the other scores read the same pattern
     p, t = random_pattern(rng, 3, 9, np.float64), _tokens(rng, 9, 4)
-    _, kept = s.helper("keeps_argument", s.get("duplicate_token_score", "__call__"), tensor(p), tensor(t))
+    _, kept = keeps_argument(s, s.get("duplicate_token_score", "__call__"), p, tensor(t))
     if not kept:
         fail(
             "duplicate_token_score changed the pattern it was given in place (mul_, masked_fill_, *=): the "
@@ -487,8 +488,8 @@ def ablate_head(s):
                 "after leaving the inner of two nested with-blocks",
                 [
                     (
-                        "leaving the inner with-block also undid the outer one: remove only your own hook (or put back only "
-                        "the weights you changed), never all of them",
+                        "leaving the inner with-block also undid the outer one: remove only your own hook (or put "
+                        "back only the weights you changed), never all of them",
                         before,
                     )
                 ],

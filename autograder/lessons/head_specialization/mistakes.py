@@ -139,7 +139,8 @@ def previous_token_score(pattern):
     i = torch.arange(pattern.shape[-1])
     return pattern[:, i, (i - 1).clamp(min=0)].mean(dim=-1)
 """,
-            message="position 0 has no previous token: don't count its attention to itself, average over i = 1..T-1 only",
+            message="position 0 has no previous token: don't count its attention to itself, "
+            "average over i = 1..T-1 only",
         ),
         (
             "index i - 1 for every i: position 0 reads key -1",
@@ -194,7 +195,8 @@ def duplicate_token_score(pattern, tokens):
     same = (tokens[:, None] == tokens[None, :]).tril()
     return (pattern * same).sum(dim=-1).mean(dim=-1)
 """,
-            message="a token is not its own duplicate: count the attention on earlier copies j < i only, not on i itself",
+            message="a token is not its own duplicate: count the attention on earlier copies j < i only, "
+            "not on i itself",
         ),
         Mistake(
             "itself counted, at positions with an earlier copy",
@@ -208,7 +210,8 @@ def duplicate_token_score(pattern, tokens):
     same = (tokens[:, None] == tokens[None, :]).tril()
     return (pattern * same).sum(dim=-1)[:, has_copy].mean(dim=-1)
 """,
-            message="a token is not its own duplicate: count the attention on earlier copies j < i only, not on i itself",
+            message="a token is not its own duplicate: count the attention on earlier copies j < i only, "
+            "not on i itself",
         ),
         Mistake(
             "averaged over every position",
@@ -220,7 +223,8 @@ def duplicate_token_score(pattern, tokens):
         raise ValueError("no token repeats")
     return (pattern * earlier).sum(dim=-1).mean(dim=-1)
 """,
-            message="average only over the positions that have an earlier copy (the others have nothing to look back at)",
+            message="average only over the positions that have an earlier copy "
+            "(the others have nothing to look back at)",
         ),
         Mistake(
             "first occurrences of repeated tokens included",
@@ -356,7 +360,8 @@ def induction_score(pattern, period):
 def induction_score(pattern, period):
     return pattern.diagonal(offset=-period - 1, dim1=-2, dim2=-1).mean(dim=-1)
 """,
-            message="wrong offset: the token after the earlier copy of token i is at i - period + 1, not i - period - 1",
+            message="wrong offset: the token after the earlier copy of token i is at i - period + 1, "
+            "not i - period - 1",
         ),
         Mistake(
             "query period - 1 included",

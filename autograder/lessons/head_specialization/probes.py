@@ -1,5 +1,6 @@
-"""Lesson 07_head_specialization's reference probes: each graded name of solutions/head_specialization.py (and the stand-ins its checks
-send into the sandbox) against PyTorch or its definition written out (autograder/selfcheck.py runs them)."""
+"""Lesson 07_head_specialization's reference probes: each graded name of solutions/head_specialization.py (and the
+stand-ins its checks send into the sandbox) against PyTorch or its definition written out (autograder/selfcheck.py
+runs them)."""
 
 import copy
 import math

@@ -6,12 +6,14 @@ import numpy as np
 
 from autograder.checking import (
     Checks,
+    Expect,
     StudentError,
     as_torch,
     call_named,
     expect_array,
     expect_pair,
     fail,
+    keeps_argument,
     kind_of,
     mistakes,
     reference,
@@ -21,6 +23,7 @@ from solutions import heads as ref
 
 CHECKS = Checks()
 DTYPES = (np.float32, np.float64)
+HEADS = Expect(axes=("B", "H", "T", "Dh"))  # a result per head: a mismatch is said by batch, head and position
 
 
 # ---- split_heads ----------------------------------------------------------------------------
@@ -52,7 +55,7 @@ def split_heads(s):
                     reference(ref.split_heads(as_torch(x), H)),
                     "split_heads(x, n_heads)",
                     lambda: _split_mistakes(x, H),
-                    axes=("B", "H", "T", "Dh"),
+                    HEADS,
                     hint="head h holds features h*Dh:(h+1)*Dh of every token",
                 )
     with s.aspect("errors"):
@@ -82,6 +85,7 @@ def _merge_mistakes(x):
 
 
 MERGE_HINT = "features h*Dh:(h+1)*Dh of each token are head h's output"
+MERGED = Expect(axes=("B", "T", "D"), hint=MERGE_HINT)
 
 
 def _call_merge(s, x):
@@ -112,8 +116,7 @@ def merge_heads(s):
                 reference(ref.merge_heads(as_torch(x))),
                 "merge_heads(x)",
                 lambda: _merge_mistakes(x),
-                axes=("B", "T", "D"),
-                hint=MERGE_HINT,
+                MERGED,
             )
     # the inverse of split_heads, on the layout split_heads produces
     x = rng.standard_normal((3, 6, 20)).astype(np.float32)
@@ -124,7 +127,7 @@ def merge_heads(s):
         reference(as_torch(x)),
         "merge_heads(split_heads(x, n_heads))",
         lambda: _merge_mistakes(heads),
-        axes=("B", "T", "D"),
+        MERGED,
         hint="merge_heads must undo split_heads and give x back: " + MERGE_HINT,
     )
 
@@ -224,7 +227,7 @@ def attention(s):
             )
     with s.aspect("scaled attention"):  # the caller's q is left as it was given
         q, k, v = (s.rng.standard_normal(shape).astype("float32") for shape in ((2, 4, 8), (2, 6, 8), (2, 6, 5)))
-        _, kept = s.helper("keeps_argument", s.get("attention", "__call__"), tensor(q), tensor(k), tensor(v))
+        _, kept = keeps_argument(s, s.get("attention", "__call__"), q, tensor(k), tensor(v))
         if not kept:
             fail(
                 "attention changed its input q in place (q /= ..., q.mul_(...)): the caller still needs q, so "
@@ -287,7 +290,7 @@ def per_head_attention(s):
                 want,
                 "per_head_attention(x, w_q, w_k, w_v, n_heads, mask)",
                 lambda: _per_head_mistakes(x, ws, H, mask),
+                HEADS,
                 cond=cond,
-                axes=("B", "H", "T", "Dh"),
                 hint="project x with each (D, D) matrix (x @ w), split into heads, attend within each head",
             )

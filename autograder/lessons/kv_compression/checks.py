@@ -3,8 +3,9 @@ MultiHeadLatentAttention, absorbed_attention.
 
 Evidence the student's code cannot forge: the grader streams many updates through a RollingKVCache,
 one call each, inside one memory bound (Subject.memory_bound: a hard limit set from outside the
-student's process), so a cache whose memory grows runs out; absorbed_attention runs once on so many cached latents that one head's keys
-(or values) for every cached position would not fit its memory bound, while the absorbed form does.
+student's process), so a cache whose memory grows runs out; absorbed_attention runs once on so many
+cached latents that one head's keys (or values) for every cached position would not fit its memory
+bound, while the absorbed form does.
 MultiHeadLatentAttention runs with a correct latent cache built next to the student's code
 (helpers.ListLatentCache), absorbed_attention on an AttentionShell holding the five projections.
 """
@@ -305,8 +306,9 @@ def _forward(mla, x, prev, mask, with_cache):
 
 
 def _mla_mistakes(params, D, H, L, bias):
-    """[(Mistake, its module)] of the defined mistakes of MultiHeadLatentAttention (autograder/lessons/<module>/mistakes.py), made
-    with the check's arguments and weights in float64. One these cannot make is not what the student wrote."""
+    """[(Mistake, its module)] of the defined mistakes of MultiHeadLatentAttention
+    (autograder/lessons/<module>/mistakes.py), made with the check's arguments and weights in float64. One these
+    cannot make is not what the student wrote."""
     out = []
     for mistake, cls in mistakes.defined(LESSON, "MultiHeadLatentAttention"):
         try:
@@ -592,9 +594,10 @@ def _expect_never_forms_keys(s, rng):
 # Tk x d_latent x D multiply-adds for the keys and as many for the values, where the absorbed form's scores and
 # weighted sum take Tk x d_latent x H x T each, D / (H T) = 256 times less here. So the grader reads the CPU time of
 # one call from outside the student's process (Subject.cpu_seconds): an honest call takes some 10 ms, forming the keys
-# and values more than a second; one that takes more than COST_FLOOR_S is compared with forming them in the same
-# process (helpers.form_latent_kv, so that a slow machine is no excuse and costs no honest answer its marks), and a
-# call costing COST_SHARE of that or more formed them, whatever chunk of positions it took.
+# and values more than a second; one that takes more than COST_FLOOR_S is compared with forming them on the same
+# machine (helpers.form_latent_kv, so that a slow machine is no excuse and costs no honest answer its marks), and a
+# call costing COST_SHARE of that or more formed them, whatever chunk of positions it took. The forming is priced in a
+# process that ran none of the notebook's code (Subject.elsewhere): a cell cannot have made it slower there.
 COST = dict(B=1, T=2, Tk=2**18 + 17)
 COST_FLOOR_S, COST_SHARE = 0.2, 0.3
 COST_SAMPLE = 8  # forming keys is priced on 1 / COST_SAMPLE of the latents (its cost is linear in them)
@@ -616,9 +619,12 @@ def _expect_never_forms_keys_in_chunks(s, rng):
     [(got, _)] = s.helper("drawn_calls", function, seed, specs, [{"args": [shell, tensor(x), {"drawn": 0}]}])
     used = s.cpu_seconds() - before
     if used > COST_FLOOR_S:
-        before = s.cpu_seconds()
-        s.helper("form_latent_kv", shell, seed, [((B, Tk // COST_SAMPLE, L), 1.5, "float32")])
-        if used >= COST_SHARE * COST_SAMPLE * (s.cpu_seconds() - before):
+        with s.elsewhere([]):
+            there = _shell(s, params, D, H, L)
+            before = s.cpu_seconds()
+            s.helper("form_latent_kv", there, seed, [((B, Tk // COST_SAMPLE, L), 1.5, "float32")])
+            forming = s.cpu_seconds() - before
+        if used >= COST_SHARE * COST_SAMPLE * forming:
             fail(FORMS_KEYS_IN_CHUNKS.format(Tk=Tk))
     mla64 = _mla64(params, D, H, L, False)
     c = helpers.draw(seed, specs)[0].double()

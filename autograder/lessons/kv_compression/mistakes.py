@@ -169,7 +169,8 @@ def _roll_in_store(mb):
         init=_ROLL_INIT.replace(
             "class RollingKVCache:\n",
             "class RollingKVCache:\n"
-            f"    _STORE = torch.empty({mb} << 18)  # {mb} MiB of float32, reserved when the cell runs: room for every position\n\n",
+            f"    _STORE = torch.empty({mb} << 18)  # {mb} MiB of float32, reserved when the cell runs: "
+            "room for every position\n\n",
         ),
     )
 
@@ -1247,7 +1248,8 @@ class RollingKVCache:
         for h in range(self.n_heads):
             sl = slice(h * Dh, (h + 1) * Dh)
             s = q[..., sl] @ k[..., sl].transpose(-1, -2) / math.sqrt(Dh)
-            s = s.masked_fill(~(mask[:, h] if mask.dim() == 4 and mask.size(1) > 1 else mask.squeeze(1) if mask.dim() == 4 else mask), float("-inf"))
+            keep = mask[:, h] if mask.dim() == 4 and mask.size(1) > 1 else mask.squeeze(1) if mask.dim() == 4 else mask
+            s = s.masked_fill(~keep, float("-inf"))
             heads.append(s.softmax(-1) @ v[..., sl])
         return self.out_proj(torch.cat(heads, dim=-1))
 """,

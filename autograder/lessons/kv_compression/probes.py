@@ -1,5 +1,5 @@
-"""Lesson 08_kv_compression's reference probes: each graded name of solutions/kv_compression.py (and the stand-ins its checks
-send into the sandbox) against PyTorch or its definition written out (autograder/selfcheck.py runs them)."""
+"""Lesson 08_kv_compression's reference probes: each graded name of solutions/kv_compression.py (and the stand-ins its
+checks send into the sandbox) against PyTorch or its definition written out (autograder/selfcheck.py runs them)."""
 
 import torch
 from torch import nn

@@ -1,1 +1,2 @@
-"""Lesson 03_multi_head's grader: its hidden checks (checks.py), known mistakes (mistakes.py) and reference probes (probes.py)."""
+"""Lesson 03_multi_head's grader: its hidden checks (checks.py), known mistakes (mistakes.py) and reference
+probes (probes.py)."""

@@ -8,6 +8,7 @@ import torch
 
 from autograder.checking import (
     Checks,
+    Expect,
     StudentError,
     as_torch,
     call_named,
@@ -153,7 +154,9 @@ def _forward_cases(rng, D, H, dtype):
     }
 
 
-OUT_HINT = "out = out_proj(concat over heads of softmax(q_h k_h^T / sqrt(head_dim)) v_h)"
+OUTPUT = Expect(
+    axes=("B", "Tq", "D"), hint="out = out_proj(concat over heads of softmax(q_h k_h^T / sqrt(head_dim)) v_h)"
+)
 
 
 def _check_forward(s, mha, module, state, H, case, weights=True):
@@ -196,8 +199,7 @@ def _check_forward(s, mha, module, state, H, case, weights=True):
             want_out,
             f"the output of {what}",
             lambda: [(m, o) for m, (o, w) in mistakes()],
-            axes=("B", "Tq", "D"),
-            hint=OUT_HINT,
+            OUTPUT,
         )
         return
     if not weights and not (isinstance(got, (tuple, list)) and len(got) == 2):
@@ -223,8 +225,7 @@ def _check_forward(s, mha, module, state, H, case, weights=True):
         want_out,
         f"the output of {what}",
         lambda: [(m, o) for m, (o, w) in mistakes()],
-        axes=("B", "Tq", "D"),
-        hint=OUT_HINT,
+        OUTPUT,
     )
 
 
@@ -240,7 +241,8 @@ def _check_structure(s, mha, D, H):
     missing = [p for p in PROJ if f"{p}.weight" not in state]
     if missing:
         fail(
-            f"MultiHeadAttention needs nn.Linear members q_proj, k_proj, v_proj, out_proj; missing: {', '.join(missing)}"
+            "MultiHeadAttention needs nn.Linear members q_proj, k_proj, v_proj, out_proj; "
+            f"missing: {', '.join(missing)}"
         )
     extra = sorted(k for k in state if k not in {f"{p}.{n}" for p in PROJ for n in ("weight", "bias")})
     if extra:
@@ -259,7 +261,8 @@ def _check_biases(s, mha, bias):
     biases = [p for p in PROJ if f"{p}.bias" in state]
     if bias and len(biases) < 4:
         fail(
-            "with bias=True (the default) each of the four projections has a bias: nn.Linear(d_model, d_model, bias=bias)"
+            "with bias=True (the default) each of the four projections has a bias: "
+            "nn.Linear(d_model, d_model, bias=bias)"
         )
     if not bias and biases:
         fail("with bias=False the projections must have no bias: pass bias=bias to each nn.Linear")

@@ -1,4 +1,5 @@
-"""Lesson 03 (multi-head attention): known mistakes and correct variants (see autograder/lessons/<module>/mistakes.py)."""
+"""Lesson 03 (multi-head attention): known mistakes and correct variants (see
+autograder/lessons/<module>/mistakes.py)."""
 
 import inspect
 import textwrap
@@ -175,7 +176,7 @@ def concat_and_project(heads, w_o):
             "biases ignored in forward",
             "bias",
             _mha(
-                ("q, k, v = (proj(t)", "q, k, v = (F.linear(t, proj.weight)"),
+                ("proj(t).view(", "F.linear(t, proj.weight).view("),
                 (
                     "out = self.out_proj(out.transpose(1, 2).reshape(B, Tq, self.d_model))",
                     "out = F.linear(out.transpose(1, 2).reshape(B, Tq, self.d_model), self.out_proj.weight)",
@@ -293,8 +294,10 @@ def concat_and_project(heads, w_o):
                 (
                     "key = query if key is None else key",
                     "if need_weights:\n"
-                    "            return torch.zeros_like(query), query.new_zeros(query.size(0), self.n_heads, query.size(1),\n"
-                    "                                                             (query if key is None else key).size(1))\n"
+                    "            return torch.zeros_like(query), query.new_zeros(\n"
+                    "                query.size(0), self.n_heads, query.size(1),\n"
+                    "                (query if key is None else key).size(1),\n"
+                    "            )\n"
                     "        return torch.zeros_like(query)",
                 )
             ),
@@ -722,7 +725,9 @@ class MultiHeadAttention(nn.Module):
         if d_model % n_heads:
             raise ValueError(f"d_model={d_model} must be a multiple of n_heads={n_heads}")
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
-        self.q_proj, self.k_proj, self.v_proj, self.out_proj = (nn.Linear(d_model, d_model, bias=bias) for _ in range(4))
+        self.q_proj, self.k_proj, self.v_proj, self.out_proj = (
+            nn.Linear(d_model, d_model, bias=bias) for _ in range(4)
+        )
 
     def _heads(self, t):
         return t.unflatten(-1, (self.n_heads, self.head_dim)).transpose(1, 2)
