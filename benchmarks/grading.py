@@ -5,7 +5,7 @@ and without them; and throughput against plain `nbgrader autograde` on the same 
     python benchmarks/grading.py --lessons 01_attention --skip-nbgrader
     python benchmarks/grading.py --lessons --skip-child --json benchmarks/results/grading_cpu.json  # nbgrader only
     python benchmarks/grading.py --regrade --baseline main --lessons --skip-child --skip-nbgrader   # one regrade
-    python benchmarks/grading.py --reading --lessons --skip-child --skip-nbgrader    # the grader reading large notebooks
+    python benchmarks/grading.py --reading --lessons --skip-child --skip-nbgrader   # the grader reading big notebooks
 
 --regrade: the wall time of `grade --resume` after one notebook of lessons 01-05 changed, in a class graded
 before (3 students), the least of 5 runs, for this checkout and for --baseline (a commit, checked out with
