@@ -97,7 +97,6 @@ MODULES = {"math", "triton", "triton.language", "torch", "numpy"}  # imports the
 TRITON_MODULES = {"math", "triton", "triton.language"}
 TRITON_HELPERS = {"cdiv", "next_power_of_2"}  # of triton itself: sizes, not computation
 HIDDEN = {"handle", "data"}  # a value's way to its numpy array under the interpreter
-MAX_CELL = 100_000  # characters: a kernel's cell is a few hundred
 
 
 def jit(node):
@@ -123,18 +122,17 @@ def _constant(value):
         )
 
 
-def parsed(sources):
+def parsed(sources, max_cell=None):
     """([@triton.jit FunctionDef], [import of MODULES], [(constant assignment, names)]) at the top level of the cells.
-    Magic lines are left out; a cell longer than MAX_CELL, or that does not parse, gives nothing (a kernel there
-    cannot be launched on its own)."""
+    Magic lines are left out; a cell longer than max_cell characters (the grader's bound on its own work), or that
+    does not parse, gives nothing."""
     import ast
 
     kernels, imports, constants = [], [], []
     for source in sources:
-        text = "\n".join(
-            line for line in str(source)[: MAX_CELL + 1].splitlines() if not line.lstrip().startswith(("%", "!"))
-        )
-        if len(text) > MAX_CELL:
+        text = str(source) if max_cell is None else str(source)[: max_cell + 1]
+        text = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith(("%", "!")))
+        if max_cell is not None and len(text) > max_cell:
             continue
         try:
             tree = ast.parse(text)
@@ -261,13 +259,13 @@ def _foreign(kernel, kernels, imports, constants):
     return None
 
 
-def not_triton(sources, kernels):
-    """[(name, what)]: each of the named @triton.jit kernels the cells define, or a @triton.jit function one calls,
-    whose body uses something that is not Triton language (_foreign). Needs Triton installed (the names it allows are
-    the installed Triton's)."""
+def not_triton(cells, kernels):
+    """[(name, what)]: each of the named @triton.jit kernels in cells (parsed(...)), or a @triton.jit function one
+    calls, whose body uses something that is not Triton language (_foreign). Needs Triton installed (the names it
+    allows are the installed Triton's)."""
     import ast
 
-    defined, imports, constants = parsed(sources)
+    defined, imports, constants = cells
     by_name = {k.name: k for k in defined}
     todo, seen, out = list(kernels), set(), []
     while todo:
@@ -441,7 +439,7 @@ def check_kernels(cells, timeout=120, compiler=None):
     out = [(True, p) for p in problems]
     if importlib.util.find_spec("triton") is not None:  # the names a kernel may use are the installed Triton's
         written = [n for n, k in notebook_kernels(cells).items() if n in LESSON_KERNELS and not _stub(k)]
-        out += [(True, not_triton_message(*f)) for f in not_triton(cells, written)]
+        out += [(True, not_triton_message(*f)) for f in not_triton(parsed(cells), written)]
     if not jobs:
         return out
     if compiler is None and importlib.util.find_spec("triton") is None:

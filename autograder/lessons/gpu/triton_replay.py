@@ -9,9 +9,11 @@ nothing, or copies what the wrapper computed, writes NaN there or nothing at all
 """
 
 import ast
+import threading
 
 import numpy as np
 
+from autograder.check_submission import MAX_CELL_CHARS
 from autograder.checking import StudentError, close, fail
 from autograder.sandbox.wire import Array
 from autograder.triton_fit import not_triton, not_triton_message, parsed
@@ -39,10 +41,22 @@ MAX_WORDS = 64  # characters of string arguments in all of a call's launches
 MAX_LAUNCHES, ELEMENTS_PER_LAUNCH = 4, 256  # launches a call may make: a few, or one per 256 outputs
 
 
-def kernel_cells(sources):
-    """The cells' imports of MODULES, the constants their @triton.jit functions read (names bound to literals or
-    tl.constexpr of them), and those functions, a cell each after the PREAMBLE (see triton_fit.parsed)."""
-    kernels, imports, constants = parsed(sources)
+_LAST = threading.local()  # the last cells _parsed read and its reading, per grading thread: nothing shared
+
+
+def _parsed(sources):
+    """triton_fit.parsed(sources, MAX_CELL_CHARS): a cell longer, or that does not parse, gives nothing (a kernel there
+    cannot be launched on its own). The same cells again (the next Triton check of one submission) are read once."""
+    sources = tuple(sources)
+    if getattr(_LAST, "sources", None) != sources:
+        _LAST.sources, _LAST.parsed = sources, parsed(sources, MAX_CELL_CHARS)
+    return _LAST.parsed
+
+
+def kernel_cells(cells):
+    """The cells' imports of triton_fit.MODULES, the constants their @triton.jit functions read (names bound to
+    literals or tl.constexpr of them), and those functions, a cell each after the PREAMBLE; cells: _parsed(...)."""
+    kernels, imports, constants = cells
     read = {n.id for k in kernels for n in ast.walk(k) if isinstance(n, ast.Name)}
     return (
         [PREAMBLE]
@@ -127,9 +141,10 @@ def expect_kernel_did_the_work(s, wrapper, kernel, inputs, what, **kwargs):
     if not launches:
         fail(f"{wrapper} never launched {kernel}: the work must happen in your @triton.jit kernel")
     _scalars(launches, buffers, got)
-    for name, foreign in not_triton(s.sources, [kernel]):
+    cells = _parsed(s.readable_sources())  # once: the grader's own work grows with the cells' length
+    for name, foreign in not_triton(cells, [kernel]):
         fail(not_triton_message(name, foreign))
-    with s.elsewhere(kernel_cells(s.sources)):
+    with s.elsewhere(kernel_cells(cells)):
         try:
             after = s.call("_replay", kernel, _replay_buffers(buffers, inputs), launches)
         except AssertionError:
