@@ -38,6 +38,15 @@ LESSON = None  # release writes: {"name": ..., "answers": [grade_id, ...], "test
 LOST_METADATA = "the notebook has lost its nbgrader metadata; every code cell was run"
 MAX_NOTEBOOK_BYTES = 20 << 20
 TOO_BIG = f"is larger than {MAX_NOTEBOOK_BYTES >> 20} MB; clear large outputs and submit it again"
+# What the grader parses on its side to judge how an answer works (a Triton kernel's work, lesson 09's D): cells of up
+# to MAX_CELL_CHARS characters (an answer cell is a few thousand; a longer cell holds no answer it reads), and up to
+# MAX_CODE_CHARS of them in all (an honest lesson 06 notebook: 45,000)
+MAX_CELL_CHARS, MAX_CODE_CHARS = 100_000, 300_000
+TOO_MUCH_CODE = (
+    f"your code cells of up to {MAX_CELL_CHARS:,} characters hold {{:,}} in all, more than the {MAX_CODE_CHARS:,} "
+    "the grader reads to judge how an answer works (a Triton kernel's work, lesson 09's D): move large data into a "
+    "file and keep the cells for code"
+)
 DEMO_TAG = "demo"
 TEXT_STUB = "YOUR ANSWER HERE"  # what release leaves in a written question's answer (notebook.TEXT_STUB)
 DEFAULT_TIMEOUT = 900  # seconds for the whole run of the notebook's cells
@@ -131,6 +140,10 @@ def structure(nb, lesson):
                 f"({', '.join(answers[:3])}, ...); check that you are submitting the right notebook",
             )
         ]
+    run = [len(source(c)) for _, c in code if not is_test(c) and not is_demo(c)]  # the cells the grader runs
+    read = sum(n for n in run if n <= MAX_CELL_CHARS)
+    if read > MAX_CODE_CHARS:
+        out.append((True, TOO_MUCH_CODE.format(read)))
     for name in answers:
         if name not in ids:
             out.append(
@@ -314,7 +327,10 @@ CHILD = r"""
 import json, sys
 from IPython.core.interactiveshell import InteractiveShell
 cells, out = json.load(open(sys.argv[1])), sys.argv[2]
-shell = InteractiveShell.instance()
+class Shell(InteractiveShell):  # the grader's shell (sandbox/runner.preload): %matplotlib inline starts no event loop
+    def enable_gui(self, gui=None):
+        pass
+shell = Shell.instance()
 timed = cells.pop()  # {name: {"tensors": [[shape, scale], ...], "args": [...]}}: one graded case each
 for n, name, code, answers in cells:
     before = {a: shell.user_ns.get(a) for a in answers}

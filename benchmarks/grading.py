@@ -5,6 +5,7 @@ and without them; and throughput against plain `nbgrader autograde` on the same 
     python benchmarks/grading.py --lessons 01_attention --skip-nbgrader
     python benchmarks/grading.py --lessons --skip-child --json benchmarks/results/grading_cpu.json  # nbgrader only
     python benchmarks/grading.py --regrade --baseline main --lessons --skip-child --skip-nbgrader   # one regrade
+    python benchmarks/grading.py --reading --lessons --skip-child --skip-nbgrader   # the grader reading big notebooks
 
 --regrade: the wall time of `grade --resume` after one notebook of lessons 01-05 changed, in a class graded
 before (3 students), the least of 5 runs, for this checkout and for --baseline (a commit, checked out with
@@ -12,7 +13,10 @@ before (3 students), the least of 5 runs, for this checkout and for --baseline (
 Python and the imports, the grader's fingerprints, the reference self-check, one sandbox's start-up, and the
 rest (grading the notebook, writing the reports).
 
-The cost of one sandbox child alone (start, one cell, one request, clean-up) is measured too.
+The cost of one sandbox child alone (start, one cell, one request, clean-up) is measured too, and (--reading)
+the grader's own CPU for reading large submissions: a correct lesson 06 notebook grown to 270,000 characters with
+helpers holding long attribute chains, and notebooks at the size caps, each against a plain correct notebook
+(issue 33: at most 2 s more).
 The class is mixed: solved, blank and known-wrong submissions (tests/harness/mutants.py). A lesson's cost
 per extra submission is the CPU time (the grader and every sandbox process, user + system) of
 grading --students of them, less that of grading 2, over the difference (the least of two runs
@@ -150,6 +154,7 @@ def main():
     p.add_argument("--skip-nbgrader", action="store_true", help="no throughput against nbgrader")
     p.add_argument("--skip-child", action="store_true", help="no CPU figure of one sandbox child")
     p.add_argument("--regrade", action="store_true", help="the wall time of one regrade with --resume, and its parts")
+    p.add_argument("--reading", action="store_true", help="the grader's own CPU for reading large notebooks")
     p.add_argument("--baseline", metavar="COMMIT", help="with --regrade: measure this commit too, in the same run")
     p.add_argument(
         "--json",
@@ -166,6 +171,8 @@ def main():
             record["cpu_per_extra_submission"] = per_lesson(root, args.lessons, args.students)
         if args.regrade:
             record["regrade"] = regrade(root / "regrade", args.baseline)
+        if args.reading:
+            record["reading_cpu"] = reading(root / "reading")
         if not args.skip_nbgrader:
             record["throughput_vs_nbgrader"] = throughput(
                 root / "throughput", args.nbgrader_lessons, args.nbgrader_students
@@ -177,7 +184,7 @@ def main():
         old = {
             k: v
             for k, v in old.items()
-            if k in ("cpu_per_child", "cpu_per_extra_submission", "throughput_vs_nbgrader", "regrade")
+            if k in ("cpu_per_child", "cpu_per_extra_submission", "throughput_vs_nbgrader", "regrade", "reading_cpu")
         }
         args.json.write_text(
             json.dumps(
@@ -190,6 +197,121 @@ def main():
             )
             + "\n"
         )
+
+
+# ---- the grader's own reading of a submission (issue 33) ------------------------------------------
+
+READING_LESSON = "06_gpu"  # a lesson whose checks read the cells on the grader's side (triton_replay)
+
+
+def _with_code(nb, cells):
+    """nb with code cells of the given sources appended."""
+    nb = json.loads(json.dumps(nb))
+    nb["cells"] += [
+        {"cell_type": "code", "metadata": {}, "source": c, "outputs": [], "execution_count": None} for c in cells
+    ]
+    return nb
+
+
+def _code_chars(nb):
+    return sum(len(nbk.source(c)) for c in nb["cells"] if c["cell_type"] == "code")
+
+
+def chains_notebook(plain, chars=270_000, depth=95, per_cell=40):
+    """plain grown to `chars` characters of code with helper cells, each def holding an attribute chain `depth` long,
+    subscripts between the links (the costliest form the source rules had to read)."""
+    chain = "[0].".join(f"a{k}" for k in range(depth // 2))
+    cells, i = [], 0
+    while _code_chars(plain) + sum(map(len, cells)) < chars:
+        cells.append("".join(f"def helper_{i}_{j}(obj):\n    return obj.{chain}\n\n" for j in range(per_cell)))
+        i += 1
+    return _with_code(plain, cells)
+
+
+def capped_notebooks(plain):
+    """{what: notebook} at the caps a submission is read under: code cells as long as the grader parses
+    (check_submission.MAX_CELL_CHARS), up to as much as it parses in all (MAX_CODE_CHARS), dense or nested as deep as
+    Python parses; and notebook.py's bytes, in such cells and in markdown."""
+    from autograder import check_submission
+
+    read = check_submission.MAX_CODE_CHARS - _code_chars(plain)
+    room = nbk.MAX_NOTEBOOK_BYTES - len(json.dumps(plain)) - (1 << 20)  # JSON's escapes and each cell's fields
+    per_cell = min(check_submission.MAX_CELL_CHARS, read) - 1000
+    dense = "".join(f"x{i} = torch.zeros(3)[0] + y.b{i}(z)[1].c\n" for i in range(per_cell // 50))
+    depth = 90  # calls nested in one expression: CPython's parser stops at 100 levels of brackets (200 in 3.12)
+    nested = "".join("v{0} = {1}0{2}\n".format(i, "f(" * depth, ")" * depth) for i in range(per_cell // (4 * depth)))
+    markdown = {"cell_type": "markdown", "metadata": {}, "source": "x" * room}
+    big = json.loads(json.dumps(plain))
+    big["cells"].append(markdown)
+    return {
+        "code the grader parses at its cap, dense": _with_code(plain, [dense] * (read // len(dense))),
+        "code the grader parses at its cap, nested": _with_code(plain, [nested] * (read // len(nested))),
+        "code at the byte cap, dense": _with_code(plain, [dense] * (room // len(dense))),
+        f"{room >> 20} MiB of markdown": big,
+    }
+
+
+# What the grader's own process does with a lesson 06 submission's text, as often as one grading does: parse it, take
+# its cells (grade.submission_cells), find the names only demo cells bind (check_submission.demo_only), and read the
+# cells, up to Subject.readable_sources' bound, for each Triton check's replay (triton_replay: whether the kernel is
+# Triton's alone, and its cells). Lesson 09's "D once" (d_per_pair) reads the same cells once more, in its own grading.
+READ_ONE = """
+import sys
+from autograder import check_submission, grade
+from autograder import notebook as nbk
+from autograder.checking import Subject
+from autograder.lessons.gpu import triton_replay
+if sys.argv[1:]:
+    nb = nbk.parse_submission(open(sys.argv[1], "rb").read())
+    cells, _, _ = grade.submission_cells(nb)
+    check_submission.demo_only(nb)
+    try:
+        sources = Subject(None, sources=cells).readable_sources()
+    except AssertionError:  # the aspects that read them fail, saying why
+        sources = []
+    for kernel in ("_softmax_kernel", "_attention_kernel"):
+        parsed = triton_replay._parsed(sources)
+        try:
+            triton_replay._kernel_is_triton(parsed, kernel)
+        except AssertionError:
+            pass
+        triton_replay.kernel_cells(parsed)
+"""
+
+
+def reading(root, runs=3):
+    """{notebook: its characters of code, its bytes, the grader's CPU seconds to read it and those beyond a plain
+    correct notebook}: READ_ONE's work in a fresh interpreter, the least of `runs`, less that of a run reading
+    nothing (Python and the imports)."""
+    release(root / "release", [READING_LESSON])
+    plain = fill(nbk.read(root / "release" / READING_LESSON / f"{READING_LESSON}.ipynb"), READING_LESSON)
+    books = {
+        "a plain correct notebook": plain,
+        "270,000 characters, long attribute chains": chains_notebook(plain),
+        **capped_notebooks(plain),
+    }
+    cpu = {}
+    for name, nb in [("nothing", None), *books.items()]:
+        path = root / "reading.ipynb"
+        args = []
+        if nb is not None:
+            path.write_text(json.dumps(nb))
+            args = [str(path)]
+        cpu[name] = min(timed([sys.executable, "-c", READ_ONE, *args], REPO)[1] for _ in range(runs))
+    base = cpu.pop("nothing")
+    plain_cpu = cpu["a plain correct notebook"] - base
+    figures = {}
+    print(f"\nThe grader reading one submission, CPU s beyond Python and the imports (least of {runs})")
+    for name, nb in books.items():
+        seconds = cpu[name] - base
+        figures[name] = {
+            "code_chars": _code_chars(nb),
+            "notebook_bytes": len(json.dumps(nb)),
+            "cpu_s": round(seconds, 3),
+            "beyond_plain_s": round(seconds - plain_cpu, 3),
+        }
+        print(f"{name:45s} {seconds:6.2f} ({seconds - plain_cpu:+.2f} beyond plain; {_code_chars(nb):,} chars of code)")
+    return {"date": datetime.date.today().isoformat(), "lesson": READING_LESSON, "notebooks": figures}
 
 
 CHILDREN = """

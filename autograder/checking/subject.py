@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from autograder.check_submission import MAX_CELL_CHARS, MAX_CODE_CHARS, TOO_MUCH_CODE
 from autograder.checking.memory import LocalBound
 from autograder.sandbox import tripwires, wire
 from autograder.sandbox.server import ObjectServer
@@ -75,6 +76,16 @@ class Subject:
         self._isolated = ()  # the names isolate() replaced, until restore()
         self.held_mb = 0  # see memory_bound()
         self._calls = 0  # calls sent (forbidding() counts those of its block)
+
+    def readable_sources(self):
+        """The sources of up to MAX_CELL_CHARS characters, for a check that parses them on the grader's side, whose
+        work is bounded: more than MAX_CODE_CHARS characters of them in all fail the aspect, in check_submission.py's
+        words."""
+        read = [c for c in self.sources if len(c) <= MAX_CELL_CHARS]
+        total = sum(map(len, read))
+        if total > MAX_CODE_CHARS:
+            raise AssertionError(TOO_MUCH_CODE.format(total))
+        return read
 
     def _request(self, request, callback=None):
         self._calls += request.get("op") == "call"

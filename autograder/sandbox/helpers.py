@@ -10,6 +10,7 @@ this process can tell (a CPU time to compare with) is measured in a process that
 spares no more work than passing the device on, or than dropping a log kept beside a correct window.
 """
 
+import math
 import types
 
 import torch
@@ -246,18 +247,72 @@ def compile_kernels(jobs_json, timeout):
     return json.dumps(module.compile_jobs(json.loads(jobs_json), timeout=timeout))
 
 
-def draw(seed, specs):
+def draw(seed, specs, lengths=False):
     """Tensors, one per (shape, scale) or (shape, scale, dtype name) of specs, uniform in [-scale, scale] (float64
-    unless named), from a generator seeded with seed, in order. The grader draws the same on its side (same
-    torch, same CPU generator), so that inputs too large to send are made where they are used, and no wire
-    buffer counts against a memory bound."""
+    unless named), from a generator seeded with seed, in order. The grader draws the same on its side (same torch,
+    same CPU generator), so that inputs too large to send are made where they are used, and no wire buffer counts
+    against a memory bound.
+    A spec (shape, scale, "float64", levels) makes one float64 tensor, given twice (a case's keys and its values),
+    whose entries are `levels` evenly spaced values in [-scale, scale], one drawn for each position from numpy's
+    generator (cheaper than torch's), LEVELS_CHUNK at a time: the exact attention over it needs only how often each
+    level comes, which the grader counts chunk by chunk without making the tensor (lengths=True gives a Levels, twice,
+    instead); code would have to read every key to tell the levels apart."""
     generator = torch.Generator().manual_seed(int(seed))
-    return [
-        torch.empty([int(n) for n in shape], dtype=getattr(torch, dtype[0]) if dtype else torch.float64).uniform_(
-            -float(scale), float(scale), generator=generator
-        )
-        for shape, scale, *dtype in specs
-    ]
+    out = []
+    for i, (shape, scale, *rest) in enumerate(specs):
+        dtype = getattr(torch, rest[0]) if rest else torch.float64
+        if len(rest) < 2:
+            out.append(torch.empty([int(n) for n in shape], dtype=dtype).uniform_(-scale, scale, generator=generator))
+            continue
+        n, levels = math.prod(int(n) for n in shape), int(rest[1])
+        if lengths:
+            out += [Levels(_levels(seed, i, n, levels), n, scale, levels)] * 2
+            continue
+        keys = torch.empty([int(n) for n in shape], dtype=torch.float64)
+        flat = keys.view(-1).numpy()
+        for a, level in _levels(seed, i, n, levels):
+            part = flat[a : a + len(level)]
+            part[...] = level
+            part *= 2 * scale / (levels - 1)
+            part -= scale
+        out += [keys, keys]
+    return out
+
+
+LEVELS_CHUNK = 2**18  # positions whose levels draw makes at once
+
+
+def _levels(seed, i, n, levels):
+    """(start, levels (uint8)) of the n positions of spec i, LEVELS_CHUNK at a time."""
+    import numpy as np
+
+    rng = np.random.default_rng([int(seed), i])
+    for a in range(0, n, LEVELS_CHUNK):
+        yield a, rng.integers(0, levels, min(LEVELS_CHUNK, n - a), np.uint8)
+
+
+class Levels:
+    """The grader's side of a tensor draw makes over levels: the value of each level, the length n, how often each
+    level comes among the first n - TAIL positions, and the levels of the last TAIL in order."""
+
+    TAIL = 2**12  # past any number of queries a check asks at once: the causal rows differ in the last ones only
+
+    def __init__(self, chunks, n, scale, levels):
+        import numpy as np
+
+        self.n, self.values = n, np.arange(levels) * (2 * scale / (levels - 1)) - scale  # as draw makes them
+        self.counts, tail = np.zeros(levels, np.int64), []
+        for a, level in chunks:
+            head = max(0, n - self.TAIL - a)
+            self.counts += np.bincount(level[:head], minlength=levels)
+            tail.append(level[head:])
+        self.tail = np.concatenate(tail)
+
+    def counts_upto(self, stop):
+        """How often each level comes among the first `stop` positions (stop >= n - TAIL)."""
+        import numpy as np
+
+        return self.counts + np.bincount(self.tail[: stop - (self.n - len(self.tail))], minlength=len(self.values))
 
 
 def _picked(value, picks):

@@ -146,10 +146,16 @@ def preload(triton=True):
             import triton  # noqa: F401
         except ImportError:
             pass
+
+    class Shell(InteractiveShell):
+        def enable_gui(self, gui=None):
+            """No event loop to start: `%matplotlib inline` (or `%pylab`) only picks the backend, as in Jupyter,
+            where the base class's NotImplementedError would stop the cell before the answer it holds."""
+
     torch.set_num_threads(1)
     config = Config()
     config.HistoryManager.enabled = False
-    return InteractiveShell.instance(config=config)
+    return Shell.instance(config=config)
 
 
 def fingerprint(shell):

@@ -183,6 +183,29 @@ def test_cells_the_grader_would_not_read(released, tmp_path):
     assert not any("def softmax(x): ..." in s or "return q" in s for s in grade.submission_cells(nb)[0])
 
 
+def test_code_past_what_the_grader_reads_in_its_words(released, tmp_path):
+    """Code cells longer in all than the grader parses on its side (Subject.readable_sources, which bounds its work)
+    are a problem before submission, in the grader's words; a notebook just under it is read, and a cell longer than
+    the grader parses counts for nothing."""
+    from autograder.checking import Subject
+
+    nb = fill(notebook(released), LESSON)
+    room = cs.MAX_CODE_CHARS - sum(map(len, grade.submission_cells(nb)[0]))
+    scratch = ["#" * cs.MAX_CELL_CHARS] * (room // cs.MAX_CELL_CHARS) + ["#" * (room % cs.MAX_CELL_CHARS)]
+    nb["cells"] += [
+        {"cell_type": "code", "metadata": {}, "source": c, "outputs": [], "execution_count": None}
+        for c in scratch + ["#" * (cs.MAX_CELL_CHARS + 1)]
+    ]
+    read = lambda: Subject(None, sources=grade.submission_cells(nb)[0]).readable_sources()
+    assert problems(nb, notebook(released), tmp_path) == [] and read()
+    nbk.set_source(nb["cells"][-2], nbk.source(nb["cells"][-2]) + "#")
+    [line] = problems(nb, notebook(released), tmp_path)
+    assert line == cs.TOO_MUCH_CODE.format(cs.MAX_CODE_CHARS + 1)
+    with pytest.raises(AssertionError) as grader:
+        read()
+    assert str(grader.value) == line
+
+
 @pytest.mark.slow
 def test_the_check_shows_the_graders_words_for_a_forbidden_path(released, tmp_path):
     """Lesson 06 with flash_attention reaching PyTorch's attention kernel through a table filled later: the check runs

@@ -22,8 +22,8 @@ from tests.harness import each, watch
 from tests.harness.lessons import fill
 
 __all__ = ["graded", "test_honest_habits_keep_every_mark", "test_cells_nothing_reads_cost_nothing"]
-GRADER_MEMORY_MIB = 1200  # the grader's own memory per job (issue 19: 600), raised for issue 33's chunk-proof
-# evidence, whose reference for 2**23 keys the grader draws and computes on its own side (about 970 MiB in all)
+GRADER_MEMORY_MIB = 600  # the grader's own memory per job (issue 19); lesson 06's chunk-proof evidence counts the
+# levels of its 2**23 keys on the grader's side instead of drawing them (issue 33: it took 970 MiB)
 
 MAGICS = {  # cells a student adds anywhere: each is its own honest student, in every lesson's run
     "matplotlib_inline": ["%matplotlib inline"],
@@ -54,6 +54,11 @@ def _common(lesson, answers, scratch):
     return {
         **{f"magic_{name}": (cells, {}, []) for name, cells in MAGICS.items()},
         "reimport_in_every_answer": ([], {gid: IMPORTS + code for gid, code in answers.items()}, []),
+        "matplotlib_inline_atop_every_answer": (
+            [],
+            {gid: "%matplotlib inline\n" + code for gid, code in answers.items()},
+            [],
+        ),
         "scratch_copy": ([], {}, [scratch]),
         "redefined_in_a_later_cell": ([], {}, [answers[g] for g in answers]),
         "print_in_an_answer": ([], {g: c + "\n\nprint('defined', " + repr(g) + ")\n" for g, c in answers.items()}, []),

@@ -117,6 +117,24 @@ def test_triton_attention_rejects_bf16_off_the_gpu():
         triton_attention(q, q, q)
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_the_tiled_reference_from_levels_equals_one_from_the_keys(causal):
+    """The grader's reference for the long tiled case, counted from the levels its keys were drawn over
+    (helpers.Levels), equals the exact attention over the keys the student's process makes from the same seed."""
+    from autograder.lessons.gpu import checks
+    from autograder.sandbox import helpers
+
+    specs = checks.level_specs(70, helpers.Levels.TAIL + 5000)  # rows differ in the tail, counted one by one
+    q, k, v = helpers.draw(5, specs)
+    q_, keys, values = helpers.draw(5, specs, lengths=True)
+    assert torch.equal(q, q_) and k is v and len(k.unique()) == checks.LEVELS
+    rows = torch.arange(6, 70)
+    want, want_lse, _ = checks.long_attention(q[:, :, rows], k, v, causal)
+    got, lse, _ = checks.levels_attention(q[:, :, rows], keys, values, causal)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(lse, want_lse, rtol=1e-12, atol=1e-12)
+
+
 def test_naive_attention_equals_sdpa_bottom_right():
     q, k, v = torch.randn(2, 3, 5, 8), torch.randn(2, 3, 9, 8), torch.randn(2, 3, 9, 8)
     for causal in (False, True):

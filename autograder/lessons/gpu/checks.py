@@ -331,11 +331,13 @@ def qkv(rng, b, h, tq, tk, dh, dtype, scale=2.0):
 #   all keys but the last, so a call without causal would show nothing more (its values are the small cases');
 # - MASK, causal: 8229 queries and keys, whose (Tq, Tk) boolean mask takes 64 MiB.
 # The inputs are float64 (a float64 answer copies none of them) with Dh = 1, drawn in the student's process
-# (helpers.drawn_calls) and counted on top of TILED_MB (inputs_mb), so that TILED_MB bounds the answer's working
-# memory alone: tiles of 1 x 2**16 or 256 x 512 (0.5 and 1 MiB), and the 8 MiB an honest process holds beyond a fresh
-# one when the block begins (runner.HONEST_HELD_MB): a correct answer keeps its marks with a bound a quarter smaller
-# (tests/harness/checks.py), and nothing spanning every key fits even the full bound. A copy of the keys in another
-# dtype is a tensor spanning every key too: it does not fit either.
+# (helpers.drawn_calls); the long case's keys are its values too, each one of LEVELS levels (level_specs), so that
+# the grader's reference counts levels instead of drawing 2**23 keys and values of its own (issue 33: 970 MiB and
+# 0.3 CPU s a submission on its side). They are counted on top of TILED_MB (inputs_mb), so that TILED_MB bounds the
+# answer's working memory alone: tiles of 1 x 2**16 or 256 x 512 (0.5 and 1 MiB), and the 8 MiB an honest process
+# holds beyond a fresh one when the block begins (runner.HONEST_HELD_MB): a correct answer keeps its marks with a
+# bound a quarter smaller (tests/harness/checks.py), and nothing spanning every key fits even the full bound. A copy
+# of the keys in another dtype is a tensor spanning every key too: it does not fit either.
 # A notebook that holds more than an honest fresh one when the block begins (%matplotlib inline, a dataset, a scratch
 # tensor) keeps what it holds on top of TILED_MB, up to HEADROOM_MB: then the long case's queries grow until its full
 # score matrix takes more than that, glibc's slack included (evidence_times), so that no buffer reserved before the
@@ -352,14 +354,24 @@ def long_specs(tq, tk, dtype="float64"):
     return [((1, 1, tq, 1), 2.0, dtype), ((1, 1, tk, 1), 2.0, dtype), ((1, 1, tk, 1), 1.0, dtype)]
 
 
+def level_specs(tq, tk):
+    """helpers.draw specs of float64 q (1, 1, tq, 1), and of k (1, 1, tk, 1) over LEVELS levels, which draw gives as v
+    too: the exact attention is then the grader's from how often each level comes (helpers.Levels), with nothing of
+    Tk's length made on its side and no pass of exp over every key, and the student's process draws half as much."""
+    return [((1, 1, tq, 1), 2.0, "float64"), ((1, 1, tk, 1), 2.0, "float64", LEVELS)]
+
+
+LEVELS = 256
+
+
 def drawn_mb(specs):
     """MiB (rounded up, one more for the generator's own) that helpers.draw(seed, specs) makes."""
     return -(-sum(8 * math.prod(spec[0]) for spec in specs) >> 20) + 1
 
 
-# What helpers.draw makes for the tiled evidence, on top of TILED_MB: the long case's k and v (its q, grown with
-# evidence_times, and the mask case's inputs are under 1 MiB)
-TILED_INPUTS_MB = drawn_mb(long_specs(0, TILED_LONG["tk"])) + 1
+# What helpers.draw makes for the tiled evidence, on top of TILED_MB: the long case's k, which is its v (its q, grown
+# with evidence_times, and the mask case's inputs are under 1 MiB)
+TILED_INPUTS_MB = drawn_mb(level_specs(0, TILED_LONG["tk"])) + 1
 
 
 # One case at the size "tiled" grades, for check_submission.py to time against the limit on a call (helpers.draw's
@@ -379,7 +391,7 @@ def tiled_cases(s):
     t, mask_bq, mask_bk = (TILED_MASK[key] for key in ("t", "bq", "bk"))
     t = math.ceil(t * math.sqrt(evidence_times(s, TILED_MB, t * t >> 20)))
     return [
-        ("one query row of scores", tk * 8 >> 20, long_specs(tq, tk), [(True, bq, bk)]),
+        ("one query row of scores", tk * 8 >> 20, level_specs(tq, tk), [(True, bq, bk)]),
         # float32: its inputs are small, and float32 tiles cost half (issue 19)
         ("a full causal mask", t * t >> 20, long_specs(t, t, "float32"), [(True, mask_bq, mask_bk)]),
     ]
@@ -423,7 +435,7 @@ TILED_MESSAGE = (
 def tiled_calls(s, rng, name, lse=""):
     """name(q, k, v, causal, block_q, block_k) on each of tiled_cases' inputs, inside their bound (every case's inputs
     alive during every call: the bound's inputs_mb covers them once); returns [(causal, q, k, v as drawn, what the
-    call returned)]."""
+    call returned)], k and v of the long case as the helpers.Levels they were drawn over."""
     function = s.get(name, "__call__")
     first = TILED_MESSAGE.format(
         name=name, what="one query row of scores", mb=TILED_LONG["tk"] * 8 >> 20, lse=lse, **TILED_LONG
@@ -452,17 +464,17 @@ def tiled_calls(s, rng, name, lse=""):
             )
         )
         got = s.helper("drawn_calls", function, seed, specs, calls)
-    drawn = helpers.draw(seed, specs)
+    drawn = helpers.draw(seed, specs, lengths=True)
     inputs = [drawn[3 * i : 3 * i + 3] for i, (*_, blocks) in enumerate(cases) for _ in blocks]
     causals = [causal for *_, blocks in cases for causal, _, _ in blocks]
     return [(causal, *qkv_, answer) for causal, qkv_, (answer, _) in zip(causals, inputs, got)]
 
 
 def tiled_judged(s, rng, name, lse=""):
-    """[(causal, q, k, v, what the call returned, and tiled_reference's rows, out, lse and conditioning)] of
+    """[(causal, q, Tk, what the call returned, and tiled_reference's rows, out, lse and conditioning)] of
     tiled_calls."""
     return [
-        (causal, q, k, v, answer, *tiled_reference(q, k, v, causal))
+        (causal, q, k.n if isinstance(k, helpers.Levels) else k.size(2), answer, *tiled_reference(q, k, v, causal))
         for causal, q, k, v, answer in tiled_calls(s, rng, name, lse)
     ]
 
@@ -471,17 +483,33 @@ def tiled_reference(q, k, v, causal):
     """(rows compared, exact out and lse of those rows, the conditioning of a float64 answer) of a tiled case."""
     tq = q.size(2)
     rows = torch.arange(max(0, tq - TILED_ROWS), tq)  # a suffix keeps the bottom-right alignment of the whole
-    out, lse, largest = long_attention(q[:, :, rows], k, v, causal)
+    attention = levels_attention if isinstance(k, helpers.Levels) else long_attention
+    out, lse, largest = attention(q[:, :, rows], k, v, causal)
     return rows, out, lse, max(1.0, largest / 16)
+
+
+def levels_attention(q, levels, _, causal):
+    """long_attention of q (1, 1, Tq, 1), the last Tq queries, against keys, the values too, drawn over levels
+    (helpers.Levels): each row's softmax over the levels, each weighted by how often it comes among the keys the row
+    sees."""
+    tq, keys = q.size(2), torch.from_numpy(levels.values)
+    seen = [levels.counts_upto(levels.n - tq + 1 + i if causal else levels.n) for i in range(tq)]
+    counts = torch.from_numpy(np.stack(seen)).double()  # (Tq, levels)
+    s = (q[0, 0].double() * keys).masked_fill(counts == 0, float("-inf"))  # Dh = 1: no scale
+    m = s.amax(-1, keepdim=True)
+    w = counts * torch.exp(s - m)
+    out = (w @ keys / w.sum(-1))[None, None, :, None]
+    lse = (m[:, 0] + torch.log(w.sum(-1)))[None, None]
+    return out, lse, q.abs().max().item() * keys.abs().max().item()
 
 
 def _expect_tiled(s, rng):
     """flash_attention within a memory bound that its tiles fit and nothing spanning every key does."""
-    for causal, q, k, v, got, rows, out, _, cond in tiled_judged(s, rng, "flash_attention"):
+    for causal, q, tk, got, rows, out, _, cond in tiled_judged(s, rng, "flash_attention"):
         expect_attention(
             rows_of(got, rows),
             reference(out, dtype=str(q.dtype).split(".")[-1]),
-            f"flash_attention(causal={causal}) with {k.size(2)} keys",
+            f"flash_attention(causal={causal}) with {tk} keys",
             lambda: [],
             len(rows),
             [],
@@ -737,7 +765,7 @@ def triton_softmax(s):
         raise Unchecked("triton_softmax needs the notebook's code cells, which the grader did not receive")
     rng = s.rng
     device = _triton_device()
-    replayed = False
+    replay = None
     for aspect, dtype, shape, scale, with_inf in SOFTMAX_CASES:
         with s.aspect(aspect):
             x = softmax_input(rng, dtype, shape, scale, with_inf)
@@ -746,9 +774,18 @@ def triton_softmax(s):
             got = s.call("triton_softmax", _on(tensor(x), device))
             want = _on(reference(torch.from_numpy(x).double().softmax(-1), dtype=np.dtype(dtype).name), device)
             _expect_softmax(got, want, x, what)
-            if not replayed:  # once, when right: the kernel, launched again by the grader, wrote what was returned
-                expect_kernel_did_the_work(s, "triton_softmax", "_softmax_kernel", [_on(tensor(x), device)], what)
-                replayed = True
+            replay = replay or (aspect, [_on(tensor(x), device)], what, {})
+    _replay_once(s, "triton_softmax", "_softmax_kernel", replay)
+
+
+def _replay_once(s, wrapper, kernel, replay):
+    """expect_kernel_did_the_work on the first case that was right (aspect, inputs, what, keyword arguments), in its
+    aspect, once the cases are done: the replay runs in a process of its own (Subject.elsewhere), and the cases that
+    follow it would need the notebook's run again."""
+    if replay is not None:
+        aspect, inputs, what, kwargs = replay
+        with s.aspect(aspect):
+            expect_kernel_did_the_work(s, wrapper, kernel, inputs, what, **kwargs)
 
 
 # Small sizes: on a CPU this runs in Triton's interpreter, whose cost grows with the programs launched
@@ -769,7 +806,7 @@ def triton_attention(s):
         raise Unchecked("triton_attention needs the notebook's code cells, which the grader did not receive")
     rng = s.rng
     device = _triton_device()
-    replayed = False
+    replay = None
     for aspect, dtype, (b, h, tq, tk, dh), causal in TRITON_CASES:
         with s.aspect(aspect):
             q, k, v = qkv(rng, b, h, tq, tk, dh, dtype)
@@ -783,13 +820,5 @@ def triton_attention(s):
                 q, k, v, causal, blocks, getattr(torch, np.dtype(dtype).name), triton=True
             )
             expect_attention(got, want, what, mistakes, tq, blocks, cond)
-            if not replayed:  # once, when right: the kernel, launched again by the grader, wrote what was returned
-                expect_kernel_did_the_work(
-                    s,
-                    "triton_attention",
-                    "_attention_kernel",
-                    [_on(tensor(a), device) for a in (q, k, v)],
-                    what,
-                    causal=causal,
-                )
-                replayed = True
+            replay = replay or (aspect, [_on(tensor(a), device) for a in (q, k, v)], what, {"causal": causal})
+    _replay_once(s, "triton_attention", "_attention_kernel", replay)

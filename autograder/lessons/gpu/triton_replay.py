@@ -9,9 +9,11 @@ nothing, or copies what the wrapper computed, writes NaN there or nothing at all
 """
 
 import ast
+import threading
 
 import numpy as np
 
+from autograder.check_submission import MAX_CELL_CHARS
 from autograder.checking import StudentError, close, fail
 from autograder.sandbox.wire import Array
 
@@ -37,7 +39,6 @@ MAX_INT = 4096  # an integer argument may exceed the largest buffer's size only 
 MAX_WORDS = 64  # characters of string arguments in all of a call's launches
 MAX_LAUNCHES, ELEMENTS_PER_LAUNCH = 4, 256  # launches a call may make: a few, or one per 256 outputs
 MODULES = {"math", "triton", "triton.language", "torch", "numpy"}
-MAX_CELL = 100_000  # characters: a kernel's cell is a few hundred
 
 
 def _jit(node):
@@ -58,16 +59,27 @@ def _constant(value):
         )
 
 
+_LAST = threading.local()  # the last cells _parsed read and its reading, per grading thread: nothing shared
+
+
 def _parsed(sources):
     """([@triton.jit FunctionDef], [import of MODULES], [(constant assignment, names)]) at the top level of the cells.
-    Magic lines are left out; a cell longer than MAX_CELL, or that does not parse, gives nothing (a kernel there
-    cannot be launched on its own)."""
+    Magic lines are left out; a cell longer than MAX_CELL_CHARS, or that does not parse, gives nothing (a kernel there
+    cannot be launched on its own). The same cells again (the next Triton check of one submission) are read once."""
+    sources = tuple(sources)
+    if getattr(_LAST, "sources", None) != sources:
+        _LAST.sources, _LAST.parsed = sources, _read(sources)
+    return _LAST.parsed
+
+
+def _read(sources):
+    """_parsed, not remembered."""
     kernels, imports, constants = [], [], []
     for source in sources:
         text = "\n".join(
-            line for line in str(source)[: MAX_CELL + 1].splitlines() if not line.lstrip().startswith(("%", "!"))
+            line for line in str(source)[: MAX_CELL_CHARS + 1].splitlines() if not line.lstrip().startswith(("%", "!"))
         )
-        if len(text) > MAX_CELL:
+        if len(text) > MAX_CELL_CHARS:
             continue
         try:
             tree = ast.parse(text)
@@ -87,10 +99,10 @@ def _parsed(sources):
     return kernels, imports, constants
 
 
-def kernel_cells(sources):
+def kernel_cells(parsed):
     """The cells' imports of MODULES, the constants their @triton.jit functions read (names bound to literals or
-    tl.constexpr of them), and those functions, a cell each after the PREAMBLE (see _parsed)."""
-    kernels, imports, constants = _parsed(sources)
+    tl.constexpr of them), and those functions, a cell each after the PREAMBLE; parsed: _parsed(the cells)."""
+    kernels, imports, constants = parsed
     read = {n.id for k in kernels for n in ast.walk(k) if isinstance(n, ast.Name)}
     return (
         [PREAMBLE]
@@ -159,10 +171,10 @@ def _foreign_name(kernel, kernels, imports, constants):
     return None
 
 
-def _kernel_is_triton(sources, kernel):
+def _kernel_is_triton(parsed, kernel):
     """Refuse a kernel (or a @triton.jit function it calls) whose body names anything but Triton, math, its own
-    parameters and locals, other @triton.jit functions and constants (_foreign_name)."""
-    kernels, imports, constants = _parsed(sources)
+    parameters and locals, other @triton.jit functions and constants (_foreign_name); parsed: _parsed(the cells)."""
+    kernels, imports, constants = parsed
     by_name = {k.name: k for k in kernels}
     todo, seen = [kernel], set()
     while todo:
@@ -255,8 +267,9 @@ def expect_kernel_did_the_work(s, wrapper, kernel, inputs, what, **kwargs):
     if not launches:
         fail(f"{wrapper} never launched {kernel}: the work must happen in your @triton.jit kernel")
     _scalars(launches, buffers, got)
-    _kernel_is_triton(s.sources, kernel)
-    with s.elsewhere(kernel_cells(s.sources)):
+    parsed = _parsed(s.readable_sources())  # once: the grader's own work grows with the cells' length
+    _kernel_is_triton(parsed, kernel)
+    with s.elsewhere(kernel_cells(parsed)):
         try:
             after = s.call("_replay", kernel, _replay_buffers(buffers, inputs), launches)
         except AssertionError:

@@ -594,12 +594,13 @@ def _expect_never_forms_keys(s, rng):
 # Tk x d_latent x D multiply-adds for the keys and as many for the values, where the absorbed form's scores and
 # weighted sum take Tk x d_latent x H x T each, D / (H T) = 256 times less here. So the grader reads the CPU time of
 # one call from outside the student's process (Subject.cpu_seconds): an honest call takes some 10 ms, forming the keys
-# and values more than a second; one that takes more than COST_FLOOR_S is compared with forming them on the same
+# and values 0.15 s (a few thousand positions at a time under no_grad) to over a second; one that takes more than
+# COST_FLOOR_S (between the two, nearer the honest call) is compared with forming them on the same
 # machine (helpers.form_latent_kv, so that a slow machine is no excuse and costs no honest answer its marks), and a
 # call costing COST_SHARE of that or more formed them, whatever chunk of positions it took. The forming is priced in a
 # process that ran none of the notebook's code (Subject.elsewhere): a cell cannot have made it slower there.
 COST = dict(B=1, T=2, Tk=2**18 + 17)
-COST_FLOOR_S, COST_SHARE = 0.2, 0.3
+COST_FLOOR_S, COST_SHARE = 0.08, 0.3
 COST_SAMPLE = 8  # forming keys is priced on 1 / COST_SAMPLE of the latents (its cost is linear in them)
 FORMS_KEYS_IN_CHUNKS = mistakes.for_lesson(LESSON).FORMS_KEYS_IN_CHUNKS
 
