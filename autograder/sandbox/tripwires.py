@@ -34,7 +34,7 @@ PATHS = {
     "attention kernels": "PyTorch's attention kernel",
     "softmax": "PyTorch's softmax",
     "autograd": "autograd",
-    "compilers": "PyTorch's compilers",  # off wherever another path is (compiler_routes)
+    "compilers": "PyTorch's compilers",  # off wherever any path is (compiler_routes)
 }
 _KEY = re.compile(r"([A-Za-z0-9]+)(\[alias\])?: registered")
 
@@ -150,11 +150,6 @@ def compiler_routes():
     return found
 
 
-def _with_compilers(paths):
-    """The paths to switch off for `paths` (a manifest's): PyTorch's compilers too wherever anything is off."""
-    return [*paths, "compilers"] if paths and "compilers" not in paths else list(paths)
-
-
 def _keys(op):
     """The dispatch keys (alias keys included) at which op has a kernel of its own."""
     import torch
@@ -235,7 +230,6 @@ def install(paths, for_good=True):
     libraries = {}
     # Python routes cut (_cut), and table entries or attributes that are not Python functions replaced (_put)
     undo, entries = [], []
-    paths = _with_compilers(paths)
 
     def library(namespace):
         if namespace not in libraries:
@@ -262,7 +256,7 @@ def install(paths, for_good=True):
                 else:  # a decomposition table's or a Python kernel's entry that is some other callable
                     entries.append((mapping, key, mapping[key]))
                     _put(mapping, key, _tripwire(route, PATHS[path]))
-        for route, (owner, key) in compiler_routes().items() if "compilers" in paths else ():
+        for route, (owner, key) in compiler_routes().items() if paths else ():  # wherever anything is off
             if isinstance(getattr(owner, key), types.FunctionType):
                 _cut(route, getattr(owner, key), PATHS["compilers"], "compilers", undo)
             elif getattr(getattr(owner, key), "__name__", "") != "tripwire":
@@ -337,8 +331,8 @@ def probe(paths):
         )
     ]
     lost += [f"{f.__module__}.{f.__qualname__}" for f in _CUT if f.__code__.co_name != "_tripwire"]
-    paths = _with_compilers(paths)
-    if "compilers" in paths:
+    if paths:  # PyTorch's compilers are off wherever anything is (install)
+        paths = [*paths, "compilers"] if "compilers" not in paths else paths
         lost += [
             route
             for route, (owner, key) in compiler_routes().items()
