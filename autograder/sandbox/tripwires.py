@@ -25,6 +25,7 @@ code, and beside lesson 06's notebook, whose visible tests switch the same paths
 
 import contextlib
 import ctypes
+import functools
 import re
 import warnings
 
@@ -132,11 +133,13 @@ _COMPILER_NAMES = re.compile(
 )
 
 
+@functools.cache  # first called by install(), before anything is cut: the types it lists are the originals
 def compiler_routes():
     """{name: (owner, attribute)}: the entry points of PyTorch's compilers (a module's or a type's attribute):
     torch.jit.script, trace, trace_module and load, torch.compile, TorchScript's compiling and importing functions in
-    torch._C, the __call__ of compiled functions and methods, everything of NNC (torch._C._te) and dynamo's
-    set_eval_frame. Every route reaches them through these objects (a module is one object, whatever imports it)."""
+    torch._C (and their re-exports in torch), the __call__ of compiled functions and methods, everything of NNC
+    (torch._C._te) and dynamo's set_eval_frame; and the __init__ of every type among them, so that the type found some
+    other way (the garbage collector lists it) makes nothing. A module is one object, whatever imports it."""
     import torch
     import torch._C._dynamo.eval_frame as eval_frame
 
@@ -144,10 +147,13 @@ def compiler_routes():
         "torch.compile": (torch, "compile"),
         "torch._C._dynamo.eval_frame.set_eval_frame": (eval_frame, "set_eval_frame"),
     }
-    found |= {f"torch._C.{n}": (torch._C, n) for n in dir(torch._C) if _COMPILER_NAMES.match(n)}
+    names = [n for n in dir(torch._C) if _COMPILER_NAMES.match(n)]
+    found |= {f"torch._C.{n}": (torch._C, n) for n in names}
+    found |= {f"torch.{n}": (torch, n) for n in names if getattr(torch, n, None) is getattr(torch._C, n)}
     found |= {f"torch._C.{t}.__call__": (getattr(torch._C, t), "__call__") for t in ("ScriptFunction", "ScriptMethod")}
     found |= {f"torch._C._te.{n}": (torch._C._te, n) for n in dir(torch._C._te) if not n.startswith("__")}
-    return found
+    types_ = {getattr(owner, key) for owner, key in found.values() if isinstance(getattr(owner, key), type)}
+    return found | {f"{t.__module__}.{t.__qualname__}()": (t, "__init__") for t in types_}
 
 
 def _keys(op):
