@@ -607,6 +607,23 @@ class Sandbox:
         held = {"held_mb": held} if isinstance(held, int) and 0 <= held < 2**40 else {}
         return {"refused": str(reply.get("why"))[:500], **held} if reply["op"] == "refused" else held
 
+    def confine(self):
+        """Once the cells ran with paths off (Subject.forbidding), before any call: the worker kills every process of
+        the sandbox but itself and the serving child, and sets the child's process limit to none, from outside the
+        child (runner.confine), so that a Python of the student's own, where no path is off, does none of the calls'
+        work. Cells ran unconfined (pip list, nvidia-smi in a cell cost nothing); the other children are not
+        confined (Triton compiles a kernel at its first launch on a GPU, with processes of its own)."""
+        try:
+            self.ctl.send(json.dumps({"op": "confine"}).encode())
+        except OSError as e:
+            raise SandboxError(f"the sandbox stopped answering: {e}") from None
+        reply = self._recv(30)
+        if reply is not None and reply["op"] == "exited":  # the child ended: its calls say so
+            self._exited = reply
+        elif reply is None or reply["op"] not in ("confined", "refused"):
+            self.close()
+            raise SandboxError("the sandbox stopped answering")
+
     def cpu(self):
         """The CPU seconds the serving child (and every process of the sandbox) used so far (runner.cpu_seconds), or
         None when it has ended (its "exited" is kept for stop_child)."""
@@ -681,6 +698,7 @@ class Session:
         self.bounded = False  # inside Subject.memory_bound: the child runs under a memory bound
         self.forbid = ()  # inside Subject.forbidding: the paths to switch off before the cells (tripwires)
         self.elsewhere = None  # inside Subject.elsewhere: the grader's cells, run instead of the notebook's
+        self.reached = None  # with paths off: the first cell's ForbiddenPath (describe()), a failed call's cause
         self.serving = ((), None)  # (forbid, elsewhere) of the serving child
         self.starts = 0
         self.deadline = time.monotonic() + sandbox.limits.notebook_seconds
@@ -754,6 +772,7 @@ class Session:
                 raise SandboxError("the sandbox worker died")
             self.data = self.sandbox.start(self.lesson, self.data_files)
             self.serving = (self.forbid, self.elsewhere)
+            self.reached = None
             if self.elsewhere is not None:  # the grader's own cells: nothing of the notebook's runs, none skipped
                 wire.send_frame(self.data, {"cells": self.elsewhere})
                 try:  # timed by CPU as the notebook's cells are; the grader's cells are never skipped
@@ -802,8 +821,12 @@ class Session:
                 # later call would fail for it, so it is skipped on a restart, as a cell that crashed.
                 starved = [i for i, e in self.cell_errors.items() if "MemoryError" in (e.get("mro") or ())]
                 if not starved:
+                    reached = [e for e in self.cell_errors.values() if self.forbid and e.get("type") == "ForbiddenPath"]
+                    self.reached = reached[0] if reached else None
                     if self.forbid:
                         self.cell_errors = kept
+                    if self.forbid:  # what the calls reach is checked: only the child itself may do their work
+                        self.sandbox.confine()
                     return
                 for i in starved:
                     self.skipped[i] = "ran out of memory (MemoryError)"
@@ -828,7 +851,9 @@ class Session:
             for _ in range(MAX_CALLBACKS + 1):
                 reply = self._await(self.sandbox.limits.call_seconds)
                 if "callback" not in reply:
-                    return self._reply(reply)
+                    # A cell reached a forbidden path (a compiler's decorator, say) with the paths off: the call
+                    # failed for it, and its message says so.
+                    return self._reply({"error": self.reached} if "error" in reply and self.reached else reply)
                 if callback is None:
                     raise Malformed("a callback outside a call that allows them")
                 try:

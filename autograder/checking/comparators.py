@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from autograder.checking.memory import held_note
+from autograder.checking.memory import held_first
 from autograder.checking.subject import OverBudget, StudentError, tensor
 from autograder.sandbox import wire
 from autograder.sandbox.server import ObjectServer
@@ -54,10 +54,10 @@ def within_memory(s, memory_mb, message, headroom_mb=0, inputs_mb=0):
         with s.memory_bound(memory_mb, headroom_mb, inputs_mb):
             yield lambda new: said.__setitem__(0, new)
     except OverBudget:
-        fail(said[0] + held_note(s))
+        fail(held_first(s, said[0]))
     except StudentError as e:
         if e.is_a("MemoryError") or "alloc" in e.raw_message.lower():
-            fail(said[0] + held_note(s))
+            fail(held_first(s, said[0]))
         raise
 
 

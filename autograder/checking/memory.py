@@ -166,16 +166,22 @@ def evidence_times(s, memory_mb, unit_mb):
     return max(1, math.ceil((s.held_mb + memory_mb + GLIBC_SLACK_MB) / unit_mb))
 
 
+# What the lessons with a memory-bound check say of HEADROOM_MB beside their limits (a test holds them to it).
+HEADROOM_STATEMENT = (
+    "The checks of how an answer uses memory also count what your notebook keeps beyond a fresh process (large arrays "
+    f"at top level), up to {HEADROOM_MB} MB: keep large scratch data out of the notebook you submit."
+)
+
 HELD_NOTE_MB = 16  # an honest process holds less than 8 MiB beyond a fresh one when a bound begins
 
 
-def held_note(s):
-    """What a failure under a memory bound adds when the process already held much before it."""
+def held_first(s, message):
+    """The message of a failure under a memory bound, led by what the process already held before it when that is
+    much: then memory the notebook keeps is the likelier cause, and a student reading the mistake first would look
+    for it in an answer that may well be right."""
+    if s.held_mb < HELD_NOTE_MB:
+        return message
     return (
-        (
-            f" (your notebook's process already held {s.held_mb} MiB more than a fresh one before the call: "
-            "memory your cells keep counts too: free large arrays they keep at top level)"
-        )
-        if s.held_mb >= HELD_NOTE_MB
-        else ""
+        f"your notebook's process already held {s.held_mb} MiB more than a fresh one before the call, and memory your "
+        f"cells keep counts too: free large arrays they keep at top level. If that is not it: {message}"
     )

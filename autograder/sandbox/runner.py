@@ -19,8 +19,8 @@ with its own size-limited /dev/shm where the kernel allows one (see isolate()).
 --unprotected (tests only) leaves all that out, to show that the attacks it stops are real.
 
 Control messages (JSON over a SOCK_SEQPACKET socket) from the grader: start (with the data
-socket attached), bound (see bound()), cpu (cpu_seconds()) and kill; the worker answers ready,
-bounded or refused, cpu, and exited after each child.
+socket attached), confine (see confine()), bound (see bound()), cpu (cpu_seconds()) and kill; the worker
+answers ready, confined, bounded or refused, cpu, and exited after each child.
 """
 
 import ctypes
@@ -415,11 +415,41 @@ def _stopped(pid):
     return True
 
 
+def _continue(pid):
+    """SIGCONT, to a child that may have ended."""
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except OSError:
+        pass
+
+
+def confine(pid, opts):
+    """From here, outside the child's reach: no process of its own from now on (its process limit to none: it has no
+    CAP_SYS_RESOURCE to raise it again; a root child, above that limit, has what it starts killed by supervise()), then
+    none left of those it had (every other process of the sandbox is killed), so that only the child itself does the
+    work of the calls that follow: a Python of its own, started by a cell, would run where no tripwire and no bound
+    is. Leaves the child stopped (SIGSTOP, so that none of those it had continues it while they are killed): the
+    caller continues it (_continue). Raises OSError when the child has ended."""
+    resource.prlimit(pid, resource.RLIMIT_NPROC, (0, 0))
+    os.kill(pid, signal.SIGSTOP)
+    reap(opts, keep=(pid,))
+
+
+def confine_reply(pid, opts):
+    """The reply to the grader's "confine", sent once the cells ran with paths off, before the calls (confine())."""
+    try:
+        confine(pid, opts)
+    except OSError:
+        return {"op": "refused", "why": "your notebook's process ended"}
+    finally:
+        _continue(pid)
+    return {"op": "confined"}
+
+
 def bound(pid, mb, opts, headroom=0, inputs=0):
-    """Before a bounded block of calls: kill every other process of the sandbox (daemons would work
-    outside the bound), then, from here, outside the child's reach, lower its address-space limit
-    (soft and hard: it has no CAP_SYS_RESOURCE to raise it again) to what the pristine worker maps
-    plus mb MiB, and its process limit to none (a process of its own would get a bound of its own).
+    """Before a bounded block of calls: confine the child (confine(): daemons would work outside the bound, a process
+    of its own would get a bound of its own), then, from here, outside the child's reach, lower its address-space
+    limit (soft and hard) to what the pristine worker maps plus mb MiB.
     Counted from the pristine worker, not from the child: memory its cells mapped before the block
     (a buffer kept at top level, in a default argument, freed but still mapped) is part of the mb,
     never headroom on top of it; a child that unmapped part of what the worker maps is counted from
@@ -435,11 +465,7 @@ def bound(pid, mb, opts, headroom=0, inputs=0):
     own inputs, made inside the block (helpers.drawn_calls), take on top of mb. Returns the reply
     for the grader, with what the child held beyond the pristine worker (MiB) when bounded."""
     try:
-        # No process of its own from here, then none left of those it had: none may continue it while it is
-        # measured (SIGCONT), nor work outside the bound after.
-        resource.prlimit(pid, resource.RLIMIT_NPROC, (0, 0))
-        os.kill(pid, signal.SIGSTOP)
-        reap(opts, keep=(pid,))
+        confine(pid, opts)  # none may continue it while it is measured (SIGCONT), nor work outside the bound after
         deadline = time.monotonic() + STOP_SECONDS
         while not _stopped(pid):
             if time.monotonic() > deadline:
@@ -464,10 +490,7 @@ def bound(pid, mb, opts, headroom=0, inputs=0):
     except (OSError, StopIteration, ValueError):
         return {"op": "refused", "why": "your notebook's process ended before its memory could be bounded"}
     finally:
-        try:
-            os.kill(pid, signal.SIGCONT)
-        except OSError:
-            pass
+        _continue(pid)
     return {"op": "bounded", "held_mb": max(held, 0) >> 20}
 
 
@@ -490,12 +513,19 @@ def cpu_seconds(pid, opts):
 
 
 def supervise(ctl, pid, opts):
-    """Wait for the child, killing it when the grader says so, bounding its memory (bound()) and telling the CPU
-    time it used (cpu_seconds()); returns its wait status."""
+    """Wait for the child, killing it when the grader says so, confining it (confine()), bounding its memory (bound())
+    and telling the CPU time it used (cpu_seconds()); returns its wait status."""
+    # In a PID namespace of our own the child may be root outside it (bubblewrap run as root maps its uid to 0), which
+    # RLIMIT_NPROC does not hold: once confined, what it starts is killed here within a poll, long before a fresh
+    # Python has imported torch (cheap: the namespace's /proc lists only the sandbox). The uid mode's uid is held.
+    reaps = opts["pidns"]
+    confined = False
     while True:
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
             return status
+        if confined and reaps:
+            reap(opts, keep=(pid,))
         ready, _, _ = select.select([ctl], [], [], 0.02)
         if ready:
             msg = ctl.recv(65536)
@@ -503,7 +533,12 @@ def supervise(ctl, pid, opts):
             op = request.get("op")
             if op == "cpu":
                 ctl.send(json.dumps({"op": "cpu", "seconds": cpu_seconds(pid, opts)}).encode())
+            elif op == "confine":
+                reply = confine_reply(pid, opts)
+                confined = reply["op"] == "confined"
+                ctl.send(json.dumps(reply).encode())
             elif op == "bound":
+                confined = True
                 ctl.send(
                     json.dumps(
                         bound(

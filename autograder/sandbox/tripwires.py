@@ -25,6 +25,7 @@ code, and beside lesson 06's notebook, whose visible tests switch the same paths
 
 import contextlib
 import ctypes
+import functools
 import re
 import warnings
 
@@ -34,6 +35,7 @@ PATHS = {
     "attention kernels": "PyTorch's attention kernel",
     "softmax": "PyTorch's softmax",
     "autograd": "autograd",
+    "compilers": "PyTorch's compilers",  # off wherever any path is (compiler_routes)
 }
 _KEY = re.compile(r"([A-Za-z0-9]+)(\[alias\])?: registered")
 
@@ -50,6 +52,8 @@ def _matches(path, name):
         return "softmax" in name and "backward" not in name
     if path == "autograd":
         return "backward" in name and "softmax" in name
+    if path == "compilers":  # no operator or Python route of torch's by name: compiler_routes() lists its own
+        return False
     raise ValueError(f"unknown forbidden path {path!r}; paths are {', '.join(PATHS)}")
 
 
@@ -117,6 +121,39 @@ def routes(path):
         for key in list(getattr(op, "py_kernels", {})):
             found.setdefault(f"{op} Python kernel at {key}", (op.py_kernels, key))
     return found
+
+
+# PyTorch's compilers make the kernels they run themselves, never reaching the dispatcher's: NNC (torch._C._te) lowers
+# aten::softmax, TorchScript's graph executor differentiates its graphs with its own formulas and sets grad_fn itself,
+# inductor generates code. Their entry points are cut wherever another path is off: what compiles a function, a graph
+# or a saved module, what runs a compiled one, and dynamo's frame hook (compiler_routes()).
+_COMPILER_NAMES = re.compile(
+    r"(parse_ir|_create_(function|method|module|object|graph)_.*|_jit_script_.*|_jit_trace_.*|_jit_interpret_graph"
+    r"|.*import_ir_module.*|_load_(for_lite_interpreter|jit_module|mobile_module).*|CompilationUnit)$"
+)
+
+
+@functools.cache  # first called by install(), before anything is cut: the types it lists are the originals
+def compiler_routes():
+    """{name: (owner, attribute)}: the entry points of PyTorch's compilers (a module's or a type's attribute):
+    torch.jit.script, trace, trace_module and load, torch.compile, TorchScript's compiling and importing functions in
+    torch._C (and their re-exports in torch), the __call__ of compiled functions and methods, everything of NNC
+    (torch._C._te) and dynamo's set_eval_frame; and the __init__ of every type among them, so that the type found some
+    other way (the garbage collector lists it) makes nothing. A module is one object, whatever imports it."""
+    import torch
+    import torch._C._dynamo.eval_frame as eval_frame
+
+    found = {f"torch.jit.{n}": (torch.jit, n) for n in ("script", "trace", "trace_module", "load")} | {
+        "torch.compile": (torch, "compile"),
+        "torch._C._dynamo.eval_frame.set_eval_frame": (eval_frame, "set_eval_frame"),
+    }
+    names = [n for n in dir(torch._C) if _COMPILER_NAMES.match(n)]
+    found |= {f"torch._C.{n}": (torch._C, n) for n in names}
+    found |= {f"torch.{n}": (torch, n) for n in names if getattr(torch, n, None) is getattr(torch._C, n)}
+    found |= {f"torch._C.{t}.__call__": (getattr(torch._C, t), "__call__") for t in ("ScriptFunction", "ScriptMethod")}
+    found |= {f"torch._C._te.{n}": (torch._C._te, n) for n in dir(torch._C._te) if not n.startswith("__")}
+    types_ = {getattr(owner, key) for owner, key in found.values() if isinstance(getattr(owner, key), type)}
+    return found | {f"{t.__module__}.{t.__qualname__}()": (t, "__init__") for t in types_}
 
 
 def _keys(op):
@@ -197,7 +234,8 @@ def install(paths, for_good=True):
     import torch.library
 
     libraries = {}
-    undo, entries = [], []  # Python routes cut (_cut), and table entries that are not Python functions replaced
+    # Python routes cut (_cut), and table entries or attributes that are not Python functions replaced (_put)
+    undo, entries = [], []
 
     def library(namespace):
         if namespace not in libraries:
@@ -223,7 +261,13 @@ def install(paths, for_good=True):
                     _cut(route, mapping[key], PATHS[path], path, undo)
                 else:  # a decomposition table's or a Python kernel's entry that is some other callable
                     entries.append((mapping, key, mapping[key]))
-                    mapping[key] = _tripwire(route, PATHS[path])
+                    _put(mapping, key, _tripwire(route, PATHS[path]))
+        for route, (owner, key) in compiler_routes().items() if paths else ():  # wherever anything is off
+            if isinstance(getattr(owner, key), types.FunctionType):
+                _cut(route, getattr(owner, key), PATHS["compilers"], "compilers", undo)
+            elif getattr(getattr(owner, key), "__name__", "") != "tripwire":
+                entries.append((owner, key, getattr(owner, key)))
+                _put(owner, key, _tripwire(route, PATHS["compilers"]))
         for op in torch._ops._higher_order_ops.values() if hasattr(torch._ops, "_higher_order_ops") else ():
             getattr(op, "_dispatch_cache", {}).clear()  # kernels it looked up before
     if for_good:
@@ -239,12 +283,20 @@ def install(paths, for_good=True):
         for f, code, defaults, kwdefaults in reversed(undo):
             f.__code__, f.__defaults__, f.__kwdefaults__ = code, defaults, kwdefaults
             _CUT.remove(f)
-        for mapping, key, fn in entries:
-            mapping[key] = fn
+        for owner, key, fn in reversed(entries):
+            _put(owner, key, fn)
         undo.clear()
         entries.clear()
 
     return remove
+
+
+def _put(owner, key, value):
+    """owner[key] = value for a table, the attribute otherwise (a module's, a type's)."""
+    if isinstance(owner, dict):
+        owner[key] = value
+    else:
+        setattr(owner, key, value)
 
 
 def _orphan(handle):
@@ -285,11 +337,20 @@ def probe(paths):
         )
     ]
     lost += [f"{f.__module__}.{f.__qualname__}" for f in _CUT if f.__code__.co_name != "_tripwire"]
+    if paths:  # PyTorch's compilers are off wherever anything is (install)
+        paths = [*paths, "compilers"] if "compilers" not in paths else paths
+        lost += [
+            route
+            for route, (owner, key) in compiler_routes().items()
+            if getattr(getattr(owner, key), "__code__", None) is None
+            or getattr(owner, key).__code__.co_name not in ("tripwire", "_tripwire")
+        ]
     q = torch.ones(1, 1, 2, 2)
     calls = {
         "attention kernels": lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q),
         "softmax": lambda: q.softmax(-1),
         "autograd": lambda: torch.ops.aten._softmax_backward_data(q, q, -1, q.dtype),
+        "compilers": lambda: torch._C.parse_ir("graph():\n  return ()"),
     }
     for path in paths:
         try:

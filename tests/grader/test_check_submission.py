@@ -12,8 +12,10 @@ import pytest
 from autograder import check_submission as cs
 from autograder import grade
 from autograder import notebook as nbk
+from autograder.checking.memory import HEADROOM_STATEMENT
 from autograder.release import TRIPWIRES, release, script_facts
 from tests.harness.lessons import LESSONS, fill
+from tests.harness.mutants import MEMORY_BOUND
 
 ROOT = Path(__file__).resolve().parents[2]
 LESSON = "01_attention"
@@ -363,6 +365,8 @@ def test_the_limits_are_stated_and_a_graded_case_is_timed_against_them(released,
 
 
 def test_every_lesson_states_the_limits_a_student_can_hit():
+    bounded = {lesson for lesson, _ in MEMORY_BOUND}
     for lesson in LESSONS:
         intro = " ".join(nbk.source(nbk.read(nbk.lesson_path(lesson))["cells"][0]).split())
         assert grade.lesson_limits(lesson).statement() in intro, lesson
+        assert (HEADROOM_STATEMENT in intro) == (lesson in bounded), lesson  # memory kept counts, up to HEADROOM_MB

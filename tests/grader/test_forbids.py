@@ -100,6 +100,34 @@ def attempt(name, fn):
     except Exception as e:
         results[name] = type(e).__name__
 
+# PyTorch's compilers make kernels of their own, by any name (tripwires.compiler_routes): NNC lowers softmax itself,
+# TorchScript's executor differentiates its graph and sets grad_fn itself
+import importlib
+torch._C._jit_set_te_must_use_llvm_cpu(False)
+TY = "Double(1, 2, 8, 4, strides=[64, 32, 4, 1], device=cpu)"
+IR = (f"graph(%x : {TY}):\n  %d : int = prim::Constant[value=-1]()\n  %n : NoneType = prim::Constant()\n"
+      f"  %y : {TY} = aten::softmax(%x, %d, %n)\n  return (%y)")
+attempt("NNC", lambda: torch._C._te.TensorExprKernel(torch._C.parse_ir(IR)).run((q,)))
+attempt("NNC by built names", lambda: getattr(importlib.import_module("torch._C._" + "te"), "TensorExpr" + "Kernel")(
+    getattr(torch._C, "parse" + "_ir")(IR)).run((q,)))
+nnc = [o for o in gc.get_objects() if isinstance(o, type) and o.__name__ == "TensorExprKernel"][0]
+attempt("NNC's type found by gc, torch's re-export", lambda: nnc(torch.parse_ir(IR)).run((q,)))
+
+def exp_x(t):
+    return torch.exp(t) * t
+
+def scripted_grad(jit):  # torch.jit.script needs a file's source: a -c script compiles from text, as it does
+    torch._C._jit_set_profiling_executor(False)
+    torch._C._get_graph_executor_optimize(True)
+    torch._C._debug_set_autodiff_subgraph_inlining(False)
+    f = jit.CompilationUnit("def exp_x(t):\n    return torch.exp(t) * t\n").exp_x
+    t = q.clone().requires_grad_()
+    return torch.autograd.grad(f(t).sum(), t)
+
+attempt("TorchScript autodiff", lambda: scripted_grad(torch.jit))
+attempt("TorchScript by importlib", lambda: scripted_grad(importlib.import_module("torch." + "jit")))
+attempt("torch.jit.trace", lambda: torch.jit.trace(exp_x, q))
+attempt("torch.compile", lambda: torch.compile(exp_x))
 # Python routes that never reach the path's operators (tripwires.routes)
 import torch._refs
 from torch._decomp import decomposition_table
@@ -257,6 +285,91 @@ def flash_attention_forward(q, k, v, causal=False, block_q=64, block_k=64):
 """
 
 
+# A fresh Python of the student's own, started by a cell, where nothing is switched off (runner.child installs the
+# tripwires in its own process only): with the paths off the child is confined once the cells ran (runner.confine),
+# so that process is gone and no other can be started.
+SUBPROCESS = """
+import pickle, subprocess, sys
+
+_server = subprocess.Popen([sys.executable, "-c", {server!r}], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+
+def {signature}:
+    pickle.dump(({args}), _server.stdin)
+    _server.stdin.flush()
+    return pickle.load(_server.stdout)
+"""
+AUTOGRAD_SERVER = """
+import pickle, sys, torch
+while True:
+    try:
+        q, k, v, dout, causal = pickle.load(sys.stdin.buffer)
+    except EOFError:
+        break
+    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    s = q @ k.transpose(-2, -1) / q.size(-1) ** 0.5
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(k.size(2) - q.size(2) + 1), float("-inf"))
+    grads = torch.autograd.grad(torch.softmax(s, -1) @ v, (q, k, v), dout)
+    pickle.dump(tuple(g.detach() for g in grads), sys.stdout.buffer)
+    sys.stdout.buffer.flush()
+"""
+SOFTMAX_SERVER = """
+import pickle, sys, torch
+while True:
+    try:
+        x = pickle.load(sys.stdin.buffer)
+    except EOFError:
+        break
+    pickle.dump(torch.softmax(x, -1), sys.stdout.buffer)
+    sys.stdout.buffer.flush()
+"""
+# In the student's own process: PyTorch's NNC (torch._C._te) compiles aten::softmax from its own lowering, never
+# calling aten's softmax kernel; TorchScript's legacy executor differentiates its DifferentiableGraph with its own
+# formulas and gives the outputs a grad_fn itself. Wherever a path is off, so are the compilers
+# (tripwires.compiler_routes): the decorator raises in a cell, and the call that fails for it is told why.
+NNC_SOFTMAX = r"""
+torch._C._jit_set_te_must_use_llvm_cpu(False)
+
+
+def online_softmax(x, block_size):
+    x = x.contiguous()
+    name = {torch.float32: "Float", torch.float64: "Double"}[x.dtype]
+    ty = f"{name}({', '.join(map(str, x.shape))}, strides=[{', '.join(map(str, x.stride()))}], device=cpu)"
+    graph = torch._C.parse_ir(
+        f"graph(%x : {ty}):\n  %d : int = prim::Constant[value=-1]()\n  %n : NoneType = prim::Constant()\n"
+        f"  %y : {ty} = aten::softmax(%x, %d, %n)\n  return (%y)"
+    )
+    return torch._C._te.TensorExprKernel(graph).run((x,))
+"""
+JIT_AUTODIFF = r"""
+# TorchScript's own autodiff (the legacy executor's DifferentiableGraph), not autograd's kernels
+torch._C._jit_set_profiling_executor(False)
+torch._C._get_graph_executor_optimize(True)
+torch._C._debug_set_autodiff_subgraph_inlining(False)
+
+
+@torch.jit.script
+def _forward(q, kt, v, mask, shift, scale: float):
+    e = torch.exp(torch.matmul(q, kt) * scale + mask - shift)
+    return torch.matmul(e / torch.matmul(e, torch.ones_like(mask[0]).unsqueeze(-1)), v)
+
+
+def attention_backward(q, k, v, dout, causal=False):
+    work = torch.promote_types(q.dtype, torch.float32)
+    q32, k32, v32, do32 = (t.detach().to(work) for t in (q, k, v, dout))
+    tq, tk = q.size(2), k.size(2)
+    mask = torch.zeros(tq, tk, dtype=work)
+    if causal:
+        mask = mask.masked_fill(~torch.ones(tq, tk, dtype=torch.bool).tril(tk - tq), float("-inf"))
+    scale = q.size(-1) ** -0.5
+    shift = (q32 @ k32.transpose(-2, -1) * scale + mask).amax(-1, keepdim=True)
+    qq, vv = q32.clone().requires_grad_(), v32.clone().requires_grad_()
+    kt = k32.transpose(-2, -1).contiguous().requires_grad_()
+    dq, dkt, dv = torch.autograd.grad(_forward(qq, kt, vv, mask, shift, scale), (qq, kt, vv), do32)
+    return dq.to(q.dtype), dkt.transpose(-2, -1).to(k.dtype), dv.to(v.dtype)
+"""
+
 REAL_GRADER = {  # lesson: {student: {graded name: the mutant's what, or code}}; "solved" answers all
     "09_flash_backward": {
         "autograd": {"attention_backward": "autograd through the naive forward"},
@@ -265,13 +378,27 @@ REAL_GRADER = {  # lesson: {student: {graded name: the mutant's what, or code}};
             "flash_attention_backward": "PyTorch's fused CPU flash attention backward",
         },
         "looked-up": {"flash_attention_forward": LOOKED_UP_FIRST},
+        "autograd-in-a-subprocess": {
+            "attention_backward": SUBPROCESS.format(
+                server=AUTOGRAD_SERVER,
+                signature="attention_backward(q, k, v, dout, causal=False)",
+                args="q, k, v, dout, causal",
+            )
+        },
+        "torchscript-autodiff": {"attention_backward": JIT_AUTODIFF},
     },
     "06_gpu": {
         "tricks": {
             "online_softmax": "a distribution's probabilities",
             "flash_attention": "a dispatch table filled in later",
             "triton_softmax": "a kernel that only reads its program id, the wrapper computing",
-        }
+        },
+        "softmax-in-a-subprocess": {
+            "online_softmax": SUBPROCESS.format(
+                server=SOFTMAX_SERVER, signature="online_softmax(x, block_size)", args="x"
+            )
+        },
+        "nnc-softmax": {"online_softmax": NNC_SOFTMAX},
     },
 }
 
@@ -316,6 +443,8 @@ def test_the_real_grader_costs_each_trick_its_aspect(lesson, tmp_path):
             )
             assert float(row["points"]) == pytest.approx(share, abs=0.01), (student, name, row["message"])
             assert any(w in row["message"] for w in ("switched off", "reached", "launched it again")), row["message"]
+            if student in ("torchscript-autodiff", "nnc-softmax"):
+                assert "reached PyTorch's compilers" in row["message"], row["message"]
 
 
 def test_a_model_that_shows_stand_ins_loses_model_as_found_only():

@@ -133,14 +133,19 @@ def test_a_worker_without_triton_preloaded_still_runs_a_cell_that_imports_it():
 
 
 CELL = """
-import os, time
+import os, subprocess, sys, time
 from sandbox.server import host_callback
+
+_listed = subprocess.run([sys.executable, "-c", "print('pip list')"], capture_output=True, text=True).stdout
+
+def listed():  # what a process of a cell's own (pip list) said
+    return _listed
 
 def ask(n):
     return [host_callback({"i": i}) for i in range(n)]
 
 daemon = os.fork()
-if daemon == 0:  # a daemon, which could work for a bounded call outside its bound
+if daemon == 0:  # a daemon, which could work for a call (a bounded one outside its bound)
     os.setsid()
     time.sleep(600)
     os._exit(0)
@@ -150,6 +155,12 @@ me = os.getpid
 def processes():  # the daemon, and the live processes this one can see
     return daemon, sorted(int(p) for p in os.listdir("/proc") if p.isdigit()
                           and open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0] != "Z")
+
+def spawn():  # a fresh Python of the call's own, where no tripwire and no bound would be, importing what it needs
+    try:
+        return subprocess.run([sys.executable, "-c", "import time; time.sleep(0.5)"]).returncode
+    except OSError as e:
+        return type(e).__name__
 """
 
 
@@ -218,6 +229,26 @@ def test_a_bounded_call_runs_with_no_other_process_of_the_sandbox(session):
     assert daemon in before and daemon not in during, (daemon, before, during)
     assert set(during) < set(before)  # the serving process itself, bounded: no process of its own
     assert session.transport(call("me"))["ok"] != bounded  # a fresh one after the bound, which cannot be lifted
+
+
+@pytest.mark.slow
+def test_calls_with_paths_off_run_with_no_other_process_and_can_start_none(session):
+    """Once the cells ran with paths off (a process of their own costs nothing there), the worker confines the child
+    from outside (runner.confine): the daemon a cell left is gone, and a call cannot start a Python of its own, where
+    no path is off, to do its work."""
+    session.close()
+    assert session.transport({"op": "forbid", "paths": ["softmax"]}) == {"ok": None}
+    try:
+        assert session.transport(call("listed")) == {"ok": "pip list\n"}
+        me = session.transport(call("me"))["ok"]
+        daemon, during = wire.decode(session.transport(call("processes"))["ok"])
+        assert daemon not in during and me in during, (daemon, during)
+        # EAGAIN (RLIMIT_NPROC is none), or, for a root child, above that limit, killed by the worker
+        assert session.transport(call("spawn"))["ok"] in ("BlockingIOError", -signal.SIGKILL)
+    finally:
+        assert session.transport({"op": "unforbid"}) == {"ok": None}
+    daemon, plain = wire.decode(session.transport(call("processes"))["ok"])
+    assert daemon in plain and session.transport(call("spawn")) == {"ok": 0}  # nothing forbidden: not confined
 
 
 @pytest.mark.slow

@@ -29,6 +29,7 @@ MAGICS = {  # cells a student adds anywhere: each is its own honest student, in 
     "matplotlib_inline": ["%matplotlib inline"],
     "autoreload": ["%load_ext autoreload\n%autoreload 2"],
     "pip_list": ["!pip list"],
+    "subprocess_run": ["import subprocess, sys\nsubprocess.run([sys.executable, '--version'], check=True)"],
     "time_line": ["%time _ = sum(range(1000))"],
     "time_cell": ["%%time\ntotal = 0\nfor i in range(100):\n    total += i"],
     "timeit_line": ["%timeit -n 1 -r 1 sum(range(1000))"],
