@@ -9,9 +9,10 @@ It says, in the grader's own words where the grader has them:
 - whether the notebook is this lesson, with its answer and test cells and their nbgrader metadata intact,
   and each written question (a markdown answer cell graded by hand) kept and answered;
 - what the grader would not read (code in a test cell or a demo cell);
-- for a lesson whose Triton kernels the grader can compile (triton_fit.py beside this script), whether they
-  compile for a GPU, an A100, and fit its shared memory, as the lesson launches them; the compiler's complaint
-  when not (the interpreter runs kernels a GPU refuses); without Triton, that it skipped them and why;
+- for a lesson whose Triton kernels the grader can compile (triton_fit.py beside this script), whether their
+  bodies are Triton language only, in the grader's words, and whether they compile for a GPU, an A100, and fit
+  its shared memory, as the lesson launches them; the compiler's complaint when not (the interpreter runs kernels
+  a GPU refuses); without Triton, that it skipped them and why;
 - the result of each visible test, running the code cells in order (demos skipped, as the grader does) in a
   fresh Python with a timeout, in this script's folder (where release put the lesson's data files, which the
   grader stages beside the notebook).

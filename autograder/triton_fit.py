@@ -15,6 +15,7 @@ names), writes it to a file and compiles it, under a time limit.
 Standard library only at import (Triton only in the child), so that anything may import it.
 """
 
+import functools
 import inspect
 import json
 import os
@@ -83,6 +84,210 @@ def notebook_kernels(cells):
                 src = textwrap.dedent("\n".join(cell.splitlines()[node.lineno - 1 : node.end_lineno]))
                 found[node.name] = (node.name, ["@triton.jit\n" + src])
     return found
+
+
+# What a kernel's body may be: Triton language only. Under TRITON_INTERPRET a kernel is plain Python, so a body that
+# reached Python (tl.core.builtins is the builtins module, triton.runtime.interpreter.np is numpy, x.handle.data a
+# block's numpy array) could compute the answer outside Triton. So the reading fails closed: every attribute reached
+# from Triton or math must be a public name of the installed Triton language (its __all__, and the functions of the
+# submodules listed there), any other attribute one that Triton's tensors, dtypes and constexprs have, and a name one
+# of these builtins, the kernel's parameters and locals, other @triton.jit functions or constants.
+KERNEL_BUILTINS = {"range", "float", "int", "bool", "min", "max", "abs", "len", "print", "isinstance"}
+MODULES = {"math", "triton", "triton.language", "torch", "numpy"}  # imports the replay keeps
+TRITON_MODULES = {"math", "triton", "triton.language"}
+TRITON_HELPERS = {"cdiv", "next_power_of_2"}  # of triton itself: sizes, not computation
+HIDDEN = {"handle", "data"}  # a value's way to its numpy array under the interpreter
+
+
+def jit(node):
+    """Whether an ast.FunctionDef is decorated with something named like jit."""
+    import ast
+
+    return any("jit" in ast.unparse(d) for d in node.decorator_list)
+
+
+def _constant(value):
+    import ast
+
+    try:
+        ast.literal_eval(value)
+        return True
+    except RecursionError:  # an expression nested deeper than the interpreter's stack: no kernel constant
+        return False
+    except (ValueError, TypeError, SyntaxError, MemoryError):
+        return (
+            isinstance(value, ast.Call)
+            and ast.unparse(value.func) in ("tl.constexpr", "triton.language.constexpr")
+            and all(_constant(a) for a in value.args)
+        )
+
+
+def parsed(sources, max_cell=None):
+    """([@triton.jit FunctionDef], [import of MODULES], [(constant assignment, names)]) at the top level of the cells.
+    Magic lines are left out; a cell longer than max_cell characters (the grader's bound on its own work), or that
+    does not parse, gives nothing."""
+    import ast
+
+    kernels, imports, constants = [], [], []
+    for source in sources:
+        text = str(source) if max_cell is None else str(source)[: max_cell + 1]
+        text = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith(("%", "!")))
+        if max_cell is not None and len(text) > max_cell:
+            continue
+        try:
+            tree = ast.parse(text)
+        except (SyntaxError, RecursionError, MemoryError, ValueError):
+            continue
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and jit(node):
+                kernels.append(node)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)) and all(
+                (a.name if isinstance(node, ast.Import) else node.module or "") in MODULES for a in node.names
+            ):
+                imports.append(node)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None and _constant(node.value):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                if all(isinstance(t, ast.Name) for t in targets):
+                    constants.append((node, {t.id for t in targets}))
+    return kernels, imports, constants
+
+
+@functools.cache
+def _value_attributes():
+    """The public attributes of Triton's tensors, dtypes (pointer and block types too) and constexprs, less HIDDEN."""
+    import triton.language as tl
+
+    samples = [tl.tensor(None, tl.float32), tl.float32, tl.pointer_type(tl.float32), tl.block_type(tl.float32, [2])]
+    return frozenset(n for v in [*samples, tl.constexpr(1)] for n in dir(v) if not n.startswith("_")) - HIDDEN
+
+
+def _language_path(attrs):
+    """None when triton.language.<attrs...> is the Triton language, else the first step that is not: each step a public
+    name of a module's __all__ (of a submodule listed there, any function or value Triton's language defines), then
+    only the attributes of a value (_value_attributes), and never a module as the value."""
+    import types
+
+    import triton.language as obj
+
+    for i, a in enumerate(attrs):
+        if a.startswith("_") or a in HIDDEN:
+            return a
+        if not isinstance(obj, types.ModuleType):
+            return next((b for b in attrs[i:] if b not in _value_attributes()), None)
+        listed = set(getattr(obj, "__all__", ())) | {n.rsplit(".", 1)[-1] for n in getattr(obj, "__all__", ())}
+        value = getattr(obj, a, None)
+        home = getattr(value if isinstance(value, type) or callable(value) else type(value), "__module__", "") or ""
+        if value is None or not (
+            a in listed or (not isinstance(value, types.ModuleType) and home.startswith("triton.language"))
+        ):
+            return a
+        obj = value
+    return "a module used as a value" if isinstance(obj, types.ModuleType) else None
+
+
+def _module_path(module, attrs):
+    """None when module.<attrs...> (module one of TRITON_MODULES) is Triton language or math, else what is not."""
+    import math
+
+    if module == "triton.language":
+        return _language_path(attrs)
+    if module == "triton":
+        if attrs[:1] == ["language"]:
+            return _language_path(attrs[1:])
+        return None if len(attrs) == 1 and attrs[0] in TRITON_HELPERS else ".".join(attrs[:1]) or "triton"
+    if len(attrs) == 1 and not attrs[0].startswith("_") and hasattr(math, attrs[0]):
+        return None
+    return ".".join(attrs[:1]) or "math"
+
+
+def _aliases(imports):
+    """{name: (module, [attribute, ...])} the cells' imports of TRITON_MODULES bind, besides tl, triton and math."""
+    import ast
+
+    out = {"tl": ("triton.language", []), "triton": ("triton", []), "math": ("math", [])}
+    for node in imports:
+        for a in node.names:
+            if isinstance(node, ast.Import) and a.name in TRITON_MODULES:
+                out[a.asname or a.name.split(".")[0]] = (a.name, []) if a.asname else (a.name.split(".")[0], [])
+            elif isinstance(node, ast.ImportFrom) and f"{node.module}.{a.name}" in TRITON_MODULES:
+                out[a.asname or a.name] = (f"{node.module}.{a.name}", [])
+            elif isinstance(node, ast.ImportFrom) and node.module in TRITON_MODULES:
+                out[a.asname or a.name] = (node.module, [a.name])
+    return out
+
+
+def _foreign(kernel, kernels, imports, constants):
+    """The first thing in a @triton.jit function's body that is not Triton language (see KERNEL_BUILTINS), or None."""
+    import ast
+
+    aliases = _aliases(imports)
+    args = kernel.args
+    names = (
+        KERNEL_BUILTINS
+        | {"True", "False", "None"}
+        | {k.name for k in kernels}
+        | {n for _, names in constants for n in names}
+        | {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg] if a}
+        | {n.id for n in ast.walk(kernel) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    )
+    inner = {id(n.value) for n in ast.walk(kernel) if isinstance(n, ast.Attribute)}
+    for node in ast.walk(ast.Module(body=kernel.body, type_ignores=[])):  # decorators and annotations run no body
+        if isinstance(node, (ast.Import, ast.ImportFrom, ast.Global, ast.Nonlocal, ast.Lambda)):
+            return type(node).__name__.lower()
+        if isinstance(node, ast.Attribute) and id(node) not in inner:
+            attrs, base = [], node
+            while isinstance(base, ast.Attribute):
+                attrs.insert(0, base.attr)
+                base = base.value
+            if isinstance(base, ast.Name) and base.id in aliases and base.id not in names:
+                module, first = aliases[base.id]
+                bad = _module_path(module, first + attrs)
+                if bad:
+                    return f"{ast.unparse(node)} ({bad})"
+            elif isinstance(base, ast.Name) and base.id not in names:
+                return base.id
+            elif any(a not in _value_attributes() for a in attrs):
+                return f".{next(a for a in attrs if a not in _value_attributes())}"
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and id(node) not in inner:
+            if node.id in aliases and node.id not in names:
+                module, first = aliases[node.id]
+                bad = _module_path(module, first) if first else "a module used as a value"
+                if bad:
+                    return f"{node.id} ({bad})"
+            elif node.id not in names:
+                return node.id
+    return None
+
+
+def not_triton(cells, kernels):
+    """[(name, what)]: each of the named @triton.jit kernels in cells (parsed(...)), or a @triton.jit function one
+    calls, whose body uses something that is not Triton language (_foreign). Needs Triton installed (the names it
+    allows are the installed Triton's)."""
+    import ast
+
+    defined, imports, constants = cells
+    by_name = {k.name: k for k in defined}
+    todo, seen, out = list(kernels), set(), []
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in by_name:
+            continue
+        seen.add(name)
+        foreign = _foreign(by_name[name], defined, imports, constants)
+        if foreign:
+            out.append((name, foreign))
+        todo += [n.id for n in ast.walk(by_name[name]) if isinstance(n, ast.Name) and n.id in by_name]
+    return out
+
+
+def not_triton_message(name, foreign):
+    """What the grader and check_submission say of a kernel that uses `foreign` (not_triton)."""
+    return (
+        f"{name} uses {foreign}, which is not Triton language: a @triton.jit body may use only the public functions "
+        "of tl (triton.language, e.g. tl.load, tl.exp, tl.math.exp2), math, its parameters and locals, the "
+        "attributes of Triton's tensors (.dtype, .to), other @triton.jit functions and constants; compute the "
+        "result with those, into the buffer you return"
+    )
 
 
 def job(kernel, signature, constexprs, arch, num_warps=4, num_stages=2, label="", card=None):
@@ -224,13 +429,17 @@ def _stub(kernel):
 
 
 def check_kernels(cells, timeout=120, compiler=None):
-    """[(is_problem, line)]: the lesson's kernels among cells, compiled for an A100 (TARGET) as their launchers
-    launch them there, by compiler(jobs, timeout) (compile_jobs here; the grader's runs in its sandbox); a line
-    that says it skipped, and why, when Triton is not installed."""
+    """[(is_problem, line)]: the lesson's kernels among cells that use something not Triton language (not_triton,
+    as the grader refuses them), and compiled for an A100 (TARGET) as their
+    launchers launch them there, by compiler(jobs, timeout) (compile_jobs here; the grader's runs in its sandbox); a
+    line that says it skipped, and why, when Triton is not installed."""
     import importlib.util
 
     jobs, problems = lesson_kernel_jobs(cells)
     out = [(True, p) for p in problems]
+    if importlib.util.find_spec("triton") is not None:  # the names a kernel may use are the installed Triton's
+        written = [n for n, k in notebook_kernels(cells).items() if n in LESSON_KERNELS and not _stub(k)]
+        out += [(True, not_triton_message(*f)) for f in not_triton(parsed(cells), written)]
     if not jobs:
         return out
     if compiler is None and importlib.util.find_spec("triton") is None:

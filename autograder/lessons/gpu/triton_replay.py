@@ -16,6 +16,7 @@ import numpy as np
 from autograder.check_submission import MAX_CELL_CHARS
 from autograder.checking import StudentError, close, fail
 from autograder.sandbox.wire import Array
+from autograder.triton_fit import not_triton, not_triton_message, parsed
 
 # What the replay's process runs before the kernels: the imports a kernel uses, and the launcher.
 PREAMBLE = '''
@@ -38,71 +39,24 @@ MAX_FLOATS = 2  # a launch's floats: the scale (and perhaps one more constant)
 MAX_INT = 4096  # an integer argument may exceed the largest buffer's size only up to this (a block size)
 MAX_WORDS = 64  # characters of string arguments in all of a call's launches
 MAX_LAUNCHES, ELEMENTS_PER_LAUNCH = 4, 256  # launches a call may make: a few, or one per 256 outputs
-MODULES = {"math", "triton", "triton.language", "torch", "numpy"}
-
-
-def _jit(node):
-    return any("jit" in ast.unparse(d) for d in node.decorator_list)
-
-
-def _constant(value):
-    try:
-        ast.literal_eval(value)
-        return True
-    except RecursionError:  # an expression nested deeper than the interpreter's stack: no kernel constant
-        return False
-    except (ValueError, TypeError, SyntaxError, MemoryError):
-        return (
-            isinstance(value, ast.Call)
-            and ast.unparse(value.func) in ("tl.constexpr", "triton.language.constexpr")
-            and all(_constant(a) for a in value.args)
-        )
 
 
 _LAST = threading.local()  # the last cells _parsed read and its reading, per grading thread: nothing shared
 
 
 def _parsed(sources):
-    """([@triton.jit FunctionDef], [import of MODULES], [(constant assignment, names)]) at the top level of the cells.
-    Magic lines are left out; a cell longer than MAX_CELL_CHARS, or that does not parse, gives nothing (a kernel there
+    """triton_fit.parsed(sources, MAX_CELL_CHARS): a cell longer, or that does not parse, gives nothing (a kernel there
     cannot be launched on its own). The same cells again (the next Triton check of one submission) are read once."""
     sources = tuple(sources)
     if getattr(_LAST, "sources", None) != sources:
-        _LAST.sources, _LAST.parsed = sources, _read(sources)
+        _LAST.sources, _LAST.parsed = sources, parsed(sources, MAX_CELL_CHARS)
     return _LAST.parsed
 
 
-def _read(sources):
-    """_parsed, not remembered."""
-    kernels, imports, constants = [], [], []
-    for source in sources:
-        text = "\n".join(
-            line for line in str(source)[: MAX_CELL_CHARS + 1].splitlines() if not line.lstrip().startswith(("%", "!"))
-        )
-        if len(text) > MAX_CELL_CHARS:
-            continue
-        try:
-            tree = ast.parse(text)
-        except (SyntaxError, RecursionError, MemoryError, ValueError):
-            continue
-        for node in tree.body:
-            if isinstance(node, ast.FunctionDef) and _jit(node):
-                kernels.append(node)
-            elif isinstance(node, (ast.Import, ast.ImportFrom)) and all(
-                (a.name if isinstance(node, ast.Import) else node.module or "") in MODULES for a in node.names
-            ):
-                imports.append(node)
-            elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None and _constant(node.value):
-                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                if all(isinstance(t, ast.Name) for t in targets):
-                    constants.append((node, {t.id for t in targets}))
-    return kernels, imports, constants
-
-
-def kernel_cells(parsed):
-    """The cells' imports of MODULES, the constants their @triton.jit functions read (names bound to literals or
-    tl.constexpr of them), and those functions, a cell each after the PREAMBLE; parsed: _parsed(the cells)."""
-    kernels, imports, constants = parsed
+def kernel_cells(cells):
+    """The cells' imports of triton_fit.MODULES, the constants their @triton.jit functions read (names bound to
+    literals or tl.constexpr of them), and those functions, a cell each after the PREAMBLE; cells: _parsed(...)."""
+    kernels, imports, constants = cells
     read = {n.id for k in kernels for n in ast.walk(k) if isinstance(n, ast.Name)}
     return (
         [PREAMBLE]
@@ -110,86 +64,6 @@ def kernel_cells(parsed):
         + [ast.unparse(n) for n, names in constants if names & read]
         + [ast.unparse(n) for n in kernels]
     )
-
-
-# What a kernel's body may name besides its parameters, its locals, Triton and math (the replay's names for them,
-# or the cells' own), other @triton.jit functions and constants: the builtins Triton's compiler understands. Under
-# TRITON_INTERPRET a kernel is plain Python, so a body that reached numpy or torch (x.handle.data, a module) could
-# compute the answer outside Triton; the AST says so before the replay. (A determined attacker may still find a
-# public chain of attributes from tl to a module; the ahead-of-time GPU compile check is the deeper guard.)
-KERNEL_BUILTINS = {
-    "range",
-    "float",
-    "int",
-    "bool",
-    "min",
-    "max",
-    "abs",
-    "len",
-    "print",
-    "isinstance",
-    "True",
-    "False",
-    "None",
-}
-TRITON_MODULES = {"math", "triton", "triton.language"}
-
-
-def _foreign_name(kernel, kernels, imports, constants):
-    """The first name or attribute in a @triton.jit function's body that is none of those allowed (see
-    KERNEL_BUILTINS), or None."""
-    modules = {"math", "triton", "tl"} | {
-        a.asname or a.name.split(".")[0]
-        for node in imports
-        if isinstance(node, ast.Import)
-        for a in node.names
-        if a.name in TRITON_MODULES
-    }
-    modules |= {
-        a.asname or a.name
-        for node in imports
-        if isinstance(node, ast.ImportFrom)
-        for a in node.names
-        if f"{node.module}.{a.name}" in TRITON_MODULES or node.module in TRITON_MODULES
-    }
-    args = kernel.args
-    allowed = (
-        modules
-        | KERNEL_BUILTINS
-        | {k.name for k in kernels}
-        | {n for _, names in constants for n in names}
-        | {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg] if a}
-        | {n.id for n in ast.walk(kernel) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
-    )
-    for node in ast.walk(kernel):
-        if isinstance(node, ast.Attribute) and (node.attr == "handle" or node.attr.startswith("_")):
-            return f".{node.attr}"
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id not in allowed:
-            return node.id
-        if isinstance(node, (ast.Import, ast.ImportFrom, ast.Global, ast.Nonlocal, ast.Lambda)):
-            return type(node).__name__.lower()
-    return None
-
-
-def _kernel_is_triton(parsed, kernel):
-    """Refuse a kernel (or a @triton.jit function it calls) whose body names anything but Triton, math, its own
-    parameters and locals, other @triton.jit functions and constants (_foreign_name); parsed: _parsed(the cells)."""
-    kernels, imports, constants = parsed
-    by_name = {k.name: k for k in kernels}
-    todo, seen = [kernel], set()
-    while todo:
-        name = todo.pop()
-        if name in seen or name not in by_name:
-            continue
-        seen.add(name)
-        node = by_name[name]
-        foreign = _foreign_name(node, kernels, imports, constants)
-        if foreign:
-            fail(
-                f"{name} uses {foreign}, which is not Triton: a @triton.jit body may use only tl (triton.language), "
-                "triton, math, its parameters and locals, other @triton.jit functions and constants"
-            )
-        todo += [n.id for n in ast.walk(node) if isinstance(n, ast.Name) and n.id in by_name]
 
 
 def _replay_buffers(buffers, inputs):
@@ -267,9 +141,10 @@ def expect_kernel_did_the_work(s, wrapper, kernel, inputs, what, **kwargs):
     if not launches:
         fail(f"{wrapper} never launched {kernel}: the work must happen in your @triton.jit kernel")
     _scalars(launches, buffers, got)
-    parsed = _parsed(s.readable_sources())  # once: the grader's own work grows with the cells' length
-    _kernel_is_triton(parsed, kernel)
-    with s.elsewhere(kernel_cells(parsed)):
+    cells = _parsed(s.readable_sources())  # once: the grader's own work grows with the cells' length
+    for name, foreign in not_triton(cells, [kernel]):
+        fail(not_triton_message(name, foreign))
+    with s.elsewhere(kernel_cells(cells)):
         try:
             after = s.call("_replay", kernel, _replay_buffers(buffers, inputs), launches)
         except AssertionError:

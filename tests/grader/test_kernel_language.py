@@ -1,0 +1,115 @@
+"""A @triton.jit body may be Triton language only (autograder/triton_fit.not_triton): under TRITON_INTERPRET a kernel
+is plain Python, and a body that reaches Python through a public attribute computes the answer outside Triton."""
+
+import inspect
+
+import pytest
+
+from autograder import triton_fit as fit
+from solutions import flash_backward, gpu
+
+pytestmark = pytest.mark.skipif(not gpu.HAS_TRITON, reason="Triton is not installed")
+
+HEAD = "import math\nimport triton\nimport triton.language as tl\n"
+
+
+def body(lines, head=HEAD):
+    return head + "@triton.jit\ndef k(X, Y, N, BLOCK: tl.constexpr):\n" + "".join(f"    {ln}\n" for ln in lines)
+
+
+# Each route out of the Triton language that the interpreter runs: (its lines, what the refusal names)
+ROUTES = {
+    "builtins through tl.core": (["py = tl.core.builtins", "th = py.eval('1')"], "tl.core.builtins"),
+    "numpy through triton.runtime": (["np = triton.runtime.interpreter.np"], "triton.runtime"),
+    "a block's handle": (["x = tl.load(X)", "x.handle.data[:] = 0"], ".handle"),
+    "a block's data": (["x = tl.load(X)", "a = x.data"], ".data"),
+    "a private attribute": (["b = tl._core"], "_core"),
+    "a module in a local": (["t = tl", "t.exp(1.0)"], "tl (a module used as a value)"),
+    "a submodule in a local": (["m = tl.math", "m.exp(1.0)"], "tl.math (a module used as a value)"),
+    "a non-Triton name in tl.math": (["w = tl.math.wraps"], "wraps"),
+    "getattr": (["a = getattr(X, 'handle')"], "getattr"),
+    "eval": (["a = eval('1')"], "eval"),
+    "__import__": (["a = __import__('torch')"], "__import__"),
+    "an attribute of a result no Triton value has": (["a = tl.load(X).tolist()"], ".tolist"),
+    "torch": (["a = torch.zeros(1)"], "torch"),
+    "an import in the body": (["import numpy"], "import"),
+    "a module through from-import": (["y = core.builtins"], "core"),
+}
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_each_route_out_of_triton_is_refused_by_name(route):
+    lines, named = ROUTES[route]
+    head = HEAD + "from triton.language import core\n"
+    [(name, foreign)] = fit.not_triton(fit.parsed([body(lines, head)]), ["k"])
+    assert name == "k" and named in foreign
+
+
+def test_triton_language_passes_by_any_alias():
+    ok = [
+        "pid = tl.program_id(0)",
+        "offs = pid * BLOCK + tl.arange(0, BLOCK)",
+        "x = tl.load(X + offs, mask=offs < N, other=-float('inf')).to(tl.float32)",
+        "e = tl.math.exp2((x - tl.max(x, 0)) * math.log2(math.e))",
+        "f = lang.exp(x) + exp(x) + triton.language.exp(x) + tl.extra.cuda.libdevice.exp(x)",
+        "tl.store(Y + offs, (e / tl.sum(e, 0) + f.T).to(Y.dtype.element_ty), mask=offs < N)",
+        "n = triton.cdiv(N, BLOCK) + tl.float32.primitive_bitwidth + helper(x) + SCALE",
+    ]
+    head = HEAD + "from triton import language as lang\nfrom triton.language import exp\nSCALE = tl.constexpr(2)\n"
+    helper = "@triton.jit\ndef helper(x):\n    return tl.sum(x, 0)\n"
+    assert fit.not_triton(fit.parsed([body(ok, head), helper]), ["k"]) == []
+
+
+def test_a_helper_the_kernel_calls_is_read_too():
+    helper = "@triton.jit\ndef helper(x):\n    return tl.core.builtins.len(x)\n"
+    cells = fit.parsed([body(["a = helper(X)"]), helper])
+    assert fit.not_triton(cells, ["k"]) == [("helper", "tl.core.builtins.len (core)")]
+
+
+def test_the_courses_own_kernels_are_triton_language():
+    for module in (gpu, flash_backward):
+        source = inspect.getsource(module)
+        cells = fit.parsed([source])
+        assert cells[0] and fit.not_triton(cells, [k.name for k in cells[0]]) == [], module.__name__
+
+
+def test_check_submission_says_what_the_grader_says():
+    """check_kernels (check_submission.py's, beside the lesson) names the same route, in the grader's words."""
+    kernel = inspect.getsource(gpu._softmax_kernel.fn).replace(
+        "    x = tl.load(", "    tl.core.builtins.print(0)\n    x = tl.load(", 1
+    )
+    said = fit.check_kernels(
+        [HEAD + kernel], compiler=lambda jobs, timeout: [{"skipped": True, "error": "-"}] * len(jobs)
+    )
+    assert (True, fit.not_triton_message("_softmax_kernel", "tl.core.builtins.print (core)")) in said
+
+
+# The attacker's kernel (issue 33, autograder/lessons/gpu/mistakes.py): tl.core.builtins reaches eval and getattr,
+# torch computes the attention into the loaded block's numpy array, and the kernel stores that block.
+ATTACK = "torch's attention inside the kernel, through tl.core.builtins"
+
+
+@pytest.mark.slow
+def test_the_real_grader_costs_torch_in_the_kernel_its_aspect_only(tmp_path):
+    from autograder import notebook as nbk
+    from autograder.checking import checks_for, mistakes
+    from autograder.release import release
+    from tests.harness.grading import read_grades, run
+    from tests.harness.lessons import fill
+
+    lesson, name, aspect = "06_gpu", "triton_attention", "float32"
+    release(tmp_path / "release", [lesson])
+    rel = nbk.read(tmp_path / "release" / lesson / f"{lesson}.ipynb")
+    [attack] = [m.code for m in mistakes.mutants(lesson)[name] if m.what == ATTACK]
+    answers = {name: attack}
+    nbk.write(fill(rel, lesson, answers), tmp_path / "subs" / "s" / lesson / f"{lesson}.ipynb")
+    run("grade", str(tmp_path / "subs"), "--out", str(tmp_path / "results"), "--jobs", "1", "--quiet")
+    grades = read_grades(tmp_path / "results")
+    row = grades["s", lesson, f"test_{name}"]
+    others = {n: grades["s", lesson, f"test_{n}"]["status"] for n in checks_for(lesson) if n != name}
+    assert set(others.values()) == {"passed"}, others
+    aspects = checks_for(lesson)[name].aspects
+    core = next(iter(aspects))  # the first aspect is the answer's core: losing it loses every point
+    share = 0.0 if aspect == core else float(row["max_points"]) * (1 - aspects[aspect] / sum(aspects.values()))
+    assert float(row["points"]) == pytest.approx(share, abs=0.01), row["message"]
+    assert "tl.core.builtins" in row["message"] and "not Triton language" in row["message"], row["message"]
