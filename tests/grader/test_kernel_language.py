@@ -84,15 +84,41 @@ def test_check_submission_says_what_the_grader_says():
     assert (True, fit.not_triton_message("_softmax_kernel", "tl.core.builtins.print (core)")) in said
 
 
-# The attacker's kernel (issue 33, autograder/lessons/gpu/mistakes.py): tl.core.builtins reaches eval and getattr,
-# torch computes the attention into the loaded block's numpy array, and the kernel stores that block.
-ATTACK = "torch's attention inside the kernel, through tl.core.builtins"
+# The attacker's kernel (issue 33): tl.core.builtins reaches eval and getattr, torch computes the attention into the
+# loaded block's numpy array, and the kernel stores that block. An attack, not a student's mistake: it is kept here,
+# not among lesson 06's mistakes (which the visible tests must mostly name).
+ATTACK = """@triton.jit
+def _attention_kernel(Q, K, V, O, TQ: tl.constexpr, TK: tl.constexpr, DH: tl.constexpr, CAUSAL: tl.constexpr,
+                      BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr):
+    bh = tl.program_id(0)
+    rq, rk, d = tl.arange(0, BQ)[:, None], tl.arange(0, BK)[:, None], tl.arange(0, BD)[None, :]
+    q = tl.load(Q + bh * TQ * DH + rq * DH + d, mask=(rq < TQ) & (d < DH), other=0.0)
+    k = tl.load(K + bh * TK * DH + rk * DH + d, mask=(rk < TK) & (d < DH), other=0.0)
+    v = tl.load(V + bh * TK * DH + rk * DH + d, mask=(rk < TK) & (d < DH), other=0.0)
+    py = tl.core.builtins
+    th = py.eval("__import__('torch')")
+    qt, kt, vt = (th.from_numpy(py.getattr(py.getattr(x, "hand" + "le"), "data")).double() for x in (q, k, v))
+    mask = th.ones(TQ, TK, dtype=th.bool).tril(TK - TQ) if CAUSAL else None
+    o = th.nn.functional.scaled_dot_product_attention(qt[:TQ, :DH], kt[:TK, :DH], vt[:TK, :DH], attn_mask=mask)
+    py.getattr(py.getattr(q, "hand" + "le"), "data")[:TQ, :DH] = o.numpy()
+    tl.store(O + bh * TQ * DH + rq * DH + d, q, mask=(rq < TQ) & (d < DH))
+
+
+def triton_attention(q, k, v, causal=False):
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    B, H, Tq, Dh = q.shape
+    out = torch.empty_like(q)
+    p2 = triton.next_power_of_2
+    _attention_kernel[(B * H,)](q, k, v, out, TQ=Tq, TK=k.size(2), DH=Dh, CAUSAL=causal, BQ=p2(Tq), BK=p2(k.size(2)),
+                                BD=p2(Dh))
+    return out
+"""
 
 
 @pytest.mark.slow
 def test_the_real_grader_costs_torch_in_the_kernel_its_aspect_only(tmp_path):
     from autograder import notebook as nbk
-    from autograder.checking import checks_for, mistakes
+    from autograder.checking import checks_for
     from autograder.release import release
     from tests.harness.grading import read_grades, run
     from tests.harness.lessons import fill
@@ -100,8 +126,7 @@ def test_the_real_grader_costs_torch_in_the_kernel_its_aspect_only(tmp_path):
     lesson, name, aspect = "06_gpu", "triton_attention", "float32"
     release(tmp_path / "release", [lesson])
     rel = nbk.read(tmp_path / "release" / lesson / f"{lesson}.ipynb")
-    [attack] = [m.code for m in mistakes.mutants(lesson)[name] if m.what == ATTACK]
-    answers = {name: attack}
+    answers = {name: ATTACK}
     nbk.write(fill(rel, lesson, answers), tmp_path / "subs" / "s" / lesson / f"{lesson}.ipynb")
     run("grade", str(tmp_path / "subs"), "--out", str(tmp_path / "results"), "--jobs", "1", "--quiet")
     grades = read_grades(tmp_path / "results")

@@ -935,41 +935,6 @@ def triton_attention(q, k, v, causal=False):
             aspect="float32",
             evidence=True,
         ),
-        # Python inside the kernel's body through a public attribute of tl: tl.core.builtins is Python's builtins, so
-        # eval and getattr reach torch and the loaded blocks' numpy arrays (issue 33; triton_fit.not_triton)
-        Mistake(
-            "torch's attention inside the kernel, through tl.core.builtins",
-            "not Triton",
-            """
-@triton.jit
-def _attention_kernel(Q, K, V, O, TQ: tl.constexpr, TK: tl.constexpr, DH: tl.constexpr, CAUSAL: tl.constexpr,
-                      BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr):
-    bh = tl.program_id(0)
-    rq, rk, d = tl.arange(0, BQ)[:, None], tl.arange(0, BK)[:, None], tl.arange(0, BD)[None, :]
-    q = tl.load(Q + bh * TQ * DH + rq * DH + d, mask=(rq < TQ) & (d < DH), other=0.0)
-    k = tl.load(K + bh * TK * DH + rk * DH + d, mask=(rk < TK) & (d < DH), other=0.0)
-    v = tl.load(V + bh * TK * DH + rk * DH + d, mask=(rk < TK) & (d < DH), other=0.0)
-    py = tl.core.builtins
-    th = py.eval("__import__('torch')")
-    qt, kt, vt = (th.from_numpy(py.getattr(py.getattr(x, "hand" + "le"), "data")).double() for x in (q, k, v))
-    mask = th.ones(TQ, TK, dtype=th.bool).tril(TK - TQ) if CAUSAL else None
-    o = th.nn.functional.scaled_dot_product_attention(qt[:TQ, :DH], kt[:TK, :DH], vt[:TK, :DH], attn_mask=mask)
-    py.getattr(py.getattr(q, "hand" + "le"), "data")[:TQ, :DH] = o.numpy()
-    tl.store(O + bh * TQ * DH + rq * DH + d, q, mask=(rq < TQ) & (d < DH))
-
-
-def triton_attention(q, k, v, causal=False):
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    B, H, Tq, Dh = q.shape
-    out = torch.empty_like(q)
-    p2 = triton.next_power_of_2
-    _attention_kernel[(B * H,)](q, k, v, out, TQ=Tq, TK=k.size(2), DH=Dh, CAUSAL=causal, BQ=p2(Tq), BK=p2(k.size(2)),
-                                BD=p2(Dh))
-    return out
-""",
-            aspect="float32",
-            evidence=True,
-        ),
         # A dummy kernel launched while torch does the work. Its other disguises (a decorator on the wrapper, a
         # second definition under `if`) pass the visible test: tests/lessons/test_gpu.py's imitations test them.
         (
@@ -1022,7 +987,6 @@ HIDDEN_ONLY = {
     **dict.fromkeys(
         [
             "torch's softmax inside the kernel, through x.handle",
-            "torch's attention inside the kernel, through tl.core.builtins",
         ],
         "the interpreter runs it; only the grader (and check_submission.py) reads the kernel's body",
     ),
