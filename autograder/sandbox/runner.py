@@ -148,9 +148,11 @@ def preload(triton=True):
             pass
 
     class Shell(InteractiveShell):
-        def enable_gui(self, gui=None):
-            """No event loop to start: `%matplotlib inline` (or `%pylab`) only picks the backend, as in Jupyter,
-            where the base class's NotImplementedError would stop the cell before the answer it holds."""
+        def enable_matplotlib(self, gui=None):
+            """`%matplotlib inline` (or `%pylab`) keeps Agg: nothing is shown here, and the inline backend's hooks would
+            add to what a notebook holds under a memory bound; the base class raises from enable_gui, which stopped
+            the cell before the answer it holds."""
+            return gui, "agg"
 
     torch.set_num_threads(1)
     config = Config()
