@@ -13,7 +13,7 @@ import pytest
 from autograder import lessons
 from autograder.checking import PartialCredit, checks_for, mistakes, verify
 from autograder.sandbox import tripwires
-from solutions import flash_backward
+from solutions import flash_backward, gpu
 from tests.harness.lessons import LESSONS, fresh_namespace
 
 
@@ -370,6 +370,22 @@ def attention_backward(q, k, v, dout, causal=False):
     return dq.to(q.dtype), dkt.transpose(-2, -1).to(k.dtype), dv.to(v.dtype)
 """
 
+# A call that switches a path back on (a kernel of its own over the tripwire of an attention operator) the first time
+# it runs in a process: the cells alone leave every path off, so only a probe of the process the calls ran in sees it
+# (Subject.memory_bound probes the bounded process before ending it). The answer is the solution's tiled loop.
+KERNEL_IN_A_CALL = (
+    "import torch.library\n\n_kernels = []\n\n"
+    + inspect.getsource(gpu.flash_attention).replace("def flash_attention(", "def _tiled(", 1)
+    + """
+
+def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):
+    if not _kernels:
+        _kernels.append(torch.library.Library("aten", "IMPL"))
+        _kernels[0].impl("_scaled_dot_product_attention_math", lambda *args, **kwargs: None, "CPU")
+    return _tiled(q, k, v, causal, block_q, block_k)
+"""
+)
+
 REAL_GRADER = {  # lesson: {student: {graded name: the mutant's what, or code}}; "solved" answers all
     "09_flash_backward": {
         "autograd": {"attention_backward": "autograd through the naive forward"},
@@ -399,6 +415,7 @@ REAL_GRADER = {  # lesson: {student: {graded name: the mutant's what, or code}};
             )
         },
         "nnc-softmax": {"online_softmax": NNC_SOFTMAX},
+        "kernel-in-a-call": {"flash_attention": KERNEL_IN_A_CALL},
     },
 }
 
@@ -443,6 +460,8 @@ def test_the_real_grader_costs_each_trick_its_aspect(lesson, tmp_path):
             )
             assert float(row["points"]) == pytest.approx(share, abs=0.01), (student, name, row["message"])
             assert any(w in row["message"] for w in ("switched off", "reached", "launched it again")), row["message"]
+            if student == "kernel-in-a-call":
+                assert "guard against PyTorch's kernels was switched off" in row["message"], row["message"]
             if student in ("torchscript-autodiff", "nnc-softmax"):
                 assert "reached PyTorch's compilers" in row["message"], row["message"]
 
