@@ -182,6 +182,7 @@ class Subject:
         self.held_mb = held if isinstance(held, int) else 0
         if isinstance(reply, dict) and "refused" in reply:
             self._transport({"op": "unbound"})
+            self._isolation_due = bool(self._isolated)  # that process is ended too
             if isinstance(held, int):
                 raise OverBudget(str(reply["refused"]))
             raise AssertionError(f"your code's memory could not be checked: {reply['refused']}")

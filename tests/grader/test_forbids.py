@@ -12,6 +12,7 @@ import pytest
 
 from autograder import lessons
 from autograder.checking import PartialCredit, checks_for, mistakes, verify
+from autograder.checking.subject import OverBudget, Subject
 from autograder.sandbox import tripwires
 from solutions import flash_backward, gpu
 from tests.harness.lessons import LESSONS, fresh_namespace
@@ -607,3 +608,64 @@ def test_the_visible_tests_switch_off_what_the_manifest_forbids_in_its_words():
         assert set(said) <= set(forbids), lesson
         for name, (paths, instead) in said.items():
             assert (paths, instead) == (forbids[name]["paths"], forbids[name]["instead"]), (lesson, name)
+
+
+def _recording(replies=None):
+    """A Subject whose transport records each request's op (a call as its helper's or name's) and answers from
+    replies[op] (a list, first reply first) or {"ok": None}, with a probe that finds every path still off."""
+    sent, replies = [], replies or {}
+
+    def transport(request, callback=None):
+        target = request.get("target", {})
+        op = target.get("helper") or target.get("name") if request["op"] == "call" else request["op"]
+        sent.append(op)
+        queued = replies.get(op)
+        return queued.pop(0) if queued else {"ok": [] if op == "tripwires_probe" else None}
+
+    return Subject(transport), sent
+
+
+def test_a_bounded_block_is_probed_in_its_own_process_before_it_ends():
+    """The probe of a memory-bounded block with the paths off runs before "unbound" ends that process, and no other
+    follows; where the bound stops it (out of memory), the block's end probes a fresh process instead."""
+    s, sent = _recording()
+    with s.forbidding(["attention kernels"]):
+        with s.memory_bound(40):
+            s.call("flash_attention")
+    assert sent == ["forbid", "bound", "flash_attention", "tripwires_probe", "unbound", "unforbid"]
+
+    starved = {"error": {"type": "MemoryError", "mro": ["MemoryError", "Exception"], "message": ""}}
+    s, sent = _recording({"tripwires_probe": [starved]})
+    with s.forbidding(["attention kernels"]):
+        with s.memory_bound(40):
+            s.call("flash_attention")
+    assert sent == ["forbid", "bound", "flash_attention", "tripwires_probe", "unbound", "tripwires_probe", "unforbid"]
+
+
+def test_a_probe_that_finds_a_path_back_on_fails_the_block():
+    s, _ = _recording({"tripwires_probe": [{"ok": ["aten::_scaled_dot_product_attention_math"]}]})
+    with pytest.raises(AssertionError, match="_scaled_dot_product_attention_math no longer raises"):
+        with s.forbidding(["attention kernels"]):
+            with s.memory_bound(40):
+                s.call("flash_attention")
+
+
+def test_isolation_is_sent_again_before_the_next_request_not_when_a_block_ends():
+    """After a block that may end the serving process the stand-ins are isolated again before the next request (and
+    before a bound: they are no part of what it counts), never only to be restored."""
+    s, sent = _recording({"bound": [{"ok": None, "held_mb": 0}, {"refused": "over", "held_mb": 900}]})
+    s.isolate(["flash_attention_forward"])
+    with s.forbidding(["attention kernels"]):
+        with s.memory_bound(28):
+            s.call("FlashAttention")
+    s.restore()
+    assert sent == [
+        *("isolate", "forbid", "isolate", "bound", "FlashAttention", "tripwires_probe", "unbound", "unforbid"),
+        "restore",
+    ]
+    with pytest.raises(OverBudget, match="over"):  # a refused bound ends its process too
+        s.isolate(["flash_attention_forward"])
+        with s.memory_bound(28):
+            pass
+    s.call("FlashAttention")
+    assert sent[-3:] == ["unbound", "isolate", "FlashAttention"]
