@@ -172,7 +172,9 @@ class Subject:
         above it): a check that allows it sizes its forbidden layout from self.held_mb, well above
         self.held_mb + memory_mb + 64 MiB (a buffer kept before the block is then too small to hold it).
         inputs_mb: what the check's own inputs take, made inside the block (helpers.drawn_calls), on top of
-        memory_mb, which is then the answer's working memory alone."""
+        memory_mb, which is then the answer's working memory alone.
+        Inside forbidding(), a block whose calls succeeded has the paths probed in its process before that
+        process ends (_still_forbidding): no fresh one is started only to probe them."""
         if self._isolation_due:  # before the bound: the stand-ins are no part of what it counts
             self.isolate(self._isolated)
         reply = self._transport(
