@@ -25,6 +25,25 @@ def test_bfloat16_is_refused_below_ampere_and_taken_from_it():
         gpu.attention_tiles((9, 0), 227 * 1024, torch.float64, 64)
 
 
+def test_both_launchers_refuse_bfloat16_on_a_t4_with_a_clear_value_error(monkeypatch):
+    """triton_attention and lesson 09's triton_flash_forward take their tiles from launch_tiles, which asks the
+    tensor's GPU (here a stand-in T4: capability 7.5, 64 KiB per block) and refuses bfloat16 before any launch."""
+    from types import SimpleNamespace
+
+    props = SimpleNamespace(get_device_properties=lambda index: {"max_shared_mem": 64 * 1024})
+    fake = SimpleNamespace(runtime=SimpleNamespace(driver=SimpleNamespace(active=SimpleNamespace(utils=props))))
+    monkeypatch.setattr(gpu, "triton", fake)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+
+    def on_a_t4(dtype):
+        return SimpleNamespace(is_cuda=True, device=SimpleNamespace(index=0), dtype=dtype, size=lambda dim: 64)
+
+    assert gpu.launch_tiles(on_a_t4(torch.float16)) == tiles(75, "float16", 64)
+    with pytest.raises(ValueError, match=r"bfloat16 needs compute capability 8.0 .* this GPU has 7.5: use float16"):
+        gpu.launch_tiles(on_a_t4(torch.bfloat16))
+    assert flash_backward.launch_tiles is gpu.launch_tiles
+
+
 def test_tiles_shrink_with_shared_memory_and_grow_with_it():
     """B_c = ceil(M / 4d): less on-chip memory, or a wider head or element, never gets larger tiles."""
 
