@@ -619,7 +619,7 @@ def grade_kernels(rows: list, checks, said: list) -> None:
         row["points"] = round(sum(a["points"] for a in row["aspects"]), 2)
         row["status"] = "failed"
         if core and wrong:
-            row["message"] = " ".join(filter(None, [row["message"], f"Your Triton kernel {wrong[0]}"]))
+            row["message"] = " ".join(filter(None, [row["message"], f"{KERNEL_ASPECT}: {wrong[0]}"]))
 
 
 def grade_one(
