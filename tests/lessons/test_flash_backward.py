@@ -252,3 +252,29 @@ def test_d_per_pair_is_read_from_the_cells_values_only():
         [source.replace("dq[:, :, qs:qe] += ds @ kb * scale", "dq[:, :, qs:qe] += (ds @ kb * scale).to(out.dtype)")]
     )
     assert not any(d_per_pair([code]) for _, code in mistakes.variants("09_flash_backward")["flash_attention_backward"])
+    # D from a product of out's values, reduced before the loops, is no name for out read in the inner loop
+    in_place = source.replace("(dout.to(dtype) * out.to(dtype)).sum(dim=-1)", "out.to(dtype).mul_(dout).sum(dim=-1)")
+    assert in_place != source and not d_per_pair([in_place])
+
+
+def test_the_long_cases_blame_no_precision_for_wrong_values():
+    """The "tiled" aspect compares a long case's gradients, earned only when "values" passed: a top-left causal
+    mask, whose last keys' gradients in the row case are 0 where the truth's are within float32 rounding of it (dq is
+    left to other cases there), is told its gradients differ, not that float64 inputs were computed in float32."""
+    from autograder.checking import mistakes, reference
+    from autograder.lessons.flash_backward import checks
+    from autograder.sandbox import helpers
+
+    [top_left] = [
+        fn
+        for m, fn in mistakes.defined("09_flash_backward", "flash_attention_backward")
+        if m.what == "causal mask top-left"
+    ]
+    tq, bq, tk, bk = (checks.BACKWARD_ROW[key] for key in ("tq", "bq", "tk", "bk"))
+    q, k, v, do = helpers.draw(0, checks._drawn_specs(tq, tk))
+    out, lse = flash_attention_forward(q, k, v, True, bq, bk)
+    got = reference(tuple(g[:, :, -checks.SUFFIX :] for g in top_left(q, k, v, out, lse, do, True, bq, bk)))
+    shapes = [q.shape, k.shape, v.shape]
+    with pytest.raises(AssertionError) as caught:
+        checks._expect_long_grads(got, [q, k, v, out, lse, do], True, "the row case", shapes=shapes, compare_dq=False)
+    assert "differs" in str(caught.value) and "float32" not in str(caught.value), caught.value
