@@ -281,6 +281,16 @@ NO_DIAGONAL = (
     "with causal=True the tiles the diagonal crosses are not masked inside: skipping the fully masked tiles "
     "is not enough, mask each crossed tile's scores bottom-right (query i sees key j iff j <= i + Tk - Tq)"
 )
+TILE_END = (
+    "a tile's end is past the last position: the last tile of keys ends at min(ks + block_k, Tk), and of queries "
+    "at min(qs + block_q, Tq). A slice stops there by itself, but a mask of range(ks, ks + block_k) does not, so "
+    "its size no longer matches the tile's scores"
+)
+SKIPPED = (
+    "with causal=True a query tile that sees part of a key tile is skipped: only a query tile that sees none of its "
+    "keys may be, so start the query loop at the tile that holds the first query seeing key ks, "
+    "(ks - (Tk - Tq)) // block_q * block_q (rounded down, not up)"
+)
 FLOAT64 = (
     "float64 inputs were computed in float32 (the result is as far from the exact answer as float32 rounding "
     "goes). Compute in float64 for float64 inputs: torch.promote_types(q.dtype, torch.float32) picks the dtype"
@@ -560,6 +570,27 @@ def flash_attention_forward(q, k, v, causal=False, block_q=64, block_k=64):
 """,
             ),
             message=NO_DIAGONAL,
+            aspect="causal",
+        ),
+        Mistake(
+            "causal: the query tile the first visible query is in is skipped (rounded up)",
+            "rounded down",
+            edited(
+                _backward(),
+                (
+                    "            n = qb.size(2)\n",
+                    "            n = qb.size(2)\n"
+                    "            if causal and qs < -(-(ks - (Tk - Tq)) // block_q) * block_q:\n"
+                    "                continue\n",
+                ),
+            ),
+            message=SKIPPED,
+            aspect="causal",
+        ),
+        Mistake(
+            "causal: the last key tile's mask of block_k keys, past Tk",
+            "min(ks + block_k, Tk)",
+            edited(_backward(), ("torch.arange(ks, ks + kb.size(2)) > rows", "torch.arange(ks, ks + block_k) > rows")),
             aspect="causal",
         ),
         Mistake(
