@@ -278,3 +278,24 @@ def test_the_long_cases_blame_no_precision_for_wrong_values():
     with pytest.raises(AssertionError) as caught:
         checks._expect_long_grads(got, [q, k, v, out, lse, do], True, "the row case", shapes=shapes, compare_dq=False)
     assert "differs" in str(caught.value) and "float32" not in str(caught.value), caught.value
+
+
+def test_the_introduction_names_the_sections_that_need_a_gpu():
+    """Each demonstration that runs only on a GPU (DEVICE != "cuda" skips it) is in a section the introduction
+    names."""
+    import re
+
+    from autograder import notebook as nbk
+
+    cells = nbk.read(nbk.lesson_path(LESSON))["cells"]
+    section, gpu_only = None, set()
+    for cell in cells:
+        source = nbk.source(cell)
+        if cell["cell_type"] == "markdown":
+            section = ([section] + re.findall(r"^## (\d+)\.", source, re.M))[-1]
+        elif source.startswith("# Demonstration") and 'DEVICE != "cuda"' in source:
+            gpu_only.add(section)
+    named = set(re.findall(r"sections? (\d+)", nbk.source(cells[0])))
+    assert gpu_only and gpu_only <= named, (
+        f"sections {sorted(gpu_only)} run only on a GPU; the introduction names {named}"
+    )
