@@ -299,3 +299,21 @@ def test_the_introduction_names_the_sections_that_need_a_gpu():
     assert gpu_only and gpu_only <= named, (
         f"sections {sorted(gpu_only)} run only on a GPU; the introduction names {named}"
     )
+
+
+def test_a_tile_end_past_the_keys_costs_no_inputs_kept():
+    """A mask built for block_k keys where the last tile holds fewer raises in the causal cases: it costs them, named,
+    but not "inputs kept", whose call is of whole tiles."""
+    from autograder.checking import mistakes
+    from tests.harness.checks import fresh_namespace, verify
+
+    [code] = [
+        m.code
+        for m in mistakes.mutants(LESSON)["flash_attention_backward"]
+        if m.what == "causal: the last key tile's mask of block_k keys, past Tk"
+    ]
+    with pytest.raises(AssertionError) as caught:
+        verify(LESSON, "flash_attention_backward", fresh_namespace(LESSON, {"flash_attention_backward": code}))
+    failed = {r["aspect"] for r in caught.value.rows if not r["passed"]}
+    assert "causal" in failed and "inputs kept" not in failed, failed
+    assert "min(ks + block_k, Tk)" in str(caught.value)
