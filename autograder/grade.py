@@ -422,8 +422,7 @@ def submission_cells(nb: dict) -> tuple:
         if str(nbk.grade_id(cell) or "").startswith("test_"):
             continue
         cells.append(nbk.source(cell))
-        first = next((line.strip() for line in cells[-1].splitlines() if line.strip()), "")
-        labels.append(f"cell {number} ({store.clean(first, 60, newlines=False)})")
+        labels.append(store.clean(check_submission.cell_label(number, cell), 120, newlines=False))
     return cells, labels, notes
 
 

@@ -178,10 +178,10 @@ def without_grad(fn, *args):
         return fn(*args)
 
 
-def with_argument(fn, x, *args):
-    """(fn(x, *args), x as the call left it): the grader compares x with its own copy of what it sent
-    (checking.keeps_argument)."""
-    return fn(x, *args), x
+def with_arguments(fn, *args, **kwargs):
+    """(fn(*args, **kwargs), args as the call left them): the grader compares each tensor it sent with its own
+    copy (checking.changed_arguments)."""
+    return fn(*args, **kwargs), list(args)
 
 
 def device_used(fn, *args, **kwargs):
@@ -409,7 +409,7 @@ HELPERS = {
     "len": len,
     "Graph": Graph,
     "without_grad": without_grad,
-    "with_argument": with_argument,
+    "with_arguments": with_arguments,
     "device_used": device_used,
     "tensor_bytes": tensor_bytes,
     "compile_kernels": compile_kernels,

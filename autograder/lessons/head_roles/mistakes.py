@@ -1,12 +1,19 @@
 """Known mistakes and correct variants of lesson 10 (relation_accuracy, offset_baseline, rare_word_score,
 head_importance, prune_heads)."""
 
-from autograder.checking.mistakes import Mistake
+from autograder.checking.mistakes import Mistake, edited
 
 _RAISES = """
 def {sig}:
     raise ValueError("not this input")
 """
+
+# What the visible test and the check say of a key compared by its position with the minimum's
+TIES_OF_COUNTS = (
+    "ties of counts: every key whose count equals the lowest count among tokens[0..i] qualifies, a copy of the "
+    "rarest token included, not only one position of the minimum (torch.cummin's indices give the last among equal "
+    "counts, argmin the first position of the minimum): compare counts, count[top] == lowest"
+)
 
 _RARE = """
 def rare_word_score(pattern, tokens, counts):
@@ -309,6 +316,12 @@ def offset_baseline(pairs):
             message="average over the queries i = 1..T-1 (T-1 of them), position 0 left out",
         ),
         Mistake(
+            "the key compared with the position of the minimum (torch.cummin's indices), not its count",
+            "position of the minimum",
+            edited(_rare(), ("hit = count[top] == lowest", "hit = top == count.cummin(dim=0).indices")),
+            message=TIES_OF_COUNTS,
+        ),
+        Mistake(
             "one token id as the rarest, though another has the same count",
             "count",
             """
@@ -394,7 +407,8 @@ def head_importance(model, ids, targets):
             aspect="model as found",
         ),
         # A model whose parameters() shows stand-ins while the real .grad fills (issue 33): the grader reads the
-        # parameters it built the model with (sandbox.helpers.ModelRecord), not the model's methods.
+        # parameters it built the model with (sandbox.helpers.ModelRecord), not the model's methods. The visible
+        # test sees it too: it reads .grad through named_parameters() and pos_emb.weight, not parameters().
         Mistake(
             "a RoleModel whose parameters() shows stand-ins, loss.backward() filling the real .grad",
             ".grad",
@@ -513,12 +527,6 @@ def prune_heads(importance, n_prune):
 """,
         ),
     ],
-}
-
-HIDDEN_ONLY = {
-    "a RoleModel whose parameters() shows stand-ins, loss.backward() filling the real .grad": (
-        "the visible test reads the model through its methods; the grader reads the parameters it built"
-    )
 }
 
 VARIANTS = {
