@@ -101,9 +101,13 @@ def main(argv=None):
     g.add_argument("--quiet", action="store_true", help="no progress output")
     g.add_argument(
         "--kernels",
-        action="store_true",
+        nargs="?",
+        const="note",
+        default="",
+        choices=["note", "graded"],
         help="also compile each submission's Triton kernels (lesson 06's) for a GPU, an A100, in its "
-        "sandbox, and say in its feedback whether they compile and fit (not graded)",
+        "sandbox, and say in its feedback whether they compile and fit: a note, not graded (--kernels, or "
+        "--kernels note), or an aspect of the test of the function that launches each kernel (--kernels graded)",
     )
     g.add_argument(
         "--roster",
