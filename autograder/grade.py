@@ -46,7 +46,7 @@ from autograder.worker import Limits, Sandbox, SandboxError, Session, weak_mode_
 ROOT = Path(__file__).resolve().parent.parent
 LESSONS = manifests.solutions_modules()  # {lesson: its solutions and checks module}; the checks (torch) load lazily
 IGNORED = ("__MACOSX", ".ipynb_checkpoints")
-# grade --kernels graded: the aspect a launcher's test gains (grade_kernels), and its weight against the check's own
+# grade --kernels-graded: the aspect a launcher's test gains (grade_kernels), and its weight against the check's own
 KERNEL_ASPECT, KERNEL_WEIGHT = "compiles for an A100", 1
 CACHE = "cache.json"  # in RESULTS/.results: Cache
 
@@ -343,7 +343,7 @@ def imports_triton(lessons: list) -> bool:
 
 
 def check_reference_kernels(lessons: list) -> None:
-    """grade --kernels graded: the lesson's own kernels (its source notebook's answers) compile for the target and fit
+    """grade --kernels-graded: the lesson's own kernels (its source notebook's answers) compile for the target and fit
     it, else UsageError: grading the kernels against a card the lesson's own tiles do not fit would cost a correct
     kernel its points."""
     from autograder import triton_fit
@@ -356,7 +356,7 @@ def check_reference_kernels(lessons: list) -> None:
             f"{r['kernel']} {triton_fit.describe(r)}" for r in triton_fit.compile_jobs(jobs) if not r["fits"]
         ]
         if said:
-            raise UsageError(f"grade --kernels graded: {lesson}'s own kernels do not pass: {'; '.join(said)}")
+            raise UsageError(f"grade --kernels-graded: {lesson}'s own kernels do not pass: {'; '.join(said)}")
 
 
 def check_references(lessons: list, cache: Cache) -> None:
@@ -583,7 +583,7 @@ def kernel_verdicts(session: Session, cells: list, graded: bool = False) -> list
 
 
 def grade_kernels(rows: list, checks, said: list) -> None:
-    """grade --kernels graded: in the test of each function that launches a kernel students write
+    """grade --kernels-graded: in the test of each function that launches a kernel students write
     (triton_fit.LAUNCHED_BY), one more aspect, KERNEL_ASPECT, worth KERNEL_WEIGHT against the check's own: earned when
     that kernel compiles for the target and fits it (said: kernel_verdicts), and only when the check's core passed."""
     from autograder import triton_fit

@@ -400,7 +400,7 @@ LESSON_KERNELS = {
 }
 
 
-# The graded function that launches each kernel a student writes: `grade --kernels graded` makes the kernel's compiling
+# The graded function that launches each kernel a student writes: `grade --kernels-graded` makes the kernel's compiling
 # and fitting the target an aspect of that function's test.
 LAUNCHED_BY = {"_softmax_kernel": "triton_softmax", "_attention_kernel": "triton_attention"}
 

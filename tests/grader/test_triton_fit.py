@@ -282,7 +282,7 @@ def test_check_submission_compiles_the_students_kernels_and_names_the_slip(tmp_p
 
 
 def test_graded_kernels_cost_the_aspect_of_the_launchers_test_and_nothing_else():
-    """grade --kernels graded: a kernel the compiler refuses loses its launcher's test KERNEL_WEIGHT of its aspects'
+    """grade --kernels-graded: a kernel the compiler refuses loses its launcher's test KERNEL_WEIGHT of its aspects'
     weight; one that compiles and fits, or a launcher whose core failed, keeps what it had."""
     from autograder import grade
     from autograder.checking import checks_for
@@ -368,8 +368,7 @@ def test_grade_kernels_says_in_the_feedback_what_the_compiler_refuses(tmp_path, 
             str(tmp_path / "results"),
             "--lesson",
             "06_gpu",
-            "--kernels",
-            mode,
+            {"note": "--kernels", "graded": "--kernels-graded"}[mode],
             "--quiet",
         ],
         capture_output=True,
