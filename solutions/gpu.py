@@ -266,8 +266,8 @@ def attention_tiles(capability, max_shared_bytes, dtype, head_dim):
     in bytes, and what one program keeps there is the Q tile, num_stages copies of the K and V tiles
     (from Ampere, sm_80, on, the next tiles load while this one computes; before it, one stage) and, on
     some cards, the block of float32 scores on its way between layouts. Tiles shrink, queries first,
-    until that fits; benchmarks/triton_fit.py compiles each choice for each card and measures it
-    (shared memory, registers and spills).
+    until that fits; the course repository's benchmarks/triton_fit.py (not the triton_fit.py beside a
+    lesson) compiles each choice for each card and measures it (shared memory, registers and spills).
     """
     capability = tuple(capability)
     if dtype == torch.bfloat16 and capability < (8, 0):
@@ -290,7 +290,7 @@ def attention_tiles(capability, max_shared_bytes, dtype, head_dim):
     block_q = 2 * block_k
     if size == 4 and block_d >= 64:
         # float32 products ("ieee") run on the CUDA cores, not the tensor cores, with the operands in registers
-        # too: larger tiles spill them to memory (ptxas -v: benchmarks/results/triton_fit.json)
+        # too: larger tiles spill them to memory (ptxas -v, in the course repository's benchmarks/results/)
         block_q, block_k = min(block_q, 64), min(block_k, 4096 // block_d)
     while shared(block_q, block_k) > max_shared_bytes and block_q > 16:
         if block_q > block_k:
@@ -303,7 +303,7 @@ def attention_tiles(capability, max_shared_bytes, dtype, head_dim):
         "BLOCK_Q": block_q,
         "BLOCK_K": block_k,
         "BLOCK_D": block_d,
-        # more warps share the registers of larger tiles (fewer spilled: triton_fit.json's ptxas figures)
+        # more warps share the registers of larger tiles (fewer spilled, by ptxas -v's figures)
         "num_warps": 8
         if block_q >= 128 or block_q * block_d >= 8192 or (size == 4 and block_q >= 64 and block_d >= 64)
         else 4,

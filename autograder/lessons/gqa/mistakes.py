@@ -134,6 +134,15 @@ def repeat_kv(x, n_rep):
 """,
             message="merge the repeat axis into the head axis: reshape (B, Hkv, n_rep, T, Dh) to (B, Hkv*n_rep, T, Dh)",
         ),
+        Mistake(
+            "repeat_interleave without dim (flattens x)",
+            "flat",
+            """
+def repeat_kv(x, n_rep):
+    return torch.repeat_interleave(x, n_rep)
+""",
+            message="torch.repeat_interleave without dim flattens x into one flat vector: pass dim=1, the head axis",
+        ),
         (
             "tiled by concatenation",
             "tiled",

@@ -394,7 +394,8 @@ def head_importance(model, ids, targets):
             aspect="model as found",
         ),
         # A model whose parameters() shows stand-ins while the real .grad fills (issue 33): the grader reads the
-        # parameters it built the model with (sandbox.helpers.ModelRecord), not the model's methods.
+        # parameters it built the model with (sandbox.helpers.ModelRecord), not the model's methods. The visible
+        # test sees it too: it reads .grad through named_parameters() and pos_emb.weight, not parameters().
         Mistake(
             "a RoleModel whose parameters() shows stand-ins, loss.backward() filling the real .grad",
             ".grad",
@@ -513,12 +514,6 @@ def prune_heads(importance, n_prune):
 """,
         ),
     ],
-}
-
-HIDDEN_ONLY = {
-    "a RoleModel whose parameters() shows stand-ins, loss.backward() filling the real .grad": (
-        "the visible test reads the model through its methods; the grader reads the parameters it built"
-    )
 }
 
 VARIANTS = {
