@@ -37,9 +37,10 @@ lint:
 	$(PY) -m ruff format --check .
 	$(PY) -m autograder sync --check
 
-# Two test processes or more (each test file stays in one, so its shared fixtures are built once; a lesson's tests
-# are one file, tests/lessons/test_<module>.py, so the lessons spread over the processes): the grading runs wait
-# on sandboxes as much as they compute.
+# Two test processes or more (each test file stays in one, so its shared fixtures are built once, but for the tests
+# that tests/conftest.py's SPREAD names, handed out one by one; a lesson's tests are one file,
+# tests/lessons/test_<module>.py, so the lessons spread over the processes): the grading runs wait on sandboxes as
+# much as they compute.
 XDIST := -n auto --maxprocesses 4 --dist loadfile
 
 test:

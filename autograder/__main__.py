@@ -99,11 +99,21 @@ def main(argv=None):
     g.add_argument("--gradebook", metavar="DB", help="also update this nbgrader gradebook (e.g. gradebook.db)")
     g.add_argument("--course-root", metavar="DIR", help="where --gradebook writes autograded/ (default: its folder)")
     g.add_argument("--quiet", action="store_true", help="no progress output")
+    # Two flags, not one with an optional value: `grade --kernels SUBMISSIONS` must keep reading the folder.
     g.add_argument(
         "--kernels",
-        action="store_true",
-        help="also compile each submission's Triton kernels (lesson 06's) for a GPU, an A100, in its "
-        "sandbox, and say in its feedback whether they compile and fit (not graded)",
+        action="store_const",
+        const="note",
+        default="",
+        help="also compile each submission's Triton kernels (lesson 06's) for a GPU, an A100, in its sandbox, "
+        "and say in its feedback whether they compile and fit: a note, not graded",
+    )
+    g.add_argument(
+        "--kernels-graded",
+        dest="kernels",
+        action="store_const",
+        const="graded",
+        help="as --kernels, and make it an aspect of the test of the function that launches each kernel",
     )
     g.add_argument(
         "--roster",

@@ -60,6 +60,18 @@ def source(cell):
     return "".join(src) if isinstance(src, list) else str(src)
 
 
+def cell_label(number, cell):
+    """How a message names a code cell (here and in the grader's feedback, grade.py) so that a student can find it:
+    its first line of code (comments aside, at most 60 characters), quoted, and its number counting markdown cells
+    too, from 1: Jupyter numbers no cells, and a count of code cells alone would not match the file."""
+    lines = [line.strip() for line in source(cell).splitlines() if line.strip()]
+    first = next((line for line in lines if not line.startswith("#")), lines[0] if lines else "")
+    first = first if len(first) <= 60 else first[:57] + "..."
+    return (
+        f"the cell that begins {first!r} (cell {number}, counting markdown cells)" if first else f"empty cell {number}"
+    )
+
+
 def meta(cell):
     m = cell.get("metadata", {})
     m = m.get("nbgrader", {}) if isinstance(m, dict) else {}
@@ -167,8 +179,8 @@ def structure(nb, lesson):
             out.append(
                 (
                     True,
-                    f"cell {ids[name][0]} ('{name}') was edited: the grader does not read test cells "
-                    "(it runs its own tests), so code you put there is not graded",
+                    f"{cell_label(*ids[name])}, the test cell '{name}', was edited: the grader does not read "
+                    "test cells (it runs its own tests), so code you put there is not graded",
                 )
             )
     texts = {meta(c).get("grade_id"): source(c) for c in nb["cells"] if is_written(c)}
@@ -192,7 +204,7 @@ def structure(nb, lesson):
             out.append(
                 (
                     True,
-                    f"cell {n} defines {', '.join(sorted(names))} but is a demo cell, which the grader "
+                    f"{cell_label(n, c)} defines {', '.join(sorted(names))} but is a demo cell, which the grader "
                     "skips: define it in its answer cell",
                 )
             )
@@ -217,7 +229,7 @@ def test_only_reads(nb, answers):
     for n, c in code:
         if is_test(c):
             for name in bound(source(c)) - known:
-                tests.setdefault(name, n)
+                tests.setdefault(name, cell_label(n, c))
     out = []
     for n, c in code:
         if meta(c).get("grade_id") in answers and not is_test(c):
@@ -225,9 +237,9 @@ def test_only_reads(nb, answers):
                 out.append(
                     (
                         True,
-                        f"cell {n} ('{meta(c)['grade_id']}') uses '{name}', which only test cell "
-                        f"{tests[name]} defines: the grader runs its own tests instead, so there '{name}' "
-                        "is not defined; define it in the answer's own cell",
+                        f"{cell_label(n, c)}, the answer '{meta(c)['grade_id']}', uses '{name}', which only "
+                        f"the test cell {tests[name].removeprefix('the cell ')} defines: the grader runs its own "
+                        f"tests instead, so there '{name}' is not defined; define it in the answer's own cell",
                     )
                 )
     return out
@@ -276,7 +288,7 @@ def bound(text):
 
 
 def demo_only(nb):
-    """{name: number of the demo cell that binds it} for the names that demo cells bind and no cell the grader
+    """{name: cell_label of the demo cell that binds it} for the names that demo cells bind and no cell the grader
     runs (every code cell but tests and demos) does: the grader, which skips demos, finds them undefined."""
     code = [(n, c) for n, c in enumerate(nb["cells"], 1) if c.get("cell_type") == "code"]
     others = set().union(*(bound(source(c)) for _, c in code if not is_test(c) and not is_demo(c)))
@@ -284,7 +296,7 @@ def demo_only(nb):
     for n, c in code:
         if is_demo(c):
             for name in bound(source(c)) - others:
-                found.setdefault(name, n)
+                found.setdefault(name, cell_label(n, c))
     return found
 
 
@@ -294,7 +306,8 @@ def demo_hint(error, demos):
     if not m or m.group(1) not in demos:
         return ""
     return (
-        f" ('{m.group(1)}' is defined only in demonstration cell {demos[m.group(1)]}, which is not run when "
+        f" ('{m.group(1)}' is defined only in the demonstration cell {demos[m.group(1)].removeprefix('the cell ')}, "
+        "which is not run when "
         "grading: an answer must define what it uses itself)"
     )
 
@@ -405,6 +418,7 @@ def run_tests(nb, folder, timeout, lesson=None):
             crash = f"did not finish within {timeout} s"
         ran = [json.loads(line) for line in done.read_text().splitlines()] if done.exists() else []
     out, demos = [], demo_only(nb)
+    label = {n: cell_label(n, c) for n, c in enumerate(nb["cells"], 1)}
     timings = [(r[1], r[2]) for r in ran if r[0] == "timed"]
     ran = [r for r in ran if r[0] != "timed"]
     for n, name, error, lost in ran:
@@ -415,16 +429,19 @@ def run_tests(nb, folder, timeout, lesson=None):
             out.append(
                 (
                     True,
-                    f"cell {n} raised {error}, so {', '.join(lost)} is not defined: the grader finds no answer there",
+                    f"{label[n]} raised {error}, so {', '.join(lost)} is not defined: the grader finds no answer there",
                 )
             )
         elif error:
             out.append(
-                (None, f"cell {n} raised {error}; the grader runs it too and goes on, so it costs no points by itself")
+                (
+                    None,
+                    f"{label[n]} raised {error}; the grader runs it too and goes on, so it costs no points by itself",
+                )
             )
     if len(ran) < len(cells):
         n, name, _, _ = cells[len(ran)]
-        out.append((True, f"cell {n}{f' ({name})' if name else ''} {crash}; the tests after it did not run"))
+        out.append((True, f"{label[n]}{f' ({name})' if name else ''} {crash}; the tests after it did not run"))
     limit = lesson.get("call_seconds")
     for name, (seconds, error) in timings:
         if error:

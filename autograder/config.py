@@ -201,5 +201,5 @@ class RunConfig:
     gradescope: bool = False  # grade, merge: also RESULTS/gradescope/<student>/results.json
     allow_partial: bool = False  # merge: an incomplete shard set too, its gaps marked for regrading
     progress: bool = True  # grade: a progress line per submission
-    kernels: bool = False  # grade: also compile each submission's Triton kernels (a feedback note)
+    kernels: str = ""  # grade: also compile each submission's Triton kernels: "note" (feedback) or "graded" (points)
     names: bool = True  # report: name who made each mistake (report --no-names leaves them out, for a projector)

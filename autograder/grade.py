@@ -46,6 +46,8 @@ from autograder.worker import Limits, Sandbox, SandboxError, Session, weak_mode_
 ROOT = Path(__file__).resolve().parent.parent
 LESSONS = manifests.solutions_modules()  # {lesson: its solutions and checks module}; the checks (torch) load lazily
 IGNORED = ("__MACOSX", ".ipynb_checkpoints")
+# grade --kernels-graded: the aspect a launcher's test gains (grade_kernels), and its weight against the check's own
+KERNEL_ASPECT, KERNEL_WEIGHT = "compiles for an A100", 1
 CACHE = "cache.json"  # in RESULTS/.results: Cache
 
 
@@ -295,14 +297,15 @@ def lesson_limits(lesson, given=None) -> Limits:
 
 
 def lesson_fingerprint(
-    lesson: str, tests: list, mode: str, limits: dict | None, cache: Cache | None = None, kernels: bool = False
+    lesson: str, tests: list, mode: str, limits: dict | None, cache: Cache | None = None, kernels: str = ""
 ) -> str:
     """What a lesson's verdicts depend on besides the submission: its tests and points (and its written
     questions'), the code
     of its checks, of solutions/ they import, of the grader and the sandbox, what of its manifest
     grading reads (lessons.grading_keys: not the book's text), the files its notebook has beside it,
     the sandbox mode, the limits it is graded under (lesson_limits) and the package's version. cache: the files'
-    hashes and imports, read again only where a file's size or time changed. kernels: grade --kernels."""
+    hashes and imports, read again only where a file's size or time changed. kernels: grade --kernels ("note" or
+    "graded")."""
     cache = cache or Cache()
     package = f"autograder.lessons.{LESSONS[lesson]}"  # its checks, and the mistakes they import by name
     files = _code_closure([f"{package}.checks", f"{package}.mistakes", "autograder.worker"], cache)
@@ -321,7 +324,7 @@ def lesson_fingerprint(
     ]
     written = nbk.lesson_written(lesson)
     parts += [repr(written)] if written else []  # a lesson without written questions keeps its fingerprint
-    parts += ["kernels"] if kernels else []  # and grading without --kernels keeps it too
+    parts += ["kernels" if kernels == "note" else f"kernels {kernels}"] if kernels else []  # and without, it stays
     parts += [
         f"{name}:{cache.source(p)[0] if p.suffix == '.py' else hashlib.sha256(p.read_bytes()).hexdigest()}"
         for p, name in named.items()
@@ -337,6 +340,23 @@ def imports_triton(lessons: list) -> bool:
         for lesson in lessons
         for cell in nbk.code_cells(nbk.read(nbk.lesson_path(lesson)))
     )
+
+
+def check_reference_kernels(lessons: list) -> None:
+    """grade --kernels-graded: the lesson's own kernels (its source notebook's answers) compile for the target and fit
+    it, else UsageError: grading the kernels against a card the lesson's own tiles do not fit would cost a correct
+    kernel its points."""
+    from autograder import triton_fit
+    from autograder.selfcheck import UsageError
+
+    for lesson in lessons:
+        cells = [nbk.without_markers(nbk.source(c)) for c in nbk.code_cells(nbk.read(nbk.lesson_path(lesson)))]
+        jobs, problems = triton_fit.lesson_kernel_jobs(cells)
+        said = problems + [
+            f"{r['kernel']} {triton_fit.describe(r)}" for r in triton_fit.compile_jobs(jobs) if not r["fits"]
+        ]
+        if said:
+            raise UsageError(f"grade --kernels-graded: {lesson}'s own kernels do not pass: {'; '.join(said)}")
 
 
 def check_references(lessons: list, cache: Cache) -> None:
@@ -402,8 +422,7 @@ def submission_cells(nb: dict) -> tuple:
         if str(nbk.grade_id(cell) or "").startswith("test_"):
             continue
         cells.append(nbk.source(cell))
-        first = next((line.strip() for line in cells[-1].splitlines() if line.strip()), "")
-        labels.append(f"cell {number} ({store.clean(first, 60, newlines=False)})")
+        labels.append(store.clean(check_submission.cell_label(number, cell), 120, newlines=False))
     return cells, labels, notes
 
 
@@ -540,10 +559,12 @@ def written_rows(lesson: str, nb: dict | None = None, status: str | None = None,
     return rows
 
 
-def kernel_notes(session: Session, cells: list) -> list:
-    """Feedback lines, not graded, on the lesson's Triton kernels among the submission's cells
-    (triton_fit.check_kernels): compiled for an A100 by the triton_fit.py staged beside the notebook, in the
-    submission's own sandbox (compiling runs the student's code: under its limits, like every other step)."""
+def kernel_verdicts(session: Session, cells: list, graded: bool = False) -> list:
+    """[(is_problem, line)] on the lesson's Triton kernels among the submission's cells (triton_fit.check_kernels):
+    compiled for an A100 by the triton_fit.py staged beside the notebook, in the submission's own sandbox (compiling
+    runs the student's code: under its limits, like every other step). graded: in a fresh process that ran none of
+    the notebook's code, and a kernel the compiler gave no verdict on is a problem (the verdict is worth points)."""
+    import contextlib
     import json
 
     from autograder import triton_fit
@@ -555,10 +576,49 @@ def kernel_notes(session: Session, cells: list) -> list:
         return json.loads(subject.helper("compile_kernels", json.dumps(jobs), timeout))
 
     try:  # the compiler's own time limit comes first: the call's would end the child without a verdict
-        said = triton_fit.check_kernels(cells, max(5, session.sandbox.limits.call_seconds - 5), compiler)
+        with subject.elsewhere([]) if graded else contextlib.nullcontext():
+            return triton_fit.check_kernels(cells, max(5, session.sandbox.limits.call_seconds - 5), compiler, graded)
     except (StudentError, Unchecked, OverBudget, ValueError, TypeError) as e:  # the grades stand; the note says why
-        return [f"Triton kernels: not compiled for a GPU here ({type(e).__name__}: {str(e)[:200]})"]
-    return [f"Triton kernels (a note, not graded): {line}" for _, line in said]
+        return [(graded, f"Triton kernels: not compiled for a GPU here ({type(e).__name__}: {str(e)[:200]})")]
+
+
+def grade_kernels(rows: list, checks, said: list) -> None:
+    """grade --kernels-graded: in the test of each function that launches a kernel students write
+    (triton_fit.LAUNCHED_BY), one more aspect, KERNEL_ASPECT, worth KERNEL_WEIGHT against the check's own: earned when
+    that kernel compiles for the target and fits it (said: kernel_verdicts), and only when the check's core passed."""
+    from autograder import triton_fit
+
+    for kernel, name in triton_fit.LAUNCHED_BY.items():
+        row = next((r for r in rows if r["test"] == f"test_{name}"), None)
+        if row is None or "aspects" not in row:  # not this lesson's, not graded here, or its code failed outright
+            continue
+        weights = {**checks[name].aspects, KERNEL_ASPECT: KERNEL_WEIGHT}
+        lines = [(bad, line) for bad, line in said if line.startswith((f"{kernel} ", f"{kernel}:", "Triton kernels:"))]
+        wrong = [line for bad, line in lines if bad]
+        if not lines:
+            wrong = [
+                f"{kernel}: not found among your answer cells as a @triton.jit function, so not compiled for a GPU"
+            ]
+        earned = [
+            dict(aspect=a["aspect"], weight=weights[a["aspect"]], passed=a["passed"], message=a["message"])
+            for a in row["aspects"]
+        ]
+        core = earned[0]["passed"]
+        earned.append(
+            dict(
+                aspect=KERNEL_ASPECT,
+                weight=KERNEL_WEIGHT,
+                passed=core and not wrong,
+                message="; ".join(wrong) if core else f"earned only when {earned[0]['aspect']} passes",
+            )
+        )
+        row["aspects"] = aspect_rows(weights, row["max_points"], earned)
+        if all(a["passed"] for a in row["aspects"]):
+            continue
+        row["points"] = round(sum(a["points"] for a in row["aspects"]), 2)
+        row["status"] = "failed"
+        if core and wrong:
+            row["message"] = " ".join(filter(None, [row["message"], f"{KERNEL_ASPECT}: {wrong[0]}"]))
 
 
 def grade_one(
@@ -569,10 +629,11 @@ def grade_one(
     tests: list,
     data_files: list,
     grader: str,
-    kernels: bool = False,
+    kernels: str = "",
 ) -> dict:
     """The result of one (student, lesson) in its stored JSON form: save_result reads it with Result.from_json,
-    which validates what the sandbox's replies put in it. kernels: add kernel_notes to its notes."""
+    which validates what the sandbox's replies put in it. kernels: grade --kernels, "note" (kernel_verdicts in its
+    notes) or "graded" (grade_kernels too)."""
     sha, key = sub.key()
     result = dict(
         student=student,
@@ -639,7 +700,11 @@ def grade_one(
             rows.append(dict(test=test, **row))
         result["tests"] = rows
         if kernels:
-            result["notes"] += kernel_notes(session, cells)
+            said = kernel_verdicts(session, cells, graded=kernels == "graded")
+            how = "graded: an aspect of the test of its launcher" if kernels == "graded" else "a note, not graded"
+            result["notes"] += [f"Triton kernels ({how}): {line}" for _, line in said]
+            if kernels == "graded":
+                grade_kernels(rows, checks, said)
         result["cells"] = {
             "skipped": {labels[i]: why for i, why in session.skipped.items() if i < len(labels)},
             "errors": {
@@ -827,11 +892,13 @@ def _grade(
     shard_text,
     data_files,
     warm,
-    kernels=False,
+    kernels="",
 ):
     """grade's work once its plan is made and a sandbox is starting (warm, with data_files in its data folder)."""
     cache = Cache(out)
     check_references(lessons, cache)  # a reference changed by mistake would grade the whole class wrong
+    if kernels == "graded":
+        check_reference_kernels(lessons)
     tests = {lesson: nbk.lesson_tests(lesson) for lesson in lessons}
     graders = {lesson: lesson_fingerprint(lesson, tests[lesson], mode, limits, cache, kernels) for lesson in lessons}
     cache.save()
@@ -966,7 +1033,7 @@ def _run(
     anomalies,
     data_files,
     warm,
-    kernels=False,
+    kernels="",
 ):
     """Grade todo in `jobs` threads, one sandbox each (the first may be warm's, the others warm.new's), started under
     the limits of the lesson it grades (lesson_limits; todo is taken lesson limits by lesson limits, so a thread

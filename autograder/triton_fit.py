@@ -400,6 +400,11 @@ LESSON_KERNELS = {
 }
 
 
+# The graded function that launches each kernel a student writes: `grade --kernels-graded` makes the kernel's compiling
+# and fitting the target an aspect of that function's test.
+LAUNCHED_BY = {"_softmax_kernel": "triton_softmax", "_attention_kernel": "triton_attention"}
+
+
 def lesson_kernel_jobs(cells):
     """(jobs, problems) for the lesson kernels (LESSON_KERNELS) that cells (a list of sources) define: a job
     each, or a problem line when its parameters are not the lesson's (it is compiled as the lesson launches it)."""
@@ -428,11 +433,12 @@ def _stub(kernel):
     return len(body) == 1 and isinstance(body[0], ast.Raise) and "NotImplementedError" in ast.unparse(body[0])
 
 
-def check_kernels(cells, timeout=120, compiler=None):
+def check_kernels(cells, timeout=120, compiler=None, strict=False):
     """[(is_problem, line)]: the lesson's kernels among cells that use something not Triton language (not_triton,
     as the grader refuses them), and compiled for an A100 (TARGET) as their
     launchers launch them there, by compiler(jobs, timeout) (compile_jobs here; the grader's runs in its sandbox); a
-    line that says it skipped, and why, when Triton is not installed."""
+    line that says it skipped, and why, when Triton is not installed. Each line starts with the kernel's name, but
+    that one. strict: a kernel the compiler gave no verdict on (a time limit, a crash) is a problem too."""
     import importlib.util
 
     jobs, problems = lesson_kernel_jobs(cells)
@@ -453,7 +459,7 @@ def check_kernels(cells, timeout=120, compiler=None):
     for j, r in zip(jobs, (compiler or compile_jobs)(jobs, timeout)):
         what = f"{j['name']} ({j['label']}, {tiles_text(j)})"
         if r.get("skipped"):
-            out.append((False, f"{what}: not compiled for a GPU here ({r['error']})"))
+            out.append((strict, f"{what}: not compiled for a GPU here ({r['error']})"))
         else:
             out.append((not r["fits"], f"{what} {describe(r)}"))
     return out
@@ -466,8 +472,10 @@ def tiles_text(j):
     return f"{j['num_warps']} warps"
 
 
-def compile_jobs(jobs, ptxas=False, timeout=TIMEOUT_S, python=sys.executable):
-    """Compile each job (see job()) for its target in one child Python. -> one dict per job:
+def compile_jobs(jobs, ptxas=False, timeout=TIMEOUT_S, python=sys.executable, isolated=False):
+    """Compile each job (see job()) for its target in one child Python (isolated: `python -I`, which takes no module
+    from the script's folder or the environment's PYTHONPATH: the grader's, whose folder student code wrote in).
+    -> one dict per job:
     compiles (bool), error (the compiler's complaint, or None), skipped (True when the child could not give
     the compiler's verdict: a time limit, a Triton without this API, a crash), shared (bytes one program
     needs), limit (the card's, ARCHES), fits, and registers (per thread), spill_stores and spill_loads
@@ -477,13 +485,13 @@ def compile_jobs(jobs, ptxas=False, timeout=TIMEOUT_S, python=sys.executable):
     with tempfile.TemporaryDirectory() as fresh:
         if ptxas:
             env["TRITON_CACHE_DIR"] = fresh
-        return _run_child(jobs, timeout, python, env)
+        return _run_child(jobs, timeout, [python, "-I"] if isolated else [python], env)
 
 
 def _run_child(jobs, timeout, python, env):
     try:
         out = subprocess.run(
-            [python, __file__, "--child"],
+            [*python, __file__, "--child"],
             input=json.dumps(jobs),
             capture_output=True,
             text=True,

@@ -23,3 +23,31 @@ from autograder.sync import copy_own_modules  # noqa: E402
 
 for _lesson in _nbk.lesson_names():
     copy_own_modules(_lesson, _nbk.read(_nbk.lesson_path(_lesson)))
+
+
+# Tests that xdist hands out one by one, not with the rest of their file (`make test`, --dist loadfile): long, and
+# needing no module fixture of their file that is costly to build again.
+SPREAD = {"test_memory_bound_mutant_fails_its_check_only"}
+
+
+def pytest_configure(config):
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(_Spread())
+
+
+class _Spread:
+    @staticmethod
+    def pytest_xdist_make_scheduler(config, log):
+        """--dist loadfile, but for the tests of SPREAD: each is a unit of its own. xdist hands out the units with the
+        most tests first, so these go last, where they even out the end of the run (lesson 09's memory-bound mutants,
+        5 to 20 s each, held one process for the whole lesson)."""
+        if config.getvalue("dist") != "loadfile":
+            return None
+        from xdist.scheduler import LoadFileScheduling
+
+        class SpreadScheduling(LoadFileScheduling):
+            def _split_scope(self, nodeid):
+                file, _, test = nodeid.partition("::")
+                return nodeid if test.split("[", 1)[0] in SPREAD else file
+
+        return SpreadScheduling(config, log)

@@ -27,12 +27,26 @@ def call_named(s, what, *args, hint="", **kwargs):
         fail(f"{what} raised {e.type}: {e.message}" + (f" ({hint})" if hint else ""))
 
 
+def changed_arguments(s, target, *args, **kwargs):
+    """(target(*args, **kwargs), the positions in args of the numpy arrays, each sent as a tensor, that the call
+    changed). The student's process sends its arguments back as the call left them (helpers.with_arguments) and this
+    process compares each with its own copy: where the student's code runs, nothing says whether an argument was kept,
+    so forging it means leaving it as it was."""
+    got, after = s.helper(
+        "with_arguments", target, *(tensor(a) if isinstance(a, np.ndarray) else a for a in args), **kwargs
+    )
+    after = after if isinstance(after, (list, tuple)) and len(after) == len(args) else [None] * len(args)
+    return got, [
+        i
+        for i, (a, b) in enumerate(zip(args, after))
+        if isinstance(a, np.ndarray) and not (isinstance(b, Array) and b.shape == a.shape and np.array_equal(b.data, a))
+    ]
+
+
 def keeps_argument(s, target, x, *args):
-    """(target(x, *args), whether the call left x, a numpy array sent as a tensor, as it was). The student's process
-    sends x back as the call left it (helpers.with_argument) and this process compares it with its own copy: where
-    the student's code runs, nothing says whether x was kept, so forging it means leaving x as it was."""
-    got, after = s.helper("with_argument", target, tensor(x), *args)
-    return got, isinstance(after, Array) and after.shape == np.shape(x) and np.array_equal(after.data, x)
+    """(target(x, *args), whether the call left x, a numpy array sent as a tensor, as it was): changed_arguments."""
+    got, changed = changed_arguments(s, target, x, *args)
+    return got, 0 not in changed
 
 
 def call_within_memory(s, memory_mb, message, target, *args, **kwargs):

@@ -178,10 +178,10 @@ def without_grad(fn, *args):
         return fn(*args)
 
 
-def with_argument(fn, x, *args):
-    """(fn(x, *args), x as the call left it): the grader compares x with its own copy of what it sent
-    (checking.keeps_argument)."""
-    return fn(x, *args), x
+def with_arguments(fn, *args, **kwargs):
+    """(fn(*args, **kwargs), args as the call left them): the grader compares each tensor it sent with its own
+    copy (checking.changed_arguments)."""
+    return fn(*args, **kwargs), list(args)
 
 
 def device_used(fn, *args, **kwargs):
@@ -236,7 +236,8 @@ def tensor_bytes(obj, limit=10_000):
 def compile_kernels(jobs_json, timeout):
     """The Triton compiler's verdicts (JSON) on jobs (JSON, as autograder/triton_fit.py makes them), from the
     triton_fit.py that grading stages beside the notebook of a lesson whose cells import it: the compiling
-    runs in a child of this sandboxed process, under its limits, and `timeout` seconds at most."""
+    runs in a child of this sandboxed process, under its limits, and `timeout` seconds at most; afresh (Triton's cache,
+    in the sandbox's writable HOME, is left aside) in an isolated Python (no module from this folder)."""
     import importlib.util
     import json
     import os
@@ -244,7 +245,7 @@ def compile_kernels(jobs_json, timeout):
     spec = importlib.util.spec_from_file_location("_triton_fit", os.path.abspath("triton_fit.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return json.dumps(module.compile_jobs(json.loads(jobs_json), timeout=timeout))
+    return json.dumps(module.compile_jobs(json.loads(jobs_json), ptxas=True, timeout=timeout, isolated=True))
 
 
 def draw(seed, specs, lengths=False):
@@ -408,7 +409,7 @@ HELPERS = {
     "len": len,
     "Graph": Graph,
     "without_grad": without_grad,
-    "with_argument": with_argument,
+    "with_arguments": with_arguments,
     "device_used": device_used,
     "tensor_bytes": tensor_bytes,
     "compile_kernels": compile_kernels,

@@ -168,3 +168,19 @@ def test_gpu_check_runs_a_notebook_as_a_kernel_would_without_its_hidden_tests(tm
     )
     assert done.returncode == 0 and "cell 1: skipped" in done.stdout, done.stderr
     assert run("x = 1", "assert x == 2").returncode == 1
+
+
+def test_gpu_check_runs_a_lesson_of_a_fresh_clone_with_the_courses_own_modules(tmp_path):
+    """A fresh clone has no copies of tripwires.py and triton_fit.py beside the notebooks (sync and make setup
+    write them, and a GPU machine runs neither): the lesson runs find them on their path."""
+    from autograder import release
+
+    spec = importlib.util.spec_from_file_location("gpu_check", GPU_CHECK)
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    assert check.OWN_MODULES == release.OWN_MODULES
+    cells = ["import tripwires, triton_fit", "assert triton_fit.ARCHES[80][0] == 'A100' and tripwires.off"]
+    nb = {"cells": [{"cell_type": "code", "source": c, "metadata": {}} for c in cells]}
+    (tmp_path / "lesson.ipynb").write_text(json.dumps(nb))
+    (row,) = check.run_lessons([tmp_path / "lesson.ipynb"], 120)
+    assert row["ok"] and row["what"] == str(tmp_path / "lesson.ipynb"), row

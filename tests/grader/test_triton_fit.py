@@ -25,6 +25,25 @@ def test_bfloat16_is_refused_below_ampere_and_taken_from_it():
         gpu.attention_tiles((9, 0), 227 * 1024, torch.float64, 64)
 
 
+def test_both_launchers_refuse_bfloat16_on_a_t4_with_a_clear_value_error(monkeypatch):
+    """triton_attention and lesson 09's triton_flash_forward take their tiles from launch_tiles, which asks the
+    tensor's GPU (here a stand-in T4: capability 7.5, 64 KiB per block) and refuses bfloat16 before any launch."""
+    from types import SimpleNamespace
+
+    props = SimpleNamespace(get_device_properties=lambda index: {"max_shared_mem": 64 * 1024})
+    fake = SimpleNamespace(runtime=SimpleNamespace(driver=SimpleNamespace(active=SimpleNamespace(utils=props))))
+    monkeypatch.setattr(gpu, "triton", fake)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+
+    def on_a_t4(dtype):
+        return SimpleNamespace(is_cuda=True, device=SimpleNamespace(index=0), dtype=dtype, size=lambda dim: 64)
+
+    assert gpu.launch_tiles(on_a_t4(torch.float16)) == tiles(75, "float16", 64)
+    with pytest.raises(ValueError, match=r"bfloat16 needs compute capability 8.0 .* this GPU has 7.5: use float16"):
+        gpu.launch_tiles(on_a_t4(torch.bfloat16))
+    assert flash_backward.launch_tiles is gpu.launch_tiles
+
+
 def test_tiles_shrink_with_shared_memory_and_grow_with_it():
     """B_c = ceil(M / 4d): less on-chip memory, or a wider head or element, never gets larger tiles."""
 
@@ -262,13 +281,70 @@ def test_check_submission_compiles_the_students_kernels_and_names_the_slip(tmp_p
     assert not compiled["_softmax_kernel"][0] and "fits A100" in compiled["_softmax_kernel"][1]
 
 
+def test_graded_kernels_cost_the_aspect_of_the_launchers_test_and_nothing_else():
+    """grade --kernels-graded: a kernel the compiler refuses loses its launcher's test KERNEL_WEIGHT of its aspects'
+    weight; one that compiles and fits, or a launcher whose core failed, keeps what it had."""
+    from autograder import grade
+    from autograder.checking import checks_for
+
+    checks = checks_for("06_gpu")
+
+    def row(name, max_points, status="passed", message="", **aspects):
+        out = dict(test=f"test_{name}", max_points=max_points, status=status, message=message)
+        out["points"] = float(max_points) if status == "passed" else 0.0
+        if aspects:
+            out["aspects"] = grade.aspect_rows(checks[name].aspects, max_points, **aspects)
+        return out
+
+    def rows():
+        every = [dict(aspect=a, weight=w, passed=True) for a, w in checks["triton_softmax"].aspects.items()]
+        return [
+            row("triton_softmax", 1, passed=every),
+            row("triton_attention", 2, "failed", "wrong values", failed="wrong values"),
+            row("fuse_qkv", 2),
+        ]
+
+    refused = "_softmax_kernel (float16 BLOCK 1024, 4 warps) does not compile for A100: line 14 of the kernel: ..."
+    got = rows()
+    grade.grade_kernels(got, checks, [(True, refused), (False, "_attention_kernel (...) fits A100 (...)")])
+    softmax, attention, fuse = got
+    assert (softmax["status"], softmax["points"]) == ("failed", 0.75) and refused in softmax["message"]
+    assert [a["passed"] for a in softmax["aspects"]] == [True, True, False]
+    assert softmax["aspects"][-1]["aspect"] == grade.KERNEL_ASPECT and softmax["aspects"][-1]["message"] == refused
+    assert (attention["status"], attention["points"], attention["message"]) == ("failed", 0.0, "wrong values")
+    assert attention["aspects"][-1]["message"] == "earned only when float32 passes"
+    assert fuse == rows()[2]
+    got = rows()
+    grade.grade_kernels(got, checks, [(False, "_softmax_kernel (...) fits A100 (...)")])
+    assert (got[0]["status"], got[0]["points"]) == ("passed", 1.0) and len(got[0]["aspects"]) == 3
+    got = rows()
+    grade.grade_kernels(got, checks, [(True, "Triton kernels: not compiled for a GPU here (OverBudget: ...)")])
+    assert got[0]["points"] == 0.75, "no verdict, when it is worth points: not earned"
+    got = rows()
+    grade.grade_kernels(got, checks, [])
+    assert got[0]["points"] == 0.75 and "not found among your answer cells" in got[0]["message"]
+
+
+def test_graded_kernels_refuse_a_target_the_lessons_own_tiles_do_not_fit(monkeypatch):
+    from autograder import grade
+    from autograder.results import UsageError
+
+    grade.check_reference_kernels(["06_gpu"])  # its own kernels fit an A100: grading may start
+    monkeypatch.setattr(fit, "A100_TILES", dict(fit.A100_TILES, BLOCK_Q=256, BLOCK_K=256, BLOCK_D=256, num_stages=4))
+    with pytest.raises(UsageError, match="06_gpu's own kernels do not pass: _attention_kernel does not fit A100"):
+        grade.check_reference_kernels(["06_gpu"])
+
+
 @pytest.mark.slow
-def test_grade_kernels_says_in_the_feedback_what_the_compiler_refuses_and_takes_no_points(tmp_path):
-    """grade --kernels on a lesson 06 submission with both slips: full marks (they run right in the interpreter),
-    and its feedback names each one's problem, compiled in the submission's sandbox."""
+@pytest.mark.parametrize("mode", ["note", "graded"])
+def test_grade_kernels_says_in_the_feedback_what_the_compiler_refuses(tmp_path, mode):
+    """grade --kernels on a lesson 06 submission with both slips, compiled in the submission's sandbox, and on the
+    solution: the feedback names each one's problem; as a note, full marks (they run right in the interpreter);
+    graded, each launcher's test loses the kernel's aspect, and the solution keeps every point."""
     import subprocess
     import sys
 
+    from autograder import grade
     from autograder import notebook as nbk
     from autograder.release import release
     from tests.harness.grading import read_grades
@@ -280,6 +356,7 @@ def test_grade_kernels_says_in_the_feedback_what_the_compiler_refuses_and_takes_
         fill(rel, "06_gpu", {"_attention_kernel": DOT_ON_8, "_softmax_kernel": IF_ON_A_BLOCK}),
         tmp_path / "subs" / "ada" / "06_gpu" / "06_gpu.ipynb",
     )
+    nbk.write(fill(rel, "06_gpu"), tmp_path / "subs" / "bo" / "06_gpu" / "06_gpu.ipynb")
     done = subprocess.run(
         [
             sys.executable,
@@ -291,7 +368,7 @@ def test_grade_kernels_says_in_the_feedback_what_the_compiler_refuses_and_takes_
             str(tmp_path / "results"),
             "--lesson",
             "06_gpu",
-            "--kernels",
+            {"note": "--kernels", "graded": "--kernels-graded"}[mode],
             "--quiet",
         ],
         capture_output=True,
@@ -300,7 +377,13 @@ def test_grade_kernels_says_in_the_feedback_what_the_compiler_refuses_and_takes_
     )
     assert done.returncode == 0, done.stderr[-3000:]
     grades = read_grades(tmp_path / "results")
-    assert all((r["status"], r["points"]) == ("passed", r["max_points"]) for r in grades.values()), grades
-    feedback = "\n".join(p.read_text() for p in (tmp_path / "results" / "feedback").rglob("*.html"))
-    assert "Triton kernels (a note, not graded): _attention_kernel" in feedback
+    lost = {"note": {}, "graded": {"test_triton_softmax": 0.25, "test_triton_attention": 0.5}}[mode]
+    for (student, _, test), r in grades.items():
+        most = float(r["max_points"])
+        want = most - (lost.get(test, 0) if student == "ada" else 0)
+        assert (r["status"], float(r["points"])) == ("passed" if want == most else "failed", want), (student, r)
+    feedback = (tmp_path / "results" / "feedback" / "ada" / "06_gpu.html").read_text()
+    how = "graded: an aspect of the test of its launcher" if mode == "graded" else "a note, not graded"
+    assert f"Triton kernels ({how}): _attention_kernel" in feedback
     assert "at least 16 x 16" in feedback and "Python `if` on a block-shaped tensor" in feedback
+    assert (mode == "graded") == (grade.KERNEL_ASPECT in feedback)

@@ -16,13 +16,17 @@ MEMORY_BOUND = {
 
 def graded_by_the_grader(lesson, name, index, mistake):
     """Whether the real-grader test (tests/harness/grading.py) grades this mutant too; test_checks judges every one
-    (those of MEMORY_BOUND in a fresh interpreter, as the grader does). The grader sees those whose verdict the
-    sandbox may change: a cost to an aspect or to another name's points; of the rest, the first of each name and,
-    for the memory-bound names, every third, stand for the pipeline."""
+    (those of MEMORY_BOUND in a fresh interpreter, as the grader does). The grader sees every kind of verdict: each
+    mutant that only evidence shows (memory, a tripwire: the sandbox's) or that costs another name's points (memory
+    its cells keep), the first of each name, the first to cost each of its aspects, and every third of a memory-bound
+    name (its verdicts pass a bound the sandbox sets). The others differ from one of those in values only, which the
+    sandbox does not change, and would each cost a notebook's grading (3 s of CPU in lesson 09)."""
+    aspect = getattr(mistake, "aspect", "")
     return (
-        bool(getattr(mistake, "aspect", ""))
+        index == 0
+        or getattr(mistake, "evidence", False)
         or bool(also_loses(lesson, mistake[0]))
-        or index == 0
+        or (bool(aspect) and all(getattr(m, "aspect", "") != aspect for m in for_lesson(lesson).MUTANTS[name][:index]))
         or ((lesson, name) in MEMORY_BOUND and index % 3 == 0)
     )
 

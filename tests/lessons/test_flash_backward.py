@@ -252,3 +252,68 @@ def test_d_per_pair_is_read_from_the_cells_values_only():
         [source.replace("dq[:, :, qs:qe] += ds @ kb * scale", "dq[:, :, qs:qe] += (ds @ kb * scale).to(out.dtype)")]
     )
     assert not any(d_per_pair([code]) for _, code in mistakes.variants("09_flash_backward")["flash_attention_backward"])
+    # D from a product of out's values, reduced before the loops, is no name for out read in the inner loop
+    in_place = source.replace("(dout.to(dtype) * out.to(dtype)).sum(dim=-1)", "out.to(dtype).mul_(dout).sum(dim=-1)")
+    assert in_place != source and not d_per_pair([in_place])
+
+
+def test_the_long_cases_blame_no_precision_for_wrong_values():
+    """The "tiled" aspect compares a long case's gradients, earned only when "values" passed: a top-left causal
+    mask, whose last keys' gradients in the row case are 0 where the truth's are within float32 rounding of it (dq is
+    left to other cases there), is told its gradients differ, not that float64 inputs were computed in float32."""
+    from autograder.checking import mistakes, reference
+    from autograder.lessons.flash_backward import checks
+    from autograder.sandbox import helpers
+
+    [top_left] = [
+        fn
+        for m, fn in mistakes.defined("09_flash_backward", "flash_attention_backward")
+        if m.what == "causal mask top-left"
+    ]
+    tq, bq, tk, bk = (checks.BACKWARD_ROW[key] for key in ("tq", "bq", "tk", "bk"))
+    q, k, v, do = helpers.draw(0, checks._drawn_specs(tq, tk))
+    out, lse = flash_attention_forward(q, k, v, True, bq, bk)
+    got = reference(tuple(g[:, :, -checks.SUFFIX :] for g in top_left(q, k, v, out, lse, do, True, bq, bk)))
+    shapes = [q.shape, k.shape, v.shape]
+    with pytest.raises(AssertionError) as caught:
+        checks._expect_long_grads(got, [q, k, v, out, lse, do], True, "the row case", shapes=shapes, compare_dq=False)
+    assert "differs" in str(caught.value) and "float32" not in str(caught.value), caught.value
+
+
+def test_the_introduction_names_the_sections_that_need_a_gpu():
+    """Each demonstration that runs only on a GPU (DEVICE != "cuda" skips it) is in a section the introduction
+    names."""
+    import re
+
+    from autograder import notebook as nbk
+
+    cells = nbk.read(nbk.lesson_path(LESSON))["cells"]
+    section, gpu_only = None, set()
+    for cell in cells:
+        source = nbk.source(cell)
+        if cell["cell_type"] == "markdown":
+            section = ([section] + re.findall(r"^## (\d+)\.", source, re.M))[-1]
+        elif source.startswith("# Demonstration") and 'DEVICE != "cuda"' in source:
+            gpu_only.add(section)
+    named = set(re.findall(r"sections? (\d+)", nbk.source(cells[0])))
+    assert gpu_only and gpu_only <= named, (
+        f"sections {sorted(gpu_only)} run only on a GPU; the introduction names {named}"
+    )
+
+
+def test_a_tile_end_past_the_keys_costs_no_inputs_kept():
+    """A mask built for block_k keys where the last tile holds fewer raises in the causal cases: it costs them, named,
+    but not "inputs kept", whose call is of whole tiles."""
+    from autograder.checking import mistakes
+    from tests.harness.checks import fresh_namespace, verify
+
+    [code] = [
+        m.code
+        for m in mistakes.mutants(LESSON)["flash_attention_backward"]
+        if m.what == "causal: the last key tile's mask of block_k keys, past Tk"
+    ]
+    with pytest.raises(AssertionError) as caught:
+        verify(LESSON, "flash_attention_backward", fresh_namespace(LESSON, {"flash_attention_backward": code}))
+    failed = {r["aspect"] for r in caught.value.rows if not r["passed"]}
+    assert "causal" in failed and "inputs kept" not in failed, failed
+    assert "min(ks + block_k, Tk)" in str(caught.value)

@@ -21,6 +21,7 @@ mistake in those costs points on their own tests only.
 """
 
 import ast
+import contextlib
 import math
 from types import SimpleNamespace
 
@@ -31,11 +32,11 @@ from autograder.checking import (
     HEADROOM_MB,
     Checks,
     StudentError,
+    changed_arguments,
     close,
     evidence_times,
     expect_array,
     fail,
-    keeps_argument,
     kind_of,
     mistakes,
     reference,
@@ -66,9 +67,15 @@ TOL = {"float64": 1e-10, "float32": 1e-4, "float16": 2e-3, "bfloat16": 1.6e-2}
 UNIT = {"float64": 2.0**-53, "float32": 2.0**-24}  # unit roundoff of the arithmetic
 GRADS = ("dq", "dk", "dv")
 AXES = {"dq": ("B", "H", "Tq", "Dh"), "dk": ("B", "H", "Tk", "Dh"), "dv": ("B", "H", "Tk", "Dh")}
-FLOAT64, ORDER, IN_PLACE, DQ_KEPT, D_PER_PAIR, SAVED = (
-    getattr(mistakes.for_lesson(LESSON), n) for n in ("FLOAT64", "ORDER", "IN_PLACE", "DQ_KEPT", "D_PER_PAIR", "SAVED")
+FLOAT64, ORDER, DQ_KEPT, D_PER_PAIR, SAVED, TILE_END, in_place = (
+    getattr(mistakes.for_lesson(LESSON), n)
+    for n in ("FLOAT64", "ORDER", "DQ_KEPT", "D_PER_PAIR", "SAVED", "TILE_END", "in_place")
 )
+
+
+BACKWARD_NAMES = ("q", "k", "v", "dout")  # attention_backward's tensor inputs
+FORWARD_NAMES = ("q", "k", "v")
+FLASH_BACKWARD_NAMES = ("q", "k", "v", "out", "lse", "dout")
 
 
 def _torch_dtype(name):
@@ -92,6 +99,44 @@ def _inputs(rng, b, h, tq, tk, dh, name, scale=2.0):
     return q, k, v, rng.standard_normal((b, h, tq, dh)).astype(dtype)
 
 
+# ---- inputs kept ---------------------------------------------------------------------------------
+
+
+def _expect_kept(s, fn_name, what, names, *args, **kwargs):
+    """fn_name(*args, **kwargs) leaves every numpy array among args (sent as tensors) as it was; the failure names
+    those it changed (names: of every argument, by position). .to(dtype) returns the input itself in its own dtype,
+    so a float64 or float32 call is where an in-place slip shows."""
+    got, changed = changed_arguments(s, s.get(fn_name, "__call__"), *args, **kwargs)
+    if changed:
+        fail(f"{what}: {in_place([names[i] for i in changed])}")
+    return got
+
+
+@contextlib.contextmanager
+def _in_place_first(s, fn_name, what, names, args, **kwargs):
+    """A failure in the block names the inputs fn_name(*args, **kwargs) changes in place, where it changes any: a
+    later tile then reads the changed values, and the differing values the failure names are only their effect.
+    args None: not looked for (bfloat16 inputs, which the student gets rounded: kept ones differ from the arrays)."""
+    try:
+        yield
+    except AssertionError:
+        if args is not None:
+            _expect_kept(s, fn_name, what, names, *args, **kwargs)
+        raise
+
+
+@contextlib.contextmanager
+def _naming_tile_ends():
+    """A size mismatch the student's tiled code raises names its likely cause: a tile's end past the last position
+    (a mask built for block_k keys where the last tile holds fewer)."""
+    try:
+        yield
+    except StudentError as e:
+        if "must match the size of tensor" in e.raw_message:
+            fail(f"your code raised {e.type}: {e.message}. Likely {TILE_END}")
+        raise
+
+
 # ---- gradients ---------------------------------------------------------------------------------
 
 
@@ -103,10 +148,12 @@ def _as(array, dtype):
     return Array(array.kind, dtype, array.data, device=array.device)
 
 
-def _expect_grads(got, want, what, name, mistaken=lambda: [], atols=None):
+def _expect_grads(got, want, what, name, mistaken=lambda: [], atols=None, precision=True):
     """got: the student's (dq, dk, dv); want: the exact three (reference(..., dtype=name)). Most specific first:
     a known mistake (mistaken(): [(message, (dq, dk, dv))]), the wrong order, float64 computed in float32,
-    then each gradient on its own. atols: per gradient, where the contract's tolerance is not the right one."""
+    then each gradient on its own. atols: per gradient, where the contract's tolerance is not the right one.
+    precision=False: float64 computed in float32 is not looked for (a long case, judged after "values" passed in
+    float64, where gradients of ~1/Tk are all within float32 rounding of a wrong answer's)."""
     if not isinstance(got, (tuple, list)) or len(got) != 3:
         fail(
             f"{what} should return three gradients (dq, dk, dv), but returned {kind_of(got)}"
@@ -128,7 +175,8 @@ def _expect_grads(got, want, what, name, mistaken=lambda: [], atols=None):
     ):
         fail(f"{what}: {ORDER}")
     if (
-        name == "float64"
+        precision
+        and name == "float64"
         and all(isinstance(g, Array) and g.dtype == "float64" for g in got)
         and all(
             close(_as(g, "float32"), _as(w, "float32"), rtol=1e-300, atol=_atol(w, "float32"))
@@ -170,7 +218,7 @@ def _mistaken(fn_name, q, k, v, dout, causal, name, *extra, forward=False):
             ]
         return [
             (m.message, reference(tuple(got)))
-            for m, got in mistakes.on(LESSON, fn_name, *args, causal, *extra)
+            for m, got in mistakes.on(LESSON, fn_name, *args, causal, *extra, fresh=True)
             if isinstance(got, tuple) and len(got) == 3
         ]
 
@@ -180,7 +228,9 @@ def _mistaken(fn_name, q, k, v, dout, causal, name, *extra, forward=False):
 # ---- attention_backward ------------------------------------------------------------------------
 
 
-@CHECKS.add("attention_backward", aspects={"values": 3, "causal": 2, "half precision": 1, "by hand": 2})
+@CHECKS.add(
+    "attention_backward", aspects={"values": 3, "causal": 2, "half precision": 1, "by hand": 2, "inputs kept": 1}
+)
 def attention_backward(s):
     rng = s.rng
     # (aspect, dtype, (B, H, Tq, Tk, Dh), causal, scale of q and k)
@@ -198,13 +248,17 @@ def attention_backward(s):
         with s.aspect(aspect):
             q, k, v, dout = _inputs(rng, b, h, tq, tk, dh, name, scale)
             got = s.call("attention_backward", *(_send(a, name) for a in (q, k, v, dout)), causal=causal)
-            _expect_grads(
-                got,
-                _truth(q, k, v, dout, causal, name),
-                f"attention_backward(q, k, v, dout, causal={causal}) in {name}",
-                name,
-                _mistaken("attention_backward", q, k, v, dout, causal, name),
-            )
+            what = f"attention_backward(q, k, v, dout, causal={causal}) in {name}"
+            with _in_place_first(
+                s, "attention_backward", what, BACKWARD_NAMES, None if name == "bfloat16" else [q, k, v, dout, causal]
+            ):
+                _expect_grads(
+                    got,
+                    _truth(q, k, v, dout, causal, name),
+                    what,
+                    name,
+                    _mistaken("attention_backward", q, k, v, dout, causal, name),
+                )
     with s.aspect(
         "by hand"
     ):  # with autograd and PyTorch's attention kernels off (lessons/09_flash_backward/lesson.toml)
@@ -217,6 +271,11 @@ def attention_backward(s):
                 f"attention_backward(q, k, v, dout, causal={causal}) in float64",
                 "float64",
             )
+    with s.aspect("inputs kept"):
+        for name, causal in (("float64", False), ("float32", True)):
+            q, k, v, dout = _inputs(rng, 2, 2, 6, 9, 8, name)
+            what = f"attention_backward(q, k, v, dout, causal={causal}) in {name}"
+            _expect_kept(s, "attention_backward", what, BACKWARD_NAMES, q, k, v, dout, causal)
 
 
 # ---- flash_attention_forward -------------------------------------------------------------------
@@ -339,7 +398,7 @@ def flash_attention_forward(s):
         ("float16", np.float16, (2, 3, 64, 64, 32), False, 32, 32, 1.0, True),
     ]
     for aspect, dtype, (b, h, tq, tk, dh), causal, bq, bk, scale, positional in cases:
-        with s.aspect(aspect):
+        with s.aspect(aspect), _naming_tile_ends():
             name = np.dtype(dtype).name
             q, k, v = qkv(rng, b, h, tq, tk, dh, dtype, scale) if scale else _large_scores(rng, b, h, tq, tk, dh)
             blocks = () if bq is None else (bq, bk)
@@ -362,19 +421,20 @@ def flash_attention_forward(s):
             )
             want_lse, largest = _exact_lse(q, k, causal)
             lse_mistaken = _forward_mistakes(q, k, v, causal, (bq, bk), name)
-            if aspect == "large scores":  # lse first: it names the slip (an overflow, one shift) that out's NaN hides
+            with _in_place_first(s, "flash_attention_forward", what, FORWARD_NAMES, [q, k, v, *args], **kwargs):
+                if aspect == "large scores":  # lse first: it names the slip (an overflow, one shift) out's NaN hides
+                    _expect_lse(lse, want_lse, largest, what, name, tk, dh, lse_mistaken, slips)
+                expect_attention(out, want, what, mistaken, tq, [bq], cond)
                 _expect_lse(lse, want_lse, largest, what, name, tk, dh, lse_mistaken, slips)
-            expect_attention(out, want, what, mistaken, tq, [bq], cond)
-            _expect_lse(lse, want_lse, largest, what, name, tk, dh, lse_mistaken, slips)
     with s.aspect("inputs kept"):
-        q, k, v = qkv(rng, 2, 2, 20, 30, 8, np.float32)
-        _, kept = keeps_argument(s, s.get("flash_attention_forward", "__call__"), q, tensor(k), tensor(v), True, 8, 8)
-        if not kept:
-            fail(f"flash_attention_forward(q, k, v) in float32: {IN_PLACE}")
+        for dtype in (np.float32, np.float64):
+            q, k, v = qkv(rng, 2, 2, 24, 32, 8, dtype)  # whole tiles: a slip at a tail is not this aspect's
+            what = f"flash_attention_forward(q, k, v, causal=True) in {np.dtype(dtype).name}"
+            _expect_kept(s, "flash_attention_forward", what, FORWARD_NAMES, q, k, v, True, 8, 8)
     with s.aspect("lse dtype"):
         if slips:
             fail(slips[0])
-    with s.aspect("tiled"):
+    with s.aspect("tiled"), _naming_tile_ends():
         _expect_forward_tiled(s, rng)
 
 
@@ -469,7 +529,12 @@ def _expect_long_grads(got, arrays, causal, what, forward_length=0, shapes=None,
     want += ref.flash_attention_backward(*keys, causal, *_big_blocks(tq, cols.stop - cols.start))[1:]
     atols += _grad_atol(*keys, causal, forward_length, name)[1:]
     _expect_grads(
-        got, [reference(g, dtype=name) for g in want], what + " (its last queries and keys)", name, atols=atols
+        got,
+        [reference(g, dtype=name) for g in want],
+        what + " (its last queries and keys)",
+        name,
+        atols=atols,
+        precision=False,
     )
 
 
@@ -680,14 +745,23 @@ def _reads_out_per_pair(fn, loop):
     return False
 
 
+# methods whose result holds the values of the tensor they are called on: a cast, a copy or a view of it
+_SAME_VALUES = {"to", "float", "double", "half", "bfloat16", "type", "type_as", "clone", "detach", "contiguous", "cpu"}
+_SAME_VALUES |= {"cuda", "view", "view_as", "reshape", "squeeze", "unsqueeze", "flatten", "transpose", "permute"}
+
+
 def _aliases(fn, name):
-    """name and the names fn binds to it through method calls alone (o = out.to(work), out.float()): the same
-    tensor, or a copy of it, under another name."""
+    """name and the names fn binds to it through casts, copies and views alone (o = out.to(work), out.float()): the
+    same values under another name. D = out.to(work).mul_(dout).sum(-1) is no such name: a product reduced."""
     found = {name}
     for node in ast.walk(fn):
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             value = node.value
-            while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute):
+            while (
+                isinstance(value, ast.Call)
+                and isinstance(value.func, ast.Attribute)
+                and value.func.attr in _SAME_VALUES
+            ):
                 value = value.func.value
             if isinstance(value, ast.Name) and value.id == name:
                 found.add(node.targets[0].id)
@@ -696,7 +770,7 @@ def _aliases(fn, name):
 
 @CHECKS.add(
     "flash_attention_backward",
-    aspects={"values": 3, "causal": 1, "half precision": 1, "D once": 1, "tiled": 3},
+    aspects={"values": 3, "causal": 1, "half precision": 1, "D once": 1, "inputs kept": 1, "tiled": 3},
     memory_bound=True,
 )
 def flash_attention_backward(s):
@@ -713,7 +787,7 @@ def flash_attention_backward(s):
         ("half precision", "bfloat16", (2, 3, 64, 64, 32), False, 32, 32, 1.0, True),
     ]
     for aspect, name, (b, h, tq, tk, dh), causal, bq, bk, scale, positional in cases:
-        with s.aspect(aspect):
+        with s.aspect(aspect), _naming_tile_ends():
             q, k, v, dout = _inputs(rng, b, h, tq, tk, dh, name, scale)
             q64, k64, v64 = (_exact64(a, name) for a in (q, k, v))
             out64, lse64 = ref.flash_attention_forward(q64, k64, v64, causal)
@@ -731,13 +805,17 @@ def flash_attention_backward(s):
                 f"flash_attention_backward(q, k, v, out, lse, dout, causal={causal}"
                 f"{', block_q, block_k' if blocks else ''}) in {name}"
             )
-            _expect_grads(
-                got,
-                _truth(q, k, v, dout, causal, name),
-                what,
-                name,
-                _mistaken("flash_attention_backward", q, k, v, dout, causal, name, bq or 64, bk or 64, forward=True),
-            )
+            given = None if name == "bfloat16" else [q, k, v, out.numpy(), lse.numpy(), dout, *args]
+            with _in_place_first(s, "flash_attention_backward", what, FLASH_BACKWARD_NAMES, given, **kwargs):
+                _expect_grads(
+                    got,
+                    _truth(q, k, v, dout, causal, name),
+                    what,
+                    name,
+                    _mistaken(
+                        "flash_attention_backward", q, k, v, dout, causal, name, bq or 64, bk or 64, forward=True
+                    ),
+                )
             if (aspect, name) == ("values", "float64"):  # the same call again gives the same gradients
                 again = s.call("flash_attention_backward", *sent, *args, **kwargs)
                 if not (
@@ -749,8 +827,18 @@ def flash_attention_backward(s):
     with s.aspect("D once"):
         if s.sources and d_per_pair(s.readable_sources()):
             fail(D_PER_PAIR)
-    with s.aspect("tiled"):
+    with s.aspect("tiled"), _naming_tile_ends():
         _expect_backward_tiled(s, rng)
+    with s.aspect("inputs kept"):
+        for name, causal in (("float64", False), ("float32", True)):
+            q, k, v, dout = _inputs(rng, 2, 2, 24, 32, 8, name)  # whole tiles: a slip at a tail is not this aspect's
+            out, lse = (
+                t.numpy() for t in ref.flash_attention_forward(*(torch.from_numpy(a) for a in (q, k, v)), causal)
+            )
+            what = f"flash_attention_backward(q, k, v, out, lse, dout, causal={causal}, 8, 8) in {name}"
+            _expect_kept(
+                s, "flash_attention_backward", what, FLASH_BACKWARD_NAMES, q, k, v, out, lse, dout, causal, 8, 8
+            )
 
 
 # ---- FlashAttention ----------------------------------------------------------------------------

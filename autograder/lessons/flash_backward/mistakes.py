@@ -7,7 +7,7 @@ exactly its mistake. Those with a message are run by the checks on their own inp
 
 import importlib
 
-from autograder.checking.mistakes import Mistake
+from autograder.checking.mistakes import Mistake, edited
 
 _GPU = importlib.import_module("autograder.lessons.gpu.mistakes")
 
@@ -281,6 +281,16 @@ NO_DIAGONAL = (
     "with causal=True the tiles the diagonal crosses are not masked inside: skipping the fully masked tiles "
     "is not enough, mask each crossed tile's scores bottom-right (query i sees key j iff j <= i + Tk - Tq)"
 )
+TILE_END = (
+    "a tile's end is past the last position: the last tile of keys ends at min(ks + block_k, Tk), and of queries "
+    "at min(qs + block_q, Tq). A slice stops there by itself, but a mask of range(ks, ks + block_k) does not, so "
+    "its size no longer matches the tile's scores"
+)
+SKIPPED = (
+    "with causal=True a query tile that sees part of a key tile is skipped: only a query tile that sees none of its "
+    "keys may be, so start the query loop at the tile that holds the first query seeing key ks, "
+    "(ks - (Tk - Tq)) // block_q * block_q (rounded down, not up)"
+)
 FLOAT64 = (
     "float64 inputs were computed in float32 (the result is as far from the exact answer as float32 rounding "
     "goes). Compute in float64 for float64 inputs: torch.promote_types(q.dtype, torch.float32) picks the dtype"
@@ -300,10 +310,18 @@ KEY_END = (
     "a key tile (the key loop's end is one short): loop over keys up to min(Tk, qe + Tk - Tq), qe the query "
     "tile's end"
 )
-IN_PLACE = (
-    "q was changed in place: .to(dtype) returns q itself when it already has that dtype, so qb *= scale or "
-    "qb.mul_(scale) scales the caller's q (a second call is then wrong); scale a new tensor, qb = q[...] * scale"
-)
+
+
+def in_place(names):
+    """What the checks say of the inputs (their names) a call changed in place."""
+    return (
+        f"{' and '.join(names)} {'was' if len(names) == 1 else 'were'} changed in place: .to(dtype) returns the "
+        "tensor itself when it already has that dtype (and a slice is a view of it), so qb *= scale, "
+        "qb.mul_(scale) or out.to(dtype).mul_(dout) changes the caller's tensor (a second call, or the next tile "
+        "that reads it, is then wrong); compute a new tensor, qb = q[...].to(dtype) * scale"
+    )
+
+
 SAVED = (
     "FlashAttention must save exactly q, k, v, out, lse with ctx.save_for_backward, in that order, and keep no "
     "other tensor on ctx (causal as a plain attribute, ctx.causal = causal): the backward needs out and lse, "
@@ -383,6 +401,19 @@ MUTANTS = {
         Mistake("dS without subtracting D", "P * (dP - D)", _naive(ds="p * dp"), message=NO_D, aspect="values"),
         Mistake("causal mask top-left", "top-left", _naive(offset="0"), message=TOP_LEFT, aspect="causal"),
         Mistake("gradients in the wrong order", "order", _naive(result="dk.to(dtype), dq.to(dtype), dv.to(dtype)")),
+        Mistake(
+            "q scaled in place: .to() returns q itself",
+            "in place",
+            edited(
+                _naive(),
+                (
+                    "    s = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))",
+                    "    q *= scale\n    s = q @ k.transpose(-2, -1)",
+                ),
+                ("dk = ds.transpose(-2, -1) @ q * scale", "dk = ds.transpose(-2, -1) @ q"),
+            ),
+            aspect="inputs kept",
+        ),
         Mistake("float64 inputs computed in float32", "float64", _naive(work="torch.float32")),
         Mistake("half precision returned in float32", "float16", _naive(result="dq, dk, dv")),
         Mistake(
@@ -448,7 +479,21 @@ def attention_backward(q, k, v, dout, causal=False):
             "queries scaled in place: .to() returns q itself",
             "in place",
             _forward().replace(".to(acc_dtype) * scale", ".to(acc_dtype).mul_(scale)"),
-            message=IN_PLACE,
+            message=in_place(["q"]),
+            aspect="inputs kept",
+        ),
+        Mistake(
+            "keys scaled in place once, before the loops: .to() returns k itself",
+            "in place",
+            edited(
+                _forward(),
+                (
+                    "    for qs in range(0, Tq, block_q):",
+                    "    kt = k.to(acc_dtype)\n    kt *= scale\n    for qs in range(0, Tq, block_q):",
+                ),
+                (".to(acc_dtype) * scale", ".to(acc_dtype)"),
+                ("kb = k[:, :, ks:ks + block_k].to(acc_dtype)", "kb = kt[:, :, ks:ks + block_k]"),
+            ),
             aspect="inputs kept",
         ),
         Mistake(
@@ -528,6 +573,27 @@ def flash_attention_forward(q, k, v, causal=False, block_q=64, block_k=64):
             aspect="causal",
         ),
         Mistake(
+            "causal: the query tile the first visible query is in is skipped (rounded up)",
+            "rounded down",
+            edited(
+                _backward(),
+                (
+                    "            n = qb.size(2)\n",
+                    "            n = qb.size(2)\n"
+                    "            if causal and qs < -(-(ks - (Tk - Tq)) // block_q) * block_q:\n"
+                    "                continue\n",
+                ),
+            ),
+            message=SKIPPED,
+            aspect="causal",
+        ),
+        Mistake(
+            "causal: the last key tile's mask of block_k keys, past Tk",
+            "min(ks + block_k, Tk)",
+            edited(_backward(), ("torch.arange(ks, ks + kb.size(2)) > rows", "torch.arange(ks, ks + block_k) > rows")),
+            aspect="causal",
+        ),
+        Mistake(
             "tail tile of keys dropped",
             "last",
             _backward(k_stop="Tk - block_k + 1"),
@@ -573,6 +639,28 @@ def flash_attention_forward(q, k, v, causal=False, block_q=64, block_k=64):
             message=D_PER_PAIR,
             aspect="D once",
             evidence=True,
+        ),
+        Mistake(
+            "out changed in place computing D: out.to(work).mul_(dout)",
+            "in place",
+            edited(
+                _backward(),
+                ("(dout.to(work) * out.to(work)).sum(", "out.to(work).mul_(dout.to(work)).sum("),
+            ),
+            aspect="inputs kept",
+        ),
+        Mistake(
+            "each query tile scaled in place, once per key tile: .to() returns a view of q",
+            "in place",
+            edited(
+                _backward(),
+                (
+                    "s = qb @ kb.transpose(-2, -1) / math.sqrt(q.size(-1))",
+                    "qb *= scale\n            s = qb @ kb.transpose(-2, -1)",
+                ),
+                ("@ qb * scale", "@ qb"),
+            ),
+            aspect="inputs kept",
         ),
         Mistake("float64 inputs computed in float32", "float64", _backward(work="torch.float32")),
         Mistake(

@@ -1,12 +1,19 @@
 """Known mistakes and correct variants of lesson 10 (relation_accuracy, offset_baseline, rare_word_score,
 head_importance, prune_heads)."""
 
-from autograder.checking.mistakes import Mistake
+from autograder.checking.mistakes import Mistake, edited
 
 _RAISES = """
 def {sig}:
     raise ValueError("not this input")
 """
+
+# What the visible test and the check say of a key compared by its position with the minimum's
+TIES_OF_COUNTS = (
+    "ties of counts: every key whose count equals the lowest count among tokens[0..i] qualifies, a copy of the "
+    "rarest token included, not only one position of the minimum (torch.cummin's indices give the last among equal "
+    "counts, argmin the first position of the minimum): compare counts, count[top] == lowest"
+)
 
 _RARE = """
 def rare_word_score(pattern, tokens, counts):
@@ -307,6 +314,12 @@ def offset_baseline(pairs):
             "i = 1..T-1",
             _rare(mean="hit.to(pattern.dtype).mean(dim=-1)"),
             message="average over the queries i = 1..T-1 (T-1 of them), position 0 left out",
+        ),
+        Mistake(
+            "the key compared with the position of the minimum (torch.cummin's indices), not its count",
+            "position of the minimum",
+            edited(_rare(), ("hit = count[top] == lowest", "hit = top == count.cummin(dim=0).indices")),
+            message=TIES_OF_COUNTS,
         ),
         Mistake(
             "one token id as the rarest, though another has the same count",
