@@ -840,6 +840,11 @@ class Session:
             return self._bound(request)
         if request.get("op") in ("forbid", "unforbid", "elsewhere", "here"):
             return self._kind(request)
+        if request.get("op") == "restore" and (self.data is None or self.serving != (self.forbid, self.elsewhere)):
+            if self.data is not None:  # replaced at the next request: ended now, so that none keeps the stand-ins
+                self.close()
+                self.starts -= 1
+            return {"ok": None}  # the next request runs in a fresh child, where nothing is isolated: none is started
         if request.get("op") == "cpu":  # Subject.cpu_seconds: the worker reads it, never the child
             self._serve()  # the child that serves the next call: the one to read
             return {"ok": self.sandbox.cpu()}

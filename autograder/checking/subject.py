@@ -74,8 +74,13 @@ class Subject:
         self.sources = [str(c) for c in sources]
         self._aspects = None
         self._isolated = ()  # the names isolate() replaced, until restore()
+        # isolate() is due again before the next request: the process serving it may be a fresh one, which runs the
+        # notebook's own names (after memory_bound, forbidding and elsewhere). Sent when a request comes, not when the
+        # block ends: a block that ends the check (restore) then starts no process only to isolate it.
+        self._isolation_due = False
         self.held_mb = 0  # see memory_bound()
         self._calls = 0  # calls sent (forbidding() counts those of its block)
+        self._forbidding = None  # inside forbidding(): [its paths, self._calls when the paths were last found off]
 
     def readable_sources(self):
         """The sources of up to MAX_CELL_CHARS characters, for a check that parses them on the grader's side, whose
@@ -88,6 +93,8 @@ class Subject:
         return read
 
     def _request(self, request, callback=None):
+        if self._isolation_due:
+            self.isolate(self._isolated)
         self._calls += request.get("op") == "call"
         reply = self._transport(request, callback=callback) if callback else self._transport(request)
         if not isinstance(reply, dict):
@@ -165,7 +172,11 @@ class Subject:
         above it): a check that allows it sizes its forbidden layout from self.held_mb, well above
         self.held_mb + memory_mb + 64 MiB (a buffer kept before the block is then too small to hold it).
         inputs_mb: what the check's own inputs take, made inside the block (helpers.drawn_calls), on top of
-        memory_mb, which is then the answer's working memory alone."""
+        memory_mb, which is then the answer's working memory alone.
+        Inside forbidding(), a block whose calls succeeded has the paths probed in its process before that
+        process ends (_still_forbidding): no fresh one is started only to probe them."""
+        if self._isolation_due:  # before the bound: the stand-ins are no part of what it counts
+            self.isolate(self._isolated)
         reply = self._transport(
             {"op": "bound", "mb": int(memory_mb), "headroom": int(headroom_mb), "inputs": int(inputs_mb)}
         )
@@ -173,15 +184,18 @@ class Subject:
         self.held_mb = held if isinstance(held, int) else 0
         if isinstance(reply, dict) and "refused" in reply:
             self._transport({"op": "unbound"})
+            self._isolation_due = bool(self._isolated)  # that process is ended too
             if isinstance(held, int):
                 raise OverBudget(str(reply["refused"]))
             raise AssertionError(f"your code's memory could not be checked: {reply['refused']}")
+        calls = self._calls
         try:
             yield
+            if self._forbidding and self._calls > calls:  # probed before the process ends: see _still_forbidding
+                self._still_forbidding(bounded=True)
         finally:
             self._transport({"op": "unbound"})
-            if self._isolated:  # the fresh process runs the notebook's own names again
-                self.isolate(self._isolated)
+            self._isolation_due = bool(self._isolated)
 
     def cpu_seconds(self):
         """The CPU seconds the student's process has used so far: in the sandbox read by its worker from outside the
@@ -234,29 +248,42 @@ class Subject:
         manifest names ([forbids]); a check whose blocks call nothing would enforce nothing (a bug of ours, which
         _Aspects.verdict raises)."""
         self._transport({"op": "forbid", "paths": list(paths)})
-        if self._isolated:  # the next process runs the notebook's own names again (as after memory_bound)
-            self.isolate(self._isolated)
+        self._isolation_due = bool(self._isolated)
         calls = self._calls
+        self._forbidding = [list(paths), calls]
         try:
             yield
-            if self._calls > calls:
-                self._still_forbidding(paths)
+            if self._calls > self._forbidding[1]:
+                self._still_forbidding()
         finally:
+            self._forbidding = None
             if self._aspects:
                 self._aspects.forbidden_calls += self._calls - calls
             self._transport({"op": "unforbid"})
-            if self._isolated:
-                self.isolate(self._isolated)
+            self._isolation_due = bool(self._isolated)
 
-    def _still_forbidding(self, paths):
-        """Fail unless the paths are still off where the block's calls ran (tripwires.probe says what turning them
-        back on takes, and what this second layer is worth). The probe is not counted as a call of the block."""
-        calls = self._calls
+    def _still_forbidding(self, bounded=False):
+        """Fail unless the forbidding block's paths are still off where its calls ran (tripwires.probe says what
+        turning them back on takes, and what this second layer is worth). The probe is not counted as a call of the
+        block. bounded: asked by memory_bound before it ends the process its calls ran in, which is confined (no other
+        process of the student's, runner.confine) and switched the paths off before any cell ran, as a fresh process
+        would be: the probe there sees what the cells and the calls themselves did, where one in a fresh process sees
+        the cells only, and costs no process of its own. A probe the bound stops there (out of memory, the process
+        ended) is left to the block's end, in a fresh process, as it was before."""
+        paths, calls = self._forbidding[0], self._calls
         try:
-            lost = self.helper("tripwires_probe", list(paths))
+            lost = self.helper("tripwires_probe", paths)
         except StudentError as e:
+            if bounded and (e.is_a("MemoryError") or "alloc" in e.raw_message.lower()):
+                return
             lost = [f"the grader's probe (it raised {e.type})"]
-        self._calls = calls
+        except (OverBudget, Unchecked):
+            if bounded:
+                return
+            raise
+        finally:
+            self._calls = calls
+        self._forbidding[1] = calls
         if lost:
             raise AssertionError(
                 f"the guard against PyTorch's kernels was switched off ({lost[0]} no longer raises): "
@@ -268,12 +295,12 @@ class Subject:
         """A block whose requests go to a fresh process that ran the grader's `cells` (source text) instead of the
         notebook's: nothing the notebook's code did is there (in-process: a fresh namespace)."""
         self._transport({"op": "elsewhere", "cells": list(cells)})
+        self._isolation_due = False  # the grader's cells have nothing to isolate; due again after the block
         try:
             yield
         finally:
             self._transport({"op": "here"})
-            if self._isolated:
-                self.isolate(self._isolated)
+            self._isolation_due = bool(self._isolated)
 
     def helper(self, name, *args, **kwargs):
         """Build one of autograder.sandbox.helpers next to the student's code; returns a Handle."""
@@ -300,11 +327,11 @@ class Subject:
 
     def isolate(self, names):
         """Until restore(), the notebook's `names` are correct helpers (Check.isolate)."""
-        self._isolated = tuple(names)
+        self._isolated, self._isolation_due = tuple(names), False
         return self._request({"op": "isolate", "names": list(names), "source": STAND_INS})
 
     def restore(self):
-        self._isolated = ()
+        self._isolated, self._isolation_due = (), False
         return self._request({"op": "restore"})
 
 

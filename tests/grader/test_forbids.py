@@ -12,8 +12,9 @@ import pytest
 
 from autograder import lessons
 from autograder.checking import PartialCredit, checks_for, mistakes, verify
+from autograder.checking.subject import OverBudget, Subject
 from autograder.sandbox import tripwires
-from solutions import flash_backward
+from solutions import flash_backward, gpu
 from tests.harness.lessons import LESSONS, fresh_namespace
 
 
@@ -370,6 +371,22 @@ def attention_backward(q, k, v, dout, causal=False):
     return dq.to(q.dtype), dkt.transpose(-2, -1).to(k.dtype), dv.to(v.dtype)
 """
 
+# A call that switches a path back on (a kernel of its own over the tripwire of an attention operator) the first time
+# it runs in a process: the cells alone leave every path off, so only a probe of the process the calls ran in sees it
+# (Subject.memory_bound probes the bounded process before ending it). The answer is the solution's tiled loop.
+KERNEL_IN_A_CALL = (
+    "import torch.library\n\n_kernels = []\n\n"
+    + inspect.getsource(gpu.flash_attention).replace("def flash_attention(", "def _tiled(", 1)
+    + """
+
+def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):
+    if not _kernels:
+        _kernels.append(torch.library.Library("aten", "IMPL"))
+        _kernels[0].impl("_scaled_dot_product_attention_math", lambda *args, **kwargs: None, "CPU")
+    return _tiled(q, k, v, causal, block_q, block_k)
+"""
+)
+
 REAL_GRADER = {  # lesson: {student: {graded name: the mutant's what, or code}}; "solved" answers all
     "09_flash_backward": {
         "autograd": {"attention_backward": "autograd through the naive forward"},
@@ -399,6 +416,7 @@ REAL_GRADER = {  # lesson: {student: {graded name: the mutant's what, or code}};
             )
         },
         "nnc-softmax": {"online_softmax": NNC_SOFTMAX},
+        "kernel-in-a-call": {"flash_attention": KERNEL_IN_A_CALL},
     },
 }
 
@@ -443,6 +461,8 @@ def test_the_real_grader_costs_each_trick_its_aspect(lesson, tmp_path):
             )
             assert float(row["points"]) == pytest.approx(share, abs=0.01), (student, name, row["message"])
             assert any(w in row["message"] for w in ("switched off", "reached", "launched it again")), row["message"]
+            if student == "kernel-in-a-call":
+                assert "guard against PyTorch's kernels was switched off" in row["message"], row["message"]
             if student in ("torchscript-autodiff", "nnc-softmax"):
                 assert "reached PyTorch's compilers" in row["message"], row["message"]
 
@@ -588,3 +608,64 @@ def test_the_visible_tests_switch_off_what_the_manifest_forbids_in_its_words():
         assert set(said) <= set(forbids), lesson
         for name, (paths, instead) in said.items():
             assert (paths, instead) == (forbids[name]["paths"], forbids[name]["instead"]), (lesson, name)
+
+
+def _recording(replies=None):
+    """A Subject whose transport records each request's op (a call as its helper's or name's) and answers from
+    replies[op] (a list, first reply first) or {"ok": None}, with a probe that finds every path still off."""
+    sent, replies = [], replies or {}
+
+    def transport(request, callback=None):
+        target = request.get("target", {})
+        op = target.get("helper") or target.get("name") if request["op"] == "call" else request["op"]
+        sent.append(op)
+        queued = replies.get(op)
+        return queued.pop(0) if queued else {"ok": [] if op == "tripwires_probe" else None}
+
+    return Subject(transport), sent
+
+
+def test_a_bounded_block_is_probed_in_its_own_process_before_it_ends():
+    """The probe of a memory-bounded block with the paths off runs before "unbound" ends that process, and no other
+    follows; where the bound stops it (out of memory), the block's end probes a fresh process instead."""
+    s, sent = _recording()
+    with s.forbidding(["attention kernels"]):
+        with s.memory_bound(40):
+            s.call("flash_attention")
+    assert sent == ["forbid", "bound", "flash_attention", "tripwires_probe", "unbound", "unforbid"]
+
+    starved = {"error": {"type": "MemoryError", "mro": ["MemoryError", "Exception"], "message": ""}}
+    s, sent = _recording({"tripwires_probe": [starved]})
+    with s.forbidding(["attention kernels"]):
+        with s.memory_bound(40):
+            s.call("flash_attention")
+    assert sent == ["forbid", "bound", "flash_attention", "tripwires_probe", "unbound", "tripwires_probe", "unforbid"]
+
+
+def test_a_probe_that_finds_a_path_back_on_fails_the_block():
+    s, _ = _recording({"tripwires_probe": [{"ok": ["aten::_scaled_dot_product_attention_math"]}]})
+    with pytest.raises(AssertionError, match="_scaled_dot_product_attention_math no longer raises"):
+        with s.forbidding(["attention kernels"]):
+            with s.memory_bound(40):
+                s.call("flash_attention")
+
+
+def test_isolation_is_sent_again_before_the_next_request_not_when_a_block_ends():
+    """After a block that may end the serving process the stand-ins are isolated again before the next request (and
+    before a bound: they are no part of what it counts), never only to be restored."""
+    s, sent = _recording({"bound": [{"ok": None, "held_mb": 0}, {"refused": "over", "held_mb": 900}]})
+    s.isolate(["flash_attention_forward"])
+    with s.forbidding(["attention kernels"]):
+        with s.memory_bound(28):
+            s.call("FlashAttention")
+    s.restore()
+    assert sent == [
+        *("isolate", "forbid", "isolate", "bound", "FlashAttention", "tripwires_probe", "unbound", "unforbid"),
+        "restore",
+    ]
+    with pytest.raises(OverBudget, match="over"):  # a refused bound ends its process too
+        s.isolate(["flash_attention_forward"])
+        with s.memory_bound(28):
+            pass
+    s.call("FlashAttention")
+    assert sent[-3:] == ["unbound", "isolate", "FlashAttention"]

@@ -675,3 +675,26 @@ def test_a_stalled_call_is_flagged_for_regrading_and_a_slow_one_loses_its_case()
     assert stalled["status"] == "error" and stalled.get("grader_error") is True, stalled
     slow = run_check(check, replying({"too_slow": "too slow for the graded sizes"}), 2)
     assert slow["status"] == "failed" and "too slow" in slow["message"] and not slow.get("grader_error"), slow
+
+
+def test_restore_starts_no_child_only_to_restore_it():
+    """Subject.restore() after a block whose child the next request replaces (a bound ended it, another kind is asked
+    for) starts none: a fresh child has nothing isolated. The replaced child is ended, so none keeps the stand-ins."""
+    try:
+        sandbox = Sandbox(choose_mode("auto"), replace(DEFAULT_LIMITS, memory_mb=512, call_seconds=20))
+    except SandboxError as e:
+        pytest.skip(f"no sandbox here: {e}")
+    started, start = [], sandbox.start
+    sandbox.start = lambda *args: started.append(1) or start(*args)
+    s = Session(sandbox, "01_attention", ["def f():\n    return 1"])
+    try:
+        assert s.transport({"op": "isolate", "names": ["f"], "source": "def f():\n    return 2"}) == {"ok": None}
+        assert s.transport(call("f")) == {"ok": 2}
+        s.transport({"op": "forbid", "paths": ["softmax"]})
+        assert s.transport({"op": "restore"}) == {"ok": None}
+        s.transport({"op": "unforbid"})
+        assert s.transport(call("f")) == {"ok": 1}
+        assert len(started) == 2  # the first child and the one after restore(): none only to restore
+    finally:
+        s.close()
+        sandbox.close()
