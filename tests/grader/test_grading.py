@@ -124,21 +124,22 @@ def test_a_class_grades_as_it_did_before_the_per_lesson_layout(tmp_path):
     credit, a correct variant) and the grades.csv, totals.csv and feedback pages that main wrote for them at 526e3a5,
     the commit before the per-lesson layout (issue 34), where two runs agreed byte for byte. Grading them now writes
     the same files. A change meant to alter a verdict or its words changes them: write RESULTS again (`grade
-    SUBMISSIONS --out RESULTS`, keep those three in expected/, the pages as .html.expected) and say so in the commit."""
+    SUBMISSIONS --out RESULTS`, keep grades.csv and totals.csv in expected/,
+    the pages' texts in expected/feedback.json) and say so in the commit."""
     shutil.copytree(CLASS / "SUBMISSIONS", tmp_path / "SUBMISSIONS")
     run("grade", str(tmp_path / "SUBMISSIONS"), "--out", str(tmp_path / "RESULTS"), "--quiet")
-    # CLASS/expected holds what RESULTS held; its pages end in .expected, so no tool takes them for grading output
+    # CLASS/expected holds what RESULTS held: grades.csv and totals.csv as files, the feedback pages as the texts of
+    # feedback.json, keyed by their paths under RESULTS, so that no tool takes them for grading output
+    pages = json.loads((CLASS / "expected" / "feedback.json").read_text(encoding="utf-8"))
     kept = {
-        Path(str(p.relative_to(CLASS / "expected")).removesuffix(".expected")): p
-        for p in (CLASS / "expected").rglob("*")
-        if p.is_file()
+        Path(name): (CLASS / "expected" / name).read_text(encoding="utf-8") for name in ("grades.csv", "totals.csv")
     }
-    assert [Path("grades.csv"), Path("totals.csv")] == sorted(p for p in kept if p.parent == Path("."))
+    kept |= {Path(rel): text for rel, text in pages.items()}
     written = sorted(p.relative_to(tmp_path / "RESULTS") for p in (tmp_path / "RESULTS" / "feedback").rglob("*"))
     assert [p for p in written if (tmp_path / "RESULTS" / p).is_file()] == sorted(
         p for p in kept if "feedback" in p.parts
     )
-    for rel, path in kept.items():
-        assert (tmp_path / "RESULTS" / rel).read_text(encoding="utf-8") == path.read_text(encoding="utf-8"), (
+    for rel, text in kept.items():
+        assert (tmp_path / "RESULTS" / rel).read_text(encoding="utf-8") == text, (
             f"{rel} differs from what main wrote at 526e3a5"
         )
