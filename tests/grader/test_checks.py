@@ -1,6 +1,6 @@
-"""The memory verdicts of lessons 06, 08 and 09 after every other check of theirs ran in one process (issue 19), and
-where_it_differs' words; each lesson's own checks are judged in tests/lessons/test_<module>.py
-(tests/harness/checks.py)."""
+"""The memory verdicts of lessons 06, 08 and 09 after every other check of theirs ran in one process (issue 19),
+where_it_differs' words, and which other names a mutant is verified against; each lesson's own checks are judged in
+tests/lessons/test_<module>.py (tests/harness/checks.py)."""
 
 from tests.harness.checks import test_memory_verdicts_do_not_depend_on_what_ran_before  # noqa: F401 - collected here
 
@@ -42,3 +42,35 @@ def test_expect_options_are_a_lessons_defaults_that_a_call_overrides():
     expect_array(got, want, "f(x)", (), lesson, atol=2.0)  # within a looser tolerance
     with pytest.raises(TypeError):
         expect_array(want, want, "f(x)", (), lesson, hnt="a typo")
+
+
+def test_a_mutant_is_verified_against_every_name_that_can_see_it():
+    """tests/harness/checks.mutant_case verifies the other names whose check, or the notebook code it reaches, reads
+    a name the mutant's cell binds; every other name when the cell runs more than definitions, or when the check runs
+    the cells again."""
+    from tests.harness.checks import _cell_binds, _reads
+    from tests.harness.lessons import fresh_namespace
+
+    assert _cell_binds("import torch.nn as nn\nimport math\nBLOCK = 16\ndef f():\n    global g\n") == (
+        {"nn", "math", "BLOCK", "f", "g"},
+        False,
+    )
+    assert _cell_binds('"""doc"""\ndef f():\n    pass\n_buf = torch.empty(1 << 20)\n')[1]
+    reads = {
+        lesson: {name: _reads(lesson, name, ns) for name in names}
+        for lesson, names, ns in [
+            (lesson, names, fresh_namespace(lesson))
+            for lesson, names in [
+                ("02_heads", ["per_head_attention", "split_heads"]),
+                ("09_flash_backward", ["FlashAttention", "attention_backward"]),
+                ("06_gpu", ["triton_attention", "flash_attention"]),
+            ]
+        ]
+    }
+    assert {"split_heads", "attention"} <= reads["02_heads"]["per_head_attention"]  # it calls both
+    assert "attention" not in reads["02_heads"]["split_heads"]
+    flash = {"flash_attention_forward", "flash_attention_backward"}
+    assert flash <= reads["09_flash_backward"]["FlashAttention"]  # isolated, and called by its code
+    assert not flash & reads["09_flash_backward"]["attention_backward"]
+    assert {"online_softmax", "triton_softmax"} <= reads["06_gpu"]["triton_attention"]  # its replay runs every cell
+    assert "triton_softmax" not in reads["06_gpu"]["flash_attention"]

@@ -1,6 +1,11 @@
 """The hidden checks, in-process: solutions pass, known-wrong answers fail with a message that
 names the mistake (and cost no other function its points), correct variants pass."""
 
+import ast
+import dis
+import functools
+import importlib
+import inspect
 import json
 import os
 import select
@@ -11,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from autograder.checking import memory, mistakes, verify
+from autograder.checking import checks_for, memory, mistakes, verify
 from tests.harness import each, mutants, one_lesson
 from tests.harness.lessons import fresh_namespace, graded_names
 
@@ -142,9 +147,87 @@ def mutant_case(lesson, name, what):
     )
     if (lesson, name) in mutants.MEMORY_BOUND and mutant.aspect:
         assert_costs_its_aspect(lesson, name, mutant, caught.value)
+    bound, acts = _cell_binds(code)
+    bound |= _cell_binds(_answer_cell(lesson, name))[0]
     for other in graded_names(lesson):
         if other != name and other not in mutants.also_loses(lesson, what):
-            verify(lesson, other, ns)
+            # The other names' code is the solutions': only what reads a name the two cells bind can see the mistake
+            # (lesson 09's flash_attention_backward check, 4.5 s of CPU, for each mutant of the three other names).
+            if acts or _reads(lesson, other, ns) & bound:
+                verify(lesson, other, ns)
+
+
+def _cell_binds(code):
+    """(the global names an answer cell binds, whether it runs more than definitions): a cell that keeps memory or
+    rebinds through globals() can change any check, and every other name is verified with it."""
+    tree, bound = ast.parse(code), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Global):
+            bound |= set(node.names)
+    acts = False
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Constant):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            bound |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)):
+            acts = True
+    return bound, acts
+
+
+@functools.lru_cache(maxsize=None)
+def _answer_cell(lesson, name):
+    from autograder import notebook as nbk
+
+    [cell] = [c for c in nbk.code_cells(nbk.read(nbk.lesson_path(lesson))) if nbk.grade_id(c) == name]
+    return nbk.without_markers(nbk.source(cell))
+
+
+def _reads(lesson, name, ns):
+    """Every name that the check of `name`, or the notebook code it reaches, mentions (the globals, and strings
+    that are identifiers, of their code, followed through the check module's own helpers and the namespace's
+    functions, classes and kernels): what a mistake in another cell must bind to reach that check. A check that
+    runs the cells' text again (Subject.sources: lesson 06's Triton replay) reads every name; one that parses it
+    (Subject.readable_sources: lesson 09's d_per_pair) reads the definitions of the names it reads."""
+    check = checks_for(lesson)[name]
+    module = importlib.import_module(check.fn.__module__)
+    seen, attributes = _mentions([check.fn], vars(module), module.__name__)
+    if "sources" in attributes:
+        return set(ns)
+    return _mentions([ns[n] for n in seen | {name, *check.isolate} if n in ns], ns, ns["__name__"], seen)[0]
+
+
+GLOBAL_OPS = {"LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL", "DELETE_GLOBAL"}
+
+
+def _mentions(objects, env, owner, seen=()):
+    """(the globals and identifier strings, the other names) that the code of `objects` mentions, and the code of
+    what those globals name in env where `owner` defined it."""
+    seen, attributes, todo, visited = {*seen}, set(), list(objects), set()
+    while todo:
+        obj = todo.pop()
+        obj = inspect.unwrap(getattr(obj, "fn", obj) if not inspect.isclass(obj) else obj)  # a Triton kernel's .fn
+        if id(obj) in visited:
+            continue
+        visited.add(id(obj))
+        if inspect.isclass(obj):
+            for v in vars(obj).values():
+                todo.append(v.__func__ if isinstance(v, (staticmethod, classmethod)) else getattr(v, "fget", v))
+            todo += [b for b in obj.__bases__ if env.get(b.__name__) is b]
+            continue
+        codes = [obj.__code__] if inspect.isfunction(obj) else []
+        while codes:
+            code = codes.pop()
+            codes += [c for c in code.co_consts if inspect.iscode(c)]
+            new = {i.argval for i in dis.get_instructions(code) if i.opname in GLOBAL_OPS}
+            new = (new | {c for c in code.co_consts if isinstance(c, str) and c.isidentifier()}) - seen
+            attributes |= set(code.co_names) - new
+            seen |= new
+            todo += [env[n] for n in new if getattr(env.get(n), "__module__", None) == owner]
+    return seen, attributes
 
 
 # What an honest call maps under a memory bound moves with the allocator's state (issue 19: 21 to 27 MiB of a 28 MiB

@@ -825,7 +825,7 @@ def flash_attention_backward(s):
                 ):
                     fail(f"{what}: {DQ_KEPT}")
     with s.aspect("D once"):
-        if s.sources and d_per_pair(s.readable_sources()):
+        if d_per_pair(s.readable_sources()):
             fail(D_PER_PAIR)
     with s.aspect("tiled"), _naming_tile_ends():
         _expect_backward_tiled(s, rng)
