@@ -6,7 +6,7 @@ nothing is clipped at a laptop's or a phone's width.
 The slow tests share one build and one browser session per test session. The browser tests drive
 headless Chromium through the DevTools protocol (tornado's websocket client) and need
 /usr/bin/chromium (`make setup` installs it when it can); they are skipped, saying so, where Chromium
-is missing. They leave full-page screenshots of every page at each width in book/_build/screenshots/.
+is missing. They leave a screenshot of every page's first screen at each width in book/_build/screenshots/.
 """
 
 import ast
@@ -1001,10 +1001,8 @@ async def browse(site, base, screenshots):
                     if width == WIDTHS[0]:
                         report["pages"][rel] = checked
                     report["layout"][(rel, width)] = await evaluate(LAYOUT_CHECK)
-                    # The whole page: a window as tall as the page (captureBeyondViewport shifts the layout).
-                    height = (await cdp.send("Page.getLayoutMetrics", session))["cssContentSize"]["height"]
-                    await resize(width, int(height))
-                    await asyncio.sleep(0.2)
+                    # The first screen only: the checks above read the whole page; a full-page shot (a window as
+                    # tall as the page, up to 60,000 px) costs more than the rest of the visit and shows no more.
                     shot = await cdp.send("Page.captureScreenshot", session, format="png")
                     name = rel.removesuffix(".html").replace("/", "_")
                     (screenshots / f"{name}-{width}.png").write_bytes(base64.b64decode(shot["data"]))
@@ -1044,7 +1042,7 @@ async def browse(site, base, screenshots):
 @pytest.fixture(scope="session")
 def browsed(site):
     """Every page of the site in headless Chromium, at each of WIDTHS: what the page checks report,
-    and full-page screenshots in book/_build/screenshots/<page>-<width>.png."""
+    and a screenshot of each page's first screen in book/_build/screenshots/<page>-<width>.png."""
     if CHROMIUM is None:
         pytest.skip(
             "Chromium is not installed (/usr/bin/chromium): `make setup` installs it as root with "
