@@ -250,17 +250,23 @@ def tighter_bounds(monkeypatch):
     )
 
 
-@each(
-    "lesson, name, variant",
-    lambda lesson: (
-        cases("VARIANTS", lesson)
-        + [
-            pytest.param(lesson, name, SOLUTION, id=f"{lesson}-{name}-{SOLUTION[0]}")
-            for lesson_, name in sorted(mutants.MEMORY_BOUND)
-            if lesson_ == lesson
-        ]
-    ),
-)
+def _variants(lesson):
+    """The lesson's correct variants, and the solutions of its memory-bound names; those of memory-bound names are
+    slow (some 4 s of CPU each in lesson 09, under their bounds): make test-fast leaves them out, as their mutants."""
+    params = cases("VARIANTS", lesson) + [
+        pytest.param(lesson, name, SOLUTION, id=f"{lesson}-{name}-{SOLUTION[0]}")
+        for lesson_, name in sorted(mutants.MEMORY_BOUND)
+        if lesson_ == lesson
+    ]
+    return [
+        pytest.param(
+            *p.values, id=p.id, marks=[pytest.mark.slow] if tuple(p.values[:2]) in mutants.MEMORY_BOUND else []
+        )
+        for p in params
+    ]
+
+
+@each("lesson, name, variant", _variants)
 def test_correct_variant_passes(lesson, name, variant, tighter_bounds):
     """Correct variants (and the solutions of the memory-bound names) pass, with every memory bound tightened."""
     verify(lesson, name, fresh_namespace(lesson, {name: variant[1]} if variant[1] else None))

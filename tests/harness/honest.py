@@ -25,7 +25,9 @@ __all__ = ["graded", "test_honest_habits_keep_every_mark", "test_cells_nothing_r
 GRADER_MEMORY_MIB = 600  # the grader's own memory per job (issue 19); lesson 06's chunk-proof evidence counts the
 # levels of its 2**23 keys on the grader's side instead of drawing them (issue 33: it took 970 MiB)
 
-MAGICS = {  # cells a student adds anywhere: each is its own honest student, in every lesson's run
+# Cells a student adds anywhere, and additions to every answer: each set is one honest student who has them all, in
+# every lesson's run (each student costs a grading, up to 3 s of CPU in lesson 09; a failure names the test it cost).
+MAGICS = {
     "matplotlib_inline": ["%matplotlib inline"],
     "autoreload": ["%load_ext autoreload\n%autoreload 2"],
     "pip_list": ["!pip list"],
@@ -52,16 +54,14 @@ def _answers(lesson):
 def _common(lesson, answers, scratch):
     """The habits every lesson shares: (cells inserted after the setup cell, answers replaced, cells at the end)."""
     return {
-        **{f"magic_{name}": (cells, {}, []) for name, cells in MAGICS.items()},
-        "reimport_in_every_answer": ([], {gid: IMPORTS + code for gid, code in answers.items()}, []),
-        "matplotlib_inline_atop_every_answer": (
+        "every_magic": ([cell for cells in MAGICS.values() for cell in cells], {}, []),
+        "imports_magic_and_print_in_every_answer": (
             [],
-            {gid: "%matplotlib inline\n" + code for gid, code in answers.items()},
+            {g: f"%matplotlib inline\n{IMPORTS}{c}\n\nprint('defined', {g!r})\n" for g, c in answers.items()},
             [],
         ),
         "scratch_copy": ([], {}, [scratch]),
         "redefined_in_a_later_cell": ([], {}, [answers[g] for g in answers]),
-        "print_in_an_answer": ([], {g: c + "\n\nprint('defined', " + repr(g) + ")\n" for g, c in answers.items()}, []),
     }
 
 

@@ -29,15 +29,18 @@ ROOT = Path(__file__).resolve().parents[2]
 CHECKPOINT = ROOT / "lessons" / "10_head_roles" / "role_model.npz"
 
 
-def reduced():
+def reduced(steps=300):
     """The script at a reduced size: 2 layers of 4 heads of width 8 on 2000 stories, 300 steps (seconds)."""
-    return train(steps=300, n_stories=2000, d_model=32, n_layers=2, n_heads=4, d_mlp=32, log_every=100)
+    return train(steps=steps, n_stories=2000, d_model=32, n_layers=2, n_heads=4, d_mlp=32, log_every=min(steps, 100))
 
 
 def test_reduced_training_is_deterministic_and_learns_the_pronoun():
-    (a, history), (b, _) = reduced(), reduced()
+    # two runs agree bit for bit after 50 steps as after any number: what could differ (data order, initialisation,
+    # a reduction's order) differs from the first steps on
+    (a, _), (b, _) = reduced(50), reduced(50)
     for (k, v), w in zip(a.state_dict().items(), b.state_dict().values()):
         assert torch.equal(v, w), k
+    _, history = reduced()
     first, last = history[0], history[-1]
     # at step 0 nothing is known: the pronoun at chance, no head on the antecedent (0.13 measured)
     assert abs(first["pronoun"] - 0.5) < 0.15 and first["best_antecedent"] < 0.4

@@ -255,3 +255,29 @@ def test_without_triton_the_check_is_the_instructors_to_run(monkeypatch):
         monkeypatch.undo()
         importlib.reload(checks)
     assert checks.UNAVAILABLE == {}
+
+
+def test_a_replay_keeps_inputs_prepared_for_a_launch_and_nothing_else():
+    """triton_replay._prepared: an input scaled, cast, transposed or reshaped is passed to the replay as the wrapper
+    passed it (no answer fits in it); an answer computed in torch, or an input with one value changed, is not."""
+    import numpy as np
+
+    from autograder.lessons.gpu.triton_replay import _prepared
+    from autograder.sandbox.wire import Array
+
+    rng = np.random.default_rng(0)
+    q, k = (rng.standard_normal((1, 2, 20, 16)).astype(np.float16) for _ in range(2))
+    inputs = [Array("tensor", "float16", q), Array("tensor", "float16", k)]
+
+    def prepared(x):
+        return _prepared(Array("tensor", x.dtype.name, np.ascontiguousarray(x)), inputs)
+
+    assert prepared((q.astype(np.float32) * 0.25).astype(np.float16))  # q * scale
+    assert prepared(q / np.float16(4.0))  # rounded in float16, as the wrapper's own product
+    assert prepared(k.astype(np.float32).transpose(0, 1, 3, 2))  # k.float().transpose(-1, -2).contiguous()
+    assert prepared(k.reshape(2, 20, 16))  # k.reshape(B * H, T, Dh)
+    answer = torch.softmax(torch.from_numpy(q).float() @ torch.from_numpy(k).float().transpose(-1, -2), -1)
+    assert not prepared((answer @ torch.from_numpy(k).float()).numpy())
+    changed = q.copy()
+    changed[0, 0, 3, 5] += np.float16(0.5)
+    assert not prepared(changed)

@@ -1248,6 +1248,18 @@ def triton_softmax(x):
             ),
         ),
         (
+            "q divided by sqrt(Dh) in torch before the launch",
+            _triton(
+                wrapper=[
+                    (
+                        "q, k, v = q.contiguous(), k.contiguous(), v.contiguous()",
+                        "q, k, v = (q / math.sqrt(q.size(3))).contiguous(), k.contiguous(), v.contiguous()",
+                    ),
+                    ("math.log2(math.e) / math.sqrt(Dh)", "math.log2(math.e)"),
+                ]
+            ),
+        ),
+        (
             "32 x 32 tiles on the CPU",
             _triton(
                 wrapper=[
