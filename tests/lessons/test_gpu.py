@@ -258,8 +258,9 @@ def test_without_triton_the_check_is_the_instructors_to_run(monkeypatch):
 
 
 def test_a_replay_keeps_inputs_prepared_for_a_launch_and_nothing_else():
-    """triton_replay._prepared: an input scaled, cast, transposed or reshaped is passed to the replay as the wrapper
-    passed it (no answer fits in it); an answer computed in torch, or an input with one value changed, is not."""
+    """triton_replay._prepared: an input scaled, cast, transposed or reshaped is passed to the replay as the grader's
+    own copy of it (the wrapper's low bits could spell an answer); an answer computed in torch, or an input with one
+    value changed, is not."""
     import numpy as np
 
     from autograder.lessons.gpu.triton_replay import _prepared
@@ -276,6 +277,10 @@ def test_a_replay_keeps_inputs_prepared_for_a_launch_and_nothing_else():
     assert prepared(q / np.float16(4.0))  # rounded in float16, as the wrapper's own product
     assert prepared(k.astype(np.float32).transpose(0, 1, 3, 2))  # k.float().transpose(-1, -2).contiguous()
     assert prepared(k.reshape(2, 20, 16))  # k.reshape(B * H, T, Dh)
+    low = k.astype(np.float64)
+    low.view(np.int64)[..., 0] += 3  # a few bits of an answer, within the rounding
+    copy, scale = prepared(low)
+    assert scale == 1 and np.array_equal(copy, k.astype(np.float64))
     answer = torch.softmax(torch.from_numpy(q).float() @ torch.from_numpy(k).float().transpose(-1, -2), -1)
     assert not prepared((answer @ torch.from_numpy(k).float()).numpy())
     changed = q.copy()
