@@ -286,3 +286,36 @@ def test_a_replay_keeps_inputs_prepared_for_a_launch_and_nothing_else():
     changed = q.copy()
     changed[0, 0, 3, 5] += np.float16(0.5)
     assert not prepared(changed)
+
+
+def test_a_kernel_that_writes_the_answer_to_the_grader_s_own_inputs_loses_its_points():
+    """The hidden inputs are drawn from a seed the source shows (crc32 of "lesson/name"): a kernel that stores a table
+    of the answer to the case the grader replays, computed offline, while the wrapper computes every other case in
+    torch, must not keep triton_softmax's points (issue 33)."""
+    import zlib
+
+    import numpy as np
+
+    from autograder.checking import verify
+    from autograder.lessons.gpu.checks import SOFTMAX_CASES, softmax_input
+    from tests.harness.lessons import fresh_namespace
+
+    rng = np.random.default_rng(zlib.crc32(b"06_gpu/triton_softmax"))
+    x = softmax_input(rng, *SOFTMAX_CASES[0][1:])
+    y = torch.from_numpy(x).double().softmax(-1).float().numpy().ravel()
+    stores = "\n".join(f"    tl.store(Y + {i}, {float(v)!r})" for i, v in enumerate(y))
+    code = f"""
+@triton.jit
+def _softmax_kernel(X, Y):
+{stores}
+
+
+def triton_softmax(x):
+    if x.shape == {x.shape} and float(x[0, 0]) == {float(x[0, 0])!r}:
+        out = torch.zeros_like(x)
+        _softmax_kernel[(1,)](x, out)
+        return out
+    return torch.softmax(x.float(), -1).to(x.dtype)
+"""
+    with pytest.raises(AssertionError):
+        verify("06_gpu", "triton_softmax", fresh_namespace("06_gpu", {"triton_softmax": code}))
