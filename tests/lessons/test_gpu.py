@@ -288,6 +288,21 @@ def test_a_replay_keeps_inputs_prepared_for_a_launch_and_nothing_else():
     assert not prepared(changed)
 
 
+def test_a_launch_s_integers_are_bounded_by_the_call_s_sizes_not_by_a_buffer_the_wrapper_made():
+    """triton_replay._scalars: integers up to twice the call's input or result, whatever buffer (a large one of zeros,
+    which the replay takes as passed) the launch is given besides: it would let them carry an answer's bits."""
+    import numpy as np
+
+    from autograder.lessons.gpu.triton_replay import _scalars
+    from autograder.sandbox.wire import Array
+
+    x = Array("tensor", "float32", np.zeros((5, 37), np.float32))
+    launch = ((1,), [{"buffer": 0}, {"buffer": 1}, 37, 37], {})
+    _scalars([launch], [x], x, [])  # the sizes and strides of an honest launch
+    with pytest.raises(AssertionError, match="integers larger than any size"):
+        _scalars([((1,), [{"buffer": 0}, {"buffer": 1}, (1 << 20) - 1], {})], [x], x, [])
+
+
 def test_a_kernel_that_writes_the_answer_to_the_grader_s_own_inputs_loses_its_points():
     """The hidden inputs are drawn from a seed the source shows (crc32 of "lesson/name"): a kernel that stores a table
     of the answer to the case the grader replays, computed offline, while the wrapper computes every other case in

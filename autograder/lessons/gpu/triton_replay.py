@@ -39,7 +39,7 @@ def _replay(name, buffers, launches):
 MAX_SCALARS = 32  # a kernel's launch takes a few sizes, strides and flags: not an answer spelled out in numbers
 MAX_BUFFERS = 16  # and a few tensors: not one per number of an answer (each prepared one carries its scale, its axes)
 MAX_FLOATS = 2  # a launch's floats: the scale (and perhaps one more constant)
-MAX_INT = 4096  # an integer argument may exceed the largest buffer's size only up to this (a block size)
+MAX_INT = 4096  # an integer argument may exceed the largest input's or result's size only up to this (a block size)
 MAX_WORDS = 64  # characters of string arguments in all of a call's launches
 MAX_LAUNCHES, ELEMENTS_PER_LAUNCH = 4, 256  # launches a call may make: a few, or one per 256 outputs
 
@@ -127,11 +127,12 @@ def _replay_buffers(buffers, inputs):
     return out, scales
 
 
-def _scalars(launches, buffers, got, scales):
+def _scalars(launches, inputs, got, scales):
     """Refuse launches whose non-tensor arguments could carry an answer. A launch takes a few tensors, sizes, strides,
     block sizes and flags, and a float or two (the scale, passed or multiplied into an input: scales, from
     _replay_buffers): so at most MAX_BUFFERS tensors and MAX_SCALARS numbers per launch, MAX_FLOATS floats, integers
-    no larger than twice the largest buffer (sizes, strides and offsets are; a float's bits are not), short words,
+    no larger than twice the largest input or result (sizes, strides and offsets are; a float's bits are not; not a
+    buffer's, which the wrapper sizes: a large one would let the integers carry more bits), short words,
     and no more launches than the output's size allows (many launches of a few numbers each could spell it out)."""
     values = [[v for v in [*args, *kwargs.values()] if not isinstance(v, dict)] for _, args, kwargs in launches]
     flat = [v for launch in values for v in launch]
@@ -146,7 +147,7 @@ def _scalars(launches, buffers, got, scales):
             "the kernel was launched with more than a few sizes, strides and flags besides its tensors: pass the "
             "kernel tensors, and let it compute the result from them"
         )
-    largest = max([int(np.prod(b.shape)) for b in buffers.values() if isinstance(b, Array)] + [1])
+    largest = max([int(np.prod(a.shape)) for a in [*inputs, got] if isinstance(a, Array)] + [1])
     floats = [v for v in flat if isinstance(v, float)] + scales
     ints = [v for v in flat if isinstance(v, int) and not isinstance(v, bool)]
     words = sum(len(v) for v in flat if isinstance(v, str))
@@ -182,7 +183,7 @@ def expect_kernel_did_the_work(s, wrapper, kernel, inputs, what, **kwargs):
     if not launches:
         fail(f"{wrapper} never launched {kernel}: the work must happen in your @triton.jit kernel")
     replayed, scales = _replay_buffers(buffers, inputs)
-    _scalars(launches, buffers, got, scales)
+    _scalars(launches, inputs, got, scales)
     cells = _parsed(s.readable_sources())  # once: the grader's own work grows with the cells' length
     for name, foreign in not_triton(cells, [kernel]):
         fail(not_triton_message(name, foreign))
