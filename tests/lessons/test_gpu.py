@@ -334,3 +334,43 @@ def triton_softmax(x):
 """
     with pytest.raises(AssertionError):
         verify("06_gpu", "triton_softmax", fresh_namespace("06_gpu", {"triton_softmax": code}))
+
+
+def test_a_table_of_the_tiled_case_s_answers_worked_out_beforehand_loses_tiled():
+    """The evidence for "tiled" is drawn from a seed no source shows (checking.unseen_seed): an answer that looks up
+    the long case's two outputs, recorded from a correct answer run on the checks' own seeds, and is untiled
+    elsewhere, loses "tiled" (it kept 3/3 while the seed came from the check's name)."""
+    from autograder.checking import PartialCredit, verify
+    from tests.harness.lessons import fresh_namespace
+
+    ns, seen = fresh_namespace("06_gpu"), {}
+
+    def recording(q, k, v, causal=False, block_q=64, block_k=64):
+        out = flash_attention(q, k, v, causal, block_q, block_k)
+        if q.numel() <= 4 and k.size(2) > 2**20:
+            seen[tuple(q.flatten().tolist())] = out.flatten().tolist()
+        return out
+
+    ns["flash_attention"] = recording
+    verify("06_gpu", "flash_attention", ns)
+    assert seen
+    code = f"""
+_TABLE = {seen!r}
+
+
+def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):
+    key = tuple(q.flatten().tolist()) if q.numel() <= 4 else None
+    if key in _TABLE:
+        return torch.tensor(_TABLE[key], dtype=q.dtype).reshape(q.shape)
+    out = torch.zeros_like(q)
+    work = torch.float64 if q.dtype == torch.float64 else torch.float32
+    for i in range(q.size(2)):  # one query row against the keys it sees: no mask, but every key at once
+        n = k.size(2) if not causal else k.size(2) - q.size(2) + i + 1
+        if n > 0:
+            s = (k[:, :, :n].to(work) @ q[:, :, i, :, None].to(work)).squeeze(-1) / math.sqrt(q.size(3))
+            out[:, :, i] = (torch.softmax(s, -1)[:, :, None, :] @ v[:, :, :n].to(work)).squeeze(2).to(q.dtype)
+    return out
+"""
+    with pytest.raises(PartialCredit) as caught:
+        verify("06_gpu", "flash_attention", fresh_namespace("06_gpu", {"flash_attention": code}))
+    assert {r["aspect"] for r in caught.value.rows if not r["passed"]} == {"tiled"}, caught.value.rows

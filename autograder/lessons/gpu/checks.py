@@ -19,7 +19,6 @@ the evidence is out of the student's reach:
 """
 
 import math
-import secrets
 
 import numpy as np
 import torch
@@ -39,6 +38,7 @@ from autograder.checking import (
     mistakes,
     reference,
     tensor,
+    unseen_seed,
     within_memory,
 )
 from autograder.lessons.gpu.triton_replay import expect_kernel_did_the_work
@@ -445,7 +445,7 @@ def tiled_calls(s, rng, name, lse=""):
     first = TILED_MESSAGE.format(
         name=name, what="one query row of scores", mb=TILED_LONG["tk"] * 8 >> 20, lse=lse, **TILED_LONG
     )
-    seed = int(rng.integers(2**31))
+    seed = unseen_seed(rng)
     with within_memory(s, TILED_MB, first, HEADROOM_MB, TILED_INPUTS_MB) as reword:
         cases = tiled_cases(s)
         specs = [spec for *_, case_specs, _ in cases for spec in case_specs]
@@ -796,7 +796,7 @@ def _replay_once(s, wrapper, kernel, replay, drawn):
     if replay is not None:
         aspect, case = replay
         with s.aspect(aspect):
-            inputs, kwargs, what, judge = drawn(np.random.default_rng(secrets.randbits(128)), *case)
+            inputs, kwargs, what, judge = drawn(np.random.default_rng(unseen_seed(s.rng)), *case)
             judge(expect_kernel_did_the_work(s, wrapper, kernel, inputs, what, **kwargs))
 
 
