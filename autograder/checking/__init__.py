@@ -49,6 +49,7 @@ from autograder.checking.subject import (
     Unchecked,
     student_message,
     tensor,
+    unseen_seed,
 )
 
 __all__ = [
@@ -92,4 +93,5 @@ __all__ = [
     "Unchecked",
     "student_message",
     "tensor",
+    "unseen_seed",
 ]

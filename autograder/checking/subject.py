@@ -4,6 +4,7 @@ this process in a notebook's hidden test), and the errors its replies become."""
 import contextlib
 import json
 import re
+import secrets
 import time
 import zlib
 from pathlib import Path
@@ -61,6 +62,15 @@ class StudentError(Exception):
 
     def is_a(self, name):
         return name in self.mro
+
+
+def unseen_seed(rng):
+    """A seed (below 2**31) for inputs a check draws in the student's process, which no source shows: a check's rng is
+    seeded from its name (Subject), so a call on inputs drawn from it could be answered from a table worked out
+    beforehand (a "tiled" case's few outputs, without touching its keys). rng draws one too, so that what the check
+    draws after stays as it was."""
+    rng.integers(2**31)
+    return secrets.randbits(31)
 
 
 class Subject:

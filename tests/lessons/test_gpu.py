@@ -258,8 +258,9 @@ def test_without_triton_the_check_is_the_instructors_to_run(monkeypatch):
 
 
 def test_a_replay_keeps_inputs_prepared_for_a_launch_and_nothing_else():
-    """triton_replay._prepared: an input scaled, cast, transposed or reshaped is passed to the replay as the wrapper
-    passed it (no answer fits in it); an answer computed in torch, or an input with one value changed, is not."""
+    """triton_replay._prepared: an input scaled, cast, transposed or reshaped is passed to the replay as the grader's
+    own copy of it (the wrapper's low bits could spell an answer); an answer computed in torch, or an input with one
+    value changed, is not."""
     import numpy as np
 
     from autograder.lessons.gpu.triton_replay import _prepared
@@ -276,8 +277,100 @@ def test_a_replay_keeps_inputs_prepared_for_a_launch_and_nothing_else():
     assert prepared(q / np.float16(4.0))  # rounded in float16, as the wrapper's own product
     assert prepared(k.astype(np.float32).transpose(0, 1, 3, 2))  # k.float().transpose(-1, -2).contiguous()
     assert prepared(k.reshape(2, 20, 16))  # k.reshape(B * H, T, Dh)
+    low = k.astype(np.float64)
+    low.view(np.int64)[..., 0] += 3  # a few bits of an answer, within the rounding
+    copy, scale = prepared(low)
+    assert scale == 1 and np.array_equal(copy, k.astype(np.float64))
     answer = torch.softmax(torch.from_numpy(q).float() @ torch.from_numpy(k).float().transpose(-1, -2), -1)
     assert not prepared((answer @ torch.from_numpy(k).float()).numpy())
     changed = q.copy()
     changed[0, 0, 3, 5] += np.float16(0.5)
     assert not prepared(changed)
+
+
+def test_a_launch_s_integers_are_bounded_by_the_call_s_sizes_not_by_a_buffer_the_wrapper_made():
+    """triton_replay._scalars: integers up to twice the call's input or result, whatever buffer (a large one of zeros,
+    which the replay takes as passed) the launch is given besides: it would let them carry an answer's bits."""
+    import numpy as np
+
+    from autograder.lessons.gpu.triton_replay import _scalars
+    from autograder.sandbox.wire import Array
+
+    x = Array("tensor", "float32", np.zeros((5, 37), np.float32))
+    launch = ((1,), [{"buffer": 0}, {"buffer": 1}, 37, 37], {})
+    _scalars([launch], [x], x, [])  # the sizes and strides of an honest launch
+    with pytest.raises(AssertionError, match="integers larger than any size"):
+        _scalars([((1,), [{"buffer": 0}, {"buffer": 1}, (1 << 20) - 1], {})], [x], x, [])
+
+
+def test_a_kernel_that_writes_the_answer_to_the_grader_s_own_inputs_loses_its_points():
+    """The hidden inputs are drawn from a seed the source shows (crc32 of "lesson/name"): a kernel that stores a table
+    of the answer to the case the grader replays, computed offline, while the wrapper computes every other case in
+    torch, must not keep triton_softmax's points (issue 33)."""
+    import zlib
+
+    import numpy as np
+
+    from autograder.checking import verify
+    from autograder.lessons.gpu.checks import SOFTMAX_CASES, softmax_input
+    from tests.harness.lessons import fresh_namespace
+
+    rng = np.random.default_rng(zlib.crc32(b"06_gpu/triton_softmax"))
+    x = softmax_input(rng, *SOFTMAX_CASES[0][1:])
+    y = torch.from_numpy(x).double().softmax(-1).float().numpy().ravel()
+    stores = "\n".join(f"    tl.store(Y + {i}, {float(v)!r})" for i, v in enumerate(y))
+    code = f"""
+@triton.jit
+def _softmax_kernel(X, Y):
+{stores}
+
+
+def triton_softmax(x):
+    if x.shape == {x.shape} and float(x[0, 0]) == {float(x[0, 0])!r}:
+        out = torch.zeros_like(x)
+        _softmax_kernel[(1,)](x, out)
+        return out
+    return torch.softmax(x.float(), -1).to(x.dtype)
+"""
+    with pytest.raises(AssertionError):
+        verify("06_gpu", "triton_softmax", fresh_namespace("06_gpu", {"triton_softmax": code}))
+
+
+def test_a_table_of_the_tiled_case_s_answers_worked_out_beforehand_loses_tiled():
+    """The evidence for "tiled" is drawn from a seed no source shows (checking.unseen_seed): an answer that looks up
+    the long case's two outputs, recorded from a correct answer run on the checks' own seeds, and is untiled
+    elsewhere, loses "tiled" (it kept 3/3 while the seed came from the check's name)."""
+    from autograder.checking import PartialCredit, verify
+    from tests.harness.lessons import fresh_namespace
+
+    ns, seen = fresh_namespace("06_gpu"), {}
+
+    def recording(q, k, v, causal=False, block_q=64, block_k=64):
+        out = flash_attention(q, k, v, causal, block_q, block_k)
+        if q.numel() <= 4 and k.size(2) > 2**20:
+            seen[tuple(q.flatten().tolist())] = out.flatten().tolist()
+        return out
+
+    ns["flash_attention"] = recording
+    verify("06_gpu", "flash_attention", ns)
+    assert seen
+    code = f"""
+_TABLE = {seen!r}
+
+
+def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):
+    key = tuple(q.flatten().tolist()) if q.numel() <= 4 else None
+    if key in _TABLE:
+        return torch.tensor(_TABLE[key], dtype=q.dtype).reshape(q.shape)
+    out = torch.zeros_like(q)
+    work = torch.float64 if q.dtype == torch.float64 else torch.float32
+    for i in range(q.size(2)):  # one query row against the keys it sees: no mask, but every key at once
+        n = k.size(2) if not causal else k.size(2) - q.size(2) + i + 1
+        if n > 0:
+            s = (k[:, :, :n].to(work) @ q[:, :, i, :, None].to(work)).squeeze(-1) / math.sqrt(q.size(3))
+            out[:, :, i] = (torch.softmax(s, -1)[:, :, None, :] @ v[:, :, :n].to(work)).squeeze(2).to(q.dtype)
+    return out
+"""
+    with pytest.raises(PartialCredit) as caught:
+        verify("06_gpu", "flash_attention", fresh_namespace("06_gpu", {"flash_attention": code}))
+    assert {r["aspect"] for r in caught.value.rows if not r["passed"]} == {"tiled"}, caught.value.rows

@@ -41,6 +41,7 @@ from autograder.checking import (
     mistakes,
     reference,
     tensor,
+    unseen_seed,
     within_memory,
 )
 from autograder.lessons.gpu.checks import (
@@ -665,7 +666,7 @@ def _expect_backward_tiled(s, rng):
     first = BACKWARD_MESSAGE.format(
         causal="", what=ROW_WHAT, mb=BACKWARD_CHUNK * BACKWARD_ROW["tk"] * 8 >> 20, **BACKWARD_ROW
     )
-    seed = int(rng.integers(2**31))
+    seed = unseen_seed(rng)
     # Made before the bound, for a process that holds no more than an honest fresh one: in-process (the notebook's own
     # hidden test) the grader's side counts against the bound too. One that holds more grows the cases: made again.
     plan = _backward_plan(SimpleNamespace(held_mb=0), seed)

@@ -38,6 +38,7 @@ from autograder.checking import (
     mistakes,
     reference,
     tensor,
+    unseen_seed,
     within_memory,
 )
 from autograder.lessons.gpu.triton_replay import expect_kernel_did_the_work
@@ -444,7 +445,7 @@ def tiled_calls(s, rng, name, lse=""):
     first = TILED_MESSAGE.format(
         name=name, what="one query row of scores", mb=TILED_LONG["tk"] * 8 >> 20, lse=lse, **TILED_LONG
     )
-    seed = int(rng.integers(2**31))
+    seed = unseen_seed(rng)
     with within_memory(s, TILED_MB, first, HEADROOM_MB, TILED_INPUTS_MB) as reword:
         cases = tiled_cases(s)
         specs = [spec for *_, case_specs, _ in cases for spec in case_specs]
@@ -761,35 +762,42 @@ def _expect_softmax(got, want, x, what):
     expect_array(got, want, what, axes=("rows", "cols"), nan_hint=SOFTMAX_NO_MAX)
 
 
+def _softmax_case(rng, dtype, shape, scale, with_inf, device):
+    """(inputs, keyword arguments, what, judge: the result's expectations) of one of SOFTMAX_CASES, drawn with rng."""
+    x = softmax_input(rng, dtype, shape, scale, with_inf)
+    what = f"triton_softmax(x) in {np.dtype(dtype).name}"
+    want = _on(reference(torch.from_numpy(x).double().softmax(-1), dtype=np.dtype(dtype).name), device)
+    return [_on(tensor(x), device)], {}, what, lambda got: _expect_softmax(got, want, x, what)
+
+
 @CHECKS.add("triton_softmax", aspects={"float32": 2, "float16": 1})
 def triton_softmax(s):
     if not ref.HAS_TRITON:
         raise Unchecked(UNAVAILABLE["triton_softmax"])
     if not s.sources:
         raise Unchecked("triton_softmax needs the notebook's code cells, which the grader did not receive")
-    rng = s.rng
     device = _triton_device()
     replay = None
-    for aspect, dtype, shape, scale, with_inf in SOFTMAX_CASES:
+    for aspect, *case in SOFTMAX_CASES:
         with s.aspect(aspect):
-            x = softmax_input(rng, dtype, shape, scale, with_inf)
-            what = f"triton_softmax(x) in {np.dtype(dtype).name}"
+            inputs, kwargs, _, judge = _softmax_case(s.rng, *case, device)
             # Called first, so an unwritten answer is told it is not implemented yet.
-            got = s.call("triton_softmax", _on(tensor(x), device))
-            want = _on(reference(torch.from_numpy(x).double().softmax(-1), dtype=np.dtype(dtype).name), device)
-            _expect_softmax(got, want, x, what)
-            replay = replay or (aspect, [_on(tensor(x), device)], what, {})
-    _replay_once(s, "triton_softmax", "_softmax_kernel", replay)
+            judge(s.call("triton_softmax", *inputs, **kwargs))
+            replay = replay or (aspect, [*case, device])
+    _replay_once(s, "triton_softmax", "_softmax_kernel", replay, _softmax_case)
 
 
-def _replay_once(s, wrapper, kernel, replay):
-    """expect_kernel_did_the_work on the first case that was right (aspect, inputs, what, keyword arguments), in its
-    aspect, once the cases are done: the replay runs in a process of its own (Subject.elsewhere), and the cases that
-    follow it would need the notebook's run again."""
+def _replay_once(s, wrapper, kernel, replay, drawn):
+    """expect_kernel_did_the_work on the first case that was right (aspect, its arguments to drawn), in its aspect,
+    once the cases are done: the replay runs in a process of its own (Subject.elsewhere), and the cases that follow it
+    would need the notebook's run again. The case is drawn again, from a seed no source shows (the checks' own, s.rng,
+    is the source's to read: a kernel could store the answer to their inputs, worked out beforehand), and its result
+    judged as the case's."""
     if replay is not None:
-        aspect, inputs, what, kwargs = replay
+        aspect, case = replay
         with s.aspect(aspect):
-            expect_kernel_did_the_work(s, wrapper, kernel, inputs, what, **kwargs)
+            inputs, kwargs, what, judge = drawn(np.random.default_rng(unseen_seed(s.rng)), *case)
+            judge(expect_kernel_did_the_work(s, wrapper, kernel, inputs, what, **kwargs))
 
 
 # Small sizes: on a CPU this runs in Triton's interpreter, whose cost grows with the programs launched
@@ -802,27 +810,34 @@ TRITON_CASES = [
 ]
 
 
+def _attention_case(rng, dtype, shape, causal, device):
+    """(inputs, keyword arguments, what, judge: the result's expectations) of one of TRITON_CASES, drawn with rng."""
+    b, h, tq, tk, dh = shape
+    q, k, v = qkv(rng, b, h, tq, tk, dh, dtype)
+    what = f"triton_attention(q, k, v, causal={causal}) in {np.dtype(dtype).name}"
+    want, cond = exact_attention(q, k, v, causal, dtype)
+    blocks = [16, 32, 64, 128]
+    mistakes = lambda: attention_mistakes(q, k, v, causal, blocks, getattr(torch, np.dtype(dtype).name), triton=True)
+    return (
+        [_on(tensor(a), device) for a in (q, k, v)],
+        {"causal": causal},
+        what,
+        lambda got: expect_attention(got, _on(want, device), what, mistakes, tq, blocks, cond),
+    )
+
+
 @CHECKS.add("triton_attention", aspects={"float32": 2, "float16": 1})
 def triton_attention(s):
     if not ref.HAS_TRITON:
         raise Unchecked(UNAVAILABLE["triton_attention"])
     if not s.sources:
         raise Unchecked("triton_attention needs the notebook's code cells, which the grader did not receive")
-    rng = s.rng
     device = _triton_device()
     replay = None
-    for aspect, dtype, (b, h, tq, tk, dh), causal in TRITON_CASES:
+    for aspect, *case in TRITON_CASES:
         with s.aspect(aspect):
-            q, k, v = qkv(rng, b, h, tq, tk, dh, dtype)
-            what = f"triton_attention(q, k, v, causal={causal}) in {np.dtype(dtype).name}"
+            inputs, kwargs, _, judge = _attention_case(s.rng, *case, device)
             # Called first, so an unwritten answer is told it is not implemented yet.
-            got = s.call("triton_attention", *(_on(tensor(a), device) for a in (q, k, v)), causal=causal)
-            want, cond = exact_attention(q, k, v, causal, dtype)
-            want = _on(want, device)
-            blocks = [16, 32, 64, 128]
-            mistakes = lambda: attention_mistakes(
-                q, k, v, causal, blocks, getattr(torch, np.dtype(dtype).name), triton=True
-            )
-            expect_attention(got, want, what, mistakes, tq, blocks, cond)
-            replay = replay or (aspect, [_on(tensor(a), device) for a in (q, k, v)], what, {"causal": causal})
-    _replay_once(s, "triton_attention", "_attention_kernel", replay)
+            judge(s.call("triton_attention", *inputs, **kwargs))
+            replay = replay or (aspect, [*case, device])
+    _replay_once(s, "triton_attention", "_attention_kernel", replay, _attention_case)

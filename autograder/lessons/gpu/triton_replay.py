@@ -3,9 +3,10 @@
 The wrapper is called once with the kernel's launches recorded (sandbox.helpers.launches). Then a fresh process that
 ran none of the notebook's code, only its @triton.jit functions and the constants they read (kernel_cells), launches
 the kernel again the same way: the same grid and scalars, the call's own inputs where the wrapper passed them, zeros
-where it passed zeros, NaN in every other buffer (one the wrapper filled could hold an answer computed outside the
-kernel). What the wrapper returned must be what that replay wrote into one of its buffers. A kernel that does
-nothing, or copies what the wrapper computed, writes NaN there or nothing at all.
+where it passed zeros, its own copy of an input the wrapper scaled, cast or transposed, NaN in every other buffer (one
+the wrapper filled could hold an answer computed outside the kernel). Nothing the wrapper computed reaches the replay
+but a few numbers (_scalars). What the wrapper returned must be what that replay wrote into one of its buffers. A
+kernel that does nothing, or copies what the wrapper computed, writes NaN there or nothing at all.
 """
 
 import ast
@@ -36,8 +37,9 @@ def _replay(name, buffers, launches):
     return buffers
 '''
 MAX_SCALARS = 32  # a kernel's launch takes a few sizes, strides and flags: not an answer spelled out in numbers
+MAX_BUFFERS = 16  # and a few tensors: not one per number of an answer (each prepared one carries its scale, its axes)
 MAX_FLOATS = 2  # a launch's floats: the scale (and perhaps one more constant)
-MAX_INT = 4096  # an integer argument may exceed the largest buffer's size only up to this (a block size)
+MAX_INT = 4096  # an integer argument may exceed the largest input's or result's size only up to this (a block size)
 MAX_WORDS = 64  # characters of string arguments in all of a call's launches
 MAX_LAUNCHES, ELEMENTS_PER_LAUNCH = 4, 256  # launches a call may make: a few, or one per 256 outputs
 
@@ -68,34 +70,40 @@ def kernel_cells(cells):
 
 
 def _prepared(buf, inputs):
-    """Whether a floating buffer is one of the inputs scaled by one number, cast, and its axes permuted or reshaped
-    (what a wrapper may prepare for a launch: q * scale, q.float(), k.transpose(-1, -2).contiguous())."""
+    """A floating buffer that is one of the inputs scaled by one number, cast, and its axes permuted or reshaped (what a
+    wrapper may prepare for a launch: q * scale, q.float(), k.transpose(-1, -2).contiguous()): (the grader's own copy of
+    it, the scale), or None. The copy is that input permuted, times the scale, rounded to the buffer's dtype: nothing
+    of the wrapper's reaches the replay but the scale, not the low bits of its values (which could spell an answer)."""
     data = np.asarray(buf.data)
     if not np.issubdtype(data.dtype, np.floating) or data.size == 0 or not np.all(np.isfinite(data)):
-        return False
+        return None
     eps = float(np.finfo(data.dtype).eps)  # the rounding of the wrapper's own product, in the buffer's dtype
-    data = data.astype(np.float64).ravel()
-    rtol, atol = 4 * eps, eps * float(np.abs(data).max())  # atol: products rounded to subnormals
+    wide = data.astype(np.float64).ravel()
+    rtol, atol = 4 * eps, eps * float(np.abs(wide).max())  # atol: products rounded to subnormals
     for a in inputs:
         x = np.asarray(a.data)
-        if x.size != data.size or x.ndim > 5 or not np.issubdtype(x.dtype, np.floating):
+        if x.size != wide.size or x.ndim > 5 or not np.issubdtype(x.dtype, np.floating):
             continue
         for axes in itertools.permutations(range(x.ndim)):
             flat = x.transpose(axes).astype(np.float64).ravel()
             i = int(np.argmax(np.abs(flat)))
-            if flat[i] != 0 and np.allclose(data, flat * (data[i] / flat[i]), rtol=rtol, atol=atol):
-                return True
-    return False
+            scale = float(wide[i] / flat[i]) if flat[i] != 0 else 0.0
+            scale = 1.0 if abs(scale - 1) <= rtol else scale  # a cast, rounded: no scale
+            if flat[i] != 0 and np.allclose(wide, flat * scale, rtol=rtol, atol=atol):
+                return (flat * scale).astype(data.dtype).reshape(data.shape), scale
+    return None
 
 
 def _replay_buffers(buffers, inputs):
-    """{key: array}: the call's own input where a buffer holds exactly one, zeros where it is all zeros, the
-    buffer as passed where it is an input prepared for the launch (_prepared), NaN (or, an integer buffer, -1)
+    """({key: array}, [scale]): the call's own input where a buffer holds exactly one, fresh zeros where it is all
+    zeros (not the wrapper's: their signs could spell an answer), the grader's copy where it is an input prepared for
+    the launch (_prepared; its scale, unless 1, listed as a float the launch passed), NaN (or, an integer buffer, -1)
     everywhere else."""
-    out = {}
+    out, scales = {}, []
     for key, buf in buffers.items():
         if not isinstance(buf, Array):
             fail("the kernel was launched with an argument that is not a tensor or a number")
+        data = np.asarray(buf.data)
         same = next(
             (
                 a
@@ -104,33 +112,43 @@ def _replay_buffers(buffers, inputs):
             ),
             None,
         )
+        prepared = None if same is not None or not np.any(data) else _prepared(buf, inputs)
         if same is not None:
             out[key] = same
-        elif not np.any(buf.data) or _prepared(buf, inputs):
-            out[key] = buf
+        elif not np.any(data):
+            out[key] = Array(buf.kind, buf.dtype, np.zeros_like(data), device=buf.device)
+        elif prepared is not None:
+            copy, scale = prepared
+            out[key] = Array(buf.kind, buf.dtype, copy, device=buf.device)
+            scales += [scale] if scale != 1 else []
         else:
-            fill = np.nan if np.issubdtype(np.asarray(buf.data).dtype, np.floating) or buf.dtype == "bfloat16" else -1
-            out[key] = Array(
-                buf.kind, buf.dtype, np.full(buf.shape, fill, dtype=np.asarray(buf.data).dtype), device=buf.device
-            )
-    return out
+            fill = np.nan if np.issubdtype(data.dtype, np.floating) or buf.dtype == "bfloat16" else -1
+            out[key] = Array(buf.kind, buf.dtype, np.full(buf.shape, fill, dtype=data.dtype), device=buf.device)
+    return out, scales
 
 
-def _scalars(launches, buffers, got):
-    """Refuse launches whose non-tensor arguments could carry an answer. A launch takes a few sizes, strides, block
-    sizes and flags, and a float or two (the scale): so at most MAX_SCALARS per launch, MAX_FLOATS floats, integers
-    no larger than twice the largest buffer (sizes, strides and offsets are; a float's bits are not), short words,
+def _scalars(launches, inputs, got, scales):
+    """Refuse launches whose non-tensor arguments could carry an answer. A launch takes a few tensors, sizes, strides,
+    block sizes and flags, and a float or two (the scale, passed or multiplied into an input: scales, from
+    _replay_buffers): so at most MAX_BUFFERS tensors and MAX_SCALARS numbers per launch, MAX_FLOATS floats, integers
+    no larger than twice the largest input or result (sizes, strides and offsets are; a float's bits are not; not a
+    buffer's, which the wrapper sizes: a large one would let the integers carry more bits), short words,
     and no more launches than the output's size allows (many launches of a few numbers each could spell it out)."""
     values = [[v for v in [*args, *kwargs.values()] if not isinstance(v, dict)] for _, args, kwargs in launches]
     flat = [v for launch in values for v in launch]
     plain = all(v is None or isinstance(v, (bool, int, float)) or (isinstance(v, str) and len(v) <= 16) for v in flat)
+    if any(sum(isinstance(v, dict) for v in [*args, *kwargs.values()]) > MAX_BUFFERS for _, args, kwargs in launches):
+        fail(
+            f"the kernel was launched with more than {MAX_BUFFERS} tensors: pass it the inputs and the output, and "
+            "let it compute the result from them"
+        )
     if not plain or any(len(launch) > MAX_SCALARS for launch in values):
         fail(
             "the kernel was launched with more than a few sizes, strides and flags besides its tensors: pass the "
             "kernel tensors, and let it compute the result from them"
         )
-    largest = max([int(np.prod(b.shape)) for b in buffers.values() if isinstance(b, Array)] + [1])
-    floats = [v for v in flat if isinstance(v, float)]
+    largest = max([int(np.prod(a.shape)) for a in [*inputs, got] if isinstance(a, Array)] + [1])
+    floats = [v for v in flat if isinstance(v, float)] + scales
     ints = [v for v in flat if isinstance(v, int) and not isinstance(v, bool)]
     words = sum(len(v) for v in flat if isinstance(v, str))
     if (
@@ -140,7 +158,8 @@ def _scalars(launches, buffers, got):
     ):
         fail(
             "the kernel was launched with numbers that are not sizes, strides, flags or a scale (more than "
-            f"{MAX_FLOATS} floats a launch, or integers larger than any size): data must reach the kernel in tensors"
+            f"{MAX_FLOATS} floats a launch, counting an input you scaled before the launch, or integers larger than "
+            "any size): data must reach the kernel in tensors"
         )
     size = int(np.prod(got.shape)) if isinstance(got, Array) else 0
     if len(launches) > max(MAX_LAUNCHES, size // ELEMENTS_PER_LAUNCH):
@@ -163,13 +182,14 @@ def expect_kernel_did_the_work(s, wrapper, kernel, inputs, what, **kwargs):
     got, buffers, launches = s.helper("launches", run, s.get(wrapper, "__call__"), *inputs, **kwargs)
     if not launches:
         fail(f"{wrapper} never launched {kernel}: the work must happen in your @triton.jit kernel")
-    _scalars(launches, buffers, got)
+    replayed, scales = _replay_buffers(buffers, inputs)
+    _scalars(launches, inputs, got, scales)
     cells = _parsed(s.readable_sources())  # once: the grader's own work grows with the cells' length
     for name, foreign in not_triton(cells, [kernel]):
         fail(not_triton_message(name, foreign))
     with s.elsewhere(kernel_cells(cells)):
         try:
-            after = s.call("_replay", kernel, _replay_buffers(buffers, inputs), launches)
+            after = s.call("_replay", kernel, replayed, launches)
         except AssertionError:
             raise
         except Exception as e:  # noqa: BLE001 - a StudentError: the kernel could not run on its own
