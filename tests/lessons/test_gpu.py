@@ -374,3 +374,73 @@ def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):
     with pytest.raises(PartialCredit) as caught:
         verify("06_gpu", "flash_attention", fresh_namespace("06_gpu", {"flash_attention": code}))
     assert {r["aspect"] for r in caught.value.rows if not r["passed"]} == {"tiled"}, caught.value.rows
+
+
+# Answers smuggled to the replay in buffers it once took as the wrapper passed them (triton_replay._replay_buffers):
+# the signs of a buffer of zeros, 32 a float32, and the low bits of inputs cast to float64, 2 bits a copy. Tricks, not
+# mistakes: the visible tests cannot see them (lesson 06's HIDDEN_ONLY is for mistakes, at most 5% of them).
+SMUGGLED = {
+    "a kernel that reads the answer's bits from the signs of zeros, the wrapper computing": """
+@triton.jit
+def _softmax_kernel(Z, Y, n_cols, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    ok = cols < n_cols
+    bit = tl.arange(0, 32)
+    z = tl.load(Z + (row * n_cols + cols)[:, None] * 32 + bit[None, :], mask=ok[:, None], other=0.0)
+    word = tl.sum(((z.to(tl.int32, bitcast=True) >> 31) & 1) << bit[None, :], 1)
+    tl.store(Y + row * n_cols + cols, word.to(tl.float32, bitcast=True).to(Y.dtype.element_ty), mask=ok)
+
+
+def triton_softmax(x):
+    x = x.contiguous()
+    bits = torch.softmax(x.float(), -1).view(torch.int32).reshape(-1, 1)
+    signs = ((bits >> torch.arange(32, dtype=torch.int32)) & 1).bool()
+    zeros = torch.where(signs, torch.tensor(-0.0), torch.tensor(0.0)).reshape(-1)
+    out = torch.zeros_like(x)
+    _softmax_kernel[(x.size(0),)](zeros, out, x.size(1), BLOCK=triton.next_power_of_2(x.size(1)))
+    return out
+""",
+    "a kernel that reads the answer's bits from the low bits of copies of x, the wrapper computing": """
+@triton.jit
+def _softmax_kernel(X, Y, n_cols, {params}, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    ok = cols < n_cols
+    at = row * n_cols + cols
+    base = tl.load(X + at, mask=ok, other=0.0).to(tl.float64).to(tl.int64, bitcast=True)
+    word = tl.zeros([BLOCK], tl.int64)
+{loads}
+    tl.store(Y + at, word.to(tl.int32).to(tl.float32, bitcast=True).to(Y.dtype.element_ty), mask=ok)
+
+
+def triton_softmax(x):
+    x = x.contiguous()
+    bits = torch.softmax(x.float(), -1).view(torch.int32).to(torch.int64).reshape(-1) & 0xFFFFFFFF
+    base = x.double().reshape(-1).view(torch.int64)
+    copies = [(base + ((bits >> j) & 3)).view(torch.float64).reshape(x.shape) for j in range(4, 32, 2)]
+    out = torch.zeros_like(x)
+    _softmax_kernel[(x.size(0),)](x, out, x.size(1), *copies, BLOCK=triton.next_power_of_2(x.size(1)))
+    return out
+""".format(
+        params=", ".join(f"C{j}" for j in range(4, 32, 2)),
+        loads="\n".join(
+            f"    c = tl.load(C{j} + at, mask=ok, other=0.0).to(tl.int64, bitcast=True)\n"
+            f"    word = word | ((c - base) & 3) << {j}"
+            for j in range(4, 32, 2)
+        ),
+    ),
+}
+
+
+@pytest.mark.parametrize("what", SMUGGLED)
+def test_an_answer_smuggled_to_the_replay_loses_the_kernels_points(what):
+    """The wrapper computes softmax in torch and hides its bits where the replay once read them: the grader's launch
+    of the kernel gets fresh zeros and its own copies of prepared inputs, and the kernel writes nothing right."""
+    from autograder.checking import PartialCredit, verify
+    from tests.harness.lessons import fresh_namespace
+
+    with pytest.raises(AssertionError) as caught:
+        verify("06_gpu", "triton_softmax", fresh_namespace("06_gpu", {"triton_softmax": SMUGGLED[what]}))
+    assert "launched it again" in str(caught.value)
+    assert not isinstance(caught.value, PartialCredit) or caught.value.earned < caught.value.total

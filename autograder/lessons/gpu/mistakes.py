@@ -853,70 +853,6 @@ def triton_softmax(x):
             aspect="float32",
             evidence=True,
         ),
-        # The answer smuggled in buffers the replay took as the wrapper passed them (triton_replay._replay_buffers):
-        # the signs of a buffer of zeros, 32 a float32, and the low bits of inputs cast to float64, 2 bits a copy.
-        Mistake(
-            "a kernel that reads the answer's bits from the signs of zeros, the wrapper computing",
-            "launched it again",
-            """
-@triton.jit
-def _softmax_kernel(Z, Y, n_cols, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
-    cols = tl.arange(0, BLOCK)
-    ok = cols < n_cols
-    bit = tl.arange(0, 32)
-    z = tl.load(Z + (row * n_cols + cols)[:, None] * 32 + bit[None, :], mask=ok[:, None], other=0.0)
-    word = tl.sum(((z.to(tl.int32, bitcast=True) >> 31) & 1) << bit[None, :], 1)
-    tl.store(Y + row * n_cols + cols, word.to(tl.float32, bitcast=True).to(Y.dtype.element_ty), mask=ok)
-
-
-def triton_softmax(x):
-    x = x.contiguous()
-    bits = torch.softmax(x.float(), -1).view(torch.int32).reshape(-1, 1)
-    signs = ((bits >> torch.arange(32, dtype=torch.int32)) & 1).bool()
-    zeros = torch.where(signs, torch.tensor(-0.0), torch.tensor(0.0)).reshape(-1)
-    out = torch.zeros_like(x)
-    _softmax_kernel[(x.size(0),)](zeros, out, x.size(1), BLOCK=triton.next_power_of_2(x.size(1)))
-    return out
-""",
-            aspect="float32",
-            evidence=True,
-        ),
-        Mistake(
-            "a kernel that reads the answer's bits from the low bits of copies of x, the wrapper computing",
-            "launched it again",
-            """
-@triton.jit
-def _softmax_kernel(X, Y, n_cols, {params}, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
-    cols = tl.arange(0, BLOCK)
-    ok = cols < n_cols
-    at = row * n_cols + cols
-    base = tl.load(X + at, mask=ok, other=0.0).to(tl.float64).to(tl.int64, bitcast=True)
-    word = tl.zeros([BLOCK], tl.int64)
-{loads}
-    tl.store(Y + at, word.to(tl.int32).to(tl.float32, bitcast=True).to(Y.dtype.element_ty), mask=ok)
-
-
-def triton_softmax(x):
-    x = x.contiguous()
-    bits = torch.softmax(x.float(), -1).view(torch.int32).to(torch.int64).reshape(-1) & 0xFFFFFFFF
-    base = x.double().reshape(-1).view(torch.int64)
-    copies = [(base + ((bits >> j) & 3)).view(torch.float64).reshape(x.shape) for j in range(4, 32, 2)]
-    out = torch.zeros_like(x)
-    _softmax_kernel[(x.size(0),)](x, out, x.size(1), *copies, BLOCK=triton.next_power_of_2(x.size(1)))
-    return out
-""".format(
-                params=", ".join(f"C{j}" for j in range(4, 32, 2)),
-                loads="\n".join(
-                    f"    c = tl.load(C{j} + at, mask=ok, other=0.0).to(tl.int64, bitcast=True)\n"
-                    f"    word = word | ((c - base) & 3) << {j}"
-                    for j in range(4, 32, 2)
-                ),
-            ),
-            aspect="float32",
-            evidence=True,
-        ),
         # Python inside the kernel's body, which the interpreter runs (triton_fit.not_triton)
         Mistake(
             "torch's softmax inside the kernel, through x.handle",
@@ -1045,8 +981,6 @@ HIDDEN_ONLY = {
         [
             "a kernel that only reads its program id, the wrapper computing",
             "a kernel that stores the scalars it is given, the wrapper computing",
-            "a kernel that reads the answer's bits from the signs of zeros, the wrapper computing",
-            "a kernel that reads the answer's bits from the low bits of copies of x, the wrapper computing",
         ],
         "only the grader's own launch of the kernel shows that it wrote nothing",
     ),
