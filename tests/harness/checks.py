@@ -3,7 +3,6 @@ names the mistake (and cost no other function its points), correct variants pass
 
 import ast
 import dis
-import functools
 import importlib
 import inspect
 import json
@@ -18,7 +17,7 @@ import pytest
 
 from autograder.checking import checks_for, memory, mistakes, verify
 from tests.harness import each, mutants, one_lesson
-from tests.harness.lessons import fresh_namespace, graded_names
+from tests.harness.lessons import answers, fresh_namespace, graded_names
 
 REPO = Path(__file__).resolve().parents[2]
 __all__ = [
@@ -148,7 +147,7 @@ def mutant_case(lesson, name, what):
     if (lesson, name) in mutants.MEMORY_BOUND and mutant.aspect:
         assert_costs_its_aspect(lesson, name, mutant, caught.value)
     bound, acts = _cell_binds(code)
-    bound |= _cell_binds(_answer_cell(lesson, name))[0]
+    bound |= _cell_binds(answers(lesson)[name])[0]
     for other in graded_names(lesson):
         if other != name and other not in mutants.also_loses(lesson, what):
             # The other names' code is the solutions': only what reads a name the two cells bind can see the mistake
@@ -176,14 +175,6 @@ def _cell_binds(code):
         elif not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)):
             acts = True
     return bound, acts
-
-
-@functools.lru_cache(maxsize=None)
-def _answer_cell(lesson, name):
-    from autograder import notebook as nbk
-
-    [cell] = [c for c in nbk.code_cells(nbk.read(nbk.lesson_path(lesson))) if nbk.grade_id(c) == name]
-    return nbk.without_markers(nbk.source(cell))
 
 
 def _reads(lesson, name, ns):

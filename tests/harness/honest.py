@@ -19,6 +19,7 @@ from autograder import notebook as nbk
 from autograder.release import release
 from tests.grader.test_adversarial import with_cells
 from tests.harness import each, watch
+from tests.harness.lessons import answers as lesson_answers
 from tests.harness.lessons import fill
 
 __all__ = ["graded", "test_honest_habits_keep_every_mark", "test_cells_nothing_reads_cost_nothing"]
@@ -43,12 +44,6 @@ MAGICS = {
     ],
 }
 IMPORTS = "import math\nimport torch\nfrom torch import nn\nimport torch.nn.functional as F\n\n"
-
-
-def _answers(lesson):
-    """{grade_id: the solution's answer cell}, as a student who solved it has it."""
-    nb = nbk.read(nbk.lesson_path(lesson))
-    return {nbk.grade_id(c): nbk.without_markers(nbk.source(c)) for c in nbk.code_cells(nb) if nbk.is_answer(c)}
 
 
 def _common(lesson, answers, scratch):
@@ -392,7 +387,7 @@ UNREADABLE = {
 
 
 def patterns(lesson):
-    answers = _answers(lesson)
+    answers = dict(lesson_answers(lesson))
     return {**_common(lesson, answers, SCRATCH[lesson]), **LESSON_PATTERNS[lesson](answers)}
 
 

@@ -18,6 +18,13 @@ def graded_names(lesson):
 
 
 @functools.lru_cache(maxsize=None)
+def answers(lesson):
+    """{grade_id: the solution's answer cell}, as a student who solved it has it."""
+    nb = nbk.read(nbk.lesson_path(lesson))
+    return {nbk.grade_id(c): nbk.without_markers(nbk.source(c)) for c in nbk.code_cells(nb) if nbk.is_answer(c)}
+
+
+@functools.lru_cache(maxsize=None)
 def namespace_source(lesson):
     """The code the grader runs for a filled-in notebook: every code cell but tests and demos."""
     nb = nbk.read(nbk.lesson_path(lesson))
