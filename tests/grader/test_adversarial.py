@@ -289,10 +289,12 @@ def attack(tmp_path_factory):
             LESSON,
             "--jobs",
             "2",
+            # seconds of CPU time (the wall clock's backstop is 4 times that): the loops and the fork bomb burn them
+            # all, while an honest cell or call of lesson 01 needs a fraction of one
             "--cell-timeout",
-            "8",
+            "4",
             "--call-timeout",
-            "8",
+            "4",
             "--memory",
             "1024",
             "--gradebook",
