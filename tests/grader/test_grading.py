@@ -18,14 +18,16 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def small_class(tmp_path_factory):
+    """Lesson 01's class, graded once serially into root/serial: the run the others are compared with, and the
+    folder the resume test starts from (a plain run of the same class writes the same results)."""
     root = tmp_path_factory.mktemp("small")
     subs, who = build_class(root, LESSONS[:1])
+    run("grade", str(subs), "--out", str(root / "serial"), "--jobs", "1", "--quiet")
     return root, subs
 
 
 def test_parallel_equals_serial_and_shards_merge_to_one_run(small_class):
     root, subs = small_class
-    run("grade", str(subs), "--out", str(root / "serial"), "--jobs", "1", "--quiet")
     run("grade", str(subs), "--out", str(root / "parallel"), "--jobs", "2", "--quiet")
     for i in range(3):
         run("grade", str(subs), "--out", str(root / f"shard{i}"), "--shard", f"{i}/3", "--quiet")
@@ -39,7 +41,7 @@ def test_parallel_equals_serial_and_shards_merge_to_one_run(small_class):
 def test_resume_skips_finished_work_and_is_idempotent(small_class):
     root, subs = small_class
     out = root / "resume"
-    run("grade", str(subs), "--out", str(out), "--quiet")
+    shutil.copytree(root / "serial", out)  # a finished run, with its index: still valid where it is copied
     first = (out / "grades.csv").read_text()
     stamps = {p: p.stat().st_mtime_ns for p in (out / ".results").glob("*/*.json")}
     victim = next(iter(stamps))
