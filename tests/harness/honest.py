@@ -17,7 +17,7 @@ import pytest
 from IPython.core.inputtransformer2 import TransformerManager
 
 from autograder import notebook as nbk
-from autograder.check_submission import bound
+from autograder.check_submission import MAX_CELL_CHARS, bound
 from autograder.release import release
 from autograder.results import NAME_CAP
 from tests.grader.test_adversarial import with_cells
@@ -383,7 +383,7 @@ def backward_chain(k, n):
 
 
 UNREADABLE = {
-    "huge_cell": "\n".join(["a = 1"] * 150_000),
+    "huge_cell": "\n".join(["a = 1"] * (MAX_CELL_CHARS // 5)),  # longer than any cell the grader reads
     "deep_expression": "_x = " + "+".join(["1"] * 20_000),
     "backward_alias_chain": backward_chain(0, 4500),
 }  # more passes than the grader's reading makes
