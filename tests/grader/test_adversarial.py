@@ -289,12 +289,10 @@ def attack(tmp_path_factory):
             LESSON,
             "--jobs",
             "2",
-            # seconds of CPU time (the wall clock's backstop is 4 times that): the loops and the fork bomb burn them
-            # all, while an honest cell or call of lesson 01 needs a fraction of one
             "--cell-timeout",
-            "4",
+            "8",
             "--call-timeout",
-            "4",
+            "8",
             "--memory",
             "1024",
             "--gradebook",
