@@ -387,9 +387,7 @@ def flash_attention(q, k, v, causal=False, block_q=64, block_k=64):
 """
 )
 
-# lesson: {student: {graded name: the mutant's what, or code}}. No solved student: the names a trick leaves alone are
-# solved, and the lesson's own graded class (tests/lessons/test_<module>.py) grades the solved notebook.
-REAL_GRADER = {
+REAL_GRADER = {  # lesson: {student: {graded name: the mutant's what, or code}}; "solved" answers all
     "09_flash_backward": {
         "autograd": {"attention_backward": "autograd through the naive forward"},
         "fused": {
@@ -437,8 +435,11 @@ def test_the_real_grader_costs_each_trick_its_aspect(lesson, tmp_path):
     rel = nbk.read(tmp_path / "release" / lesson / f"{lesson}.ipynb")
     known = {(name, m.what): m.code for name, ms in mistakes.mutants(lesson).items() for m in ms}
     students = {
-        student: {name: known.get((name, what), what) for name, what in answers.items()}
-        for student, answers in REAL_GRADER[lesson].items()
+        "solved": {},
+        **{
+            student: {name: known.get((name, what), what) for name, what in answers.items()}
+            for student, answers in REAL_GRADER[lesson].items()
+        },
     }
     for student, answers in students.items():
         nbk.write(fill(rel, lesson, answers), tmp_path / "subs" / student / lesson / f"{lesson}.ipynb")
