@@ -8,10 +8,10 @@ check), and the hidden-only escapes: mistakes the visible test misses, with the 
 
 A lesson runs once, cell by cell, with the solutions; just before each answer cell it forks one child
 per mistake and variant of that function (several at once), which runs the rest of the notebook (demo
-cells skipped, the visible test cells recorded) with that answer instead. tests/harness/visible.py asserts
-on the same runs; the command's fast run (run_lesson(fast=True)) lets a child stop where the rest of the
-notebook can no longer differ from the solutions' run, and tests/grader/test_audit.py holds it to the same
-verdicts. With --notebook, the lesson is read from an edited source notebook (its answer cells the
+cells skipped, the visible test cells recorded) with that answer instead. The command's fast run
+(run_lesson(fast=True)) lets a child stop where the rest of the notebook can no longer differ from the
+solutions' run, and tests/grader/test_audit.py holds it to the exact run's verdicts; tests/harness/visible.py
+asserts on the fast runs. With --notebook, the lesson is read from an edited source notebook (its answer cells the
 solutions), as an instructor checks an exercise before releasing it.
 """
 

@@ -129,8 +129,8 @@ def test_audit_refuses_another_lessons_notebook():
     )
 
 
-# The audit command's fast run (autograder.audit.run_lesson(fast=True)) must give what the exact run gives,
-# the runs tests/harness/visible.py asserts on: every visible test's verdict and every hidden check's.
+# The audit command's fast run (autograder.audit.run_lesson(fast=True)), which tests/harness/visible.py asserts on,
+# must give what the exact run gives: every visible test's verdict and every hidden check's.
 def test_the_fast_run_gives_the_exact_runs_verdicts():
     from autograder import audit
 

@@ -49,7 +49,7 @@ def test_a_mutant_is_verified_against_every_name_that_can_see_it():
     a name the mutant's cell binds; every other name when the cell runs more than definitions, or when the check runs
     the cells again."""
     from tests.harness.checks import _cell_binds, _reads
-    from tests.harness.lessons import fresh_namespace
+    from tests.harness.lessons import answers, fresh_namespace
 
     assert _cell_binds("import torch.nn as nn\nimport math\nBLOCK = 16\ndef f():\n    global g\n") == (
         {"nn", "math", "BLOCK", "f", "g"},
@@ -67,10 +67,15 @@ def test_a_mutant_is_verified_against_every_name_that_can_see_it():
             ]
         ]
     }
-    assert {"split_heads", "attention"} <= reads["02_heads"]["per_head_attention"]  # it calls both
-    assert "attention" not in reads["02_heads"]["split_heads"]
+    # it calls both, isolated: the grader's stand-ins run in their place while it runs; a helper of split_heads's cell
+    # that it calls is its own code's
+    assert not {"split_heads", "attention"} & reads["02_heads"]["per_head_attention"]
+    cells = {name: answers("02_heads")[name] for name in ("split_heads", "per_head_attention")}
+    cells["split_heads"] += "\n\ndef _split(x, n_heads):\n    return split_heads(x, n_heads)\n"
+    cells["per_head_attention"] = cells["per_head_attention"].replace("split_heads(x @ w", "_split(x @ w")
+    assert "_split" in _reads("02_heads", "per_head_attention", fresh_namespace("02_heads", cells))
     flash = {"flash_attention_forward", "flash_attention_backward"}
-    assert flash <= reads["09_flash_backward"]["FlashAttention"]  # isolated, and called by its code
-    assert not flash & reads["09_flash_backward"]["attention_backward"]
-    assert {"online_softmax", "triton_softmax"} <= reads["06_gpu"]["triton_attention"]  # its replay runs every cell
+    assert not flash & reads["09_flash_backward"]["FlashAttention"]
+    assert "_softmax_kernel" in reads["06_gpu"]["triton_attention"]  # its replay runs every cell's kernels
+    assert "online_softmax" not in reads["06_gpu"]["triton_attention"]
     assert "triton_softmax" not in reads["06_gpu"]["flash_attention"]

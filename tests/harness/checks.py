@@ -146,14 +146,23 @@ def mutant_case(lesson, name, what):
     )
     if (lesson, name) in mutants.MEMORY_BOUND and mutant.aspect:
         assert_costs_its_aspect(lesson, name, mutant, caught.value)
+    for other in seen_by(lesson, name, code, ns) - mutants.also_loses(lesson, what):
+        # The other names' code is the solutions': only what reads a name the two cells bind can see the mistake
+        # (lesson 09's flash_attention_backward check, 4.5 s of CPU, for each mutant of the three other names).
+        verify(lesson, other, ns)
+
+
+def seen_by(lesson, name, code, ns=None):
+    """The other graded names whose check can see `code` in the answer cell of `name` (ns: the lesson's cells run
+    with that one, run here when not given): those that read a name the cell or the solution's cell binds, or all of
+    them where the cell runs more than definitions."""
     bound, acts = _cell_binds(code)
+    others = [other for other in graded_names(lesson) if other != name]
+    if acts:
+        return set(others)
     bound |= _cell_binds(answers(lesson)[name])[0]
-    for other in graded_names(lesson):
-        if other != name and other not in mutants.also_loses(lesson, what):
-            # The other names' code is the solutions': only what reads a name the two cells bind can see the mistake
-            # (lesson 09's flash_attention_backward check, 4.5 s of CPU, for each mutant of the three other names).
-            if acts or _reads(lesson, other, ns) & bound:
-                verify(lesson, other, ns)
+    ns = fresh_namespace(lesson, {name: code}) if ns is None else ns
+    return {other for other in others if _reads(lesson, other, ns) & bound}
 
 
 def _cell_binds(code):
@@ -181,14 +190,18 @@ def _reads(lesson, name, ns):
     """Every name that the check of `name`, or the notebook code it reaches, mentions (the globals, and strings
     that are identifiers, of their code, followed through the check module's own helpers and the namespace's
     functions, classes and kernels): what a mistake in another cell must bind to reach that check. A check that
-    runs the cells' text again (Subject.sources: lesson 06's Triton replay) reads every name; one that parses it
-    (Subject.readable_sources: lesson 09's d_per_pair) reads the definitions of the names it reads."""
+    runs the cells' text again (Subject.sources: lesson 06's Triton replay runs every cell's kernels, and the imports
+    and constants beside them) reads what every cell with a kernel binds; one that parses it
+    (Subject.readable_sources: lesson 09's d_per_pair) reads the definitions of the names it reads. The names it
+    isolates are the grader's stand-ins while it runs (Check.isolate): it reads what their cells bind besides."""
     check = checks_for(lesson)[name]
     module = importlib.import_module(check.fn.__module__)
     seen, attributes = _mentions([check.fn], vars(module), module.__name__)
     if "sources" in attributes:
-        return set(ns)
-    return _mentions([ns[n] for n in seen | {name, *check.isolate} if n in ns], ns, ns["__name__"], seen)[0]
+        seen |= {n for cell in ns["__cell_sources__"] if "@triton.jit" in cell for n in _cell_binds(cell)[0]}
+    isolated = set(check.isolate)
+    reached = [ns[n] for n in (seen | {name}) - isolated if n in ns]
+    return _mentions(reached, {n: v for n, v in ns.items() if n not in isolated}, ns["__name__"], seen)[0] - isolated
 
 
 GLOBAL_OPS = {"LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL", "DELETE_GLOBAL"}

@@ -3,8 +3,10 @@ function's visible test in the RELEASED notebook, with a message that names the 
 the hidden check (its keyword), and no other function's visible test fails (no misblame); every
 correct variant passes them all.
 
-The runs are autograder.audit's (a lesson runs once with the solutions, forking a child per mutant
-and variant just before its answer cell); `python -m autograder audit LESSON` prints them as a table.
+The runs are autograder.audit's fast runs, as `python -m autograder audit LESSON` makes and prints them
+as a table: a lesson runs once with the solutions, forking a child per mutant and variant just before its
+answer cell, which stops where the rest of the notebook can no longer differ from the solutions' run
+(tests/grader/test_audit.py holds the fast run to the exact run's verdicts).
 
     .venv/bin/python -m tests.harness.visible [LESSON ...]   # the audit's tables of these lessons
 """
@@ -25,7 +27,7 @@ MAX_HIDDEN_ONLY = mistakes.MAX_HIDDEN_ONLY  # the share of a lesson's mutants th
 @functools.lru_cache(maxsize=None)
 def run_lesson(lesson):
     """{(name, what): {visible test grade_id: failure message}} for every mutant and variant (autograder.audit)."""
-    return audit.run_lesson(lesson)
+    return audit.run_lesson(lesson, fast=True)
 
 
 def _cases(kind):

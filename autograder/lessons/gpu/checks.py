@@ -289,13 +289,13 @@ def exact_attention(q, k, v, causal, dtype, rows=None):
     return want, max(1.0, largest / 16)
 
 
-def expect_attention(got, want, what, mistakes, tq, block_qs, cond32):
+def expect_attention(got, want, what, mistaken, tq, block_qs, cond32):
     """expect_array, most specific first: a known mistake, float64 computed in float32, then only the
     last, partial tile of queries wrong, then where the result differs. cond32: exact_attention's."""
     cond = cond32 if want.dtype == "float32" else 1.0
     tol = dict(cond=cond)
     if not close(got, want, **tol):
-        for message, wrong in mistakes():
+        for message, wrong in mistaken():
             if close(got, wrong, **tol):
                 fail(f"{what}: {message}")
     if isinstance(got, Array) and got.kind == want.kind and got.dtype == want.dtype and got.shape == want.shape:
@@ -572,8 +572,8 @@ def flash_attention(s):
                 f"flash_attention(q, k, v, causal={causal}{', block_q, block_k' if blocks else ''}) "
                 f"in {np.dtype(dtype).name}"
             )
-            mistakes = lambda: attention_mistakes(q, k, v, causal, [bk], getattr(torch, np.dtype(dtype).name))
-            expect_attention(got, want, what, mistakes, tq, [bq], cond)
+            mistaken = lambda: attention_mistakes(q, k, v, causal, [bk], getattr(torch, np.dtype(dtype).name))
+            expect_attention(got, want, what, mistaken, tq, [bq], cond)
     with s.aspect("tiled"):  # with PyTorch's attention kernels off (lessons/06_gpu/lesson.toml)
         _expect_tiled(s, rng)
     with s.aspect("float16"):  # after the others: their inputs stay as they were
@@ -817,12 +817,12 @@ def _attention_case(rng, dtype, shape, causal, device):
     what = f"triton_attention(q, k, v, causal={causal}) in {np.dtype(dtype).name}"
     want, cond = exact_attention(q, k, v, causal, dtype)
     blocks = [16, 32, 64, 128]
-    mistakes = lambda: attention_mistakes(q, k, v, causal, blocks, getattr(torch, np.dtype(dtype).name), triton=True)
+    mistaken = lambda: attention_mistakes(q, k, v, causal, blocks, getattr(torch, np.dtype(dtype).name), triton=True)
     return (
         [_on(tensor(a), device) for a in (q, k, v)],
         {"causal": causal},
         what,
-        lambda got: expect_attention(got, _on(want, device), what, mistakes, tq, blocks, cond),
+        lambda got: expect_attention(got, _on(want, device), what, mistaken, tq, blocks, cond),
     )
 
 
