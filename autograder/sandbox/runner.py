@@ -146,8 +146,16 @@ def preload(triton=True):
     if triton:
         # Each child runs the cells again (a check's fresh process), so what they import costs every child: lessons 06
         # and 09 time kernels with torch.utils.benchmark, which brings setuptools' hundred modules (0.04 CPU s a child,
-        # 8 children a lesson 06 submission), and run them in Triton's interpreter (issue 33).
-        for name in ("triton", "triton.runtime.interpreter", "torch.utils.benchmark", "torch.utils.flop_counter"):
+        # 8 children a lesson 06 submission), and run them in Triton's interpreter (issue 33). Autograd's first
+        # backward from a given gradient (lesson 09's FlashAttention, in two children a submission) imports
+        # symbolic_shapes, and sympy with it: 480 modules, 0.27 CPU s a child.
+        for name in (
+            "triton",
+            "triton.runtime.interpreter",
+            "torch.utils.benchmark",
+            "torch.utils.flop_counter",
+            "torch.fx.experimental.symbolic_shapes",
+        ):
             try:
                 importlib.import_module(name)
             except ImportError:
