@@ -220,7 +220,7 @@ def with_cells(nb, cells, after=0):
             {
                 "cell_type": "code",
                 "execution_count": None,
-                "id": f"trick{i}",
+                "id": f"trick{index + i}",  # unique where a notebook gets cells in two places
                 "metadata": {},
                 "outputs": [],
                 "source": src,

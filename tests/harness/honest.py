@@ -14,9 +14,12 @@ import subprocess
 import sys
 
 import pytest
+from IPython.core.inputtransformer2 import TransformerManager
 
 from autograder import notebook as nbk
+from autograder.check_submission import MAX_CELL_CHARS, bound
 from autograder.release import release
+from autograder.results import NAME_CAP
 from tests.grader.test_adversarial import with_cells
 from tests.harness import each, watch
 from tests.harness.lessons import answers as lesson_answers
@@ -26,8 +29,8 @@ __all__ = ["graded", "test_honest_habits_keep_every_mark", "test_cells_nothing_r
 GRADER_MEMORY_MIB = 600  # the grader's own memory per job (issue 19); lesson 06's chunk-proof evidence counts the
 # levels of its 2**23 keys on the grader's side instead of drawing them (issue 33: it took 970 MiB)
 
-# Cells a student adds anywhere, and additions to every answer: each set is one honest student who has them all, in
-# every lesson's run (each student costs a grading, up to 3 s of CPU in lesson 09; a failure names the test it cost).
+# Cells a student adds anywhere, and additions to every answer: each set is one habit, in every lesson's run. Habits
+# that bind different names share a student (students()): each student costs a grading, up to 3 s of CPU in lesson 09.
 MAGICS = {
     "matplotlib_inline": ["%matplotlib inline"],
     "autoreload": ["%load_ext autoreload\n%autoreload 2"],
@@ -380,7 +383,7 @@ def backward_chain(k, n):
 
 
 UNREADABLE = {
-    "huge_cell": "\n".join(["a = 1"] * 150_000),
+    "huge_cell": "\n".join(["a = 1"] * (MAX_CELL_CHARS // 5)),  # longer than any cell the grader reads
     "deep_expression": "_x = " + "+".join(["1"] * 20_000),
     "backward_alias_chain": backward_chain(0, 4500),
 }  # more passes than the grader's reading makes
@@ -389,6 +392,37 @@ UNREADABLE = {
 def patterns(lesson):
     answers = dict(lesson_answers(lesson))
     return {**_common(lesson, answers, SCRATCH[lesson]), **LESSON_PATTERNS[lesson](answers)}
+
+
+def _binds(cell):
+    """The names a cell binds at top level, magics read as IPython runs them (a cell magic runs its body here)."""
+    return bound(TransformerManager().transform_cell(cell.split("\n", 1)[1] if cell.startswith("%%") else cell))
+
+
+def students(lesson):
+    """{student id: {habit: (first, replace, last)}}: the lesson's habits, several to a student where their cells bind
+    different names (a replaced answer binds its graded name), so that none redefines, replaces or hides what another
+    one tests; a HELD habit alone, since the headroom is sized for one. The id names the habits graded together."""
+    habits = patterns(lesson)
+    names = {h: set(r).union(*map(_binds, [*f, *r.values(), *la])) for h, (f, r, la) in habits.items()}
+    groups = []  # [[habit]]
+    for habit in sorted(habits, key=lambda h: -len(names[h])):  # the habits binding most names first: fewer students
+        fits = [
+            group
+            for group in groups
+            if not HELD.keys() & {habit, *group}
+            and not names[habit] & set().union(*(names[h] for h in group))
+            and len(_student_id([*group, habit])) <= NAME_CAP
+        ]
+        if fits:
+            min(fits, key=len).append(habit)  # the smallest group: a failure names few habits
+        else:
+            groups.append([habit])
+    return {_student_id(group): {h: habits[h] for h in group} for group in groups}
+
+
+def _student_id(habits):
+    return "honest-" + "+".join(habits)
 
 
 def grade(root, subs, lesson):
@@ -435,10 +469,12 @@ def graded(request, tmp_path_factory):
         nbk.write(nb, subs / student / lesson / f"{lesson}.ipynb")
 
     put("plain", fill(rel, lesson))
-    for name, (first, replace, last) in patterns(lesson).items():
-        nb = fill(rel, lesson, replace)
+    for student, habits in students(lesson).items():
+        first, replace, last = zip(*habits.values())
+        nb = fill(rel, lesson, {g: cell for r in replace for g, cell in r.items()})
+        first, last = sum(first, []), sum(last, [])
         nb = with_cells(nb, first, after=0) if first else nb
-        put(f"honest-{name}", with_cells(nb, last, after=-1) if last else nb)
+        put(student, with_cells(nb, last, after=-1) if last else nb)
     if lesson == "06_gpu":
         for name, cell in UNREADABLE.items():
             put(f"unreadable-{name}", with_cells(fill(rel, lesson), [cell], after=-1))
@@ -462,9 +498,10 @@ def test_the_corpus_is_large_enough():
 def test_honest_habits_keep_every_mark(lesson, graded):
     lesson, proc, rows, _ = graded
     assert proc.returncode == 0, proc.stderr_text[-3000:]
-    students = _by_student(rows)
-    assert set(f"honest-{n}" for n in patterns(lesson)) <= set(students)
-    for student, got in students.items():
+    by_student = _by_student(rows)
+    graded_habits = {habit for student, habits in students(lesson).items() if student in by_student for habit in habits}
+    assert set(patterns(lesson)) <= graded_habits, f"not graded: {set(patterns(lesson)) - graded_habits}"
+    for student, got in by_student.items():
         if student.startswith(("honest-", "plain")):
             lost = {r["test"]: r["message"] for r in got if float(r["points"]) < float(r["max_points"])}
             assert not lost, (student, lost)
@@ -476,8 +513,8 @@ def test_cells_nothing_reads_cost_nothing(lesson, graded):
     lesson, proc, rows, peak = graded
     if lesson != "06_gpu":
         pytest.skip("the unreadable cells are graded in lesson 06's run")
-    students = _by_student(rows)
+    by_student = _by_student(rows)
     for name in UNREADABLE:  # nothing reads the cells to judge how an answer works any more (issue 33): they cost
-        got = {r["test"]: r for r in students[f"unreadable-{name}"]}  # nothing, and the grader stays bounded
+        got = {r["test"]: r for r in by_student[f"unreadable-{name}"]}  # nothing, and the grader stays bounded
         assert all(r["status"] == "passed" for r in got.values()), got
     assert peak < GRADER_MEMORY_MIB, f"the grader reached {peak} MiB"
