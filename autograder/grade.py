@@ -342,6 +342,14 @@ def imports_triton(lessons: list) -> bool:
     )
 
 
+def forbidden_paths(lessons: list) -> tuple:
+    """The paths the lessons' checks switch off ([forbids]): the run's sandboxes find them before their children fork
+    (Sandbox(forbids=...)), not each child that switches them off."""
+    return tuple(
+        sorted({path for lesson in lessons for rule in manifests.forbids(lesson).values() for path in rule["paths"]})
+    )
+
+
 def check_reference_kernels(lessons: list) -> None:
     """grade --kernels-graded: the lesson's own kernels (its source notebook's answers) compile for the target and fit
     it, else UsageError: grading the kernels against a card the lesson's own tiles do not fit would cost a correct
@@ -841,7 +849,13 @@ def grade(config: RunConfig, outputs=()) -> dict:
     old_tempdir, tempfile.tempdir = tempfile.tempdir, str(run_tmp)  # every sandbox folder lands in run_tmp
     try:
         data_files = stage_data(lessons, run_tmp / "data")
-        warm = Warm(c.mode, lesson_limits(lessons[0], c.limits), run_tmp / "data", imports_triton(lessons))
+        warm = Warm(
+            c.mode,
+            lesson_limits(lessons[0], c.limits),
+            run_tmp / "data",
+            imports_triton(lessons),
+            forbidden_paths(lessons),
+        )
         try:
             return _grade(
                 c.submissions,
@@ -982,8 +996,8 @@ class Warm:
     failed to start is left to the worker, which starts its own and reports why. The thread that started it lives
     until close(): bwrap's --die-with-parent ends the sandbox with the thread that started it, not the process."""
 
-    def __init__(self, mode: str, limits: Limits, data_dir: Path, triton: bool) -> None:
-        self.mode, self.data_dir, self.triton = mode, data_dir, triton
+    def __init__(self, mode: str, limits: Limits, data_dir: Path, triton: bool, forbids: tuple = ()) -> None:
+        self.mode, self.data_dir, self.triton, self.forbids = mode, data_dir, triton, forbids
         self.limits, self.sandbox, self.lock = limits, None, threading.Lock()
         self.started, self.done = threading.Event(), threading.Event()
         self.thread = threading.Thread(target=self._hold, daemon=True)
@@ -1000,7 +1014,7 @@ class Warm:
 
     def new(self, limits: Limits) -> Sandbox:
         """A sandbox of the run (its mode, data and preloads) under `limits`, started now; SandboxError."""
-        return Sandbox(self.mode, limits, self.data_dir, self.triton)
+        return Sandbox(self.mode, limits, self.data_dir, self.triton, self.forbids)
 
     def take(self, limits: Limits) -> Sandbox | None:
         with self.lock:

@@ -476,8 +476,9 @@ class _Cgroups:
 class Sandbox:
     """One sandboxed worker. start() gives a fresh child per submission (see runner.py)."""
 
-    def __init__(self, mode, limits: Limits = DEFAULT_LIMITS, data_dir=None, triton=True) -> None:
-        """triton: the worker imports Triton before its children fork (grade: where a lesson graded imports it)."""
+    def __init__(self, mode, limits: Limits = DEFAULT_LIMITS, data_dir=None, triton=True, forbids=()) -> None:
+        """triton: the worker imports Triton before its children fork (grade: where a lesson graded imports it).
+        forbids: the paths some children switch off (the lessons' [forbids]), found before they fork (tripwires)."""
         self.mode, self.limits = mode, limits
         self.uid = None  # the uid mode's children's
         self._exited = None  # an "exited" that came in answer to cpu(), for stop_child
@@ -490,6 +491,7 @@ class Sandbox:
         fd = child_end.fileno()
         runner = [sys.executable, "-m", "sandbox.runner", str(fd)]
         flags = ([] if self.protect else ["--unprotected"]) + ([] if triton else ["--no-triton"])
+        flags += [f"--forbids={','.join(forbids)}"] if forbids else []
         popen_env = None
         if mode == "bwrap":
             cmd = _bwrap_base(self.limits.memory_mb, self.protect)

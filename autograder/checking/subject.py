@@ -2,9 +2,11 @@
 this process in a notebook's hidden test), and the errors its replies become."""
 
 import contextlib
+import hashlib
 import json
 import re
 import secrets
+import threading
 import time
 import zlib
 from pathlib import Path
@@ -64,13 +66,24 @@ class StudentError(Exception):
         return name in self.mro
 
 
+# This run's secret (one a grading process): what unseen_seed gives is the same for every submission the run grades,
+# so the grader's own side of the cases drawn from it is worked out once a run (Subject.once_per_run), and differs
+# between runs
+RUN_KEY = secrets.token_bytes(16)
+
+
 def unseen_seed(rng):
     """A seed (below 2**31) for inputs a check draws in the student's process, which no source shows: a check's rng is
     seeded from its name (Subject), so a call on inputs drawn from it could be answered from a table worked out
-    beforehand (a "tiled" case's few outputs, without touching its keys). rng draws one too, so that what the check
-    draws after stays as it was."""
-    rng.integers(2**31)
-    return secrets.randbits(31)
+    beforehand (a "tiled" case's few outputs, without touching its keys). The seed is rng's next draw keyed by
+    RUN_KEY: a table worked out in another run misses. rng draws it, so that what the check draws after stays as
+    it was."""
+    drawn = int(rng.integers(2**31)).to_bytes(4, "little")
+    return int.from_bytes(hashlib.blake2b(drawn, key=RUN_KEY, digest_size=4).digest(), "little") >> 1
+
+
+_RUN = threading.local()  # Subject.once_per_run's values, a grading thread's own
+ONCE_PER_RUN_KEPT = 8  # values kept a thread: the few of the lessons a run grades
 
 
 class Subject:
@@ -91,6 +104,18 @@ class Subject:
         self.held_mb = 0  # see memory_bound()
         self._calls = 0  # calls sent (forbidding() counts those of its block)
         self._forbidding = None  # inside forbidding(): [its paths, self._calls when the paths were last found off]
+
+    def once_per_run(self, key, make):
+        """make()'s value, made once a run in each grading thread for each key (hashable, saying all make() depends
+        on): the grader's own side of a case (its inputs, their exact answers) is the same for every submission, when
+        drawn from unseen_seed. Each thread keeps its own (no state is shared between grading threads), the last
+        ONCE_PER_RUN_KEPT. The value is shared by the checks that ask for it: they must not change it."""
+        kept = _RUN.__dict__.setdefault("kept", {})
+        if key not in kept:
+            while len(kept) >= ONCE_PER_RUN_KEPT:
+                kept.pop(next(iter(kept)))
+            kept[key] = make()
+        return kept[key]
 
     def readable_sources(self):
         """The sources of up to MAX_CELL_CHARS characters, for a check that parses them on the grader's side, whose
@@ -358,6 +383,11 @@ def _target(t):
 class LocalSubject(Subject):
     """The student's code in this process (hidden tests run in the notebook). Requests and
     replies still go through JSON, so a check sees exactly what it would see in the grader."""
+
+    def once_per_run(self, key, make):
+        """make(), made again each time: here the grader's side shares the student's process, where what it kept would
+        count against the memory bounds that follow, and one notebook is checked once."""
+        return make()
 
     def __init__(self, namespace, seed_text=""):
         servers = [ObjectServer(namespace)]  # the notebook's, and inside Subject.elsewhere the grader's cells'

@@ -1,6 +1,6 @@
 """The sandboxed worker:
 python -m sandbox.runner CONTROL_FD SCRATCH [--private-tmp] [--pidns] [--cgroup=DIR] [--uid=N] [--no-triton]
-    [--unprotected]
+    [--forbids=PATH,...] [--unprotected]
 
 SCRATCH is the only writable folder the worker cleans; --private-tmp adds /dev/shm (only ours
 inside bubblewrap). --uid=N (the "uid" mode, where namespaces are refused): the worker runs as
@@ -146,8 +146,16 @@ def preload(triton=True):
     if triton:
         # Each child runs the cells again (a check's fresh process), so what they import costs every child: lessons 06
         # and 09 time kernels with torch.utils.benchmark, which brings setuptools' hundred modules (0.04 CPU s a child,
-        # 8 children a lesson 06 submission), and run them in Triton's interpreter (issue 33).
-        for name in ("triton", "triton.runtime.interpreter", "torch.utils.benchmark", "torch.utils.flop_counter"):
+        # 8 children a lesson 06 submission), and run them in Triton's interpreter (issue 33). Autograd's first
+        # backward from a given gradient (lesson 09's FlashAttention, in two children a submission) imports
+        # symbolic_shapes, and sympy with it: 480 modules, 0.27 CPU s a child.
+        for name in (
+            "triton",
+            "triton.runtime.interpreter",
+            "torch.utils.benchmark",
+            "torch.utils.flop_counter",
+            "torch.fx.experimental.symbolic_shapes",
+        ):
             try:
                 importlib.import_module(name)
             except ImportError:
@@ -644,6 +652,10 @@ def main():
         _check(LIBC.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "not dumpable")
         opts["seccomp"] = seccomp_program()
     shell = preload("--no-triton" not in sys.argv)
+    if opt.get("--forbids"):  # the paths the lessons graded switch off in some children (tripwires.prepare)
+        from .tripwires import prepare
+
+        prepare(opt["--forbids"].split(","))
     # What the worker holds is never a child's garbage: a child's full collection would walk (and copy on write) every
     # object of torch and the rest here, some 0.12 CPU s whenever one falls in its cells or calls (issue 33).
     gc.collect()

@@ -79,3 +79,34 @@ def test_a_mutant_is_verified_against_every_name_that_can_see_it():
     assert "_softmax_kernel" in reads["06_gpu"]["triton_attention"]  # its replay runs every cell's kernels
     assert "online_softmax" not in reads["06_gpu"]["triton_attention"]
     assert "triton_softmax" not in reads["06_gpu"]["flash_attention"]
+
+
+def test_unseen_seeds_are_a_runs_own_and_once_per_run_is_a_threads_own(monkeypatch):
+    """unseen_seed gives the same seed for the same check in one run (so Subject.once_per_run works the grader's side
+    out once) and another in another run (RUN_KEY); once_per_run keeps a value per key in each grading thread, none
+    shared between threads, and in-process (LocalSubject) keeps none."""
+    import secrets
+    import threading
+
+    import numpy as np
+
+    from autograder.checking import LocalSubject, Subject, subject, unseen_seed
+
+    rng = lambda: np.random.default_rng(7)  # noqa: E731 - a check's rng, seeded from its name
+    first = unseen_seed(rng())
+    assert unseen_seed(rng()) == first and 0 <= first < 2**31
+    monkeypatch.setattr(subject, "RUN_KEY", secrets.token_bytes(16))
+    assert unseen_seed(rng()) != first
+
+    made = []
+    make = lambda: made.append(1) or object()  # noqa: E731
+    s = Subject(lambda request: {"ok": None})
+    value = s.once_per_run(("test", 1), make)
+    assert s.once_per_run(("test", 1), make) is value and len(made) == 1
+    there = []
+    thread = threading.Thread(target=lambda: there.append(s.once_per_run(("test", 1), make)))
+    thread.start()
+    thread.join()
+    assert there[0] is not value and len(made) == 2
+    local = LocalSubject({})
+    assert local.once_per_run(("test", 1), make) is not local.once_per_run(("test", 1), make) and len(made) == 4

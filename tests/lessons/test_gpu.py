@@ -336,11 +336,13 @@ def triton_softmax(x):
         verify("06_gpu", "triton_softmax", fresh_namespace("06_gpu", {"triton_softmax": code}))
 
 
-def test_a_table_of_the_tiled_case_s_answers_worked_out_beforehand_loses_tiled():
+def test_a_table_of_the_tiled_case_s_answers_worked_out_beforehand_loses_tiled(monkeypatch):
     """The evidence for "tiled" is drawn from a seed no source shows (checking.unseen_seed): an answer that looks up
-    the long case's two outputs, recorded from a correct answer run on the checks' own seeds, and is untiled
-    elsewhere, loses "tiled" (it kept 3/3 while the seed came from the check's name)."""
-    from autograder.checking import PartialCredit, verify
+    the long case's two outputs, recorded from a correct answer run on the checks' own seeds in another run, and is
+    untiled elsewhere, loses "tiled" (it kept 3/3 while the seed came from the check's name)."""
+    import secrets
+
+    from autograder.checking import PartialCredit, subject, verify
     from tests.harness.lessons import fresh_namespace
 
     ns, seen = fresh_namespace("06_gpu"), {}
@@ -354,6 +356,7 @@ def test_a_table_of_the_tiled_case_s_answers_worked_out_beforehand_loses_tiled()
     ns["flash_attention"] = recording
     verify("06_gpu", "flash_attention", ns)
     assert seen
+    monkeypatch.setattr(subject, "RUN_KEY", secrets.token_bytes(16))  # the run that grades it
     code = f"""
 _TABLE = {seen!r}
 

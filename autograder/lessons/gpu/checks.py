@@ -439,8 +439,8 @@ TILED_MESSAGE = (
 
 def tiled_calls(s, rng, name, lse=""):
     """name(q, k, v, causal, block_q, block_k) on each of tiled_cases' inputs, inside their bound (every case's inputs
-    alive during every call: the bound's inputs_mb covers them once); returns [(causal, q, k, v as drawn, what the
-    call returned)], k and v of the long case as the helpers.Levels they were drawn over."""
+    alive during every call: the bound's inputs_mb covers them once); returns (what the calls returned, the grader's
+    side of them: _tiled_truths, once a run, the seed being the run's)."""
     function = s.get(name, "__call__")
     first = TILED_MESSAGE.format(
         name=name, what="one query row of scores", mb=TILED_LONG["tk"] * 8 >> 20, lse=lse, **TILED_LONG
@@ -469,19 +469,27 @@ def tiled_calls(s, rng, name, lse=""):
             )
         )
         got = s.helper("drawn_calls", function, seed, specs, calls)
+    truths = s.once_per_run(("tiled", seed, repr(cases)), lambda: _tiled_truths(seed, specs, cases))
+    return [answer for answer, _ in got], truths
+
+
+def _tiled_truths(seed, specs, cases):
+    """[(causal, q, Tk, and tiled_reference's rows, out, lse and conditioning)] of each call of tiled_calls, its inputs
+    drawn again here (k and v of the long case as the helpers.Levels they were drawn over)."""
     drawn = helpers.draw(seed, specs, lengths=True)
     inputs = [drawn[3 * i : 3 * i + 3] for i, (*_, blocks) in enumerate(cases) for _ in blocks]
     causals = [causal for *_, blocks in cases for causal, _, _ in blocks]
-    return [(causal, *qkv_, answer) for causal, qkv_, (answer, _) in zip(causals, inputs, got)]
+    return [
+        (causal, q, k.n if isinstance(k, helpers.Levels) else k.size(2), *tiled_reference(q, k, v, causal))
+        for causal, (q, k, v) in zip(causals, inputs)
+    ]
 
 
 def tiled_judged(s, rng, name, lse=""):
     """[(causal, q, Tk, what the call returned, and tiled_reference's rows, out, lse and conditioning)] of
     tiled_calls."""
-    return [
-        (causal, q, k.n if isinstance(k, helpers.Levels) else k.size(2), answer, *tiled_reference(q, k, v, causal))
-        for causal, q, k, v, answer in tiled_calls(s, rng, name, lse)
-    ]
+    answers, truths = tiled_calls(s, rng, name, lse)
+    return [(causal, q, tk, answer, *rest) for answer, (causal, q, tk, *rest) in zip(answers, truths)]
 
 
 def tiled_reference(q, k, v, causal):
