@@ -46,7 +46,7 @@ ROOT = BOOK.parent
 SRC = BOOK / "_generated"  # the assembled book sources (ignored)
 BUILD = BOOK / "_build"  # Jupyter Book's output: BUILD/html is the site (ignored)
 HTML = BUILD / "html"
-NB_CACHE = BUILD / ".notebooks"  # student copies of executed lessons, by content hash
+NB_CACHE = BUILD / ".notebooks"  # student copies of executed lessons, by content hash (tests/lessons' too: keep_run)
 MATHJAX_CACHE = BUILD / ".mathjax"  # the npm package, fetched once
 MATHJAX_SPEC = "mathjax@3"
 # What the site needs of MathJax's es5 folder: the component Sphinx loads, what it loads on demand
@@ -132,9 +132,28 @@ def execute_lesson(lesson, timeout=600):
             f"{e.ename}: {str(e.evalue)[:300]} (run the notebook to see the traceback)"
         ) from None
     log(f"  {lesson} ran in {time.perf_counter() - start:.1f} s")
-    copy_ = student_copy(json.loads(nbformat.writes(nb)), keep_outputs=True)
+    return reader_copy(json.loads(nbformat.writes(nb)))
+
+
+def reader_copy(nb):
+    """The student copy of a run of a source notebook (a dict), outputs kept, with the machine and date it ran on."""
+    copy_ = student_copy(nb, keep_outputs=True)
     copy_["metadata"]["book"] = {"machine": build_machine(), "date": datetime.date.today().isoformat()}
     return copy_
+
+
+def keep_run(lesson, key, nb):
+    """Keep a run of the lesson's source notebook made elsewhere as its cache entry, unless one is there: nb (a dict)
+    ran top to bottom without an error, as execute_lesson runs it (a python3 kernel with KERNEL_ARGS, cwd its
+    folder), while the lesson's files hashed to key (lesson_hash, taken before the run). tests/lessons' run of
+    each source notebook lands here, so that the book's test does not run it again."""
+    path = NB_CACHE / f"{lesson}-{key}.ipynb"
+    if path.exists():
+        return
+    NB_CACHE.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")  # whole or absent for a build reading it at once
+    nbk.write(reader_copy(nb), tmp)
+    os.replace(tmp, path)
 
 
 def build_machine():

@@ -34,6 +34,7 @@ import pytest
 
 from autograder import notebook as nbk
 from autograder.release import student_copy
+from tests.harness import book_build
 from tests.harness.lessons import LESSONS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,14 +42,6 @@ BOOK = ROOT / "book"
 SITE = BOOK / "_build" / "html"
 SCREENSHOTS = BOOK / "_build" / "screenshots"
 MIN_SECRET = 16  # shorter lines (`return out`) are not distinctive
-
-
-@functools.lru_cache(maxsize=None)
-def build_module():
-    spec = importlib.util.spec_from_file_location("book_build", BOOK / "build.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="session")
@@ -77,7 +70,7 @@ def page_text(path):
 
 def executed_copy(lesson):
     """The student copy with outputs that the build made of the lesson (its cache entry)."""
-    build = build_module()
+    build = book_build()
     return nbk.read(build.NB_CACHE / f"{lesson}-{build.lesson_hash(lesson)}.ipynb")
 
 
@@ -168,7 +161,7 @@ def test_lesson_page_is_the_student_copy_with_the_reference_figures(site, lesson
 def test_visible_test_cells_say_what_they_check():
     """interfaces 11: a visible-test cell's first line is `# Visible tests: <summary>` (the book
     folds the cell under that summary)."""
-    build = build_module()
+    build = book_build()
     missing = [
         f"{lesson}: {nbk.grade_id(c)}"
         for lesson in LESSONS
@@ -234,7 +227,7 @@ def _demo_notebook(figure_meta=None):
 
 
 def test_book_page_labels_folds_and_captions():
-    build = build_module()
+    build = book_build()
     glossary = build.Glossary("```{glossary}\nKV cache\nkey/value cache\n  Keys and values kept.\n```\n")
     page, files = build.book_page(
         _demo_notebook({"caption": "What it shows.", "alt": "Two lines rise."}), "03_multi_head", glossary
@@ -264,7 +257,7 @@ def test_book_page_labels_folds_and_captions():
 
 
 def test_glossary_links_the_first_use_of_each_entry():
-    build = build_module()
+    build = book_build()
     glossary = build.Glossary((BOOK / "glossary.md").read_text(encoding="utf-8"))
     names = [terms[0] for terms in glossary.entries]
     for needed in (
@@ -302,7 +295,7 @@ def test_glossary_links_the_first_use_of_each_entry():
 
 
 def test_repository_link_is_one_setting(tmp_path):
-    build = build_module()
+    build = book_build()
     config, url = build.site_config()
     assert url == "" and "use_repository_button: false" in config, "empty by default, and then hidden"
     (tmp_path / "_config.yml").write_text(
@@ -314,7 +307,7 @@ def test_repository_link_is_one_setting(tmp_path):
 
 
 def test_results_plots_what_runs_over_sequence_lengths(tmp_path):
-    build = build_module()
+    build = book_build()
     rows = [
         {"seq_len": t, "method": m, "dtype": "float16", "head_dim": 64, "causal": False, "ms": 1.0, "tflops": t / 100}
         for t in (1024, 2048)
@@ -359,7 +352,7 @@ def test_figures_have_numbers_captions_and_alt_text(site):
             images = [o for o in cell.get("outputs", []) if any(m.startswith("image/") for m in o.get("data", {}))]
             if not images:
                 continue
-            specs = build_module().figure_specs(cell)
+            specs = book_build().figure_specs(cell)
             where = f"{lesson}: cell {i} ({nbk.source(cell).splitlines()[0][:50]!r})"
             if len(specs) < len(images) or not all(s.get("caption") and s.get("alt") for s in specs):
                 problems.append(f"{where}: {len(images)} figure(s), needs metadata 'figure' with caption and alt")
@@ -444,7 +437,7 @@ def test_download_check_finds_a_changed_file(tmp_path):
     lesson = "07_head_specialization"
     release(tmp_path / "release", [lesson])
     folder = tmp_path / "release"
-    assert download_differences(build_module().lesson_download(lesson), folder) == []
+    assert download_differences(book_build().lesson_download(lesson), folder) == []
 
     def zipped(change):
         files = {f.relative_to(folder).as_posix(): f.read_bytes() for f in folder.rglob("*") if f.is_file()}
@@ -511,7 +504,7 @@ def test_results_page_renders_every_result(site):
             assert "What:" in section and "Where:" in section and "When:" in section, (
                 f"{f.name}: say what was measured, where and when"
             )
-    build = build_module()
+    build = book_build()
     if not any(build.measured_on_gpu(json.loads(f.read_text())) for f in files if _is_json(f)):
         assert "No GPU results have been measured yet" in page
 
@@ -530,7 +523,7 @@ def _is_json(f):
 
 
 def test_results_render_any_json_shape():
-    build = build_module()
+    build = book_build()
     records = [{"seq_len": 128, "ms": 0.51234, "impl": "naive"}, {"seq_len": 256, "ms": 1.9, "impl": "flash|tiled"}]
     md = build.render_json({"device": "cpu", "runs": records, "matrix": [[1, 2], [3, 4]], "cfg": {"dtype": "$x$"}}, 3)
     assert "| seq\\_len | ms | impl |" in md and "| 128 | 0.5123 | naive |" in md
@@ -542,7 +535,7 @@ def test_results_render_any_json_shape():
 
 
 def test_gpu_results_are_recognised():
-    build = build_module()
+    build = book_build()
     assert build.measured_on_gpu({"device": "NVIDIA H200", "ms": 1})
     assert build.measured_on_gpu({"runs": [{"device": "cuda:0"}]})
     assert build.measured_on_gpu({"meta": {"gpu_name": "A100-SXM4-80GB"}})
@@ -552,7 +545,7 @@ def test_gpu_results_are_recognised():
 
 
 def test_results_page_says_when_nothing_was_measured(tmp_path):
-    build = build_module()
+    build = book_build()
     page, figures = build.results_page(tmp_path, "figs")
     assert "No benchmark results have been recorded yet" in page and "No GPU results" in page and not figures
     (tmp_path / "cpu.json").write_text(json.dumps({"device": "cpu", "speedup": 1.5}))

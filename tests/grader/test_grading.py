@@ -18,20 +18,30 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def small_class(tmp_path_factory):
+    """Lesson 01's class, graded once serially into root/serial: the run the others are compared with, and the
+    folder the resume test starts from (a plain run of the same class writes the same results)."""
     root = tmp_path_factory.mktemp("small")
     subs, who = build_class(root, LESSONS[:1])
+    run("grade", str(subs), "--out", str(root / "serial"), "--jobs", "1", "--quiet")
     return root, subs
 
 
-def test_parallel_equals_serial_and_shards_merge_to_one_run(small_class):
+@pytest.fixture(scope="module")
+def parallel(small_class):
+    """The same class graded by two processes, with Gradescope's results too (--gradescope only adds files):
+    the folder."""
     root, subs = small_class
-    run("grade", str(subs), "--out", str(root / "serial"), "--jobs", "1", "--quiet")
-    run("grade", str(subs), "--out", str(root / "parallel"), "--jobs", "2", "--quiet")
+    run("grade", str(subs), "--out", str(root / "parallel"), "--jobs", "2", "--gradescope", "--quiet")
+    return root / "parallel"
+
+
+def test_parallel_equals_serial_and_shards_merge_to_one_run(small_class, parallel):
+    root, subs = small_class
     for i in range(3):
         run("grade", str(subs), "--out", str(root / f"shard{i}"), "--shard", f"{i}/3", "--quiet")
     run("merge", *[str(root / f"shard{i}") for i in range(3)], "--out", str(root / "merged"))
     serial = (root / "serial" / "grades.csv").read_text()
-    assert (root / "parallel" / "grades.csv").read_text() == serial
+    assert (parallel / "grades.csv").read_text() == serial
     assert (root / "merged" / "grades.csv").read_text() == serial
     assert len((root / "shard0" / "grades.csv").read_text().splitlines()) < len(serial.splitlines())
 
@@ -39,7 +49,7 @@ def test_parallel_equals_serial_and_shards_merge_to_one_run(small_class):
 def test_resume_skips_finished_work_and_is_idempotent(small_class):
     root, subs = small_class
     out = root / "resume"
-    run("grade", str(subs), "--out", str(out), "--quiet")
+    shutil.copytree(root / "serial", out)  # a finished run, with its index: still valid where it is copied
     first = (out / "grades.csv").read_text()
     stamps = {p: p.stat().st_mtime_ns for p in (out / ".results").glob("*/*.json")}
     victim = next(iter(stamps))
@@ -79,13 +89,10 @@ def test_bad_input_to_the_grader_fails_before_any_work(small_class, tmp_path, ar
     assert not (tmp_path / "out" / "grades.csv").exists()
 
 
-def test_gradescope_results_per_student(small_class):
-    root, subs = small_class
-    out = root / "gradescope-run"
-    run("grade", str(subs), "--out", str(out), "--gradescope", "--quiet")
-    grades = read_grades(out)
+def test_gradescope_results_per_student(parallel):
+    grades = read_grades(parallel)
     for student in {s for s, _, _ in grades}:
-        data = json.loads((out / "gradescope" / student / "results.json").read_text())
+        data = json.loads((parallel / "gradescope" / student / "results.json").read_text())
         mine = [r for (s, _, _), r in grades.items() if s == student]
         assert data["score"] == sum(float(r["points"]) for r in mine)
         assert len(data["tests"]) == len(mine)

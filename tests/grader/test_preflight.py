@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import time
+import traceback
 
 import numpy as np
 import pytest
@@ -101,23 +102,74 @@ def _survey(lesson):
     return out
 
 
+def _survey_each(folder, lessons):
+    """Each lesson's _survey in a process of its own, forked from this one once it has imported the course:
+    folder/<lesson>.json, and what the process wrote to stdout and stderr in folder/<lesson>.log. One interpreter's
+    imports, not one per lesson, for the same isolation: a mutant may leave torch or Triton changed for the next."""
+    for lesson in lessons:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                log = os.open(f"{folder}/{lesson}.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                os.dup2(log, 1)
+                os.dup2(log, 2)
+                survey = _survey(lesson)
+                with open(f"{folder}/{lesson}.json", "w") as f:
+                    json.dump(survey, f)
+                code = 0
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        if status:
+            with open(f"{folder}/{lesson}.log", "a") as f:
+                f.write(f"\n(the process ended with exit status {status})\n")
+
+
+@pytest.fixture(scope="module")
+def surveys(tmp_path_factory, request):
+    """{lesson: _survey(lesson), or why there is none} for the lessons of the selected tests, made by `python -m
+    tests.grader.test_preflight FOLDER LESSON...`: a fresh interpreter, not this one, which holds what other tests
+    left. There PyTorch looks for a GPU through NVML, which leaves CUDA free for the forked processes."""
+    folder = tmp_path_factory.mktemp("surveys")
+    lessons = [
+        item.callspec.params["lesson"]
+        for item in request.session.items
+        if item.originalname == "test_wrong_references_are_refused_and_correct_variants_pass"
+    ]
+    p = subprocess.run(
+        [sys.executable, "-m", "tests.grader.test_preflight", str(folder), *lessons],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=900,
+        env=dict(os.environ, PYTORCH_NVML_BASED_CUDA_CHECK="1"),
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    return {
+        lesson: json.loads((folder / f"{lesson}.json").read_text())
+        if (folder / f"{lesson}.json").exists()
+        else (folder / f"{lesson}.log").read_text()[-3000:]
+        for lesson in lessons
+    }
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("lesson", list(LESSONS))
-def test_wrong_references_are_refused_and_correct_variants_pass(lesson):
+def test_wrong_references_are_refused_and_correct_variants_pass(surveys, lesson):
     """Known-wrong answers (tests/harness/mutants.py) put in place of the reference: most are refused, naming
     the lesson and the function; the correct variants (other styles, float64 inside) all pass.
     Those that pass are wrong only in how they compute (memory, tiling, Triton): evidence that
     the grader gathers from students, which a reference's values cannot show. In a process of
-    its own: a mutant may leave torch or Triton changed for the next."""
-    p = subprocess.run(
-        [sys.executable, "-m", "tests.grader.test_preflight", lesson],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=300,
-    )
-    assert p.returncode == 0, p.stderr[-3000:]
-    got = json.loads(p.stdout.strip().splitlines()[-1])
+    its own (surveys): a mutant may leave torch or Triton changed for the next."""
+    got = surveys[lesson]
+    assert isinstance(got, dict), f"the survey of {lesson} did not finish: {got}"
     assert got["variants_refused"] == []
     mistakes = mutants.for_lesson(lesson).MUTANTS
     for name in graded_names(lesson):
@@ -177,4 +229,4 @@ def test_a_gradebook_in_a_missing_folder_is_refused_before_grading(submissions, 
 
 
 if __name__ == "__main__":
-    print(json.dumps(_survey(sys.argv[1])))
+    _survey_each(sys.argv[1], sys.argv[2:])

@@ -67,8 +67,9 @@ def checks(lesson):
     return checks_for(lesson)
 
 
-def execute(path, allow_errors=False, timeout=300):
-    """Run a notebook top to bottom in a fresh kernel (cwd: its folder); returns the executed dict."""
+def execute(path, allow_errors=False, timeout=300, kernel_args=()):
+    """Run a notebook top to bottom in a fresh kernel (cwd: its folder, kernel_args on its command line); returns
+    the executed notebook (an nbformat node)."""
     import nbformat
     from nbclient import NotebookClient
 
@@ -82,6 +83,7 @@ def execute(path, allow_errors=False, timeout=300):
             timeout=timeout,
             kernel_name="python3",
             allow_errors=allow_errors,
+            extra_arguments=list(kernel_args),
             resources={"metadata": {"path": str(path.parent)}},
         ).execute()
     finally:

@@ -165,15 +165,24 @@ def test_resume_regrades_exactly_what_changed(term, tmp_path, monkeypatch):
     } == {"alice": "2", "carol": "2"}
 
 
-def test_shards_merge_only_when_the_set_is_whole(term, tmp_path, cli):
+@pytest.fixture(scope="module")
+def sharded(term, tmp_path_factory):
+    """The class's manifest and its two shards, graded once: (manifest, [shard 0, shard 1]). A test that changes a
+    shard works on a copy."""
     root, _, _ = term
-    manifest = tmp_path / "class.json"
-    assert cli("manifest", root / "subs", "--out", manifest)[0] == 0
-    assert json.loads(manifest.read_text())["students"] == sorted(HONEST)
-    shards = [tmp_path / f"shard{i}" for i in range(2)]
+    folder = tmp_path_factory.mktemp("sharded")
+    manifest, shards = folder / "class.json", [folder / f"shard{i}" for i in range(2)]
+    assert main(["manifest", str(root / "subs"), "--out", str(manifest)]) == 0
     for i, out in enumerate(shards):
-        code, err = cli("grade", root / "subs", "--out", out, "--shard", f"{i}/2", "--manifest", manifest, "--quiet")
-        assert code == 0, err
+        args = ["grade", root / "subs", "--out", out, "--shard", f"{i}/2", "--manifest", manifest, "--quiet"]
+        assert main([str(a) for a in args]) == 0
+    return manifest, shards
+
+
+def test_shards_merge_only_when_the_set_is_whole(term, sharded, tmp_path, cli):
+    root, _, _ = term
+    manifest, shards = sharded
+    assert json.loads(manifest.read_text())["students"] == sorted(HONEST)
     code, err = cli("merge", shards[0], "--out", tmp_path / "partial", "--manifest", manifest)
     assert code == 2 and "missing shard 1/2" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "partial" / "grades.csv").exists()
@@ -193,14 +202,12 @@ def _inflate(path):
     path.write_text(json.dumps(r))
 
 
-def test_a_result_edited_after_grading_is_refused_by_merge_and_regraded_by_resume(term, tmp_path, cli):
+def test_a_result_edited_after_grading_is_refused_by_merge_and_regraded_by_resume(term, sharded, tmp_path, cli):
     root, _, _ = term
-    manifest = tmp_path / "class.json"
-    assert cli("manifest", root / "subs", "--out", manifest)[0] == 0
-    shards = [tmp_path / f"shard{i}" for i in range(2)]
-    for i, out in enumerate(shards):
-        code, err = cli("grade", root / "subs", "--out", out, "--shard", f"{i}/2", "--manifest", manifest, "--quiet")
-        assert code == 0, err
+    manifest, graded = sharded
+    shards = [tmp_path / shard.name for shard in graded]
+    for shard, copy in zip(graded, shards):
+        shutil.copytree(shard, copy)  # a whole folder, copied with its index: still valid
     victim = store.result_path(shards[0], "carol", L1)  # shard 0 holds =bob, carol and erin
     _inflate(victim)
     code, err = cli("merge", *shards, "--out", tmp_path / "merged", "--manifest", manifest)
