@@ -98,6 +98,9 @@ def serve_forks():
         read, write = os.pipe()
         if (pid := os.fork()) == 0:
             os.close(read)
+            # Fresh for one mutant, as the grader's children are: its bounds leave glibc's thresholds as they are (the
+            # pinned allocator's page faults cost lesson 09's mutants 106 CPU s instead of 44, with the same verdicts)
+            memory.LocalBound.pin = False
             try:
                 mutant_case(*json.loads(line))
                 why = ""
