@@ -98,8 +98,9 @@ def serve_forks():
         read, write = os.pipe()
         if (pid := os.fork()) == 0:
             os.close(read)
-            # Fresh for one mutant, as the grader's children are: its bounds leave glibc's thresholds as they are (the
-            # pinned allocator's page faults cost lesson 09's mutants 106 CPU s instead of 44, with the same verdicts)
+            # Fresh for one mutant, as the grader's children are: the bounds of its own check leave glibc's thresholds
+            # as they are (the pinned allocator's page faults cost lesson 09's mutants 106 CPU s instead of 44, with
+            # the same verdicts); mutant_case pins them for the other names' checks
             memory.LocalBound.pin = False
             try:
                 mutant_case(*json.loads(line))
@@ -149,9 +150,12 @@ def mutant_case(lesson, name, what):
     )
     if (lesson, name) in mutants.MEMORY_BOUND and mutant.aspect:
         assert_costs_its_aspect(lesson, name, mutant, caught.value)
-    for other in seen_by(lesson, name, code, ns) - mutants.also_loses(lesson, what):
-        # The other names' code is the solutions': only what reads a name the two cells bind can see the mistake
-        # (lesson 09's flash_attention_backward check, 4.5 s of CPU, for each mutant of the three other names).
+    # The other names' code is the solutions', honest answers: their bounds pin the allocator (LocalBound.pin), so
+    # that their verdicts do not depend on what ran before them (issue 19)
+    memory.LocalBound.pin = True
+    for other in sorted(seen_by(lesson, name, code, ns) - mutants.also_loses(lesson, what)):
+        # Only what reads a name the two cells bind can see the mistake (lesson 09's flash_attention_backward check,
+        # 4.5 s of CPU, for each mutant of the three other names).
         verify(lesson, other, ns)
 
 
