@@ -183,6 +183,7 @@ def _cell_binds(code):
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             bound.add(node.name)
+            acts = acts or _defining_runs(node)
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             bound |= {(a.asname or a.name).split(".")[0] for a in node.names}
         elif isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Constant):
@@ -191,6 +192,32 @@ def _cell_binds(code):
         elif not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)):
             acts = True
     return bound, acts
+
+
+# Decorators that only wrap what they decorate when the cell runs
+WRAPPERS = {"triton.jit", "torch.no_grad", "contextlib.contextmanager", "staticmethod", "classmethod", "property"}
+
+
+def _defining_runs(node):
+    """Whether defining this function or class runs code of the cell's own beyond binding it: a decorator but the
+    WRAPPERS, a default value or a base that calls something, a class body statement but definitions and constants
+    (a buffer reserved there or as a default argument is kept like one at the top level)."""
+    if any(ast.unparse(d).removesuffix("()") not in WRAPPERS for d in node.decorator_list):
+        return True
+    if isinstance(node, ast.ClassDef):
+        if node.keywords or any(not isinstance(b, (ast.Name, ast.Attribute)) for b in node.bases):
+            return True
+        for item in node.body:
+            if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                if _defining_runs(item):
+                    return True
+            elif not isinstance(item, (ast.Expr, ast.Assign, ast.AnnAssign)) or not isinstance(
+                item.value, ast.Constant
+            ):
+                return True
+        return False
+    defaults = [*node.args.defaults, *(d for d in node.args.kw_defaults if d is not None)]
+    return any(isinstance(n, ast.Call) for d in defaults for n in ast.walk(d))
 
 
 def _reads(lesson, name, ns):
