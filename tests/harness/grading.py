@@ -44,13 +44,15 @@ def build_class(root, lessons, with_mutants=True):
         rel = nbk.read(root / "release" / lesson / f"{lesson}.ipynb")
         entries = [(f"solved-{lesson}", fill(rel, lesson), "full"), (f"blank-{lesson}", rel, "zero")]
         module = mutants.for_lesson(lesson) if with_mutants else None
-        items = [
+        mistaken = [
             (name, code, (what, keyword))
             for name, ms in (module.MUTANTS.items() if module else [])
             for i, (what, keyword, code) in enumerate(ms)
             if mutants.graded_by_the_grader(lesson, name, i, ms[i])
-        ] + [(name, code, None) for name, vs in (module.VARIANTS.items() if module else []) for _, code in vs]
-        for k, group in enumerate(pack(lesson, items)):
+        ]
+        correct = [(name, code, None) for name, vs in (module.VARIANTS.items() if module else []) for _, code in vs]
+        # apart: whatever a correct variant's calls leave behind must show on the other names, which all keep marks
+        for k, group in enumerate(pack(lesson, mistaken) + pack(lesson, correct)):
             expect = {name: mistake for name, _, mistake in group if mistake} or "full"
             entries.append((f"pack-{lesson}-{k}", fill(rel, lesson, {name: code for name, code, _ in group}), expect))
         for student, nb, expect in entries:
