@@ -148,10 +148,14 @@ def preload(triton=True):
         # and 09 time kernels with torch.utils.benchmark, which brings setuptools' hundred modules (0.04 CPU s a child,
         # 8 children a lesson 06 submission), and run them in Triton's interpreter (issue 33). Autograd's first
         # backward from a given gradient (lesson 09's FlashAttention, in two children a submission) imports
-        # symbolic_shapes, and sympy with it: 480 modules, 0.27 CPU s a child.
+        # symbolic_shapes, and sympy with it: 480 modules, 0.27 CPU s a child. A kernel's first launch imports Triton's
+        # code generator and its Gluon dialect (0.04 CPU s, in each of the four children of a lesson 06 submission
+        # that launch one).
         for name in (
             "triton",
             "triton.runtime.interpreter",
+            "triton.compiler.code_generator",
+            "triton.experimental.gluon",
             "torch.utils.benchmark",
             "torch.utils.flop_counter",
             "torch.fx.experimental.symbolic_shapes",
