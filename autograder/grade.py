@@ -473,6 +473,37 @@ def aspect_rows(weights: dict, max_points: float, passed: list | None = None, fa
 
 def run_check(check, subject, max_points: float, why_unavailable: str | None = None) -> dict:
     """One test's row: status, points and message (a bug of ours comes back in 'traceback')."""
+    return run_checks([(check, subject, max_points, why_unavailable)])[0]
+
+
+def run_checks(jobs) -> list:
+    """The rows of jobs [(check, subject, max points, why it is unavailable or None)], in order. Each check runs up to
+    its first pause (Check.steps: the label of the process its next part needs); then, while some wait, the parts of
+    all that wait with the first one's label run one after the other, so that they share one process (each switch of
+    kind costs a fresh process that runs the notebook's cells again)."""
+    rows, waiting = [None] * len(jobs), []
+
+    def advance(i, steps):
+        try:
+            waiting.append((next(steps), i, steps))
+        except StopIteration as done:
+            rows[i] = done.value
+
+    with warnings.catch_warnings():  # the references' own numpy warnings (e.g. -inf rows)
+        warnings.simplefilter("ignore")
+        for i, job in enumerate(jobs):
+            advance(i, _check_steps(*job))
+        while waiting:
+            label = waiting[0][0]
+            group = [(i, steps) for other, i, steps in waiting if other == label]
+            waiting[:] = [w for w in waiting if w[0] != label]
+            for i, steps in group:
+                advance(i, steps)
+    return rows
+
+
+def _check_steps(check, subject, max_points, why_unavailable):
+    """run_check, pausing where the check does (Check.steps): a generator that yields its labels and returns the row."""
     from autograder.checking import OverBudget, PartialCredit, Regrade, StudentError, Unchecked
 
     row = dict(points=0.0, max_points=max_points, status="failed", message="")
@@ -485,9 +516,7 @@ def run_check(check, subject, max_points: float, why_unavailable: str | None = N
             message=f"not graded yet: {why_unavailable}. Your instructor will grade it where it can run.",
         )
     try:
-        with warnings.catch_warnings():  # the references' own numpy warnings (e.g. -inf rows)
-            warnings.simplefilter("ignore")
-            check(subject)
+        yield from check.steps(subject)
         row.update(points=max_points, status="passed")
         if weights:
             row["aspects"] = aspect_rows(
@@ -693,11 +722,12 @@ def grade_one(
 
         checks, gone = checks_for(lesson), unavailable(lesson)
         rows, demos = [], check_submission.demo_only(nb)
-        for test, max_points in tests:
-            name = test.removeprefix("test_")
-            row = run_check(
-                checks[name], Subject(session.transport, f"{lesson}/{name}", sources=cells), max_points, gone.get(name)
-            )
+        names = [test.removeprefix("test_") for test, _ in tests]
+        jobs = [
+            (checks[name], Subject(session.transport, f"{lesson}/{name}", sources=cells), max_points, gone.get(name))
+            for name, (_, max_points) in zip(names, tests)
+        ]
+        for (test, _), name, row in zip(tests, names, run_checks(jobs)):
             if "traceback" in row:
                 result.setdefault("grader_errors", []).append(row.pop("traceback"))
             why = row["status"] != "passed" and cell_problem(name, cells, labels, session)

@@ -2,6 +2,7 @@
 verify() runs one of them against a notebook's namespace (the hidden test's one line)."""
 
 import importlib
+import inspect
 import warnings
 
 from autograder import lessons
@@ -41,6 +42,14 @@ class Check:
 
     def __call__(self, subject):
         """Run against a Subject; an exception from the student's code becomes a teaching AssertionError."""
+        for _ in self.steps(subject):
+            pass
+
+    def steps(self, subject):
+        """The check, run part by part: a generator that yields, between parts, the label of the process the next part
+        needs (Subject.next_process), and raises as __call__ does. A check written as a generator yields those labels
+        itself, between blocks, so that the grader may run other checks' parts before its next one and the parts of
+        several checks that need the same process in one (grade.run_checks); a plain function is one part."""
         if self.forbid and self.forbid["aspect"] not in self.aspects:  # a bug of ours: never grade it unenforced
             raise RuntimeError(f"{self.name} forbids paths in an aspect it does not have: {self.forbid['aspect']}")
         record = subject._aspects = _Aspects(self.aspects, self.name, self.forbid) if self.aspects else None
@@ -48,7 +57,10 @@ class Check:
             if self.isolate:
                 subject.isolate(self.isolate)
             try:
-                self.fn(subject)
+                parts = self.fn(subject)
+                for label in parts if inspect.isgenerator(parts) else ():
+                    subject.pause()
+                    yield label
             finally:
                 if self.isolate:
                     subject.restore()

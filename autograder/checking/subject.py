@@ -104,6 +104,7 @@ class Subject:
         self.held_mb = 0  # see memory_bound()
         self._calls = 0  # calls sent (forbidding() counts those of its block)
         self._forbidding = None  # inside forbidding(): [its paths, self._calls when the paths were last found off]
+        self._blocks = 0  # forbidding, elsewhere and memory_bound blocks open: a check pauses only outside them
 
     def once_per_run(self, key, make):
         """make()'s value, made once a run in each grading thread for each key (hashable, saying all make() depends
@@ -224,11 +225,13 @@ class Subject:
                 raise OverBudget(str(reply["refused"]))
             raise AssertionError(f"your code's memory could not be checked: {reply['refused']}")
         calls = self._calls
+        self._blocks += 1
         try:
             yield
             if self._forbidding and self._calls > calls:  # probed before the process ends: see _still_forbidding
                 self._still_forbidding(bounded=True)
         finally:
+            self._blocks -= 1
             self._transport({"op": "unbound"})
             self._isolation_due = bool(self._isolated)
 
@@ -286,11 +289,13 @@ class Subject:
         self._isolation_due = bool(self._isolated)
         calls = self._calls
         self._forbidding = [list(paths), calls]
+        self._blocks += 1
         try:
             yield
             if self._calls > self._forbidding[1]:
                 self._still_forbidding()
         finally:
+            self._blocks -= 1
             self._forbidding = None
             if self._aspects:
                 self._aspects.forbidden_calls += self._calls - calls
@@ -331,11 +336,34 @@ class Subject:
         notebook's: nothing the notebook's code did is there (in-process: a fresh namespace)."""
         self._transport({"op": "elsewhere", "cells": list(cells)})
         self._isolation_due = False  # the grader's cells have nothing to isolate; due again after the block
+        self._blocks += 1
         try:
             yield
         finally:
+            self._blocks -= 1
             self._transport({"op": "here"})
             self._isolation_due = bool(self._isolated)
+
+    def next_process(self, aspect=None, cells=None):
+        """The label a check yields (Check.steps) before a part that needs a process of another kind: the one that
+        switched off the paths the lesson's manifest forbids in `aspect` (Subject.aspect), or one that ran the grader's
+        `cells` (Subject.elsewhere). The grader runs the parts of a notebook's checks that yield the same label one
+        after the other (grade.run_checks), so that they share that process: each switch costs a fresh process, which
+        runs the notebook's cells again."""
+        if cells is not None:
+            return ("elsewhere", tuple(cells))
+        rule = self._aspects.forbid if self._aspects else None
+        return ("forbid", tuple(rule["paths"])) if rule and rule["aspect"] == aspect else ("notebook",)
+
+    def pause(self):
+        """Between two parts of a check (Check.steps), while other checks' parts run: none of this check's blocks may
+        be open (a bug of ours), and the names it isolates are given back, to be isolated again at its next request."""
+        if self._blocks:
+            raise RuntimeError("a check paused inside a forbidding, elsewhere or memory_bound block")
+        if self._isolated:
+            names = self._isolated
+            self.restore()
+            self._isolated, self._isolation_due = names, True
 
     def helper(self, name, *args, **kwargs):
         """Build one of autograder.sandbox.helpers next to the student's code; returns a Handle."""

@@ -15,7 +15,7 @@ from autograder import notebook as nbk
 from autograder import report
 from autograder import results as store
 from autograder.checking import Check, PartialCredit, Subject
-from autograder.grade import run_check, submission_cells
+from autograder.grade import run_check, run_checks, submission_cells
 from autograder.merge import shard_set_problems
 
 TESTS = [("test_softmax", 2.0), ("test_causal_mask", 1.0)]
@@ -303,6 +303,59 @@ def test_unavailable_checks_and_bugs_of_ours_are_errors_flagged_for_regrading():
     assert row["status"] == "error" and row["grader_error"] and "Triton is not installed" in row["message"]
     row = run_check(Check("f", lambda s: 1 / 0), Subject(lambda request: {}), 2.0)
     assert row["status"] == "error" and row["grader_error"] and "ZeroDivisionError" in row["traceback"]
+
+
+
+def test_checks_that_pause_share_one_process_with_the_parts_that_need_the_same():
+    """grade.run_checks: every check runs up to its pause (Check.steps), then the parts that yield the same label run
+    one after another; the rows keep the tests' order."""
+    ran = []
+
+    def check(name, labels):
+        def body(s):
+            ran.append((name, 0))
+            for i, label in enumerate(labels, 1):
+                yield label
+                ran.append((name, i))
+
+        return Check(name, body)
+
+    jobs = [check("a", ["x"]), check("b", []), check("c", ["y", "x"]), Check("d", lambda s: ran.append(("d", 0)))]
+    jobs.append(check("e", ["x"]))
+    rows = run_checks([(c, Subject(lambda request: {"ok": None}), 1.0, None) for c in jobs])
+    assert ran == [("a", 0), ("b", 0), ("c", 0), ("d", 0), ("e", 0), ("a", 1), ("e", 1), ("c", 1), ("c", 2)]
+    assert [r["status"] for r in rows] == ["passed"] * 5
+
+
+def test_a_paused_check_gives_back_what_it_isolates_and_never_pauses_inside_a_block():
+    """The names a check isolates are restored while others run and isolated again at its next request; a pause inside
+    a forbidding, elsewhere or memory_bound block is a bug of ours (a grader error), never a verdict."""
+    sent = []
+
+    def transport(request):
+        sent.append(" ".join([request["op"], *request.get("target", {}).values()]))
+        return {"ok": None}
+
+    def isolating(s):
+        s.call("f")
+        yield "x"
+        s.call("f")
+
+    rows = run_checks(
+        [
+            (Check("f", isolating, isolate=["g"]), Subject(transport), 1.0, None),
+            (Check("h", lambda s: s.call("h")), Subject(transport), 1.0, None),
+        ]
+    )
+    assert [r["status"] for r in rows] == ["passed", "passed"]
+    assert sent == ["isolate", "call f", "restore", "call h", "isolate", "call f", "restore"]
+
+    def inside(s):
+        with s.elsewhere(["pass"]):
+            yield s.next_process(cells=["pass"])
+
+    row = run_check(Check("f", inside), Subject(lambda request: {"ok": None}), 2.0)
+    assert row["status"] == "error" and row["grader_error"] and "paused inside" in row["traceback"]
 
 
 # ---- merge -----------------------------------------------------------------------------------
