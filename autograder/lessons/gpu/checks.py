@@ -179,12 +179,9 @@ def online_softmax(s):
                 x[..., ::3] = -np.inf
                 x[0, 0, :20] = -np.inf
             short.append((x.astype(dtype), block, kind))
-    # The long row is asked first and judged last, as it always was (its input drawn last too). Judged first, its
-    # answer would name the wrong mistake: on it an unnormalised result is one computed in float32 (the sum is 1 to
-    # float32's rounding), which the short rows tell apart. Asked last, its 625 KiB arrays left the notebook's
-    # process holding 9 MiB beyond a fresh one at flash_attention's memory bound in 4 honest runs of 10 (6 MiB
-    # asked first, 12 of 12), past runner.HONEST_HELD_MB, so "tiled" grew its evidence (evidence_times): twice the
-    # keys' work, four times the mask's, 0.3 CPU s more per submission (issue 19).
+    # The long row is asked first and judged last (its input drawn last too). Judged first, its answer would name the
+    # wrong mistake: on it an unnormalised result is one computed in float32 (the sum is 1 to float32's rounding),
+    # which the short rows tell apart.
     long_row = _long_row(rng)
     try:
         long_got = s.call("online_softmax", tensor(long_row), 64)
@@ -196,6 +193,7 @@ def online_softmax(s):
         if kind == "masked":
             with s.aspect("-inf entries"):
                 _expect_online(s, x, block, kind)
+    yield s.next_process("values")
     with s.aspect("values"):
         for x, block, kind in short:
             if kind != "masked":
@@ -582,9 +580,7 @@ def flash_attention(s):
             )
             mistaken = lambda: attention_mistakes(q, k, v, causal, [bk], getattr(torch, np.dtype(dtype).name))
             expect_attention(got, want, what, mistaken, tq, [bq], cond)
-    with s.aspect("tiled"):  # with PyTorch's attention kernels off (lessons/06_gpu/lesson.toml)
-        _expect_tiled(s, rng)
-    with s.aspect("float16"):  # after the others: their inputs stay as they were
+    with s.aspect("float16"):
         q, k, v = _dominant_key(rng)
         got = s.call("flash_attention", tensor(q), tensor(k), tensor(v), block_q=DOMINANT_BLOCK, block_k=DOMINANT_BLOCK)
         want, cond = exact_attention(q, k, v, False, np.float16)
@@ -597,6 +593,9 @@ def flash_attention(s):
             [DOMINANT_BLOCK],
             cond,
         )
+    yield s.next_process("tiled")
+    with s.aspect("tiled"):  # with PyTorch's attention kernels off (lessons/06_gpu/lesson.toml)
+        _expect_tiled(s, rng)
 
 
 # ---- fuse_qkv -----------------------------------------------------------------------------------
@@ -792,7 +791,7 @@ def triton_softmax(s):
             # Called first, so an unwritten answer is told it is not implemented yet.
             judge(s.call("triton_softmax", *inputs, **kwargs))
             replay = replay or (aspect, [*case, device])
-    _replay_once(s, "triton_softmax", "_softmax_kernel", replay, _softmax_case)
+    yield from _replay_once(s, "triton_softmax", "_softmax_kernel", replay, _softmax_case)
 
 
 def _replay_once(s, wrapper, kernel, replay, drawn):
@@ -805,7 +804,7 @@ def _replay_once(s, wrapper, kernel, replay, drawn):
         aspect, case = replay
         with s.aspect(aspect):
             inputs, kwargs, what, judge = drawn(np.random.default_rng(unseen_seed(s.rng)), *case)
-            judge(expect_kernel_did_the_work(s, wrapper, kernel, inputs, what, **kwargs))
+            judge((yield from expect_kernel_did_the_work(s, wrapper, kernel, inputs, what, **kwargs)))
 
 
 # Small sizes: on a CPU this runs in Triton's interpreter, whose cost grows with the programs launched
@@ -848,4 +847,4 @@ def triton_attention(s):
             # Called first, so an unwritten answer is told it is not implemented yet.
             judge(s.call("triton_attention", *inputs, **kwargs))
             replay = replay or (aspect, [*case, device])
-    _replay_once(s, "triton_attention", "_attention_kernel", replay, _attention_case)
+    yield from _replay_once(s, "triton_attention", "_attention_kernel", replay, _attention_case)

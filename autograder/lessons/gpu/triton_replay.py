@@ -171,7 +171,8 @@ def _scalars(launches, inputs, got, scales):
 
 def expect_kernel_did_the_work(s, wrapper, kernel, inputs, what, **kwargs):
     """wrapper(*inputs, **kwargs) (Arrays) returns what `kernel` (a @triton.jit function the notebook defines) wrote,
-    launched again by the grader in a fresh process (see the module's docstring). Returns the wrapper's result."""
+    launched again by the grader in a fresh process (see the module's docstring). A part of a check (Check.steps) that
+    pauses before the replay; returns the wrapper's result."""
     try:
         run = s.get(kernel, "run")
     except StudentError:
@@ -187,7 +188,9 @@ def expect_kernel_did_the_work(s, wrapper, kernel, inputs, what, **kwargs):
     cells = _parsed(s.readable_sources())  # once: the grader's own work grows with the cells' length
     for name, foreign in not_triton(cells, [kernel]):
         fail(not_triton_message(name, foreign))
-    with s.elsewhere(kernel_cells(cells)):
+    replay_cells = kernel_cells(cells)
+    yield s.next_process(cells=replay_cells)  # one process replays the kernels of every Triton check (Check.steps)
+    with s.elsewhere(replay_cells):
         try:
             after = s.call("_replay", kernel, replayed, launches)
         except AssertionError:
