@@ -257,6 +257,38 @@ def test_without_triton_the_check_is_the_instructors_to_run(monkeypatch):
     assert checks.UNAVAILABLE == {}
 
 
+@pytest.mark.skipif(triton_missing, reason="Triton is not installed")
+def test_a_solved_submission_is_graded_in_four_processes(tmp_path, monkeypatch):
+    """The grader runs the checks' parts that need the same kind of process together (grade.run_checks): the notebook's
+    own, one with PyTorch's softmax off, one with its attention kernels off under a memory bound, one that replays both
+    Triton kernels. Each more runs the cells again (issue 33: eight, 0.97 CPU s a submission; four, 0.73)."""
+    from autograder import notebook as nbk
+    from autograder import worker
+    from autograder.__main__ import main
+    from autograder.release import release
+    from tests.harness.grading import read_grades
+    from tests.harness.lessons import fill
+
+    release(tmp_path / "release", [LESSON])
+    nbk.write(
+        fill(nbk.read(tmp_path / "release" / LESSON / f"{LESSON}.ipynb"), LESSON),
+        tmp_path / "s" / "a" / LESSON / "n.ipynb",
+    )
+    opened, open_ = [], worker.Session.open
+    monkeypatch.setattr(
+        worker.Session, "open", lambda self: opened.append((self.forbid, self.elsewhere is not None)) or open_(self)
+    )
+    try:
+        main(
+            ["grade", str(tmp_path / "s"), "--quiet", "--lesson", LESSON, "--out", str(tmp_path / "out"), "--jobs", "1"]
+        )
+    except SystemExit as e:
+        assert e.code in (0, None)
+    rows = read_grades(tmp_path / "out").values()
+    assert rows and all((r["status"], r["points"]) == ("passed", r["max_points"]) for r in rows)
+    assert opened == [((), False), (("softmax",), False), (("attention kernels",), False), ((), True)]
+
+
 def test_a_replay_keeps_inputs_prepared_for_a_launch_and_nothing_else():
     """triton_replay._prepared: an input scaled, cast, transposed or reshaped is passed to the replay as the grader's
     own copy of it (the wrapper's low bits could spell an answer); an answer computed in torch, or an input with one
