@@ -41,7 +41,7 @@ from autograder.checking import (
     unseen_seed,
     within_memory,
 )
-from autograder.lessons.gpu.triton_replay import expect_kernel_did_the_work
+from autograder.lessons.gpu.triton_replay import expect_kernel_did_the_work, recorded
 from autograder.sandbox import helpers
 from autograder.sandbox.wire import Array, Handle
 from solutions import gpu as ref
@@ -783,28 +783,28 @@ def triton_softmax(s):
         raise Unchecked(UNAVAILABLE["triton_softmax"])
     if not s.sources:
         raise Unchecked("triton_softmax needs the notebook's code cells, which the grader did not receive")
-    device = _triton_device()
-    replay = None
-    for aspect, *case in SOFTMAX_CASES:
-        with s.aspect(aspect):
-            inputs, kwargs, _, judge = _softmax_case(s.rng, *case, device)
-            # Called first, so an unwritten answer is told it is not implemented yet.
-            judge(s.call("triton_softmax", *inputs, **kwargs))
-            replay = replay or (aspect, [*case, device])
-    yield from _replay_once(s, "triton_softmax", "_softmax_kernel", replay, _softmax_case)
+    yield from _triton_check(s, "triton_softmax", "_softmax_kernel", SOFTMAX_CASES, _softmax_case)
 
 
-def _replay_once(s, wrapper, kernel, replay, drawn):
-    """expect_kernel_did_the_work on the first case that was right (aspect, its arguments to drawn), in its aspect,
-    once the cases are done: the replay runs in a process of its own (Subject.elsewhere), and the cases that follow it
-    would need the notebook's run again. The case is drawn again, from a seed no source shows (the checks' own, s.rng,
-    is the source's to read: a kernel could store the answer to their inputs, worked out beforehand), and its result
-    judged as the case's."""
-    if replay is not None:
-        aspect, case = replay
+def _triton_check(s, wrapper, kernel, cases, drawn):
+    """The cases of a Triton check (aspect, then the arguments of drawn after rng), each in its aspect, then
+    expect_kernel_did_the_work on the first. That one is drawn from a seed no source shows (the checks' own, s.rng, is
+    the source's to read: a kernel could store the answer to their inputs, worked out beforehand), and called with its
+    kernel's launches recorded, to be replayed once the cases are done (in a process of its own: the check pauses)."""
+    device, first = _triton_device(), None
+    for aspect, *case in cases:
         with s.aspect(aspect):
-            inputs, kwargs, what, judge = drawn(np.random.default_rng(unseen_seed(s.rng)), *case)
-            judge((yield from expect_kernel_did_the_work(s, wrapper, kernel, inputs, what, **kwargs)))
+            rng = s.rng if first else np.random.default_rng(unseen_seed(s.rng))
+            inputs, kwargs, what, judge = drawn(rng, *case, device)
+            if first is None:  # called first, so an unwritten answer is told it is not implemented yet
+                got, launched = recorded(s, wrapper, kernel, inputs, kwargs)
+                first = (aspect, inputs, what, got, launched)
+            else:
+                got = s.call(wrapper, *inputs, **kwargs)
+            judge(got)
+    aspect, *evidence = first
+    with s.aspect(aspect):
+        yield from expect_kernel_did_the_work(s, wrapper, kernel, *evidence)
 
 
 # Small sizes: on a CPU this runs in Triton's interpreter, whose cost grows with the programs launched
@@ -839,12 +839,4 @@ def triton_attention(s):
         raise Unchecked(UNAVAILABLE["triton_attention"])
     if not s.sources:
         raise Unchecked("triton_attention needs the notebook's code cells, which the grader did not receive")
-    device = _triton_device()
-    replay = None
-    for aspect, *case in TRITON_CASES:
-        with s.aspect(aspect):
-            inputs, kwargs, _, judge = _attention_case(s.rng, *case, device)
-            # Called first, so an unwritten answer is told it is not implemented yet.
-            judge(s.call("triton_attention", *inputs, **kwargs))
-            replay = replay or (aspect, [*case, device])
-    yield from _replay_once(s, "triton_attention", "_attention_kernel", replay, _attention_case)
+    yield from _triton_check(s, "triton_attention", "_attention_kernel", TRITON_CASES, _attention_case)

@@ -169,18 +169,28 @@ def _scalars(launches, inputs, got, scales):
         )
 
 
-def expect_kernel_did_the_work(s, wrapper, kernel, inputs, what, **kwargs):
-    """wrapper(*inputs, **kwargs) (Arrays) returns what `kernel` (a @triton.jit function the notebook defines) wrote,
-    launched again by the grader in a fresh process (see the module's docstring). A part of a check (Check.steps) that
-    pauses before the replay; returns the wrapper's result."""
+def recorded(s, wrapper, kernel, inputs, kwargs):
+    """(wrapper(*inputs, **kwargs), the launches of `kernel`, a @triton.jit function the notebook defines, during that
+    call as sandbox.helpers.launches records them: (buffers, [(grid, args, kwargs)]), or None where the notebook
+    defines no such kernel)."""
     try:
         run = s.get(kernel, "run")
     except StudentError:
+        return s.call(wrapper, *inputs, **kwargs), None
+    got, buffers, launches = s.helper("launches", run, s.get(wrapper, "__call__"), *inputs, **kwargs)
+    return got, (buffers, launches)
+
+
+def expect_kernel_did_the_work(s, wrapper, kernel, inputs, what, got, launched):
+    """What wrapper returned on inputs (Arrays), got, is what `kernel` wrote, launched again by the grader in a fresh
+    process as the wrapper launched it (launched: recorded()'s record; see the module's docstring). A part of a check
+    (Check.steps) that pauses before the replay."""
+    if launched is None:
         fail(
             f"{wrapper} must launch a @triton.jit kernel named {kernel}, which does the work; the notebook defines "
             f"no such kernel"
         )
-    got, buffers, launches = s.helper("launches", run, s.get(wrapper, "__call__"), *inputs, **kwargs)
+    buffers, launches = launched
     if not launches:
         fail(f"{wrapper} never launched {kernel}: the work must happen in your @triton.jit kernel")
     replayed, scales = _replay_buffers(buffers, inputs)
@@ -212,4 +222,3 @@ def expect_kernel_did_the_work(s, wrapper, kernel, inputs, what, **kwargs):
             f"way, from the inputs alone: the work must happen in your @triton.jit kernel, into the buffer you "
             f"return (compute nothing in torch around the launch)"
         )
-    return got
