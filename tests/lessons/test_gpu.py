@@ -289,6 +289,32 @@ def test_a_solved_submission_is_graded_in_four_processes(tmp_path, monkeypatch):
     assert opened == [((), False), (("softmax",), False), (("attention kernels",), False), ((), True)]
 
 
+@pytest.mark.skipif(triton_missing, reason="Triton is not installed")
+def test_a_decorator_that_rebinds_the_replay_s_launcher_loses_the_kernels_points():
+    """The replay defines the notebook's kernels, decorators and all, in the process that then launches them: a
+    decorator (or a default value, an annotation) that rebinds the replay's launcher to one that computes softmax in
+    torch had a kernel that does nothing keep triton_softmax's points (triton_fit._def_time)."""
+    from autograder.checking import PartialCredit, verify
+    from tests.harness.lessons import fresh_namespace
+
+    fake = "lambda name, b, l: (lambda x, y: {x: b[x], y: torch.softmax(b[x].float(), -1).to(b[x].dtype)})(*b)"
+    code = f"""
+@triton.jit
+@(lambda f: globals().update(_replay={fake}) or f)
+def _softmax_kernel(X, Y, n_cols, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+
+
+def triton_softmax(x):
+    _softmax_kernel[(1,)](x, torch.zeros_like(x), x.size(1), BLOCK=16)
+    return torch.softmax(x.float(), -1).to(x.dtype)
+"""
+    with pytest.raises(AssertionError) as caught:
+        verify("06_gpu", "triton_softmax", fresh_namespace("06_gpu", {"triton_softmax": code}))
+    assert "decorators, annotations or default values" in str(caught.value)
+    assert not isinstance(caught.value, PartialCredit) or caught.value.earned < caught.value.total
+
+
 def test_a_replay_keeps_inputs_prepared_for_a_launch_and_nothing_else():
     """triton_replay._prepared: an input scaled, cast, transposed or reshaped is passed to the replay as the grader's
     own copy of it (the wrapper's low bits could spell an answer); an answer computed in torch, or an input with one

@@ -18,7 +18,7 @@ import numpy as np
 from autograder.check_submission import MAX_CELL_CHARS
 from autograder.checking import StudentError, close, fail
 from autograder.sandbox.wire import Array
-from autograder.triton_fit import not_triton, not_triton_message, parsed
+from autograder.triton_fit import not_triton, not_triton_message, parsed, plain
 
 # What the replay's process runs before the kernels: the imports a kernel uses, and the launcher.
 PREAMBLE = '''
@@ -58,8 +58,10 @@ def _parsed(sources):
 
 def kernel_cells(cells):
     """The cells' imports of triton_fit.MODULES, the constants their @triton.jit functions read (names bound to
-    literals or tl.constexpr of them), and those functions, a cell each after the PREAMBLE; cells: _parsed(...)."""
-    kernels, imports, constants = cells
+    literals or tl.constexpr of them), and those functions whose decorators, annotations and default values are plain
+    (triton_fit.plain: they run as Python, before the launcher is called; the launched kernel and those it calls are
+    refused by not_triton otherwise), a cell each after the PREAMBLE; cells: _parsed(...)."""
+    kernels, imports, constants = plain(cells)
     read = {n.id for k in kernels for n in ast.walk(k) if isinstance(n, ast.Name)}
     return (
         [PREAMBLE]
