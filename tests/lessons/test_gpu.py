@@ -315,6 +315,39 @@ def triton_softmax(x):
     assert not isinstance(caught.value, PartialCredit) or caught.value.earned < caught.value.total
 
 
+@pytest.mark.skipif(triton_missing, reason="Triton is not installed")
+def test_a_wrapper_that_tunes_num_warps_on_a_shape_s_first_call_keeps_its_points():
+    """The replayed call is the wrapper's first on its shape (triton_replay.recorded): one that times each num_warps
+    once there, then launches the fastest, launches five times with four distinct arguments, and kept its point when
+    the grader recorded a second call of that shape."""
+    from autograder.checking import verify
+    from tests.harness.lessons import fresh_namespace
+
+    code = """
+import time
+
+_BEST = {}
+
+
+def triton_softmax(x):
+    x = x.contiguous()
+    rows, cols = x.shape
+    out = torch.empty_like(x)
+    block = triton.next_power_of_2(cols)
+    launch = lambda w: _softmax_kernel[(rows,)](x, out, cols, x.stride(0), out.stride(0), BLOCK=block, num_warps=w)
+    if (cols, x.dtype) not in _BEST:
+        times = {}
+        for w in (1, 2, 4, 8):
+            start = time.perf_counter()
+            launch(w)
+            times[w] = time.perf_counter() - start
+        _BEST[cols, x.dtype] = min(times, key=times.get)
+    launch(_BEST[cols, x.dtype])
+    return out
+"""
+    verify("06_gpu", "triton_softmax", fresh_namespace("06_gpu", {"triton_softmax": code}))
+
+
 def test_a_replay_keeps_inputs_prepared_for_a_launch_and_nothing_else():
     """triton_replay._prepared: an input scaled, cast, transposed or reshaped is passed to the replay as the grader's
     own copy of it (the wrapper's low bits could spell an answer); an answer computed in torch, or an input with one

@@ -41,7 +41,8 @@ MAX_BUFFERS = 16  # and a few tensors: not one per number of an answer (each pre
 MAX_FLOATS = 2  # a launch's floats: the scale (and perhaps one more constant)
 MAX_INT = 4096  # an integer argument may exceed the largest input's or result's size only up to this (a block size)
 MAX_WORDS = 64  # characters of string arguments in all of a call's launches
-MAX_LAUNCHES, ELEMENTS_PER_LAUNCH = 4, 256  # launches a call may make: a few, or one per 256 outputs
+MAX_LAUNCHES, ELEMENTS_PER_LAUNCH = 4, 256  # distinct launches a call may make: a few, or one per 256 outputs
+MAX_REPEATS = 4  # and launches in all, per distinct one allowed: a warm-up, or num_warps tuned on a shape's first call
 
 
 _LAST = threading.local()  # the last cells _parsed read and its reading, per grading thread: nothing shared
@@ -134,8 +135,8 @@ def _scalars(launches, inputs, got, scales):
     block sizes and flags, and a float or two (the scale, passed or multiplied into an input: scales, from
     _replay_buffers): so at most MAX_BUFFERS tensors and MAX_SCALARS numbers per launch, MAX_FLOATS floats, integers
     no larger than twice the largest input or result (sizes, strides and offsets are; a float's bits are not; not a
-    buffer's, which the wrapper sizes: a large one would let the integers carry more bits), short words,
-    and no more launches than the output's size allows (many launches of a few numbers each could spell it out)."""
+    buffer's, which the wrapper sizes: a large one would let the integers carry more bits), short words, and no more
+    distinct launches than the output's size allows (many launches of a few numbers each could spell it out)."""
     values = [[v for v in [*args, *kwargs.values()] if not isinstance(v, dict)] for _, args, kwargs in launches]
     flat = [v for launch in values for v in launch]
     plain = all(v is None or isinstance(v, (bool, int, float)) or (isinstance(v, str) and len(v) <= 16) for v in flat)
@@ -164,7 +165,10 @@ def _scalars(launches, inputs, got, scales):
             "any size): data must reach the kernel in tensors"
         )
     size = int(np.prod(got.shape)) if isinstance(got, Array) else 0
-    if len(launches) > max(MAX_LAUNCHES, size // ELEMENTS_PER_LAUNCH):
+    allowed = max(MAX_LAUNCHES, size // ELEMENTS_PER_LAUNCH)
+    # A launch repeated with the same arguments carries nothing new to the replay (the recorded call is the wrapper's
+    # first on that shape, where a wrapper may warm up or time a few launches): counted once, up to MAX_REPEATS times
+    if len({repr(launch) for launch in launches}) > allowed or len(launches) > MAX_REPEATS * allowed:
         fail(
             f"the kernel was launched {len(launches)} times for {size} outputs: launch it once, with a grid of "
             "programs, rather than passing it the work a few numbers at a time"
