@@ -257,6 +257,29 @@ def test_without_triton_the_check_is_the_instructors_to_run(monkeypatch):
     assert checks.UNAVAILABLE == {}
 
 
+def test_online_softmax_s_long_row_is_asked_with_the_softmax_off():
+    """Every value online_softmax is judged on is asked with PyTorch's softmax off ([forbids]): the long row was asked
+    before the pause, in the notebook's own process, and an answer that hands long rows to torch.softmax kept 2/2."""
+    from autograder.checking import verify
+    from tests.harness.lessons import fresh_namespace
+
+    code = """
+def online_softmax(x, block_size):
+    if x.shape[-1] > 10_000:  # long rows: the library's kernel
+        return torch.softmax(x, -1)
+    m = torch.full((*x.shape[:-1], 1), float("-inf"), dtype=x.dtype)
+    total = torch.zeros((*x.shape[:-1], 1), dtype=x.dtype)
+    for i in range(0, x.shape[-1], block_size):
+        b = x[..., i : i + block_size]
+        new = torch.maximum(m, b.amax(-1, keepdim=True)).clamp_min(torch.finfo(x.dtype).min)
+        total = total * torch.exp(m - new) + torch.exp(b - new).sum(-1, keepdim=True)
+        m = new
+    return torch.exp(x - m) / total
+"""
+    with pytest.raises(AssertionError, match="reached PyTorch's softmax"):
+        verify("06_gpu", "online_softmax", fresh_namespace("06_gpu", {"online_softmax": code}))
+
+
 @pytest.mark.skipif(triton_missing, reason="Triton is not installed")
 def test_a_solved_submission_is_graded_in_four_processes(tmp_path, monkeypatch):
     """The grader runs the checks' parts that need the same kind of process together (grade.run_checks): the notebook's
