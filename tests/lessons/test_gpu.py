@@ -371,6 +371,28 @@ def triton_softmax(x):
     verify("06_gpu", "triton_softmax", fresh_namespace("06_gpu", {"triton_softmax": code}))
 
 
+@pytest.mark.skipif(triton_missing, reason="Triton is not installed")
+def test_a_wrapper_that_hands_float16_to_torch_loses_the_float16_share():
+    """The first case of each aspect is replayed (_triton_check): a wrapper whose kernel does the float32 work and
+    hands float16 to torch kept triton_softmax's float16 share when only the first case was replayed."""
+    from autograder.checking import PartialCredit, verify
+    from tests.harness.lessons import fresh_namespace
+
+    code = """
+def triton_softmax(x):
+    if x.dtype == torch.float16:
+        return torch.softmax(x.float(), -1).half()
+    x = x.contiguous()
+    out, (rows, cols) = torch.empty_like(x), x.shape
+    _softmax_kernel[(rows,)](x, out, cols, x.stride(0), out.stride(0), BLOCK=triton.next_power_of_2(cols))
+    return out
+"""
+    with pytest.raises(PartialCredit) as caught:
+        verify("06_gpu", "triton_softmax", fresh_namespace("06_gpu", {"triton_softmax": code}))
+    assert [r["aspect"] for r in caught.value.rows if not r["passed"]] == ["float16"], caught.value.rows
+    assert "never launched _softmax_kernel" in str(caught.value)
+
+
 def test_a_replay_keeps_inputs_prepared_for_a_launch_and_nothing_else():
     """triton_replay._prepared: an input scaled, cast, transposed or reshaped is passed to the replay as the grader's
     own copy of it (the wrapper's low bits could spell an answer); an answer computed in torch, or an input with one

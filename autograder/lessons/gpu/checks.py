@@ -780,23 +780,28 @@ def triton_softmax(s):
 
 def _triton_check(s, wrapper, kernel, cases, drawn):
     """The cases of a Triton check (aspect, then the arguments of drawn after rng), each in its aspect, then
-    expect_kernel_did_the_work on the first. That one is drawn from a seed no source shows (the checks' own, s.rng, is
-    the source's to read: a kernel could store the answer to their inputs, worked out beforehand), and called with its
+    expect_kernel_did_the_work on the first of each aspect, where that one was right: a wrapper that hands one dtype to
+    torch keeps none of that dtype's share. Those are drawn from a seed no source shows (the checks' own, s.rng, is the
+    source's to read: a kernel could store the answer to their inputs, worked out beforehand), and called with their
     kernel's launches recorded, to be replayed once the cases are done (in a process of its own: the check pauses)."""
-    device, first = _triton_device(), None
+    device, seen, replays = _triton_device(), set(), {}
     for aspect, *case in cases:
         with s.aspect(aspect):
-            rng = s.rng if first else np.random.default_rng(unseen_seed(s.rng))
-            inputs, kwargs, what, judge = drawn(rng, *case, device)
-            if first is None:  # called first, so an unwritten answer is told it is not implemented yet
+            first = aspect not in seen
+            seen.add(aspect)
+            inputs, kwargs, what, judge = drawn(
+                np.random.default_rng(unseen_seed(s.rng)) if first else s.rng, *case, device
+            )
+            if first:  # the check's first call among them: an unwritten answer is told it is not implemented yet
                 got, launched = recorded(s, wrapper, kernel, inputs, kwargs)
-                first = (aspect, inputs, what, got, launched)
             else:
                 got = s.call(wrapper, *inputs, **kwargs)
             judge(got)
-    aspect, *evidence = first
-    with s.aspect(aspect):
-        yield from expect_kernel_did_the_work(s, wrapper, kernel, *evidence)
+            if first:
+                replays[aspect] = (inputs, what, got, launched)
+    for aspect, evidence in replays.items():
+        with s.aspect(aspect):
+            yield from expect_kernel_did_the_work(s, wrapper, kernel, *evidence)
 
 
 # Small sizes: on a CPU this runs in Triton's interpreter, whose cost grows with the programs launched
