@@ -257,21 +257,27 @@ def test_without_triton_the_check_is_the_instructors_to_run(monkeypatch):
     assert checks.UNAVAILABLE == {}
 
 
-def test_online_softmax_s_long_row_is_asked_with_the_softmax_off():
-    """Every value online_softmax is judged on is asked with PyTorch's softmax off ([forbids]): the long row was asked
-    before the pause, in the notebook's own process, and an answer that hands long rows to torch.softmax kept 2/2."""
+# Rows an answer hands to torch.softmax, which were asked only in the notebook's own process: the long row (asked
+# before the pause, judged in "values") and the -inf entries (judged in their own aspect, which the paths do not cost).
+SOFTMAX_ROUTES = {"the long row": "x.shape[-1] > 10_000", "rows with -inf entries": "torch.isinf(x).any()"}
+
+
+@pytest.mark.parametrize("route", SOFTMAX_ROUTES)
+def test_online_softmax_asks_every_row_with_the_softmax_off(route):
+    """Every row online_softmax is asked is asked again with PyTorch's softmax off ([forbids]): an answer that handed
+    these to torch.softmax kept 2/2, or the -inf entries' share that its own loop (NaN there) would lose."""
     from autograder.checking import verify
     from tests.harness.lessons import fresh_namespace
 
-    code = """
+    code = f"""
 def online_softmax(x, block_size):
-    if x.shape[-1] > 10_000:  # long rows: the library's kernel
+    if {SOFTMAX_ROUTES[route]}:
         return torch.softmax(x, -1)
     m = torch.full((*x.shape[:-1], 1), float("-inf"), dtype=x.dtype)
-    total = torch.zeros((*x.shape[:-1], 1), dtype=x.dtype)
+    total = torch.zeros_like(m)
     for i in range(0, x.shape[-1], block_size):
         b = x[..., i : i + block_size]
-        new = torch.maximum(m, b.amax(-1, keepdim=True)).clamp_min(torch.finfo(x.dtype).min)
+        new = torch.maximum(m, b.amax(-1, keepdim=True))
         total = total * torch.exp(m - new) + torch.exp(b - new).sum(-1, keepdim=True)
         m = new
     return torch.exp(x - m) / total
