@@ -146,11 +146,10 @@ def preload(triton=True):
     if triton:
         # Each child runs the cells again (a check's fresh process), so what they import costs every child: lessons 06
         # and 09 time kernels with torch.utils.benchmark, which brings setuptools' hundred modules (0.04 CPU s a child,
-        # 8 children a lesson 06 submission), and run them in Triton's interpreter (issue 33). Autograd's first
+        # 4 children a lesson 06 submission), and run them in Triton's interpreter (issue 33). Autograd's first
         # backward from a given gradient (lesson 09's FlashAttention, in two children a submission) imports
         # symbolic_shapes, and sympy with it: 480 modules, 0.27 CPU s a child. A kernel's first launch imports Triton's
-        # code generator and its Gluon dialect (0.04 CPU s, in each of the four children of a lesson 06 submission
-        # that launch one).
+        # code generator and its Gluon dialect (0.04 CPU s in each child that launches one).
         for name in (
             "triton",
             "triton.runtime.interpreter",
