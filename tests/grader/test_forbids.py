@@ -197,6 +197,64 @@ def test_without_the_paths_off_every_attack_reaches_its_path():
     assert {name: r for name, r in results.items() if r != "reached"} == {}
 
 
+def _attention_backward_by_autograd(q, k, v, dout, causal=False):
+    import torch
+
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    scores = q @ k.transpose(-2, -1) / q.size(-1) ** 0.5
+    if causal:
+        seen = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool).tril(k.size(-2) - q.size(-2))
+        scores = scores.masked_fill(~seen, float("-inf"))
+    return torch.autograd.grad(scores.softmax(-1) @ v, (q, k, v), dout)
+
+
+@pytest.mark.parametrize(
+    "lesson, name, aspect, forbidden",
+    [
+        ("06_gpu", "online_softmax", "values", lambda x, block_size: x.softmax(-1)),
+        ("09_flash_backward", "attention_backward", "by hand", _attention_backward_by_autograd),
+    ],
+)
+def test_a_table_of_a_forbidden_aspects_answers_worked_out_beforehand_loses_it(
+    lesson, name, aspect, forbidden, monkeypatch
+):
+    """A forbidden aspect's inputs are drawn from a seed no source shows (checking.unseen_seed): an answer that looks up
+    what a correct one returned on every call of the check, recorded in another run, and takes the forbidden path
+    elsewhere, loses that aspect (it kept every mark while they came from the check's name)."""
+    import hashlib
+    import secrets
+
+    import torch
+
+    from autograder.checking import subject
+
+    def key(args):
+        return hashlib.sha256(repr([a.tolist() if torch.is_tensor(a) else a for a in args]).encode()).hexdigest()
+
+    table, ns = {}, fresh_namespace(lesson)
+    correct = ns[name]
+
+    def recording(*args, **kwargs):
+        return table.setdefault(key([*args, kwargs]), correct(*args, **kwargs))
+
+    def from_the_table(*args, **kwargs):
+        found = key([*args, kwargs])
+        return table[found] if found in table else forbidden(*args, **kwargs)
+
+    ns[name] = recording
+    verify(lesson, name, ns)
+    monkeypatch.setattr(subject, "RUN_KEY", secrets.token_bytes(16))  # the run that grades it
+    ns = fresh_namespace(lesson)
+    ns[name] = from_the_table
+    with pytest.raises(AssertionError) as caught:
+        verify(lesson, name, ns)
+    if isinstance(caught.value, PartialCredit):
+        lost = {r["aspect"] for r in caught.value.rows if not r["passed"]}
+    else:  # the core: the whole check
+        lost = {next(iter(checks_for(lesson)[name].aspects))}
+    assert lost == {aspect}, str(caught.value)
+
+
 # TorchScript's entry points the compilers' cut replaces stay reachable where torch keeps them under other names
 # (torch.jit._builtins' table of builtins, torchbind's saved ScriptMethod.__call__): a module saved beforehand, loaded
 # and run through them, still ends at the dispatcher's tripwires (NNC fusion enabled: the profiling run reaches
