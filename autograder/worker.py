@@ -40,8 +40,9 @@ import time
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
+from autograder.check_submission import MAX_CODE_CHARS
 from autograder.sandbox import wire
-from autograder.sandbox.runner import reap, remove_tree
+from autograder.sandbox.runner import prepared_cells, reap, remove_tree
 
 SANDBOX_PKG = Path(__file__).resolve().parent / "sandbox"
 SCRATCH = "/scratch"  # inside bubblewrap: the only writable folder (with /dev/shm)
@@ -706,6 +707,7 @@ class Session:
         self.deadline = time.monotonic() + sandbox.limits.notebook_seconds
         # What the grader parses from the sandbox is capped (its own memory); tests may lift it.
         self.caps = {} if sandbox.protect else {"max_bytes": 2**32 - 1, "max_tokens": None}
+        self.prepared = None  # prepared_cells(cells), made at the first start
 
     def _recv(self, timeout):
         timeout = min(timeout, self.deadline - time.monotonic())
@@ -786,14 +788,22 @@ class Session:
                     raise SandboxError("the grader's cells ran past their time limit") from None
                 return
             run = [i for i in range(len(self.cells)) if i not in self.skipped]
+            if self.prepared is None:
+                texts, indices = prepared_cells(self.cells, MAX_CODE_CHARS)
+                self.prepared = texts, set(indices)
             # The cells' errors a student is shown are those of a plain run: a child with paths off may fail a scratch
             # cell that calls one (Subject.forbidding).
             kept, self.cell_errors = self.cell_errors, {}
             current = None
             try:
+                texts, prepared = self.prepared
                 wire.send_frame(
                     self.data,
-                    {"cells": [self.cells[i] for i in run], **({"forbid": list(self.forbid)} if self.forbid else {})},
+                    {
+                        "cells": [texts[i] for i in run],
+                        "prepared": [k for k, i in enumerate(run) if i in prepared],
+                        **({"forbid": list(self.forbid)} if self.forbid else {}),
+                    },
                 )
                 while True:
                     frame = self._progress(self._await(self.sandbox.limits.cell_seconds), len(run))

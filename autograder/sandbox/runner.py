@@ -146,11 +146,10 @@ def preload(triton=True):
     if triton:
         # Each child runs the cells again (a check's fresh process), so what they import costs every child: lessons 06
         # and 09 time kernels with torch.utils.benchmark, which brings setuptools' hundred modules (0.04 CPU s a child,
-        # 8 children a lesson 06 submission), and run them in Triton's interpreter (issue 33). Autograd's first
+        # 4 children a lesson 06 submission), and run them in Triton's interpreter (issue 33). Autograd's first
         # backward from a given gradient (lesson 09's FlashAttention, in two children a submission) imports
         # symbolic_shapes, and sympy with it: 480 modules, 0.27 CPU s a child. A kernel's first launch imports Triton's
-        # code generator and its Gluon dialect (0.04 CPU s, in each of the four children of a lesson 06 submission
-        # that launch one).
+        # code generator and its Gluon dialect (0.04 CPU s in each child that launches one).
         for name in (
             "triton",
             "triton.runtime.interpreter",
@@ -166,6 +165,16 @@ def preload(triton=True):
                 pass
 
     class Shell(InteractiveShell):
+        prepared = False  # the cell about to run is IPython's static transformation of itself (prepared_cells)
+
+        def transform_cell(self, raw_cell):
+            """A cell the grader transformed already runs as it came, while no cell changed the shell's transformers
+            (IPython's static transformation is the same in every child; done again, it is a third of the cells'
+            time, in each child a check starts)."""
+            if self.prepared and transformers(self) == pristine:
+                return raw_cell
+            return super().transform_cell(raw_cell)
+
         def enable_matplotlib(self, gui=None):
             """`%matplotlib inline` (or `%pylab`) keeps Agg: nothing is shown here, and the inline backend's hooks would
             add to what a notebook holds under a memory bound; the base class raises from enable_gui, which stopped
@@ -175,7 +184,46 @@ def preload(triton=True):
     torch.set_num_threads(1)
     config = Config()
     config.HistoryManager.enabled = False
-    return Shell.instance(config=config)
+    shell = Shell.instance(config=config)
+    pristine = transformers(shell)
+    return shell
+
+
+def transformers(shell):
+    """What transforms a cell's text before it runs (InteractiveShell.transform_cell), for comparison by identity."""
+    manager = shell.input_transformer_manager
+    return [manager] + [
+        tuple(map(id, hooks))
+        for hooks in (
+            manager.cleanup_transforms,
+            manager.line_transforms,
+            manager.token_transformers,
+            shell.input_transformers_post,
+        )
+    ]
+
+
+def prepared_cells(cells, budget):
+    """(cells, indices): each cell of more than one line, while their characters stay within budget in all, as IPython's
+    static transformation gives it (%magics, !commands), and the indices of those (runner.child runs them without
+    transforming them again); any other cell as it is: a single line's transformation depends on the shell's state, and
+    one that raises is the child's to report. Runs on the grader's side, once a notebook: its work is bounded by
+    budget, as its other readings of the cells are."""
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    manager, out, prepared = TransformerManager(), [], []
+    for i, cell in enumerate(cells):
+        budget -= len(cell)
+        try:
+            text = manager.transform_cell(cell) if budget >= 0 and "\n" in cell.strip() else None
+        except Exception:  # noqa: BLE001 - the child transforms it, and reports what it raises
+            text = None
+        if text is not None and len(text.splitlines()) > 1:  # one line: transform_cell's dynamic part applies
+            out.append(text)
+            prepared.append(i)
+        else:
+            out.append(cell)
+    return out, prepared
 
 
 def fingerprint(shell):
@@ -269,15 +317,17 @@ def child(data, shell, start, scratch, opts):
         from .tripwires import install
 
         install(frame["forbid"])
-    cells = frame["cells"]
+    cells, prepared = frame["cells"], set(frame.get("prepared", ()))
     for i, src in enumerate(cells):
         send_frame(data, {"cell": i, "state": "start"})
+        shell.prepared = i in prepared
         try:
             result = shell.run_cell(src, store_history=False)
             error = result.error_before_exec or result.error_in_exec
         except BaseException as e:  # a cell that broke the shell itself
             error = e
         send_frame(data, {"cell": i, "state": "done", "error": describe(error) if error else None})
+    shell.prepared = False
     send_frame(data, {"cells": "done"})
     server = ObjectServer(shell.user_ns)
 

@@ -197,6 +197,126 @@ def test_without_the_paths_off_every_attack_reaches_its_path():
     assert {name: r for name, r in results.items() if r != "reached"} == {}
 
 
+def _attention_backward_by_autograd(q, k, v, dout, causal=False):
+    import torch
+
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    scores = q @ k.transpose(-2, -1) / q.size(-1) ** 0.5
+    if causal:
+        seen = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool).tril(k.size(-2) - q.size(-2))
+        scores = scores.masked_fill(~seen, float("-inf"))
+    return torch.autograd.grad(scores.softmax(-1) @ v, (q, k, v), dout)
+
+
+@pytest.mark.parametrize(
+    "lesson, name, aspect, forbidden",
+    [
+        ("06_gpu", "online_softmax", "values", lambda x, block_size: x.softmax(-1)),
+        ("09_flash_backward", "attention_backward", "by hand", _attention_backward_by_autograd),
+    ],
+)
+def test_a_table_of_a_forbidden_aspects_answers_worked_out_beforehand_loses_it(
+    lesson, name, aspect, forbidden, monkeypatch
+):
+    """A forbidden aspect's inputs are drawn from a seed no source shows (checking.unseen_seed): an answer that looks up
+    what a correct one returned on every call of the check, recorded in another run, and takes the forbidden path
+    elsewhere, loses that aspect (it kept every mark while they came from the check's name)."""
+    import hashlib
+    import secrets
+
+    import torch
+
+    from autograder.checking import subject
+
+    def key(args):
+        return hashlib.sha256(repr([a.tolist() if torch.is_tensor(a) else a for a in args]).encode()).hexdigest()
+
+    table, ns = {}, fresh_namespace(lesson)
+    correct = ns[name]
+
+    def recording(*args, **kwargs):
+        return table.setdefault(key([*args, kwargs]), correct(*args, **kwargs))
+
+    def from_the_table(*args, **kwargs):
+        found = key([*args, kwargs])
+        return table[found] if found in table else forbidden(*args, **kwargs)
+
+    ns[name] = recording
+    verify(lesson, name, ns)
+    monkeypatch.setattr(subject, "RUN_KEY", secrets.token_bytes(16))  # the run that grades it
+    ns = fresh_namespace(lesson)
+    ns[name] = from_the_table
+    with pytest.raises(AssertionError) as caught:
+        verify(lesson, name, ns)
+    if isinstance(caught.value, PartialCredit):
+        lost = {r["aspect"] for r in caught.value.rows if not r["passed"]}
+    else:  # the core: the whole check
+        lost = {next(iter(checks_for(lesson)[name].aspects))}
+    assert lost == {aspect}, str(caught.value)
+
+
+# TorchScript's entry points the compilers' cut replaces stay reachable where torch keeps them under other names
+# (torch.jit._builtins' table of builtins, torchbind's saved ScriptMethod.__call__): a module saved beforehand, loaded
+# and run through them, still ends at the dispatcher's tripwires (NNC fusion enabled: the profiling run reaches
+# aten::softmax first) and records nothing to differentiate.
+LEFTOVERS = r"""
+import base64, json, re, torch
+import torch.jit._builtins as builtins
+import torch._higher_order_ops.torchbind as torchbind
+load = next(f for f, name in builtins._builtin_ops if name == "aten::import_ir_module_from_buffer")
+torch._C._jit_override_can_fuse_on_cpu(True)
+torch._C._jit_set_texpr_fuser_enabled(True)
+torch._C._jit_set_te_must_use_llvm_cpu(False)
+results = {}
+for name, blob in json.loads(%r).items():
+    method = load(torch.jit._state._python_cu, base64.b64decode(blob), None, {}, False)._get_method("forward")
+    t = torch.randn(4, 8, requires_grad=True)
+    try:
+        for _ in range(3):  # past the profiling runs
+            out = torchbind._orig_scriptmethod_call(method, t)
+        torch.autograd.grad(out.sum(), t)
+        results[name] = "reached"
+    except Exception as e:
+        tripwire = re.search(r"reached [^\n]*?\(aten::[\w.]+\)", str(e))  # the interpreter wraps ForbiddenPath
+        results[name] = tripwire.group() if tripwire else type(e).__name__
+print(json.dumps(results))
+"""
+
+
+def test_torchscript_run_through_what_torch_keeps_of_its_entry_points_ends_at_the_tripwires():
+    import base64
+    import io
+
+    import torch
+
+    class Softmax(torch.nn.Module):
+        def forward(self, t):
+            return torch.softmax(t * 2.0, -1)
+
+    class Product(torch.nn.Module):
+        def forward(self, t):
+            return torch.exp(t) * t
+
+    blobs = {}
+    for module in (Softmax(), Product()):
+        buffer = io.BytesIO()
+        torch.jit.save(torch.jit.script(module), buffer)
+        blobs[type(module).__name__] = base64.b64encode(buffer.getvalue()).decode()
+    script = LEFTOVERS % json.dumps(blobs)
+    off = "from autograder.sandbox import tripwires\ntripwires.install(['softmax', 'autograd'])\n"
+    results = [
+        json.loads(
+            subprocess.run([sys.executable, "-c", prefix + script], capture_output=True, text=True, timeout=300)
+            .stdout.strip()
+            .splitlines()[-1]
+        )
+        for prefix in ("", off)
+    ]
+    assert results[0] == {"Softmax": "reached", "Product": "reached"}  # the routes are real
+    assert results[1]["Softmax"] == "reached PyTorch's softmax (aten::softmax.int)", results[1]
+    assert results[1]["Product"] == "RuntimeError", results[1]  # nothing recorded: no gradient
+
+
 @pytest.mark.parametrize("handle", ["orphaned", "leaked"])
 def test_a_scan_of_the_heap_finds_no_handle_to_reset(handle):
     """A cell that scans the heap for our registration's handle, to reset() it and reach the kernels: the sandbox's

@@ -305,7 +305,6 @@ def test_unavailable_checks_and_bugs_of_ours_are_errors_flagged_for_regrading():
     assert row["status"] == "error" and row["grader_error"] and "ZeroDivisionError" in row["traceback"]
 
 
-
 def test_checks_that_pause_share_one_process_with_the_parts_that_need_the_same():
     """grade.run_checks: every check runs up to its pause (Check.steps), then the parts that yield the same label run
     one after another; the rows keep the tests' order."""

@@ -132,6 +132,33 @@ def test_a_worker_without_triton_preloaded_still_runs_a_cell_that_imports_it():
             sandbox.close()
 
 
+def test_cells_the_grader_transformed_run_as_ipython_runs_them():
+    """The grader does IPython's static transformation of a notebook's cells once (runner.prepared_cells) and each
+    child runs them as they come, until a cell changes the shell's transformers: magics, a cell magic, a single line
+    (whose transformation depends on the shell) and a transformer of the student's own behave as in IPython."""
+    cells = [
+        "%%capture captured\nprint('hi')",
+        "%matplotlib inline\nx = 1",
+        "%time w = 3",
+        "get_ipython().input_transformers_post.append(lambda lines: [l.replace('SEVEN', '7') for l in lines])",
+        "v = SEVEN\nu = 1",
+        "def seen():\n    return [captured.stdout, x, w, v]",
+    ]
+    assert runner.prepared_cells(cells, 10_000)[1] == [1, 4, 5]  # a cell magic is one line once transformed
+    assert runner.prepared_cells(cells, 60)[1] == [1]  # within the grader's budget only
+    try:
+        sandbox = Sandbox(choose_mode("auto"), replace(DEFAULT_LIMITS, memory_mb=1024), triton=False)
+    except SandboxError as e:
+        pytest.skip(f"no sandbox here: {e}")
+    s = Session(sandbox, "01_attention", cells)
+    try:
+        s.open()
+        assert s.cell_errors == {} and s.transport(call("seen")) == {"ok": ["hi\n", 1, 3, 7]}
+    finally:
+        s.close()
+        sandbox.close()
+
+
 CELL = """
 import os, subprocess, sys, time
 from sandbox.server import host_callback
