@@ -297,13 +297,21 @@ def _def_time(kernel, imports, constants):
     import ast
 
     aliases, names = _aliases(imports), {n for _, bound in constants for n in bound}
+    # names an import binds to torch or numpy (import torch as triton): never Triton's, whatever _aliases assumes
+    foreign = {
+        a.asname or a.name.split(".")[0]
+        for n in imports
+        for a in n.names
+        if (a.name if isinstance(n, ast.Import) else n.module) not in TRITON_MODULES
+        and (isinstance(n, ast.Import) or f"{n.module}.{a.name}" not in TRITON_MODULES)
+    }
 
     def path(node):
         attrs = []
         while isinstance(node, ast.Attribute):
             attrs.insert(0, node.attr)
             node = node.value
-        if not isinstance(node, ast.Name) or node.id not in aliases or node.id in names:
+        if not isinstance(node, ast.Name) or node.id not in aliases or node.id in names | foreign:
             return None
         module, first = aliases[node.id]
         return ".".join([module, *first, *attrs])

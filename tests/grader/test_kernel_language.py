@@ -153,6 +153,7 @@ DEF_TIME = {
         "def k(X, Y, B: tl.constexpr):\n    pass\n",
         "print",
     ),
+    "Triton's name bound to torch": ("import torch as triton\n\n\n@triton.jit\ndef k(X, Y):\n    pass\n", "triton.jit"),
     "Python reached through tl": ("@triton.jit\ndef k(X, Y, H=tl.core.builtins):\n    pass\n", "tl.core.builtins"),
     "a helper's decorator": (
         "@triton.jit\ndef k(X, Y):\n    h(X)\n\n\n@triton.jit\n@(lambda f: f)\ndef h(X):\n    pass\n",
