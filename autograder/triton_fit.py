@@ -201,7 +201,8 @@ def _module_path(module, attrs):
 
 
 def _aliases(imports):
-    """{name: (module, [attribute, ...])} the cells' imports of TRITON_MODULES bind, besides tl, triton and math."""
+    """{name: (module, [attribute, ...])} the cells' imports of TRITON_MODULES bind, besides tl, triton and math unless
+    an import binds them to another module."""
     import ast
 
     out = {"tl": ("triton.language", []), "triton": ("triton", []), "math": ("math", [])}
@@ -213,6 +214,8 @@ def _aliases(imports):
                 out[a.asname or a.name] = (f"{node.module}.{a.name}", [])
             elif isinstance(node, ast.ImportFrom) and node.module in TRITON_MODULES:
                 out[a.asname or a.name] = (node.module, [a.name])
+            else:  # torch or numpy under that name (import torch as tl): not Triton's, whatever the name
+                out.pop(a.asname or (a.name.split(".")[0] if isinstance(node, ast.Import) else a.name), None)
     return out
 
 
@@ -297,21 +300,13 @@ def _def_time(kernel, imports, constants):
     import ast
 
     aliases, names = _aliases(imports), {n for _, bound in constants for n in bound}
-    # names an import binds to torch or numpy (import torch as triton): never Triton's, whatever _aliases assumes
-    foreign = {
-        a.asname or a.name.split(".")[0]
-        for n in imports
-        for a in n.names
-        if (a.name if isinstance(n, ast.Import) else n.module) not in TRITON_MODULES
-        and (isinstance(n, ast.Import) or f"{n.module}.{a.name}" not in TRITON_MODULES)
-    }
 
     def path(node):
         attrs = []
         while isinstance(node, ast.Attribute):
             attrs.insert(0, node.attr)
             node = node.value
-        if not isinstance(node, ast.Name) or node.id not in aliases or node.id in names | foreign:
+        if not isinstance(node, ast.Name) or node.id not in aliases or node.id in names:
             return None
         module, first = aliases[node.id]
         return ".".join([module, *first, *attrs])

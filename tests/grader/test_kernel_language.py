@@ -60,6 +60,12 @@ def test_triton_language_passes_by_any_alias():
     assert fit.not_triton(fit.parsed([body(ok, head), helper]), ["k"]) == []
 
 
+def test_triton_s_names_bound_to_torch_are_not_triton():
+    """The replay runs the cells' imports of torch and numpy too: tl bound to torch there makes tl.load torch.load."""
+    cells = fit.parsed([body(["x = tl.load(X)"], HEAD + "import torch as tl\n")])
+    assert fit.not_triton(cells, ["k"]) == [("k", "tl")]
+
+
 def test_a_helper_the_kernel_calls_is_read_too():
     helper = "@triton.jit\ndef helper(x):\n    return tl.core.builtins.len(x)\n"
     cells = fit.parsed([body(["a = helper(X)"]), helper])
