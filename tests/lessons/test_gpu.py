@@ -399,6 +399,23 @@ def triton_softmax(x):
     assert "never launched _softmax_kernel" in str(caught.value)
 
 
+@pytest.mark.skipif(triton_missing, reason="Triton is not installed")
+def test_a_wrapper_that_computes_float16_in_float32_keeps_its_points():
+    """The float16 case replayed has -inf entries: a wrapper that launches on x.float() passes a cast of an input with
+    -inf in it, which the replay takes as the grader's own cast (triton_replay._prepared), not as a buffer of NaN."""
+    from autograder.checking import verify
+    from tests.harness.lessons import fresh_namespace
+
+    code = """
+def triton_softmax(x):
+    dtype, x = x.dtype, x.float().contiguous()
+    out, (rows, cols) = torch.empty_like(x), x.shape
+    _softmax_kernel[(rows,)](x, out, cols, x.stride(0), out.stride(0), BLOCK=triton.next_power_of_2(cols))
+    return out.to(dtype)
+"""
+    verify("06_gpu", "triton_softmax", fresh_namespace("06_gpu", {"triton_softmax": code}))
+
+
 def test_a_replay_keeps_inputs_prepared_for_a_launch_and_nothing_else():
     """triton_replay._prepared: an input scaled, cast, transposed or reshaped is passed to the replay as the grader's
     own copy of it (the wrapper's low bits could spell an answer); an answer computed in torch, or an input with one
@@ -428,6 +445,12 @@ def test_a_replay_keeps_inputs_prepared_for_a_launch_and_nothing_else():
     changed = q.copy()
     changed[0, 0, 3, 5] += np.float16(0.5)
     assert not prepared(changed)
+    q[..., ::3] = -np.inf  # masked entries: cast, they stay where they were, and nowhere else
+    inputs[0] = Array("tensor", "float16", q)
+    assert prepared(q.astype(np.float32))
+    moved = q.astype(np.float32)
+    moved[0, 0, 0, :2] = moved[0, 0, 0, 1::-1]
+    assert not prepared(moved)
 
 
 def test_a_launch_s_integers_are_bounded_by_the_call_s_sizes_not_by_a_buffer_the_wrapper_made():

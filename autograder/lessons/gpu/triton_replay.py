@@ -78,21 +78,30 @@ def _prepared(buf, inputs):
     it, the scale), or None. The copy is that input permuted, times the scale, rounded to the buffer's dtype: nothing
     of the wrapper's reaches the replay but the scale, not the low bits of its values (which could spell an answer)."""
     data = np.asarray(buf.data)
-    if not np.issubdtype(data.dtype, np.floating) or data.size == 0 or not np.all(np.isfinite(data)):
+    if not np.issubdtype(data.dtype, np.floating) or data.size == 0:
         return None
     eps = float(np.finfo(data.dtype).eps)  # the rounding of the wrapper's own product, in the buffer's dtype
     wide = data.astype(np.float64).ravel()
-    rtol, atol = 4 * eps, eps * float(np.abs(wide).max())  # atol: products rounded to subnormals
+    finite = np.isfinite(wide)  # an input's -inf entries (softmax's masks) stay where they were, as they were
+    if not finite.any():
+        return None
+    rtol, atol = 4 * eps, eps * float(np.abs(wide[finite]).max())  # atol: products rounded to subnormals
     for a in inputs:
         x = np.asarray(a.data)
         if x.size != wide.size or x.ndim > 5 or not np.issubdtype(x.dtype, np.floating):
             continue
         for axes in itertools.permutations(range(x.ndim)):
             flat = x.transpose(axes).astype(np.float64).ravel()
-            i = int(np.argmax(np.abs(flat)))
+            if not np.array_equal(np.isfinite(flat), finite):
+                continue
+            i = int(np.argmax(np.where(finite, np.abs(flat), 0)))
             scale = float(wide[i] / flat[i]) if flat[i] != 0 else 0.0
             scale = 1.0 if abs(scale - 1) <= rtol else scale  # a cast, rounded: no scale
-            if flat[i] != 0 and np.allclose(wide, flat * scale, rtol=rtol, atol=atol):
+            if (
+                scale != 0
+                and np.allclose(wide[finite], flat[finite] * scale, rtol=rtol, atol=atol)
+                and np.array_equal(wide[~finite], flat[~finite] * scale, equal_nan=True)
+            ):
                 return (flat * scale).astype(data.dtype).reshape(data.shape), scale
     return None
 
