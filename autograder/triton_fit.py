@@ -201,7 +201,8 @@ def _module_path(module, attrs):
 
 
 def _aliases(imports):
-    """{name: (module, [attribute, ...])} the cells' imports of TRITON_MODULES bind, besides tl, triton and math."""
+    """{name: (module, [attribute, ...])} the cells' imports of TRITON_MODULES bind, besides tl, triton and math unless
+    an import binds them to another module."""
     import ast
 
     out = {"tl": ("triton.language", []), "triton": ("triton", []), "math": ("math", [])}
@@ -213,6 +214,8 @@ def _aliases(imports):
                 out[a.asname or a.name] = (f"{node.module}.{a.name}", [])
             elif isinstance(node, ast.ImportFrom) and node.module in TRITON_MODULES:
                 out[a.asname or a.name] = (node.module, [a.name])
+            else:  # torch or numpy under that name (import torch as tl): not Triton's, whatever the name
+                out.pop(a.asname or (a.name.split(".")[0] if isinstance(node, ast.Import) else a.name), None)
     return out
 
 
@@ -261,8 +264,9 @@ def _foreign(kernel, kernels, imports, constants):
 
 def not_triton(cells, kernels):
     """[(name, what)]: each of the named @triton.jit kernels in cells (parsed(...)), or a @triton.jit function one
-    calls, whose body uses something that is not Triton language (_foreign). Needs Triton installed (the names it
-    allows are the installed Triton's)."""
+    calls, whose body uses something that is not Triton language (_foreign), or whose decorators, annotations or
+    default values are more than plain (_def_time). Needs Triton installed (the names it allows are the installed
+    Triton's)."""
     import ast
 
     defined, imports, constants = cells
@@ -274,10 +278,73 @@ def not_triton(cells, kernels):
             continue
         seen.add(name)
         foreign = _foreign(by_name[name], defined, imports, constants)
+        where = _def_time(by_name[name], imports, constants)
+        foreign = foreign or where and f"{where} (in its decorators, annotations or default values)"
         if foreign:
             out.append((name, foreign))
         todo += [n.id for n in ast.walk(by_name[name]) if isinstance(n, ast.Name) and n.id in by_name]
     return out
+
+
+# What a kernel's decorators, annotations and default values may be. They run as plain Python wherever the kernel is
+# defined, the grader's replay of its launches too (lessons/gpu/triton_replay.py), where anything else could compute
+# the answer into the replayed buffers (a decorator that rebinds the replay's launcher): literals, constants, Triton's
+# language (tl.constexpr), these builtin types, and these calls of such values.
+DEF_TIME_CALLS = {"triton.jit", "triton.autotune", "triton.Config"}
+DEF_TIME_TYPES = {"int", "float", "bool", "str"}
+
+
+def _def_time(kernel, imports, constants):
+    """The first of a @triton.jit function's decorators, annotations and default values that is more than DEF_TIME_CALLS
+    of literals, constants and Triton's language, as its source (shortened), or None."""
+    import ast
+
+    aliases, names = _aliases(imports), {n for _, bound in constants for n in bound}
+
+    def path(node):
+        attrs = []
+        while isinstance(node, ast.Attribute):
+            attrs.insert(0, node.attr)
+            node = node.value
+        if not isinstance(node, ast.Name) or node.id not in aliases or node.id in names:
+            return None
+        module, first = aliases[node.id]
+        return ".".join([module, *first, *attrs])
+
+    def bad(node):
+        if node is None or isinstance(node, ast.Constant):
+            return None
+        if isinstance(node, ast.Name) and (node.id in names or node.id in DEF_TIME_TYPES):
+            return None
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+            return bad(node.operand)
+        if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+            return first(node.elts)
+        if isinstance(node, ast.Dict):
+            return "**" if None in node.keys else first([*node.keys, *node.values])
+        if isinstance(node, ast.Call) and path(node.func) in DEF_TIME_CALLS:
+            return "**" if any(k.arg is None for k in node.keywords) else first([*node.args, *node.keywords])
+        if isinstance(node, ast.keyword):  # of a call above
+            return bad(node.value)
+        where = path(node) or ""
+        if where in DEF_TIME_CALLS or where.startswith("triton.language.") and not _language_path(where.split(".")[2:]):
+            return None
+        return ast.unparse(node)[:80]
+
+    def first(nodes):
+        return next(filter(None, map(bad, nodes)), None)
+
+    a = kernel.args
+    params = [p for p in [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg] if p]
+    parts = [*kernel.decorator_list, kernel.returns, *a.defaults, *a.kw_defaults, *(p.annotation for p in params)]
+    return first(parts) or ("type parameters" if getattr(kernel, "type_params", None) else None)
+
+
+def plain(cells):
+    """cells (parsed(...)) less the @triton.jit functions whose decorators, annotations or default values are more than
+    plain (_def_time): what may run where the grader launches a kernel again."""
+    kernels, imports, constants = cells
+    return [k for k in kernels if not _def_time(k, imports, constants)], imports, constants
 
 
 def not_triton_message(name, foreign):
@@ -285,8 +352,9 @@ def not_triton_message(name, foreign):
     return (
         f"{name} uses {foreign}, which is not Triton language: a @triton.jit body may use only the public functions "
         "of tl (triton.language, e.g. tl.load, tl.exp, tl.math.exp2), math, its parameters and locals, the "
-        "attributes of Triton's tensors (.dtype, .to), other @triton.jit functions and constants; compute the "
-        "result with those, into the buffer you return"
+        "attributes of Triton's tensors (.dtype, .to), other @triton.jit functions and constants, and its decorators, "
+        "annotations and default values only triton.jit (or triton.autotune of triton.Config), tl.constexpr and "
+        "plain numbers; compute the result with those, into the buffer you return"
     )
 
 

@@ -60,6 +60,12 @@ def test_triton_language_passes_by_any_alias():
     assert fit.not_triton(fit.parsed([body(ok, head), helper]), ["k"]) == []
 
 
+def test_triton_s_names_bound_to_torch_are_not_triton():
+    """The replay runs the cells' imports of torch and numpy too: tl bound to torch there makes tl.load torch.load."""
+    cells = fit.parsed([body(["x = tl.load(X)"], HEAD + "import torch as tl\n")])
+    assert fit.not_triton(cells, ["k"]) == [("k", "tl")]
+
+
 def test_a_helper_the_kernel_calls_is_read_too():
     helper = "@triton.jit\ndef helper(x):\n    return tl.core.builtins.len(x)\n"
     cells = fit.parsed([body(["a = helper(X)"]), helper])
@@ -138,3 +144,56 @@ def test_the_real_grader_costs_torch_in_the_kernel_its_aspect_only(tmp_path):
     share = 0.0 if aspect == core else float(row["max_points"]) * (1 - aspects[aspect] / sum(aspects.values()))
     assert float(row["points"]) == pytest.approx(share, abs=0.01), row["message"]
     assert "tl.core.builtins" in row["message"] and "not Triton language" in row["message"], row["message"]
+
+
+# What runs as Python where a kernel is defined, the grader's replay of its launches too (lessons/gpu/triton_replay.py),
+# each a route to the replay's launcher (rebound below to one that computes softmax in torch): triton_fit._def_time.
+REBIND = "globals().update(_replay=lambda name, b, l: b)"
+DEF_TIME = {
+    "a decorator": (f"@triton.jit\n@(lambda f: {REBIND} or f)\ndef k(X, Y):\n    pass\n", "lambda f"),
+    "a default value": (f"@triton.jit\ndef k(X, Y, H={REBIND}):\n    pass\n", "globals()"),
+    "an annotation": (f"@triton.jit\ndef k(X, Y: {REBIND}):\n    pass\n", "globals()"),
+    "a return annotation": (f"@triton.jit\ndef k(X, Y) -> {REBIND}:\n    pass\n", "globals()"),
+    "a hook of autotune": (
+        "@triton.autotune(configs=[triton.Config({'B': 16})], key=[], pre_hook=print)\n@triton.jit\n"
+        "def k(X, Y, B: tl.constexpr):\n    pass\n",
+        "print",
+    ),
+    "Triton's name bound to torch": ("import torch as triton\n\n\n@triton.jit\ndef k(X, Y):\n    pass\n", "triton.jit"),
+    "Python reached through tl": ("@triton.jit\ndef k(X, Y, H=tl.core.builtins):\n    pass\n", "tl.core.builtins"),
+    "a helper's decorator": (
+        "@triton.jit\ndef k(X, Y):\n    h(X)\n\n\n@triton.jit\n@(lambda f: f)\ndef h(X):\n    pass\n",
+        "lambda f",
+    ),
+}
+
+
+@pytest.mark.parametrize("route", DEF_TIME)
+def test_code_that_runs_where_a_kernel_is_defined_is_refused_and_never_replayed(route):
+    from autograder.lessons.gpu.triton_replay import kernel_cells
+
+    source, named = DEF_TIME[route]
+    cells = fit.parsed([HEAD, source])
+    [(name, foreign)] = fit.not_triton(cells, ["k"])
+    assert named in foreign and "decorators, annotations or default values" in foreign
+    assert named not in "".join(kernel_cells(cells)[1:])  # after its PREAMBLE
+
+
+def test_plain_decorators_annotations_and_defaults_pass():
+    kernel = """
+@triton.autotune(configs=[triton.Config({"BLOCK": 64}, num_warps=4), triton.Config({"BLOCK": SIZE})], key=["n"])
+@triton.jit(do_not_specialize=["n"])
+def k(X, Y, n: int, s: float = -1.0, BLOCK: tl.constexpr = SIZE, C: constexpr = None, D: "tl.constexpr" = (1, 2)):
+    pass
+"""
+    cells = fit.parsed([HEAD + "from triton.language import constexpr\nSIZE = 64\n", kernel])
+    assert fit.not_triton(cells, ["k"]) == [] and fit.plain(cells) == cells
+
+
+def test_check_submission_says_what_the_grader_says_of_a_decorator():
+    kernel = inspect.getsource(gpu._softmax_kernel.fn).replace("@triton.jit", "@triton.jit\n@(lambda f: f)", 1)
+    said = fit.check_kernels(
+        [HEAD + kernel], compiler=lambda jobs, timeout: [{"skipped": True, "error": "-"}] * len(jobs)
+    )
+    foreign = "lambda f: f (in its decorators, annotations or default values)"
+    assert (True, fit.not_triton_message("_softmax_kernel", foreign)) in said

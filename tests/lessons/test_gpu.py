@@ -257,6 +257,35 @@ def test_without_triton_the_check_is_the_instructors_to_run(monkeypatch):
     assert checks.UNAVAILABLE == {}
 
 
+# Rows an answer hands to torch.softmax, which were asked only in the notebook's own process: the long row (asked
+# before the pause, judged in "values") and the -inf entries (judged in their own aspect, which the paths do not cost).
+SOFTMAX_ROUTES = {"the long row": "x.shape[-1] > 10_000", "rows with -inf entries": "torch.isinf(x).any()"}
+
+
+@pytest.mark.parametrize("route", SOFTMAX_ROUTES)
+def test_online_softmax_asks_every_row_with_the_softmax_off(route):
+    """Every row online_softmax is asked is asked again with PyTorch's softmax off ([forbids]): an answer that handed
+    these to torch.softmax kept 2/2, or the -inf entries' share that its own loop (NaN there) would lose."""
+    from autograder.checking import verify
+    from tests.harness.lessons import fresh_namespace
+
+    code = f"""
+def online_softmax(x, block_size):
+    if {SOFTMAX_ROUTES[route]}:
+        return torch.softmax(x, -1)
+    m = torch.full((*x.shape[:-1], 1), float("-inf"), dtype=x.dtype)
+    total = torch.zeros_like(m)
+    for i in range(0, x.shape[-1], block_size):
+        b = x[..., i : i + block_size]
+        new = torch.maximum(m, b.amax(-1, keepdim=True))
+        total = total * torch.exp(m - new) + torch.exp(b - new).sum(-1, keepdim=True)
+        m = new
+    return torch.exp(x - m) / total
+"""
+    with pytest.raises(AssertionError, match="reached PyTorch's softmax"):
+        verify("06_gpu", "online_softmax", fresh_namespace("06_gpu", {"online_softmax": code}))
+
+
 @pytest.mark.skipif(triton_missing, reason="Triton is not installed")
 def test_a_solved_submission_is_graded_in_four_processes(tmp_path, monkeypatch):
     """The grader runs the checks' parts that need the same kind of process together (grade.run_checks): the notebook's
@@ -289,6 +318,104 @@ def test_a_solved_submission_is_graded_in_four_processes(tmp_path, monkeypatch):
     assert opened == [((), False), (("softmax",), False), (("attention kernels",), False), ((), True)]
 
 
+@pytest.mark.skipif(triton_missing, reason="Triton is not installed")
+def test_a_decorator_that_rebinds_the_replay_s_launcher_loses_the_kernels_points():
+    """The replay defines the notebook's kernels, decorators and all, in the process that then launches them: a
+    decorator (or a default value, an annotation) that rebinds the replay's launcher to one that computes softmax in
+    torch had a kernel that does nothing keep triton_softmax's points (triton_fit._def_time)."""
+    from autograder.checking import PartialCredit, verify
+    from tests.harness.lessons import fresh_namespace
+
+    fake = "lambda name, b, l: (lambda x, y: {x: b[x], y: torch.softmax(b[x].float(), -1).to(b[x].dtype)})(*b)"
+    code = f"""
+@triton.jit
+@(lambda f: globals().update(_replay={fake}) or f)
+def _softmax_kernel(X, Y, n_cols, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+
+
+def triton_softmax(x):
+    _softmax_kernel[(1,)](x, torch.zeros_like(x), x.size(1), BLOCK=16)
+    return torch.softmax(x.float(), -1).to(x.dtype)
+"""
+    with pytest.raises(AssertionError) as caught:
+        verify("06_gpu", "triton_softmax", fresh_namespace("06_gpu", {"triton_softmax": code}))
+    assert "decorators, annotations or default values" in str(caught.value)
+    assert not isinstance(caught.value, PartialCredit) or caught.value.earned < caught.value.total
+
+
+@pytest.mark.skipif(triton_missing, reason="Triton is not installed")
+def test_a_wrapper_that_tunes_num_warps_on_a_shape_s_first_call_keeps_its_points():
+    """The replayed call is the wrapper's first on its shape (triton_replay.recorded): one that times each num_warps
+    once there, then launches the fastest, launches five times with four distinct arguments, and kept its point when
+    the grader recorded a second call of that shape."""
+    from autograder.checking import verify
+    from tests.harness.lessons import fresh_namespace
+
+    code = """
+import time
+
+_BEST = {}
+
+
+def triton_softmax(x):
+    x = x.contiguous()
+    rows, cols = x.shape
+    out = torch.empty_like(x)
+    block = triton.next_power_of_2(cols)
+    launch = lambda w: _softmax_kernel[(rows,)](x, out, cols, x.stride(0), out.stride(0), BLOCK=block, num_warps=w)
+    if (cols, x.dtype) not in _BEST:
+        times = {}
+        for w in (1, 2, 4, 8):
+            start = time.perf_counter()
+            launch(w)
+            times[w] = time.perf_counter() - start
+        _BEST[cols, x.dtype] = min(times, key=times.get)
+    launch(_BEST[cols, x.dtype])
+    return out
+"""
+    verify("06_gpu", "triton_softmax", fresh_namespace("06_gpu", {"triton_softmax": code}))
+
+
+@pytest.mark.skipif(triton_missing, reason="Triton is not installed")
+def test_a_wrapper_that_hands_float16_to_torch_loses_the_float16_share():
+    """The first case of each aspect is replayed (_triton_check): a wrapper whose kernel does the float32 work and
+    hands float16 to torch kept triton_softmax's float16 share when only the first case was replayed."""
+    from autograder.checking import PartialCredit, verify
+    from tests.harness.lessons import fresh_namespace
+
+    code = """
+def triton_softmax(x):
+    if x.dtype == torch.float16:
+        return torch.softmax(x.float(), -1).half()
+    x = x.contiguous()
+    out, (rows, cols) = torch.empty_like(x), x.shape
+    _softmax_kernel[(rows,)](x, out, cols, x.stride(0), out.stride(0), BLOCK=triton.next_power_of_2(cols))
+    return out
+"""
+    with pytest.raises(PartialCredit) as caught:
+        verify("06_gpu", "triton_softmax", fresh_namespace("06_gpu", {"triton_softmax": code}))
+    assert [r["aspect"] for r in caught.value.rows if not r["passed"]] == ["float16"], caught.value.rows
+    assert "never launched _softmax_kernel" in str(caught.value)
+
+
+@pytest.mark.skipif(triton_missing, reason="Triton is not installed")
+def test_a_wrapper_that_computes_float16_in_float32_keeps_its_points():
+    """The float16 case replayed has -inf entries: a wrapper that launches on x.float() passes a cast of an input with
+    -inf in it, which the replay takes as the grader's own cast (triton_replay._prepared), not as a buffer of NaN."""
+    from autograder.checking import verify
+    from tests.harness.lessons import fresh_namespace
+
+    code = """
+def triton_softmax(x):
+    dtype, x = x.dtype, x.float().contiguous()
+    out, (rows, cols) = torch.empty_like(x), x.shape
+    _softmax_kernel[(rows,)](x, out, cols, x.stride(0), out.stride(0), BLOCK=triton.next_power_of_2(cols))
+    return out.to(dtype)
+"""
+    verify("06_gpu", "triton_softmax", fresh_namespace("06_gpu", {"triton_softmax": code}))
+
+
 def test_a_replay_keeps_inputs_prepared_for_a_launch_and_nothing_else():
     """triton_replay._prepared: an input scaled, cast, transposed or reshaped is passed to the replay as the grader's
     own copy of it (the wrapper's low bits could spell an answer); an answer computed in torch, or an input with one
@@ -318,6 +445,12 @@ def test_a_replay_keeps_inputs_prepared_for_a_launch_and_nothing_else():
     changed = q.copy()
     changed[0, 0, 3, 5] += np.float16(0.5)
     assert not prepared(changed)
+    q[..., ::3] = -np.inf  # masked entries: cast, they stay where they were, and nowhere else
+    inputs[0] = Array("tensor", "float16", q)
+    assert prepared(q.astype(np.float32))
+    moved = q.astype(np.float32)
+    moved[0, 0, 0, :2] = moved[0, 0, 0, 1::-1]
+    assert not prepared(moved)
 
 
 def test_a_launch_s_integers_are_bounded_by_the_call_s_sizes_not_by_a_buffer_the_wrapper_made():

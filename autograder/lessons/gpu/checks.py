@@ -28,6 +28,7 @@ from autograder import lessons
 from autograder.checking import (
     HEADROOM_MB,
     Checks,
+    StudentError,
     Unchecked,
     close,
     evidence_times,
@@ -141,7 +142,6 @@ def _long_row(rng):
 
 
 LONG_ROW = 40_000
-ASK = object()  # _expect_online: no answer given, ask for one
 
 
 def _float32_state(got, want, cond):
@@ -181,14 +181,7 @@ def online_softmax(s):
                 x[..., ::3] = -np.inf
                 x[0, 0, :20] = -np.inf
             short.append((x.astype(dtype), block, kind))
-    # The long row is asked first and judged last (its input drawn last too). Judged first, its answer would name the
-    # wrong mistake: on it an unnormalised result is one computed in float32 (the sum is 1 to float32's rounding),
-    # which the short rows tell apart.
-    long_row = _long_row(hidden)
-    try:
-        long_got = s.call("online_softmax", tensor(long_row), 64)
-    except Exception as e:  # raised where it is judged, after the short rows, so their verdicts come first
-        long_got = e
+    long_row = _long_row(hidden)  # drawn last
     # -inf entries first: "values" runs with PyTorch's softmax off (lessons/06_gpu/lesson.toml), in a process of its
     # own, in one block (the core: its first failure ends the check anyway), so that the paths are probed once
     for x, block, kind in short:
@@ -200,15 +193,21 @@ def online_softmax(s):
         for x, block, kind in short:
             if kind != "masked":
                 _expect_online(s, x, block, kind)
-        _expect_online(s, long_row, 64, "long", long_got)
+            else:  # judged above; asked again for the softmax alone, which an answer could keep for -inf entries
+                try:
+                    s.call("online_softmax", tensor(x), block)
+                except StudentError as e:
+                    if e.type == "ForbiddenPath":
+                        raise
+        # The long row last, with the paths off as every value is. Judged first, its answer would name the wrong
+        # mistake: on it an unnormalised result is one computed in float32 (the sum is 1 to float32's rounding), which
+        # the short rows tell apart.
+        _expect_online(s, long_row, 64, "long")
 
 
-def _expect_online(s, x, block, kind, answer=ASK):
-    """online_softmax(x, block) (or its answer, or what asking it raised, when given) against the exact softmax,
-    naming a known mistake where it recognises one."""
-    if isinstance(answer, Exception):
-        raise answer
-    got = s.call("online_softmax", tensor(x), block) if answer is ASK else answer
+def _expect_online(s, x, block, kind):
+    """online_softmax(x, block) against the exact softmax, naming a known mistake where it recognises one."""
+    got = s.call("online_softmax", tensor(x), block)
     # float64's softmax: the exact answer to within 1e-15, as the online one computes it, without its Python loop over
     # blocks (625 of them on the long row, 0.04 CPU s a check: issue 19)
     want = reference(torch.from_numpy(x).double().softmax(-1), dtype=x.dtype.name)
@@ -790,23 +789,28 @@ def triton_softmax(s):
 
 def _triton_check(s, wrapper, kernel, cases, drawn):
     """The cases of a Triton check (aspect, then the arguments of drawn after rng), each in its aspect, then
-    expect_kernel_did_the_work on the first. That one is drawn from a seed no source shows (the checks' own, s.rng, is
-    the source's to read: a kernel could store the answer to their inputs, worked out beforehand), and called with its
+    expect_kernel_did_the_work on the first of each aspect, where that one was right: a wrapper that hands one dtype to
+    torch keeps none of that dtype's share. Those are drawn from a seed no source shows (the checks' own, s.rng, is the
+    source's to read: a kernel could store the answer to their inputs, worked out beforehand), and called with their
     kernel's launches recorded, to be replayed once the cases are done (in a process of its own: the check pauses)."""
-    device, first = _triton_device(), None
+    device, seen, replays = _triton_device(), set(), {}
     for aspect, *case in cases:
         with s.aspect(aspect):
-            rng = s.rng if first else np.random.default_rng(unseen_seed(s.rng))
-            inputs, kwargs, what, judge = drawn(rng, *case, device)
-            if first is None:  # called first, so an unwritten answer is told it is not implemented yet
+            first = aspect not in seen
+            seen.add(aspect)
+            inputs, kwargs, what, judge = drawn(
+                np.random.default_rng(unseen_seed(s.rng)) if first else s.rng, *case, device
+            )
+            if first:  # the check's first call among them: an unwritten answer is told it is not implemented yet
                 got, launched = recorded(s, wrapper, kernel, inputs, kwargs)
-                first = (aspect, inputs, what, got, launched)
             else:
                 got = s.call(wrapper, *inputs, **kwargs)
             judge(got)
-    aspect, *evidence = first
-    with s.aspect(aspect):
-        yield from expect_kernel_did_the_work(s, wrapper, kernel, *evidence)
+            if first:
+                replays[aspect] = (inputs, what, got, launched)
+    for aspect, evidence in replays.items():
+        with s.aspect(aspect):
+            yield from expect_kernel_did_the_work(s, wrapper, kernel, *evidence)
 
 
 # Small sizes: on a CPU this runs in Triton's interpreter, whose cost grows with the programs launched

@@ -18,7 +18,7 @@ import numpy as np
 from autograder.check_submission import MAX_CELL_CHARS
 from autograder.checking import StudentError, close, fail
 from autograder.sandbox.wire import Array
-from autograder.triton_fit import not_triton, not_triton_message, parsed
+from autograder.triton_fit import not_triton, not_triton_message, parsed, plain
 
 # What the replay's process runs before the kernels: the imports a kernel uses, and the launcher.
 PREAMBLE = '''
@@ -41,7 +41,8 @@ MAX_BUFFERS = 16  # and a few tensors: not one per number of an answer (each pre
 MAX_FLOATS = 2  # a launch's floats: the scale (and perhaps one more constant)
 MAX_INT = 4096  # an integer argument may exceed the largest input's or result's size only up to this (a block size)
 MAX_WORDS = 64  # characters of string arguments in all of a call's launches
-MAX_LAUNCHES, ELEMENTS_PER_LAUNCH = 4, 256  # launches a call may make: a few, or one per 256 outputs
+MAX_LAUNCHES, ELEMENTS_PER_LAUNCH = 4, 256  # distinct launches a call may make: a few, or one per 256 outputs
+MAX_REPEATS = 4  # and launches in all, per distinct one allowed: a warm-up, or num_warps tuned on a shape's first call
 
 
 _LAST = threading.local()  # the last cells _parsed read and its reading, per grading thread: nothing shared
@@ -58,8 +59,10 @@ def _parsed(sources):
 
 def kernel_cells(cells):
     """The cells' imports of triton_fit.MODULES, the constants their @triton.jit functions read (names bound to
-    literals or tl.constexpr of them), and those functions, a cell each after the PREAMBLE; cells: _parsed(...)."""
-    kernels, imports, constants = cells
+    literals or tl.constexpr of them), and those functions whose decorators, annotations and default values are plain
+    (triton_fit.plain: they run as Python, before the launcher is called; the launched kernel and those it calls are
+    refused by not_triton otherwise), a cell each after the PREAMBLE; cells: _parsed(...)."""
+    kernels, imports, constants = plain(cells)
     read = {n.id for k in kernels for n in ast.walk(k) if isinstance(n, ast.Name)}
     return (
         [PREAMBLE]
@@ -75,21 +78,30 @@ def _prepared(buf, inputs):
     it, the scale), or None. The copy is that input permuted, times the scale, rounded to the buffer's dtype: nothing
     of the wrapper's reaches the replay but the scale, not the low bits of its values (which could spell an answer)."""
     data = np.asarray(buf.data)
-    if not np.issubdtype(data.dtype, np.floating) or data.size == 0 or not np.all(np.isfinite(data)):
+    if not np.issubdtype(data.dtype, np.floating) or data.size == 0:
         return None
     eps = float(np.finfo(data.dtype).eps)  # the rounding of the wrapper's own product, in the buffer's dtype
     wide = data.astype(np.float64).ravel()
-    rtol, atol = 4 * eps, eps * float(np.abs(wide).max())  # atol: products rounded to subnormals
+    finite = np.isfinite(wide)  # an input's -inf entries (softmax's masks) stay where they were, as they were
+    if not finite.any():
+        return None
+    rtol, atol = 4 * eps, eps * float(np.abs(wide[finite]).max())  # atol: products rounded to subnormals
     for a in inputs:
         x = np.asarray(a.data)
         if x.size != wide.size or x.ndim > 5 or not np.issubdtype(x.dtype, np.floating):
             continue
         for axes in itertools.permutations(range(x.ndim)):
             flat = x.transpose(axes).astype(np.float64).ravel()
-            i = int(np.argmax(np.abs(flat)))
+            if not np.array_equal(np.isfinite(flat), finite):
+                continue
+            i = int(np.argmax(np.where(finite, np.abs(flat), 0)))
             scale = float(wide[i] / flat[i]) if flat[i] != 0 else 0.0
             scale = 1.0 if abs(scale - 1) <= rtol else scale  # a cast, rounded: no scale
-            if flat[i] != 0 and np.allclose(wide, flat * scale, rtol=rtol, atol=atol):
+            if (
+                scale != 0
+                and np.allclose(wide[finite], flat[finite] * scale, rtol=rtol, atol=atol)
+                and np.array_equal(wide[~finite], flat[~finite] * scale, equal_nan=True)
+            ):
                 return (flat * scale).astype(data.dtype).reshape(data.shape), scale
     return None
 
@@ -132,8 +144,8 @@ def _scalars(launches, inputs, got, scales):
     block sizes and flags, and a float or two (the scale, passed or multiplied into an input: scales, from
     _replay_buffers): so at most MAX_BUFFERS tensors and MAX_SCALARS numbers per launch, MAX_FLOATS floats, integers
     no larger than twice the largest input or result (sizes, strides and offsets are; a float's bits are not; not a
-    buffer's, which the wrapper sizes: a large one would let the integers carry more bits), short words,
-    and no more launches than the output's size allows (many launches of a few numbers each could spell it out)."""
+    buffer's, which the wrapper sizes: a large one would let the integers carry more bits), short words, and no more
+    distinct launches than the output's size allows (many launches of a few numbers each could spell it out)."""
     values = [[v for v in [*args, *kwargs.values()] if not isinstance(v, dict)] for _, args, kwargs in launches]
     flat = [v for launch in values for v in launch]
     plain = all(v is None or isinstance(v, (bool, int, float)) or (isinstance(v, str) and len(v) <= 16) for v in flat)
@@ -162,7 +174,10 @@ def _scalars(launches, inputs, got, scales):
             "any size): data must reach the kernel in tensors"
         )
     size = int(np.prod(got.shape)) if isinstance(got, Array) else 0
-    if len(launches) > max(MAX_LAUNCHES, size // ELEMENTS_PER_LAUNCH):
+    allowed = max(MAX_LAUNCHES, size // ELEMENTS_PER_LAUNCH)
+    # A launch repeated with the same arguments carries nothing new to the replay (the recorded call is the wrapper's
+    # first on that shape, where a wrapper may warm up or time a few launches): counted once, up to MAX_REPEATS times
+    if len({repr(launch) for launch in launches}) > allowed or len(launches) > MAX_REPEATS * allowed:
         fail(
             f"the kernel was launched {len(launches)} times for {size} outputs: launch it once, with a grid of "
             "programs, rather than passing it the work a few numbers at a time"
