@@ -827,12 +827,10 @@ class Session:
             except (Died, OSError) as e:
                 if current is None:
                     raise SandboxError(f"the notebook's process ended: {e}") from None
-                self.skipped[current] = "ended the Python process (os._exit, a crash or a resource limit)"
+                if not self._starved():  # else a cell before it ran out of memory and kept it: that one is skipped
+                    self.skipped[current] = "ended the Python process (os._exit, a crash or a resource limit)"
             else:
-                # A cell that ran out of memory may keep what it took (a global list of buffers): every
-                # later call would fail for it, so it is skipped on a restart, as a cell that crashed.
-                starved = [i for i, e in self.cell_errors.items() if "MemoryError" in (e.get("mro") or ())]
-                if not starved:
+                if not self._starved():
                     reached = [e for e in self.cell_errors.values() if self.forbid and e.get("type") == "ForbiddenPath"]
                     self.reached = reached[0] if reached else None
                     if self.forbid:
@@ -840,8 +838,16 @@ class Session:
                     if self.forbid:  # what the calls reach is checked: only the child itself may do their work
                         self.sandbox.confine()
                     return
-                for i in starved:
-                    self.skipped[i] = "ran out of memory (MemoryError)"
+
+    def _starved(self):
+        """Skip, on the next start, the cells that ran out of memory in this run (MemoryError): one may keep what it
+        took (a global list of buffers), so that every later call fails for it, or the process is killed for memory
+        (the sandbox's cgroup, the machine) while a later cell runs, which is not that cell's doing. Returns whether
+        there were any."""
+        starved = [i for i, e in self.cell_errors.items() if "MemoryError" in (e.get("mro") or ())]
+        for i in starved:
+            self.skipped[i] = "ran out of memory (MemoryError)"
+        return bool(starved)
 
     def transport(self, request, callback=None):
         """Send one check request; returns its reply (interfaces.md, section 1): ok, error (the

@@ -132,6 +132,26 @@ def test_a_worker_without_triton_preloaded_still_runs_a_cell_that_imports_it():
             sandbox.close()
 
 
+def test_a_process_killed_after_a_cell_ran_out_of_memory_costs_that_cell_not_the_next():
+    """A cell that fills memory and keeps it gets MemoryError; the process may be killed for memory (its cgroup, the
+    machine) only while a later cell runs. That later cell is not to blame: the cell that ran out is skipped on the
+    restart, and what the later one defines is graded."""
+    try:
+        sandbox = Sandbox(choose_mode("auto"), replace(DEFAULT_LIMITS, memory_mb=512, call_seconds=20))
+    except SandboxError as e:
+        pytest.skip(f"no sandbox here: {e}")
+    hog = "blob = [bytearray(2**20)]\nraise MemoryError  # as filling memory does, deterministically"
+    killed = "import os\nif 'blob' in globals():\n    os._exit(9)  # as the OOM killer would\ndef room():\n    return 1"
+    s = Session(sandbox, "01_attention", [hog, killed])
+    try:
+        s.open()
+        assert list(s.skipped) == [0] and "memory" in s.skipped[0], s.skipped
+        assert s.transport(call("room")) == {"ok": 1}
+    finally:
+        s.close()
+        sandbox.close()
+
+
 def test_cells_the_grader_transformed_run_as_ipython_runs_them():
     """The grader does IPython's static transformation of a notebook's cells once (runner.prepared_cells) and each
     child runs them as they come, until a cell changes the shell's transformers: magics, a cell magic, a single line
