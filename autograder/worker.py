@@ -833,9 +833,8 @@ class Session:
                 if not self._starved():
                     reached = [e for e in self.cell_errors.values() if self.forbid and e.get("type") == "ForbiddenPath"]
                     self.reached = reached[0] if reached else None
-                    if self.forbid:
+                    if self.forbid:  # the plain run's errors are shown; only the child itself may do the calls' work
                         self.cell_errors = kept
-                    if self.forbid:  # what the calls reach is checked: only the child itself may do their work
                         self.sandbox.confine()
                     return
 
