@@ -476,11 +476,15 @@ def run_check(check, subject, max_points: float, why_unavailable: str | None = N
     return run_checks([(check, subject, max_points, why_unavailable)])[0]
 
 
-def run_checks(jobs) -> list:
+def run_checks(jobs, session=None) -> list:
     """The rows of jobs [(check, subject, max points, why it is unavailable or None)], in order. Each check runs up to
     its first pause (Check.steps: the label of the process its next part needs); then, while some wait, the parts of
-    all that wait with the first one's label run one after the other, so that they share one process (each switch of
-    kind costs a fresh process that runs the notebook's cells again)."""
+    all that wait with the first one's label run one after the other, and those they lead to with the same label, so
+    that they share one process (each switch of kind costs a fresh process that runs the notebook's cells again).
+    session (the sandbox's Session the subjects reach): parts that run the grader's cells go first, where parts that
+    switch paths off wait too, in one process that switches those paths off before the grader's cells and goes on to
+    run the notebook's (Session.then): not where a check under a memory bound switches the same paths off, whose
+    bound must count the notebook's process alone."""
     rows, waiting = [None] * len(jobs), []
 
     def advance(i, steps):
@@ -489,16 +493,30 @@ def run_checks(jobs) -> list:
         except StopIteration as done:
             rows[i] = done.value
 
+    def run(label):
+        while group := [(i, steps) for other, i, steps in waiting if other == label]:
+            waiting[:] = [w for w in waiting if w[0] != label]
+            for i, steps in group:
+                advance(i, steps)
+
+    bounded = {
+        p for check, *_ in jobs if getattr(check, "memory_bound", False) and check.forbid for p in check.forbid["paths"]
+    }
     with warnings.catch_warnings():  # the references' own numpy warnings (e.g. -inf rows)
         warnings.simplefilter("ignore")
         for i, job in enumerate(jobs):
             advance(i, _check_steps(*job))
         while waiting:
-            label = waiting[0][0]
-            group = [(i, steps) for other, i, steps in waiting if other == label]
-            waiting[:] = [w for w in waiting if w[0] != label]
-            for i, steps in group:
-                advance(i, steps)
+            labels = [label for label, _, _ in waiting]
+            grader = next((label for label in labels if label[0] == "elsewhere"), None)
+            forbid = next((label for label in labels if label[0] == "forbid" and not bounded & set(label[1])), None)
+            if session is not None and grader and forbid:
+                session.then(forbid[1])
+                run(grader)
+                session.then(())
+                run(forbid)
+            else:
+                run(labels[0])
     return rows
 
 
@@ -727,7 +745,7 @@ def grade_one(
             (checks[name], Subject(session.transport, f"{lesson}/{name}", sources=cells), max_points, gone.get(name))
             for name, (_, max_points) in zip(names, tests)
         ]
-        for (test, _), name, row in zip(tests, names, run_checks(jobs)):
+        for (test, _), name, row in zip(tests, names, run_checks(jobs, session)):
             if "traceback" in row:
                 result.setdefault("grader_errors", []).append(row.pop("traceback"))
             why = row["status"] != "passed" and cell_problem(name, cells, labels, session)

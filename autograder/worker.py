@@ -703,6 +703,9 @@ class Session:
         self.elsewhere = None  # inside Subject.elsewhere: the grader's cells, run instead of the notebook's
         self.reached = None  # with paths off: the first cell's ForbiddenPath (describe()), a failed call's cause
         self.serving = ((), None)  # (forbid, elsewhere) of the serving child
+        self.ahead = ()  # see then()
+        self.goes_on = None  # the paths with which the serving child of the grader's cells may run the notebook's
+        self.went_on = False  # the serving child ran the grader's cells before the notebook's (_serve)
         self.starts = 0
         self.deadline = time.monotonic() + sandbox.limits.notebook_seconds
         # What the grader parses from the sandbox is capped (its own memory); tests may lift it.
@@ -775,10 +778,13 @@ class Session:
             if not self.sandbox.alive():
                 raise SandboxError("the sandbox worker died")
             self.data = self.sandbox.start(self.lesson, self.data_files)
-            self.serving = (self.forbid, self.elsewhere)
+            self.serving, self.went_on = (self.forbid, self.elsewhere), False
             self.reached = None
             if self.elsewhere is not None:  # the grader's own cells: nothing of the notebook's runs, none skipped
-                wire.send_frame(self.data, {"cells": self.elsewhere})
+                self.goes_on = self.ahead or None
+                wire.send_frame(
+                    self.data, {"cells": self.elsewhere, **({"forbid": list(self.ahead)} if self.ahead else {})}
+                )
                 try:  # timed by CPU as the notebook's cells are; the grader's cells are never skipped
                     while (
                         self._progress(self._await(self.sandbox.limits.cell_seconds), len(self.elsewhere))[0] != "done"
@@ -787,56 +793,65 @@ class Session:
                 except (Timeout, OverCpu, Stalled):
                     raise SandboxError("the grader's cells ran past their time limit") from None
                 return
-            run = [i for i in range(len(self.cells)) if i not in self.skipped]
-            if self.prepared is None:
-                texts, indices = prepared_cells(self.cells, MAX_CODE_CHARS)
-                self.prepared = texts, set(indices)
-            # The cells' errors a student is shown are those of a plain run: a child with paths off may fail a scratch
-            # cell that calls one (Subject.forbidding).
-            kept, self.cell_errors = self.cell_errors, {}
-            current = None
-            try:
-                texts, prepared = self.prepared
-                wire.send_frame(
-                    self.data,
-                    {
-                        "cells": [texts[i] for i in run],
-                        "prepared": [k for k, i in enumerate(run) if i in prepared],
-                        **({"forbid": list(self.forbid)} if self.forbid else {}),
-                    },
-                )
-                while True:
-                    frame = self._progress(self._await(self.sandbox.limits.cell_seconds), len(run))
-                    if frame[0] == "done":
-                        break
-                    current = run[frame[1]]
-                    if frame[0] != "start":
-                        if frame[2]:
-                            self.cell_errors[current] = frame[2]
-                        current = None
-            except Timeout:
+            if self._notebook(self.forbid):
+                return
+
+    def _notebook(self, forbid):
+        """Run the notebook's cells in the serving child (forbid: the paths it is to switch off first, when it has
+        not yet); returns whether they ran, else the child is to be restarted (a cell that ended it or ran past its
+        limit is skipped from then on). Raises SandboxError when the notebook cannot be run."""
+        self.goes_on = None
+        run = [i for i in range(len(self.cells)) if i not in self.skipped]
+        if self.prepared is None:
+            texts, indices = prepared_cells(self.cells, MAX_CODE_CHARS)
+            self.prepared = texts, set(indices)
+        # The cells' errors a student is shown are those of a plain run: a child with paths off may fail a scratch
+        # cell that calls one (Subject.forbidding).
+        kept, self.cell_errors = self.cell_errors, {}
+        current = None
+        try:
+            texts, prepared = self.prepared
+            wire.send_frame(
+                self.data,
+                {
+                    "cells": [texts[i] for i in run],
+                    "prepared": [k for k, i in enumerate(run) if i in prepared],
+                    **({"forbid": list(forbid)} if forbid else {}),
+                },
+            )
+            while True:
+                frame = self._progress(self._await(self.sandbox.limits.cell_seconds), len(run))
+                if frame[0] == "done":
+                    break
+                current = run[frame[1]]
+                if frame[0] != "start":
+                    if frame[2]:
+                        self.cell_errors[current] = frame[2]
+                    current = None
+        except Timeout:
+            raise SandboxError("the notebook ran past its time limit") from None
+        except (OverCpu, Stalled) as e:
+            if current is None:
                 raise SandboxError("the notebook ran past its time limit") from None
-            except (OverCpu, Stalled) as e:
-                if current is None:
-                    raise SandboxError("the notebook ran past its time limit") from None
-                self.skipped[current] = (
-                    f"used more than {self.sandbox.limits.cell_seconds} s of CPU time, the limit for each cell"
-                    if isinstance(e, OverCpu)
-                    else f"neither finished nor used the CPU within {e} (it waited: sleep, input()?)"
-                )
-            except (Died, OSError) as e:
-                if current is None:
-                    raise SandboxError(f"the notebook's process ended: {e}") from None
-                if not self._starved():  # else a cell before it ran out of memory and kept it: that one is skipped
-                    self.skipped[current] = "ended the Python process (os._exit, a crash or a resource limit)"
-            else:
-                if not self._starved():
-                    reached = [e for e in self.cell_errors.values() if self.forbid and e.get("type") == "ForbiddenPath"]
-                    self.reached = reached[0] if reached else None
-                    if self.forbid:  # the plain run's errors are shown; only the child itself may do the calls' work
-                        self.cell_errors = kept
-                        self.sandbox.confine()
-                    return
+            self.skipped[current] = (
+                f"used more than {self.sandbox.limits.cell_seconds} s of CPU time, the limit for each cell"
+                if isinstance(e, OverCpu)
+                else f"neither finished nor used the CPU within {e} (it waited: sleep, input()?)"
+            )
+        except (Died, OSError) as e:
+            if current is None:
+                raise SandboxError(f"the notebook's process ended: {e}") from None
+            if not self._starved():  # else a cell before it ran out of memory and kept it: that one is skipped
+                self.skipped[current] = "ended the Python process (os._exit, a crash or a resource limit)"
+        else:
+            if not self._starved():
+                reached = [e for e in self.cell_errors.values() if self.forbid and e.get("type") == "ForbiddenPath"]
+                self.reached = reached[0] if reached else None
+                if self.forbid:  # the plain run's errors are shown; only the child itself may do the calls' work
+                    self.cell_errors = kept
+                    self.sandbox.confine()
+                return True
+        return False
 
     def _starved(self):
         """Skip, on the next start, the cells that ran out of memory in this run (MemoryError): one may keep what it
@@ -857,7 +872,9 @@ class Session:
             return self._bound(request)
         if request.get("op") in ("forbid", "unforbid", "elsewhere", "here"):
             return self._kind(request)
-        if request.get("op") == "restore" and (self.data is None or self.serving != (self.forbid, self.elsewhere)):
+        if request.get("op") == "restore" and (
+            self.data is None or self.serving != (self.forbid, self.elsewhere) and not self._goes_on()
+        ):
             if self.data is not None:  # replaced at the next request: ended now, so that none keeps the stand-ins
                 self.close()
                 self.starts -= 1
@@ -923,6 +940,8 @@ class Session:
             self.bounded = False
             return {"ok": None}
         self._serve()
+        if self.went_on:  # a bug of ours (grade.run_checks): never a verdict
+            raise RuntimeError("a memory bound asked of a child that ran the grader's cells before the notebook's")
         reply = self.sandbox.bound(request["mb"], request.get("headroom", 0), request.get("inputs", 0))
         self.bounded = True  # refused too: that child may start no thread or process any more (runner.bound)
         return reply if "refused" in reply else {"ok": None, **reply}
@@ -941,12 +960,32 @@ class Session:
         return {"ok": None}
 
     def _serve(self):
-        """A serving child of the kind asked for (forbid), started or restarted as needed."""
+        """A serving child of the kind asked for (forbid), started or restarted as needed. A child that ran the grader's
+        cells with the paths off that are asked for now (then()) goes on to run the notebook's cells instead."""
         if self.data is not None and self.serving != (self.forbid, self.elsewhere):
-            self.close()
-            self.starts -= 1  # a restart the grader asked for, not a crash of the notebook
+            if not self._goes_on():
+                self.close()
+                self.starts -= 1  # a restart the grader asked for, not a crash of the notebook
+            else:
+                self.serving = (self.forbid, None)
+                if self._notebook(()):  # its paths are off since it began
+                    self.went_on = True  # what the grader's cells left must be no part of a memory bound's count
+                    return
+                self.close()  # a cell ended it or ran past its limit: skipped in the fresh one
         if self.data is None:
             self.open()
+
+    def _goes_on(self):
+        """Whether the serving child ran the grader's cells with the paths off that the notebook's child asked for now
+        has off (then()), and may run the notebook's cells next."""
+        return self.goes_on is not None and self.elsewhere is None and self.goes_on == self.forbid
+
+    def then(self, paths):
+        """The next child that runs the grader's cells (Subject.elsewhere) switches `paths` off before them, and, once
+        its block ends, runs the notebook's cells for a block that forbids the same paths (Subject.forbidding), in
+        place of a fresh child for it: one process for both. Nothing of the notebook's runs before the grader's cells;
+        its cells run in a fresh namespace, after them (runner.child). () for none (grade.run_checks)."""
+        self.ahead = tuple(paths)
 
     def _reply(self, reply):
         """A reply frame, validated: exactly one known key, and an error that is plain data."""

@@ -286,8 +286,10 @@ def set_limits(limits):
 
 
 def child(data, shell, start, scratch, opts):
-    """Run the submission's cells, then serve requests until the grader closes the socket."""
-    from .server import ObjectServer, describe
+    """Run the cells of the first frame, then serve requests until the grader closes the socket. A frame of cells
+    among the requests runs them in the namespace the shell began with (a child that ran the grader's cells goes on to
+    run the notebook's with the same paths off: Session.open)."""
+    from .server import ObjectServer
     from .wire import recv_frame, send_frame
 
     os.setsid()
@@ -312,12 +314,39 @@ def child(data, shell, start, scratch, opts):
     os.dup2(null, 2)
     sys.stdout, sys.stderr = Sink(), Sink()
 
+    def channel(payload):  # host_callback: the grader runs its handler and answers
+        send_frame(data, {"callback": payload})
+        reply = recv_frame(data)
+        if not isinstance(reply, dict) or "callback_reply" not in reply:
+            raise RuntimeError("the grader did not answer the callback")
+        return reply["callback_reply"]
+
     frame = recv_frame(data)
     if frame.get("forbid"):  # before any cell: no student code may have looked up a kernel first
         from .tripwires import install
 
         install(frame["forbid"])
-    cells, prepared = frame["cells"], set(frame.get("prepared", ()))
+    fresh = dict(shell.user_ns)
+    while frame is not None:
+        if (
+            "op" not in frame
+        ):  # cells: the first frame; then, after the grader's own cells, the notebook's (Session.open)
+            shell.user_ns.clear()  # nothing the grader's cells defined is the notebook's
+            shell.user_ns.update(fresh)
+            run_cells(data, shell, frame["cells"], set(frame.get("prepared", ())))
+            server = ObjectServer(shell.user_ns)
+            server.channel = channel
+        else:
+            send_frame(data, server.handle(frame))
+        frame = recv_frame(data)
+
+
+def run_cells(data, shell, cells, prepared):
+    """Run cells (prepared: the indices of those IPython's static transformation gave), telling the grader as each
+    starts and ends, then that all are done."""
+    from .server import describe
+    from .wire import send_frame
+
     for i, src in enumerate(cells):
         send_frame(data, {"cell": i, "state": "start"})
         shell.prepared = i in prepared
@@ -329,18 +358,6 @@ def child(data, shell, start, scratch, opts):
         send_frame(data, {"cell": i, "state": "done", "error": describe(error) if error else None})
     shell.prepared = False
     send_frame(data, {"cells": "done"})
-    server = ObjectServer(shell.user_ns)
-
-    def channel(payload):  # host_callback: the grader runs its handler and answers
-        send_frame(data, {"callback": payload})
-        reply = recv_frame(data)
-        if not isinstance(reply, dict) or "callback_reply" not in reply:
-            raise RuntimeError("the grader did not answer the callback")
-        return reply["callback_reply"]
-
-    server.channel = channel
-    while (request := recv_frame(data)) is not None:
-        send_frame(data, server.handle(request))
 
 
 def _unlock(dir_fd, name):

@@ -745,3 +745,83 @@ def test_restore_starts_no_child_only_to_restore_it():
     finally:
         s.close()
         sandbox.close()
+
+
+def test_a_child_of_the_grader_s_cells_goes_on_to_run_the_notebook_s_with_the_same_paths_off():
+    """Session.then(paths): the next child of the grader's cells (Subject.elsewhere) switches the paths off before
+    them, and goes on to run the notebook's cells for a block that forbids the same paths: one process for both (issue
+    33). The paths are off from its start; the notebook's cells see nothing the grader's defined; no memory bound is
+    asked of it (what the grader's cells left would count); a cell that ends it is skipped in a fresh child."""
+    try:
+        sandbox = Sandbox(
+            choose_mode("auto"),
+            replace(DEFAULT_LIMITS, memory_mb=512, call_seconds=20),
+            triton=False,
+            forbids=["softmax"],
+        )
+    except SandboxError as e:
+        pytest.skip(f"no sandbox here: {e}")
+    started, start = [], sandbox.start
+    sandbox.start = lambda *args: started.append(1) or start(*args)
+    reach = "import torch\n\ndef reach():\n    try:\n        return torch.ones(2).softmax(0).tolist()\n" + (
+        "    except Exception as e:\n        return type(e).__name__\n"
+    )
+    grader = [reach + "\ngraders = 1\n"]
+    notebook = [reach + "\ndef sees():\n    return 'graders' in globals()\n", "import os\nos._exit(3)", "after = 2"]
+    s = Session(sandbox, "01_attention", notebook)
+    try:
+        s.then(["softmax"])
+        s.transport({"op": "elsewhere", "cells": grader})
+        assert s.transport(call("reach")) == {"ok": "ForbiddenPath"}
+        s.transport({"op": "here"})
+        s.then([])
+        s.transport({"op": "forbid", "paths": ["softmax"]})
+        assert s.transport(call("sees")) == {"ok": False}
+        assert s.transport(call("reach")) == {"ok": "ForbiddenPath"}
+        assert s.transport({"op": "getattr", "global": "after", "name": "real"}) == {"ok": 2}
+        assert len(started) == 2 and list(s.skipped) == [1], (started, s.skipped)  # the cell that ended it, skipped
+        s.transport({"op": "unforbid"})
+        s.then(["softmax"])
+        s.transport({"op": "elsewhere", "cells": grader})
+        assert s.transport(call("reach")) == {"ok": "ForbiddenPath"}
+        s.transport({"op": "here"})
+        s.transport({"op": "forbid", "paths": ["softmax"]})
+        assert s.transport(call("sees")) == {"ok": False} and len(started) == 3  # it went on
+        with pytest.raises(RuntimeError, match="grader's cells"):
+            s.transport({"op": "bound", "mb": 40})
+        s.transport({"op": "unforbid"})
+        assert s.transport(call("reach")) == {"ok": [0.5, 0.5]} and len(started) == 4  # a plain child
+    finally:
+        s.close()
+        sandbox.close()
+
+
+def test_the_grader_s_cells_run_first_in_the_child_that_then_switches_paths_off_for_the_notebook():
+    """grade.run_checks: parts that run the grader's cells go before the parts that wait for paths off, in one child
+    (Session.then), unless a check under a memory bound switches the same paths off: its bound must count the
+    notebook's process alone."""
+    from autograder.checking import Check
+    from autograder.grade import run_checks
+
+    def order(bounded):
+        said = []
+
+        def part(name, label):
+            def fn(s):
+                yield label
+                said.append(name)
+
+            return fn
+
+        checks = [
+            Check("values", part("values", ("forbid", ("softmax",)))),
+            Check("replay", part("replay", ("elsewhere", ("cell",)))),
+            Check("tiled", part("tiled", ("forbid", ("softmax",))), aspects={"v": 1, "t": 1}, memory_bound=bounded),
+        ]
+        checks[2].forbid = {"aspect": "t", "paths": ["softmax"], "instead": "x"}
+        session = SimpleNamespace(then=lambda paths: said.append(tuple(paths)))
+        run_checks([(c, Subject(lambda r: {"ok": None}), 1, None) for c in checks], session)
+        return said
+
+    assert order(False) == [("softmax",), "replay", (), "values", "tiled"]
+    assert order(True) == ["values", "tiled", "replay"]

@@ -287,10 +287,11 @@ def online_softmax(x, block_size):
 
 
 @pytest.mark.skipif(triton_missing, reason="Triton is not installed")
-def test_a_solved_submission_is_graded_in_four_processes(tmp_path, monkeypatch):
+def test_a_solved_submission_is_graded_in_three_processes(tmp_path, monkeypatch):
     """The grader runs the checks' parts that need the same kind of process together (grade.run_checks): the notebook's
-    own, one with PyTorch's softmax off, one with its attention kernels off under a memory bound, one that replays both
-    Triton kernels. Each more runs the cells again (issue 33: eight, 0.97 CPU s a submission; four, 0.73)."""
+    own, one that replays both Triton kernels with PyTorch's softmax off and goes on to run the notebook's cells with it
+    off (Session.then), one with its attention kernels off under a memory bound. Each more runs the cells again (issue
+    33: eight, 0.97 CPU s a submission; four, 0.73; three)."""
     from autograder import notebook as nbk
     from autograder import worker
     from autograder.__main__ import main
@@ -305,7 +306,9 @@ def test_a_solved_submission_is_graded_in_four_processes(tmp_path, monkeypatch):
     )
     opened, open_ = [], worker.Session.open
     monkeypatch.setattr(
-        worker.Session, "open", lambda self: opened.append((self.forbid, self.elsewhere is not None)) or open_(self)
+        worker.Session,
+        "open",
+        lambda self: opened.append((self.forbid, self.elsewhere is not None, self.ahead)) or open_(self),
     )
     try:
         main(
@@ -315,7 +318,7 @@ def test_a_solved_submission_is_graded_in_four_processes(tmp_path, monkeypatch):
         assert e.code in (0, None)
     rows = read_grades(tmp_path / "out").values()
     assert rows and all((r["status"], r["points"]) == ("passed", r["max_points"]) for r in rows)
-    assert opened == [((), False), (("softmax",), False), (("attention kernels",), False), ((), True)]
+    assert opened == [((), False, ()), ((), True, ("softmax",)), (("attention kernels",), False, ())]
 
 
 @pytest.mark.skipif(triton_missing, reason="Triton is not installed")
