@@ -149,7 +149,8 @@ def preload(triton=True):
         # 4 children a lesson 06 submission), and run them in Triton's interpreter (issue 33). Autograd's first
         # backward from a given gradient (lesson 09's FlashAttention, in two children a submission) imports
         # symbolic_shapes, and sympy with it: 480 modules, 0.27 CPU s a child. A kernel's first launch imports Triton's
-        # code generator and its Gluon dialect (0.04 CPU s in each child that launches one).
+        # code generator and its Gluon dialect (0.04 CPU s in each child that launches one), and in the interpreter
+        # rewrites Triton's own @triton.jit functions (warm_kernel: 0.008 CPU s in each such child).
         for name in (
             "triton",
             "triton.runtime.interpreter",
@@ -162,6 +163,13 @@ def preload(triton=True):
             try:
                 importlib.import_module(name)
             except ImportError:
+                pass
+        if os.environ.get("TRITON_INTERPRET") == "1" and "triton" in sys.modules:
+            try:
+                from .warm_kernel import warm
+
+                warm()
+            except Exception:  # noqa: BLE001 - a Triton that launches it otherwise: each child warms its own
                 pass
 
     class Shell(InteractiveShell):

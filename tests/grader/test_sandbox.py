@@ -825,3 +825,19 @@ def test_the_grader_s_cells_run_first_in_the_child_that_then_switches_paths_off_
 
     assert order(False) == [("softmax",), "replay", (), "values", "tiled"]
     assert order(True) == ["values", "tiled", "replay"]
+
+
+def test_the_worker_warms_triton_s_interpreter_before_its_children_fork():
+    """The interpreter rewrites Triton's own @triton.jit functions (tl.max, tl.sum) at their first use in a process:
+    the worker does it once (warm_kernel), not each child that launches a student's kernel (issue 33)."""
+    pytest.importorskip("triton")
+    probe = (
+        "from autograder.sandbox import runner\n"
+        "runner.preload(True)\n"
+        "import triton.language as tl\n"
+        "from triton.runtime.interpreter import InterpretedFunction\n"
+        "print(all(f.fn in InterpretedFunction.rewritten_fn for f in (tl.max, tl.sum)))\n"
+    )
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(Path(__file__).parents[2])}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip().splitlines()[-1:] == ["True"], out.stderr[-2000:]
