@@ -45,23 +45,26 @@ MAX_LAUNCHES, ELEMENTS_PER_LAUNCH = 4, 256  # distinct launches a call may make:
 MAX_REPEATS = 4  # and launches in all, per distinct one allowed: a warm-up, or num_warps tuned on a shape's first call
 
 
-_LAST = threading.local()  # the last cells _parsed read and its reading, per grading thread: nothing shared
+_LAST = threading.local()  # the last cells _reading read and what it found there, per grading thread: nothing shared
 
 
-def _parsed(sources):
-    """triton_fit.parsed(sources, MAX_CELL_CHARS): a cell longer, or that does not parse, gives nothing (a kernel there
-    cannot be launched on its own). The same cells again (the next Triton check of one submission) are read once."""
+def _reading(sources):
+    """The reading of the cells the replay needs, made once for the same cells (every Triton check of one submission
+    asks again): .parsed, triton_fit.parsed(sources, MAX_CELL_CHARS), where a cell longer, or that does not parse, gives
+    nothing (a kernel there cannot be launched on its own); .foreign, {kernel: what not_triton finds in it}; .cells,
+    their kernel_cells once asked for."""
     sources = tuple(sources)
     if getattr(_LAST, "sources", None) != sources:
         _LAST.sources, _LAST.parsed = sources, parsed(sources, MAX_CELL_CHARS)
-    return _LAST.parsed
+        _LAST.cells, _LAST.foreign = None, {}
+    return _LAST
 
 
 def kernel_cells(cells):
     """The cells' imports of triton_fit.MODULES, the constants their @triton.jit functions read (names bound to
     literals or tl.constexpr of them), and those functions whose decorators, annotations and default values are plain
     (triton_fit.plain: they run as Python, before the launcher is called; the launched kernel and those it calls are
-    refused by not_triton otherwise), a cell each after the PREAMBLE; cells: _parsed(...)."""
+    refused by not_triton otherwise), a cell each after the PREAMBLE; cells: triton_fit.parsed(...)."""
     kernels, imports, constants = plain(cells)
     read = {n.id for k in kernels for n in ast.walk(k) if isinstance(n, ast.Name)}
     return (
@@ -210,10 +213,12 @@ def expect_kernel_did_the_work(s, wrapper, kernel, inputs, what, got, launched):
         fail(f"{wrapper} never launched {kernel}: the work must happen in your @triton.jit kernel")
     replayed, scales = _replay_buffers(buffers, inputs)
     _scalars(launches, inputs, got, scales)
-    cells = _parsed(s.readable_sources())  # once: the grader's own work grows with the cells' length
-    for name, foreign in not_triton(cells, [kernel]):
+    reading = _reading(s.readable_sources())  # once: the grader's own work grows with the cells' length
+    if kernel not in reading.foreign:
+        reading.foreign[kernel] = not_triton(reading.parsed, [kernel])
+    for name, foreign in reading.foreign[kernel]:
         fail(not_triton_message(name, foreign))
-    replay_cells = kernel_cells(cells)
+    replay_cells = reading.cells = reading.cells or kernel_cells(reading.parsed)
     yield s.next_process(cells=replay_cells)  # one process replays the kernels of every Triton check (Check.steps)
     with s.elsewhere(replay_cells):
         try:
