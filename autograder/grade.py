@@ -739,7 +739,7 @@ def grade_one(
         from autograder.checking import Subject, checks_for
 
         checks, gone = checks_for(lesson), unavailable(lesson)
-        rows, demos = [], check_submission.demo_only(nb)
+        rows, demos = [], None
         names = [test.removeprefix("test_") for test, _ in tests]
         jobs = [
             (checks[name], Subject(session.transport, f"{lesson}/{name}", sources=cells), max_points, gone.get(name))
@@ -751,7 +751,8 @@ def grade_one(
             why = row["status"] != "passed" and cell_problem(name, cells, labels, session)
             if why:
                 row["message"] = f"{why}. {row['message']}"
-            if row["status"] != "passed":  # an answer that uses what only a demo (which grading skips) defines
+            if row["status"] != "passed" and "NameError" in row["message"]:  # an answer that uses what only a demo
+                demos = check_submission.demo_only(nb) if demos is None else demos  # (which grading skips) defines
                 row["message"] += check_submission.demo_hint(row["message"], demos)
             rows.append(dict(test=test, **row))
         result["tests"] = rows
