@@ -174,6 +174,7 @@ def _tripwire(op, what):
     return tripwire
 
 
+@functools.cache  # one code object for every function of as many free variables (code is immutable)
 def _raising_code(free):
     """The code of a function that raises its keyword-only default _forbidden_path_ = (class, message), with `free`
     free variables: it can replace the code of any function whose closure has that many cells."""
@@ -343,7 +344,7 @@ def probe(paths):
     lost = [
         op
         for path in paths
-        for op in operators(path)
+        for op in (_PREPARED[path][0] if path in _PREPARED else operators(path))
         if any(
             not line.split(": registered at ", 1)[1].startswith("/dev/null:0")
             for line in torch._C._dispatch_dump(op).splitlines()
