@@ -39,6 +39,7 @@ import socket
 import stat
 import struct
 import sys
+import threading
 import time
 import traceback
 import types
@@ -217,21 +218,43 @@ def prepared_cells(cells, budget):
     transforming them again); any other cell as it is: a single line's transformation depends on the shell's state, and
     one that raises is the child's to report. Runs on the grader's side, once a notebook: its work is bounded by
     budget, as its other readings of the cells are."""
-    from IPython.core.inputtransformer2 import TransformerManager
-
-    manager, out, prepared = TransformerManager(), [], []
+    out, prepared = [], []
     for i, cell in enumerate(cells):
         budget -= len(cell)
-        try:
-            text = manager.transform_cell(cell) if budget >= 0 and "\n" in cell.strip() else None
-        except Exception:  # noqa: BLE001 - the child transforms it, and reports what it raises
-            text = None
+        text = _transformed(cell) if budget >= 0 and "\n" in cell.strip() else None
         if text is not None and len(text.splitlines()) > 1:  # one line: transform_cell's dynamic part applies
             out.append(text)
             prepared.append(i)
         else:
             out.append(cell)
     return out, prepared
+
+
+_TRANSFORMED = threading.local()  # per grading thread: nothing shared
+# The notebook's own cells (all but the answers) are the same in every submission: the last TRANSFORMED_KEPT cells of
+# up to TRANSFORMED_CHARS characters are kept (at most some 2 MB a thread)
+TRANSFORMED_KEPT, TRANSFORMED_CHARS = 256, 4000
+
+
+def _transformed(cell):
+    """IPython's static transformation of cell, or None where it raises (the child transforms it, and reports what it
+    raises); the same short cell again (another submission of the lesson) is transformed once."""
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    if not hasattr(_TRANSFORMED, "kept"):
+        _TRANSFORMED.kept, _TRANSFORMED.manager = {}, TransformerManager()
+    kept = _TRANSFORMED.kept
+    if cell in kept:
+        return kept[cell]
+    try:
+        text = _TRANSFORMED.manager.transform_cell(cell)
+    except Exception:  # noqa: BLE001 - see above
+        text = None
+    if len(cell) <= TRANSFORMED_CHARS:
+        while len(kept) >= TRANSFORMED_KEPT:
+            kept.pop(next(iter(kept)))
+        kept[cell] = text
+    return text
 
 
 def fingerprint(shell):

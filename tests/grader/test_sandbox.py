@@ -11,6 +11,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -177,6 +178,21 @@ def test_cells_the_grader_transformed_run_as_ipython_runs_them():
     finally:
         s.close()
         sandbox.close()
+
+
+def test_a_cell_every_submission_shares_is_transformed_once(monkeypatch):
+    """IPython's static transformation of the lesson's own cells, the same in every submission, is done once a
+    grading thread (runner._transformed), within bounds: a long answer cell is transformed every time."""
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    done, transform = [], TransformerManager.transform_cell
+    monkeypatch.setattr(TransformerManager, "transform_cell", lambda self, c: done.append(c) or transform(self, c))
+    monkeypatch.setattr(runner, "_TRANSFORMED", threading.local())
+    long = "%time x = 1\n" + "y = 2\n" * runner.TRANSFORMED_CHARS
+    cells = ["%time a = 1\nb = 2", long]
+    first = runner.prepared_cells(cells, 10**6)
+    assert runner.prepared_cells(cells, 10**6) == first and first[1] == [0, 1]
+    assert done == [cells[0], long, long]
 
 
 CELL = """
