@@ -976,8 +976,8 @@ class Session:
             self.open()
 
     def _goes_on(self):
-        """Whether the serving child ran the grader's cells with the paths off that the notebook's child asked for now
-        has off (then()), and may run the notebook's cells next."""
+        """Whether the serving child ran the grader's cells with exactly the paths off that are asked for now (then()),
+        so that it may run the notebook's cells next."""
         return self.goes_on is not None and self.elsewhere is None and self.goes_on == self.forbid
 
     def then(self, paths):
