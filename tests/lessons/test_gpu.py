@@ -641,3 +641,20 @@ def test_a_wrapper_that_hands_one_float32_case_to_torch_loses_the_triton_points(
     with pytest.raises(AssertionError, match="never launched _attention_kernel") as caught:  # float32: the core
         verify("06_gpu", "triton_attention", fresh_namespace("06_gpu", {"triton_attention": code}))
     assert not isinstance(caught.value, PartialCredit), caught.value.rows
+
+
+@pytest.mark.skipif(triton_missing, reason="Triton is not installed")
+def test_a_kernel_that_reads_an_infinite_constant_keeps_its_points():
+    """A constant a kernel reads may be float("-inf") (triton_fit._constant): NEG = tl.constexpr(float("-inf")), valid
+    Triton, cost triton_softmax its point as "not Triton language"; bound by an import, float() stays refused."""
+    from autograder.checking import verify
+    from autograder.triton_fit import not_triton, parsed
+    from tests.harness.lessons import fresh_namespace
+
+    kernel = inspect.getsource(gpu._softmax_kernel.fn).replace('other=float("-inf")', "other=NEG")
+    assert "other=NEG" in kernel
+    for constant in ('NEG = tl.constexpr(float("-inf"))', 'NEG: tl.constexpr = -float("inf")'):
+        code = f"{constant}\n\n\n{kernel}"
+        verify("06_gpu", "triton_softmax", fresh_namespace("06_gpu", {"_softmax_kernel": code}))
+    shadowed = parsed(["from torch import load as float\nimport triton.language as tl\n" + code])
+    assert not_triton(shadowed, ["_softmax_kernel"]) == [("_softmax_kernel", "NEG")]
