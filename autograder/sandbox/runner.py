@@ -363,6 +363,7 @@ def child(data, shell, start, scratch, opts):
         if "op" not in frame:
             shell.user_ns.clear()  # nothing the grader's cells defined is the notebook's
             shell.user_ns.update(fresh)
+            shell.history_manager.output_hist.clear()  # nor what they showed (Out, _oh: fresh holds that dict itself)
             run_cells(data, shell, frame["cells"], set(frame.get("prepared", ())))
             server = ObjectServer(shell.user_ns)
             server.channel = channel
