@@ -812,16 +812,19 @@ def test_a_child_of_the_grader_s_cells_goes_on_to_run_the_notebook_s_with_the_sa
         sandbox.close()
 
 
+def _softmax_sandbox():
+    """A sandbox whose children may switch PyTorch's softmax off (Session.then's tests), or a skip where none starts."""
+    try:
+        return Sandbox(choose_mode("auto"), replace(DEFAULT_LIMITS, memory_mb=512), triton=False, forbids=["softmax"])
+    except SandboxError as e:
+        pytest.skip(f"no sandbox here: {e}")
+
+
 def test_a_restore_between_the_grader_s_cells_and_the_notebook_s_keeps_the_child_that_goes_on():
     """Subject.restore() after an elsewhere block (a check that isolates names gives them back when it pauses) in the
     child that is to go on to the notebook's cells (Session.then) ended it, and the block that forbids the same paths
     started a fresh one: nothing of the notebook's is isolated in a child that ran only the grader's cells."""
-    try:
-        sandbox = Sandbox(
-            choose_mode("auto"), replace(DEFAULT_LIMITS, memory_mb=512), triton=False, forbids=["softmax"]
-        )
-    except SandboxError as e:
-        pytest.skip(f"no sandbox here: {e}")
+    sandbox = _softmax_sandbox()
     started, start = [], sandbox.start
     sandbox.start = lambda *args: started.append(1) or start(*args)
     s = Session(sandbox, "01_attention", ["def f():\n    return 1\n"])
@@ -843,12 +846,7 @@ def test_a_restore_between_the_grader_s_cells_and_the_notebook_s_keeps_the_child
 def test_the_notebook_s_cells_see_no_output_of_the_grader_s_in_the_child_that_ran_both():
     """runner.child resets the namespace between the grader's cells and the notebook's (Session.then): IPython's output
     history (Out, _oh), a dict the fresh namespace shares, kept what a grader's cell showed."""
-    try:
-        sandbox = Sandbox(
-            choose_mode("auto"), replace(DEFAULT_LIMITS, memory_mb=512), triton=False, forbids=["softmax"]
-        )
-    except SandboxError as e:
-        pytest.skip(f"no sandbox here: {e}")
+    sandbox = _softmax_sandbox()
     s = Session(sandbox, "01_attention", ["def seen():\n    return [list(Out.values()), list(_oh.values())]\n"])
     try:
         s.then(["softmax"])
