@@ -115,11 +115,34 @@ def _constant(value):
     except RecursionError:  # an expression nested deeper than the interpreter's stack: no kernel constant
         return False
     except (ValueError, TypeError, SyntaxError, MemoryError):
-        return (
-            isinstance(value, ast.Call)
-            and ast.unparse(value.func) in ("tl.constexpr", "triton.language.constexpr")
+        if isinstance(value, ast.UnaryOp) and isinstance(value.op, (ast.USub, ast.UAdd)):
+            return _constant(value.operand)
+        return isinstance(value, ast.Call) and (
+            _float(value)
+            or ast.unparse(value.func) in ("tl.constexpr", "triton.language.constexpr")
             and all(_constant(a) for a in value.args)
         )
+
+
+def _float(call):
+    """Whether an ast.Call is float() of a string literal that float() reads (float("-inf"): a kernel's constant)."""
+    import ast
+
+    if not (
+        isinstance(call.func, ast.Name)
+        and call.func.id == "float"
+        and not call.keywords
+        and len(call.args) == 1
+        and isinstance(call.args[0], ast.Constant)
+        and isinstance(call.args[0].value, str)
+        and len(call.args[0].value) <= 16
+    ):
+        return False
+    try:
+        float(call.args[0].value)
+        return True
+    except ValueError:
+        return False
 
 
 def parsed(sources, max_cell=None):
@@ -149,6 +172,8 @@ def parsed(sources, max_cell=None):
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                 if all(isinstance(t, ast.Name) for t in targets):
                     constants.append((node, {t.id for t in targets}))
+    if any((a.asname or a.name) == "float" for node in imports for a in node.names):  # float() would be theirs
+        constants = [c for c in constants if not any(isinstance(n, ast.Call) and _float(n) for n in ast.walk(c[0]))]
     return kernels, imports, constants
 
 

@@ -319,7 +319,7 @@ def set_limits(limits):
 def child(data, shell, start, scratch, opts):
     """Run the cells of the first frame, then serve requests until the grader closes the socket. A frame of cells
     among the requests runs them in the namespace the shell began with (a child that ran the grader's cells goes on to
-    run the notebook's with the same paths off: Session.open)."""
+    run the notebook's with the same paths off: Session._serve)."""
     from .server import ObjectServer
     from .wire import recv_frame, send_frame
 
@@ -359,11 +359,11 @@ def child(data, shell, start, scratch, opts):
         install(frame["forbid"])
     fresh = dict(shell.user_ns)
     while frame is not None:
-        if (
-            "op" not in frame
-        ):  # cells: the first frame; then, after the grader's own cells, the notebook's (Session.open)
+        # Cells: the first frame; then, in a child that ran the grader's own cells, the notebook's (Session._serve)
+        if "op" not in frame:
             shell.user_ns.clear()  # nothing the grader's cells defined is the notebook's
             shell.user_ns.update(fresh)
+            shell.history_manager.output_hist.clear()  # nor what they showed (Out, _oh: fresh holds that dict itself)
             run_cells(data, shell, frame["cells"], set(frame.get("prepared", ())))
             server = ObjectServer(shell.user_ns)
             server.channel = channel

@@ -812,6 +812,55 @@ def test_a_child_of_the_grader_s_cells_goes_on_to_run_the_notebook_s_with_the_sa
         sandbox.close()
 
 
+def _softmax_sandbox():
+    """A sandbox whose children may switch PyTorch's softmax off (Session.then's tests), or a skip where none starts."""
+    try:
+        return Sandbox(choose_mode("auto"), replace(DEFAULT_LIMITS, memory_mb=512), triton=False, forbids=["softmax"])
+    except SandboxError as e:
+        pytest.skip(f"no sandbox here: {e}")
+
+
+def test_a_restore_between_the_grader_s_cells_and_the_notebook_s_keeps_the_child_that_goes_on():
+    """Subject.restore() after an elsewhere block (a check that isolates names gives them back when it pauses) in the
+    child that is to go on to the notebook's cells (Session.then) ended it, and the block that forbids the same paths
+    started a fresh one: nothing of the notebook's is isolated in a child that ran only the grader's cells."""
+    sandbox = _softmax_sandbox()
+    started, start = [], sandbox.start
+    sandbox.start = lambda *args: started.append(1) or start(*args)
+    s = Session(sandbox, "01_attention", ["def f():\n    return 1\n"])
+    try:
+        s.then(["softmax"])
+        s.transport({"op": "elsewhere", "cells": ["graders = 1\n"]})
+        assert s.transport({"op": "getattr", "global": "graders", "name": "real"}) == {"ok": 1}
+        s.transport({"op": "here"})
+        s.then([])
+        assert s.transport({"op": "restore"}) == {"ok": None}
+        s.transport({"op": "forbid", "paths": ["softmax"]})
+        assert s.transport(call("f")) == {"ok": 1}
+        assert len(started) == 1, started
+    finally:
+        s.close()
+        sandbox.close()
+
+
+def test_the_notebook_s_cells_see_no_output_of_the_grader_s_in_the_child_that_ran_both():
+    """runner.child resets the namespace between the grader's cells and the notebook's (Session.then): IPython's output
+    history (Out, _oh), a dict the fresh namespace shares, kept what a grader's cell showed."""
+    sandbox = _softmax_sandbox()
+    s = Session(sandbox, "01_attention", ["def seen():\n    return [list(Out.values()), list(_oh.values())]\n"])
+    try:
+        s.then(["softmax"])
+        s.transport({"op": "elsewhere", "cells": ["graders = 41\ngraders\n"]})
+        assert s.transport({"op": "getattr", "global": "graders", "name": "real"}) == {"ok": 41}
+        s.transport({"op": "here"})
+        s.then([])
+        s.transport({"op": "forbid", "paths": ["softmax"]})
+        assert s.transport(call("seen")) == {"ok": [[], []]}
+    finally:
+        s.close()
+        sandbox.close()
+
+
 def test_the_grader_s_cells_run_first_in_the_child_that_then_switches_paths_off_for_the_notebook():
     """grade.run_checks: parts that run the grader's cells go before the parts that wait for paths off, in one child
     (Session.then), unless a check under a memory bound switches the same paths off: its bound must count the

@@ -2,6 +2,7 @@
 each GPU ahead of time: tests/test_triton_fit.py); the measuring tools; the lesson without Triton."""
 
 import importlib.util
+import inspect
 import os
 import subprocess
 import sys
@@ -615,3 +616,45 @@ def test_an_answer_smuggled_to_the_replay_loses_the_kernels_points(what):
         verify("06_gpu", "triton_softmax", fresh_namespace("06_gpu", {"triton_softmax": SMUGGLED[what]}))
     assert "launched it again" in str(caught.value)
     assert not isinstance(caught.value, PartialCredit) or caught.value.earned < caught.value.total
+
+
+@pytest.mark.skipif(triton_missing, reason="Triton is not installed")
+@pytest.mark.parametrize(
+    "route",
+    ["not causal", "q.size(-1) & (q.size(-1) - 1)", "q.size(0) > 1"],
+    ids=["non-causal", "head size not a power of two", "batch above one"],
+)
+def test_a_wrapper_that_hands_one_float32_case_to_torch_loses_the_triton_points(route):
+    """Every case of a Triton check is replayed (_triton_check): a wrapper whose kernel handles the first float32 case
+    and hands the second (non-causal, Dh = 24, B = 2: what a kernel written for the first alone may get wrong) to torch
+    kept triton_attention's 2/2 when only the first case of each aspect was replayed."""
+    from autograder.checking import PartialCredit, verify
+    from tests.harness.lessons import fresh_namespace
+
+    code = inspect.getsource(gpu.triton_attention).replace(
+        "    check_attention_inputs(q, k, v)\n",
+        f"    if {route}:\n"
+        "        s = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(q.size(-1))\n"
+        "        return (torch.softmax(s, -1) @ v.double()).to(q.dtype)\n",
+    )
+    assert "torch.softmax" in code
+    with pytest.raises(AssertionError, match="never launched _attention_kernel") as caught:  # float32: the core
+        verify("06_gpu", "triton_attention", fresh_namespace("06_gpu", {"triton_attention": code}))
+    assert not isinstance(caught.value, PartialCredit), caught.value.rows
+
+
+@pytest.mark.skipif(triton_missing, reason="Triton is not installed")
+def test_a_kernel_that_reads_an_infinite_constant_keeps_its_points():
+    """A constant a kernel reads may be float("-inf") (triton_fit._constant): NEG = tl.constexpr(float("-inf")), valid
+    Triton, cost triton_softmax its point as "not Triton language"; bound by an import, float() stays refused."""
+    from autograder.checking import verify
+    from autograder.triton_fit import not_triton, parsed
+    from tests.harness.lessons import fresh_namespace
+
+    kernel = inspect.getsource(gpu._softmax_kernel.fn).replace('other=float("-inf")', "other=NEG")
+    assert "other=NEG" in kernel
+    for constant in ('NEG = tl.constexpr(float("-inf"))', 'NEG: tl.constexpr = -float("inf")'):
+        code = f"{constant}\n\n\n{kernel}"
+        verify("06_gpu", "triton_softmax", fresh_namespace("06_gpu", {"_softmax_kernel": code}))
+    shadowed = parsed(["from torch import load as float\nimport triton.language as tl\n" + code])
+    assert not_triton(shadowed, ["_softmax_kernel"]) == [("_softmax_kernel", "NEG")]

@@ -788,12 +788,12 @@ def triton_softmax(s):
 
 
 def _triton_check(s, wrapper, kernel, cases, drawn):
-    """The cases of a Triton check (aspect, then the arguments of drawn after rng), each in its aspect, then
-    expect_kernel_did_the_work on the first of each aspect, where that one was right: a wrapper that hands one dtype to
-    torch keeps none of that dtype's share. Those are drawn from a seed no source shows (the checks' own, s.rng, is the
-    source's to read: a kernel could store the answer to their inputs, worked out beforehand), and called with their
-    kernel's launches recorded, to be replayed once the cases are done (in a process of its own: the check pauses)."""
-    device, seen, replays = _triton_device(), set(), {}
+    """The cases of a Triton check (aspect, then the arguments of drawn after rng), each in its aspect and called with
+    its kernel's launches recorded, then expect_kernel_did_the_work on every case that was right, replayed once the
+    cases are done (in a process of its own: the check pauses): a wrapper that hands one dtype, or one shape, to torch
+    keeps none of that aspect's share. The first case of each aspect is drawn from a seed no source shows (the checks'
+    own, s.rng, is the source's to read: a kernel could store the answer to their inputs, worked out beforehand)."""
+    device, seen, replays = _triton_device(), set(), []
     for aspect, *case in cases:
         with s.aspect(aspect):
             first = aspect not in seen
@@ -801,14 +801,10 @@ def _triton_check(s, wrapper, kernel, cases, drawn):
             inputs, kwargs, what, judge = drawn(
                 np.random.default_rng(unseen_seed(s.rng)) if first else s.rng, *case, device
             )
-            if first:  # the check's first call among them: an unwritten answer is told it is not implemented yet
-                got, launched = recorded(s, wrapper, kernel, inputs, kwargs)
-            else:
-                got = s.call(wrapper, *inputs, **kwargs)
+            got, launched = recorded(s, wrapper, kernel, inputs, kwargs)
             judge(got)
-            if first:
-                replays[aspect] = (inputs, what, got, launched)
-    for aspect, evidence in replays.items():
+            replays.append((aspect, (inputs, what, got, launched)))
+    for aspect, evidence in replays:
         with s.aspect(aspect):
             yield from expect_kernel_did_the_work(s, wrapper, kernel, *evidence)
 
