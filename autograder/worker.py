@@ -879,9 +879,7 @@ class Session:
             and self.elsewhere is None
         ):
             return {"ok": None}  # a child that ran only the grader's cells, to go on to the notebook's: none isolated
-        if request.get("op") == "restore" and (
-            self.data is None or self.serving != (self.forbid, self.elsewhere) and not self._goes_on()
-        ):
+        if request.get("op") == "restore" and (self.data is None or self.serving != (self.forbid, self.elsewhere)):
             if self.data is not None:  # replaced at the next request: ended now, so that none keeps the stand-ins
                 self.close()
                 self.starts -= 1
