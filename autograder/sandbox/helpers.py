@@ -368,11 +368,32 @@ def launches(run, fn, *args, **kwargs):
     first launched} (the same storage, shape and strides: the same key). What the grader launches again on its
     own (Subject.elsewhere, checks/triton_replay.py): evidence recorded here may be forged, and is worth only
     what its replay gives."""
-    kernel, buffers, seen = run.__self__, {}, []
+    return _recording(run, fn, args, kwargs, run)[:3]
+
+
+def planned_launches(run, fn, *args, **kwargs):
+    """launches(), with the kernel's launches recorded and not run (the grader's replay runs them): ((the key of the
+    launched buffer fn returned, the shape it returned it in), buffers, launches), or None where fn returned anything
+    else (the grader then calls it with the kernel run: launches())."""
+    result, buffers, seen, tensors = _recording(run, fn, args, kwargs, lambda *a, **kw: None)
+    if torch.is_tensor(result) and result.is_contiguous():
+        for k, t in tensors.items():
+            if (t.data_ptr(), t.dtype, t.numel()) == (result.data_ptr(), result.dtype, result.numel()) and (
+                t.is_contiguous()
+            ):
+                return (k, list(result.shape)), buffers, seen
+    return None
+
+
+def _recording(run, fn, args, kwargs, launch):
+    """(fn(*args, **kwargs), buffers, launches, {key: the tensor launched}) of launches(), each launch of run's kernel
+    recorded and then made by launch(*args, grid=, warmup=, **kwargs)."""
+    kernel, buffers, seen, tensors = run.__self__, {}, [], {}
 
     def key(t):
         k = f"{t.data_ptr()}:{tuple(t.shape)}:{t.stride()}:{t.dtype}"
-        buffers.setdefault(k, t.detach().clone())
+        if k not in buffers:
+            buffers[k], tensors[k] = t.detach().clone(), t
         return {"buffer": k}
 
     def record(*a, grid, warmup, **kw):
@@ -380,14 +401,14 @@ def launches(run, fn, *args, **kwargs):
         if callable(grid):
             grid = grid(dict(zip(kernel.arg_names, a), **kw))
         seen.append(([int(g) for g in grid], [plain(v) for v in a], {k: plain(v) for k, v in kw.items()}))
-        return run(*a, grid=grid, warmup=warmup, **kw)
+        return launch(*a, grid=grid, warmup=warmup, **kw)
 
     kernel.run = record
     try:
         result = fn(*args, **kwargs)
     finally:
         del kernel.run
-    return result, buffers, seen
+    return result, buffers, seen, tensors
 
 
 def _ask_grader(payload):
@@ -416,6 +437,7 @@ HELPERS = {
     "drawn_calls": drawn_calls,
     "form_latent_kv": form_latent_kv,
     "launches": launches,
+    "planned_launches": planned_launches,
     "ModelRecord": ModelRecord,
     "tripwires_probe": tripwires.probe,
 }

@@ -658,3 +658,55 @@ def test_a_kernel_that_reads_an_infinite_constant_keeps_its_points():
         verify("06_gpu", "triton_softmax", fresh_namespace("06_gpu", {"_softmax_kernel": code}))
     shadowed = parsed(["from torch import load as float\nimport triton.language as tl\n" + code])
     assert not_triton(shadowed, ["_softmax_kernel"]) == [("_softmax_kernel", "NEG")]
+
+
+@pytest.mark.skipif(triton_missing, reason="Triton is not installed")
+@pytest.mark.parametrize(
+    "edit",
+    [
+        ("    return out\n", '    assert torch.isfinite(out).all(), "NaN"\n    return out\n'),
+        ("    return out\n", "    return out.clone()\n"),
+    ],
+    ids=["reads its kernel's output", "returns a copy"],
+)
+def test_a_wrapper_whose_plan_is_not_what_it_returns_keeps_the_triton_points(edit):
+    """A case after each aspect's first runs the kernel only in the replay where the wrapper returns the buffer it
+    launched the kernel on (triton_replay.planned); a wrapper that reads what its kernel wrote, or returns a copy, is
+    called again with the kernel run, and keeps every point."""
+    from autograder.checking import verify
+    from tests.harness.lessons import fresh_namespace
+
+    code = inspect.getsource(gpu.triton_softmax)
+    assert edit[0] in code
+    verify("06_gpu", "triton_softmax", fresh_namespace("06_gpu", {"triton_softmax": code.replace(*edit)}))
+
+
+def test_planned_launches_record_without_running_the_kernel():
+    """sandbox.helpers.planned_launches: the launches recorded, the kernel not run, and the key of the buffer the
+    wrapper returned (in its own shape); None where it returns anything else."""
+    from autograder.sandbox import helpers
+
+    ran = []
+
+    class Kernel:
+        arg_names = ["x", "y", "n"]
+
+        def run(self, *args, grid, warmup, **kwargs):
+            ran.append(grid)
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: self.run(*args, grid=grid, warmup=False, **kwargs)
+
+    kernel = Kernel()
+
+    def wrapper(x, copy=False):
+        y = torch.empty(x.numel())
+        kernel[(2,)](x, y, x.numel())
+        return y.clone() if copy else y.view(x.shape)
+
+    x = torch.ones(2, 3)
+    (key, shape), buffers, launches = helpers.planned_launches(kernel.run, wrapper, x)
+    assert ran == [] and shape == [2, 3] and key in buffers and launches[0][0] == [2]
+    assert launches[0][1][1] == {"buffer": key}
+    assert helpers.planned_launches(kernel.run, wrapper, x, copy=True) is None
+    assert helpers.launches(kernel.run, wrapper, x)[0].shape == (2, 3) and ran == [(2,)]

@@ -42,7 +42,7 @@ from autograder.checking import (
     unseen_seed,
     within_memory,
 )
-from autograder.lessons.gpu.triton_replay import expect_kernel_did_the_work, recorded
+from autograder.lessons.gpu.triton_replay import expect_kernel_did_the_work, planned, recorded
 from autograder.sandbox import helpers
 from autograder.sandbox.wire import Array, Handle
 from solutions import gpu as ref
@@ -788,19 +788,24 @@ def triton_softmax(s):
 
 
 def _triton_check(s, wrapper, kernel, cases, drawn):
-    """The cases of a Triton check (aspect, then the arguments of drawn after rng), each in its aspect and called with
-    its kernel's launches recorded, then expect_kernel_did_the_work on every case that was right, replayed once the
-    cases are done (in a process of its own: the check pauses): a wrapper that hands one dtype, or one shape, to torch
-    keeps none of that aspect's share. The first case of each aspect is drawn from a seed no source shows (the checks'
-    own, s.rng, is the source's to read: a kernel could store the answer to their inputs, worked out beforehand)."""
+    """The cases of a Triton check (aspect, then the arguments of drawn after rng), each in its aspect, every one
+    replayed (expect_kernel_did_the_work) once the cases are done, in a process of its own (the check pauses): a
+    wrapper that hands one dtype, or one shape, to torch keeps none of that aspect's share. The first case of each
+    aspect is called with the kernel run and its launches recorded, and judged at once (an unwritten answer is told it
+    is not implemented yet); the others with their launches recorded and not run where the wrapper returns what it
+    launched the kernel on (planned), judged on what the replay writes: the kernel runs once for them. Every case is
+    drawn from a seed no source shows (the checks' own, s.rng, is the source's to read: a kernel could store the
+    answer to their inputs, worked out beforehand)."""
     device, seen, replays = _triton_device(), set(), []
     for aspect, *case in cases:
         with s.aspect(aspect):
             first = aspect not in seen
             seen.add(aspect)
-            inputs, kwargs, what, judge = drawn(
-                np.random.default_rng(unseen_seed(s.rng)) if first else s.rng, *case, device
-            )
+            inputs, kwargs, what, judge = drawn(np.random.default_rng(unseen_seed(s.rng)), *case, device)
+            plan = None if first else planned(s, wrapper, kernel, inputs, kwargs)
+            if plan is not None:
+                replays.append((aspect, (inputs, what, *plan, judge)))
+                continue
             got, launched = recorded(s, wrapper, kernel, inputs, kwargs)
             judge(got)
             replays.append((aspect, (inputs, what, got, launched)))

@@ -199,10 +199,29 @@ def recorded(s, wrapper, kernel, inputs, kwargs):
     return got, (buffers, launches)
 
 
-def expect_kernel_did_the_work(s, wrapper, kernel, inputs, what, got, launched):
+def planned(s, wrapper, kernel, inputs, kwargs):
+    """((the key of the buffer wrapper(*inputs, **kwargs) returned, its shape), the launches of `kernel` during that
+    call as sandbox.helpers.planned_launches records them, not run: (buffers, launches)), where the wrapper returned a
+    buffer it launched the kernel on: the replay gives what the call returns, and the kernel runs once, there. None
+    where it returned anything else or raised (a wrapper that reads its kernel's output before returning it), or the
+    notebook defines no such kernel: recorded() calls it then, the kernel run."""
+    try:
+        run = s.get(kernel, "run")
+        plan = s.helper("planned_launches", run, s.get(wrapper, "__call__"), *inputs, **kwargs)
+    except StudentError:
+        return None
+    if plan is None:
+        return None
+    returned, buffers, launches = plan
+    return tuple(returned), (buffers, launches)
+
+
+def expect_kernel_did_the_work(s, wrapper, kernel, inputs, what, got, launched, judge=None):
     """What wrapper returned on inputs (Arrays), got, is what `kernel` wrote, launched again by the grader in a fresh
-    process as the wrapper launched it (launched: recorded()'s record; see the module's docstring). A part of a check
-    (Check.steps) that pauses before the replay."""
+    process as the wrapper launched it (launched: recorded()'s record; see the module's docstring). judge: where the
+    launches were planned (planned()), got is (the key of the buffer the wrapper returned, its shape), and judge gives
+    the call's verdict on what the replay wrote there. A part of a check (Check.steps) that pauses before the
+    replay."""
     if launched is None:
         fail(
             f"{wrapper} must launch a @triton.jit kernel named {kernel}, which does the work; the notebook defines "
@@ -212,7 +231,7 @@ def expect_kernel_did_the_work(s, wrapper, kernel, inputs, what, got, launched):
     if not launches:
         fail(f"{wrapper} never launched {kernel}: the work must happen in your @triton.jit kernel")
     replayed, scales = _replay_buffers(buffers, inputs)
-    _scalars(launches, inputs, got, scales)
+    _scalars(launches, inputs, buffers[got[0]] if judge else got, scales)
     reading = _reading(s.readable_sources())  # once: the grader's own work grows with the cells' length
     if kernel not in reading.foreign:
         reading.foreign[kernel] = not_triton(reading.parsed, [kernel])
@@ -231,6 +250,11 @@ def expect_kernel_did_the_work(s, wrapper, kernel, inputs, what, got, launched):
                 "only your @triton.jit functions, the imports of math, torch and triton, and constants you assign "
                 "at the top level of a cell"
             )
+    if judge:
+        key, shape = got
+        wrote = after[key]
+        judge(Array(wrote.kind, wrote.dtype, np.asarray(wrote.data).reshape(shape), device=wrote.device))
+        return
     if not isinstance(got, Array) or not any(
         isinstance(b, Array)
         and b.shape == got.shape
