@@ -776,3 +776,43 @@ def test_a_kernel_s_mistake_on_a_planned_case_is_told_as_its_own(edit, told):
     message = str(caught.value)
     assert message.startswith("triton_attention(q, k, v, causal=False) in float32") and told in message, message
     assert "NaN" not in message and "on its own" not in message, message
+
+
+@pytest.mark.skipif(triton_missing, reason="Triton is not installed")
+def test_a_wrapper_that_launches_on_two_views_of_its_output_keeps_its_points():
+    """The replay gives each launched view of a tensor a buffer of its own: a wrapper that launched on out.view(-1)
+    (an empty grid) before out was judged on the flat view's buffer, which its kernel never wrote, and lost its
+    points; a buffer another launched view shares is called again with the kernel run (helpers.planned_launches)."""
+    from autograder.checking import verify
+    from tests.harness.lessons import fresh_namespace
+
+    launch = "_softmax_kernel[(rows,)](x, out, cols, x.stride(0), out.stride(0), BLOCK=triton.next_power_of_2(cols))"
+    code = inspect.getsource(gpu.triton_softmax)
+    assert launch in code
+    empty = launch.replace("[(rows,)](x, out,", "[(0,)](x, out.view(-1),")
+    verify(
+        "06_gpu",
+        "triton_softmax",
+        fresh_namespace("06_gpu", {"triton_softmax": code.replace(launch, f"{empty}\n    {launch}")}),
+    )
+
+
+@pytest.mark.skipif(triton_missing, reason="Triton is not installed")
+@pytest.mark.xfail(
+    strict=True,
+    reason="the replay gives each launched view a buffer of its own, so no replayed buffer holds both halves; fix: "
+    "record each key's storage and offset (helpers._recording) and replay views of one buffer per storage",
+)
+def test_a_wrapper_that_launches_on_halves_of_its_rows_keeps_its_points():
+    """Two launches, each on half of the rows of x and out (out[:h], out[h:]), are the kernel's work all the same;
+    the replay, which gives each slice a buffer of its own, has no buffer of out's shape to compare with."""
+    from autograder.checking import verify
+    from tests.harness.lessons import fresh_namespace
+
+    launch = "_softmax_kernel[(rows,)](x, out, cols, x.stride(0), out.stride(0), BLOCK=triton.next_power_of_2(cols))"
+    code = inspect.getsource(gpu.triton_softmax)
+    assert launch in code
+    halves = "for a, b in ((0, rows // 2), (rows // 2, rows)):\n        " + launch.replace(
+        "[(rows,)](x, out,", "[(b - a,)](x[a:b], out[a:b],"
+    )
+    verify("06_gpu", "triton_softmax", fresh_namespace("06_gpu", {"triton_softmax": code.replace(launch, halves)}))
