@@ -374,14 +374,18 @@ def launches(run, fn, *args, **kwargs):
 def planned_launches(run, fn, *args, **kwargs):
     """launches(), with the kernel's launches recorded and not run (the grader's replay runs them): ((the key of the
     launched buffer fn returned, the shape it returned it in), buffers, launches), or None where fn returned anything
-    else (the grader then calls it with the kernel run: launches())."""
+    else (the grader then calls it with the kernel run: launches()), or a buffer whose memory another launched tensor
+    shares (two views of it, which the replay gives a buffer each: which of them it returned is not its own)."""
     result, buffers, seen, tensors = _recording(run, fn, args, kwargs, lambda *a, **kw: None)
-    if torch.is_tensor(result) and result.is_contiguous():
-        for k, t in tensors.items():
-            if (t.data_ptr(), t.dtype, t.numel()) == (result.data_ptr(), result.dtype, result.numel()) and (
-                t.is_contiguous()
-            ):
-                return (k, list(result.shape)), buffers, seen
+    if not (torch.is_tensor(result) and result.is_contiguous()):
+        return None
+    storage = result.untyped_storage().data_ptr()
+    sharing = [(k, t) for k, t in tensors.items() if t.untyped_storage().data_ptr() == storage]
+    if len(sharing) != 1:
+        return None
+    k, t = sharing[0]
+    if (t.data_ptr(), t.dtype, t.numel()) == (result.data_ptr(), result.dtype, result.numel()) and t.is_contiguous():
+        return (k, list(result.shape)), buffers, seen
     return None
 
 

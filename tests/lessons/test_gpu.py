@@ -710,3 +710,109 @@ def test_planned_launches_record_without_running_the_kernel():
     assert launches[0][1][1] == {"buffer": key}
     assert helpers.planned_launches(kernel.run, wrapper, x, copy=True) is None
     assert helpers.launches(kernel.run, wrapper, x)[0].shape == (2, 3) and ran == [(2,)]
+
+
+# A wrapper that rewrites what the grader's recorder (sandbox.helpers._recording) sends back, through its frame
+FORGING = """
+import sys
+
+
+def triton_softmax(x):
+    x = x.contiguous()
+    rows, cols = x.shape
+    out = torch.empty_like(x)
+    _softmax_kernel[(rows,)](x, out, cols, x.stride(0), out.stride(0), BLOCK=triton.next_power_of_2(cols))
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_name != "_recording":
+        frame = frame.f_back
+    if frame is not None:
+        {forge}
+    return out
+"""
+
+
+@pytest.mark.skipif(triton_missing, reason="Triton is not installed")
+@pytest.mark.parametrize(
+    "forge",
+    [
+        'frame.f_locals["tensors"].clear()\n        frame.f_locals["tensors"]["forged"] = out',
+        'frame.f_locals["seen"].append(1)',
+    ],
+    ids=["a returned buffer the recorder never saw", "a launch that is no launch"],
+)
+def test_a_forged_record_of_the_launches_fails_the_check_not_the_grader(forge):
+    """What the recorder sends back comes from the student's process: a key of no buffer, or a launch of another
+    form, raised KeyError or ValueError in the grader (triton_replay.planned, expect_kernel_did_the_work), a grader
+    error that the instructor must regrade by hand, where it is the student's code that changed the record."""
+    from autograder.checking import PartialCredit, verify
+    from tests.harness.lessons import fresh_namespace
+
+    with pytest.raises(AssertionError, match="change the grader's server") as caught:
+        verify("06_gpu", "triton_softmax", fresh_namespace("06_gpu", {"triton_softmax": FORGING.format(forge=forge)}))
+    assert not isinstance(caught.value, PartialCredit) or caught.value.earned < caught.value.total
+
+
+@pytest.mark.skipif(triton_missing, reason="Triton is not installed")
+@pytest.mark.parametrize(
+    "edit, told",
+    [
+        (("b, h = bh // n_heads, bh % n_heads", "b, h = 0, bh % n_heads"), "differs from the correct result"),
+        (("    tiles = launch_tiles(q)\n", "    tiles = launch_tiles(q)\n    tiles['BLOCK_D'] = Dh\n"), "power of 2"),
+    ],
+    ids=["batches after the first left unwritten", "a block of the head size, not a power of two"],
+)
+def test_a_kernel_s_mistake_on_a_planned_case_is_told_as_its_own(edit, told):
+    """The second float32 case of triton_attention (B = 2, Dh = 24) runs its kernel only in the replay (planned): a
+    kernel that leaves the second batch unwritten was told of NaN from an all -inf row of scores (the replay's NaN
+    where torch.empty_like was), and one whose tl.arange is not a power of two that it could not run on its own,
+    without the notebook's other names."""
+    from autograder.checking import verify
+    from tests.harness.lessons import fresh_namespace
+
+    source = inspect.getsource(gpu._attention_kernel.fn) + "\n\n" + inspect.getsource(gpu.triton_attention)
+    assert edit[0] in source
+    with pytest.raises(AssertionError) as caught:  # float32: the core
+        verify("06_gpu", "triton_attention", fresh_namespace("06_gpu", {"triton_attention": source.replace(*edit)}))
+    message = str(caught.value)
+    assert message.startswith("triton_attention(q, k, v, causal=False) in float32") and told in message, message
+    assert "NaN" not in message and "on its own" not in message, message
+
+
+@pytest.mark.skipif(triton_missing, reason="Triton is not installed")
+def test_a_wrapper_that_launches_on_two_views_of_its_output_keeps_its_points():
+    """The replay gives each launched view of a tensor a buffer of its own: a wrapper that launched on out.view(-1)
+    (an empty grid) before out was judged on the flat view's buffer, which its kernel never wrote, and lost its
+    points; a buffer another launched view shares is called again with the kernel run (helpers.planned_launches)."""
+    from autograder.checking import verify
+    from tests.harness.lessons import fresh_namespace
+
+    launch = "_softmax_kernel[(rows,)](x, out, cols, x.stride(0), out.stride(0), BLOCK=triton.next_power_of_2(cols))"
+    code = inspect.getsource(gpu.triton_softmax)
+    assert launch in code
+    empty = launch.replace("[(rows,)](x, out,", "[(0,)](x, out.view(-1),")
+    verify(
+        "06_gpu",
+        "triton_softmax",
+        fresh_namespace("06_gpu", {"triton_softmax": code.replace(launch, f"{empty}\n    {launch}")}),
+    )
+
+
+@pytest.mark.skipif(triton_missing, reason="Triton is not installed")
+@pytest.mark.xfail(
+    strict=True,
+    reason="the replay gives each launched view a buffer of its own, so no replayed buffer holds both halves; fix: "
+    "record each key's storage and offset (helpers._recording) and replay views of one buffer per storage",
+)
+def test_a_wrapper_that_launches_on_halves_of_its_rows_keeps_its_points():
+    """Two launches, each on half of the rows of x and out (out[:h], out[h:]), are the kernel's work all the same;
+    the replay, which gives each slice a buffer of its own, has no buffer of out's shape to compare with."""
+    from autograder.checking import verify
+    from tests.harness.lessons import fresh_namespace
+
+    launch = "_softmax_kernel[(rows,)](x, out, cols, x.stride(0), out.stride(0), BLOCK=triton.next_power_of_2(cols))"
+    code = inspect.getsource(gpu.triton_softmax)
+    assert launch in code
+    halves = "for a, b in ((0, rows // 2), (rows // 2, rows)):\n        " + launch.replace(
+        "[(rows,)](x, out,", "[(b - a,)](x[a:b], out[a:b],"
+    )
+    verify("06_gpu", "triton_softmax", fresh_namespace("06_gpu", {"triton_softmax": code.replace(launch, halves)}))

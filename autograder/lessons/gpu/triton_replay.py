@@ -109,11 +109,13 @@ def _prepared(buf, inputs):
     return None
 
 
-def _replay_buffers(buffers, inputs):
+def _replay_buffers(buffers, inputs, judged=None):
     """({key: array}, [scale]): the call's own input where a buffer holds exactly one, fresh zeros where it is all
     zeros (not the wrapper's: their signs could spell an answer), the grader's copy where it is an input prepared for
     the launch (_prepared; its scale, unless 1, listed as a float the launch passed), NaN (or, an integer buffer, -1)
-    everywhere else."""
+    everywhere else but in the buffer `judged` (the key of the one a planned call returned, whose replay the check
+    judges), fresh zeros: what the kernel leaves unwritten there reads as in a torch.zeros the wrapper made, not as the
+    NaN of an overflow."""
     out, scales = {}, []
     for key, buf in buffers.items():
         if not isinstance(buf, Array):
@@ -138,6 +140,7 @@ def _replay_buffers(buffers, inputs):
             scales += [scale] if scale != 1 else []
         else:
             fill = np.nan if np.issubdtype(data.dtype, np.floating) or buf.dtype == "bfloat16" else -1
+            fill = 0 if key == judged else fill
             out[key] = Array(buf.kind, buf.dtype, np.full(buf.shape, fill, dtype=data.dtype), device=buf.device)
     return out, scales
 
@@ -195,8 +198,38 @@ def recorded(s, wrapper, kernel, inputs, kwargs):
         run = s.get(kernel, "run")
     except StudentError:
         return s.call(wrapper, *inputs, **kwargs), None
-    got, buffers, launches = s.helper("launches", run, s.get(wrapper, "__call__"), *inputs, **kwargs)
+    reply = s.helper("launches", run, s.get(wrapper, "__call__"), *inputs, **kwargs)
+    if not (isinstance(reply, (list, tuple)) and len(reply) == 3 and _well_formed(*reply[1:])):
+        fail(FORGED)
+    got, buffers, launches = reply
     return got, (buffers, launches)
+
+
+# What a reply that sandbox.helpers' recorder cannot have made says (code in the student's process changed it)
+FORGED = (
+    "the record of your kernel's launches that your notebook's process sent is not one the grader's recorder makes: "
+    "does your code change the grader's server?"
+)
+
+
+def _well_formed(buffers, launches):
+    """Whether (buffers, launches) has the form sandbox.helpers.launches gives them: {key: buffer}, and [(grid of
+    integers, [argument], {name: argument})], every tensor argument {"buffer": a key of buffers}."""
+    tensor = lambda v: not isinstance(v, dict) or (list(v) == ["buffer"] and v["buffer"] in buffers)  # noqa: E731
+    return (
+        isinstance(buffers, dict)
+        and isinstance(launches, list)
+        and all(
+            isinstance(launch, (list, tuple))
+            and len(launch) == 3
+            and isinstance(launch[0], list)
+            and all(isinstance(g, int) for g in launch[0])
+            and isinstance(launch[1], list)
+            and isinstance(launch[2], dict)
+            and all(tensor(v) for v in [*launch[1], *launch[2].values()])
+            for launch in launches
+        )
+    )
 
 
 def planned(s, wrapper, kernel, inputs, kwargs):
@@ -212,8 +245,19 @@ def planned(s, wrapper, kernel, inputs, kwargs):
         return None
     if plan is None:
         return None
+    if not (isinstance(plan, (list, tuple)) and len(plan) == 3 and _well_formed(*plan[1:])):
+        fail(FORGED)
     returned, buffers, launches = plan
-    return tuple(returned), (buffers, launches)
+    key, shape = returned if isinstance(returned, (list, tuple)) and len(returned) == 2 else (None, None)
+    buffer = buffers.get(key) if isinstance(key, str) else None
+    if not (
+        isinstance(buffer, Array)
+        and isinstance(shape, list)
+        and all(isinstance(n, int) and n >= 0 for n in shape)
+        and int(np.prod(shape)) == np.asarray(buffer.data).size
+    ):
+        fail(FORGED)
+    return (key, shape), (buffers, launches)
 
 
 def expect_kernel_did_the_work(s, wrapper, kernel, inputs, what, got, launched, judge=None):
@@ -230,7 +274,7 @@ def expect_kernel_did_the_work(s, wrapper, kernel, inputs, what, got, launched, 
     buffers, launches = launched
     if not launches:
         fail(f"{wrapper} never launched {kernel}: the work must happen in your @triton.jit kernel")
-    replayed, scales = _replay_buffers(buffers, inputs)
+    replayed, scales = _replay_buffers(buffers, inputs, got[0] if judge else None)
     _scalars(launches, inputs, buffers[got[0]] if judge else got, scales)
     reading = _reading(s.readable_sources())  # once: the grader's own work grows with the cells' length
     if kernel not in reading.foreign:
@@ -245,6 +289,12 @@ def expect_kernel_did_the_work(s, wrapper, kernel, inputs, what, got, launched, 
         except AssertionError:
             raise
         except Exception as e:  # noqa: BLE001 - a StudentError: the kernel could not run on its own
+            if judge:  # a planned call's kernel ran only here: its own mistake, as likely as a name it misses here
+                fail(
+                    f"{what}: {kernel} raised {e} when the grader launched it as {wrapper} did, in a fresh process "
+                    "with only your @triton.jit functions, the imports of math, torch and triton, and constants you "
+                    "assign at the top level of a cell"
+                )
             fail(
                 f"{kernel} could not be launched on its own ({e}): the grader runs it again in a fresh process with "
                 "only your @triton.jit functions, the imports of math, torch and triton, and constants you assign "
