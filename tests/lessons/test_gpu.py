@@ -383,8 +383,8 @@ def triton_softmax(x):
 
 @pytest.mark.skipif(triton_missing, reason="Triton is not installed")
 def test_a_wrapper_that_hands_float16_to_torch_loses_the_float16_share():
-    """The first case of each aspect is replayed (_triton_check): a wrapper whose kernel does the float32 work and
-    hands float16 to torch kept triton_softmax's float16 share when only the first case was replayed."""
+    """Each aspect's cases are replayed (_triton_check): a wrapper whose kernel does the float32 work and hands
+    float16 to torch kept triton_softmax's float16 share when only float32 cases were replayed."""
     from autograder.checking import PartialCredit, verify
     from tests.harness.lessons import fresh_namespace
 
